@@ -1,0 +1,55 @@
+"""The index cache: reuse a saved index while every input keeps its size and mtime, else rebuild.
+
+Cache files live in `$RUN_SHARDS_CACHE` (default `$XDG_CACHE_HOME/run_shards` or `~/.cache/run_shards`),
+under `index/`, named by a hash of the inputs' absolute paths. A truncated or corrupt cache file is
+detected by its checksum and rebuilt, never trusted.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .sequence_index import FORMAT_VERSION, IndexCorrupt, InputFile, SequenceIndex
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RUN_SHARDS_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "run_shards"
+
+
+def cache_path(paths: Sequence[str | os.PathLike], directory: Path | None = None) -> Path:
+    key = "\0".join(os.path.abspath(os.fspath(p)) for p in paths)
+    digest = hashlib.sha1(f"v{FORMAT_VERSION}\0{key}".encode()).hexdigest()[:20]
+    return (directory or cache_dir()) / "index" / f"{digest}.rsidx"
+
+
+def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = None,
+                  threads: int | None = None) -> tuple[SequenceIndex, bool]:
+    """The index of `paths` and whether it came from the cache."""
+    path = cache_path(paths, directory)
+    if path.exists():
+        try:
+            index = SequenceIndex.load(path)
+            current = [InputFile.stat(p) for p in paths]
+            if current == index.inputs:
+                return index, True
+            log.info("index cache %s is stale (an input changed); rebuilding", path)
+        except IndexCorrupt as e:
+            log.warning("index cache is corrupt (%s); rebuilding", e)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("index cache %s unreadable (%s); rebuilding", path, e)
+    index = SequenceIndex.build(paths, threads)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        index.save(path)
+    except OSError as e:  # a read-only cache is not fatal: the index just is not reused
+        log.warning("could not write the index cache %s: %s", path, e)
+    return index, False

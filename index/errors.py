@@ -1,0 +1,36 @@
+"""Errors for bad FASTA input: each names the file, the line and the record id, and says what to do."""
+from __future__ import annotations
+
+import os
+
+
+class FastaError(ValueError):
+    """A problem with a user's FASTA file; the CLI prints it without a traceback."""
+
+    def __init__(self, path: str | os.PathLike, message: str, *, line: int | None = None,
+                 seq_id: str | None = None, hint: str | None = None):
+        self.path = os.fspath(path)
+        self.line = line
+        self.seq_id = seq_id
+        self.hint = hint
+        where = self.path if line is None else f"{self.path}:{line}"
+        text = f"{where}: {message}"
+        if seq_id is not None:
+            text += f" (record '{seq_id}')"
+        if hint:
+            text += f". {hint}"
+        super().__init__(text)
+
+
+def line_number(path: str | os.PathLike, offset: int) -> int:
+    """1-based line number of byte `offset` in `path` (only used to word error messages)."""
+    count = 0
+    with open(path, "rb") as fh:
+        remaining = offset
+        while remaining > 0:
+            chunk = fh.read(min(remaining, 1 << 24))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            remaining -= len(chunk)
+    return count + 1

@@ -1,0 +1,364 @@
+"""The sequence index: one row per FASTA record, in binary, versioned, checksummed storage.
+
+Per record: byte offset (8 bytes), byte length (4), residue count (4), file number (2), id offset into the
+id blob (8) and its place in the length-descending order (4): 30 bytes plus the id itself. The record's
+description is its header line, read back with one positioned read (`header`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .errors import FastaError, line_number
+from .fasta_scan import FileScan, scan_fasta, sequence_text
+
+FORMAT_VERSION = 1
+MAGIC = b"RSIDX\x00\r\n"
+_ALIGN = 64
+_ARRAYS = ("offsets", "nbytes", "lengths", "file_no", "id_offsets", "id_blob", "order")
+
+
+class IndexCorrupt(Exception):
+    """A stored index that cannot be trusted (truncated, wrong checksum, wrong version)."""
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str       # absolute path
+    size: int
+    mtime_ns: int
+
+    @staticmethod
+    def stat(path: str | os.PathLike) -> "InputFile":
+        path = os.path.abspath(os.fspath(path))
+        st = os.stat(path)
+        return InputFile(path, st.st_size, st.st_mtime_ns)
+
+
+@dataclass
+class ShardStats:
+    """Sequences and residues per worker for a stride split, and the max/mean token imbalance."""
+
+    sequences: np.ndarray
+    tokens: np.ndarray
+
+    @property
+    def imbalance(self) -> float:
+        mean = float(self.tokens.mean()) if len(self.tokens) else 0.0
+        return float(self.tokens.max()) / mean if mean > 0 else 1.0
+
+
+class SequenceIndex:
+    """Records of one or more FASTA files in input order (position i = i-th record of the inputs)."""
+
+    def __init__(self, inputs: Sequence[InputFile], offsets: np.ndarray, nbytes: np.ndarray,
+                 lengths: np.ndarray, file_no: np.ndarray, id_offsets: np.ndarray, id_blob: np.ndarray,
+                 order: np.ndarray | None = None, meta: dict | None = None):
+        self.inputs = list(inputs)
+        self.offsets = offsets
+        self.nbytes = nbytes
+        self.lengths = lengths
+        self.file_no = file_no
+        self.id_offsets = id_offsets
+        self.id_blob = id_blob
+        self.order = order if order is not None else length_descending_order(lengths)
+        self.meta = dict(meta or {})
+        self._fds: dict[int, int] = {}
+
+    # ----------------------------------------------------------------- building
+    @classmethod
+    def build(cls, paths: Iterable[str | os.PathLike], threads: int | None = None) -> "SequenceIndex":
+        """Scan the files (in the given order) and check ids; FastaError on malformed input."""
+        inputs, scans = [], []
+        for path in paths:
+            scans.append(scan_fasta(path, threads))
+            inputs.append(InputFile.stat(path))
+        scan = FileScan.concat(scans)
+        file_no = np.concatenate([np.full(len(s.offsets), k, np.uint16) for k, s in enumerate(scans)]) \
+            if scans else np.zeros(0, np.uint16)
+        if len(inputs) > np.iinfo(np.uint16).max:
+            raise FastaError(inputs[-1].path, "too many input files (at most 65535)")
+        id_offsets = np.zeros(len(scan.id_lengths) + 1, np.int64)
+        np.cumsum(scan.id_lengths, out=id_offsets[1:])
+        big = np.flatnonzero(scan.nbytes >= 2**32)
+        if len(big):
+            raise FastaError(inputs[file_no[big[0]]].path, "record larger than 4 GiB is not supported",
+                             line=line_number(inputs[file_no[big[0]]].path, int(scan.offsets[big[0]])))
+        index = cls(inputs, scan.offsets.astype(np.int64), scan.nbytes.astype(np.uint32),
+                    scan.lengths.astype(np.int32), file_no, id_offsets, scan.id_blob.astype(np.uint8))
+        index._check_ids_utf8()
+        index.meta["duplicate_groups"] = index._find_duplicate_ids()
+        return index
+
+    def _check_ids_utf8(self) -> None:
+        if len(self.id_blob) and self.id_blob.max() > 127:
+            for i in np.unique(np.searchsorted(self.id_offsets, np.flatnonzero(self.id_blob > 127), "right") - 1):
+                try:
+                    self.id_bytes(int(i)).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise FastaError(self.path_of(int(i)), "record id is not valid UTF-8",
+                                     line=self.line_of(int(i)), hint="Fix the header's encoding") from None
+
+    # ----------------------------------------------------------------- access
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def total_residues(self) -> int:
+        return int(self.lengths.sum(dtype=np.int64))
+
+    def id_bytes(self, i: int) -> bytes:
+        return self.id_blob[self.id_offsets[i]:self.id_offsets[i + 1]].tobytes()
+
+    def id(self, i: int) -> str:
+        return self.id_bytes(i).decode("utf-8")
+
+    def ids(self, positions: Iterable[int] | None = None) -> list[str]:
+        blob = self.id_blob.tobytes()
+        offs = self.id_offsets.tolist()
+        rows = range(len(self)) if positions is None else (int(p) for p in positions)
+        return [blob[offs[i]:offs[i + 1]].decode("utf-8") for i in rows]
+
+    def path_of(self, i: int) -> str:
+        return self.inputs[int(self.file_no[i])].path
+
+    def line_of(self, i: int) -> int:
+        return line_number(self.path_of(i), int(self.offsets[i]))
+
+    def read_record(self, i: int) -> bytes:
+        """Raw bytes of record i (header line included), with one positioned read."""
+        k = int(self.file_no[i])
+        fd = self._fds.get(k)
+        if fd is None:
+            fd = self._fds[k] = os.open(self.inputs[k].path, os.O_RDONLY)
+        n = int(self.nbytes[i])
+        data = os.pread(fd, n, int(self.offsets[i]))
+        if len(data) != n or data[:1] != b">":
+            raise FastaError(self.inputs[k].path, "file changed since it was indexed",
+                             line=None, seq_id=self.id(i), hint="Run again: the index is rebuilt")
+        return data
+
+    def sequence(self, i: int) -> str:
+        """The residues the model sees (see `index.fasta_scan.sequence_text`)."""
+        return sequence_text(self.read_record(i))
+
+    def header(self, i: int) -> str:
+        """The header line of record i without the '>' (id and description)."""
+        data = self.read_record(i)
+        return data.split(b"\n", 1)[0][1:].rstrip(b"\r").decode("utf-8", "replace")
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_fds"] = {}
+        return state
+
+    # ----------------------------------------------------------------- sharding
+    def stride_shard(self, rank: int, world: int) -> np.ndarray:
+        """Input positions of worker `rank` of `world`: every world-th record of the length-descending order."""
+        assert 0 <= rank < world
+        return self.order[rank::world].astype(np.int64)
+
+    def shard_stats(self, world: int) -> ShardStats:
+        seqs = np.array([len(self.order[r::world]) for r in range(world)], np.int64)
+        sorted_lengths = self.lengths[self.order].astype(np.int64)
+        toks = np.array([int(sorted_lengths[r::world].sum()) for r in range(world)], np.int64)
+        return ShardStats(seqs, toks)
+
+    def length_percentiles(self, qs: Sequence[float] = (0, 50, 90, 99, 100)) -> dict[float, int]:
+        if len(self) == 0:
+            return {q: 0 for q in qs}
+        return {q: int(v) for q, v in zip(qs, np.percentile(self.lengths, qs, method="nearest"))}
+
+    # ----------------------------------------------------------------- checks
+    def duplicate_ids(self) -> list[list[int]]:
+        """Groups of positions sharing an id, each in input order (found once, when the index is built)."""
+        groups = self.meta.get("duplicate_groups")
+        return self._find_duplicate_ids() if groups is None else [list(g) for g in groups]
+
+    def _find_duplicate_ids(self) -> list[list[int]]:
+        h = id_hashes(self.id_blob, self.id_offsets)
+        sorted_h = np.sort(h)
+        repeated = np.unique(sorted_h[1:][sorted_h[1:] == sorted_h[:-1]])
+        if len(repeated) == 0:
+            return []
+        groups: dict[bytes, list[int]] = {}
+        for i in np.flatnonzero(np.isin(h, repeated)):
+            groups.setdefault(self.id_bytes(int(i)), []).append(int(i))
+        return [g for g in groups.values() if len(g) > 1]
+
+    def empty_records(self) -> np.ndarray:
+        return np.flatnonzero(self.lengths == 0)
+
+    def with_renamed_duplicates(self, groups: list[list[int]]) -> tuple["SequenceIndex", dict[int, str]]:
+        """A copy whose repeated ids get a suffix ('alpha' -> 'alpha.dup2'); returns {position: original id}."""
+        renamed: dict[int, str] = {}
+        taken = set()
+        for g in groups:
+            for k, i in enumerate(g[1:], start=2):
+                base = self.id(i)
+                new = f"{base}.dup{k}"
+                while new in taken:
+                    new += "_"
+                taken.add(new)
+                renamed[i] = new
+        parts, offs, start = [], [0], 0
+        blob = self.id_blob.tobytes()
+        for i in sorted(renamed):
+            parts.append(blob[self.id_offsets[start]:self.id_offsets[i]])
+            parts.append(renamed[i].encode())
+            start = i + 1
+        parts.append(blob[self.id_offsets[start]:])
+        lengths = np.diff(self.id_offsets)
+        for i, new in renamed.items():
+            lengths[i] = len(new.encode())
+        offs = np.zeros(len(self) + 1, np.int64)
+        np.cumsum(lengths, out=offs[1:])
+        copy = SequenceIndex(self.inputs, self.offsets, self.nbytes, self.lengths, self.file_no, offs,
+                             np.frombuffer(b"".join(parts), np.uint8).copy(), self.order, self.meta)
+        originals = {i: self.id(i) for i in renamed}
+        copy.meta["renamed_ids"] = {str(i): originals[i] for i in sorted(originals)}
+        copy.meta["duplicate_groups"] = []
+        return copy, originals
+
+    # ----------------------------------------------------------------- storage
+    def fingerprint(self) -> str:
+        """Content checksum of the index arrays (what the run's manifest records)."""
+        crc = 0
+        for name in _ARRAYS:
+            crc = zlib.crc32(memoryview(np.ascontiguousarray(getattr(self, name))).cast("B"), crc)
+        return f"{crc:08x}-{len(self)}"
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically (temporary name, fsync, rename)."""
+        path = os.fspath(path)
+        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in _ARRAYS}
+        table, pos = {}, 0
+        for name, arr in arrays.items():
+            table[name] = [arr.dtype.str, list(arr.shape), pos, arr.nbytes]
+            pos += -(-arr.nbytes // _ALIGN) * _ALIGN
+        crc = 0
+        for arr in arrays.values():
+            crc = zlib.crc32(memoryview(arr).cast("B"), crc)
+        header = json.dumps({
+            "version": FORMAT_VERSION, "count": len(self), "arrays": table, "crc32": crc, "data_bytes": pos,
+            "inputs": [vars(f) for f in self.inputs], "meta": self.meta,
+        }).encode()
+        head = MAGIC + np.array([FORMAT_VERSION, len(header)], "<u4").tobytes() + header
+        head += b"\0" * (-len(head) % _ALIGN)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(head)
+            for arr in arrays.values():
+                fh.write(memoryview(arr).cast("B"))
+                fh.write(b"\0" * (-arr.nbytes % _ALIGN))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "SequenceIndex":
+        """Read a saved index; IndexCorrupt if it is truncated, altered or of another format version."""
+        raw = np.fromfile(os.fspath(path), np.uint8)
+        if len(raw) < 16 or raw[:8].tobytes() != MAGIC:
+            raise IndexCorrupt(f"{path}: not a run_shards index")
+        version, hlen = (int(x) for x in raw[8:16].view("<u4"))
+        if version != FORMAT_VERSION:
+            raise IndexCorrupt(f"{path}: index format {version}, this version reads {FORMAT_VERSION}")
+        try:
+            header = json.loads(raw[16:16 + hlen].tobytes())
+        except ValueError:
+            raise IndexCorrupt(f"{path}: unreadable header") from None
+        data_start = 16 + hlen + (-(16 + hlen) % _ALIGN)
+        if len(raw) != data_start + header.get("data_bytes", -1):
+            raise IndexCorrupt(f"{path}: truncated or padded ({len(raw)} bytes)")
+        arrays, crc = {}, 0
+        for name in _ARRAYS:
+            dtype, shape, pos, nbytes = header["arrays"][name]
+            start = data_start + pos
+            if start + nbytes > len(raw):
+                raise IndexCorrupt(f"{path}: truncated")
+            arrays[name] = raw[start:start + nbytes].view(np.dtype(dtype)).reshape(shape)
+            crc = zlib.crc32(memoryview(arrays[name]).cast("B"), crc)
+        if crc != header["crc32"]:
+            raise IndexCorrupt(f"{path}: checksum mismatch")
+        inputs = [InputFile(**f) for f in header["inputs"]]
+        return cls(inputs, meta=header.get("meta", {}), **arrays)
+
+    def inputs_unchanged(self) -> list[str]:
+        """Reasons the inputs no longer match this index (empty when they all still match)."""
+        changes = []
+        for f in self.inputs:
+            try:
+                now = InputFile.stat(f.path)
+            except OSError as e:
+                changes.append(f"{f.path}: {e.strerror.lower() if e.strerror else e}")
+                continue
+            if now.size != f.size:
+                changes.append(f"{f.path}: size changed from {f.size} to {now.size} bytes")
+            elif now.mtime_ns != f.mtime_ns:
+                changes.append(f"{f.path}: modified since it was indexed")
+        return changes
+
+
+def length_descending_order(lengths: np.ndarray) -> np.ndarray:
+    """Positions sorted by length, longest first, ties in input order (stable, so deterministic)."""
+    if len(lengths) == 0:
+        return np.zeros(0, np.uint32)
+    top = int(lengths.max())
+    key = (top - lengths.astype(np.int64))
+    if top < 2**16:  # numpy's stable sort is a radix sort for 16-bit keys
+        key = key.astype(np.uint16)
+    return np.argsort(key, kind="stable").astype(np.uint32)
+
+
+_HASH_BASE = np.uint64(0x100000001B3)         # odd, so invertible modulo 2**64
+_HASH_BASE_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
+_HASH_LEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def id_hashes(blob: np.ndarray, offsets: np.ndarray, chunk_bytes: int = 1 << 20) -> np.ndarray:
+    """A 64-bit polynomial hash per id, vectorised: equal ids give equal hashes.
+
+    h = sum_j (byte_j + 1) * B**j (mod 2**64), computed for a whole chunk of ids at once as a prefix sum
+    of (byte + 1) * B**t over the chunk, rebased to each id's start by multiplying with B**-start.
+    """
+    n = len(offsets) - 1
+    out = np.empty(n, np.uint64)
+    span = min(int(offsets[-1]) if n else 0, chunk_bytes) + 1
+    powers = np.full(span, _HASH_BASE, np.uint64)
+    powers[0] = 1
+    np.multiply.accumulate(powers, out=powers)
+    inverse = np.full(span, _HASH_BASE_INV, np.uint64)
+    inverse[0] = 1
+    np.multiply.accumulate(inverse, out=inverse)
+    a = 0
+    while a < n:
+        # as many whole ids as fit in one chunk (at least one)
+        b = max(a + 1, int(np.searchsorted(offsets, offsets[a] + chunk_bytes, "right")) - 1)
+        b = min(b, n)
+        lo, hi = int(offsets[a]), int(offsets[b])
+        if hi - lo + 1 > len(powers):  # a single id longer than the chunk
+            return _slow_hashes(blob, offsets)
+        cs = np.zeros(hi - lo + 1, np.uint64)
+        np.cumsum((blob[lo:hi].astype(np.uint64) + np.uint64(1)) * powers[:hi - lo], out=cs[1:])
+        starts = offsets[a:b] - lo
+        out[a:b] = (cs[offsets[a + 1:b + 1] - lo] - cs[starts]) * inverse[starts] \
+            + np.diff(offsets[a:b + 1]).astype(np.uint64) * _HASH_LEN
+        a = b
+    return out
+
+
+def _slow_hashes(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    data = blob.tobytes()
+    return np.array([hash(data[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)],
+                    np.int64).view(np.uint64)

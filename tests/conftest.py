@@ -1,0 +1,17 @@
+"""Shared test setup. TRITON_INTERPRET must be set before triton is first imported anywhere."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Each test gets its own index cache so tests never see each other's (or the user's) files."""
+    monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path_factory.mktemp("cache")))

@@ -1,0 +1,286 @@
+"""index/: offsets, lengths and ids on odd FASTA, errors, storage, cache reuse and invalidation, sharding."""
+import os
+import random
+
+import numpy as np
+import pytest
+
+from index import FastaError, SequenceIndex, load_or_build, scan_fasta, sequence_text
+from index import fasta_scan
+from index.sequence_index import IndexCorrupt, id_hashes
+
+from .conftest import SHARED_DATA
+
+
+def reference_parse(data: bytes):
+    """An obviously-correct line-by-line parser: (id, offset, nbytes, residues) per record."""
+    records, pos = [], 0
+    lines = data.split(b"\n")
+    for k, line in enumerate(lines):
+        full = line + (b"\n" if k < len(lines) - 1 else b"")
+        if line.startswith(b">"):
+            records.append({"id": line[1:].split()[0].decode(), "offset": pos, "seq": b""})
+        elif records:
+            records[-1]["seq"] += line
+        pos += len(full)
+    for r, nxt in zip(records, records[1:] + [None]):
+        r["nbytes"] = (nxt["offset"] if nxt else len(data)) - r["offset"]
+        seq = r["seq"].translate(None, b" \t\r\n").upper()
+        r["residues"] = (seq[:-1] if seq.endswith(b"*") else seq).decode()
+    return records
+
+
+def check_against_reference(path, data):
+    scan = scan_fasta(path)
+    ref = reference_parse(data)
+    assert len(scan.offsets) == len(ref)
+    ids = np.split(scan.id_blob, np.cumsum(scan.id_lengths)[:-1]) if len(ref) else []
+    for k, r in enumerate(ref):
+        assert ids[k].tobytes().decode() == r["id"], k
+        assert scan.offsets[k] == r["offset"], (k, r["id"])
+        assert scan.nbytes[k] == r["nbytes"], (k, r["id"])
+        assert scan.lengths[k] == len(r["residues"]), (k, r["id"])
+        record = data[r["offset"]:r["offset"] + r["nbytes"]]
+        assert sequence_text(record) == r["residues"]
+    return scan
+
+
+ODD = {
+    "multi_line": b">a desc\nACDE\nFGHI\nK\n>b\nMM\n",
+    "single_line": b">a\nACDEFGHIK\n>b\nMM\n",
+    "blank_lines": b"\n\n>a\nAC\n\nDE\n\n\n>b x\n\nMM\n\n",
+    "crlf": b">a one\r\nACDE\r\nFG\r\n>b\r\nMM\r\n",
+    "lowercase": b">a\nacdeFGhi\n>b\nmm\n",
+    "punctuation": b">sp|P1|X_Y @#$%^[]:?; (x) {y}\nAC\n>emb|CAA1.6||gi|78\nDD\n",
+    "no_final_newline": b">a\nACDE\n>b\nMMM",
+    "header_last_no_newline": b">a\nAC\n>b",
+    "trailing_star": b">a\nACDE*\n>b\nMM*\r\n\n>c\n*\n",
+    "inner_spaces_tabs": b">a\tdesc with tab\nAC DE\tFG\n>b\nM M\n",
+    "leading_blank_in_header": b">  spaced id here\nAC\n",
+    "utf8_description": ">a caf\u00e9 \u03b2-lactamase\nAC\n".encode(),
+    "gt_inside_sequence": b">a\nAC>DE\n>b\nM\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD))
+def test_odd_fasta_matches_reference(tmp_path, name):
+    path = tmp_path / f"{name}.fasta"
+    path.write_bytes(ODD[name])
+    check_against_reference(path, ODD[name])
+
+
+def test_leading_blank_header_id_and_sequence_text(tmp_path):
+    path = tmp_path / "x.fasta"
+    path.write_bytes(b">  spaced id here\nac de\n*\n")
+    index = SequenceIndex.build([path])
+    assert index.id(0) == "spaced"
+    assert index.sequence(0) == "ACDE"
+    assert index.lengths[0] == 4
+    assert index.header(0) == "  spaced id here"
+
+
+def random_fasta(rng: random.Random, n: int) -> bytes:
+    out = []
+    for i in range(n):
+        nl = rng.choice([b"\n", b"\r\n"])
+        head = f">id{i}_{rng.randrange(10**6)}" + rng.choice(["", " desc", "\tdesc x", " a b c"])
+        out.append(head.encode() + nl)
+        length = rng.choice([0, 1, 5, 60, 61, 200, 1000, 5000])
+        seq = "".join(rng.choice("ACDEFGHIKLMNPQRSTVWYacgt") for _ in range(length))
+        if rng.random() < 0.2:
+            seq += "*"
+        width = rng.choice([10, 60, 80, 10**6])
+        for j in range(0, len(seq), width):
+            out.append(seq[j:j + width].encode() + nl)
+        if rng.random() < 0.2:
+            out.append(nl)
+    data = b"".join(out)
+    return data[:-1] if rng.random() < 0.5 else data
+
+
+@pytest.mark.parametrize("block", [64, 97, 4096])
+def test_block_boundaries_do_not_matter(tmp_path, monkeypatch, block):
+    """Tiny blocks force records (and headers) to cross block boundaries everywhere."""
+    rng = random.Random(block)
+    data = random_fasta(rng, 300)
+    path = tmp_path / "r.fasta"
+    path.write_bytes(data)
+    monkeypatch.setattr(fasta_scan, "BLOCK_BYTES", block)
+    check_against_reference(path, data)
+
+
+def test_real_files_match_reference():
+    for name in ("protein_lib.fa", "ncbi_standard_aa.fasta", "dups.fasta"):
+        path = SHARED_DATA / name
+        check_against_reference(path, path.read_bytes())
+
+
+def test_several_files_keep_order_and_file_numbers(tmp_path):
+    a, b = tmp_path / "a.fa", tmp_path / "b.fa"
+    a.write_bytes(b">x1\nAAA\n>x2\nCC\n")
+    b.write_bytes(b">y1\nDDDD\n")
+    index = SequenceIndex.build([a, b])
+    assert index.ids() == ["x1", "x2", "y1"]
+    assert index.file_no.tolist() == [0, 0, 1]
+    assert [index.sequence(i) for i in range(3)] == ["AAA", "CC", "DDDD"]
+    assert index.path_of(2) == str(b)
+
+
+@pytest.mark.parametrize("content,message,line", [
+    (b"", "file is empty", None),
+    (b"\n\n  \n", "file is empty", None),
+    (b"ACDE\n>a\nAC\n", "sequence data before the first header", 1),
+    (b"\n\nACDE\n>a\nAC\n", "sequence data before the first header", 3),
+    (b">a\nAC\x00DE\n", "binary or control byte 0x00", 2),
+    (b">a\nAC\n>b\nMM\xff\xfe\n", "binary or control byte 0xff", 4),
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "binary data", 1),
+    (b"\x1f\x8b\x08\x00rest", "gzip-compressed", None),
+    (b">a\nAC\n>\nMM\n", "header has no id", 3),
+    (b">a\nAC\n>   \nMM\n", "header has no id", 3),
+])
+def test_bad_fasta_errors_name_file_and_line(tmp_path, content, message, line):
+    path = tmp_path / "bad.fasta"
+    path.write_bytes(content)
+    with pytest.raises(FastaError) as err:
+        SequenceIndex.build([path])
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+    assert err.value.line == line
+
+
+def test_binary_error_names_the_record(tmp_path):
+    path = tmp_path / "bad.fasta"
+    path.write_bytes(b">first\nAC\n>second x\nMM\x01M\n")
+    with pytest.raises(FastaError) as err:
+        SequenceIndex.build([path])
+    assert err.value.seq_id == "second" and err.value.line == 4
+
+
+def test_missing_and_directory_inputs(tmp_path):
+    with pytest.raises(FastaError, match="file not found"):
+        SequenceIndex.build([tmp_path / "nope.fasta"])
+    with pytest.raises(FastaError, match="is a directory"):
+        SequenceIndex.build([tmp_path])
+
+
+def test_invalid_utf8_id(tmp_path):
+    path = tmp_path / "x.fasta"
+    path.write_bytes(b">ok\nA\n>bad\xe9id\nA\n")
+    with pytest.raises(FastaError, match="not valid UTF-8") as err:
+        SequenceIndex.build([path])
+    assert err.value.line == 3
+
+
+def test_duplicate_ids_found_across_files(tmp_path):
+    index = SequenceIndex.build([SHARED_DATA / "dups.fasta"])
+    assert index.duplicate_ids() == [[0, 3]]
+    other = tmp_path / "o.fasta"
+    other.write_bytes(b">beta\nAA\n>zeta\nC\n")
+    index = SequenceIndex.build([SHARED_DATA / "dups.fasta", other])
+    assert sorted(index.duplicate_ids()) == [[0, 3], [1, 5]]
+
+
+def test_renamed_duplicates_keep_originals():
+    index = SequenceIndex.build([SHARED_DATA / "dups.fasta"])
+    renamed, originals = index.with_renamed_duplicates(index.duplicate_ids())
+    assert renamed.ids() == ["alpha", "beta", "gamma", "alpha.dup2", "delta"]
+    assert originals == {3: "alpha"}
+    assert renamed.duplicate_ids() == []
+    assert renamed.sequence(3) == "ACGTA"
+
+
+def test_id_hash_equal_ids_equal_hashes_across_chunks():
+    ids = [b"a", b"bb", b"a", b"abc", b"cba", b"bb", b"x" * 50, b"x" * 50]
+    blob = np.frombuffer(b"".join(ids), np.uint8)
+    offs = np.concatenate([[0], np.cumsum([len(i) for i in ids])]).astype(np.int64)
+    for chunk in (4, 64, 1 << 20):
+        h = id_hashes(blob, offs, chunk_bytes=chunk)
+        assert h[0] == h[2] and h[1] == h[5] and h[6] == h[7]
+        assert len(set(h.tolist())) == 5
+
+
+def test_empty_records_are_reported():
+    # record 'c' has only a '*' and is empty once the stop symbol is dropped
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".fa", delete=False) as fh:
+        fh.write(b">a\nAC\n>b\n\n>c\n*\n>d\nM\n")
+    try:
+        index = SequenceIndex.build([fh.name])
+        assert index.empty_records().tolist() == [1, 2]
+    finally:
+        os.unlink(fh.name)
+
+
+def test_save_load_roundtrip_and_corruption(tmp_path):
+    index = SequenceIndex.build([SHARED_DATA / "protein_lib.fa"])
+    path = tmp_path / "i.rsidx"
+    index.save(path)
+    loaded = SequenceIndex.load(path)
+    assert loaded.fingerprint() == index.fingerprint()
+    assert loaded.ids() == index.ids()
+    assert np.array_equal(loaded.order, index.order)
+    assert loaded.sequence(3) == index.sequence(3)
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(IndexCorrupt, match="checksum"):
+        SequenceIndex.load(path)
+    path.write_bytes(bytes(raw[: len(raw) // 2]))
+    with pytest.raises(IndexCorrupt, match="truncated"):
+        SequenceIndex.load(path)
+    path.write_bytes(b"garbage")
+    with pytest.raises(IndexCorrupt):
+        SequenceIndex.load(path)
+
+
+def test_cache_reused_then_invalidated_by_mtime_size_and_corruption(tmp_path, caplog):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nACDE\n>b\nMM\n")
+    first, reused = load_or_build([fasta])
+    assert not reused
+    again, reused = load_or_build([fasta])
+    assert reused and again.ids() == ["a", "b"]
+
+    st = os.stat(fasta)
+    os.utime(fasta, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000))  # same size, newer mtime
+    _, reused = load_or_build([fasta])
+    assert not reused
+
+    fasta.write_bytes(b">a\nACDE\n>b\nMM\n>c\nW\n")  # size changes
+    rebuilt, reused = load_or_build([fasta])
+    assert not reused and rebuilt.ids() == ["a", "b", "c"]
+
+    from index import cache_path
+    cached = cache_path([fasta])
+    cached.write_bytes(cached.read_bytes()[:-10])
+    with caplog.at_level("WARNING"):
+        rebuilt, reused = load_or_build([fasta])
+    assert not reused and rebuilt.ids() == ["a", "b", "c"]
+    assert "corrupt" in caplog.text
+
+
+def test_order_is_length_descending_stable():
+    index = SequenceIndex.build([SHARED_DATA / "protein_lib.fa"])
+    lengths = index.lengths[index.order]
+    assert np.all(np.diff(lengths) <= 0)
+    for a, b in zip(index.order[:-1], index.order[1:]):
+        if index.lengths[a] == index.lengths[b]:
+            assert a < b
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 16])
+def test_stride_shards_cover_everything_once(tmp_path, world):
+    rng = random.Random(world)
+    path = tmp_path / "r.fasta"
+    path.write_bytes(random_fasta(rng, 101))
+    index = SequenceIndex.build([path])
+    shards = [index.stride_shard(r, world) for r in range(world)]
+    together = np.concatenate(shards)
+    assert sorted(together.tolist()) == list(range(len(index)))   # no gap, no overlap
+    assert [len(s) for s in shards] == [len(range(r, len(index), world)) for r in range(world)]
+    again = SequenceIndex.build([path])
+    assert all(np.array_equal(a, again.stride_shard(r, world)) for r, a in enumerate(shards))  # deterministic
+    stats = index.shard_stats(world)
+    assert stats.sequences.sum() == len(index)
+    assert stats.tokens.sum() == index.total_residues
+    assert stats.imbalance >= 1.0
