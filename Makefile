@@ -1,0 +1,26 @@
+# Quickstart targets: `make demo` installs into .venv and runs the demo; `make test` runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch where a local wheel provides it (this project's CI machines); on a GPU
+# machine install the torch build that matches its CUDA first, or override TORCH=...
+TORCH  ?= torch==2.13.0
+
+.PHONY: install demo test clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/run_shards examples/demo.fasta --out demo_out
+
+test: install
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) demo_out run_shards_out

@@ -1,0 +1,202 @@
+"""The `run_shards` command line: parse options, call one function in `pipeline.runner`, print.
+
+    run_shards [run] FASTA... [options]     embed or score every sequence, merged into OUT/result.h5
+    run_shards index FASTA...              build or refresh the index, print statistics
+    run_shards status OUT                  per-shard state, progress and failures
+    run_shards rerun OUT [--shards 1,3]    re-run failed or unfinished shards from their checkpoints
+    run_shards merge OUT                   merge and validate (run automatically at the end of `run`)
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from . import __version__
+
+COMMANDS = ("run", "index", "status", "rerun", "merge")
+
+
+class DefaultRunGroup(click.Group):
+    """`run_shards input.fasta ...` means `run_shards run input.fasta ...`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in COMMANDS and args[0] not in ("--help", "-h", "--version"):
+            args = ["run"] + list(args)
+        return super().parse_args(ctx, args)
+
+
+class _TqdmHandler(logging.Handler):
+    """Log lines printed above the progress bar instead of through it."""
+
+    def emit(self, record):
+        from tqdm import tqdm
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def _setup_logging(quiet: bool) -> None:
+    handler = _TqdmHandler()
+    handler.setFormatter(logging.Formatter("%(levelname).1s %(message)s"))
+    handler.setLevel(logging.WARNING if quiet else logging.INFO)
+    for name in ("run_shards", "index", "pipeline"):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+def _fail(error: Exception, code: int = 2) -> None:
+    click.echo(f"error: {error}", err=True)
+    sys.exit(code)
+
+
+def _call(fn, *args, **kwargs):
+    from index import FastaError
+
+    from .errors import UserError
+    from .runner import RunFailed
+    try:
+        return fn(*args, **kwargs)
+    except RunFailed as e:
+        _fail(e, e.exit_code)
+    except (UserError, FastaError) as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        _fail(RuntimeError("interrupted"), 130)
+
+
+def _int_list(value: str | None, option: str) -> list[int]:
+    if not value:
+        return []
+    try:
+        return [int(v) for v in value.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}", param_hint=option) from None
+
+
+@click.group(cls=DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="run_shards")
+def main():
+    """Sharded inference for sequence models over FASTA: every sequence, one validated HDF5 file.
+
+    `run_shards input.fasta` embeds every sequence with the bundled demo model on all visible GPUs (or
+    on CPU) and writes run_shards_out/result.h5. Workers checkpoint as they go; if one fails, the others
+    finish and `run_shards rerun OUT` continues from the checkpoints.
+    """
+
+
+@main.command("run")
+@click.argument("fasta", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", "-o", default="run_shards_out", show_default=True, type=click.Path(file_okay=False),
+              help="Run directory: shards, logs, manifest and the merged result.h5.")
+@click.option("--model", "-m", default="demo", show_default=True,
+              help="Checkpoint directory, Hugging Face hub id, or 'demo' (bundled; random weights).")
+@click.option("--task", type=click.Choice(["embed", "score"]), default="embed", show_default=True,
+              help="embed: pooled hidden states; score: log-likelihood under a causal LM.")
+@click.option("--gpus", default="auto", show_default=True,
+              help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU.")
+@click.option("--workers", type=int, default=None, help="CPU workers when running on CPU (default 1).")
+@click.option("--engine", type=click.Choice(["auto", "native", "hf"]), default="auto", show_default=True,
+              help="hf: transformers models (any architecture).")
+@click.option("--max-tokens-per-batch", type=int, default=0,
+              help="Token budget per batch (padded tokens for hf). Default 4096 on CPU, 32768 on GPU.")
+@click.option("--max-seqs", type=int, default=256, show_default=True, help="Most sequences per batch.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="Model dtype; auto = float32 on CPU, bfloat16 on GPU.")
+@click.option("--pool", "pools", default="mean", show_default=True, help="Pooled embeddings: mean,cls,last.")
+@click.option("--layers", default="-1", show_default=True,
+              help="Hidden states to pool, comma-separated: 0 = token embeddings, -1 = final norm output.")
+@click.option("--per-residue", is_flag=True, help="Also store every residue's hidden state (CSR layout).")
+@click.option("--per-residue-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--on-long", type=click.Choice(["error", "truncate", "skip"]), default="error", show_default=True,
+              help="Sequences over the model's length limit: stop before any work, cut, or keep as skipped rows.")
+@click.option("--max-length", type=int, default=0, help="Per-sequence token limit (special tokens included).")
+@click.option("--on-duplicate-id", type=click.Choice(["error", "rename"]), default="error", show_default=True,
+              help="rename: suffix repeated ids ('x.dup2') and keep the originals in the output.")
+@click.option("--skip-empty", is_flag=True, help="Keep records without residues as rows with status 3.")
+@click.option("--checkpoint-every", "checkpoint_sequences", type=int, default=20000, show_default=True,
+              help="Checkpoint at least every N sequences per worker.")
+@click.option("--checkpoint-seconds", type=float, default=60.0, show_default=True,
+              help="...and at least every S seconds (bounds what a crash can lose).")
+@click.option("--worker-timeout", type=float, default=1800.0, show_default=True,
+              help="Kill a worker that reports no progress for this many seconds.")
+@click.option("--summary-seconds", type=float, default=30.0, show_default=True, help="Summary line interval.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
+@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
+def run_command(fasta, out, model, task, gpus, workers, engine, max_tokens_per_batch, max_seqs, dtype, pools,
+                layers, per_residue, per_residue_dtype, on_long, max_length, on_duplicate_id, skip_empty,
+                checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, no_progress, quiet):
+    """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
+    import os
+
+    from . import devices
+    from .config import RunConfig
+    from .runner import run
+
+    _setup_logging(quiet)
+    gpu_ids, nworkers, threads = _call(devices.resolve, gpus, workers)
+    config = _call(RunConfig, fasta=[os.path.abspath(f) for f in fasta], out=out, model=model, task=task,
+                   engine=engine, devices=gpu_ids, workers=nworkers, threads_per_worker=threads,
+                   max_tokens_per_batch=max_tokens_per_batch, max_seqs=max_seqs, dtype=dtype,
+                   pools=[p for p in pools.replace(" ", "").split(",") if p],
+                   layers=_int_list(layers, "--layers") or [-1], per_residue=per_residue,
+                   per_residue_dtype=per_residue_dtype, on_long=on_long, max_length=max_length,
+                   on_duplicate_id=on_duplicate_id, skip_empty=skip_empty,
+                   checkpoint_sequences=checkpoint_sequences, checkpoint_seconds=checkpoint_seconds,
+                   worker_timeout=worker_timeout, summary_seconds=summary_seconds)
+    path = _call(run, config, show_progress=not no_progress)
+    click.echo(f"result: {path}")
+
+
+@main.command("index")
+@click.argument("fasta", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--workers", type=int, default=4, show_default=True, help="Worker count for the imbalance figures.")
+def index_command(fasta, workers):
+    """Build (or reuse) the index of FASTA file(s) and print its statistics."""
+    from .runner import index_report
+    _setup_logging(False)
+    if workers < 1:
+        _fail(click.BadParameter("--workers must be at least 1"))
+    click.echo(_call(index_report, list(fasta), workers))
+
+
+@main.command("status")
+@click.argument("out", type=click.Path(file_okay=False))
+def status_command(out):
+    """Per-shard state, progress and failures of the run in OUT."""
+    from .runner import status
+    click.echo(_call(status, out))
+
+
+@main.command("rerun")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--shards", default=None, help="Comma-separated shard numbers (default: every unfinished shard).")
+@click.option("--worker-timeout", type=float, default=None, help="Override the run's --worker-timeout.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
+@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
+def rerun_command(out, shards, worker_timeout, no_progress, quiet):
+    """Re-run failed or unfinished shards of OUT from their checkpoints, then merge."""
+    from .runner import rerun
+    _setup_logging(quiet)
+    path = _call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
+                 worker_timeout=worker_timeout)
+    click.echo(f"result: {path}")
+
+
+@main.command("merge")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--allow-partial", is_flag=True,
+              help="Write the rows that exist plus the list of missing ids, marked incomplete.")
+def merge_command(out, allow_partial):
+    """Merge the shards of OUT into OUT/result.h5 in FASTA order, with strict validation."""
+    from .runner import merge
+    _setup_logging(False)
+    path = _call(merge, out, allow_partial=allow_partial)
+    click.echo(f"result: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The one run configuration that flows from the CLI to the parent, the workers and the output files."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from .errors import UserError
+
+TASKS = ("embed", "score", "generate")
+POOLS = ("mean", "cls", "last")
+ENGINES = ("auto", "native", "hf")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ON_LONG = ("error", "truncate", "skip")
+ON_DUPLICATE = ("error", "rename")
+
+# Token budgets per batch when --max-tokens-per-batch is not given: CPU batches stay cache-friendly,
+# GPU batches are large enough to fill the device.
+DEFAULT_TOKENS_CPU = 4096
+DEFAULT_TOKENS_GPU = 32768
+
+
+@dataclass
+class RunConfig:
+    fasta: list[str]
+    out: str
+    model: str = "demo"
+    task: str = "embed"
+    engine: str = "auto"
+    devices: list[str] = field(default_factory=list)   # GPU ids, one worker each; empty = CPU workers
+    workers: int = 1
+    threads_per_worker: int = 1
+    max_tokens_per_batch: int = 0                        # 0 = default for the device
+    max_seqs: int = 256
+    dtype: str = "auto"
+    pools: list[str] = field(default_factory=lambda: ["mean"])
+    layers: list[int] = field(default_factory=lambda: [-1])
+    per_residue: bool = False
+    per_residue_dtype: str = "float16"
+    on_long: str = "error"
+    max_length: int = 0                                  # 0 = the model's own limit (if any)
+    on_duplicate_id: str = "error"
+    skip_empty: bool = False
+    checkpoint_sequences: int = 20000
+    checkpoint_seconds: float = 60.0
+    worker_timeout: float = 1800.0
+    summary_seconds: float = 30.0
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def world(self) -> int:
+        """Number of shards: one per GPU, or one per CPU worker."""
+        return len(self.devices) if self.devices else self.workers
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.devices)
+
+    @property
+    def tokens_per_batch(self) -> int:
+        if self.max_tokens_per_batch:
+            return self.max_tokens_per_batch
+        return DEFAULT_TOKENS_GPU if self.on_gpu else DEFAULT_TOKENS_CPU
+
+    @property
+    def torch_dtype_name(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.on_gpu else "float32"
+
+    def validate(self) -> None:
+        def check(value, allowed, option):
+            if value not in allowed:
+                raise UserError(f"{option} must be one of {', '.join(allowed)} (got {value!r})")
+        check(self.task, TASKS, "--task")
+        check(self.engine, ENGINES, "--engine")
+        check(self.dtype, DTYPES, "--dtype")
+        check(self.on_long, ON_LONG, "--on-long")
+        check(self.on_duplicate_id, ON_DUPLICATE, "--on-duplicate-id")
+        check(self.per_residue_dtype, ("float16", "float32"), "--per-residue-dtype")
+        for pool in self.pools:
+            check(pool, POOLS, "--pool")
+        if not self.pools:
+            raise UserError("--pool needs at least one of mean, cls, last")
+        if self.workers < 1:
+            raise UserError("--workers must be at least 1")
+        if self.max_tokens_per_batch < 0 or self.max_seqs < 1:
+            raise UserError("--max-tokens-per-batch must be positive and --max-seqs at least 1")
+        if self.checkpoint_sequences < 1 or self.checkpoint_seconds <= 0:
+            raise UserError("--checkpoint-every and --checkpoint-seconds must be positive")
+        if self.max_length < 0:
+            raise UserError("--max-length must be positive")
+        if self.task == "generate" and self.max_new_tokens < 1:
+            raise UserError("--max-new-tokens must be at least 1")
+        if not 0 < self.top_p <= 1 or self.temperature < 0:
+            raise UserError("--top-p must be in (0, 1] and --temperature >= 0")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    # What must be equal between the run that wrote shards and the run that resumes or merges them.
+    RESULT_FIELDS = ("fasta", "model", "task", "engine", "dtype", "pools", "layers", "per_residue",
+                     "per_residue_dtype", "on_long", "max_length", "on_duplicate_id", "skip_empty",
+                     "max_new_tokens", "temperature", "top_p", "seed")
+
+    def result_fields(self) -> dict:
+        return {k: getattr(self, k) for k in self.RESULT_FIELDS}

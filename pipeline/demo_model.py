@@ -1,0 +1,131 @@
+"""The bundled demo model: a tiny Qwen3.5-style hybrid (Gated DeltaNet + attention) over a protein alphabet.
+
+Its weights are random but fixed: every value comes from a counter-based hash of the parameter's name and
+position (splitmix64), so every machine materialises bit-identical weights offline, with no download. It
+exists to exercise the pipeline end to end; for real work pass `--model` a real checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+NAME = "demo"
+VERSION = 1
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+ALPHABET = "ACDEFGHIKLMNPQRSTVWYXBZUO"   # 20 standard residues, X, and the ambiguity/rare codes
+VOCAB = SPECIAL_TOKENS + list(ALPHABET)
+CONFIG = dict(
+    vocab_size=32, hidden_size=64, intermediate_size=160, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+    linear_conv_kernel_dim=4, max_position_embeddings=65536, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)
+# sha256 over (name, float32 bytes) of every parameter in name order; pinned so a change is noticed.
+WEIGHTS_DIGEST = "see tests/test_demo_model.py"
+
+
+def _uniform(name: str, n: int) -> np.ndarray:
+    """n values uniform in [-1, 1), a pure function of (name, position): splitmix64 of a counter."""
+    seed = int.from_bytes(hashlib.sha256(f"run_shards-demo-v{VERSION}/{name}".encode()).digest()[:8], "little")
+    z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * (2.0 / 2**53) - 1.0
+
+
+def _value(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The fixed value of one parameter, by the role its name gives it."""
+    n = int(np.prod(shape))
+    u = _uniform(name, n)
+    root3 = 3.0 ** 0.5  # uniform on [-1, 1) has std 1/sqrt(3)
+    if name.endswith("A_log"):
+        v = np.log(1.0 + 15.0 * (u + 1.0) / 2.0)                 # decay rates A in [1, 16)
+    elif name.endswith("dt_bias"):
+        v = 1.0 + 0.1 * u
+    elif name.endswith("linear_attn.norm.weight"):             # gated RMSNorm: weight used as is
+        v = 1.0 + 0.1 * u
+    elif name.endswith("norm.weight"):                         # zero-centred RMSNorm: x * (1 + w)
+        v = 0.1 * u
+    elif name.endswith("embed_tokens.weight"):
+        v = root3 * u
+    elif name.endswith("conv1d.weight"):
+        v = root3 * u / shape[-1] ** 0.5
+    elif name.endswith(".weight") and len(shape) == 2:          # linear layers: unit-variance outputs
+        v = root3 * u / shape[1] ** 0.5
+    else:
+        raise AssertionError(f"demo model: no value rule for parameter {name}")
+    return v.astype(np.float32).reshape(shape)
+
+
+def build_model():
+    """The demo model as a transformers Qwen3_5ForCausalLM with its fixed weights (float32, CPU)."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(**CONFIG)
+    model = Qwen3_5ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(torch.from_numpy(_value(name, tuple(param.shape))))
+    return model.eval()
+
+
+def weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu").float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def build_tokenizer():
+    """A character-level protein tokenizer: '<bos> residues <eos>', unknown characters -> '<unk>'."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>", pad_token="<pad>", model_max_length=CONFIG["max_position_embeddings"])
+
+
+def write(path: str | os.PathLike) -> Path:
+    """Write the demo checkpoint (config.json, model.safetensors, tokenizer files) to `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model = build_model()
+    model.save_pretrained(path, safe_serialization=True)
+    build_tokenizer().save_pretrained(path)
+    (path / "run_shards_demo.json").write_text(json.dumps(
+        {"name": NAME, "version": VERSION, "weights_sha256": weights_digest(model),
+         "note": "random fixed weights for demonstrations and tests; pass --model for real work"}, indent=1))
+    return path
+
+
+def ensure(cache_root: Path) -> Path:
+    """The demo checkpoint under `cache_root`, materialised on first use (atomically)."""
+    target = cache_root / "models" / f"{NAME}-v{VERSION}"
+    if (target / "run_shards_demo.json").exists():
+        return target
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log.info("materialising the demo model in %s", target)
+    write(tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process won the race: use its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

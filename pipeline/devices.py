@@ -1,0 +1,62 @@
+"""Which devices workers run on, decided in the parent without initialising CUDA."""
+from __future__ import annotations
+
+import glob
+import os
+
+from .errors import UserError
+
+
+def physical_gpu_count() -> int:
+    """GPUs the driver reports, via NVML or /proc, never through the CUDA runtime."""
+    try:
+        import torch.cuda
+        count = torch.cuda._device_count_nvml()
+        if count >= 0:
+            return count
+    except Exception:
+        pass
+    return len(glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids a worker can be pinned to: the CUDA_VISIBLE_DEVICES list when set, else 0..count-1."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        entries = [e.strip() for e in env.split(",") if e.strip()]
+        if any(e.startswith("-") for e in entries):  # CUDA ignores everything from a negative id on
+            entries = entries[:next(i for i, e in enumerate(entries) if e.startswith("-"))]
+        return entries
+    return [str(i) for i in range(physical_gpu_count())]
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def resolve(gpus: str, workers: int | None) -> tuple[list[str], int, int]:
+    """(GPU ids, number of workers, torch threads per worker) for `--gpus` and `--workers`."""
+    visible = visible_gpus()
+    if gpus == "auto":
+        wanted = len(visible)
+    else:
+        try:
+            wanted = int(gpus)
+        except ValueError:
+            raise UserError(f"--gpus takes a number or 'auto' (got {gpus!r})") from None
+        if wanted < 0:
+            raise UserError("--gpus must be 0 or more")
+        if wanted > len(visible):
+            where = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}" \
+                if "CUDA_VISIBLE_DEVICES" in os.environ else "the driver"
+            raise UserError(f"--gpus {wanted}: only {len(visible)} GPU(s) visible ({where}). "
+                            "Use --gpus auto, a smaller number, or --gpus 0 --workers K for CPU workers.")
+    if wanted > 0:
+        if workers not in (None, wanted):
+            raise UserError(f"--workers {workers} with --gpus {wanted}: GPU runs use one worker per GPU")
+        return visible[:wanted], wanted, max(1, cpu_count() // wanted)
+    workers = workers or 1
+    return [], workers, max(1, cpu_count() // workers)

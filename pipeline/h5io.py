@@ -1,0 +1,203 @@
+"""Reading and writing the columnar HDF5 layout (the same in part files, shard files and the merged file).
+
+Writers append blocks of rows, keep a crc32 per dataset in write order, and only on `finish` record the
+row count, the checksums and `complete = True`, flush, close and fsync. Files are always written under a
+temporary name and renamed into place by the caller, so an existing file is a finished file; readers
+still verify counts and checksums, so a truncated or altered file is never trusted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .rows import STR, Column, RowBlock, Schema
+
+CHUNK_BYTES = 1 << 20
+
+
+class CorruptFile(Exception):
+    """An output file that cannot be trusted: unreadable, incomplete, or failing its checksums."""
+
+
+def _h5_dtype(c: Column):
+    return h5py.string_dtype("utf-8") if c.dtype == STR else np.dtype(c.dtype)
+
+
+def _chunk_rows(c: Column) -> int:
+    return int(max(64, min(65536, CHUNK_BYTES // c.row_bytes())))
+
+
+def _crc(arr: np.ndarray, dtype: str, crc: int) -> int:
+    if dtype == STR:
+        return zlib.crc32(b"\0".join(x if isinstance(x, bytes) else x.encode() for x in arr.ravel()) + b"\0", crc)
+    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"), crc)
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Writer:
+    def __init__(self, path: str | os.PathLike, schema: Schema, attrs: dict):
+        self.path = Path(path)
+        self.schema = schema
+        self.file = h5py.File(self.path, "w")
+        self.rows = 0
+        self.nvalues = {g: 0 for g in schema.ragged_groups}
+        self.crc = {c.path: 0 for c in schema.columns}
+        for c in schema.columns:
+            shape = (0, c.width) if c.width else (0,)
+            self.file.create_dataset(c.path, shape=shape, maxshape=(None,) + shape[1:], dtype=_h5_dtype(c),
+                                     chunks=(_chunk_rows(c),) + shape[1:])
+        for g in schema.ragged_groups:
+            self.file.create_dataset(f"{g}/offsets", data=np.zeros(1, np.int64), maxshape=(None,),
+                                     chunks=(65536,))
+        for k, v in attrs.items():
+            self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+        self.file.attrs["schema"] = json.dumps(schema.to_json())
+        self.file.attrs["finished"] = False
+
+    def append(self, block: RowBlock) -> None:
+        n = len(block)
+        if n == 0:
+            return
+        for c in self.schema.row_columns:
+            ds = self.file[c.path]
+            data = block.columns[c.path]
+            ds.resize(self.rows + n, axis=0)
+            ds[self.rows:self.rows + n] = data
+            self.crc[c.path] = _crc(data, c.dtype, self.crc[c.path])
+        for g in self.schema.ragged_groups:
+            lens = block.lengths[g]
+            total = int(lens.sum())
+            offsets = self.file[f"{g}/offsets"]
+            offsets.resize(self.rows + n + 1, axis=0)
+            offsets[self.rows + 1:] = self.nvalues[g] + np.cumsum(lens)
+            for c in self.schema.ragged_columns:
+                if c.group == g and total:
+                    ds = self.file[c.path]
+                    ds.resize(self.nvalues[g] + total, axis=0)
+                    ds[self.nvalues[g]:] = block.values[c.path]
+                    self.crc[c.path] = _crc(block.values[c.path], c.dtype, self.crc[c.path])
+            self.nvalues[g] += total
+        self.rows += n
+
+    def finish(self, extra_attrs: dict | None = None) -> None:
+        """Record counts and checksums, mark finished, close and fsync.
+
+        `finished` means the file was written to the end; `complete` (default True) is the result-level
+        flag that says every expected sequence is present (False for `merge --allow-partial`).
+        """
+        extra = dict({"complete": True}, **(extra_attrs or {}))
+        for k, v in extra.items():
+            self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+        self.file.attrs["num_sequences"] = self.rows
+        self.file.attrs["crc32"] = json.dumps(self.crc)
+        self.file.attrs["finished"] = True
+        self.file.close()
+        fsync_path(self.path)
+
+    def abort(self) -> None:
+        try:
+            self.file.close()
+        finally:
+            self.path.unlink(missing_ok=True)
+
+
+class Reader:
+    """Reads a finished file; CorruptFile if it is unreadable or incomplete."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self.file = h5py.File(self.path, "r")
+            attrs = self.file.attrs
+            if not bool(attrs.get("finished", False)):
+                raise CorruptFile(f"{self.path}: not written to the end")
+            self.schema = Schema.from_json(json.loads(attrs["schema"]))
+            self.rows = int(attrs["num_sequences"])
+            self.expected_crc = json.loads(attrs["crc32"])
+            if len(self.file["index"]) != self.rows:
+                raise CorruptFile(f"{self.path}: {len(self.file['index'])} rows, header says {self.rows}")
+        except CorruptFile:
+            self.close()
+            raise
+        except Exception as e:  # h5py raises OSError/KeyError/ValueError for damaged files
+            self.close()
+            raise CorruptFile(f"{self.path}: unreadable ({type(e).__name__}: {e})") from None
+        self.crc = {c.path: 0 for c in self.schema.columns}
+
+    @property
+    def attrs(self) -> dict:
+        out = {}
+        for k, v in self.file.attrs.items():
+            if isinstance(v, bytes):
+                v = v.decode()
+            out[k] = v.item() if isinstance(v, np.generic) else v
+        return out
+
+    def index_column(self) -> np.ndarray:
+        return self.file["index"][:]
+
+    def offsets(self, group: str) -> np.ndarray:
+        return self.file[f"{group}/offsets"][:]
+
+    def read(self, r0: int, r1: int, offsets: dict[str, np.ndarray] | None = None, check: bool = True) -> RowBlock:
+        """Rows [r0, r1). With `check`, reads must be in order so checksums can be verified at the end."""
+        try:
+            columns = {c.path: self.file[c.path][r0:r1] for c in self.schema.row_columns}
+            values, lengths = {}, {}
+            for g in self.schema.ragged_groups:
+                off = offsets[g][r0:r1 + 1] if offsets else self.file[f"{g}/offsets"][r0:r1 + 1]
+                lengths[g] = np.diff(off).astype(np.int64)
+                for c in self.schema.ragged_columns:
+                    if c.group == g:
+                        values[c.path] = self.file[c.path][int(off[0]):int(off[-1])]
+        except Exception as e:
+            raise CorruptFile(f"{self.path}: unreadable rows {r0}..{r1} ({type(e).__name__}: {e})") from None
+        if check:
+            for c in self.schema.row_columns:
+                self.crc[c.path] = _crc(columns[c.path], c.dtype, self.crc[c.path])
+            for c in self.schema.ragged_columns:
+                self.crc[c.path] = _crc(values[c.path], c.dtype, self.crc[c.path])
+        return RowBlock(self.schema, columns, values, lengths)
+
+    def read_all(self) -> RowBlock:
+        return self.read(0, self.rows)
+
+    def verify_checksums(self) -> None:
+        """After reading every row in order: CorruptFile if any dataset differs from what was written."""
+        bad = [k for k, v in self.expected_crc.items() if self.crc.get(k) != v]
+        if bad:
+            raise CorruptFile(f"{self.path}: checksum mismatch in {', '.join(bad)}")
+
+    def verify(self) -> None:
+        """Read the whole file in row windows and check its checksums."""
+        step = max(1, (64 << 20) // max(1, sum(c.row_bytes() for c in self.schema.columns)))
+        offsets = {g: self.offsets(g) for g in self.schema.ragged_groups}
+        for r0 in range(0, self.rows, step):
+            self.read(r0, min(self.rows, r0 + step), offsets)
+        self.verify_checksums()
+
+    def close(self) -> None:
+        f = getattr(self, "file", None)
+        if f is not None:
+            try:
+                f.close()
+            except Exception:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,109 @@
+"""The `hf` engine: transformers models on padded, length-sorted batches.
+
+It runs any architecture transformers knows and is the baseline every speed claim is measured against.
+Batches are right-padded (real tokens of a causal model never see the padding) and the outputs are
+unpadded into the ragged form the tasks expect.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+
+from .engine_api import EngineInfo, ForwardOutput, OutOfMemory
+
+log = logging.getLogger(__name__)
+
+LOGITS_CHUNK_ELEMENTS = 1 << 26  # bound the float32 logits computed at once (256 MiB)
+
+
+def quiet_transformers() -> None:
+    import transformers
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def model_max_tokens(config, tokenizer) -> int | None:
+    """The hard per-sequence token limit: absolute position tables, or the tokenizer's trained maximum."""
+    limits = []
+    if getattr(config, "position_embedding_type", None) == "absolute" and getattr(config, "max_position_embeddings", 0):
+        offset = (config.pad_token_id + 1) if config.model_type == "esm" and config.pad_token_id is not None else 0
+        limits.append(config.max_position_embeddings - offset)
+    mml = getattr(tokenizer, "model_max_length", None)
+    if isinstance(mml, int) and 0 < mml < 10**7:
+        limits.append(mml)
+    return min(limits) if limits else None
+
+
+class HFEngine:
+    def __init__(self, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
+                 fingerprint: str = ""):
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        quiet_transformers()
+        self.device = device
+        config = AutoConfig.from_pretrained(model_path)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        archs = list(getattr(config, "architectures", None) or [])
+        is_causal = any(a.endswith("ForCausalLM") for a in archs) or (
+            not archs and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        kwargs = {"dtype": dtype}
+        if config.model_type == "esm":
+            kwargs["add_pooling_layer"] = False
+        if logprobs and is_causal:
+            self.lm = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device).eval()
+            self.base = self.lm.base_model
+            self.head = self.lm.get_output_embeddings()
+            for attr in ("final_logit_softcapping", "logit_scale"):
+                if getattr(text_config, attr, None):  # the head alone would not give the model's logits
+                    raise NotImplementedError(f"hf engine: scoring models with {attr} is not supported")
+        else:
+            self.lm, self.head = None, None
+            self.base = AutoModel.from_pretrained(model_path, **kwargs).to(device).eval()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.info = EngineInfo(
+            name="hf", hidden_size=text_config.hidden_size, num_layers=text_config.num_hidden_layers,
+            is_causal=is_causal, max_tokens=model_max_tokens(text_config, self.tokenizer),
+            architecture=(archs[0] if archs else config.model_type), model_fingerprint=fingerprint)
+
+    @torch.inference_mode()
+    def forward(self, batch: Sequence[Sequence[int]], layers: Sequence[int], logprobs: bool) -> ForwardOutput:
+        lengths = torch.tensor([len(x) for x in batch], dtype=torch.int64)
+        width = int(lengths.max())
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.int64)
+        for i, seq in enumerate(batch):
+            ids[i, :len(seq)] = torch.as_tensor(seq, dtype=torch.int64)
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.int64)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        final = self.info.num_layers
+        need_all = any(k != final for k in layers)
+        try:
+            out = self.base(input_ids=ids, attention_mask=mask, output_hidden_states=need_all)
+            real = mask.bool()
+            hidden = {k: (out.last_hidden_state if k == final else out.hidden_states[k])[real] for k in layers}
+            token_logprobs = self._token_logprobs(out.last_hidden_state, ids)[real] if logprobs else None
+        except torch.OutOfMemoryError as e:
+            raise OutOfMemory(str(e)) from e
+        cu = torch.zeros(len(batch) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=cu[1:])
+        return ForwardOutput(cu_seqlens=cu.to(self.device), hidden=hidden, token_logprobs=token_logprobs)
+
+    def _token_logprobs(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """log p(ids[:, t] | ids[:, :t]) for t >= 1 (0 at t = 0), in float32, the vocab in bounded chunks."""
+        b, t = ids.shape
+        out = torch.zeros(b, t, dtype=torch.float32, device=ids.device)
+        if t < 2:
+            return out
+        vocab = self.head.weight.shape[0]
+        h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+        target = ids[:, 1:].reshape(-1)
+        flat = torch.empty(len(target), dtype=torch.float32, device=ids.device)
+        step = max(1, LOGITS_CHUNK_ELEMENTS // vocab)
+        for s in range(0, len(target), step):
+            logp = torch.log_softmax(self.head(h[s:s + step]).float(), dim=-1)
+            flat[s:s + step] = logp.gather(-1, target[s:s + step, None]).squeeze(-1)
+        out[:, 1:] = flat.view(b, t - 1)
+        return out

@@ -1,0 +1,101 @@
+"""Resolve `--model` to a local checkpoint directory once, in the parent, and describe it.
+
+`demo` is the bundled demo model (materialised offline on first use); an existing directory is used as
+it is; anything else is a Hugging Face hub id, downloaded once by the parent so workers never race to
+fetch it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import demo_model
+from .errors import UserError
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+@dataclass
+class ModelSource:
+    name: str          # what the user passed
+    path: str          # local directory
+    model_type: str
+    architectures: list[str]
+    fingerprint: str   # changes when the checkpoint changes
+
+    @property
+    def is_causal(self) -> bool:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        if any(a.endswith("ForCausalLM") for a in self.architectures):
+            return True
+        if self.architectures:
+            return False
+        return self.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    def identity(self) -> dict:
+        return {"name": self.name, "path": self.path, "model_type": self.model_type, "fingerprint": self.fingerprint}
+
+
+def resolve(name: str, cache_root: Path) -> ModelSource:
+    if name == demo_model.NAME:
+        path = demo_model.ensure(cache_root)
+    elif os.path.isdir(name):
+        path = Path(name).resolve()
+    elif os.path.exists(name):
+        raise UserError(f"--model {name}: is a file; pass the checkpoint's directory (with config.json)")
+    else:
+        path = _download(name)
+    config_file = Path(path) / "config.json"
+    if not config_file.exists():
+        raise UserError(f"--model {name}: {path} has no config.json; pass a Hugging Face checkpoint directory")
+    config = json.loads(config_file.read_text())
+    return ModelSource(name=name, path=str(path), model_type=config.get("model_type", ""),
+                       architectures=list(config.get("architectures") or []), fingerprint=fingerprint(Path(path)))
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(repo_id, allow_patterns=[
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]))
+    except Exception as e:  # offline, unknown repo, gated: one clear message either way
+        raise UserError(f"--model {repo_id}: not a local directory, and the Hugging Face hub could not "
+                        f"provide it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+                        "Pass a local checkpoint directory, or check the id and your network.") from None
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 over config.json and, per weight file, its name, size and first MiB (fast on huge files)."""
+    h = hashlib.sha256((path / "config.json").read_bytes())
+    for f in sorted(path.iterdir()):
+        if f.suffix in WEIGHT_SUFFIXES:
+            h.update(f.name.encode())
+            h.update(str(f.stat().st_size).encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def describe(source: ModelSource, engine: str):
+    """EngineInfo from the checkpoint's config and tokenizer alone (no weights, no device), and the tokenizer."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .engine_api import EngineInfo
+    from .hf_engine import model_max_tokens, quiet_transformers
+
+    quiet_transformers()
+    try:
+        config = AutoConfig.from_pretrained(source.path)
+        tokenizer = AutoTokenizer.from_pretrained(source.path)
+    except Exception as e:
+        raise UserError(f"--model {source.name}: cannot read the checkpoint's config or tokenizer "
+                        f"({type(e).__name__}: {e})") from None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    info = EngineInfo(name=engine, hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
+                      is_causal=source.is_causal, max_tokens=model_max_tokens(text, tokenizer),
+                      architecture=(source.architectures[0] if source.architectures else source.model_type),
+                      model_fingerprint=source.fingerprint)
+    return info, tokenizer

@@ -1,0 +1,96 @@
+"""The parent's view of progress: one aggregate bar, a periodic summary line, a final per-worker table."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+log = logging.getLogger("run_shards")
+
+
+def human(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+@dataclass
+class WorkerStats:
+    rank: int
+    device: str
+    sequences: int = 0
+    tokens: int = 0
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    load_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    last_event: float = field(default_factory=time.time)
+
+    @property
+    def seconds(self) -> float:
+        return (self.finished or time.time()) - self.started
+
+
+class ProgressBoard:
+    def __init__(self, total_sequences: int, where: str, summary_seconds: float, show_bar: bool = True):
+        self.where = where
+        self.summary_seconds = summary_seconds
+        self.workers: dict[int, WorkerStats] = {}
+        self.start = time.time()
+        self.last_summary = self.start
+        self.bar = tqdm(total=total_sequences, unit="seq", desc="run_shards", file=sys.stderr,
+                        dynamic_ncols=True, mininterval=0.5, smoothing=0.05, disable=not show_bar)
+
+    def add_worker(self, rank: int, device: str) -> None:
+        self.workers[rank] = WorkerStats(rank, device)
+
+    def message(self, kind: str, rank: int, data: dict) -> None:
+        w = self.workers[rank]
+        w.last_event = time.time()
+        if kind == "progress":
+            w.sequences += data["sequences"]
+            w.tokens += data["tokens"]
+            self.bar.update(data["sequences"])
+            self.bar.set_postfix_str(f"{human(self.tokens_per_second())} tok/s", refresh=False)
+        elif kind == "loaded":
+            w.load_seconds = data["seconds"]
+        elif kind == "done":
+            w.finished = time.time()
+            w.compute_seconds = data.get("compute_seconds", 0.0)
+
+    def tokens_per_second(self) -> float:
+        elapsed = max(time.time() - self.start, 1e-9)
+        return sum(w.tokens for w in self.workers.values()) / elapsed
+
+    def maybe_summary(self) -> None:
+        now = time.time()
+        if now - self.last_summary >= self.summary_seconds:
+            self.last_summary = now
+            self.note(self.summary_line())
+
+    def summary_line(self) -> str:
+        elapsed = max(time.time() - self.start, 1e-9)
+        seqs = sum(w.sequences for w in self.workers.values())
+        toks = sum(w.tokens for w in self.workers.values())
+        return (f"Total: {human(seqs / elapsed)} seq/s, {human(toks / elapsed)} tok/s across {self.where} "
+                f"({seqs:,} of {self.bar.total:,} sequences)")
+
+    def note(self, text: str, level: int = logging.INFO) -> None:
+        """A line for the run's log (the CLI shows run_shards log lines above the bar)."""
+        log.log(level, text)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def table(self) -> str:
+        rows = [("shard", "device", "sequences", "tokens", "seconds", "tok/s")]
+        for r in sorted(self.workers):
+            w = self.workers[r]
+            rows.append((str(r), w.device, f"{w.sequences:,}", f"{w.tokens:,}", f"{w.seconds:.1f}",
+                         human(w.tokens / max(w.seconds, 1e-9))))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.rjust(wd) for c, wd in zip(row, widths)) for row in rows)

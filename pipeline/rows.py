@@ -1,0 +1,149 @@
+"""Output rows in memory: the column schema every output file shares, and blocks of rows.
+
+A column is either one value per row (`ids`, `embeddings/mean`, ...) or ragged: a variable number of
+values per row stored CSR-style, values back to back plus an `offsets` dataset in the same group
+(`per_residue/values` + `per_residue/offsets`). In memory a ragged group keeps per-row lengths instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+STR = "str"  # dtype marker for utf-8 string columns
+
+
+@dataclass(frozen=True)
+class Column:
+    path: str           # HDF5 dataset path
+    dtype: str          # numpy dtype name, or STR
+    width: int = 0      # 0: one scalar per row (or value); D: a vector of D per row (or value)
+    ragged: bool = False
+
+    @property
+    def group(self) -> str:
+        """Ragged columns of the same HDF5 group share one offsets dataset."""
+        return self.path.rsplit("/", 1)[0]
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(object) if self.dtype == STR else np.dtype(self.dtype)
+
+    def row_bytes(self) -> int:
+        return 16 if self.dtype == STR else np.dtype(self.dtype).itemsize * max(1, self.width)
+
+    def empty(self, n: int) -> np.ndarray:
+        shape = (n, self.width) if self.width else (n,)
+        if self.dtype == STR:
+            return np.full(shape, "", dtype=object)
+        fill = np.nan if np.dtype(self.dtype).kind == "f" else 0
+        return np.full(shape, fill, dtype=self.dtype)
+
+
+BASE_COLUMNS = (
+    Column("ids", STR),
+    Column("index", "int64"),
+    Column("lengths", "int32"),
+    Column("num_tokens", "int32"),
+    Column("truncated", "bool"),
+    Column("status", "int8"),
+)
+
+
+@dataclass
+class Schema:
+    columns: tuple[Column, ...]
+
+    def __post_init__(self):
+        self.columns = tuple(self.columns)
+
+    @property
+    def row_columns(self) -> list[Column]:
+        return [c for c in self.columns if not c.ragged]
+
+    @property
+    def ragged_columns(self) -> list[Column]:
+        return [c for c in self.columns if c.ragged]
+
+    @property
+    def ragged_groups(self) -> list[str]:
+        return sorted({c.group for c in self.ragged_columns})
+
+    def to_json(self) -> list:
+        return [[c.path, c.dtype, c.width, c.ragged] for c in self.columns]
+
+    @classmethod
+    def from_json(cls, data: list) -> "Schema":
+        return cls(tuple(Column(p, d, int(w), bool(r)) for p, d, w, r in data))
+
+
+class RowBlock:
+    """Rows of one schema: per-row arrays, ragged value arrays and per-row lengths of each ragged group."""
+
+    def __init__(self, schema: Schema, columns: dict[str, np.ndarray], values: dict[str, np.ndarray] | None = None,
+                 lengths: dict[str, np.ndarray] | None = None):
+        self.schema = schema
+        self.columns = columns
+        self.values = values or {}
+        self.lengths = lengths or {}
+        n = len(columns["index"])
+        assert all(len(a) == n for a in columns.values()), "row columns of different lengths"
+        for c in schema.ragged_columns:
+            assert len(self.lengths[c.group]) == n
+            assert len(self.values[c.path]) == int(self.lengths[c.group].sum())
+
+    def __len__(self) -> int:
+        return len(self.columns["index"])
+
+    @classmethod
+    def empty(cls, schema: Schema) -> "RowBlock":
+        return cls(schema, {c.path: c.empty(0) for c in schema.row_columns},
+                   {c.path: c.empty(0) for c in schema.ragged_columns},
+                   {g: np.zeros(0, np.int64) for g in schema.ragged_groups})
+
+    @classmethod
+    def concat(cls, schema: Schema, blocks: list["RowBlock"]) -> "RowBlock":
+        blocks = [b for b in blocks if len(b)]
+        if not blocks:
+            return cls.empty(schema)
+        if len(blocks) == 1:
+            return blocks[0]
+        return cls(schema,
+                   {c.path: np.concatenate([b.columns[c.path] for b in blocks]) for c in schema.row_columns},
+                   {c.path: np.concatenate([b.values[c.path] for b in blocks]) for c in schema.ragged_columns},
+                   {g: np.concatenate([b.lengths[g] for b in blocks]) for g in schema.ragged_groups})
+
+    def take(self, rows: np.ndarray) -> "RowBlock":
+        """Rows in the order given (a permutation or a subset)."""
+        columns = {k: v[rows] for k, v in self.columns.items()}
+        values, lengths = {}, {}
+        for g in self.schema.ragged_groups:
+            lens = self.lengths[g]
+            starts = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
+            new_lens = lens[rows]
+            gather = ragged_gather_index(starts[rows], new_lens)
+            lengths[g] = new_lens
+            for c in self.schema.ragged_columns:
+                if c.group == g:
+                    values[c.path] = self.values[c.path][gather]
+        return RowBlock(self.schema, columns, values, lengths)
+
+    def sorted_by_index(self) -> "RowBlock":
+        order = np.argsort(self.columns["index"], kind="stable")
+        if np.array_equal(order, np.arange(len(order))):
+            return self
+        return self.take(order)
+
+    def nbytes(self) -> int:
+        total = sum(a.nbytes for a in self.columns.values())
+        return total + sum(a.nbytes for a in self.values.values())
+
+
+def ragged_gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), vectorised."""
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    out_starts = np.cumsum(lengths) - lengths
+    return np.repeat(np.asarray(starts, np.int64) - out_starts, lengths) + np.arange(total, dtype=np.int64)

@@ -1,0 +1,173 @@
+"""The run directory: everything `status`, `rerun` and `merge` need, and nothing else.
+
+    OUT/manifest.json          config, model identity, index fingerprint, schema, number of shards
+    OUT/index.rsidx            the run's own copy of the sequence index (fixed for the run's life)
+    OUT/shards/shard_N.h5      finished shard N (rows sorted by FASTA position)
+    OUT/shards/shard_N.parts/  checkpoints of an unfinished shard N (each a sorted, finished file)
+    OUT/shards/shard_N.failed.json   why shard N failed last time (exit code, last log lines)
+    OUT/logs/worker_N.log, OUT/logs/run.log
+    OUT/result.h5              the merged, validated result
+"""
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .errors import RunDirError
+
+MANIFEST_FORMAT = 1
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@dataclass
+class RunDir:
+    root: Path
+
+    def __post_init__(self):
+        self.root = Path(self.root).resolve()
+
+    manifest_path = property(lambda self: self.root / "manifest.json")
+    index_path = property(lambda self: self.root / "index.rsidx")
+    shards_dir = property(lambda self: self.root / "shards")
+    logs_dir = property(lambda self: self.root / "logs")
+    result_path = property(lambda self: self.root / "result.h5")
+    problems_path = property(lambda self: self.root / "merge_problems.tsv")
+
+    def shard_path(self, rank: int) -> Path:
+        return self.shards_dir / f"shard_{rank}.h5"
+
+    def parts_dir(self, rank: int) -> Path:
+        return self.shards_dir / f"shard_{rank}.parts"
+
+    def failed_path(self, rank: int) -> Path:
+        return self.shards_dir / f"shard_{rank}.failed.json"
+
+    def worker_log(self, rank: int) -> Path:
+        return self.logs_dir / f"worker_{rank}.log"
+
+    @property
+    def parent_log(self) -> Path:
+        return self.logs_dir / "run.log"
+
+    def create(self) -> None:
+        for d in (self.root, self.shards_dir, self.logs_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ manifest
+    def exists(self) -> bool:
+        return self.manifest_path.exists()
+
+    def read_manifest(self) -> dict:
+        if not self.root.is_dir():
+            raise RunDirError(f"{self.root}: no such run directory")
+        if not self.manifest_path.exists():
+            raise RunDirError(f"{self.root}: not a run_shards output directory (no manifest.json)")
+        try:
+            manifest = json.loads(self.manifest_path.read_text())
+        except ValueError as e:
+            raise RunDirError(f"{self.manifest_path}: unreadable ({e}); the run directory is damaged") from None
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise RunDirError(f"{self.manifest_path}: written by another run_shards version")
+        return manifest
+
+    def write_manifest(self, manifest: dict) -> None:
+        manifest = dict(manifest, format=MANIFEST_FORMAT, software=__version__)
+        write_atomic(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
+
+    # ------------------------------------------------------------------ failures
+    def record_failure(self, rank: int, info: dict) -> None:
+        write_atomic(self.failed_path(rank), json.dumps(info, indent=1))
+
+    def clear_failure(self, rank: int) -> None:
+        self.failed_path(rank).unlink(missing_ok=True)
+
+    def failure(self, rank: int) -> dict | None:
+        try:
+            return json.loads(self.failed_path(rank).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def log_tail(self, rank: int, lines: int = 12) -> list[str]:
+        try:
+            with open(self.worker_log(rank), "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 64 * 1024))
+                return fh.read().decode("utf-8", "replace").splitlines()[-lines:]
+        except OSError:
+            return []
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the life of a command.
+
+    flock is released by the kernel when its holder dies, even by kill -9, so a lock file left by a
+    dead run is recognised as stale and taken over; a live holder is named in the refusal.
+    """
+
+    def __init__(self, run: RunDir, purpose: str):
+        self.path = run.root / ".lock"
+        self.purpose = purpose
+        self.fd: int | None = None
+        self.took_over: dict | None = None
+
+    def acquire(self) -> "RunLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder(fd)
+            os.close(fd)
+            who = f"pid {holder.get('pid')} on {holder.get('host')}, `{holder.get('purpose')}` since " \
+                  f"{holder.get('since')}" if holder else "another process"
+            raise RunDirError(f"{self.path.parent} is in use by another run_shards command ({who}). "
+                              "Wait for it to finish, or use another --out directory.") from None
+        self.took_over = self._holder(fd) or None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
+                "since": datetime.datetime.now().isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self.fd = fd
+        return self
+
+    @staticmethod
+    def _holder(fd: int) -> dict:
+        try:
+            return json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            return {}
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()

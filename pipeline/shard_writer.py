@@ -1,0 +1,145 @@
+"""Rows of one shard: buffered, made durable at each checkpoint, merged into shard_N.h5 at the end.
+
+A checkpoint sorts the buffered rows by FASTA position and writes them as one part file (temporary name,
+fsync, rename, fsync of the directory), so a part that exists is complete and a kill -9 at any instant
+loses at most the rows since the last checkpoint. On start the writer reads the existing parts to learn
+which positions are durable; a part that fails to read is set aside as `.corrupt` and its rows are
+simply computed again. The final shard is a bounded-memory merge of the parts, marked complete only
+once every row is durable; then the parts are removed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .h5io import CorruptFile, Reader, Writer
+from .merge import merge_sorted_runs
+from .rows import RowBlock, Schema
+from .run_dir import RunDir, fsync_dir
+
+log = logging.getLogger(__name__)
+
+MAX_BUFFER_BYTES = 512 << 20
+
+
+class ShardWriter:
+    def __init__(self, run: RunDir, rank: int, schema: Schema, attrs: dict, positions: np.ndarray,
+                 checkpoint_sequences: int, checkpoint_seconds: float):
+        self.run, self.rank, self.schema, self.attrs = run, rank, schema, attrs
+        self.expected = np.sort(np.asarray(positions, np.int64))
+        self.checkpoint_sequences = checkpoint_sequences
+        self.checkpoint_seconds = checkpoint_seconds
+        self.parts = run.parts_dir(rank)
+        self.buffer: list[RowBlock] = []
+        self.buffered_rows = 0
+        self.buffered_bytes = 0
+        self.last_checkpoint = time.monotonic()
+        self.complete = self._shard_complete()
+        self.done = np.zeros(0, np.int64) if self.complete else self._durable_positions()
+
+    def _shard_complete(self) -> bool:
+        path = self.run.shard_path(self.rank)
+        if not path.exists():
+            return False
+        try:
+            with Reader(path) as r:
+                if r.rows == len(self.expected) and np.array_equal(r.index_column(), self.expected):
+                    return True
+                log.warning("%s does not hold this shard's rows; it will be rebuilt", path)
+        except CorruptFile as e:
+            log.warning("shard file is corrupt (%s); it will be rebuilt from checkpoints", e)
+        path.rename(path.with_name(path.name + ".corrupt"))
+        return False
+
+    def _part_files(self) -> list[Path]:
+        return sorted(self.parts.glob("part_*.h5")) if self.parts.is_dir() else []
+
+    def _durable_positions(self) -> np.ndarray:
+        found = []
+        for part in self._part_files():
+            try:
+                with Reader(part) as r:
+                    r.verify()   # a checkpoint counts only if every byte reads back as written
+                    found.append(r.index_column())
+            except CorruptFile as e:
+                log.warning("checkpoint %s is corrupt (%s); its rows will be computed again", part.name, e)
+                part.rename(part.with_name(part.name + ".corrupt"))
+        done = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+        if len(done):
+            log.info("resuming: %d of %d sequences already durable in %d checkpoint(s)",
+                     len(done), len(self.expected), len(found))
+        return done
+
+    def is_done(self, positions: np.ndarray) -> np.ndarray:
+        return np.isin(positions, self.done)
+
+    @property
+    def durable_rows(self) -> int:
+        return len(self.done)
+
+    def add(self, block: RowBlock) -> None:
+        self.buffer.append(block)
+        self.buffered_rows += len(block)
+        self.buffered_bytes += block.nbytes()
+
+    def due(self) -> bool:
+        return self.buffered_rows > 0 and (
+            self.buffered_rows >= self.checkpoint_sequences
+            or self.buffered_bytes >= MAX_BUFFER_BYTES
+            or time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds)
+
+    def checkpoint(self) -> None:
+        """Make the buffered rows durable as one sorted part file."""
+        self.last_checkpoint = time.monotonic()
+        if not self.buffered_rows:
+            return
+        block = RowBlock.concat(self.schema, self.buffer).sorted_by_index()
+        self.parts.mkdir(parents=True, exist_ok=True)
+        existing = self._part_files()
+        number = int(existing[-1].stem.split("_")[1]) + 1 if existing else 0
+        final = self.parts / f"part_{number:06d}.h5"
+        tmp = self.parts / f".part_{number:06d}.h5.tmp"
+        writer = Writer(tmp, self.schema, dict(self.attrs, part=number))
+        try:
+            writer.append(block)
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        os.replace(tmp, final)
+        fsync_dir(self.parts)
+        self.done = np.union1d(self.done, block.columns["index"])
+        self.buffer, self.buffered_rows, self.buffered_bytes = [], 0, 0
+        log.info("checkpoint %s: %d rows (%d of %d durable)", final.name, len(block), len(self.done),
+                 len(self.expected))
+
+    def finalize(self, row_bytes: np.ndarray) -> Path:
+        """Merge the parts into shard_N.h5 (all expected rows must be durable)."""
+        self.checkpoint()
+        missing = np.setdiff1d(self.expected, self.done)
+        assert len(missing) == 0, f"finalize with {len(missing)} rows not computed"
+        path = self.run.shard_path(self.rank)
+        tmp = path.with_name(f".{path.name}.tmp")
+        readers = [Reader(p) for p in self._part_files()]
+        writer = Writer(tmp, self.schema, self.attrs)
+        try:
+            problems = merge_sorted_runs(readers, writer, self.expected, row_bytes)
+            assert not problems, f"checkpoints of shard {self.rank} do not add up: {problems.counts()}"
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            for r in readers:
+                r.close()
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        for p in self.parts.glob("*"):
+            p.unlink()
+        self.parts.rmdir()
+        self.complete = True
+        return path

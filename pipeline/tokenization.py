@@ -1,0 +1,62 @@
+"""Turn sequence text into the token ids a model sees, with special-token masks and truncation.
+
+Truncation keeps the tokenizer's leading and trailing special tokens (e.g. <cls> ... <eos>) and cuts the
+residue tokens in between, so a truncated sequence still looks like a sequence to the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Tokenized:
+    ids: list[int]
+    special: np.ndarray      # bool per token
+    truncated: bool
+    unknown: bool            # a residue became the unknown token
+
+
+class SequenceTokenizer:
+    def __init__(self, tokenizer, max_tokens: int | None = None):
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.unk_id = tokenizer.unk_token_id
+        with_specials = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=True)["input_ids"]
+        plain = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=False)["input_ids"]
+        self.num_special = len(with_specials) - len(plain)
+        # Character-level tokenizers (ESM, the demo model) give one token per residue, so token counts
+        # are known from residue counts before tokenizing anything.
+        self.char_level = len(plain) == 20
+
+    def tokens_for_residues(self, residues: np.ndarray) -> np.ndarray:
+        """Tokens per sequence (exact for character-level tokenizers, an upper bound otherwise)."""
+        return np.asarray(residues, np.int64) + self.num_special
+
+    def encode(self, sequences: list[str]) -> list[Tokenized]:
+        enc = self.tokenizer(sequences, add_special_tokens=True, return_special_tokens_mask=True,
+                             return_attention_mask=False)
+        out = []
+        for ids, special in zip(enc["input_ids"], enc["special_tokens_mask"]):
+            special = np.asarray(special, bool)
+            truncated = False
+            if self.max_tokens and len(ids) > self.max_tokens:
+                ids, special = self._truncate(ids, special)
+                truncated = True
+            unknown = self.unk_id is not None and any(
+                t == self.unk_id and not s for t, s in zip(ids, special))
+            out.append(Tokenized(list(ids), special, truncated, unknown))
+        return out
+
+    def _truncate(self, ids: list[int], special: np.ndarray) -> tuple[list[int], np.ndarray]:
+        n = len(ids)
+        head = 0
+        while head < n and special[head]:
+            head += 1
+        tail = 0
+        while tail < n - head and special[n - 1 - tail]:
+            tail += 1
+        keep_body = max(0, self.max_tokens - head - tail)
+        keep = list(range(head + keep_body)) + list(range(n - tail, n))
+        return [ids[i] for i in keep], special[keep]

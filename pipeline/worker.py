@@ -1,0 +1,272 @@
+"""A worker: one shard on one device, from the run directory alone.
+
+Started by `torch.multiprocessing.spawn`; it pins itself to its GPU with CUDA_VISIBLE_DEVICES before
+anything touches CUDA (CPU workers hide every GPU), logs to its own `worker_N.log`, reports progress to
+the parent over its own pipe, and stops cleanly (final checkpoint, exit code 75) on SIGTERM / SIGINT or
+when the parent goes away.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+EXIT_OK, EXIT_ERROR, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 75
+
+log = logging.getLogger("run_shards.worker")
+
+
+class StopFlag:
+    def __init__(self):
+        self.reason: str | None = None
+
+    def set(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            log.warning("stopping after the current batch: %s", reason)
+
+    def __bool__(self) -> bool:
+        return self.reason is not None
+
+
+class Reporter:
+    """Messages to the parent; a broken pipe means the parent is gone, so the worker stops."""
+
+    def __init__(self, conn, rank: int, stop: StopFlag):
+        self.conn, self.rank, self.stop = conn, rank, stop
+
+    def send(self, kind: str, **data) -> None:
+        try:
+            self.conn.send((kind, self.rank, time.time(), data))
+        except (BrokenPipeError, EOFError, OSError):
+            self.stop.set("lost contact with the parent process")
+
+
+def worker_entry(i: int, root: str, ranks: list[int], conns: list, devices: list[str], threads: int) -> None:
+    """Entry point for torch.multiprocessing.spawn (process i runs shard ranks[i])."""
+    rank = ranks[i]
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices[i] if devices else ""   # before anything touches CUDA
+    from .run_dir import RunDir
+    run = RunDir(root)
+    _setup_logging(run.worker_log(rank))
+    stop = StopFlag()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: stop.set(f"received {signal.Signals(s).name}"))
+    reporter = Reporter(conns[i], rank, stop)
+    log.info("worker for shard %d started (pid %d, %s, %d threads)", rank, os.getpid(),
+             f"GPU {devices[i]}" if devices else "CPU", threads)
+    code = EXIT_ERROR
+    try:
+        from .errors import UserError
+        from index import FastaError
+        try:
+            code = ShardRun(run, rank, reporter, stop, threads).run()
+        except (UserError, FastaError) as e:
+            log.error("%s", e)
+            reporter.send("error", message=str(e))
+            code = EXIT_USER_ERROR
+    except Exception as e:
+        log.exception("worker failed")
+        reporter.send("error", message=f"{type(e).__name__}: {e}")
+        code = EXIT_ERROR
+    finally:
+        log.info("worker for shard %d exits with code %d", rank, code)
+        logging.shutdown()
+    if code:
+        sys.exit(code)
+
+
+def _setup_logging(path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="a")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+
+
+class ShardRun:
+    def __init__(self, run, rank: int, reporter: Reporter, stop: StopFlag, threads: int):
+        self.run_dir, self.rank, self.reporter, self.stop, self.threads = run, rank, reporter, stop, threads
+        self.parent_pid = os.getppid()
+
+    def run(self) -> int:
+        import torch
+
+        from index import SequenceIndex
+        from . import engines, faults
+        from .batching import plan_batches
+        from .config import RunConfig
+        from .rows import Schema
+        from .shard_writer import ShardWriter
+        from .tasks import make_task, schema_for
+        from .tokenization import SequenceTokenizer
+
+        manifest = self.run_dir.read_manifest()
+        config = RunConfig.from_json(json.dumps(manifest["config"]))
+        schema = Schema.from_json(manifest["schema"])
+        index = SequenceIndex.load(self.run_dir.index_path)
+        positions = index.stride_shard(self.rank, config.world)
+        attrs = dict(manifest["attrs"], shard=self.rank, world=config.world)
+        writer = ShardWriter(self.run_dir, self.rank, schema, attrs, positions,
+                             config.checkpoint_sequences, config.checkpoint_seconds)
+        if writer.complete:
+            log.info("shard %d is already complete", self.rank)
+            self.reporter.send("done", sequences=0, tokens=0, seconds=0.0, compute_seconds=0.0)
+            return EXIT_OK
+        done_mask = writer.is_done(positions)
+        todo_tokens = int(index.lengths[positions[~done_mask]].sum())
+        self.reporter.send("start", sequences=int((~done_mask).sum()), residues=todo_tokens)
+        log.info("shard %d: %d sequences, %d to do (%d residues)", self.rank, len(positions),
+                 int((~done_mask).sum()), todo_tokens)
+
+        t0 = time.time()
+        torch.set_num_threads(self.threads)
+        device = torch.device("cuda:0" if config.on_gpu else "cpu")
+        dtype = getattr(torch, config.torch_dtype_name)
+        model = manifest["model"]
+        engine = engines.load(manifest["engine"], model["path"], device, dtype,
+                              logprobs=config.task == "score", fingerprint=model["fingerprint"], config=config)
+        task = make_task(config, engine.info)
+        if schema_for(task).to_json() != schema.to_json():
+            raise RuntimeError("the model loaded in the worker does not match the run's schema")
+        limit = manifest["max_tokens"]
+        tokenizer = SequenceTokenizer(engine.tokenizer, max_tokens=limit if config.on_long == "truncate" else None)
+        load_seconds = time.time() - t0
+        self.reporter.send("loaded", seconds=load_seconds)
+        log.info("model loaded on %s (%s, engine %s) in %.1f s", device, config.torch_dtype_name,
+                 engine.info.name, load_seconds)
+
+        computer = BatchComputer(index, engine, task, tokenizer, schema, config, limit)
+        tokens = tokenizer.tokens_for_residues(index.lengths[positions])
+        batches = plan_batches(tokens, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf")
+        stats = {"sequences": 0, "tokens": 0, "compute_seconds": 0.0}
+        for k, (a, b) in enumerate(batches):
+            if os.getppid() != self.parent_pid:
+                self.stop.set("the parent process is gone")
+            if self.stop:
+                break
+            todo = positions[a:b][~done_mask[a:b]]
+            if len(todo) == 0:
+                continue
+            faults.before_batch(self.rank, k)
+            tc = time.time()
+            block, ntokens = computer.rows(todo)
+            stats["compute_seconds"] += time.time() - tc
+            writer.add(block)
+            stats["sequences"] += len(todo)
+            stats["tokens"] += ntokens
+            self.reporter.send("progress", sequences=len(todo), tokens=ntokens)
+            if writer.due():
+                writer.checkpoint()
+                self.reporter.send("checkpoint", durable=writer.durable_rows)
+        if self.stop:
+            writer.checkpoint()
+            self.reporter.send("checkpoint", durable=writer.durable_rows)
+            log.warning("interrupted (%s): %d of %d sequences durable; `run_shards rerun` continues",
+                        self.stop.reason, writer.durable_rows, len(positions))
+            return EXIT_INTERRUPTED
+        row_bytes = computer.row_bytes(np.sort(positions))
+        path = writer.finalize(row_bytes)
+        stats["seconds"] = time.time() - t0
+        log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s)", path, stats["sequences"],
+                 stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9))
+        self.reporter.send("done", **stats)
+        return EXIT_OK
+
+
+class BatchComputer:
+    """Rows for a batch of positions: statuses, tokenization, the engine (split on OOM), the task."""
+
+    def __init__(self, index, engine, task, tokenizer, schema, config, limit: int | None):
+        self.index, self.engine, self.task, self.tokenizer = index, engine, task, tokenizer
+        self.schema, self.config, self.limit = schema, config, limit
+
+    def row_bytes(self, positions: np.ndarray) -> np.ndarray:
+        fixed = sum(c.row_bytes() for c in self.schema.row_columns)
+        per_token = sum(c.row_bytes() for c in self.schema.ragged_columns)
+        return fixed + per_token * self.tokenizer.tokens_for_residues(self.index.lengths[positions])
+
+    def rows(self, todo: np.ndarray):
+        from . import status_codes as sc
+        from .errors import UserError
+        from .rows import RowBlock
+
+        n = len(todo)
+        lengths = self.index.lengths[todo].astype(np.int32)
+        status = np.zeros(n, np.int8)
+        truncated = np.zeros(n, bool)
+        num_tokens = np.zeros(n, np.int32)
+        status[lengths == 0] = sc.EMPTY
+        candidates = np.flatnonzero(lengths > 0)
+        toks = self.tokenizer.encode([self.index.sequence(int(todo[i])) for i in candidates])
+        compute = []
+        for i, t in zip(candidates, toks):
+            if self.limit and len(t.ids) > self.limit:   # only when not truncating
+                if self.config.on_long == "skip":
+                    status[i] = sc.SKIPPED_TOO_LONG
+                    continue
+                raise UserError(f"sequence '{self.index.id(int(todo[i]))}' has {len(t.ids)} tokens, over the "
+                                f"model's limit of {self.limit}; choose --on-long truncate or skip")
+            truncated[i] = t.truncated
+            if t.unknown:
+                status[i] = sc.UNKNOWN_RESIDUES
+            compute.append((int(i), t))
+        results = self._run(compute) if compute else []
+        columns = {c.path: c.empty(n) for c in self.schema.row_columns if c.path not in _BASE}
+        ragged_lengths = {g: np.zeros(n, np.int64) for g in self.schema.ragged_groups}
+        values = {c.path: [] for c in self.schema.ragged_columns}
+        for items, out in results:
+            rows = np.array([i for i, _ in items])
+            if out is None:
+                status[rows] = sc.OUT_OF_MEMORY
+                continue
+            num_tokens[rows] = [len(t.ids) for _, t in items]
+            for k, v in out.columns.items():
+                columns[k][rows] = v
+            for g, lens in out.lengths.items():
+                ragged_lengths[g][rows] = lens
+            for k, v in out.values.items():
+                values[k].append(v)
+        columns.update({
+            "ids": np.array([self.index.id_bytes(int(p)) for p in todo], dtype=object),
+            "index": todo.astype(np.int64), "lengths": lengths, "num_tokens": num_tokens,
+            "truncated": truncated, "status": status,
+        })
+        values = {c.path: np.concatenate(values[c.path]) if values[c.path] else c.empty(0)
+                  for c in self.schema.ragged_columns}
+        return RowBlock(self.schema, columns, values, ragged_lengths), int(num_tokens.sum())
+
+    def _run(self, items: list):
+        """[(items, TaskOutput or None)] in item order; an out-of-memory batch is halved until it fits."""
+        from .engine_api import OutOfMemory
+        from . import faults
+        try:
+            batch = [t.ids for _, t in items]
+            faults.maybe_out_of_memory(batch, padded=self.engine.info.name == "hf")
+            out = self.engine.forward(batch, self.task.layers, self.task.logprobs)
+            return [(items, self.task.compute(out, [t for _, t in items]))]
+        except (OutOfMemory, faults.torch_oom_type()) as e:
+            _release_memory()
+            if len(items) == 1:
+                log.warning("out of memory on a single sequence of %d tokens (%s); marking it",
+                            len(items[0][1].ids), str(e).splitlines()[0] if str(e) else "OOM")
+                return [(items, None)]
+            half = len(items) // 2
+            log.info("out of memory on a batch of %d sequences; splitting it in two", len(items))
+            return self._run(items[:half]) + self._run(items[half:])
+
+
+_BASE = {"ids", "index", "lengths", "num_tokens", "truncated", "status"}
+
+
+def _release_memory() -> None:
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
