@@ -12,7 +12,7 @@ import torch
 H100_NUM_SMS = 132
 MAX_KV_SPLITS = 32
 # A split walks at least this many keys, so the partial results and the reduce stay cheap.
-MIN_KEYS_PER_SPLIT = 512
+MIN_KEYS_PER_SPLIT = 256
 
 
 @dataclass(frozen=True)
