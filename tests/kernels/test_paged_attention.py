@@ -21,13 +21,22 @@ import torch
 
 from triton_kernels import paged_attention, write_kv_cache
 from triton_kernels.paged_attention import PagedAttentionLaunch, default_launch
+from triton_kernels.paged_attention.kv_cache import write_kv_cache_torch
 from triton_kernels.paged_attention.naive import naive_paged_attention
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
+# triton.jit reads TRITON_INTERPRET when the kernels are defined: with it, every Triton launch (CUDA
+# tensors too) is interpreted on the host; without it, CPU tensors cannot reach a kernel. So the CPU
+# Triton tests need it and the GPU tests need it off: `TRITON_INTERPRET=0 pytest tests/kernels`.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not INTERPRETED, reason="Triton on CPU needs TRITON_INTERPRET=1 (conftest.py)")
+gpu = pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(),
+                         reason="needs a CUDA GPU and compiled Triton: TRITON_INTERPRET=0 pytest tests/kernels")
+
 # (q_len, kv_len) per sequence: decode, continuation (q_len < kv_len), prefill (q_len == kv_len),
-# kv_len a multiple of the page size and not.
-MIXED = [(1, 37), (7, 50), (23, 23), (1, 16), (12, 64), (5, 5)]
+# kv_len a multiple of the page size and not, and a sequence with no new tokens this step.
+MIXED = [(1, 37), (7, 50), (23, 23), (0, 20), (1, 16), (12, 64), (5, 5)]
 
 
 def make_batch(seqs, num_q_heads, num_kv_heads, head_dim, page_size, dtype, device="cpu", seed=0):
@@ -86,6 +95,7 @@ KERNEL_CASES = [
 ]
 
 
+@interpreted
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-d{c[2]}-p{c[3]}-{c[4]}-"
                          + "-".join(f"{k}{v}" for k, v in c[5].items()))
@@ -95,11 +105,13 @@ def test_triton_matches_reference(case, causal):
     assert_matches_reference(batch, causal=causal, dtype=dtype, **knobs)
 
 
+@interpreted
 def test_triton_head_dim_256_and_default_knobs():
     batch = make_batch([(1, 40), (9, 30)], 2, 1, 256, 16, torch.float32, seed=1)
     assert_matches_reference(batch, causal=True, dtype=torch.float32)
 
 
+@interpreted
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_triton_decode_batch_split_kv(causal):
     """Decode-only batch with a longer walk, the shape split-KV is for: splits must not change the result."""
@@ -110,6 +122,7 @@ def test_triton_decode_batch_split_kv(causal):
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
+@interpreted
 def test_triton_scale_and_out_argument():
     batch = make_batch(MIXED[:3], 4, 2, 32, 16, torch.float32, seed=3)
     out = torch.full_like(batch[0], float("nan"))
@@ -142,7 +155,7 @@ def _write_case(seed, slot_dtype):
     return k, v, k_cache, v_cache, slots.to(slot_dtype)
 
 
-@pytest.mark.parametrize("interpret", ["1", "0"], ids=["triton", "torch"])
+@pytest.mark.parametrize("interpret", [pytest.param("1", marks=interpreted), "0"], ids=["triton", "torch"])
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
 def test_write_kv_cache_scattered_and_skipped_slots(slot_dtype, interpret, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
@@ -156,6 +169,7 @@ def test_write_kv_cache_scattered_and_skipped_slots(slot_dtype, interpret, monke
     assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
 
 
+@interpreted
 def test_write_then_attend_matches_dense_attention():
     """The engine's sequence of calls: write a prefill's keys/values, then attend over them."""
     gen = torch.Generator().manual_seed(6)
@@ -197,6 +211,7 @@ def test_launch_knobs_reach_the_launch(explicit, monkeypatch):
     fwd, combine = RecordingKernel(), RecordingKernel()
     monkeypatch.setattr(kernel, "_paged_attention_fwd", fwd)
     monkeypatch.setattr(kernel, "_combine_splits", combine)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors take the Triton path (to the stand-ins)
     batch = make_batch(MIXED, 8, 2, 64, 16, torch.float32)
     if explicit:
         knobs = PagedAttentionLaunch(block_q=2, pages_per_tile=4, num_warps=2, num_stages=5, num_kv_splits=3)
@@ -210,7 +225,7 @@ def test_launch_knobs_reach_the_launch(explicit, monkeypatch):
     assert (kw["BLOCK_Q"], kw["TILE"], kw["num_warps"], kw["num_stages"], kw["NUM_SPLITS"]) == (
         knobs.block_q, knobs.pages_per_tile * 16, knobs.num_warps, knobs.num_stages, knobs.num_kv_splits)
     num_tokens = batch[0].shape[0]
-    assert grid == (num_tokens // knobs.block_q + len(MIXED), 2, knobs.num_kv_splits)
+    assert grid == ((num_tokens // knobs.block_q + len(MIXED)) * 2, knobs.num_kv_splits)
     assert len(combine.launches) == (1 if knobs.num_kv_splits > 1 else 0)
 
 
@@ -254,7 +269,8 @@ for case in json.loads(sys.argv[1]):
     launch = default_launch(**case["shape"])
     group = case["shape"]["num_q_heads"] // case["shape"]["num_kv_heads"]
     head_dim, page_size, dtype = case["shape"]["head_dim"], case["shape"]["page_size"], case["dtype"]
-    const = dict(NUM_Q_HEADS=case["shape"]["num_q_heads"], HEAD_DIM=head_dim,
+    const = dict(NUM_Q_HEADS=case["shape"]["num_q_heads"], NUM_KV_HEADS=case["shape"]["num_kv_heads"],
+                 HEAD_DIM=head_dim,
                  BLOCK_D=triton.next_power_of_2(head_dim), GROUP=group, BLOCK_Q=launch.block_q,
                  BLOCK_M=max(16, triton.next_power_of_2(launch.block_q * group)), PAGE_SIZE=page_size,
                  TILE=launch.pages_per_tile * page_size, NUM_SPLITS=launch.num_kv_splits, CAUSAL=case["causal"],
@@ -300,17 +316,33 @@ def test_default_launches_compile_for_h100():
     assert len(shared) == len(cases) and all(0 < s <= 227 * 1024 for s in shared), shared
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-@cuda
+@gpu
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_gpu_bfloat16_mixed_batch(causal):
     batch = make_batch(MIXED + [(300, 1000), (1, 777)], 32, 8, 128, 16, torch.bfloat16, device="cuda")
     assert_matches_reference(batch, causal=causal, dtype=torch.bfloat16)
 
 
-@cuda
+@gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-d{c[2]}-p{c[3]}-"
+                         + "-".join(f"{k}{v}" for k, v in c[5].items()))
+def test_gpu_kernel_cases_bfloat16(case, causal):
+    num_q_heads, num_kv_heads, head_dim, page_size, _, knobs = case
+    batch = make_batch(MIXED, num_q_heads, num_kv_heads, head_dim, page_size, torch.bfloat16, device="cuda")
+    assert_matches_reference(batch, causal=causal, dtype=torch.bfloat16, **knobs)
+
+
+@gpu
+def test_gpu_write_kv_cache():
+    k, v, k_cache, v_cache, slots = _write_case(9, torch.int64)
+    on_gpu = [t.cuda() for t in (k, v, k_cache, v_cache, slots)]
+    write_kv_cache_torch(k, v, k_cache, v_cache, slots)
+    write_kv_cache(*on_gpu)
+    assert torch.equal(on_gpu[2].cpu(), k_cache) and torch.equal(on_gpu[3].cpu(), v_cache)
+
+
+@gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_gpu_long_context_bfloat16(head_dim):
     """8k-16k contexts: a long prefill, a chunked-prefill continuation and decodes, default knobs and split."""

@@ -81,7 +81,7 @@ def _attend_tile(
         v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     else:
         v = tl.load(v_ptrs)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -89,16 +89,18 @@ def _attend_tile(
 def _paged_attention_fwd(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_ml_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, kv_lens_ptr,
-    num_seqs, num_tokens, qk_scale,
+    num_seqs, num_tokens, num_q_programs, qk_scale,
     stride_qt, stride_qh, stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
     stride_ot, stride_oh, stride_bt,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, TILE: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    pid_q = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    # Axis 0 is (query block, KV head) with the head fastest and the query blocks in reverse, so the
+    # longest causal walks (a sequence's last blocks) start first and short ones fill the tail.
+    pid_q = num_q_programs - 1 - tl.program_id(0) // NUM_KV_HEADS
+    kv_head = tl.program_id(0) % NUM_KV_HEADS
+    split = tl.program_id(1)
 
     seq = _find_sequence(cu_seqlens_q_ptr, num_seqs, pid_q, BLOCK_Q)
     q_begin = tl.load(cu_seqlens_q_ptr + seq)
@@ -209,14 +211,16 @@ def paged_attention_triton(
         part_o = part_ml = out  # unused by the kernel when NUM_SPLITS == 1
     # float32 inputs ask for true float32 products, not TF32 (which would cost ~1e-3 relative error).
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    grid = (num_tokens // launch.block_q + num_seqs, num_kv_heads, splits)
+    # Sequence s owns q programs [cu[s] // block_q + s, cu[s + 1] // block_q + s + 1) (see _find_sequence).
+    num_q_programs = num_tokens // launch.block_q + num_seqs
+    grid = (num_q_programs * num_kv_heads, splits)
     _paged_attention_fwd[grid](
         q, k_cache, v_cache, out, part_o, part_ml, block_tables, cu_seqlens_q, kv_lens,
-        num_seqs, num_tokens, scale * LOG2E,
+        num_seqs, num_tokens, num_q_programs, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         block_tables.stride(0),
-        NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
         BLOCK_Q=launch.block_q, BLOCK_M=block_m, PAGE_SIZE=page_size, TILE=launch.pages_per_tile * page_size,
         NUM_SPLITS=splits, CAUSAL=causal, DOT_PRECISION=precision,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
