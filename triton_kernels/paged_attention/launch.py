@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-# Below this many (sequence, query block, KV head) programs a GPU is under-filled and the KV walk is split.
+# The SM count the rule assumes where there is no CUDA device to ask (Triton interpreter, planning on a host).
 H100_NUM_SMS = 132
 MAX_KV_SPLITS = 32
 # A split walks at least this many keys, so the partial results and the reduce stay cheap.
