@@ -16,7 +16,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
     k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     if q_len == 1:
         # Decode sees every key. The query heads of one KV head become rows of one [G, D] query (a free
-        # view for the usual layouts), which runs ~2-3x faster on CPU than SDPA's enable_gqa for a single query.
+        # view for the usual layouts), ~2-3x faster on CPU than SDPA's enable_gqa for a single query.
         o = F.scaled_dot_product_attention(q.reshape(1, num_kv_heads, -1, head_dim), k, v, scale=scale)
         return o.view(1, num_q_heads, head_dim)
     mask, is_causal = None, False
