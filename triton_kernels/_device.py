@@ -3,14 +3,34 @@
 CUDA tensors run the Triton kernels. CPU tensors run the Triton kernels through the interpreter when
 TRITON_INTERPRET=1 is set (it must be set before triton is imported), and the plain torch reference
 otherwise, so the engine works on any machine.
+
+`torch_path_on_cpu()` lets a caller pin CPU tensors to the torch implementations whatever the
+environment says: the native engine runs under it on CPU, so a test suite that sets TRITON_INTERPRET=1
+for the kernel tests still runs whole models at torch speed rather than through the interpreter.
 """
+import contextlib
+import contextvars
 import os
 
 import torch
+
+_FORCE_TORCH_ON_CPU = contextvars.ContextVar("triton_kernels_force_torch_on_cpu", default=False)
+
+
+@contextlib.contextmanager
+def torch_path_on_cpu():
+    """Within this block, ops on CPU tensors run their torch implementation (CUDA tensors are unaffected)."""
+    token = _FORCE_TORCH_ON_CPU.set(True)
+    try:
+        yield
+    finally:
+        _FORCE_TORCH_ON_CPU.reset(token)
 
 
 def use_triton(t: torch.Tensor) -> bool:
     """True when `t`'s op should run the Triton kernel rather than the torch reference."""
     if t.is_cuda:
         return True
+    if _FORCE_TORCH_ON_CPU.get():
+        return False
     return os.environ.get("TRITON_INTERPRET") == "1"
