@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 
 from .errors import UserError
+from .models import SUPPORTED_MODEL_TYPES
 
-NATIVE_MODEL_TYPES: frozenset[str] = frozenset()   # filled in as native model families land
+# Model types --engine native runs (pipeline.models); --engine auto picks native for these.
+NATIVE_MODEL_TYPES: frozenset[str] = frozenset(SUPPORTED_MODEL_TYPES)
 
 
 def choose(engine: str, model_type: str, task: str) -> str:
@@ -26,4 +28,7 @@ def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, l
     if name == "hf":
         from .hf_engine import HFEngine
         return HFEngine(model_path, device, dtype, logprobs, fingerprint)
+    if name == "native":
+        from .engine.engine import NativeEngine
+        return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config)
     raise UserError(f"engine {name!r} is not available in this build")

@@ -1,0 +1,93 @@
+"""Budgets of the native engine, derived from the run's options and validated before any work starts.
+
+Everything that can be too small for the work is checked here, with a message naming the option to
+change: a KV cache that cannot hold one maximum-length sequence, state slots for fewer sequences than
+decode together, device memory that cannot hold the caches.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..errors import UserError
+from ..models.base import ModelSpec
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_tokens_per_step: int            # --max-tokens-per-batch: tokens run through the model per step
+    max_seqs: int                       # --max-seqs: sequences per step
+    max_model_len: int                  # longest prompt the engine must hold (tokens, specials included)
+    max_new_tokens: int = 0             # generate: tokens generated per sequence (0: embed / score)
+    page_size: int = PAGE_SIZE
+    num_pages: int = 0                  # 0: derived from the budgets (see `resolve`)
+    num_state_slots: int = 0            # 0: derived
+    memory_fraction: float = 0.9        # of the free device memory the caches may take (GPU)
+    gdn_chunk_size: int = 64
+    attention_launch: dict | None = None    # explicit paged-attention knobs; None: the kernel's rule per step
+    gdn_launch: dict = field(default_factory=dict)   # extra knobs for the delta-rule kernels, by function name
+
+    def resolve(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> "EngineConfig":
+        """Fill in derived sizes and check every budget; raises UserError with what to change."""
+        if self.max_tokens_per_step < 1 or self.max_seqs < 1:
+            raise UserError("--max-tokens-per-batch and --max-seqs must be at least 1")
+        if self.page_size < 16 or self.page_size & (self.page_size - 1):
+            raise UserError(f"KV page size must be a power of two >= 16, got {self.page_size}")
+        if self.max_new_tokens and not spec.is_causal:
+            raise UserError(f"--task generate needs a causal language model; {spec.architecture} is an encoder")
+        pages = self.num_pages or self._derived_pages(spec)
+        longest = self.max_model_len + max(0, self.max_new_tokens - 1)
+        if pages * self.page_size < longest:
+            raise UserError(
+                f"the KV cache holds {pages} pages x {self.page_size} tokens = {pages * self.page_size} tokens, "
+                f"fewer than one maximum-length sequence needs ({longest} tokens: max length "
+                f"{self.max_model_len} + {max(0, self.max_new_tokens - 1)} generated); give more pages or "
+                "lower --max-length")
+        slots = self.num_state_slots or self._derived_slots(spec)
+        if spec.delta is not None and self.max_new_tokens and slots < 1:
+            raise UserError("generation on a delta-rule model needs at least one state slot")
+        resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0)
+        resolved._check_memory(spec, device, dtype)
+        return resolved
+
+    def _derived_pages(self, spec: ModelSpec) -> int:
+        per = lambda tokens: -(-tokens // self.page_size)   # noqa: E731
+        step = per(self.max_tokens_per_step) + self.max_seqs          # one step's tokens + a page of slack each
+        if not spec.is_causal:
+            return max(per(self.max_model_len), step)                 # a step holds whole sequences only
+        if not self.max_new_tokens:
+            return per(self.max_model_len) + step                     # one long sequence in flight + a step
+        running = min(self.max_seqs, self.max_tokens_per_step)
+        return per(self.max_model_len + self.max_new_tokens) + step + running * per(self.max_new_tokens)
+
+    def _derived_slots(self, spec: ModelSpec) -> int:
+        if spec.delta is None:
+            return 0
+        if self.max_new_tokens:
+            return min(self.max_seqs, self.max_tokens_per_step)      # every running sequence decodes
+        return 4   # embed / score: only sequences whose prefill spans steps keep state (one or two at a time)
+
+    def cache_bytes(self, spec: ModelSpec, dtype: torch.dtype) -> int:
+        kv = self.num_pages * self.page_size * spec.kv_bytes_per_token(dtype)
+        state = self.num_state_slots * spec.delta.bytes_per_slot(dtype) if spec.delta else 0
+        return kv + state
+
+    def _check_memory(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
+        need = self.cache_bytes(spec, dtype)
+        log.info("engine budgets: %d tokens and %d sequences per step; KV cache %d pages x %d tokens; "
+                 "%d state slots; caches %.1f MiB", self.max_tokens_per_step, self.max_seqs, self.num_pages,
+                 self.page_size, self.num_state_slots, need / 2**20)
+        if device.type != "cuda":
+            return
+        free, _ = torch.cuda.mem_get_info(device)
+        if need > self.memory_fraction * free:
+            raise UserError(
+                f"the engine's caches need {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB of GPU memory is "
+                f"free (using at most {self.memory_fraction:.0%}); lower --max-length, --max-tokens-per-batch or "
+                "--max-seqs")

@@ -1,0 +1,62 @@
+"""What one engine step hands the model: the step's tokens and where each sequence's state lives.
+
+Built by the model runner on the host, moved to the device once, read by the layers. Tensors that
+several layers derive from it (the conv-window gather of the delta-rule layers) are memoised here so
+they are built once per step, not once per layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StepContext:
+    input_ids: torch.Tensor           # int64 [T]: the step's tokens, sequence after sequence
+    positions: torch.Tensor           # int64 [T]: each token's position in its sequence
+    cu_seqlens: torch.Tensor          # int32 [S+1]: where each sequence's tokens start in the step
+    kv_lens: torch.Tensor             # int32 [S]: context length after this step (prior tokens + new)
+    block_tables: torch.Tensor        # int32 [S, max pages]: each sequence's KV pages in order
+    slot_mapping: torch.Tensor        # int64 [T]: KV cache slot (page * page_size + offset) per token
+    q_lens: np.ndarray                # int64 [S] (host): new tokens per sequence
+    prior_lens: np.ndarray            # int64 [S] (host): tokens each sequence had before this step
+    # Delta-rule state slots, host arrays: (rows of the step's sequences, their state slots)
+    state_read: tuple[np.ndarray, np.ndarray] | None    # sequences that continue a stored state
+    state_write: tuple[np.ndarray, np.ndarray] | None   # sequences whose state is kept after the step
+    attention_launch: dict = field(default_factory=dict)  # explicit paged-attention launch knobs
+    memo: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    @property
+    def all_decode(self) -> bool:
+        """Every sequence adds one token to a context it already has (a pure decode step)."""
+        return bool((self.q_lens == 1).all() and (self.prior_lens > 0).all())
+
+    def cached(self, key: str, build: Callable[[], object]):
+        if key not in self.memo:
+            self.memo[key] = build()
+        return self.memo[key]
+
+    def on_device(self, key: str, array: np.ndarray) -> torch.Tensor:
+        """A host index array as an int64 device tensor, built once per step."""
+        return self.cached(key, lambda: torch.from_numpy(np.ascontiguousarray(array, np.int64)).to(self.device))
+
+    def segment_ids(self) -> torch.Tensor:
+        """int64 [T]: the sequence (0..S-1) each token belongs to."""
+        return self.cached("segment_ids", lambda: torch.repeat_interleave(
+            torch.arange(self.num_seqs, device=self.device),
+            torch.from_numpy(self.q_lens).to(self.device)))

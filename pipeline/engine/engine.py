@@ -1,0 +1,220 @@
+"""The native engine as the pipeline sees it (pipeline.engine_api.Engine), plus `generate`.
+
+`forward` runs a batch to completion step by step (chunked prefill where a sequence exceeds the step
+budget) and returns the ragged hidden states and token log-probabilities in batch order. `generate`
+runs prompts with continuous batching: every step mixes the decode tokens of running sequences with
+prefill chunks of new ones, and a sequence that stops frees its pages for the next one at once.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import numpy as np
+import torch
+
+from ..engine_api import EngineInfo, ForwardOutput, OutOfMemory
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .model_runner import ModelRunner
+from .sampler import sample, uniforms
+from .scheduler import ScheduledSeq, Scheduler
+from .sequence import Sequence
+from .state_slots import StateSlots
+
+log = logging.getLogger(__name__)
+
+LOGITS_CHUNK_ELEMENTS = 1 << 26   # bound the float32 logits computed at once (256 MiB)
+STATS_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]      # new tokens only (an EOS that stopped generation included)
+    finish_reason: str        # "stop" (EOS) or "length" (max_new_tokens)
+
+
+class StepStats:
+    """Packing of the steps run so far: real tokens over computed tokens (ragged steps pad nothing), and
+    how full each step was against the token budget."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.steps = self.tokens = self.computed = self.sequences = 0
+        self.last_log = time.monotonic()
+
+    def add(self, step: list[ScheduledSeq]) -> None:
+        n = sum(s.num_tokens for s in step)
+        self.steps += 1
+        self.tokens += n
+        self.computed += n          # no padding: every computed token is a real one
+        self.sequences += len(step)
+
+    def line(self) -> str:
+        steps = max(self.steps, 1)
+        return (f"native engine: {self.steps} steps, {self.tokens} tokens, packing efficiency "
+                f"{self.tokens / max(self.computed, 1):.1%} (real / computed tokens), step fill "
+                f"{self.tokens / (steps * self.budget):.1%} of {self.budget} tokens, "
+                f"{self.sequences / steps:.1f} sequences per step")
+
+    def maybe_log(self) -> None:
+        if time.monotonic() - self.last_log >= STATS_SECONDS:
+            self.last_log = time.monotonic()
+            log.info("%s", self.line())
+
+
+class NativeEngine:
+    def __init__(self, model, tokenizer, info: EngineInfo, config: EngineConfig, device: torch.device,
+                 dtype: torch.dtype):
+        self.model, self.tokenizer, self.info, self.device, self.dtype = model, tokenizer, info, device, dtype
+        self.spec = model.spec
+        self.config = config.resolve(self.spec, device, dtype)
+        self.runner = ModelRunner(model, self.config, device, dtype)
+        self.stats = StepStats(self.config.max_tokens_per_step)
+
+    @classmethod
+    def load(cls, model_path: str, device: torch.device, dtype: torch.dtype, fingerprint: str, run_config=None,
+             **overrides) -> "NativeEngine":
+        """The engine for a checkpoint directory, its budgets from the run's options (RunConfig)."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        from ..hf_engine import model_max_tokens, quiet_transformers
+        from ..models import load_model, text_config
+
+        quiet_transformers()
+        model = load_model(model_path, device, dtype)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        hf_config = AutoConfig.from_pretrained(model_path)
+        text = text_config(hf_config)
+        archs = list(getattr(hf_config, "architectures", None) or [])
+        spec = model.spec
+        info = EngineInfo(name="native", hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+                          is_causal=spec.is_causal, max_tokens=model_max_tokens(text, tokenizer),
+                          architecture=archs[0] if archs else hf_config.model_type, model_fingerprint=fingerprint)
+        task = getattr(run_config, "task", "embed")
+        limit = info.max_tokens
+        if run_config is not None and run_config.max_length:
+            limit = min(limit, run_config.max_length) if limit else run_config.max_length
+        budget = run_config.tokens_per_batch if run_config is not None else 4096
+        limit = limit or spec.max_tokens or getattr(text, "max_position_embeddings", None) or budget
+        config = EngineConfig(
+            max_tokens_per_step=budget, max_seqs=run_config.max_seqs if run_config is not None else 256,
+            max_model_len=int(limit),
+            max_new_tokens=run_config.max_new_tokens if task == "generate" else 0, **overrides)
+        return cls(model, tokenizer, info, config, device, dtype)
+
+    def _scheduler(self) -> Scheduler:
+        c = self.config
+        blocks = BlockManager(c.num_pages, c.page_size)
+        slots = StateSlots(c.num_state_slots) if self.spec.delta is not None else None
+        return Scheduler(c.max_tokens_per_step, c.max_seqs, self.spec.is_causal, blocks, slots)
+
+    def _check_fits(self, seqs: list[Sequence]) -> None:
+        capacity = self.config.num_pages * self.config.page_size
+        for seq in seqs:
+            if seq.reserve_tokens > capacity:
+                from ..errors import UserError
+                raise UserError(f"a sequence of {seq.num_prompt} tokens (+{max(0, seq.max_new_tokens - 1)} to "
+                                f"generate) exceeds the engine's KV cache of {capacity} tokens; set --max-length")
+
+    # ---- embed / score ----------------------------------------------------------------------------
+
+    def forward(self, batch: Seq[Seq[int]], layers: Seq[int], logprobs: bool) -> ForwardOutput:
+        seqs = [Sequence(i, list(ids)) for i, ids in enumerate(batch)]
+        self._check_fits(seqs)
+        lengths = np.array([len(s) for s in seqs], np.int64)
+        offsets = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total, final = int(offsets[-1]), self.spec.num_layers
+        hidden = {k: torch.empty(total, self.spec.hidden_size, dtype=self.dtype, device=self.device) for k in layers}
+        token_logprobs = torch.zeros(total, dtype=torch.float32, device=self.device) if logprobs else None
+        capture = frozenset(k for k in layers if k != final)
+        scheduler = self._scheduler()
+        for seq in seqs:
+            scheduler.add(seq)
+        try:
+            while scheduler.has_work():
+                step = scheduler.schedule()
+                ctx = self.runner.prepare(step)
+                out, captured = self.runner.run(ctx, capture)
+                rows = torch.from_numpy(offsets[[s.seq.seq_id for s in step]]).to(self.device)
+                rows = rows[ctx.segment_ids()] + ctx.positions
+                with torch.inference_mode():
+                    for k in layers:
+                        hidden[k].index_copy_(0, rows, out if k == final else captured[k])
+                    if logprobs:
+                        self._step_logprobs(step, ctx, out, rows, token_logprobs)
+                scheduler.after_step(step)
+                self.stats.add(step)
+        except torch.OutOfMemoryError as e:
+            scheduler.abort_all()
+            raise OutOfMemory(str(e)) from e
+        self.stats.maybe_log()
+        return ForwardOutput(cu_seqlens=torch.from_numpy(offsets).to(self.device), hidden=hidden,
+                             token_logprobs=token_logprobs)
+
+    def _step_logprobs(self, step: list[ScheduledSeq], ctx, out: torch.Tensor, rows: torch.Tensor,
+                       token_logprobs: torch.Tensor) -> None:
+        """log p(next token) for every step token that has a next token in its sequence."""
+        nxt = np.concatenate([np.asarray(s.seq.token_ids[s.start + 1:s.end + 1] + [-1] * (s.end == len(s.seq)),
+                                         np.int64) for s in step])
+        has_next = np.flatnonzero(nxt >= 0)
+        if not len(has_next):
+            return
+        sel = torch.from_numpy(has_next).to(self.device)
+        targets = torch.from_numpy(nxt[has_next]).to(self.device)
+        dest = rows[sel] + 1
+        step_rows = max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size)
+        for a in range(0, len(has_next), step_rows):
+            logits = self.model.logits(out[sel[a:a + step_rows]]).float()
+            lp = torch.log_softmax(logits, dim=-1).gather(1, targets[a:a + step_rows, None]).squeeze(1)
+            token_logprobs[dest[a:a + step_rows]] = lp
+
+    # ---- generate ---------------------------------------------------------------------------------
+
+    def generate(self, prompts: Seq[Seq[int]], keys: Seq[int], params: SamplingParams) -> list[Generation]:
+        """New tokens for each prompt; `keys` (the FASTA positions) select each sequence's random stream."""
+        seqs = [Sequence(i, list(p), params.max_new_tokens, int(k)) for i, (p, k) in enumerate(zip(prompts, keys))]
+        self._check_fits(seqs)
+        eos = set(self.spec.eos_token_ids)
+        scheduler = self._scheduler()
+        for seq in seqs:
+            scheduler.add(seq)
+        try:
+            while scheduler.has_work():
+                step = scheduler.schedule()
+                ctx = self.runner.prepare(step)
+                out, _ = self.runner.run(ctx, frozenset())
+                scheduler.after_step(step)
+                self.stats.add(step)
+                ready = [i for i, s in enumerate(step) if s.completes_known_tokens]
+                if not ready:
+                    continue
+                last = torch.from_numpy(np.cumsum(ctx.q_lens)[ready] - 1).to(self.device)
+                with torch.inference_mode():
+                    logits = self.model.logits(out[last]).float()
+                ready_seqs = [step[i].seq for i in ready]
+                u = uniforms(params.seed, np.array([s.key for s in ready_seqs], np.uint64),
+                             np.array([s.num_generated for s in ready_seqs], np.uint64))
+                tokens = sample(logits, params.temperature, params.top_p, u).tolist()
+                for seq, token in zip(ready_seqs, tokens):
+                    seq.append(token)
+                    if token in eos:
+                        scheduler.finish(seq, "stop")
+                    elif seq.num_generated >= seq.max_new_tokens:
+                        scheduler.finish(seq, "length")
+        except torch.OutOfMemoryError as e:
+            scheduler.abort_all()
+            raise OutOfMemory(str(e)) from e
+        self.stats.maybe_log()
+        return [Generation(s.generated, s.finish_reason) for s in seqs]

@@ -1,0 +1,103 @@
+"""Turn a scheduled step into tensors, run the model on them, and own the caches the layers read.
+
+The KV cache is one `[pages, page_size, Hkv, D]` pair per attention layer (encoders, which never carry
+keys from one step to the next, share one pair across layers); the delta-rule state is one conv-window
+tensor and one float32 recurrent tensor per Gated DeltaNet layer, indexed by state slot.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from triton_kernels._device import torch_path_on_cpu
+
+from ..models.base import NativeModel
+from .config import EngineConfig
+from .context import StepContext
+from .scheduler import ScheduledSeq
+
+
+class ModelRunner:
+    def __init__(self, model: NativeModel, config: EngineConfig, device: torch.device, dtype: torch.dtype):
+        self.model, self.config, self.device, self.dtype = model, config, device, dtype
+        self.spec = model.spec
+        self._allocated = False
+
+    def allocate(self) -> None:
+        """Create the caches (once; their sizes were validated by EngineConfig.resolve)."""
+        if self._allocated:
+            return
+        c, s = self.config, self.spec
+        shape = (c.num_pages, c.page_size, s.num_kv_heads, s.cache_head_dim)
+        layers = self.model.attention_layers()
+        shared = None
+        for attn in layers:
+            if s.is_causal or shared is None:
+                shared = (torch.zeros(shape, dtype=self.dtype, device=self.device),
+                          torch.zeros(shape, dtype=self.dtype, device=self.device))
+            attn.kv = shared
+        for layer in self.model.delta_layers():
+            d = s.delta
+            layer.state = (
+                torch.zeros(c.num_state_slots, d.conv_width, d.conv_channels, dtype=self.dtype, device=self.device),
+                torch.zeros(c.num_state_slots, d.num_v_heads, d.head_k_dim, d.head_v_dim, dtype=torch.float32,
+                            device=self.device))
+            layer.kernel_args = {"chunk_gated_delta_rule": dict(chunk_size=c.gdn_chunk_size,
+                                                                **c.gdn_launch.get("chunk_gated_delta_rule", {})),
+                                 "fused_recurrent_gated_delta_rule": c.gdn_launch.get(
+                                     "fused_recurrent_gated_delta_rule", {})}
+        self._allocated = True
+
+    def prepare(self, step: list[ScheduledSeq]) -> StepContext:
+        """Host-side tensors of one step, moved to the device in one go per tensor."""
+        page = self.config.page_size
+        q_lens = np.array([s.num_tokens for s in step], np.int64)
+        prior = np.array([s.start for s in step], np.int64)
+        ids = np.concatenate([np.asarray(s.seq.token_ids[s.start:s.end], np.int64) for s in step])
+        positions = np.concatenate([np.arange(s.start, s.end, dtype=np.int64) for s in step])
+        width = max(len(s.seq.pages) for s in step)
+        tables = np.zeros((len(step), width), np.int32)
+        for i, s in enumerate(step):
+            tables[i, :len(s.seq.pages)] = s.seq.pages
+        seg = np.repeat(np.arange(len(step)), q_lens)
+        slot_mapping = tables[seg, positions // page].astype(np.int64) * page + positions % page
+        cu = np.zeros(len(step) + 1, np.int32)
+        np.cumsum(q_lens, out=cu[1:])
+        state_read = state_write = None
+        if self.spec.delta is not None:
+            slots = np.array([s.seq.slot for s in step], np.int64)
+            read = np.flatnonzero(prior > 0)
+            write = np.flatnonzero(slots >= 0)
+            assert (slots[read] >= 0).all(), "a sequence continues without a state slot"
+            state_read = (read, slots[read]) if len(read) else None
+            state_write = (write, slots[write]) if len(write) else None
+        dev = self.device
+        to = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)   # noqa: E731
+        return StepContext(
+            input_ids=to(ids), positions=to(positions), cu_seqlens=to(cu), kv_lens=to((prior + q_lens).astype(np.int32)),
+            block_tables=to(tables), slot_mapping=to(slot_mapping), q_lens=q_lens, prior_lens=prior,
+            state_read=state_read, state_write=state_write, attention_launch=self._launch(step, q_lens, width))
+
+    def _launch(self, step, q_lens: np.ndarray, width: int) -> dict:
+        if self.device.type != "cuda" or not self.spec.num_attention_layers:
+            return {}
+        if self.config.attention_launch is not None:
+            return dict(self.config.attention_launch)
+        from triton_kernels.paged_attention import default_launch
+        from triton_kernels.paged_attention.launch import num_sms_of
+        attn = self.model.attention_layers()[0]
+        rule = default_launch(num_q_tokens=int(q_lens.sum()), num_seqs=len(step), num_q_heads=attn.num_heads,
+                              num_kv_heads=attn.num_kv_heads, head_dim=attn.cache_dim,
+                              page_size=self.config.page_size, max_kv_len=width * self.config.page_size,
+                              num_sms=num_sms_of(self.device))
+        return dict(block_q=rule.block_q, pages_per_tile=rule.pages_per_tile, num_warps=rule.num_warps,
+                    num_stages=rule.num_stages, num_kv_splits=rule.num_kv_splits)
+
+    def run(self, ctx: StepContext, capture: frozenset[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens."""
+        self.allocate()
+        on_cpu = torch_path_on_cpu() if self.device.type == "cpu" else contextlib.nullcontext()
+        with on_cpu, torch.inference_mode():
+            return self.model(ctx, capture)

@@ -1,0 +1,87 @@
+"""What the engine needs to know about a model, and the forward contract every family implements.
+
+`forward(ctx, capture)` runs one step's tokens and returns the final norm output `[T, D]` plus the
+hidden states asked for in `capture`: layer k < num_layers is the input of decoder layer k (k = 0 is
+the embedding output), exactly transformers' `hidden_states[k]`; layer num_layers is the final norm
+output. `logits(hidden)` maps final hidden states to next-token logits (causal models only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DeltaStateSpec:
+    """Per-sequence state of each Gated DeltaNet layer: a conv window and a recurrent matrix per head."""
+    num_layers: int
+    conv_channels: int
+    conv_width: int          # kernel - 1 previous inputs
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        conv = self.conv_width * self.conv_channels * torch.finfo(dtype).bits // 8
+        recurrent = self.num_v_heads * self.head_k_dim * self.head_v_dim * 4   # float32
+        return self.num_layers * (conv + recurrent)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    is_causal: bool
+    num_attention_layers: int
+    num_kv_heads: int
+    cache_head_dim: int
+    max_tokens: int | None                 # absolute-position limit of the model itself, if any
+    eos_token_ids: tuple[int, ...] = ()
+    delta: DeltaStateSpec | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def kv_cache_layers(self) -> int:
+        """Layers that keep KV pages: encoders run a whole sequence per step, so one buffer serves all."""
+        return self.num_attention_layers if self.is_causal else min(1, self.num_attention_layers)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.kv_cache_layers * self.num_kv_heads * self.cache_head_dim * torch.finfo(dtype).bits // 8
+
+
+class NativeModel(nn.Module):
+    spec: ModelSpec
+
+    def forward(self, ctx, capture: frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        raise NotImplementedError
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{self.spec.architecture} has no language-model head")
+
+    def attention_layers(self) -> list:
+        """The PagedAttention of every attention layer, in layer order."""
+        raise NotImplementedError
+
+    def delta_layers(self) -> list:
+        """Every Gated DeltaNet layer (empty for pure attention models)."""
+        return []
+
+
+def eos_ids(config, checkpoint_dir) -> tuple[int, ...]:
+    """EOS ids as transformers' generate sees them: generation_config.json first, else config.json."""
+    import json
+    from pathlib import Path
+
+    value = None
+    gen = Path(checkpoint_dir) / "generation_config.json"
+    if gen.exists():
+        value = json.loads(gen.read_text()).get("eos_token_id")
+    if value is None:
+        value = getattr(config, "eos_token_id", None)
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)

@@ -1,0 +1,153 @@
+"""ESM-2 (and ESM-1b): a bidirectional pre-LayerNorm encoder; every sequence runs whole in one step.
+
+Inference semantics follow transformers' EsmModel: token dropout rescales the embeddings by
+(1 - 0.15 * 0.8) / (1 - fraction of <mask> tokens in the sequence) and zeroes <mask> embeddings; queries
+are scaled by head_dim^-0.5 before the rotary embedding, which is computed in float32; GELU is the
+erf form; the final `emb_layer_norm_after` output is hidden state num_layers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from .base import ModelSpec, NativeModel
+from .layers.attention import PagedAttention, cache_head_dim
+from .layers.loader import CheckpointTensors, check_loaded, materialize
+from .layers.rotary import Rotary
+
+MASK_RATIO_TRAIN = 0.15 * 0.8   # fixed in every ESM training run; transformers hard-codes it too
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+class EsmLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        d = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = d // self.num_heads
+        self.attn_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.attn_out = nn.Linear(d, d)
+        self.mlp_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.fc1 = nn.Linear(d, config.intermediate_size)
+        self.fc2 = nn.Linear(config.intermediate_size, d)
+        # q is pre-scaled (as transformers does, before the rotary), so the kernel's scale is 1.
+        self.attn = PagedAttention(self.num_heads, self.num_heads, self.head_dim, 1.0, causal=False)
+
+    def forward(self, x, cos, sin, rotary: Rotary | None, ctx):
+        T, d = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(T, 3, self.num_heads, self.head_dim).unbind(1)
+        q = q * self.head_dim ** -0.5
+        if rotary is not None:
+            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        x = x + self.attn_out(self.attn(q, k, v, ctx).reshape(T, d))
+        return x + self.fc2(_gelu(self.fc1(self.mlp_norm(x))))
+
+    def load(self, t, p: str) -> None:
+        a = p + "attention."
+        self.attn_norm.weight.copy_(t.get(a + "LayerNorm.weight"))
+        self.attn_norm.bias.copy_(t.get(a + "LayerNorm.bias"))
+        for part in ("weight", "bias"):
+            getattr(self.qkv, part).copy_(torch.cat([t.get(f"{a}self.{n}.{part}") for n in ("query", "key", "value")]))
+            getattr(self.attn_out, part).copy_(t.get(f"{a}output.dense.{part}"))
+            getattr(self.mlp_norm, part).copy_(t.get(f"{p}LayerNorm.{part}"))
+            getattr(self.fc1, part).copy_(t.get(f"{p}intermediate.dense.{part}"))
+            getattr(self.fc2, part).copy_(t.get(f"{p}output.dense.{part}"))
+
+
+class EsmModel(NativeModel):
+    def __init__(self, config):
+        super().__init__()
+        if getattr(config, "is_decoder", False):
+            raise UserError("ESM configured as a decoder is not supported by --engine native; use --engine hf")
+        d = config.hidden_size
+        self.config = config
+        self.position_type = getattr(config, "position_embedding_type", "absolute")
+        if self.position_type not in ("rotary", "absolute"):
+            raise UserError(f"ESM position embedding '{self.position_type}' is not supported; use --engine hf")
+        self.word_embeddings = nn.Embedding(config.vocab_size, d)
+        self.position_embeddings = (nn.Embedding(config.max_position_embeddings, d)
+                                    if self.position_type == "absolute" else None)
+        self.emb_norm_before = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.emb_layer_norm_before else None
+        self.layers = nn.ModuleList(EsmLayer(config) for _ in range(config.num_hidden_layers))
+        self.emb_norm_after = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.token_dropout = bool(config.token_dropout)
+        self.mask_token_id = config.mask_token_id
+        self.padding_idx = config.pad_token_id
+        self.rotary: Rotary | None = None
+        head_dim = d // config.num_attention_heads
+        limit = None
+        if self.position_type == "absolute":
+            limit = config.max_position_embeddings - ((self.padding_idx + 1) if self.padding_idx is not None else 0)
+        self.spec = ModelSpec(
+            architecture="EsmModel", hidden_size=d, num_layers=config.num_hidden_layers,
+            vocab_size=config.vocab_size, is_causal=False, num_attention_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_attention_heads, cache_head_dim=cache_head_dim(head_dim), max_tokens=limit)
+
+    def forward(self, ctx, capture=frozenset()):
+        ids = ctx.input_ids
+        x = self.word_embeddings(ids)
+        if self.token_dropout and self.mask_token_id is not None:
+            is_mask = ids == self.mask_token_id
+            x = x.masked_fill(is_mask[:, None], 0.0)
+            seg = ctx.segment_ids()
+            lengths = torch.from_numpy(ctx.q_lens).to(ctx.device).float()
+            masked = torch.zeros(ctx.num_seqs, device=ctx.device).index_add_(0, seg, is_mask.float())
+            observed = (masked / lengths)[seg][:, None]
+            x = (x * (1 - MASK_RATIO_TRAIN) / (1 - observed)).to(x.dtype)
+        cos = sin = None
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(ctx.positions + self.padding_idx + 1)
+        else:
+            cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
+        if self.emb_norm_before is not None:
+            x = self.emb_norm_before(x)
+        captured = {}
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                captured[i] = x
+            x = layer(x, cos, sin, self.rotary, ctx)
+        return self.emb_norm_after(x), captured
+
+    def attention_layers(self):
+        return [layer.attn for layer in self.layers]
+
+    @classmethod
+    def from_checkpoint(cls, path, config, device, dtype):
+        with torch.device("meta"):
+            model = cls(config)
+        materialize(model, device, dtype)
+        root = CheckpointTensors(path)
+        t = root.with_prefix(["esm.", ""], "embeddings.word_embeddings.weight")
+        with torch.no_grad():
+            model.word_embeddings.weight.copy_(t.get("embeddings.word_embeddings.weight"))
+            if model.position_embeddings is not None:
+                model.position_embeddings.weight.copy_(t.get("embeddings.position_embeddings.weight"))
+            if model.emb_norm_before is not None:
+                model.emb_norm_before.weight.copy_(t.get("embeddings.layer_norm.weight"))
+                model.emb_norm_before.bias.copy_(t.get("embeddings.layer_norm.bias"))
+            for i, layer in enumerate(model.layers):
+                layer.load(t, f"encoder.layer.{i}.")
+            model.emb_norm_after.weight.copy_(t.get("encoder.emb_layer_norm_after.weight"))
+            model.emb_norm_after.bias.copy_(t.get("encoder.emb_layer_norm_after.bias"))
+        check_loaded(model, "ESM")
+        if model.position_type == "rotary":
+            model.rotary = Rotary(_esm_inv_freq(t, config), float32_math=True).to(device)
+        return model.eval()
+
+
+def _esm_inv_freq(t, config) -> torch.Tensor:
+    """The checkpoint's own inv_freq where it stores one (possibly saved in float16: keep its values)."""
+    for name in ("rotary_embeddings.inv_freq", "encoder.layer.0.attention.self.rotary_embeddings.inv_freq",
+                 "encoder.layer.*.attention.self.rotary_embeddings.inv_freq"):   # transformers 5's own saves
+        if t.has(name):
+            return t.get(name).float()
+    dim = config.hidden_size // config.num_attention_heads
+    base = getattr(config, "rope_theta", 10000.0)
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim))

@@ -1,0 +1,95 @@
+"""Read a Hugging Face checkpoint's tensors by name: one `model.safetensors` or a sharded set listed in
+`model.safetensors.index.json`. Tensors are read lazily, one at a time, so a model is never held twice.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ...errors import UserError
+
+
+# Older names some checkpoints (and transformers' own legacy-format saves) still use for the same tensor.
+LEGACY_NAMES = (("LayerNorm.weight", "LayerNorm.gamma"), ("LayerNorm.bias", "LayerNorm.beta"))
+
+
+class CheckpointTensors:
+    def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        index = self.path / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in self.path.glob("*.safetensors"))
+            weight_map = None
+        if not files:
+            raise UserError(f"{self.path} has no .safetensors weights; --engine native reads safetensors "
+                            "checkpoints only (convert it with transformers' save_pretrained, or use --engine hf)")
+        self._handles = {f: safe_open(str(self.path / f), framework="pt", device="cpu") for f in files}
+        if weight_map is None:
+            weight_map = {name: f for f, h in self._handles.items() for name in h.keys()}
+        self._where = weight_map
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def _stored_name(self, name: str) -> str | None:
+        if name in self._where:
+            return name
+        for new, old in LEGACY_NAMES:
+            if name.endswith(new) and name[:-len(new)] + old in self._where:
+                return name[:-len(new)] + old
+        return None
+
+    def has(self, name: str) -> bool:
+        return self._stored_name(name) is not None
+
+    def get(self, name: str) -> torch.Tensor:
+        stored = self._stored_name(name)
+        try:
+            file = self._where[stored]
+        except KeyError:
+            raise UserError(f"checkpoint {self.path} has no tensor '{name}'; is it the architecture its "
+                            "config.json says? (--engine hf may load it)") from None
+        return self._handles[file].get_tensor(stored)
+
+    def with_prefix(self, candidates: list[str], probe: str) -> "PrefixedTensors":
+        """The view under the first prefix that has `probe` (checkpoints nest the same model differently)."""
+        for prefix in candidates:
+            if self.has(prefix + probe):
+                return PrefixedTensors(self, prefix)
+        raise UserError(f"checkpoint {self.path}: no '{probe}' under any of the prefixes {candidates}")
+
+
+class PrefixedTensors:
+    def __init__(self, tensors: CheckpointTensors, prefix: str):
+        self.tensors, self.prefix = tensors, prefix
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.tensors.get(self.prefix + name)
+
+    def has(self, name: str) -> bool:
+        return self.tensors.has(self.prefix + name)
+
+    def root(self) -> CheckpointTensors:
+        return self.tensors
+
+
+def materialize(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Allocate a meta-built module on `device` in `dtype`, every value NaN until a loader writes it."""
+    module.to_empty(device=device)
+    module.to(dtype)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(float("nan"))
+
+
+def check_loaded(module: torch.nn.Module, what: str) -> None:
+    """Every parameter was written by the loader (a forgotten one would still be all NaN)."""
+    missing = [n for n, p in module.named_parameters() if p.numel() and torch.isnan(p).all()]
+    assert not missing, f"{what}: parameters not loaded from the checkpoint: {missing[:5]}"

@@ -1,0 +1,69 @@
+"""Rotary position embeddings (rotate-half convention), full or partial, for ragged token batches.
+
+Frequencies follow the checkpoint's config: the default rule is computed here, other rope types
+(linear, llama3, yarn, ...) come from transformers' own table so scaled checkpoints match exactly.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...errors import UserError
+
+# Rope types whose frequencies depend on the sequence length at run time: not supported natively.
+DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+
+
+def rope_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float, int]:
+    """(inv_freq [rotary_dim / 2] float32, attention scaling, rotary_dim) for a text config."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    rope_type = params.get("rope_type", "default")
+    base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim * factor)
+    if rope_type == "default":
+        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim))
+        return inv_freq, 1.0, rotary_dim
+    if rope_type in DYNAMIC_ROPE_TYPES:
+        raise UserError(f"rope type '{rope_type}' is not supported by --engine native; use --engine hf")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise UserError(f"unknown rope type '{rope_type}'; use --engine hf")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.float(), float(scaling), 2 * inv_freq.numel()
+
+
+class Rotary:
+    """cos/sin tables for the positions of one step, applied to `[T, heads, head_dim]` tensors."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0, float32_math: bool = False):
+        self.inv_freq = inv_freq.float()
+        self.scaling = scaling
+        self.rotary_dim = 2 * inv_freq.numel()
+        self.float32_math = float32_math   # ESM rotates in float32; Llama-style models in the model dtype
+
+    def to(self, device: torch.device) -> "Rotary":
+        self.inv_freq = self.inv_freq.to(device)
+        return self
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, rotary_dim] each, in `dtype` (as transformers hands them to the attention layers)."""
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        if self.scaling != 1.0:
+            cos, sin = cos * self.scaling, sin * self.scaling
+        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate the first rotary_dim channels of x `[T, H, D]`; the rest pass through."""
+        rd = self.rotary_dim
+        rot = x[..., :rd]
+        dtype = x.dtype
+        if self.float32_math:
+            rot = rot.float()
+        half = rd // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        out = (rot * cos + rotated * sin).to(dtype)
+        if rd == x.shape[-1]:
+            return out
+        return torch.cat((out, x[..., rd:]), dim=-1)

@@ -1,0 +1,131 @@
+"""Llama and Qwen3 (dense): pre-norm decoder layers of rotary GQA attention and a gated SiLU MLP.
+
+Qwen3 adds an RMSNorm over each query and key head before the rotary embedding. q, k and v are one
+fused projection, gate and up another, so a layer runs four matmuls.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from .base import ModelSpec, NativeModel, eos_ids
+from .layers.attention import PagedAttention, cache_head_dim
+from .layers.loader import CheckpointTensors, check_loaded, materialize
+from .layers.mlp import GatedMLP
+from .layers.norms import RMSNorm
+from .layers.rotary import Rotary, rope_frequencies
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, qk_norm: bool):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        bias = bool(getattr(config, "attention_bias", False))
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
+                                   causal=True)
+
+    def forward(self, x, cos, sin, rotary: Rotary, ctx):
+        T = x.shape[0]
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = (t.view(T, -1, self.head_dim) for t in (q, k, v))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        return self.o_proj(self.attn(q, k, v, ctx).reshape(T, self.q_size))
+
+    def load(self, t, p: str) -> None:
+        names = ("q_proj", "k_proj", "v_proj")
+        self.qkv.weight.copy_(torch.cat([t.get(f"{p}{n}.weight") for n in names]))
+        if self.qkv.bias is not None:
+            self.qkv.bias.copy_(torch.cat([t.get(f"{p}{n}.bias") for n in names]))
+            self.o_proj.bias.copy_(t.get(f"{p}o_proj.bias"))
+        self.o_proj.weight.copy_(t.get(f"{p}o_proj.weight"))
+        if self.q_norm is not None:
+            self.q_norm.weight.copy_(t.get(f"{p}q_norm.weight"))
+            self.k_norm.weight.copy_(t.get(f"{p}k_norm.weight"))
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, config, qk_norm: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, qk_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)))
+
+    def forward(self, x, cos, sin, rotary, ctx):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, rotary, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(NativeModel):
+    def __init__(self, config, architecture: str, qk_norm: bool):
+        super().__init__()
+        types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if types != {"full_attention"} or getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            raise UserError(f"{architecture}: sliding-window attention is not supported by --engine native; "
+                            "use --engine hf")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaLayer(config, qk_norm) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        head_dim = self.layers[0].self_attn.head_dim
+        inv_freq, scaling, _ = rope_frequencies(config, head_dim)
+        self.rotary = Rotary(inv_freq, scaling)
+        self.spec = ModelSpec(
+            architecture=architecture, hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
+            vocab_size=config.vocab_size, is_causal=True, num_attention_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads, cache_head_dim=cache_head_dim(head_dim), max_tokens=None)
+
+    def forward(self, ctx, capture=frozenset()):
+        x = self.embed_tokens(ctx.input_ids)
+        cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
+        captured = {}
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                captured[i] = x
+            x = layer(x, cos, sin, self.rotary, ctx)
+        return self.norm(x), captured
+
+    def logits(self, hidden):
+        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
+        return hidden @ weight.T
+
+    def attention_layers(self):
+        return [layer.self_attn.attn for layer in self.layers]
+
+    @classmethod
+    def from_checkpoint(cls, path, config, device, dtype, architecture: str, qk_norm: bool):
+        with torch.device("meta"):
+            model = cls(config, architecture, qk_norm)
+        materialize(model, device, dtype)
+        model.rotary.to(device)
+        t = CheckpointTensors(path).with_prefix(["model.", ""], "embed_tokens.weight")
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(t.get("embed_tokens.weight"))
+            for i, layer in enumerate(model.layers):
+                p = f"layers.{i}."
+                layer.input_layernorm.weight.copy_(t.get(p + "input_layernorm.weight"))
+                layer.post_attention_layernorm.weight.copy_(t.get(p + "post_attention_layernorm.weight"))
+                layer.self_attn.load(t, p + "self_attn.")
+                layer.mlp.load(t, p + "mlp.")
+            model.norm.weight.copy_(t.get("norm.weight"))
+            if model.lm_head is not None:
+                model.lm_head.weight.copy_(t.root().get("lm_head.weight"))
+        check_loaded(model, architecture)
+        model.spec = _with_eos(model.spec, eos_ids(config, path))
+        return model.eval()
+
+
+def _with_eos(spec: ModelSpec, eos: tuple[int, ...]) -> ModelSpec:
+    from dataclasses import replace
+    return replace(spec, eos_token_ids=eos)
