@@ -94,13 +94,15 @@ def main():
               help="Run directory: shards, logs, manifest and the merged result.h5.")
 @click.option("--model", "-m", default="demo", show_default=True,
               help="Checkpoint directory, Hugging Face hub id, or 'demo' (bundled; random weights).")
-@click.option("--task", type=click.Choice(["embed", "score"]), default="embed", show_default=True,
-              help="embed: pooled hidden states; score: log-likelihood under a causal LM.")
+@click.option("--task", type=click.Choice(["embed", "score", "generate"]), default="embed", show_default=True,
+              help="embed: pooled hidden states; score: log-likelihood under a causal LM; generate: continue "
+                   "each sequence (native engine).")
 @click.option("--gpus", default="auto", show_default=True,
               help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU.")
 @click.option("--workers", type=int, default=None, help="CPU workers when running on CPU (default 1).")
 @click.option("--engine", type=click.Choice(["auto", "native", "hf"]), default="auto", show_default=True,
-              help="hf: transformers models (any architecture).")
+              help="native: our engine (Qwen3.5, ESM-2, Llama, Qwen3); hf: transformers models (any "
+                   "architecture); auto: native where supported.")
 @click.option("--max-tokens-per-batch", type=int, default=0,
               help="Token budget per batch (padded tokens for hf). Default 4096 on CPU, 32768 on GPU.")
 @click.option("--max-seqs", type=int, default=256, show_default=True, help="Most sequences per batch.")
@@ -124,11 +126,17 @@ def main():
 @click.option("--worker-timeout", type=float, default=1800.0, show_default=True,
               help="Kill a worker that reports no progress for this many seconds.")
 @click.option("--summary-seconds", type=float, default=30.0, show_default=True, help="Summary line interval.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="generate: new tokens per sequence.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="generate: 0 = greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="generate: nucleus sampling mass.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="generate: run seed; with the sequence's FASTA position it fixes what each sequence samples.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
 def run_command(fasta, out, model, task, gpus, workers, engine, max_tokens_per_batch, max_seqs, dtype, pools,
                 layers, per_residue, per_residue_dtype, on_long, max_length, on_duplicate_id, skip_empty,
-                checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, no_progress, quiet):
+                checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
+                temperature, top_p, seed, no_progress, quiet):
     """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
     import os
 
@@ -146,7 +154,8 @@ def run_command(fasta, out, model, task, gpus, workers, engine, max_tokens_per_b
                    per_residue_dtype=per_residue_dtype, on_long=on_long, max_length=max_length,
                    on_duplicate_id=on_duplicate_id, skip_empty=skip_empty,
                    checkpoint_sequences=checkpoint_sequences, checkpoint_seconds=checkpoint_seconds,
-                   worker_timeout=worker_timeout, summary_seconds=summary_seconds)
+                   worker_timeout=worker_timeout, summary_seconds=summary_seconds,
+                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     path = _call(run, config, show_progress=not no_progress)
     click.echo(f"result: {path}")
 

@@ -45,6 +45,9 @@ class EmbedTask:
     def logprobs(self) -> bool:
         return False
 
+    def run(self, engine, toks: list[Tokenized], positions: np.ndarray) -> TaskOutput:
+        return self.compute(engine.forward([t.ids for t in toks], self.layers, self.logprobs), toks)
+
     def columns(self) -> list[Column]:
         d, cols = self.info.hidden_size, []
         for layer in self.layers:
@@ -97,6 +100,9 @@ class ScoreTask:
     def logprobs(self) -> bool:
         return True
 
+    def run(self, engine, toks: list[Tokenized], positions: np.ndarray) -> TaskOutput:
+        return self.compute(engine.forward([t.ids for t in toks], self.layers, self.logprobs), toks)
+
     def columns(self) -> list[Column]:
         return [Column("score/logprob_sum", "float64"), Column("score/num_scored", "int32")]
 
@@ -119,7 +125,10 @@ def make_task(config: RunConfig, info: EngineInfo):
         return EmbedTask(config, info)
     if config.task == "score":
         return ScoreTask(config, info)
-    raise UserError(f"--task {config.task} needs the native engine (--engine native)")
+    if config.task == "generate":
+        from .generation import GenerateTask
+        return GenerateTask(config, info)
+    raise UserError(f"unknown task {config.task!r}")
 
 
 def schema_for(task) -> Schema:

@@ -145,7 +145,11 @@ class ShardRun:
 
         computer = BatchComputer(index, engine, task, tokenizer, schema, config, limit)
         tokens = tokenizer.tokens_for_residues(index.lengths[positions])
-        batches = plan_batches(tokens, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf")
+        if config.task == "generate":
+            from .generation import plan_generate_batches
+            batches = plan_generate_batches(tokens, config)
+        else:
+            batches = plan_batches(tokens, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf")
         stats = {"sequences": 0, "tokens": 0, "compute_seconds": 0.0}
         for k, (a, b) in enumerate(batches):
             if os.getppid() != self.parent_pid:
@@ -218,7 +222,7 @@ class BatchComputer:
             if t.unknown:
                 status[i] = sc.UNKNOWN_RESIDUES
             compute.append((int(i), t))
-        results = self._run(compute) if compute else []
+        results = self._run(compute, todo) if compute else []
         columns = {c.path: c.empty(n) for c in self.schema.row_columns if c.path not in _BASE}
         ragged_lengths = {g: np.zeros(n, np.int64) for g in self.schema.ragged_groups}
         values = {c.path: [] for c in self.schema.ragged_columns}
@@ -243,15 +247,14 @@ class BatchComputer:
                   for c in self.schema.ragged_columns}
         return RowBlock(self.schema, columns, values, ragged_lengths), int(num_tokens.sum())
 
-    def _run(self, items: list):
+    def _run(self, items: list, todo: np.ndarray):
         """[(items, TaskOutput or None)] in item order; an out-of-memory batch is halved until it fits."""
         from .engine_api import OutOfMemory
         from . import faults
         try:
             batch = [t.ids for _, t in items]
             faults.maybe_out_of_memory(batch, padded=self.engine.info.name == "hf")
-            out = self.engine.forward(batch, self.task.layers, self.task.logprobs)
-            return [(items, self.task.compute(out, [t for _, t in items]))]
+            return [(items, self.task.run(self.engine, [t for _, t in items], todo[[i for i, _ in items]]))]
         except (OutOfMemory, faults.torch_oom_type()) as e:
             _release_memory()
             if len(items) == 1:
@@ -260,7 +263,7 @@ class BatchComputer:
                 return [(items, None)]
             half = len(items) // 2
             log.info("out of memory on a batch of %d sequences; splitting it in two", len(items))
-            return self._run(items[:half]) + self._run(items[half:])
+            return self._run(items[:half], todo) + self._run(items[half:], todo)
 
 
 _BASE = {"ids", "index", "lengths", "num_tokens", "truncated", "status"}

@@ -29,7 +29,7 @@ class EngineConfig:
     num_pages: int = 0                  # 0: derived from the budgets (see `resolve`)
     num_state_slots: int = 0            # 0: derived
     memory_fraction: float = 0.9        # of the free device memory the caches may take (GPU)
-    gdn_chunk_size: int = 64
+    gdn_chunk_size: int = 0             # 0: 64 on GPU (the Triton kernels); on CPU by key head dim (8..64)
     attention_launch: dict | None = None    # explicit paged-attention knobs; None: the kernel's rule per step
     gdn_launch: dict = field(default_factory=dict)   # extra knobs for the delta-rule kernels, by function name
 
@@ -52,7 +52,12 @@ class EngineConfig:
         slots = self.num_state_slots or self._derived_slots(spec)
         if spec.delta is not None and self.max_new_tokens and slots < 1:
             raise UserError("generation on a delta-rule model needs at least one state slot")
-        resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0)
+        chunk = self.gdn_chunk_size
+        if not chunk and spec.delta is not None:
+            # The torch path on CPU: small heads run fastest with short chunks (measured: K=16 -> 8).
+            k_dim = spec.delta.head_k_dim
+            chunk = 64 if device.type == "cuda" or k_dim >= 64 else max(8, 1 << (k_dim // 2 - 1).bit_length())
+        resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk)
         resolved._check_memory(spec, device, dtype)
         return resolved
 
@@ -73,13 +78,13 @@ class EngineConfig:
             return min(self.max_seqs, self.max_tokens_per_step)      # every running sequence decodes
         return 4   # embed / score: only sequences whose prefill spans steps keep state (one or two at a time)
 
-    def cache_bytes(self, spec: ModelSpec, dtype: torch.dtype) -> int:
-        kv = self.num_pages * self.page_size * spec.kv_bytes_per_token(dtype)
+    def cache_bytes(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> int:
+        kv = self.num_pages * self.page_size * spec.kv_bytes_per_token(dtype, device)
         state = self.num_state_slots * spec.delta.bytes_per_slot(dtype) if spec.delta else 0
         return kv + state
 
     def _check_memory(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
-        need = self.cache_bytes(spec, dtype)
+        need = self.cache_bytes(spec, dtype, device)
         log.info("engine budgets: %d tokens and %d sequences per step; KV cache %d pages x %d tokens; "
                  "%d state slots; caches %.1f MiB", self.max_tokens_per_step, self.max_seqs, self.num_pages,
                  self.page_size, self.num_state_slots, need / 2**20)

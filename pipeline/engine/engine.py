@@ -107,11 +107,11 @@ class NativeEngine:
             limit = min(limit, run_config.max_length) if limit else run_config.max_length
         budget = run_config.tokens_per_batch if run_config is not None else 4096
         limit = limit or spec.max_tokens or getattr(text, "max_position_embeddings", None) or budget
-        config = EngineConfig(
-            max_tokens_per_step=budget, max_seqs=run_config.max_seqs if run_config is not None else 256,
-            max_model_len=int(limit),
-            max_new_tokens=run_config.max_new_tokens if task == "generate" else 0, **overrides)
-        return cls(model, tokenizer, info, config, device, dtype)
+        fields = dict(max_tokens_per_step=budget, max_seqs=run_config.max_seqs if run_config is not None else 256,
+                      max_model_len=int(limit),
+                      max_new_tokens=run_config.max_new_tokens if task == "generate" else 0)
+        fields.update(overrides)
+        return cls(model, tokenizer, info, EngineConfig(**fields), device, dtype)
 
     def _scheduler(self) -> Scheduler:
         c = self.config
@@ -184,6 +184,9 @@ class NativeEngine:
 
     def generate(self, prompts: Seq[Seq[int]], keys: Seq[int], params: SamplingParams) -> list[Generation]:
         """New tokens for each prompt; `keys` (the FASTA positions) select each sequence's random stream."""
+        if not 0 < params.max_new_tokens <= self.config.max_new_tokens:
+            raise ValueError(f"this engine was sized for 1..{self.config.max_new_tokens} new tokens per sequence, "
+                             f"asked for {params.max_new_tokens}")
         seqs = [Sequence(i, list(p), params.max_new_tokens, int(k)) for i, (p, k) in enumerate(zip(prompts, keys))]
         self._check_fits(seqs)
         eos = set(self.spec.eos_token_ids)

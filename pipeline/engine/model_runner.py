@@ -14,6 +14,7 @@ import torch
 from triton_kernels._device import torch_path_on_cpu
 
 from ..models.base import NativeModel
+from ..models.layers.attention import cache_head_dim
 from .config import EngineConfig
 from .context import StepContext
 from .scheduler import ScheduledSeq
@@ -30,7 +31,7 @@ class ModelRunner:
         if self._allocated:
             return
         c, s = self.config, self.spec
-        shape = (c.num_pages, c.page_size, s.num_kv_heads, s.cache_head_dim)
+        shape = (c.num_pages, c.page_size, s.num_kv_heads, cache_head_dim(s.head_dim, self.device))
         layers = self.model.attention_layers()
         shared = None
         for attn in layers:
@@ -89,7 +90,7 @@ class ModelRunner:
         from triton_kernels.paged_attention.launch import num_sms_of
         attn = self.model.attention_layers()[0]
         rule = default_launch(num_q_tokens=int(q_lens.sum()), num_seqs=len(step), num_q_heads=attn.num_heads,
-                              num_kv_heads=attn.num_kv_heads, head_dim=attn.cache_dim,
+                              num_kv_heads=attn.num_kv_heads, head_dim=cache_head_dim(attn.head_dim, self.device),
                               page_size=self.config.page_size, max_kv_len=width * self.config.page_size,
                               num_sms=num_sms_of(self.device))
         return dict(block_q=rule.block_q, pages_per_tile=rule.pages_per_tile, num_warps=rule.num_warps,

@@ -38,7 +38,7 @@ class ModelSpec:
     is_causal: bool
     num_attention_layers: int
     num_kv_heads: int
-    cache_head_dim: int
+    head_dim: int                          # of the attention layers
     max_tokens: int | None                 # absolute-position limit of the model itself, if any
     eos_token_ids: tuple[int, ...] = ()
     delta: DeltaStateSpec | None = None
@@ -49,8 +49,10 @@ class ModelSpec:
         """Layers that keep KV pages: encoders run a whole sequence per step, so one buffer serves all."""
         return self.num_attention_layers if self.is_causal else min(1, self.num_attention_layers)
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        return 2 * self.kv_cache_layers * self.num_kv_heads * self.cache_head_dim * torch.finfo(dtype).bits // 8
+    def kv_bytes_per_token(self, dtype: torch.dtype, device: torch.device) -> int:
+        from .layers.attention import cache_head_dim
+        dim = cache_head_dim(self.head_dim, device)
+        return 2 * self.kv_cache_layers * self.num_kv_heads * dim * torch.finfo(dtype).bits // 8
 
 
 class NativeModel(nn.Module):

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
-from .layers.attention import PagedAttention, cache_head_dim
+from .layers.attention import PagedAttention
 from .layers.loader import CheckpointTensors, check_loaded, materialize
 from .layers.rotary import Rotary
 
@@ -88,7 +88,7 @@ class EsmModel(NativeModel):
         self.spec = ModelSpec(
             architecture="EsmModel", hidden_size=d, num_layers=config.num_hidden_layers,
             vocab_size=config.vocab_size, is_causal=False, num_attention_layers=config.num_hidden_layers,
-            num_kv_heads=config.num_attention_heads, cache_head_dim=cache_head_dim(head_dim), max_tokens=limit)
+            num_kv_heads=config.num_attention_heads, head_dim=head_dim, max_tokens=limit)
 
     def forward(self, ctx, capture=frozenset()):
         ids = ctx.input_ids

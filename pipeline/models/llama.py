@@ -10,7 +10,7 @@ from torch import nn
 
 from ..errors import UserError
 from .base import ModelSpec, NativeModel, eos_ids
-from .layers.attention import PagedAttention, cache_head_dim
+from .layers.attention import PagedAttention
 from .layers.loader import CheckpointTensors, check_loaded, materialize
 from .layers.mlp import GatedMLP
 from .layers.norms import RMSNorm
@@ -84,7 +84,7 @@ class LlamaModel(NativeModel):
         self.spec = ModelSpec(
             architecture=architecture, hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
             vocab_size=config.vocab_size, is_causal=True, num_attention_layers=config.num_hidden_layers,
-            num_kv_heads=config.num_key_value_heads, cache_head_dim=cache_head_dim(head_dim), max_tokens=None)
+            num_kv_heads=config.num_key_value_heads, head_dim=head_dim, max_tokens=None)
 
     def forward(self, ctx, capture=frozenset()):
         x = self.embed_tokens(ctx.input_ids)

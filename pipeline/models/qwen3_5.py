@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import UserError
 from .base import DeltaStateSpec, ModelSpec, NativeModel, eos_ids
-from .layers.attention import PagedAttention, cache_head_dim
+from .layers.attention import PagedAttention
 from .layers.gated_deltanet import GatedDeltaNet
 from .layers.loader import CheckpointTensors, check_loaded, materialize
 from .layers.mlp import GatedMLP
@@ -97,7 +97,7 @@ class Qwen3_5Model(NativeModel):
         self.spec = ModelSpec(
             architecture="Qwen3_5ForCausalLM", hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
             vocab_size=config.vocab_size, is_causal=True, num_attention_layers=types.count("full_attention"),
-            num_kv_heads=config.num_key_value_heads, cache_head_dim=cache_head_dim(config.head_dim),
+            num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
             max_tokens=None, delta=delta)
 
     def forward(self, ctx, capture=frozenset()):

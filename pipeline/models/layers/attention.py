@@ -1,8 +1,9 @@
 """Attention over the paged KV cache: write the step's keys and values, then attend (our kernels).
 
-The kernels take head dims 32, 64, 80, 96, 128 and 256; a model with another head dim (the bundled demo
-model has 16) is zero-padded to the next one, which leaves scores and outputs unchanged as long as the
-scale is passed explicitly.
+On CUDA the public kernels run (Triton). They take head dims 32, 64, 80, 96, 128 and 256; a model with
+another head dim (the bundled demo model has 16) is zero-padded to the next one there, which leaves
+scores and outputs unchanged as long as the scale is passed explicitly. On CPU the kernels' own torch
+implementations are called directly: they take any head dim, so nothing is padded.
 """
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from triton_kernels import paged_attention, write_kv_cache
+from triton_kernels.paged_attention.kv_cache import write_kv_cache_torch
+from triton_kernels.paged_attention.sdpa import paged_attention_sdpa
 
 from ...engine.context import StepContext
 
 KERNEL_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 
 
-def cache_head_dim(head_dim: int) -> int:
-    """The head dim the KV cache is laid out with for a model's head dim."""
+def cache_head_dim(head_dim: int, device: torch.device) -> int:
+    """The head dim the KV cache is laid out with for a model's head dim on `device`."""
+    if device.type != "cuda":
+        return head_dim
     for d in KERNEL_HEAD_DIMS:
         if d >= head_dim:
             return d
@@ -29,15 +34,19 @@ class PagedAttention:
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, causal: bool):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.cache_dim = cache_head_dim(head_dim)
         self.scale, self.causal = scale, causal
-        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None   # [pages, page_size, Hkv, cache head dim]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """q `[T, Hq, D]`, k and v `[T, Hkv, D]` of the step's new tokens -> `[T, Hq, D]`."""
         assert self.kv is not None, "KV cache not allocated for this layer"
         k_cache, v_cache = self.kv
-        pad = self.cache_dim - self.head_dim
+        if not q.is_cuda:
+            write_kv_cache_torch(k, v, k_cache, v_cache, ctx.slot_mapping)
+            out = torch.empty_like(q)
+            return paged_attention_sdpa(q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.kv_lens, out,
+                                        causal=self.causal, scale=self.scale)
+        pad = k_cache.shape[-1] - self.head_dim
         if pad:
             q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))
         write_kv_cache(k, v, k_cache, v_cache, ctx.slot_mapping)

@@ -109,11 +109,11 @@ class GatedDeltaNet(nn.Module):
             parts.append(conv_state[ctx.on_device("read_slots", ctx.state_read[1])].reshape(-1, x.shape[1]))
         parts.append(x.new_zeros(1, x.shape[1]))
         src = torch.cat(parts)
-        idx = ctx.on_device(f"conv_token_index_{width}", token_index)
+        idx = ctx.cached(f"conv_token_index_{width}", lambda: torch.from_numpy(token_index.T.copy()).to(x.device).T)
         w = self.conv_weight.float()
-        out = src[idx[:, 0]].float() * w[:, 0]
+        out = src.index_select(0, idx[:, 0]).float() * w[:, 0]
         for j in range(1, self.kernel):
-            out += src[idx[:, j]].float() * w[:, j]
+            out.addcmul_(src.index_select(0, idx[:, j]), w[:, j])
         if write_index is not None:
             widx = ctx.on_device(f"conv_write_index_{width}", write_index)
             conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = src[widx].to(conv_state.dtype)

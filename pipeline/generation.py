@@ -1,0 +1,81 @@
+"""The generate task: continue each sequence with the native engine's continuous batching.
+
+The prompt is the tokenized sequence without its trailing special tokens (EOS / separator); a leading
+BOS / CLS stays. Output per row: `generate/token_ids` (the new tokens, CSR with `generate/offsets`; an
+EOS that stopped generation is included, as transformers' `generate` returns it), `generate/text` (the
+new tokens decoded, special tokens dropped; residues joined without spaces for character-level
+tokenizers) and `generate/finish_reason` ("stop" at EOS, "length" at --max-new-tokens).
+
+Sampling is reproducible per sequence: its random stream is keyed by the run seed and the sequence's
+FASTA position (see pipeline/engine/sampler.py), so results do not depend on worker count or batching.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .batching import plan_batches
+from .config import RunConfig
+from .engine_api import EngineInfo
+from .errors import UserError
+from .rows import STR, Column
+from .tokenization import Tokenized
+
+# A generate call gets this many times --max-seqs sequences, so that as sequences finish others take
+# their place (continuous batching) instead of the step emptying out at the end of every call.
+QUEUE_FACTOR = 4
+
+
+def prompt_ids(tok: Tokenized) -> list[int]:
+    """Token ids without trailing special tokens."""
+    n = len(tok.ids)
+    while n > 1 and tok.special[n - 1]:
+        n -= 1
+    return list(tok.ids[:n])
+
+
+def plan_generate_batches(tokens: np.ndarray, config: RunConfig) -> list[tuple[int, int]]:
+    """Engine calls of QUEUE_FACTOR x --max-seqs sequences each (prompt tokens are not the limit here: the
+    engine's own step budget and KV pages bound what runs at once)."""
+    return plan_batches(tokens, int(np.sum(tokens)) + 1, QUEUE_FACTOR * config.max_seqs, padded=False)
+
+
+class GenerateTask:
+    name = "generate"
+    layers: list[int] = []
+    logprobs = False
+
+    def __init__(self, config: RunConfig, info: EngineInfo):
+        if info.name != "native":
+            raise UserError("--task generate runs on the native engine; use --engine native or auto")
+        if not info.is_causal:
+            raise UserError(f"--task generate needs a causal language model; {info.architecture} is not one")
+        self.config = config
+        self._char_level: bool | None = None
+
+    def columns(self) -> list[Column]:
+        return [Column("generate/token_ids", "int32", ragged=True), Column("generate/text", STR),
+                Column("generate/finish_reason", STR)]
+
+    def run(self, engine, toks: list[Tokenized], positions: np.ndarray):
+        from .engine.engine import SamplingParams
+        from .tasks import TaskOutput
+
+        c = self.config
+        params = SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, seed=c.seed)
+        results = engine.generate([prompt_ids(t) for t in toks], [int(p) for p in positions], params)
+        ids = [r.token_ids for r in results]
+        text = np.array([self._decode(engine.tokenizer, x) for x in ids], dtype=object)
+        reasons = np.array([r.finish_reason for r in results], dtype=object)
+        lengths = np.array([len(x) for x in ids], np.int64)
+        values = np.concatenate([np.asarray(x, np.int32) for x in ids]) if ids else np.zeros(0, np.int32)
+        return TaskOutput({"generate/text": text, "generate/finish_reason": reasons},
+                          {"generate/token_ids": values}, {"generate": lengths})
+
+    def _decode(self, tokenizer, ids: list[int]) -> str:
+        if self._char_level is None:
+            from .tokenization import SequenceTokenizer
+            self._char_level = SequenceTokenizer(tokenizer).char_level
+        if not self._char_level:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+        special = set(tokenizer.all_special_ids)
+        return "".join(tokenizer.convert_ids_to_tokens([i for i in ids if i not in special]))

@@ -1,0 +1,150 @@
+"""Unit tests of the engine's bookkeeping: page allocator, state slots, scheduler, budgets."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.engine.block_manager import BlockManager
+from pipeline.engine.config import EngineConfig
+from pipeline.engine.scheduler import Scheduler
+from pipeline.engine.sequence import Sequence, Status
+from pipeline.engine.state_slots import StateSlots
+from pipeline.errors import UserError
+from pipeline.models.base import DeltaStateSpec, ModelSpec
+
+
+def seq(i, n, new=0):
+    return Sequence(i, list(range(n)), max_new_tokens=new)
+
+
+def test_block_manager_reserves_whole_sequences_and_frees_them():
+    bm = BlockManager(num_pages=10, page_size=16)
+    a, b = seq(0, 33), seq(1, 16, new=5)       # 3 pages; 16 + 4 fed-back tokens -> 2 pages
+    bm.allocate(a)
+    bm.allocate(b)
+    assert len(a.pages) == 3 and len(b.pages) == 2 and bm.num_free == 5
+    assert not set(a.pages) & set(b.pages)
+    bm.check()
+    bm.free(a)
+    assert a.pages == [] and bm.num_free == 8
+    bm.check()
+    assert not bm.can_allocate(seq(2, 16 * 9))
+    assert bm.can_allocate(seq(3, 16 * 8))
+
+
+def test_block_manager_refuses_double_allocation_and_foreign_frees():
+    bm = BlockManager(num_pages=4, page_size=16)
+    a = seq(0, 10)
+    bm.allocate(a)
+    with pytest.raises(AssertionError):
+        bm.allocate(a)
+    impostor = seq(7, 10)
+    impostor.pages = list(a.pages)
+    with pytest.raises(AssertionError):
+        bm.free(impostor)
+
+
+def test_state_slots_hand_out_distinct_slots_and_take_them_back():
+    slots = StateSlots(2)
+    a, b, c = seq(0, 4), seq(1, 4), seq(2, 4)
+    slots.allocate(a)
+    slots.allocate(b)
+    assert {a.slot, b.slot} == {0, 1} and slots.num_free == 0
+    with pytest.raises(AssertionError):
+        slots.allocate(c)
+    slots.free(a)
+    slots.allocate(c)
+    assert c.slot == 0 and a.slot == -1
+
+
+def make_scheduler(budget, max_seqs, causal=True, pages=64, slots=4):
+    return Scheduler(budget, max_seqs, causal, BlockManager(pages, 16), StateSlots(slots) if slots else None)
+
+
+def run_all(s: Scheduler):
+    steps = []
+    while s.has_work():
+        step = s.schedule()
+        steps.append([(x.seq.seq_id, x.start, x.num_tokens) for x in step])
+        assert sum(n for _, _, n in steps[-1]) <= s.max_tokens or len(step) == 1
+        assert len(step) <= s.max_seqs
+        s.after_step(step)
+    return steps
+
+
+def test_causal_prefill_is_chunked_under_the_token_budget():
+    s = make_scheduler(budget=10, max_seqs=4)
+    seqs = [seq(0, 25), seq(1, 3), seq(2, 4)]
+    for x in seqs:
+        s.add(x)
+    steps = run_all(s)
+    assert steps[0] == [(0, 0, 10)]
+    assert steps[1] == [(0, 10, 10)]
+    assert steps[2] == [(0, 20, 5), (1, 0, 3), (2, 0, 2)]       # the last one starts as a chunk of 2
+    assert steps[3] == [(2, 2, 2)]
+    assert all(x.status == Status.FINISHED and x.pages == [] and x.slot == -1 for x in seqs)
+    s.blocks.check()
+    assert s.blocks.num_free == 64 and s.slots.num_free == 4
+
+
+def test_encoder_sequences_run_whole_and_alone_when_over_budget():
+    s = make_scheduler(budget=10, max_seqs=4, causal=False, slots=0)
+    for i, n in enumerate((25, 6, 6, 3)):
+        s.add(seq(i, n))
+    steps = run_all(s)
+    assert steps == [[(0, 0, 25)], [(1, 0, 6)], [(2, 0, 6), (3, 0, 3)]]
+
+
+def test_chunked_sequences_wait_for_a_state_slot():
+    s = make_scheduler(budget=4, max_seqs=4, slots=1)
+    s.add(seq(0, 6))
+    s.add(seq(1, 6))
+    first = s.schedule()
+    assert [(x.seq.seq_id, x.num_tokens) for x in first] == [(0, 4)]   # seq 1 would need the only slot
+    s.after_step(first)
+    second = s.schedule()
+    assert [(x.seq.seq_id, x.num_tokens) for x in second] == [(0, 2)]
+    s.after_step(second)
+    assert [(x.seq.seq_id, x.num_tokens) for x in s.schedule()] == [(1, 4)]
+
+
+def test_decodes_are_scheduled_before_prefill_and_running_is_capped():
+    s = make_scheduler(budget=8, max_seqs=2, slots=4)
+    a, b, c = seq(0, 3, new=4), seq(1, 20, new=4), seq(2, 2, new=4)
+    for x in (a, b, c):
+        s.add(x)
+    step = s.schedule()
+    assert [(x.seq.seq_id, x.num_tokens) for x in step] == [(0, 3), (1, 5)]
+    s.after_step(step)
+    a.append(7)                                    # a's first new token: now it decodes
+    step = s.schedule()
+    assert [(x.seq.seq_id, x.num_tokens) for x in step] == [(0, 1), (1, 7)]
+    assert c.status == Status.WAITING              # max_seqs running already
+    s.after_step(step)
+    s.finish(a, "stop")
+    step = s.schedule()
+    assert [(x.seq.seq_id, x.start, x.num_tokens) for x in step] == [(1, 12, 8)]  # b takes the whole budget; c waits
+    s.after_step(step)
+    s.abort_all()
+    s.blocks.check()
+    assert s.blocks.num_free == 64 and s.slots.num_free == 4
+
+
+SPEC = ModelSpec(architecture="t", hidden_size=8, num_layers=2, vocab_size=32, is_causal=True,
+                 num_attention_layers=1, num_kv_heads=2, head_dim=16, max_tokens=None,
+                 delta=DeltaStateSpec(1, 64, 3, 2, 16, 16))
+
+
+def test_budgets_are_validated_up_front():
+    import torch
+    cpu, f32 = torch.device("cpu"), torch.float32
+    ok = EngineConfig(max_tokens_per_step=64, max_seqs=8, max_model_len=1000).resolve(SPEC, cpu, f32)
+    assert ok.num_pages * ok.page_size >= 1000 + 64 and ok.num_state_slots >= 1
+    with pytest.raises(UserError, match="fewer than one maximum-length sequence"):
+        EngineConfig(max_tokens_per_step=64, max_seqs=8, max_model_len=1000, num_pages=50).resolve(SPEC, cpu, f32)
+    with pytest.raises(UserError, match="generated"):
+        EngineConfig(max_tokens_per_step=64, max_seqs=8, max_model_len=1000, max_new_tokens=100,
+                     num_pages=63).resolve(SPEC, cpu, f32)
+    with pytest.raises(UserError, match="power of two"):
+        EngineConfig(max_tokens_per_step=64, max_seqs=8, max_model_len=10, page_size=24).resolve(SPEC, cpu, f32)
+    gen = EngineConfig(max_tokens_per_step=4, max_seqs=8, max_model_len=100, max_new_tokens=10).resolve(SPEC, cpu, f32)
+    assert gen.num_state_slots == 4     # never more running sequences than can decode in one step

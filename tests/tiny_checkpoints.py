@@ -1,0 +1,69 @@
+"""Tiny random-weight checkpoints of each architecture the native engine runs, written the way users'
+checkpoints are (transformers save_pretrained: config.json + safetensors + tokenizer), for parity tests.
+
+Weights use a larger init than transformers' default (0.02) so next-token distributions are far from
+uniform: greedy decoding then has clear winners and tests of token-exact equality are not at the mercy
+of near-ties.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pipeline import demo_model
+
+INIT = 0.1
+
+
+def _tiny(kind: str):
+    from transformers import (EsmConfig, EsmForMaskedLM, LlamaConfig, LlamaForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig)
+    common = dict(vocab_size=32, hidden_size=64, intermediate_size=96, initializer_range=INIT,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if kind == "qwen3_5":
+        config = Qwen3_5TextConfig(**common, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                   linear_key_head_dim=16, linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                                   max_position_embeddings=8192, layer_types=["linear_attention", "full_attention",
+                                                                            "linear_attention", "linear_attention"])
+        model = Qwen3_5ForCausalLM(config)
+        with torch.no_grad():   # transformers' init leaves these at 0 / 1; random values exercise them
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight") or name.endswith("dt_bias"):
+                    p.normal_(1.0 if "linear_attn.norm" in name or "dt_bias" in name else 0.0, 0.1)
+        return model
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common, num_hidden_layers=3, num_attention_heads=4,
+                                            num_key_value_heads=2, max_position_embeddings=8192))
+    if kind == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**common, num_hidden_layers=3, num_attention_heads=4,
+                                            num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,
+                                            tie_word_embeddings=True))
+    if kind in ("esm2", "esm1b"):
+        rotary = kind == "esm2"
+        return EsmForMaskedLM(EsmConfig(
+            vocab_size=33, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            initializer_range=INIT, pad_token_id=0, mask_token_id=32, token_dropout=rotary,
+            position_embedding_type="rotary" if rotary else "absolute", max_position_embeddings=1026,
+            emb_layer_norm_before=not rotary))
+    raise ValueError(kind)
+
+
+def write_tiny(kind: str, path: Path, max_shard_size: str | None = None) -> Path:
+    """A tiny random checkpoint of `kind` at `path` (float32, seeded), with the demo protein tokenizer."""
+    torch.manual_seed(sum(map(ord, kind)))
+    model = _tiny(kind).eval()
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    demo_model.build_tokenizer().save_pretrained(path)
+    return path
+
+
+def random_sequences(lengths, seed: int = 0, bos: int = 1, eos: int | None = 2, low: int = 4, high: int = 29):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        body = torch.randint(low, high, (n,), generator=g).tolist()
+        out.append([bos] + body + ([eos] if eos is not None else []))
+    return out
