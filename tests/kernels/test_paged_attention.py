@@ -1,0 +1,353 @@
+"""paged_attention and write_kv_cache against the float64 per-sequence reference (naive.py).
+
+On CPU the Triton kernels run under the interpreter (TRITON_INTERPRET=1, set in conftest.py), so shapes
+stay small; the torch path (what CPU engines run) is tested with TRITON_INTERPRET=0. Long contexts and
+bfloat16 run on a GPU only.
+
+Tolerances, on unit-normal inputs (outputs are convex combinations of values, so |out| < ~4):
+- float32: 1e-5 abs + 1e-5 rel. Products are true float32 (input_precision="ieee"); the only error is
+  float32 accumulation over <= a few hundred keys (~1e-6 seen).
+- float16: 2e-3 abs + 2e-3 rel. q, k, v are the same float16 numbers in the reference; the kernel rounds
+  the softmax weights to float16 for the P @ V product (2^-11 relative each) and the output to float16
+  (half an ulp is 1e-3 at |out| = 2).
+- bfloat16 (GPU): 2e-2 abs + 2e-2 rel, the same two roundings with a 2^-8 mantissa.
+"""
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from triton_kernels import paged_attention, write_kv_cache
+from triton_kernels.paged_attention import PagedAttentionLaunch, default_launch
+from triton_kernels.paged_attention.kv_cache import write_kv_cache_torch
+from triton_kernels.paged_attention.naive import naive_paged_attention
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+# triton.jit reads TRITON_INTERPRET when the kernels are defined: with it, every Triton launch (CUDA
+# tensors too) is interpreted on the host; without it, CPU tensors cannot reach a kernel. So the CPU
+# Triton tests need it and the GPU tests need it off: `TRITON_INTERPRET=0 pytest tests/kernels`.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not INTERPRETED, reason="Triton on CPU needs TRITON_INTERPRET=1 (conftest.py)")
+gpu = pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(),
+                         reason="needs a CUDA GPU and compiled Triton: TRITON_INTERPRET=0 pytest tests/kernels")
+
+# (q_len, kv_len) per sequence: decode, continuation (q_len < kv_len), prefill (q_len == kv_len),
+# kv_len a multiple of the page size and not, and a sequence with no new tokens this step.
+MIXED = [(1, 37), (7, 50), (23, 23), (0, 20), (1, 16), (12, 64), (5, 5)]
+
+
+def make_batch(seqs, num_q_heads, num_kv_heads, head_dim, page_size, dtype, device="cpu", seed=0):
+    """Random q and a paged cache holding each sequence's keys/values on randomly scattered pages.
+
+    Unused cache slots hold NaN and unused block-table entries -1, so reading anything outside a
+    sequence's kv_len shows up as NaN or an error instead of a quietly wrong number.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    pages_per_seq = [-(-kv_len // page_size) for _, kv_len in seqs]
+    num_pages = sum(pages_per_seq) + 3
+    order = torch.randperm(num_pages, generator=gen)
+    k_cache = torch.full((num_pages, page_size, num_kv_heads, head_dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    block_tables = torch.full((len(seqs), max(pages_per_seq) + 1), -1, dtype=torch.int32)
+    used = 0
+    for s, ((_, kv_len), n) in enumerate(zip(seqs, pages_per_seq)):
+        pages = order[used:used + n]
+        used += n
+        block_tables[s, :n] = pages.int()
+        k = torch.randn(n * page_size, num_kv_heads, head_dim, generator=gen)
+        v = torch.randn(n * page_size, num_kv_heads, head_dim, generator=gen)
+        k[kv_len:] = float("nan")
+        v[kv_len:] = float("nan")
+        k_cache[pages] = k.view(n, page_size, num_kv_heads, head_dim)
+        v_cache[pages] = v.view(n, page_size, num_kv_heads, head_dim)
+    q_lens = torch.tensor([q_len for q_len, _ in seqs])
+    q = torch.randn(int(q_lens.sum()), num_q_heads, head_dim, generator=gen)
+    cu_seqlens_q = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu_seqlens_q[1:] = q_lens.cumsum(0)
+    kv_lens = torch.tensor([kv_len for _, kv_len in seqs], dtype=torch.int32)
+    return tuple(t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                 for t in (q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens))
+
+
+def assert_matches_reference(batch, *, causal, dtype, **knobs):
+    out = paged_attention(*batch, causal=causal, **knobs)
+    assert out.dtype == dtype and out.shape == batch[0].shape
+    ref = naive_paged_attention(*batch, causal=causal)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+# (Hq, Hkv, D, page_size, dtype, knobs): GQA 1/2/4/8, every supported head dim (80 and 96 pad the head
+# block), page sizes 16/32/64, tiles of 1-4 pages, block_q that does and does not divide the q lengths,
+# split-KV with empty splits (3 splits over 1-tile walks), float16.
+KERNEL_CASES = [
+    (2, 2, 32, 16, torch.float32, dict(block_q=4, pages_per_tile=1, num_kv_splits=1)),
+    (4, 2, 64, 16, torch.float32, dict(block_q=3, pages_per_tile=2, num_kv_splits=1)),
+    (8, 2, 32, 32, torch.float32, dict(block_q=8, pages_per_tile=1, num_kv_splits=3)),
+    (8, 1, 80, 16, torch.float32, dict(block_q=2, pages_per_tile=4, num_kv_splits=2)),
+    (4, 4, 96, 64, torch.float32, dict(block_q=16, pages_per_tile=1, num_kv_splits=1)),
+    (4, 2, 128, 16, torch.float32, dict(block_q=4, pages_per_tile=2, num_kv_splits=4)),
+    (4, 1, 64, 16, torch.float16, dict(block_q=4, pages_per_tile=2, num_kv_splits=1)),
+    (2, 1, 80, 32, torch.float16, dict(block_q=1, pages_per_tile=1, num_kv_splits=2)),
+]
+
+
+@interpreted
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-d{c[2]}-p{c[3]}-{c[4]}-"
+                         + "-".join(f"{k}{v}" for k, v in c[5].items()))
+def test_triton_matches_reference(case, causal):
+    num_q_heads, num_kv_heads, head_dim, page_size, dtype, knobs = case
+    batch = make_batch(MIXED, num_q_heads, num_kv_heads, head_dim, page_size, dtype)
+    assert_matches_reference(batch, causal=causal, dtype=dtype, **knobs)
+
+
+@interpreted
+def test_triton_head_dim_256_and_default_knobs():
+    batch = make_batch([(1, 40), (9, 30)], 2, 1, 256, 16, torch.float32, seed=1)
+    assert_matches_reference(batch, causal=True, dtype=torch.float32)
+
+
+@interpreted
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_triton_decode_batch_split_kv(causal):
+    """Decode-only batch with a longer walk, the shape split-KV is for: splits must not change the result."""
+    batch = make_batch([(1, 300), (1, 129), (1, 17)], 8, 2, 32, 16, torch.float32, seed=2)
+    ref = naive_paged_attention(*batch, causal=causal)
+    for splits in (1, 4, 7):
+        out = paged_attention(*batch, causal=causal, block_q=1, pages_per_tile=4, num_kv_splits=splits)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@interpreted
+def test_triton_scale_and_out_argument():
+    batch = make_batch(MIXED[:3], 4, 2, 32, 16, torch.float32, seed=3)
+    out = torch.full_like(batch[0], float("nan"))
+    result = paged_attention(*batch, scale=0.3, out=out, block_q=4, pages_per_tile=1, num_kv_splits=2)
+    assert result.data_ptr() == out.data_ptr()
+    ref = naive_paged_attention(*batch, causal=True, scale=0.3)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 2), (8, 1)], ids=lambda h: f"hq{h[0]}-hkv{h[1]}")
+def test_torch_path_matches_reference(heads, causal, dtype, monkeypatch):
+    """The path CPU engines run (no TRITON_INTERPRET): pages gathered per sequence, then SDPA."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    seqs = MIXED + [(40, 200), (1, 333)]
+    batch = make_batch(seqs, heads[0], heads[1], 64, 16, dtype, seed=4)
+    assert_matches_reference(batch, causal=causal, dtype=dtype)
+
+
+def _write_case(seed, slot_dtype):
+    gen = torch.Generator().manual_seed(seed)
+    num_pages, page_size, num_kv_heads, head_dim, num_tokens = 6, 16, 2, 80, 20
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    slots = torch.randperm(num_pages * page_size, generator=gen)[:num_tokens]
+    slots[[3, 11, 12]] = -1  # padding tokens: skipped
+    k_cache = torch.randn(num_pages, page_size, num_kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_pages, page_size, num_kv_heads, head_dim, generator=gen)
+    return k, v, k_cache, v_cache, slots.to(slot_dtype)
+
+
+@pytest.mark.parametrize("interpret", [pytest.param("1", marks=interpreted), "0"], ids=["triton", "torch"])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_write_kv_cache_scattered_and_skipped_slots(slot_dtype, interpret, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    k, v, k_cache, v_cache, slots = _write_case(5, slot_dtype)
+    expect_k, expect_v = k_cache.clone(), v_cache.clone()
+    for i, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            expect_k[slot // 16, slot % 16] = k[i]
+            expect_v[slot // 16, slot % 16] = v[i]
+    write_kv_cache(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
+
+
+@interpreted
+def test_write_then_attend_matches_dense_attention():
+    """The engine's sequence of calls: write a prefill's keys/values, then attend over them."""
+    gen = torch.Generator().manual_seed(6)
+    seq_len, page_size, num_q_heads, num_kv_heads, head_dim = 40, 16, 4, 2, 32
+    q = torch.randn(seq_len, num_q_heads, head_dim, generator=gen)
+    k = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
+    k_cache = torch.zeros(5, page_size, num_kv_heads, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    block_table = torch.tensor([[4, 0, 2]], dtype=torch.int32)
+    positions = torch.arange(seq_len)
+    write_kv_cache(k, v, k_cache, v_cache, block_table[0, positions // page_size] * page_size
+                   + positions % page_size)
+    out = paged_attention(q, k_cache, v_cache, block_table, torch.tensor([0, seq_len], dtype=torch.int32),
+                          torch.tensor([seq_len], dtype=torch.int32), block_q=8, pages_per_tile=1,
+                          num_kv_splits=1)
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.repeat_interleave(2, 1).transpose(0, 1), v.repeat_interleave(2, 1).transpose(0, 1),
+        is_causal=True).transpose(0, 1)
+    torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+
+
+class RecordingKernel:
+    """Stands in for a Triton kernel: records the grid and keyword arguments of each launch."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((grid, kwargs))
+        return launch
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["explicit", "default-rule"])
+def test_launch_knobs_reach_the_launch(explicit, monkeypatch):
+    from triton_kernels.paged_attention import kernel
+
+    fwd, combine = RecordingKernel(), RecordingKernel()
+    monkeypatch.setattr(kernel, "_paged_attention_fwd", fwd)
+    monkeypatch.setattr(kernel, "_combine_splits", combine)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors take the Triton path (to the stand-ins)
+    batch = make_batch(MIXED, 8, 2, 64, 16, torch.float32)
+    if explicit:
+        knobs = PagedAttentionLaunch(block_q=2, pages_per_tile=4, num_warps=2, num_stages=5, num_kv_splits=3)
+        paged_attention(*batch, **dataclasses.asdict(knobs))
+    else:
+        knobs = default_launch(num_q_tokens=batch[0].shape[0], num_seqs=len(MIXED), num_q_heads=8,
+                               num_kv_heads=2, head_dim=64, page_size=16,
+                               max_kv_len=batch[3].shape[1] * 16)
+        paged_attention(*batch)
+    [(grid, kw)] = fwd.launches
+    assert (kw["BLOCK_Q"], kw["TILE"], kw["num_warps"], kw["num_stages"], kw["NUM_SPLITS"]) == (
+        knobs.block_q, knobs.pages_per_tile * 16, knobs.num_warps, knobs.num_stages, knobs.num_kv_splits)
+    num_tokens = batch[0].shape[0]
+    assert grid == ((num_tokens // knobs.block_q + len(MIXED)) * 2, knobs.num_kv_splits)
+    assert len(combine.launches) == (1 if knobs.num_kv_splits > 1 else 0)
+
+
+def test_default_launch_rule():
+    shapes = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16)
+    decode_1 = default_launch(num_q_tokens=1, num_seqs=1, max_kv_len=32768, **shapes)
+    assert decode_1.block_q == 1 and decode_1.pages_per_tile == 8 and decode_1.num_kv_splits == 32
+    decode_256 = default_launch(num_q_tokens=256, num_seqs=256, max_kv_len=4096, **shapes)
+    assert decode_256.num_kv_splits == 1
+    prefill = default_launch(num_q_tokens=32768, num_seqs=1, max_kv_len=32768, **shapes)
+    assert (prefill.block_q, prefill.pages_per_tile, prefill.num_warps, prefill.num_kv_splits) == (32, 4, 8, 1)
+    short = default_launch(num_q_tokens=1, num_seqs=1, max_kv_len=300, **shapes)
+    assert short.num_kv_splits == 1  # fewer than MIN_KEYS_PER_SPLIT keys per split otherwise
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda b: (b[0][:, :3],) + b[1:], "multiple of KV heads"),
+    (lambda b: b[:3] + (b[3].long(),) + b[4:], "block_tables must be int32"),
+    (lambda b: b[:4] + (b[4][:-1],) + b[5:], "cu_seqlens_q must have shape"),
+    (lambda b: (b[0].half(),) + b[1:], "share a dtype"),
+])
+def test_bad_inputs_raise_clear_errors(change, message):
+    batch = make_batch(MIXED[:2], 4, 2, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match=message):
+        paged_attention(*change(batch))
+
+
+# Compiles the attention kernel for an H100 (sm_90) the way a launch would, with no GPU: it catches what
+# the interpreter cannot (compiled-mode type errors, configs that overflow shared memory). It runs in a
+# subprocess because this one has TRITON_INTERPRET=1, which makes triton.jit build interpreted functions.
+COMPILE_FOR_H100 = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton_kernels.paged_attention import default_launch, kernel
+
+fn = kernel._paged_attention_fwd
+results = []
+for case in json.loads(sys.argv[1]):
+    launch = default_launch(**case["shape"])
+    group = case["shape"]["num_q_heads"] // case["shape"]["num_kv_heads"]
+    head_dim, page_size, dtype = case["shape"]["head_dim"], case["shape"]["page_size"], case["dtype"]
+    const = dict(NUM_Q_HEADS=case["shape"]["num_q_heads"], NUM_KV_HEADS=case["shape"]["num_kv_heads"],
+                 HEAD_DIM=head_dim,
+                 BLOCK_D=triton.next_power_of_2(head_dim), GROUP=group, BLOCK_Q=launch.block_q,
+                 BLOCK_M=max(16, triton.next_power_of_2(launch.block_q * group)), PAGE_SIZE=page_size,
+                 TILE=launch.pages_per_tile * page_size, NUM_SPLITS=launch.num_kv_splits, CAUSAL=case["causal"],
+                 DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+    sig = {name: ("*fp32" if name.startswith("part_") else "*i32" if name in (
+        "block_tables_ptr", "cu_seqlens_q_ptr", "kv_lens_ptr") else "*" + dtype) if name.endswith("_ptr")
+        else "fp32" if name == "qk_scale" else "constexpr" if name in const else "i32" for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name.endswith("_ptr") or name in ("stride_qt", "stride_qh", "stride_kp", "stride_vp")}
+    compiled = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+    results.append(compiled.metadata.shared)
+print(json.dumps(results))
+"""
+
+
+def _shape(num_q_heads, num_kv_heads, head_dim, num_q_tokens, num_seqs, max_kv_len, page_size=16):
+    return dict(num_q_tokens=num_q_tokens, num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                head_dim=head_dim, page_size=page_size, max_kv_len=max_kv_len)
+
+
+def test_default_launches_compile_for_h100():
+    """Default-rule launches of the benchmark's shapes compile for sm_90 and fit its 227 KiB of shared memory."""
+    import json
+    import subprocess
+    import sys
+
+    cases = [
+        dict(shape=_shape(32, 8, 128, 32768, 16, 2048), dtype="bf16", causal=True),  # prefill 16 x 2k
+        dict(shape=_shape(32, 8, 128, 1, 1, 32768), dtype="bf16", causal=True),  # decode, split KV
+        dict(shape=_shape(20, 20, 64, 150000, 256, 1000), dtype="bf16", causal=False),  # ESM-2 650M
+        dict(shape=_shape(16, 2, 256, 4096, 2, 4096), dtype="bf16", causal=True),
+        dict(shape=_shape(8, 1, 80, 64, 64, 8192, page_size=64), dtype="fp16", causal=True),
+        dict(shape=_shape(4, 4, 96, 512, 1, 512, page_size=32), dtype="fp32", causal=False),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100, json.dumps(cases)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(shared) == len(cases) and all(0 < s <= 227 * 1024 for s in shared), shared
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_gpu_bfloat16_mixed_batch(causal):
+    batch = make_batch(MIXED + [(300, 1000), (1, 777)], 32, 8, 128, 16, torch.bfloat16, device="cuda")
+    assert_matches_reference(batch, causal=causal, dtype=torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-d{c[2]}-p{c[3]}-"
+                         + "-".join(f"{k}{v}" for k, v in c[5].items()))
+def test_gpu_kernel_cases_bfloat16(case, causal):
+    num_q_heads, num_kv_heads, head_dim, page_size, _, knobs = case
+    batch = make_batch(MIXED, num_q_heads, num_kv_heads, head_dim, page_size, torch.bfloat16, device="cuda")
+    assert_matches_reference(batch, causal=causal, dtype=torch.bfloat16, **knobs)
+
+
+@gpu
+def test_gpu_write_kv_cache():
+    k, v, k_cache, v_cache, slots = _write_case(9, torch.int64)
+    on_gpu = [t.cuda() for t in (k, v, k_cache, v_cache, slots)]
+    write_kv_cache_torch(k, v, k_cache, v_cache, slots)
+    write_kv_cache(*on_gpu)
+    assert torch.equal(on_gpu[2].cpu(), k_cache) and torch.equal(on_gpu[3].cpu(), v_cache)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gpu_long_context_bfloat16(head_dim):
+    """8k-16k contexts: a long prefill, a chunked-prefill continuation and decodes, default knobs and split."""
+    seqs = [(8192, 8192), (1024, 12000), (1, 16384), (1, 9000)]
+    batch = make_batch(seqs, 4, 1, head_dim, 16, torch.bfloat16, device="cuda", seed=7)
+    assert_matches_reference(batch, causal=True, dtype=torch.bfloat16)
+    decode = make_batch(seqs[2:], 4, 1, head_dim, 16, torch.bfloat16, device="cuda", seed=8)
+    assert_matches_reference(decode, causal=True, dtype=torch.bfloat16, num_kv_splits=16)

@@ -1,0 +1,96 @@
+"""Launch knobs of the paged attention kernel and the documented rule that picks their defaults.
+
+The rule reads only shapes the host already knows (no device sync), so an engine can compute it once
+per step, keep it in its config and forward it; `paged_attention` applies the same rule to any knob
+left as None. See docs/kernels/paged_attention.md for the reasoning behind each number.
+"""
+from dataclasses import dataclass
+
+import torch
+
+# The SM count the rule assumes where there is no CUDA device to ask (Triton interpreter, planning on a host).
+H100_NUM_SMS = 132
+MAX_KV_SPLITS = 32
+# A split walks at least this many keys, so the partial results and the reduce stay cheap.
+MIN_KEYS_PER_SPLIT = 256
+
+
+@dataclass(frozen=True)
+class PagedAttentionLaunch:
+    """Launch knobs of one `paged_attention` call.
+
+    block_q: query tokens per program; each program packs them with the Hq/Hkv query heads that share
+        one KV head into max(16, next_pow2(block_q * Hq/Hkv)) rows of the score matrix.
+    pages_per_tile: KV pages walked per inner-loop step (tile = pages_per_tile * page_size keys; power of 2).
+    num_warps, num_stages: passed to the Triton launch as is.
+    num_kv_splits: programs that share one (query block, KV head)'s KV walk; > 1 adds a reduce kernel.
+    """
+
+    block_q: int
+    pages_per_tile: int
+    num_warps: int
+    num_stages: int
+    num_kv_splits: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_q", "pages_per_tile", "num_warps", "num_stages", "num_kv_splits"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"paged_attention launch knob {name} must be a positive int, got {value!r}")
+        if self.pages_per_tile & (self.pages_per_tile - 1):
+            raise ValueError(f"pages_per_tile must be a power of two, got {self.pages_per_tile}")
+        if self.num_kv_splits > MAX_KV_SPLITS:
+            raise ValueError(f"num_kv_splits must be at most {MAX_KV_SPLITS}, got {self.num_kv_splits}")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def default_launch(
+    *,
+    num_q_tokens: int,
+    num_seqs: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    max_kv_len: int,
+    num_sms: int = H100_NUM_SMS,
+) -> PagedAttentionLaunch:
+    """The documented default launch knobs for a batch of this shape.
+
+    - block_q: as many query tokens as fill 128 rows (64 when head_dim > 128) with GQA packing, but no
+      more than the mean query length rounded up to a power of two (decode batches get block_q = 1).
+    - pages_per_tile: tiles of 64 keys for prefill-like batches, 128 for decode-like ones (mean query
+      length <= 4), halved when head_dim > 128; never less than one page.
+    - num_warps: 8 when a program has >= 128 rows, else 4. num_stages: 3, or 2 when head_dim > 128.
+    - num_kv_splits: 1 when the (query block, KV head) programs fill `num_sms`; otherwise enough splits
+      for about two programs per SM, capped by MAX_KV_SPLITS and by MIN_KEYS_PER_SPLIT keys per split.
+    `max_kv_len` may be an upper bound (e.g. block_tables.shape[1] * page_size).
+    """
+    group = num_q_heads // num_kv_heads
+    mean_q = -(-num_q_tokens // max(num_seqs, 1))
+    decode_like = mean_q <= 4
+    target_rows = 128 if head_dim <= 128 else 64
+    block_q = max(1, min(_next_pow2(mean_q), target_rows // group))
+    rows = max(16, _next_pow2(block_q * group))
+    tile_keys = (128 if decode_like else 64) // (2 if head_dim > 128 else 1)
+    pages_per_tile = max(1, tile_keys // page_size)
+    num_warps = 8 if rows >= 128 else 4
+    num_stages = 2 if head_dim > 128 else 3
+
+    # Programs that do work: at least one per sequence, about one per block_q tokens.
+    programs = max(num_seqs, -(-num_q_tokens // block_q)) * num_kv_heads
+    splits = 1
+    if programs < num_sms:
+        splits = -(-2 * num_sms // programs)
+        splits = min(splits, MAX_KV_SPLITS, max(1, max_kv_len // MIN_KEYS_PER_SPLIT))
+    return PagedAttentionLaunch(block_q, pages_per_tile, num_warps, num_stages, splits)
+
+
+def num_sms_of(device: torch.device) -> int:
+    """SM count of a CUDA device (host-side property, no sync); the H100 count elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H100_NUM_SMS

@@ -1,0 +1,38 @@
+"""Obviously correct paged attention for tests: per sequence, dense softmax attention in float64."""
+import torch
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Keys (or values) of one sequence, [kv_len, Hkv, D], read page by page through its block table."""
+    page_size = cache.shape[1]
+    pages = [cache[int(block_table[p])] for p in range(-(-kv_len // page_size))]
+    return torch.cat(pages)[:kv_len]
+
+
+def naive_paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, *, causal: bool = True, scale: float | None = None,
+) -> torch.Tensor:
+    """Same contract as paged_attention; returns float64 `[T_total, Hq, D]`.
+
+    Query i of sequence s sits at position kv_lens[s] - q_len + i and, when causal, sees keys at
+    positions <= its own; otherwise all kv_lens[s] keys.
+    """
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_q_heads // k_cache.shape[2]
+    scale = head_dim ** -0.5 if scale is None else scale
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for s in range(block_tables.shape[0]):
+        begin, end, kv_len = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1]), int(kv_lens[s])
+        if end == begin:
+            continue
+        k = gather_kv(k_cache, block_tables[s], kv_len).double().repeat_interleave(group, dim=1)
+        v = gather_kv(v_cache, block_tables[s], kv_len).double().repeat_interleave(group, dim=1)
+        qs = q[begin:end].double()
+        scores = torch.einsum("qhd,khd->hqk", qs, k) * scale
+        if causal:
+            q_pos = torch.arange(kv_len - (end - begin), kv_len, device=q.device)
+            k_pos = torch.arange(kv_len, device=q.device)
+            scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out[begin:end] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
+    return out
