@@ -24,18 +24,6 @@ from .tiny_models import REPO, run_cli, save_esm, save_llama, save_qwen3
 FASTA = [str(SHARED_DATA / "protein_lib.fa"), str(SHARED_DATA / "ncbi_standard_aa.fasta")]
 
 
-@pytest.fixture(scope="session")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    from pipeline import demo_model
-    return {
-        "demo": str(demo_model.write(root / "demo")),
-        "esm": str(save_esm(root / "esm")),
-        "llama": str(save_llama(root / "llama")),
-        "qwen3": str(save_qwen3(root / "qwen3")),
-    }
-
-
 def direct(model_dir: str, sequences: list[str], layers=(-1,), pools=("mean",), causal_scores=False):
     """Per-sequence transformers outputs, one unpadded sequence at a time."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
