@@ -33,6 +33,8 @@ def _chunk_rows(c: Column) -> int:
 
 
 def _crc(arr: np.ndarray, dtype: str, crc: int) -> int:
+    if arr.size == 0:
+        return crc
     if dtype == STR:
         return zlib.crc32(b"\0".join(x if isinstance(x, bytes) else x.encode() for x in arr.ravel()) + b"\0", crc)
     return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"), crc)

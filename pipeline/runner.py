@@ -437,8 +437,11 @@ def _merge(run: RunDir, manifest: dict, index: SequenceIndex, allow_partial: boo
             row_bytes = fixed + ragged_bytes * (index.lengths.astype(np.int64) + 2)
             blob, offs = index.id_blob.tobytes(), index.id_offsets
             ids_at = lambda p: np.array([blob[offs[i]:offs[i + 1]] for i in p], dtype=object)  # noqa: E731
-            problems = merge_sorted_runs(readers, writer, np.arange(len(index), dtype=np.int64), row_bytes,
-                                         expected_ids=ids_at)
+            try:
+                problems = merge_sorted_runs(readers, writer, np.arange(len(index), dtype=np.int64), row_bytes,
+                                             expected_ids=ids_at)
+            except CorruptFile as e:
+                raise MergeError(_set_aside(run, e)) from None
             only_missing = not any(v for k, v in problems.counts().items() if k != "missing")
             if problems and not (allow_partial and only_missing):
                 message = describe_problems(problems, index.id, run.problems_path)
@@ -466,6 +469,18 @@ def _merge(run: RunDir, manifest: dict, index: SequenceIndex, allow_partial: boo
         log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", len(missing), len(index))
     log.info("merged %d sequences into %s", len(index) - len(missing), run.result_path)
     return run.result_path
+
+
+def _set_aside(run: RunDir, error: CorruptFile) -> str:
+    """A shard that fails its checksums is renamed aside so `rerun` recomputes it; says so."""
+    message = f"merge refused: {error}"
+    for path in run.shards_dir.glob("shard_*.h5"):
+        if str(path) in str(error):
+            aside = path.with_name(path.name + ".corrupt")
+            path.rename(aside)
+            return (f"{message}. The shard was set aside as {aside.name}; run `run_shards rerun {run.root}` "
+                    "to compute it again")
+    return f"{message}. Run `run_shards rerun {run.root}` to compute the damaged rows again"
 
 
 def _check_shard(reader: Reader, manifest: dict, rank: int) -> Reader:

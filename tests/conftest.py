@@ -15,3 +15,18 @@ SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Each test gets its own index cache so tests never see each other's (or the user's) files."""
     monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Tiny checkpoints of real architectures, saved as a hub download would be."""
+    from pipeline import demo_model
+
+    from .tiny_models import save_esm, save_llama, save_qwen3
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "demo": str(demo_model.write(root / "demo")),
+        "esm": str(save_esm(root / "esm")),
+        "llama": str(save_llama(root / "llama")),
+        "qwen3": str(save_qwen3(root / "qwen3")),
+    }

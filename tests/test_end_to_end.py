@@ -1,0 +1,281 @@
+"""The real CLI on real FASTA with real worker processes, checked against transformers computed directly.
+
+Tolerances: both sides run the same transformers code in float32 on CPU; ours runs padded batches of
+several sequences, the reference one unpadded sequence at a time, so matmul shapes (and with them the
+rounding) differ: about 1e-6 relative. Embeddings are compared at atol = rtol = 1e-4, and log-likelihood
+sums (hundreds of terms of magnitude ~3) at rtol 1e-5, atol 1e-3.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from index import SequenceIndex
+
+from .conftest import SHARED_DATA
+from .tiny_models import REPO, run_cli, save_esm, save_llama, save_qwen3
+
+FASTA = [str(SHARED_DATA / "protein_lib.fa"), str(SHARED_DATA / "ncbi_standard_aa.fasta")]
+
+
+def direct(model_dir: str, sequences: list[str], layers=(-1,), pools=("mean",), causal_scores=False):
+    """Per-sequence transformers outputs, one unpadded sequence at a time."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = (AutoModelForCausalLM if causal_scores else AutoModel).from_pretrained(model_dir).eval()
+    rows = []
+    for seq in sequences:
+        enc = tok(seq, return_tensors="pt", return_special_tokens_mask=True)
+        ids, special = enc["input_ids"], enc["special_tokens_mask"][0].bool()
+        with torch.no_grad():
+            out = model(input_ids=ids, output_hidden_states=True)
+        row = {"num_tokens": ids.shape[1]}
+        if causal_scores:
+            logp = torch.log_softmax(out.logits[0].double(), -1)
+            tl = logp[:-1].gather(-1, ids[0, 1:, None])[:, 0]
+            scored = ~special[1:]
+            row["logprob_sum"] = float(tl[scored].sum())
+            row["num_scored"] = int(scored.sum())
+        else:
+            for layer in layers:
+                h = out.last_hidden_state[0] if layer == -1 else out.hidden_states[layer][0]
+                for pool in pools:
+                    v = {"mean": h[~special].mean(0), "cls": h[0], "last": h[-1]}[pool]
+                    row[(pool, layer)] = v.numpy()
+                if layer == -1:
+                    row["per_residue"] = h[~special].numpy()
+        rows.append(row)
+    return rows
+
+
+def read(path):
+    with h5py.File(path) as f:
+        return {k: f[k][:] for k in _datasets(f)}, dict(f.attrs)
+
+
+def _datasets(f):
+    names = []
+    f.visit(lambda n: names.append(n) if isinstance(f[n], h5py.Dataset) else None)
+    return names
+
+
+def check_base_columns(data, index: SequenceIndex, num_tokens):
+    assert [i.decode() for i in data["ids"]] == index.ids()
+    assert data["index"].tolist() == list(range(len(index)))
+    assert data["lengths"].tolist() == index.lengths.tolist()
+    assert data["num_tokens"].tolist() == num_tokens
+    assert not data["truncated"].any() and not data["status"].any()
+
+
+@pytest.mark.parametrize("name", ["demo", "llama", "qwen3"])
+def test_embed_two_workers_matches_transformers(models, tmp_path, name):
+    out = tmp_path / "out"
+    res = run_cli(*FASTA, "--out", str(out), "--model", models[name], "--gpus", "0", "--workers", "2",
+                  "--max-tokens-per-batch", "1500", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert f"result: {out / 'result.h5'}" in res.stdout
+    index = SequenceIndex.build(FASTA)
+    data, attrs = read(out / "result.h5")
+    ref = direct(models[name], [index.sequence(i) for i in range(len(index))])
+    check_base_columns(data, index, [r["num_tokens"] for r in ref])
+    np.testing.assert_allclose(data["embeddings/mean"], np.stack([r[("mean", -1)] for r in ref]), atol=1e-4, rtol=1e-4)
+    assert attrs["complete"] and attrs["task"] == "embed" and attrs["num_sequences"] == len(index)
+    for rank in (0, 1):
+        log = (out / "logs" / f"worker_{rank}.log").read_text()
+        assert "shard complete" in log
+    assert (out / "logs" / "run.log").exists()
+
+
+def test_esm_pools_layers_and_per_residue(models, tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(*FASTA, "--out", str(out), "--model", models["esm"], "--gpus", "0", "--workers", "2",
+                  "--pool", "mean,cls,last", "--layers", "-1,1", "--per-residue", "--per-residue-dtype", "float32",
+                  "--no-progress")
+    assert res.returncode == 0, res.stderr
+    index = SequenceIndex.build(FASTA)
+    data, _ = read(out / "result.h5")
+    ref = direct(models["esm"], [index.sequence(i) for i in range(len(index))], layers=(-1, 1),
+                 pools=("mean", "cls", "last"))
+    check_base_columns(data, index, [r["num_tokens"] for r in ref])
+    for pool in ("mean", "cls", "last"):
+        np.testing.assert_allclose(data[f"embeddings/{pool}"], np.stack([r[(pool, -1)] for r in ref]), atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(data[f"embeddings/{pool}_layer1"], np.stack([r[(pool, 1)] for r in ref]),
+                                   atol=1e-4, rtol=1e-4)
+    offsets = data["per_residue/offsets"]
+    assert offsets[0] == 0 and np.array_equal(np.diff(offsets), index.lengths)
+    for i, r in enumerate(ref):
+        np.testing.assert_allclose(data["per_residue/values"][offsets[i]:offsets[i + 1]], r["per_residue"],
+                                   atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["demo", "llama"])
+def test_score_matches_transformers(models, tmp_path, name):
+    out = tmp_path / "out"
+    res = run_cli(*FASTA, "--out", str(out), "--model", models[name], "--task", "score", "--gpus", "0",
+                  "--workers", "2", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    index = SequenceIndex.build(FASTA)
+    data, attrs = read(out / "result.h5")
+    ref = direct(models[name], [index.sequence(i) for i in range(len(index))], causal_scores=True)
+    assert attrs["task"] == "score"
+    assert data["score/num_scored"].tolist() == [r["num_scored"] for r in ref] == index.lengths.tolist()
+    np.testing.assert_allclose(data["score/logprob_sum"], [r["logprob_sum"] for r in ref], rtol=1e-5, atol=1e-3)
+
+
+def test_score_with_an_encoder_is_a_clear_error(models, tmp_path):
+    res = run_cli(FASTA[0], "--out", str(tmp_path / "o"), "--model", models["esm"], "--task", "score",
+                  "--gpus", "0", "--no-progress")
+    assert res.returncode == 2
+    assert "causal language model" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_long_sequence_policies(tmp_path):
+    model = save_esm(tmp_path / "esm_short", model_max_length=40)   # 38 residues + <cls> + <eos>
+    fasta = FASTA[1]
+    index = SequenceIndex.build([fasta])
+    long = [index.id(i) for i in range(len(index)) if index.lengths[i] > 38]
+    assert long
+    res = run_cli(fasta, "--out", str(tmp_path / "e"), "--model", str(model), "--gpus", "0", "--no-progress")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"{len(long)} sequence(s) exceed the model's limit of 40 tokens" in res.stderr
+    assert all(i in res.stderr for i in long) and "--on-long truncate" in res.stderr
+    assert not (tmp_path / "e" / "shards").exists() or not any((tmp_path / "e" / "shards").iterdir())
+
+    res = run_cli(fasta, "--out", str(tmp_path / "t"), "--model", str(model), "--gpus", "0", "--on-long",
+                  "truncate", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    data, _ = read(tmp_path / "t" / "result.h5")
+    cut = index.lengths > 38
+    assert data["truncated"].tolist() == cut.tolist()
+    assert (data["num_tokens"][cut] == 40).all()
+    ref = direct(str(model), [index.sequence(i)[:38] for i in range(len(index))])
+    np.testing.assert_allclose(data["embeddings/mean"], np.stack([r[("mean", -1)] for r in ref]), atol=1e-4, rtol=1e-4)
+
+    res = run_cli(fasta, "--out", str(tmp_path / "s"), "--model", str(model), "--gpus", "0", "--on-long",
+                  "skip", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    data, _ = read(tmp_path / "s" / "result.h5")
+    assert data["status"].tolist() == [1 if c else 0 for c in cut]
+    assert np.isnan(data["embeddings/mean"][cut]).all() and not np.isnan(data["embeddings/mean"][~cut]).any()
+    assert (data["num_tokens"][cut] == 0).all()
+
+
+def test_duplicate_ids_refused_then_renamed(tmp_path, models):
+    dups = str(SHARED_DATA / "dups.fasta")
+    res = run_cli(dups, "--out", str(tmp_path / "a"), "--model", models["demo"], "--gpus", "0", "--no-progress")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "duplicate sequence id" in res.stderr and "'alpha'" in res.stderr and "dups.fasta:1" in res.stderr \
+        and "dups.fasta:10" in res.stderr
+    res = run_cli(dups, "--out", str(tmp_path / "b"), "--model", models["demo"], "--gpus", "0",
+                  "--on-duplicate-id", "rename", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    data, _ = read(tmp_path / "b" / "result.h5")
+    assert [i.decode() for i in data["ids"]] == ["alpha", "beta", "gamma", "alpha.dup2", "delta"]
+    assert data["original_ids/index"].tolist() == [3] and data["original_ids/ids"].tolist() == [b"alpha"]
+
+
+def test_bad_fasta_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.fasta"
+    bad.write_bytes(b"MKV\n>a\nAC\n")
+    res = run_cli(str(bad), "--out", str(tmp_path / "o"), "--gpus", "0", "--no-progress")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"{bad}:1: sequence data before the first header" in res.stderr
+    res = run_cli(str(tmp_path / "missing.fasta"), "--out", str(tmp_path / "o2"), "--gpus", "0")
+    assert res.returncode == 2 and "file not found" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_index_and_status_commands(models, tmp_path):
+    res = run_cli("index", *FASTA, "--workers", "3")
+    assert res.returncode == 0, res.stderr
+    index = SequenceIndex.build(FASTA)
+    assert f"records: {len(index):,}" in res.stdout and f"residues: {index.total_residues:,}" in res.stdout
+    assert "max/mean tokens" in res.stdout and "worker 2:" in res.stdout
+    out = tmp_path / "o"
+    assert run_cli(FASTA[1], "--out", str(out), "--model", models["demo"], "--gpus", "0", "--no-progress").returncode == 0
+    res = run_cli("status", str(out))
+    assert res.returncode == 0 and "complete" in res.stdout and "result:" in res.stdout
+    res = run_cli("status", str(tmp_path / "nothing"))
+    assert res.returncode == 2 and "no such run directory" in res.stderr
+
+
+def test_parent_never_initialises_cuda(tmp_path, models):
+    """Any CUDA initialisation in the parent raises; the workers are fresh processes and unaffected."""
+    script = tmp_path / "guard.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+import torch, torch.cuda
+def refuse(*a, **k):
+    raise AssertionError("the parent initialised CUDA")
+torch.cuda._lazy_init = refuse
+torch.cuda.init = refuse
+torch._C._cuda_init = refuse
+if __name__ == "__main__":   # spawned workers re-import this module; only the parent runs the CLI
+    sys.argv = ["run_shards", {FASTA[1]!r}, "--out", {str(tmp_path / 'o')!r}, "--model", {models['demo']!r},
+                "--gpus", "auto", "--no-progress"]
+    from pipeline.cli import main
+    try:
+        main()
+    except SystemExit:
+        assert not torch.cuda.is_initialized()
+        print("cuda initialised:", torch.cuda.is_initialized())
+        raise
+""")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "cuda initialised: False" in res.stdout and "result:" in res.stdout
+
+
+def _wait_for(predicate, timeout=120.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_killed_worker_others_finish_and_rerun_equals_uninterrupted(models, tmp_path):
+    fasta = str(REPO / "examples" / "demo.fasta")
+    common = ["--model", models["demo"], "--gpus", "0", "--workers", "2", "--max-tokens-per-batch", "2000",
+              "--checkpoint-every", "10", "--no-progress"]
+    reference = tmp_path / "reference"
+    res = run_cli(fasta, "--out", str(reference), *common)
+    assert res.returncode == 0, res.stderr
+
+    out = tmp_path / "killed"
+    env = dict(os.environ, RUN_SHARDS_FAULT_BATCH_SLEEP="0.2")
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.Popen([sys.executable, str(REPO / "bin" / "run_shards"), fasta, "--out", str(out), *common],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    log1 = out / "logs" / "worker_1.log"
+    assert _wait_for(lambda: log1.exists() and "checkpoint part_000001" in log1.read_text())
+    pid = int(log1.read_text().split("started (pid ")[1].split(",")[0])
+    os.kill(pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert "shard 1 failed: killed by SIGKILL" in stderr and f"run_shards rerun {out} --shards 1" in stderr
+    assert (out / "shards" / "shard_0.h5").exists() and not (out / "result.h5").exists()
+    status = run_cli("status", str(out)).stdout
+    assert "failed" in status and "complete" in status
+
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "resuming:" in log1.read_text()
+    got, _ = read(out / "result.h5")
+    want, _ = read(reference / "result.h5")
+    assert sorted(got) == sorted(want)
+    for key in want:
+        if want[key].dtype.kind == "f":
+            # same batches, same thread count: identical up to float32 rounding
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6)
+        else:
+            assert np.array_equal(got[key], want[key]), key

@@ -1,0 +1,182 @@
+"""Merge validation: each way shards can fail to add up gives its own specific error, and no result file.
+
+One real two-worker run provides finished shards; each test damages a copy of them the way a bug, a
+stale file or a disk could, and runs the real `run_shards merge`.
+"""
+import json
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from pipeline.h5io import Reader, Writer
+from pipeline.merge import merge_sorted_runs
+from pipeline.rows import BASE_COLUMNS, Column, RowBlock, Schema
+
+from .conftest import SHARED_DATA
+from .tiny_models import run_cli
+
+FASTA = str(SHARED_DATA / "protein_lib.fa")
+INTERNAL = ("finished", "complete", "num_sequences", "crc32", "schema")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, models):
+    out = tmp_path_factory.mktemp("run") / "out"
+    res = run_cli(FASTA, "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "2", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    (out / "result.h5").unlink()
+    return out
+
+
+def rewrite_shard(path, change_rows=None, change_attrs=None):
+    """Rewrite a shard file through the normal writer (valid checksums), with rows or attributes changed."""
+    with Reader(path) as r:
+        block = r.read_all()
+        attrs = {k: (json.loads(v) if k in ("config", "status_codes", "fasta_files") else v)
+                 for k, v in r.attrs.items() if k not in INTERNAL}
+        schema = r.schema
+    if change_rows:
+        block = change_rows(block)
+    if change_attrs:
+        attrs.update(change_attrs)
+    tmp = path.with_name("rewrite.tmp")
+    w = Writer(tmp, schema, attrs)
+    w.append(block.sorted_by_index())
+    w.finish()
+    tmp.replace(path)
+
+
+def merge(out):
+    res = run_cli("merge", str(out))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (out / "result.h5").exists()
+    return res.stderr
+
+
+def test_merge_of_untouched_shards_succeeds(run_copy):
+    res = run_cli("merge", str(run_copy))
+    assert res.returncode == 0, res.stderr
+    with h5py.File(run_copy / "result.h5") as f:
+        assert f.attrs["complete"] and f["index"][:].tolist() == list(range(12))
+
+
+def test_missing_shard(run_copy):
+    (run_copy / "shards" / "shard_1.h5").unlink()
+    err = merge(run_copy)
+    assert "shard 1 is not finished" in err and f"run_shards rerun {run_copy}" in err
+
+
+def test_missing_rows(run_copy):
+    shard = run_copy / "shards" / "shard_1.h5"
+    with Reader(shard) as r:
+        dropped = r.read_all().columns["ids"][2].decode()
+    rewrite_shard(shard, lambda b: b.take(np.array([0, 1, 3, 4, 5])))
+    err = merge(run_copy)
+    assert f"1 sequences missing from the shards (first: {dropped})" in err
+    report = (run_copy / "merge_problems.tsv").read_text()
+    assert report.startswith("missing\t") and dropped in report
+
+
+def test_duplicate_rows(run_copy):
+    with Reader(run_copy / "shards" / "shard_0.h5") as r:
+        stolen = r.read_all().take(np.array([0]))
+    rewrite_shard(run_copy / "shards" / "shard_1.h5",
+                  lambda b: RowBlock.concat(b.schema, [b, stolen]))
+    err = merge(run_copy)
+    assert f"1 sequences present more than once (first: {stolen.columns['ids'][0].decode()})" in err
+
+
+def test_extra_rows(run_copy):
+    def add_extra(b):
+        extra = b.take(np.array([0]))
+        extra.columns["index"] = np.array([999], np.int64)
+        extra.columns["ids"] = np.array([b"not_in_fasta"], dtype=object)
+        return RowBlock.concat(b.schema, [b, extra])
+    rewrite_shard(run_copy / "shards" / "shard_0.h5", add_extra)
+    err = merge(run_copy)
+    assert "1 rows that belong to no FASTA record of this run (first: not_in_fasta)" in err
+
+
+def test_id_mismatch(run_copy):
+    def rename(b):
+        b.columns["ids"] = b.columns["ids"].copy()
+        b.columns["ids"][0] = b"impostor"
+        return b
+    rewrite_shard(run_copy / "shards" / "shard_0.h5", rename)
+    err = merge(run_copy)
+    assert "1 rows whose id differs from the FASTA record at their position (first: impostor at record" in err
+
+
+def test_shard_from_another_model(run_copy):
+    rewrite_shard(run_copy / "shards" / "shard_1.h5", change_attrs={"model_fingerprint": "0123456789abcdef"})
+    err = merge(run_copy)
+    assert "shard_1.h5 does not belong to this run: model_fingerprint '0123456789abcdef'" in err
+
+
+def test_shard_with_other_dimensions(run_copy):
+    shard = run_copy / "shards" / "shard_1.h5"
+    with Reader(shard) as r:
+        block = r.read_all()
+        attrs = {k: v for k, v in r.attrs.items() if k not in INTERNAL}
+    schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 32),))
+    block = RowBlock(schema, dict(block.columns, **{"embeddings/mean": block.columns["embeddings/mean"][:, :32]}))
+    w = Writer(shard, schema, {k: v for k, v in attrs.items()})
+    w.append(block)
+    w.finish()
+    err = merge(run_copy)
+    assert "does not belong to this run: different columns or dimensions" in err
+
+
+def test_corrupted_shard_bytes_are_caught_and_set_aside(run_copy):
+    shard = run_copy / "shards" / "shard_0.h5"
+    with h5py.File(shard, "r+") as f:   # flip values in place: the file still opens fine
+        f["embeddings/mean"][0] = f["embeddings/mean"][0] + 1.0
+    err = merge(run_copy)
+    assert "checksum mismatch in embeddings/mean" in err and "set aside as shard_0.h5.corrupt" in err
+    status = run_cli("status", str(run_copy)).stdout
+    assert "pending" in status
+
+
+def test_window_size_does_not_change_the_merge(tmp_path):
+    """The bounded-memory merge gives the same file whatever the window (down to one row)."""
+    schema = Schema(BASE_COLUMNS + (Column("v/values", "float32", 3, ragged=True),))
+    rng = np.random.default_rng(0)
+    n = 40
+    lengths = rng.integers(0, 5, n)
+    perm = rng.permutation(n)
+    paths = []
+    for k, rows in enumerate(np.array_split(perm, 3)):
+        rows = np.sort(rows)
+        block = RowBlock(schema, {
+            "ids": np.array([f"s{i}".encode() for i in rows], dtype=object), "index": rows.astype(np.int64),
+            "lengths": lengths[rows].astype(np.int32), "num_tokens": lengths[rows].astype(np.int32),
+            "truncated": np.zeros(len(rows), bool), "status": np.zeros(len(rows), np.int8)},
+            {"v/values": np.concatenate([np.full((lengths[i], 3), i, np.float32) for i in rows])},
+            {"v": lengths[rows].astype(np.int64)})
+        w = Writer(tmp_path / f"r{k}.h5", schema, {})
+        w.append(block)
+        w.finish()
+        paths.append(tmp_path / f"r{k}.h5")
+    outputs = []
+    for budget in (1, 100, 1 << 30):
+        readers = [Reader(p) for p in paths]
+        w = Writer(tmp_path / f"m{budget}.h5", schema, {})
+        problems = merge_sorted_runs(readers, w, np.arange(n), np.full(n, 50), budget_bytes=budget)
+        w.finish()
+        assert not problems
+        with h5py.File(tmp_path / f"m{budget}.h5") as f:
+            outputs.append((f["index"][:], f["v/values"][:], f["v/offsets"][:]))
+    for index, values, offsets in outputs:
+        assert index.tolist() == list(range(n))
+        assert np.array_equal(np.diff(offsets), lengths)
+        assert np.array_equal(values[:, 0], np.repeat(np.arange(n), lengths).astype(np.float32))
