@@ -64,6 +64,7 @@ class HFEngine:
             self.lm, self.head = None, None
             self.base = AutoModel.from_pretrained(model_path, **kwargs).to(device).eval()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.real_tokens = self.computed_tokens = 0   # packing efficiency = real / computed (padded) tokens
         self.info = EngineInfo(
             name="hf", hidden_size=text_config.hidden_size, num_layers=text_config.num_hidden_layers,
             is_causal=is_causal, max_tokens=model_max_tokens(text_config, self.tokenizer),
@@ -78,6 +79,8 @@ class HFEngine:
             ids[i, :len(seq)] = torch.as_tensor(seq, dtype=torch.int64)
         mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.int64)
         ids, mask = ids.to(self.device), mask.to(self.device)
+        self.real_tokens += int(lengths.sum())
+        self.computed_tokens += ids.numel()
         final = self.info.num_layers
         need_all = any(k != final for k in layers)
         try:
@@ -90,6 +93,10 @@ class HFEngine:
         cu = torch.zeros(len(batch) + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=cu[1:])
         return ForwardOutput(cu_seqlens=cu.to(self.device), hidden=hidden, token_logprobs=token_logprobs)
+
+    def stats_line(self) -> str:
+        return (f"hf engine: {self.real_tokens} tokens, packing efficiency "
+                f"{self.real_tokens / max(self.computed_tokens, 1):.1%} (real / computed tokens, padding included)")
 
     def _token_logprobs(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """log p(ids[:, t] | ids[:, :t]) for t >= 1 (0 at t = 0), in float32, the vocab in bounded chunks."""

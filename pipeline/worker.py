@@ -176,6 +176,8 @@ class ShardRun:
             log.warning("interrupted (%s): %d of %d sequences durable; `run_shards rerun` continues",
                         self.stop.reason, writer.durable_rows, len(positions))
             return EXIT_INTERRUPTED
+        if hasattr(engine, "stats_line"):
+            log.info("%s", engine.stats_line())
         row_bytes = computer.row_bytes(np.sort(positions))
         path = writer.finalize(row_bytes)
         stats["seconds"] = time.time() - t0

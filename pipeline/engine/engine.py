@@ -113,6 +113,9 @@ class NativeEngine:
         fields.update(overrides)
         return cls(model, tokenizer, info, EngineConfig(**fields), device, dtype)
 
+    def stats_line(self) -> str:
+        return self.stats.line()
+
     def _scheduler(self) -> Scheduler:
         c = self.config
         blocks = BlockManager(c.num_pages, c.page_size)

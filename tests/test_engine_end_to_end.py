@@ -1,0 +1,99 @@
+"""`run_shards --engine native` through the real CLI and workers, against `--engine hf` and transformers.
+
+Tolerances as in test_models_parity.py (float32 on CPU, different operation order): embeddings at
+atol = rtol = 1e-4, log-likelihood sums at rtol 1e-5 / atol 1e-3.
+"""
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from index import SequenceIndex
+from pipeline import engines
+from pipeline.errors import UserError
+
+from .conftest import SHARED_DATA
+from .tiny_models import run_cli
+
+FASTA = [str(SHARED_DATA / "protein_lib.fa"), str(SHARED_DATA / "ncbi_standard_aa.fasta")]
+
+
+def read(path):
+    with h5py.File(path) as f:
+        data = {}
+        f.visit(lambda n: data.__setitem__(n, f[n][:]) if isinstance(f[n], h5py.Dataset) else None)
+        return data, dict(f.attrs)
+
+
+def run(tmp_path, name, *args):
+    out = tmp_path / name
+    res = run_cli(*FASTA, "--out", str(out), "--gpus", "0", "--no-progress", *args)
+    assert res.returncode == 0, res.stderr
+    return (*read(out / "result.h5"), out)
+
+
+def test_native_equals_hf_on_the_demo_model_with_chunked_prefill(models, tmp_path):
+    """Embed with two workers and a 96-token step budget (sequences up to ~6x longer run in chunks)."""
+    args = ("--model", models["demo"], "--pool", "mean,cls,last", "--layers", "-1,2")
+    native, attrs, out = run(tmp_path, "native", *args, "--engine", "native", "--workers", "2",
+                             "--max-tokens-per-batch", "96")
+    hf, hf_attrs, _ = run(tmp_path, "hf", *args, "--engine", "hf")
+    assert attrs["engine"] == "native" and hf_attrs["engine"] == "hf"
+    assert SequenceIndex.build(FASTA).lengths.max() + 2 > 5 * 96
+    for key in ("ids", "index", "lengths", "num_tokens", "status", "truncated"):
+        assert np.array_equal(native[key], hf[key]), key
+    for pool in ("mean", "cls", "last"):
+        for sfx in ("", "_layer2"):
+            np.testing.assert_allclose(native[f"embeddings/{pool}{sfx}"], hf[f"embeddings/{pool}{sfx}"],
+                                       atol=1e-4, rtol=1e-4)
+    log = (out / "logs" / "worker_0.log").read_text()
+    assert "native engine:" in log and "packing efficiency 100.0%" in log
+
+
+def test_demo_model_runs_on_native_by_default_and_scores_like_hf(models, tmp_path):
+    native, attrs, _ = run(tmp_path, "auto", "--model", models["demo"], "--task", "score")
+    hf, _, _ = run(tmp_path, "hf", "--model", models["demo"], "--task", "score", "--engine", "hf")
+    assert attrs["engine"] == "native"
+    assert np.array_equal(native["score/num_scored"], hf["score/num_scored"])
+    np.testing.assert_allclose(native["score/logprob_sum"], hf["score/logprob_sum"], rtol=1e-5, atol=1e-3)
+
+
+def test_generate_columns_greedy_reference_and_worker_count_independence(models, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    common = ("--model", models["demo"], "--task", "generate", "--max-new-tokens", "6")
+    greedy, attrs, _ = run(tmp_path, "greedy", *common)
+    assert attrs["task"] == "generate" and attrs["engine"] == "native"
+    offsets, ids = greedy["generate/offsets"], greedy["generate/token_ids"]
+    n = len(greedy["index"])
+    assert offsets[0] == 0 and len(offsets) == n + 1 and np.all(np.diff(offsets) >= 1)
+    assert set(r.decode() for r in greedy["generate/finish_reason"]) <= {"stop", "length"}
+    tok = AutoTokenizer.from_pretrained(models["demo"])
+    model = AutoModelForCausalLM.from_pretrained(models["demo"]).eval()
+    index = SequenceIndex.build(FASTA)
+    for i in (0, 5, n - 1):
+        prompt = tok(index.sequence(i))["input_ids"][:-1]          # without the trailing <eos>
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=2,
+                              pad_token_id=0)[0, len(prompt):].tolist()
+        got = ids[offsets[i]:offsets[i + 1]].tolist()
+        assert got == want
+        assert greedy["generate/text"][i].decode() == "".join(
+            t for t in tok.convert_ids_to_tokens(got) if t not in tok.all_special_tokens)
+
+    sampled = ("--temperature", "1.5", "--top-p", "0.95", "--seed", "7")
+    one, _, _ = run(tmp_path, "one", *common, *sampled, "--workers", "1")
+    two, _, _ = run(tmp_path, "two", *common, *sampled, "--workers", "2", "--max-tokens-per-batch", "64")
+    assert np.array_equal(one["generate/token_ids"], two["generate/token_ids"])
+    assert np.array_equal(one["generate/offsets"], two["generate/offsets"])
+    assert not np.array_equal(one["generate/token_ids"], greedy["generate/token_ids"])
+
+
+def test_engine_choice_and_unsupported_architectures():
+    assert engines.choose("auto", "qwen3_5_text", "embed") == "native"
+    assert engines.choose("auto", "bert", "embed") == "hf"
+    with pytest.raises(UserError, match="--engine hf"):
+        engines.choose("native", "bert", "embed")
+    with pytest.raises(UserError, match="native engine"):
+        engines.choose("auto", "bert", "generate")
