@@ -29,14 +29,21 @@ class EngineConfig:
     num_pages: int = 0                  # 0: derived from the budgets (see `resolve`)
     num_state_slots: int = 0            # 0: derived
     memory_fraction: float = 0.9        # of the free device memory the caches may take (GPU)
-    gdn_chunk_size: int = 0             # 0: 64 on GPU (the Triton kernels); on CPU by key head dim (8..64)
+    gdn_chunk_size: int = 0             # 0: 64 on GPU (the Triton kernels); on CPU chosen per step
     attention_launch: dict | None = None    # explicit paged-attention knobs; None: the kernel's rule per step
     gdn_launch: dict = field(default_factory=dict)   # extra knobs for the delta-rule kernels, by function name
+    kernels: str = "auto"               # auto: Triton on CUDA, the kernels' torch code on CPU; "triton":
+                                        # Triton everywhere (CPU only under TRITON_INTERPRET=1: tests)
+
+    def triton_kernels(self, device: torch.device) -> bool:
+        return self.kernels == "triton" or (self.kernels == "auto" and device.type == "cuda")
 
     def resolve(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> "EngineConfig":
         """Fill in derived sizes and check every budget; raises UserError with what to change."""
         if self.max_tokens_per_step < 1 or self.max_seqs < 1:
             raise UserError("--max-tokens-per-batch and --max-seqs must be at least 1")
+        if self.kernels not in ("auto", "triton"):
+            raise ValueError(f"EngineConfig.kernels must be 'auto' or 'triton', got {self.kernels!r}")
         if self.page_size < 16 or self.page_size & (self.page_size - 1):
             raise UserError(f"KV page size must be a power of two >= 16, got {self.page_size}")
         if self.max_new_tokens and not spec.is_causal:
@@ -52,11 +59,9 @@ class EngineConfig:
         slots = self.num_state_slots or self._derived_slots(spec)
         if spec.delta is not None and self.max_new_tokens and slots < 1:
             raise UserError("generation on a delta-rule model needs at least one state slot")
-        chunk = self.gdn_chunk_size
-        if not chunk and spec.delta is not None:
-            # The torch path on CPU: small heads run fastest with short chunks (measured: K=16 -> 8).
-            k_dim = spec.delta.head_k_dim
-            chunk = 64 if device.type == "cuda" or k_dim >= 64 else max(8, 1 << (k_dim // 2 - 1).bit_length())
+        # The Triton kernels take chunks of 64 or 128; on CPU 0 leaves the choice to each step
+        # (models/layers/gated_deltanet.py: cpu_chunk_size).
+        chunk = self.gdn_chunk_size or (64 if self.triton_kernels(device) else 0)
         resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk)
         resolved._check_memory(spec, device, dtype)
         return resolved
@@ -79,7 +84,7 @@ class EngineConfig:
         return 4   # embed / score: only sequences whose prefill spans steps keep state (one or two at a time)
 
     def cache_bytes(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> int:
-        kv = self.num_pages * self.page_size * spec.kv_bytes_per_token(dtype, device)
+        kv = self.num_pages * self.page_size * spec.kv_bytes_per_token(dtype, self.triton_kernels(device))
         state = self.num_state_slots * spec.delta.bytes_per_slot(dtype) if spec.delta else 0
         return kv + state
 

@@ -26,6 +26,7 @@ class StepContext:
     # Delta-rule state slots, host arrays: (rows of the step's sequences, their state slots)
     state_read: tuple[np.ndarray, np.ndarray] | None    # sequences that continue a stored state
     state_write: tuple[np.ndarray, np.ndarray] | None   # sequences whose state is kept after the step
+    triton_kernels: bool = False       # run the kernels' Triton implementations (else their torch ones)
     attention_launch: dict = field(default_factory=dict)  # explicit paged-attention launch knobs
     memo: dict = field(default_factory=dict)
 

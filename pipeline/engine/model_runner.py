@@ -24,6 +24,7 @@ class ModelRunner:
     def __init__(self, model: NativeModel, config: EngineConfig, device: torch.device, dtype: torch.dtype):
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
         self.spec = model.spec
+        self.triton = config.triton_kernels(device)
         self._allocated = False
 
     def allocate(self) -> None:
@@ -31,7 +32,7 @@ class ModelRunner:
         if self._allocated:
             return
         c, s = self.config, self.spec
-        shape = (c.num_pages, c.page_size, s.num_kv_heads, cache_head_dim(s.head_dim, self.device))
+        shape = (c.num_pages, c.page_size, s.num_kv_heads, cache_head_dim(s.head_dim, self.triton))
         layers = self.model.attention_layers()
         shared = None
         for attn in layers:
@@ -79,10 +80,11 @@ class ModelRunner:
         return StepContext(
             input_ids=to(ids), positions=to(positions), cu_seqlens=to(cu), kv_lens=to((prior + q_lens).astype(np.int32)),
             block_tables=to(tables), slot_mapping=to(slot_mapping), q_lens=q_lens, prior_lens=prior,
-            state_read=state_read, state_write=state_write, attention_launch=self._launch(step, q_lens, width))
+            state_read=state_read, state_write=state_write, triton_kernels=self.triton,
+            attention_launch=self._launch(step, q_lens, width))
 
     def _launch(self, step, q_lens: np.ndarray, width: int) -> dict:
-        if self.device.type != "cuda" or not self.spec.num_attention_layers:
+        if not self.triton or not self.spec.num_attention_layers:
             return {}
         if self.config.attention_launch is not None:
             return dict(self.config.attention_launch)
@@ -90,7 +92,7 @@ class ModelRunner:
         from triton_kernels.paged_attention.launch import num_sms_of
         attn = self.model.attention_layers()[0]
         rule = default_launch(num_q_tokens=int(q_lens.sum()), num_seqs=len(step), num_q_heads=attn.num_heads,
-                              num_kv_heads=attn.num_kv_heads, head_dim=cache_head_dim(attn.head_dim, self.device),
+                              num_kv_heads=attn.num_kv_heads, head_dim=cache_head_dim(attn.head_dim, True),
                               page_size=self.config.page_size, max_kv_len=width * self.config.page_size,
                               num_sms=num_sms_of(self.device))
         return dict(block_q=rule.block_q, pages_per_tile=rule.pages_per_tile, num_warps=rule.num_warps,
@@ -99,6 +101,6 @@ class ModelRunner:
     def run(self, ctx: StepContext, capture: frozenset[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens."""
         self.allocate()
-        on_cpu = torch_path_on_cpu() if self.device.type == "cpu" else contextlib.nullcontext()
+        on_cpu = torch_path_on_cpu() if not self.triton else contextlib.nullcontext()
         with on_cpu, torch.inference_mode():
             return self.model(ctx, capture)

@@ -49,9 +49,9 @@ class ModelSpec:
         """Layers that keep KV pages: encoders run a whole sequence per step, so one buffer serves all."""
         return self.num_attention_layers if self.is_causal else min(1, self.num_attention_layers)
 
-    def kv_bytes_per_token(self, dtype: torch.dtype, device: torch.device) -> int:
+    def kv_bytes_per_token(self, dtype: torch.dtype, triton_kernels: bool) -> int:
         from .layers.attention import cache_head_dim
-        dim = cache_head_dim(self.head_dim, device)
+        dim = cache_head_dim(self.head_dim, triton_kernels)
         return 2 * self.kv_cache_layers * self.num_kv_heads * dim * torch.finfo(dtype).bits // 8
 
 

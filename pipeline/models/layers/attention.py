@@ -1,6 +1,6 @@
 """Attention over the paged KV cache: write the step's keys and values, then attend (our kernels).
 
-On CUDA the public kernels run (Triton). They take head dims 32, 64, 80, 96, 128 and 256; a model with
+With Triton (CUDA; or CPU under TRITON_INTERPRET=1 when a test asks for it) the public kernels run. They take head dims 32, 64, 80, 96, 128 and 256; a model with
 another head dim (the bundled demo model has 16) is zero-padded to the next one there, which leaves
 scores and outputs unchanged as long as the scale is passed explicitly. On CPU the kernels' own torch
 implementations are called directly: they take any head dim, so nothing is padded.
@@ -19,9 +19,9 @@ from ...engine.context import StepContext
 KERNEL_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 
 
-def cache_head_dim(head_dim: int, device: torch.device) -> int:
-    """The head dim the KV cache is laid out with for a model's head dim on `device`."""
-    if device.type != "cuda":
+def cache_head_dim(head_dim: int, triton_kernels: bool) -> int:
+    """The head dim the KV cache is laid out with: padded to a kernel head dim when the kernels run."""
+    if not triton_kernels:
         return head_dim
     for d in KERNEL_HEAD_DIMS:
         if d >= head_dim:
@@ -41,7 +41,7 @@ class PagedAttention:
         """q `[T, Hq, D]`, k and v `[T, Hkv, D]` of the step's new tokens -> `[T, Hq, D]`."""
         assert self.kv is not None, "KV cache not allocated for this layer"
         k_cache, v_cache = self.kv
-        if not q.is_cuda:
+        if not ctx.triton_kernels:
             write_kv_cache_torch(k, v, k_cache, v_cache, ctx.slot_mapping)
             out = torch.empty_like(q)
             return paged_attention_sdpa(q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.kv_lens, out,

@@ -18,36 +18,52 @@ from ...engine.context import StepContext
 from .norms import GatedRMSNorm
 
 
-def conv_window_index(ctx: StepContext, width: int):
-    """Gather indices for the causal conv over a step whose sequences may continue stored conv states.
+def conv_layout(ctx: StepContext, width: int):
+    """Where each row of the causal conv's input comes from, for a step whose sequences may continue
+    stored conv windows.
 
-    The gather source is `[x (T rows); stored windows of the reading sequences (R * width rows); a zero
-    row]`. Returns (index [T, width + 1] of each token's window, oldest first; index [W, width] of the
-    new window of each writing sequence), as host int64 arrays.
+    The conv runs over `ext`: per sequence, its `width` previous inputs (its stored window, or zeros for a
+    fresh sequence) followed by its tokens, so every token's window is `width + 1` consecutive rows and
+    the conv is a sum of shifted slices. `ext` rows are gathered from `[x (T rows); stored windows of the
+    reading sequences (R * width rows); a zero row]`. Returns host int64 arrays: ext_index [T + S * width],
+    token_rows [T] (each token's row in ext), write_index [W, width] (the window each writing sequence
+    keeps, as ext rows) or None.
     """
     T, q_lens, S = ctx.num_tokens, ctx.q_lens, ctx.num_seqs
     starts = np.zeros(S, np.int64)
     np.cumsum(q_lens[:-1], out=starts[1:])
+    zero_row = T
     read_pos = np.full(S, -1, np.int64)
     if ctx.state_read is not None:
         rows = ctx.state_read[0]
         read_pos[rows] = np.arange(len(rows))
-    zero_row = T + (0 if ctx.state_read is None else len(ctx.state_read[0])) * width
-
-    def lookup(seq: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """Source row of time t (may be negative: the stored window) of sequences seq (broadcast)."""
-        r = read_pos[seq]
-        prior = np.where(r >= 0, T + r * width + (width + t), zero_row)
-        return np.where(t >= 0, starts[seq] + t, prior)
-
+        zero_row = T + len(rows) * width
+    ext_starts = starts + width * np.arange(S)                  # first ext row (window) of each sequence
+    prior = np.where(read_pos[:, None] >= 0, T + read_pos[:, None] * width + np.arange(width)[None, :], zero_row)
     seg = np.repeat(np.arange(S), q_lens)
-    local = np.arange(T) - starts[seg]
-    token_index = lookup(seg[:, None], local[:, None] - width + np.arange(width + 1)[None, :])
+    token_rows = np.arange(T) + width * (seg + 1)
+    ext_index = np.empty(T + S * width, np.int64)
+    ext_index[(ext_starts[:, None] + np.arange(width)[None, :]).ravel()] = prior.ravel()
+    ext_index[token_rows] = np.arange(T)
     write_index = None
     if ctx.state_write is not None:
         wrows = ctx.state_write[0]
-        write_index = lookup(wrows[:, None], q_lens[wrows][:, None] - width + np.arange(width)[None, :])
-    return token_index, write_index
+        ends = ext_starts[wrows] + width + q_lens[wrows]           # one past each writing sequence's last row
+        write_index = ends[:, None] - width + np.arange(width)[None, :]
+    return ext_index, token_rows, write_index
+
+
+# CPU chunk-size rule for the delta rule's torch path, measured on this project's CPU machines: a step of
+# the sequential walk over chunks costs about as much as ~900 tokens x 1 chunk row of in-chunk work, so
+# the best chunk is ~sqrt(900 * longest / total tokens): long chunks for one long sequence, short ones
+# for many short sequences. Larger heads make in-chunk work relatively cheaper: never below K / 2.
+CPU_WALK_STEP_TOKENS = 900
+
+
+def cpu_chunk_size(ctx: StepContext, head_k_dim: int) -> int:
+    best = (CPU_WALK_STEP_TOKENS * int(ctx.q_lens.max()) / ctx.num_tokens) ** 0.5
+    chunk = 1 << max(0, round(np.log2(max(best, 1.0))))
+    return int(min(64, max(chunk, 8, head_k_dim // 2)))
 
 
 class GatedDeltaNet(nn.Module):
@@ -92,8 +108,11 @@ class GatedDeltaNet(nn.Module):
                 initial[rows] = recurrent[slots]
         keep = ctx.state_write is not None
         rule = fused_recurrent_gated_delta_rule if ctx.all_decode else chunk_gated_delta_rule
+        knobs = self.kernel_args.get(rule.__name__, {})
+        if rule is chunk_gated_delta_rule and not knobs.get("chunk_size"):
+            knobs = dict(knobs, chunk_size=ctx.cached("gdn_chunk", lambda: cpu_chunk_size(ctx, self.head_k_dim)))
         o, final = rule(q, k, v, g, beta, initial_state=initial, output_final_state=keep, cu_seqlens=ctx.cu_seqlens,
-                        use_qk_l2norm_in_kernel=True, **self.kernel_args.get(rule.__name__, {}))
+                        use_qk_l2norm_in_kernel=True, **knobs)
         if keep:
             rows = ctx.on_device("write_rows", ctx.state_write[0])
             recurrent[ctx.on_device("write_slots", ctx.state_write[1])] = final[rows]
@@ -103,20 +122,21 @@ class GatedDeltaNet(nn.Module):
     def _conv(self, x: torch.Tensor, conv_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Depthwise causal conv + SiLU over each sequence's tokens, its stored window in front."""
         width = self.kernel - 1
-        token_index, write_index = ctx.cached(f"conv_index_{width}", lambda: conv_window_index(ctx, width))
+        ext_index, token_rows, write_index = ctx.cached(f"conv_layout_{width}", lambda: conv_layout(ctx, width))
         parts = [x]
         if ctx.state_read is not None:
             parts.append(conv_state[ctx.on_device("read_slots", ctx.state_read[1])].reshape(-1, x.shape[1]))
         parts.append(x.new_zeros(1, x.shape[1]))
-        src = torch.cat(parts)
-        idx = ctx.cached(f"conv_token_index_{width}", lambda: torch.from_numpy(token_index.T.copy()).to(x.device).T)
-        w = self.conv_weight.float()
-        out = src.index_select(0, idx[:, 0]).float() * w[:, 0]
-        for j in range(1, self.kernel):
-            out.addcmul_(src.index_select(0, idx[:, j]), w[:, j])
+        ext = torch.cat(parts).index_select(0, ctx.on_device(f"conv_ext_index_{width}", ext_index))
         if write_index is not None:
             widx = ctx.on_device(f"conv_write_index_{width}", write_index)
-            conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = src[widx].to(conv_state.dtype)
+            conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = ext[widx].to(conv_state.dtype)
+        # out row r is the window ending at ext row r + width: a sum of shifted slices, in float32
+        n, w = ext.shape[0] - width, self.conv_weight.float()
+        out = ext[:n].float() * w[:, 0]
+        for j in range(1, self.kernel):
+            out.addcmul_(ext[j:n + j], w[:, j])
+        out = out.index_select(0, ctx.on_device(f"conv_token_rows_{width}", token_rows - width))
         return F.silu(out).to(x.dtype)
 
     def load(self, t, p: str) -> None:
