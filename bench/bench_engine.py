@@ -38,9 +38,10 @@ QWEN35_08B = dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24
 QWEN35_EIGHTH = dict(hidden_size=512, intermediate_size=1792, num_hidden_layers=12, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=8,
                      linear_key_head_dim=64, linear_value_head_dim=64, vocab_size=32, tie_word_embeddings=True)
-ESM2_650M = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=33, num_attention_heads=20,
-                 vocab_size=33, max_position_embeddings=1026, position_embedding_type="rotary", token_dropout=True,
-                 emb_layer_norm_before=False, pad_token_id=0, mask_token_id=32)
+ESM2_COMMON = dict(vocab_size=33, max_position_embeddings=1026, position_embedding_type="rotary", token_dropout=True,
+                   emb_layer_norm_before=False, pad_token_id=0, mask_token_id=32)
+ESM2_650M = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=33, num_attention_heads=20, **ESM2_COMMON)
+ESM2_8M = dict(hidden_size=320, intermediate_size=1280, num_hidden_layers=6, num_attention_heads=20, **ESM2_COMMON)
 
 
 def write_checkpoint(name: str, path: Path, dtype: torch.dtype, device: torch.device) -> Path:
@@ -55,8 +56,8 @@ def write_checkpoint(name: str, path: Path, dtype: torch.dtype, device: torch.de
             config = Qwen3_5TextConfig(**shape, max_position_embeddings=65536, pad_token_id=0, bos_token_id=1,
                                        eos_token_id=2)
             model = Qwen3_5ForCausalLM(config)
-        elif name == "esm2-650m":
-            model = EsmModel(EsmConfig(**ESM2_650M), add_pooling_layer=False)
+        elif name in ("esm2-650m", "esm2-8m"):
+            model = EsmModel(EsmConfig(**(ESM2_650M if name == "esm2-650m" else ESM2_8M)), add_pooling_layer=False)
         else:
             raise SystemExit(f"unknown model {name}")
     model.to(dtype).save_pretrained(path)
@@ -123,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("device", choices=["cpu", "gpu"])
     parser.add_argument("--n", type=int, default=None, help="sequences (default 20000 on CPU, 50000 on GPU)")
-    parser.add_argument("--models", default=None, help="comma-separated: demo, qwen35-eighth, qwen35-0.8b, esm2-650m")
+    parser.add_argument("--models", default=None, help="comma-separated: demo, qwen35-eighth, esm2-8m (CPU); qwen35-0.8b, esm2-650m (GPU)")
     parser.add_argument("--engines", default="hf,native")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (a CPU worker runs 1 by default)")
     parser.add_argument("--max-tokens-per-batch", type=int, default=None, help="default: the pipeline's (4096 CPU, 32768 GPU)")

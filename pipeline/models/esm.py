@@ -3,13 +3,12 @@
 Inference semantics follow transformers' EsmModel: token dropout rescales the embeddings by
 (1 - 0.15 * 0.8) / (1 - fraction of <mask> tokens in the sequence) and zeroes <mask> embeddings; queries
 are scaled by head_dim^-0.5 before the rotary embedding, which is computed in float32; GELU is the
-erf form; the final `emb_layer_norm_after` output is hidden state num_layers.
+exact (erf) form; the final `emb_layer_norm_after` output is hidden state num_layers.
 """
 from __future__ import annotations
 
-import math
-
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
@@ -22,7 +21,8 @@ MASK_RATIO_TRAIN = 0.15 * 0.8   # fixed in every ESM training run; transformers 
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
-    return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    """The erf GELU, x * 0.5 * (1 + erf(x / sqrt 2)), as one fused op (transformers spells it out)."""
+    return F.gelu(x, approximate="none")
 
 
 class EsmLayer(nn.Module):

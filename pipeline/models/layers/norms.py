@@ -7,7 +7,7 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """`x * rsqrt(mean(x^2) + eps) * w` in float32.
+    """`x * rsqrt(mean(x^2) + eps) * w` in float32 (torch's fused rms_norm: one kernel, same formula).
 
     zero_centred (Qwen3.5): the weight is stored as w - 1, so the scale is (1 + w), applied in float32
     before the cast back. Otherwise (Llama, Qwen3) the normalised value is cast back to the input dtype
@@ -21,12 +21,10 @@ class RMSNorm(nn.Module):
         self.zero_centred = zero_centred
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        dtype, shape = x.dtype, (x.shape[-1],)
         if self.zero_centred:
-            return (h * (1.0 + self.weight.float())).to(dtype)
-        return self.weight * h.to(dtype)
+            return F.rms_norm(x.float(), shape, 1.0 + self.weight.float(), self.eps).to(dtype)
+        return self.weight * F.rms_norm(x.float(), shape, None, self.eps).to(dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -39,7 +37,5 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = self.weight * h.to(dtype)
+        h = self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(dtype)
         return (h * F.silu(gate.float())).to(dtype)
