@@ -8,8 +8,10 @@
 Sequences come from tools/make_fasta.py (UniRef-like lengths, seed 1). Each engine runs them the way a
 worker does: length-descending order, batches planned by pipeline.batching.plan_batches under the same
 token budget (padded batches for hf, ragged for native), the embed task (mean of the final hidden
-state) applied to every batch. Model loading and one warm-up batch are not timed. Weights are random
-(throughput does not depend on their values). Prints a markdown table; --out also writes it to a file.
+state) applied to every batch. The engines take turns on (up to 40) consecutive slices of the sorted sequences,
+so a shared machine's changing load affects both alike. Model loading and a warm-up batch are not
+timed. Weights are random (throughput does not depend on their values). Prints a markdown table; --out
+also writes it to a file.
 """
 from __future__ import annotations
 
@@ -87,23 +89,38 @@ def load_engine(kind: str, path: Path, device: torch.device, dtype: torch.dtype,
     return NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget, max_seqs=max_seqs)
 
 
-def embed_all(engine, batch_ids, kind: str, budget: int, max_seqs: int, device: torch.device) -> tuple[float, int]:
-    """Seconds to embed every sequence (mean of the final hidden state, copied to the host), and tokens."""
+def embed(engine, batch_ids, kind: str, budget: int, max_seqs: int, device: torch.device) -> float:
+    """Seconds to embed `batch_ids` (mean of the final hidden state, copied to the host), batched as a
+    worker batches them."""
     lengths = np.array([len(x) for x in batch_ids])
-    batches = plan_batches(lengths, budget, max_seqs, padded=kind == "hf")
     final = engine.info.num_layers
-    engine.forward(batch_ids[-min(len(batch_ids), 8):], [final], False)   # warm-up (not timed)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    for a, b in batches:
+    for a, b in plan_batches(lengths, budget, max_seqs, padded=kind == "hf"):
         out = engine.forward(batch_ids[a:b], [final], False)
         h, cu = out.hidden[final].float(), out.cu_seqlens
         seg = torch.repeat_interleave(torch.arange(b - a, device=h.device), cu[1:] - cu[:-1])
         pooled = torch.zeros(b - a, h.shape[1], device=h.device).index_add_(0, seg, h) / (cu[1:] - cu[:-1])[:, None]
         pooled.cpu()
     sync()
-    return time.perf_counter() - start, int(lengths.sum())
+    return time.perf_counter() - start
+
+
+def embed_interleaved(engines: dict, ids, budget: int, max_seqs: int, device: torch.device,
+                      slices: int = 40) -> dict[str, float]:
+    """Seconds per engine over all of `ids`, the engines taking turns on consecutive slices of the
+    (length-sorted) sequences, so that a shared machine's changing load hits every engine alike."""
+    seconds = {kind: 0.0 for kind in engines}
+    for kind, engine in engines.items():   # warm-up, not timed
+        engine.forward(ids[-min(len(ids), 8):], [engine.info.num_layers], False)
+    slices = max(1, min(slices, len(ids) // 200))   # a slice holds enough sequences for full batches
+    bounds = np.linspace(0, len(ids), slices + 1).astype(int)
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        order = list(engines) if i % 2 == 0 else list(engines)[::-1]
+        for kind in order:
+            seconds[kind] += embed(engines[kind], ids[a:b], kind, budget, max_seqs, device)
+    return seconds
 
 
 def long_sequence(engine, n_tokens: int, device: torch.device) -> str:
@@ -142,7 +159,7 @@ def main() -> None:
     n = args.n or (50000 if gpu else 20000)
     budget = args.max_tokens_per_batch or (32768 if gpu else 4096)
     models = (args.models or ("qwen35-0.8b,esm2-650m" if gpu else "demo,qwen35-eighth")).split(",")
-    engines = args.engines.split(",")
+    kinds = args.engines.split(",")
     from pipeline.hf_engine import quiet_transformers
     quiet_transformers()
 
@@ -162,22 +179,23 @@ def main() -> None:
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(path)
         ids = sequences(n, tokenizer, tokenizer.model_max_length)
-        rates = {}
-        for kind in engines:
-            engine = load_engine(kind, path, device, dtype, budget, args.max_seqs)
-            seconds, tokens = embed_all(engine, ids, kind, budget, args.max_seqs, device)
-            rates[kind] = tokens / seconds
-            speedup = f"{rates[kind] / rates['hf']:.2f}x" if "hf" in rates else ""
-            lines.append(f"| {name} | {kind} | {len(ids)} | {tokens} | {seconds:.1f} | {rates[kind]:,.0f} | {speedup} |")
+        engines = {kind: load_engine(kind, path, device, dtype, budget, args.max_seqs) for kind in kinds}
+        tokens = sum(map(len, ids))
+        seconds = embed_interleaved(engines, ids, budget, args.max_seqs, device)
+        for kind in kinds:
+            rate = tokens / seconds[kind]
+            speedup = f"{rate / (tokens / seconds['hf']):.2f}x" if "hf" in seconds else ""
+            lines.append(f"| {name} | {kind} | {len(ids)} | {tokens} | {seconds[kind]:.1f} | {rate:,.0f} | {speedup} |")
             print(lines[-1], flush=True)
+            engine = engines[kind]
             if gpu and kind == "native" and args.long and name.startswith("qwen35"):
                 notes.append(f"{name} native, one long sequence: {long_sequence(engine, args.long, device)}")
             if hasattr(engine, "stats_line"):
                 notes.append(f"{name} {kind}: {engine.stats_line()}")
-            del engine
-            gc.collect()
-            if gpu:
-                torch.cuda.empty_cache()
+        del engines
+        gc.collect()
+        if gpu:
+            torch.cuda.empty_cache()
     text = "\n".join(lines + [""] + [f"- {x}" for x in notes]) + "\n"
     print("\n" + text)
     if args.out:
