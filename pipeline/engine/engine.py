@@ -73,6 +73,19 @@ class StepStats:
             log.info("%s", self.line())
 
 
+def _budgets(run_config, info: EngineInfo, spec, text_config) -> dict:
+    """EngineConfig fields from the run's options: the step budgets, and the longest prompt to hold (the
+    run's --max-length, else the model's own limit, else its position table, else one step)."""
+    budget = run_config.tokens_per_batch if run_config is not None else 4096
+    limit = info.max_tokens
+    if run_config is not None and run_config.max_length:
+        limit = min(limit, run_config.max_length) if limit else run_config.max_length
+    limit = limit or spec.max_tokens or getattr(text_config, "max_position_embeddings", None) or budget
+    generate = run_config is not None and run_config.task == "generate"
+    return dict(max_tokens_per_step=budget, max_seqs=run_config.max_seqs if run_config is not None else 256,
+                max_model_len=int(limit), max_new_tokens=run_config.max_new_tokens if generate else 0)
+
+
 class NativeEngine:
     def __init__(self, model, tokenizer, info: EngineInfo, config: EngineConfig, device: torch.device,
                  dtype: torch.dtype):
@@ -101,17 +114,8 @@ class NativeEngine:
         info = EngineInfo(name="native", hidden_size=spec.hidden_size, num_layers=spec.num_layers,
                           is_causal=spec.is_causal, max_tokens=model_max_tokens(text, tokenizer),
                           architecture=archs[0] if archs else hf_config.model_type, model_fingerprint=fingerprint)
-        task = getattr(run_config, "task", "embed")
-        limit = info.max_tokens
-        if run_config is not None and run_config.max_length:
-            limit = min(limit, run_config.max_length) if limit else run_config.max_length
-        budget = run_config.tokens_per_batch if run_config is not None else 4096
-        limit = limit or spec.max_tokens or getattr(text, "max_position_embeddings", None) or budget
-        fields = dict(max_tokens_per_step=budget, max_seqs=run_config.max_seqs if run_config is not None else 256,
-                      max_model_len=int(limit),
-                      max_new_tokens=run_config.max_new_tokens if task == "generate" else 0)
-        fields.update(overrides)
-        return cls(model, tokenizer, info, EngineConfig(**fields), device, dtype)
+        config = EngineConfig(**dict(_budgets(run_config, info, spec, text), **overrides))
+        return cls(model, tokenizer, info, config, device, dtype)
 
     def stats_line(self) -> str:
         return self.stats.line()
