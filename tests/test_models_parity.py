@@ -109,3 +109,28 @@ def test_tasks_give_the_same_rows_on_both_engines(checkpoints):
         for name in a.columns:
             np.testing.assert_allclose(a.columns[name], b.columns[name], rtol=1e-4, atol=1e-4, err_msg=name)
     assert b.columns["score/num_scored"].tolist() == [150, 9, 60]
+
+
+def test_text_model_of_a_multimodal_qwen3_5_checkpoint(checkpoints, tmp_path):
+    """Qwen3.5 releases are Qwen3_5ForConditionalGeneration: the text model under model.language_model,
+    vision weights beside it. The native engine loads the text model and ignores the rest."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, Qwen3_5Config
+
+    text_dir, mm = checkpoints["qwen3_5"], tmp_path / "multimodal"
+    shutil.copytree(text_dir, mm)
+    weights = load_file(str(mm / "model.safetensors"))
+    renamed = {k.replace("model.", "model.language_model.", 1): v for k, v in weights.items()}
+    renamed["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 4)     # present, ignored
+    save_file(renamed, str(mm / "model.safetensors"))
+    text_config = AutoConfig.from_pretrained(text_dir).to_dict()
+    config = Qwen3_5Config(text_config=text_config).to_dict()
+    config["architectures"] = ["Qwen3_5ForConditionalGeneration"]
+    (mm / "config.json").write_text(json.dumps(config))
+    batch = random_sequences([30, 7], seed=6)
+    a = NativeEngine.load(str(mm), CPU, torch.float32, "").forward(batch, [4], True)
+    b = NativeEngine.load(str(text_dir), CPU, torch.float32, "").forward(batch, [4], True)
+    assert torch.equal(a.hidden[4], b.hidden[4]) and torch.equal(a.token_logprobs, b.token_logprobs)
