@@ -59,3 +59,27 @@ def test_triton_path_generates_what_the_torch_path_generates(tmp_path):
     a = triton.generate(prompts, range(3), params)
     b = torch_path.generate(prompts, range(3), params)
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
+
+
+def test_launch_knobs_from_the_engine_config_reach_the_kernels(tmp_path, monkeypatch):
+    import pipeline.models.layers.attention as attention
+    import pipeline.models.layers.gated_deltanet as gdn
+
+    seen = {"attention": [], "delta": []}
+
+    def spy(name, fn):
+        def wrapper(*args, **kwargs):
+            seen[name].append(kwargs)
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(attention, "paged_attention", spy("attention", attention.paged_attention))
+    monkeypatch.setattr(gdn, "chunk_gated_delta_rule", spy("delta", gdn.chunk_gated_delta_rule))
+    knobs = dict(block_q=16, pages_per_tile=2, num_warps=2, num_stages=1, num_kv_splits=1)
+    engine = NativeEngine.load(str(write_tiny("qwen3_5", tmp_path / "q")), DEVICE, torch.float32, "",
+                               kernels="triton", attention_launch=knobs,
+                               gdn_launch={"chunk_gated_delta_rule": {"block_v": 16, "num_warps": 2}})
+    engine.forward(random_sequences([20, 5], seed=3), [4], False)
+    assert seen["attention"] and all(all(k[n] == v for n, v in knobs.items()) for k in seen["attention"])
+    assert seen["delta"] and all(k["chunk_size"] == 64 and k["block_v"] == 16 and k["num_warps"] == 2
+                                 for k in seen["delta"])

@@ -107,10 +107,12 @@ class GatedDeltaNet(nn.Module):
                 initial = recurrent.new_zeros(ctx.num_seqs, *recurrent.shape[1:])
                 initial[rows] = recurrent[slots]
         keep = ctx.state_write is not None
-        rule = fused_recurrent_gated_delta_rule if ctx.all_decode else chunk_gated_delta_rule
-        knobs = self.kernel_args.get(rule.__name__, {})
-        if rule is chunk_gated_delta_rule and not knobs.get("chunk_size"):
-            knobs = dict(knobs, chunk_size=ctx.cached("gdn_chunk", lambda: cpu_chunk_size(ctx, self.head_k_dim)))
+        if ctx.all_decode:
+            rule, knobs = fused_recurrent_gated_delta_rule, self.kernel_args.get("fused_recurrent_gated_delta_rule", {})
+        else:
+            rule, knobs = chunk_gated_delta_rule, self.kernel_args.get("chunk_gated_delta_rule", {})
+            if not knobs.get("chunk_size"):
+                knobs = dict(knobs, chunk_size=ctx.cached("gdn_chunk", lambda: cpu_chunk_size(ctx, self.head_k_dim)))
         o, final = rule(q, k, v, g, beta, initial_state=initial, output_final_state=keep, cu_seqlens=ctx.cu_seqlens,
                         use_qk_l2norm_in_kernel=True, **knobs)
         if keep:
