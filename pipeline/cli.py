@@ -49,7 +49,14 @@ def _setup_logging(quiet: bool) -> None:
 
 
 def _fail(error: Exception, code: int = 2) -> None:
+    import os
+
+    from .errors import DiskFull
     click.echo(f"error: {error}", err=True)
+    if isinstance(error, DiskFull):   # HDF5 may be left damaged by the failed write: skip its teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

@@ -48,7 +48,7 @@ def explain_exit(code: int | None) -> str:
     if code == 1:
         return "exit code 1 (the worker raised an error; see its log)"
     if code == 2:
-        return "exit code 2 (a problem with the input or options; see its log)"
+        return "exit code 2 (stopped with an error message)"
     if code == EXIT_INTERRUPTED:
         return f"exit code {EXIT_INTERRUPTED} (interrupted; its checkpoints are kept)"
     if code < 0:
