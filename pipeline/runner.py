@@ -10,6 +10,7 @@ import datetime
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,8 +244,9 @@ def run(config: RunConfig, show_progress: bool = True) -> Path:
             if lock.took_over:
                 log.warning("took over a stale lock left by pid %s", lock.took_over.get("pid"))
             log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
+            started = time.time()
             manifest, index = _prepare(config, run_dir)
-            return _run_shards(run_dir, manifest, index, None, show_progress)
+            return _run_shards(run_dir, manifest, index, None, show_progress, started)
         finally:
             _unlog(handler)
 
@@ -265,7 +267,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
                     raise UserError(f"--shards {','.join(map(str, bad))}: this run has shards 0..{world - 1}")
             if worker_timeout:
                 manifest["config"]["worker_timeout"] = worker_timeout
-            return _run_shards(run_dir, manifest, index, shards, show_progress)
+            return _run_shards(run_dir, manifest, index, shards, show_progress, time.time())
         finally:
             _unlog(handler)
 
@@ -294,7 +296,7 @@ def load_run_index(run: RunDir, manifest: dict) -> SequenceIndex:
 
 
 def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[int] | None,
-                show_progress: bool) -> Path:
+                show_progress: bool, started: float) -> Path:
     config = RunConfig.from_json(json.dumps(manifest["config"]))
     states = {r: shard_state(run, index, r, config.world) for r in range(config.world)}
     ranks = [r for r in (only if only else range(config.world)) if states[r].state != "complete"]
@@ -333,7 +335,15 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
             raise RunFailed(_failure_report(run, failed, config.world, supervisor.interrupted),
                             exit_code=130 if supervisor.interrupted else 1)
         board.note(board.summary_line())
-    return merge(str(run.root), _locked=True, _index=index, _manifest=manifest)
+        spawned = supervisor.started_at
+    path = merge(str(run.root), _locked=True, _index=index, _manifest=manifest)
+    if ranks and board.compute_window():
+        first, last = board.compute_window()
+        end = time.time()
+        log.info("timings: prepare %.1f s, start workers and load model %.1f s, compute %.1f s, finish shards and "
+                 "merge %.1f s; total %.1f s, %.1f%% outside model compute", spawned - started, first - spawned,
+                 last - first, end - last, end - started, 100.0 * (1 - (last - first) / max(end - started, 1e-9)))
+    return path
 
 
 def _failure_report(run: RunDir, failed: list, world: int, interrupted: str | None) -> str:

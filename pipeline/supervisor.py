@@ -102,6 +102,7 @@ class Supervisor:
     def wait(self) -> list[ShardProcess]:
         """Run every shard; returns them with exit codes (0 = finished)."""
         previous = {s: signal.signal(s, self._interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.started_at = time.time()
         try:
             self.slots = self.slots[:max(1, len(self.slots))]
             self._fill_slots()
