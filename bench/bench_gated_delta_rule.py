@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 from triton_kernels import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
+from triton_kernels._device import use_triton  # noqa: E402
 
 CHUNK = 64
 PEAK_HBM_BYTES_PER_S = {"H100 PCIe": 2.0e12, "H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
@@ -61,11 +62,12 @@ class Case:
         return T * (2 * H * K * elem + HV * V * elem + HV * 4 + HV * elem) + T * HV * V * elem + self.state_bytes()
 
     def our_bytes(self, elem: int) -> float:
-        """Our two kernels' HBM traffic, each tile counted once (the walk's V-block programs of one head
-        share q, k, w through L2): prep reads k, v, g, beta and writes w, u, gamma; the walk reads q, k,
-        w, u, gamma and writes o and the final state."""
+        """Our two kernels' HBM traffic, each tile counted once per value head (an upper bound: the
+        walk's V-block programs share q, k, w, p through L2, and so may a key head's value heads).
+        Prep reads q, k, v, g, beta and writes w, u, p [BT per row], gamma, q_scale, k_scale; the walk
+        reads q, k, w, u, p, q_scale, k_scale and writes o; plus the final states."""
         T, HV, K, V = self.tokens, self.HV, self.K, self.V
-        per_token_head = elem * (5 * K + 4 * V + 1) + 3 * 4
+        per_token_head = elem * (6 * K + 4 * V + 2 * CHUNK + 1) + 4 * 6
         return T * HV * per_token_head + self.state_bytes()
 
     def state_bytes(self) -> float:
@@ -192,8 +194,12 @@ def bench_prefill(cases, device, dtype, torch_max_tokens, fla_chunk, block_vs):
     for case in cases:
         inputs = make_inputs(case, device, dtype)
         o_ours, _ = ours(inputs)
-        impls = [(f"ours (block_v={bv})", lambda inp, bv=bv: ours(inp, block_v=bv), case.our_bytes(elem))
-                 for bv in block_vs]
+        if device == "cuda":
+            impls = [(f"ours (block_v={bv})", lambda inp, bv=bv: ours(inp, block_v=bv), case.our_bytes(elem))
+                     for bv in block_vs]
+        else:
+            where = "Triton interpreter" if use_triton(inputs["q"]) else "torch path"
+            impls = [(f"ours ({where})", ours, case.our_bytes(elem))]
         if fla_chunk is not None:
             fla_fn, fla_name = make_fla_fn(fla_chunk, inputs, o_ours)
             impls.append((fla_name, fla_fn, case.min_bytes(elem)))
@@ -209,7 +215,7 @@ def bench_prefill(cases, device, dtype, torch_max_tokens, fla_chunk, block_vs):
         fla_ms = next((ms for name, ms, _, _ in results if name.startswith("fla")), None)
         for name, ms, nbytes, err in results:
             vs_fla = f"{fla_ms / ms:.2f}x" if fla_ms and not name.startswith("fla") else "-"
-            rows.append(f"| {case.label} | {name} | {ms:.3f} | {case.flops() / ms / 1e9:.1f} | "
+            rows.append(f"| {case.label} | {name} | {ms:.3f} | {case.flops() / ms / 1e9:.3g} | "
                         f"{nbytes / 1e9:.3f} | {nbytes / ms / 1e6:.0f} | {err} | {vs_fla} |")
         if hf is not None and o_ref is None:
             rows.append(f"| {case.label} | torch reference | skipped (> {torch_max_tokens} tokens) | | | | | |")
@@ -226,7 +232,8 @@ def bench_decode(cases, device, dtype, fla_recurrent, peak):
         inputs = make_inputs(case, device, dtype, seed=1)
         h0 = torch.randn(N, case.HV, case.K, case.V, device=device)
         state_bytes = 2 * case.state_bytes()  # read and written once
-        impls = [("ours", lambda inp=inputs: fused_recurrent_gated_delta_rule(
+        impls = [("ours" if device == "cuda" else "ours (torch path)" if not use_triton(h0) else "ours (interpreter)",
+                  lambda inp=inputs: fused_recurrent_gated_delta_rule(
             **inp, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True))]
         if fla_recurrent is not None:
             impls.append(("fla-core fused_recurrent", lambda inp=inputs: fla_recurrent(
@@ -367,7 +374,7 @@ def main(argv=None) -> int:
              f"Device: {where}; torch {torch.__version__}, triton {triton.__version__}; {fla_name}.", "",
              "## Prefill (chunk_gated_delta_rule, l2norm in kernel, final state out)", "",
              *bench_prefill(cases, device, dtype, args.torch_max_tokens, fla_chunk,
-                            args.block_v if device == "cuda" else [64]), "",
+                            args.block_v), "",
              f"TFLOP/s: {Case.flops.__doc__.split(':', 1)[1].strip()} (chunk C = {CHUNK}).",
              "GB moved: ours under our kernels' traffic model (see Case.our_bytes); peers under the minimum any "
              "implementation must move (inputs, output, final state), so their GB/s is a lower bound.",
