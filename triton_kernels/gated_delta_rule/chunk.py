@@ -34,8 +34,8 @@ TRITON_CHUNK_SIZES = (64, 128)
 def _rows_ptrs(ptr, row0, row_end, head, NUM_HEADS: tl.constexpr, D: tl.constexpr,
                BR: tl.constexpr, BD: tl.constexpr, col0):
     """Pointers and mask of the [BR, BD] tile at rows row0.., columns col0.. of a token-major
-    [tokens, NUM_HEADS, D] tensor. The 64-bit part of the offset lives in the scalar base; the tile's
-    offsets are int32 (64-bit offset tiles cost two registers per element and made the kernels spill)."""
+    [tokens, NUM_HEADS, D] tensor. The 64-bit part of the offset lives in the scalar base, so the
+    per-element offsets stay int32 (half the registers of an int64 tile)."""
     base = ptr + (row0 * NUM_HEADS + head) * D  # row0 is int64 in every caller
     rows = tl.arange(0, BR)
     cols = col0 + tl.arange(0, BD)

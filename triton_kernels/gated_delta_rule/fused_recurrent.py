@@ -89,10 +89,11 @@ def fused_recurrent_gated_delta_rule(
     scale = dims.head_k_dim**-0.5 if scale is None else float(scale)
     args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel)
-    if not use_triton(q):
+    if not q.is_cuda:  # reading cu_seqlens is free here: check its values (the torch path needs them)
         layout = SequenceLayout.from_inputs(dims, cu_seqlens)
-        return recurrent_fwd_torch(q, k, v, g, beta, **args, layout=layout)
-    # The kernel reads cu_seqlens where it lives: no host sync on the decode path (its values are trusted).
+        if not use_triton(q):
+            return recurrent_fwd_torch(q, k, v, g, beta, **args, layout=layout)
+    # The kernel reads cu_seqlens where it lives: no host sync on the GPU decode path (values trusted).
     return recurrent_fwd_triton(q, k, v, g, beta, **args, cu_seqlens=cu_seqlens, block_v=block_v,
                                 num_warps=num_warps, num_stages=num_stages)
 
