@@ -146,7 +146,7 @@ def load_fla():
         return None, None, f"fla-core not importable ({type(exc).__name__}: {exc}); pip install it to compare"
 
 
-def make_fla_fn(fla_fn, inputs, reference_o):
+def make_fla_fn(fla_fn, inputs, reference_o, **extra):
     """fla with value heads > key heads: native if this fla version supports it (checked against our
     output), else q and k repeated to HV heads outside the timed call (what older fla layers did)."""
     cu = inputs.get("cu_seqlens")
@@ -154,7 +154,7 @@ def make_fla_fn(fla_fn, inputs, reference_o):
 
     def call(q, k):
         return lambda inp: fla_fn(q=q, k=k, v=inp["v"], g=inp["g"], beta=inp["beta"], cu_seqlens=cu,
-                                  use_qk_l2norm_in_kernel=True, output_final_state=True)
+                                  use_qk_l2norm_in_kernel=True, output_final_state=True, **extra)
     native = call(inputs["q"], inputs["k"])
     try:
         if rel_rms(native(inputs)[0], reference_o) < 2e-2:
@@ -162,7 +162,8 @@ def make_fla_fn(fla_fn, inputs, reference_o):
     except Exception:  # noqa: BLE001 - fall back to the repeated layout below
         pass
     group = inputs["v"].shape[2] // inputs["q"].shape[2]
-    return call(*(inputs[n].repeat_interleave(group, dim=2) for n in ("q", "k"))), "fla-core (q, k repeated to HV heads)"
+    repeated = (inputs[n].repeat_interleave(group, dim=2) for n in ("q", "k"))
+    return call(*repeated), "fla-core (q, k repeated to HV heads)"
 
 
 def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -232,13 +233,14 @@ def bench_decode(cases, device, dtype, fla_recurrent, peak):
         inputs = make_inputs(case, device, dtype, seed=1)
         h0 = torch.randn(N, case.HV, case.K, case.V, device=device)
         state_bytes = 2 * case.state_bytes()  # read and written once
-        impls = [("ours" if device == "cuda" else "ours (torch path)" if not use_triton(h0) else "ours (interpreter)",
-                  lambda inp=inputs: fused_recurrent_gated_delta_rule(
-            **inp, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True))]
+        def run_ours(inp=inputs):
+            return fused_recurrent_gated_delta_rule(**inp, initial_state=h0, output_final_state=True,
+                                                    use_qk_l2norm_in_kernel=True)
+        where = "" if device == "cuda" else " (interpreter)" if use_triton(h0) else " (torch path)"
+        impls = [("ours" + where, run_ours)]
         if fla_recurrent is not None:
-            impls.append(("fla-core fused_recurrent", lambda inp=inputs: fla_recurrent(
-                q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"], cu_seqlens=inp["cu_seqlens"].long(),
-                initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)))
+            fla_fn, fla_name = make_fla_fn(fla_recurrent, inputs, run_ours()[0], initial_state=h0)
+            impls.append((fla_name + " fused_recurrent", lambda inp=inputs, f=fla_fn: f(inp)))
         label = f"H={case.H} HV={case.HV} K={case.K} V={case.V} decode N={N}"
         for name, fn in impls:
             try:
@@ -292,7 +294,8 @@ def compile_report(arch: int) -> list[str]:
         m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S)
         return (m.group(1), m.group(2)) if m else ("?", "?"), compiled.metadata.shared
 
-    rows = [f"| kernel | dtype | K=V | knobs | registers | spill stack (B) | shared (KB) |", "|---|---|---|---|---:|---:|---:|"]
+    rows = ["| kernel | dtype | K=V | knobs | registers | spill stack (B) | shared (KB) |",
+            "|---|---|---|---|---:|---:|---:|"]
     for dt in ("bf16", "fp32"):
         prec = "ieee" if dt == "fp32" else "tf32"
         for D in (128, 64):
@@ -368,8 +371,10 @@ def main(argv=None) -> int:
     peak = peak_bandwidth(device, args.peak_tbps)
 
     import triton
+    peak_text = f"peak {peak / 1e12:.2f} TB/s" if peak else "peak unknown"
     where = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
-    title = "SMOKE RUN on CPU: tiny shapes, float32, numbers are meaningless" if args.smoke else "Gated delta rule, bfloat16"
+    title = ("SMOKE RUN on CPU: tiny shapes, float32, numbers are meaningless" if args.smoke
+             else "Gated delta rule, bfloat16")
     lines = [f"# {title}", "",
              f"Device: {where}; torch {torch.__version__}, triton {triton.__version__}; {fla_name}.", "",
              "## Prefill (chunk_gated_delta_rule, l2norm in kernel, final state out)", "",
@@ -381,7 +386,7 @@ def main(argv=None) -> int:
              "Speed vs fla: fla's time / this row's time (> 1 means faster than fla).", "",
              "## Decode step (fused_recurrent_gated_delta_rule, one token per sequence)", "",
              *bench_decode(decode_cases, device, dtype, fla_recurrent, peak), "",
-             f"State GB/s: fp32 state read + written once ({'peak ' + format(peak / 1e12, '.2f') + ' TB/s' if peak else 'peak unknown'}).",
+             f"State GB/s: fp32 state read + written once ({peak_text}).",
              ""]
     report = "\n".join(lines)
     print(report)
