@@ -1,0 +1,370 @@
+"""Gated delta rule: Triton kernels and the CPU torch path against the float64 per-token reference.
+
+Triton runs on CUDA when present, else through the interpreter (switched on per test by
+tests/kernels/conftest.py); the interpreter is slow, so Triton shapes are small and varied, not many.
+
+Tolerances are relative RMS errors, ||x - ref|| / ||ref||, against the float64 reference computed from
+the same (already rounded) inputs:
+- float32, 1e-4: the chunked form only reassociates float32 sums (observed ~1e-6); the margin covers
+  the conditioning of (I + A) and accumulation over long sequences.
+- float16 / bfloat16, 5e-3: operands are rounded to 16 bits for every tensor-core product and the
+  output is rounded (~3e-4 for float16, ~2e-3 for bfloat16 alone); fla holds its kernels to the same bound.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import triton_kernels
+from triton_kernels.gated_delta_rule import chunk as chunk_module
+from triton_kernels.gated_delta_rule import fused_recurrent as recurrent_module
+from triton_kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+
+chunk_gated_delta_rule = triton_kernels.chunk_gated_delta_rule
+fused_recurrent_gated_delta_rule = triton_kernels.fused_recurrent_gated_delta_rule
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"  # where the Triton kernels run
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3}
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (bfloat16 is not usable in the interpreter)")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """These tensors are tiny: intra-op threads only add synchronisation, which on a loaded 2-core CI
+    machine made the torch path ~50x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """CPU tensors take the torch path, as in the engine on a machine without TRITON_INTERPRET."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double().cpu(), ref.double().cpu()
+    return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def make_inputs(B, T, H, HV, K, V, *, dtype=torch.float32, device=DEVICE, l2norm=False, num_states=None,
+                gates="normal", seed=0):
+    """Random inputs shaped like a Gated DeltaNet layer's. Keys are unit rows unless the kernel normalises
+    them: raw keys make (I + A) ill-conditioned, which is the math, not the kernel."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.randn(B, T, H, K, generator=gen)
+    if not l2norm:
+        k = F.normalize(k, dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    beta = torch.rand(B, T, HV, generator=gen)
+    if gates == "normal":
+        g = F.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2.0)
+    else:  # half the tokens barely decay (g ~ -1e-6), half wipe the state (g down to -1e4)
+        tiny = -1e-6 * torch.rand(B, T, HV, generator=gen)
+        huge = -torch.exp(torch.empty(B, T, HV).uniform_(1.0, 9.2, generator=gen))
+        g = torch.where(torch.rand(B, T, HV, generator=gen) < 0.5, tiny, huge)
+    h0 = None if num_states is None else 0.5 * torch.randn(num_states, HV, K, V, generator=gen)
+    to = lambda x, dt=dtype: x.to(device=device, dtype=dt)  # noqa: E731
+    return dict(q=to(q), k=to(k), v=to(v), g=to(g, torch.float32), beta=to(beta),
+                initial_state=None if h0 is None else to(h0, torch.float32))
+
+
+def random_cu_seqlens(lengths, device=DEVICE):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+def check(fn, inputs, *, cu_seqlens=None, l2norm=False, tol=None, **knobs):
+    """Run fn and the float64 reference on the same inputs; assert output and final state agree."""
+    ref_o, ref_s = naive_recurrent_gated_delta_rule(
+        **inputs, output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=l2norm)
+    o, s = fn(**inputs, output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=l2norm, **knobs)
+    tol = TOL[inputs["q"].dtype] if tol is None else tol
+    assert o.dtype == inputs["q"].dtype and o.shape == ref_o.shape
+    assert s.dtype == torch.float32 and s.shape == ref_s.shape
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert rel_rms(o, ref_o) < tol, f"output rel RMS {rel_rms(o, ref_o):.2e} >= {tol}"
+    assert rel_rms(s, ref_s) < tol, f"final state rel RMS {rel_rms(s, ref_s):.2e} >= {tol}"
+    return o, s
+
+
+# (K, V, H, HV, batch, lengths, initial state, l2norm): every K and V in {16, 32, 64, 128}, HV/H in
+# {1, 2, 4}, lengths off the chunk grid, batched and packed (varlen) inputs.
+TRITON_SWEEP = [
+    (16, 16, 1, 1, 1, [100], False, False),
+    (16, 128, 2, 4, 2, [70], True, True),
+    (32, 64, 1, 4, None, [1, 63, 64, 65, 130], True, False),
+    (64, 32, 2, 2, 1, [150], True, True),
+    (64, 64, 2, 8, None, [5, 40, 1, 77], False, True),
+    (128, 16, 1, 4, 1, [90], False, False),
+    (128, 128, 2, 2, 1, [129], True, True),
+    (32, 32, 4, 8, 3, [33], True, False),
+]
+
+
+def _sweep_inputs(K, V, H, HV, batch, lengths, use_h0, l2norm, dtype=torch.float32, device=DEVICE, seed=0):
+    if batch is None:  # packed variable-length batch
+        cu = random_cu_seqlens(lengths, device)
+        inputs = make_inputs(1, sum(lengths), H, HV, K, V, dtype=dtype, device=device, l2norm=l2norm,
+                             num_states=len(lengths) if use_h0 else None, seed=seed)
+        return inputs, cu
+    inputs = make_inputs(batch, lengths[0], H, HV, K, V, dtype=dtype, device=device, l2norm=l2norm,
+                         num_states=batch if use_h0 else None, seed=seed)
+    return inputs, None
+
+
+@pytest.mark.parametrize("K,V,H,HV,batch,lengths,use_h0,l2norm", TRITON_SWEEP)
+def test_chunk_matches_reference(K, V, H, HV, batch, lengths, use_h0, l2norm):
+    inputs, cu = _sweep_inputs(K, V, H, HV, batch, lengths, use_h0, l2norm)
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=l2norm)
+
+
+@pytest.mark.parametrize("K,V,H,HV,batch,lengths,use_h0,l2norm", TRITON_SWEEP[1::2])
+def test_fused_recurrent_matches_reference(K, V, H, HV, batch, lengths, use_h0, l2norm):
+    inputs, cu = _sweep_inputs(K, V, H, HV, batch, lengths, use_h0, l2norm, seed=1)
+    check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=l2norm, block_v=V)
+
+
+@pytest.mark.parametrize("num_seqs", [3, 20])
+def test_varlen_batches_with_short_sequences(num_seqs):
+    """Packed sequences of 1-60 tokens (a length-1 one included) each start from their own state."""
+    rng = random.Random(num_seqs)
+    lengths = [1] + [rng.randint(1, 60) for _ in range(num_seqs - 1)]
+    rng.shuffle(lengths)
+    inputs = make_inputs(1, sum(lengths), 1, 2, 32, 32, num_states=num_seqs, l2norm=True, seed=num_seqs)
+    cu = random_cu_seqlens(lengths)
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
+    check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
+
+
+def test_extreme_gates_stay_finite_and_exact():
+    """g ~ -1e-6 (no decay) mixed with g down to -1e4 (state wiped): no inf/NaN, still matches."""
+    inputs = make_inputs(1, 150, 1, 2, 32, 32, gates="extreme", num_states=1, seed=3)
+    check(chunk_gated_delta_rule, inputs)
+    check(fused_recurrent_gated_delta_rule, inputs, block_v=32)
+
+
+def test_float16():
+    inputs = make_inputs(1, 130, 1, 2, 64, 64, dtype=torch.float16, l2norm=True, num_states=1, seed=4)
+    inputs["g"] = inputs["g"].to(torch.float16)  # the kernels accept any float dtype for g and beta
+    check(chunk_gated_delta_rule, inputs, l2norm=True)
+    check(fused_recurrent_gated_delta_rule, inputs, l2norm=True, block_v=64)
+
+
+def test_chunk_size_128():
+    inputs = make_inputs(1, 200, 1, 1, 32, 32, num_states=1, seed=5)
+    check(chunk_gated_delta_rule, inputs, chunk_size=128)
+
+
+def test_chunked_and_recurrent_forms_agree():
+    inputs = make_inputs(2, 150, 1, 2, 32, 32, l2norm=True, num_states=2, seed=6)
+    o_c, s_c = chunk_gated_delta_rule(**inputs, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o_r, s_r = fused_recurrent_gated_delta_rule(**inputs, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                                block_v=32)
+    assert rel_rms(o_c, o_r) < 1e-4 and rel_rms(s_c, s_r) < 1e-4
+
+
+def test_pieces_carried_by_state_equal_whole_sequence():
+    """Chunked prefill: pieces off the chunk grid, each starting from the last one's state, then decode
+    steps, reproduce one run over the whole sequence."""
+    T, cuts = 203, [0, 50, 127, 200, 201, 202, 203]
+    inputs = make_inputs(1, T, 1, 2, 32, 32, l2norm=True, num_states=1, seed=7)
+    o_whole, s_whole = chunk_gated_delta_rule(**inputs, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    state, outs = inputs["initial_state"], []
+    for a, b in zip(cuts, cuts[1:]):
+        piece = {name: inputs[name][:, a:b] for name in ("q", "k", "v", "g", "beta")}
+        fn = chunk_gated_delta_rule if b - a > 1 else fused_recurrent_gated_delta_rule
+        o, state = fn(**piece, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        outs.append(o)
+    assert rel_rms(torch.cat(outs, dim=1), o_whole) < 1e-4
+    assert rel_rms(state, s_whole) < 1e-4
+
+
+def test_empty_sequences_keep_their_state():
+    lengths = [0, 5, 0, 70]
+    inputs = make_inputs(1, sum(lengths), 1, 1, 16, 16, num_states=4, seed=8)
+    cu = random_cu_seqlens(lengths)
+    for fn in (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule):
+        _, s = check(fn, inputs, cu_seqlens=cu)
+        assert torch.equal(s[0], inputs["initial_state"][0]) and torch.equal(s[2], inputs["initial_state"][2])
+
+
+def test_final_state_only_when_asked_and_inputs_untouched():
+    inputs = make_inputs(1, 40, 1, 1, 16, 16, num_states=1, seed=9)
+    before = {name: t.clone() for name, t in inputs.items()}
+    for fn in (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule):
+        o, s = fn(**inputs)
+        assert s is None and o.shape == (1, 40, 1, 16)
+        assert all(torch.equal(inputs[name], before[name]) for name in inputs)
+
+
+class LaunchRecorder:
+    """Stands in for a Triton kernel: records each launch's grid and keyword arguments, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((grid, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_chunk_launch_knobs_reach_the_kernels(monkeypatch):
+    prep = LaunchRecorder(chunk_module._chunk_prep_kernel)
+    walk = LaunchRecorder(chunk_module._chunk_walk_kernel)
+    monkeypatch.setattr(chunk_module, "_chunk_prep_kernel", prep)
+    monkeypatch.setattr(chunk_module, "_chunk_walk_kernel", walk)
+    inputs = make_inputs(2, 70, 1, 2, 16, 64, num_states=2, seed=10)
+    check(chunk_gated_delta_rule, inputs, block_v=16, num_warps=8, num_stages=3, prep_num_warps=2)
+    (prep_grid, prep_kw), = prep.launches
+    (walk_grid, walk_kw), = walk.launches
+    assert prep_grid == (2 * 2, 2) and prep_kw["num_warps"] == 2 and prep_kw["BT"] == 64
+    assert walk_grid == (2 * 2 * (64 // 16),)
+    assert (walk_kw["BV"], walk_kw["NV"], walk_kw["num_warps"], walk_kw["num_stages"]) == (16, 4, 8, 3)
+    # Defaults are what the docstring says, and block_v is capped at V.
+    walk.launches.clear()
+    prep.launches.clear()
+    chunk_gated_delta_rule(**make_inputs(1, 10, 1, 1, 16, 32, seed=11))
+    (_, walk_kw), = walk.launches
+    (_, prep_kw), = prep.launches
+    assert (walk_kw["BV"], walk_kw["num_warps"], walk_kw["num_stages"], prep_kw["num_warps"]) == (32, 4, 2, 8)
+
+
+def test_recurrent_launch_knobs_reach_the_kernel(monkeypatch):
+    kernel = LaunchRecorder(recurrent_module._recurrent_kernel)
+    monkeypatch.setattr(recurrent_module, "_recurrent_kernel", kernel)
+    inputs = make_inputs(3, 1, 1, 2, 16, 64, num_states=3, seed=12)
+    check(fused_recurrent_gated_delta_rule, inputs, block_v=16, num_warps=1, num_stages=2)
+    (grid, kw), = kernel.launches
+    assert grid == (3 * 2 * 4,) and (kw["BV"], kw["num_warps"], kw["num_stages"]) == (16, 1, 2)
+
+
+def test_bad_launch_knobs_and_inputs_are_rejected():
+    inputs = make_inputs(2, 8, 1, 2, 16, 16, seed=13)
+    with pytest.raises(ValueError, match="block_v"):
+        chunk_gated_delta_rule(**inputs, block_v=24)
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunk_gated_delta_rule(**inputs, chunk_size=32)
+    with pytest.raises(ValueError, match="batch size must be 1"):
+        chunk_gated_delta_rule(**inputs, cu_seqlens=torch.tensor([0, 8, 16], device=DEVICE))
+    with pytest.raises(ValueError, match="initial_state"):
+        fused_recurrent_gated_delta_rule(**{**inputs, "initial_state": torch.zeros(1, 2, 16, 16, device=DEVICE)})
+    with pytest.raises(ValueError, match="multiple of key heads"):
+        chunk_gated_delta_rule(**{**inputs, "q": inputs["q"].repeat(1, 1, 3, 1), "k": inputs["k"].repeat(1, 1, 3, 1)})
+    flat = {name: t[:1] if t.dim() else t for name, t in inputs.items() if t is not None}
+    with pytest.raises(ValueError, match="end at the token count"):
+        chunk_gated_delta_rule(**flat, cu_seqlens=torch.tensor([0, 3, 9], device=DEVICE))
+    if DEVICE == "cpu":  # on the GPU the decode kernel trusts cu_seqlens (reading it would sync)
+        with pytest.raises(ValueError, match="non-decreasing"):
+            fused_recurrent_gated_delta_rule(**flat, cu_seqlens=torch.tensor([0, 5, 3, 8], device=DEVICE))
+
+
+# --- the torch path (what the engine runs on CPU): fast, so a wider sweep ----------------------------
+
+TORCH_SWEEP = [(K, V, group) for K, V in zip((16, 32, 64, 128, 16, 128), (16, 32, 64, 128, 128, 16))
+               for group in (1, 2, 4)]
+
+
+@pytest.mark.parametrize("K,V,group", TORCH_SWEEP)
+def test_torch_path_matches_reference(torch_path, K, V, group):
+    lengths = [1, 64, 97, 20]
+    l2norm = group != 2
+    inputs = make_inputs(1, sum(lengths), 2, 2 * group, K, V, device="cpu", l2norm=l2norm,
+                         num_states=len(lengths), seed=K + V + group)
+    cu = random_cu_seqlens(lengths, "cpu")
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=l2norm)
+    check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=l2norm)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 16, 50, 64])
+def test_torch_path_any_chunk_size_and_batch(torch_path, chunk_size):
+    inputs = make_inputs(3, 77, 1, 2, 32, 16, device="cpu", num_states=3, gates="extreme", seed=chunk_size)
+    check(chunk_gated_delta_rule, inputs, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("group_bytes", [1, 1 << 30])
+def test_torch_path_sequence_groups(torch_path, monkeypatch, group_bytes):
+    """The CPU path walks sequences in cache-sized groups: one sequence per group, or all in one."""
+    from triton_kernels.gated_delta_rule import torch_path as torch_path_module
+
+    monkeypatch.setattr(torch_path_module, "GROUP_BYTES", group_bytes)
+    lengths = [70, 1, 130, 5, 64]
+    inputs = make_inputs(1, sum(lengths), 2, 4, 32, 16, device="cpu", num_states=5, seed=18)
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens(lengths, "cpu"))
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_runs_under_inference_mode(path, monkeypatch):
+    if path == "torch":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    device = DEVICE if path == "triton" else "cpu"
+    with torch.inference_mode():
+        inputs = make_inputs(1, 20, 1, 1, 16, 16, device=device, num_states=2, seed=19)
+        check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens([7, 13], device))
+        check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens([7, 13], device))
+
+
+def test_torch_path_float16_and_empty_sequences(torch_path):
+    lengths = [0, 3, 130, 0, 1]
+    inputs = make_inputs(1, sum(lengths), 1, 4, 64, 32, dtype=torch.float16, device="cpu", l2norm=True,
+                         num_states=len(lengths), seed=14)
+    cu = random_cu_seqlens(lengths, "cpu")
+    for fn in (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule):
+        _, s = check(fn, inputs, cu_seqlens=cu, l2norm=True)
+        assert torch.equal(s[0], inputs["initial_state"][0])
+
+
+# --- parity with transformers' reference functions (the engine's parity tests compare with them) ----
+
+def _transformers_reference():
+    import inspect
+
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+
+    # inspect.unwrap: the decorator swaps in fla's kernels when fla is installed; we want the torch code.
+    return inspect.unwrap(qwen.torch_chunk_gated_delta_rule), inspect.unwrap(qwen.torch_recurrent_gated_delta_rule)
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_matches_transformers(path, monkeypatch):
+    if path == "torch":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    device = DEVICE if path == "triton" else "cpu"
+    hf_chunk, hf_recurrent = _transformers_reference()
+    inputs = make_inputs(2, 100, 1, 2, 32, 32, device=device, l2norm=True, num_states=2, seed=15)
+    args = (inputs["q"], inputs["k"], inputs["v"])
+    kw = dict(g=inputs["g"], beta=inputs["beta"], initial_state=inputs["initial_state"], output_final_state=True,
+              use_qk_l2norm_in_kernel=True)
+    for ours, theirs in ((chunk_gated_delta_rule, hf_chunk), (fused_recurrent_gated_delta_rule, hf_recurrent)):
+        o_ref, s_ref = theirs(*args, **kw)
+        o, s = ours(*args, **kw)
+        assert rel_rms(o, o_ref) < 1e-5 and rel_rms(s, s_ref) < 1e-5
+
+
+# --- GPU only: bfloat16 at realistic sizes ---------------------------------------------------------
+
+@cuda_only
+@pytest.mark.parametrize("lengths", [[4096], [1, 17, 64, 700, 2000, 1314]])
+def test_bfloat16_realistic_shapes(lengths):
+    inputs = make_inputs(1, sum(lengths), 16, 32, 128, 128, dtype=torch.bfloat16, device="cuda", l2norm=True,
+                         num_states=len(lengths), seed=16)
+    cu = random_cu_seqlens(lengths, "cuda")
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
+    check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
+
+
+@cuda_only
+def test_bfloat16_decode_batch():
+    inputs = make_inputs(1, 256, 2, 8, 128, 128, dtype=torch.bfloat16, device="cuda", l2norm=True,
+                         num_states=256, seed=17)
+    cu = torch.arange(257, dtype=torch.int32, device="cuda")  # 256 sequences, one new token each
+    check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)

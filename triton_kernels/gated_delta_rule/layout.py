@@ -1,0 +1,130 @@
+"""How one call's tokens split into sequences and chunks, and the checks on the caller's tensors.
+
+Every implementation sees a call as `N` sequences laid end to end along the token axis: equal-length
+batches (`B > 1`, no `cu_seqlens`) become `N = B` sequences of `T` tokens. The small tables the
+kernels need (chunk bounds, sequences longest first) are built here on the host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+_last_read: list = []  # [cu_seqlens tensor, its _version, its values as a tuple]; see from_inputs
+
+
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Token offsets of `N` sequences laid end to end: sequence n owns tokens [bounds[n], bounds[n+1])."""
+
+    bounds: tuple[int, ...]
+
+    @classmethod
+    def from_inputs(cls, dims: "Dims", cu_seqlens: torch.Tensor | None) -> "SequenceLayout":
+        """Host copy of the sequence bounds.
+
+        Reading a GPU tensor syncs the device; the engine passes the same cu_seqlens tensor to every
+        layer of a step, so the last GPU one read is remembered by identity (and version counter where
+        torch tracks one: not for inference-mode tensors, so never write into a cu_seqlens in place).
+        """
+        B, T = dims.batch, dims.seq_len
+        if cu_seqlens is None:
+            return cls(tuple(t * T for t in range(B + 1)))
+        version = None if cu_seqlens.is_inference() else cu_seqlens._version
+        last = _last_read
+        if cu_seqlens.is_cuda and last and last[0] is cu_seqlens and last[1] == version:
+            bounds = last[2]
+        else:
+            bounds = tuple(int(x) for x in cu_seqlens.tolist())
+            if cu_seqlens.is_cuda:
+                _last_read[:] = [cu_seqlens, version, bounds]
+        if bounds[0] != 0 or bounds[-1] != T or any(b < a for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(
+                f"cu_seqlens must start at 0, be non-decreasing and end at the token count {T}; "
+                f"got [{', '.join(map(str, bounds[:4]))}, ..., {bounds[-1]}]"
+            )
+        return cls(bounds)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def lengths(self) -> list[int]:
+        return [b - a for a, b in zip(self.bounds, self.bounds[1:])]
+
+    def longest_first(self) -> list[int]:
+        """Sequence indices by decreasing length (ties by index): long walks start first on the GPU."""
+        lengths = self.lengths
+        return sorted(range(self.num_sequences), key=lambda n: (-lengths[n], n))
+
+    def chunk_bounds(self, chunk_size: int) -> list[tuple[int, int]]:
+        """(first token, end token) of every chunk; chunks never cross a sequence boundary."""
+        return [
+            (t, min(t + chunk_size, end))
+            for start, end in zip(self.bounds, self.bounds[1:])
+            for t in range(start, end, chunk_size)
+        ]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Sizes of one gated-delta-rule call, read from the inputs."""
+
+    batch: int
+    seq_len: int
+    num_heads: int  # H: query/key heads
+    num_v_heads: int  # HV: value heads; value head j reads key head j // (HV // H)
+    head_k_dim: int
+    head_v_dim: int
+    num_sequences: int  # N: B, or len(cu_seqlens) - 1
+
+
+def check_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> Dims:
+    """Validate shapes, dtypes and devices without reading any tensor's values; return the sizes.
+
+    Raises ValueError naming the offending tensor. (cu_seqlens' values are checked by
+    SequenceLayout.from_inputs, which the chunked paths call.)
+    """
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [B, T, H, K]; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.dim() != 4 or v.shape[:2] != (B, T):
+        raise ValueError(f"v must be [B, T, HV, V] with B, T = {B}, {T}; got {tuple(v.shape)}")
+    HV, V = v.shape[2:]
+    if HV % H != 0:
+        raise ValueError(f"value heads ({HV}) must be a multiple of key heads ({H})")
+    for name, t in (("g", g), ("beta", beta)):
+        if tuple(t.shape) != (B, T, HV):
+            raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}; got {tuple(t.shape)}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.is_floating_point():
+        raise ValueError(f"q, k, v must be floating point; got {q.dtype}")
+    devices = {t.device for t in (q, k, v, g, beta)}
+    N = B
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"with cu_seqlens the batch size must be 1 (flatten the sequences), got {B}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must have shape [N+1] with N >= 1, got {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        devices.add(cu_seqlens.device)
+        N = cu_seqlens.numel() - 1
+    if initial_state is not None:
+        devices.add(initial_state.device)
+        if tuple(initial_state.shape) != (N, HV, K, V):
+            raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}; got {tuple(initial_state.shape)}")
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device; got {sorted(str(d) for d in devices)}")
+    return Dims(B, T, H, HV, K, V, N)

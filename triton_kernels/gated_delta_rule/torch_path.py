@@ -1,0 +1,187 @@
+"""Vectorised torch implementations of the gated delta rule, for CPU tensors when Triton is not used.
+
+This is what the native engine runs on CPU, so it is chunked and batched rather than per-token.
+Sequences are taken in cache-sized groups; within a group the in-chunk algebra runs once over every
+chunk and head, and the walk over chunks advances all sequences that have chunks left in one batched
+step. Math in float32.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout
+
+
+def _flat_inputs(q, k, v, g, beta, d: Dims, scale: float, use_qk_l2norm: bool):
+    """Token-major float32 views: q, k [tokens, H, K] (q pre-scaled), v [tokens, HV, V], g, beta [tokens, HV]."""
+    f32 = torch.float32
+    q, k = (x.reshape(-1, d.num_heads, d.head_k_dim).to(f32) for x in (q, k))
+    if use_qk_l2norm:
+        # Same formula and eps as transformers' l2norm (and fla's): x * rsqrt(sum(x^2) + 1e-6).
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    v = v.reshape(-1, d.num_v_heads, d.head_v_dim).to(f32)
+    g, beta = (x.reshape(-1, d.num_v_heads).to(f32) for x in (g, beta))
+    return q * scale, k, v, g, beta
+
+
+def _start_states(initial_state, layout: SequenceLayout, d: Dims, order: list[int], device) -> torch.Tensor:
+    """[N, HV, K, V] float32 states in `order` (a copy: the caller's tensor is never written)."""
+    shape = (layout.num_sequences, d.num_v_heads, d.head_k_dim, d.head_v_dim)
+    if initial_state is None:
+        return torch.zeros(shape, dtype=torch.float32, device=device)
+    return initial_state.to(torch.float32)[order]
+
+
+def invert_unit_lower(A: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """(I + strict_lower(A))^-1 for A [..., C, C], blocked like the Triton kernel.
+
+    The diagonal blocks are inverted by forward substitution (T_i = e_i - A_i,<i T_<i, all blocks at
+    once), then block row i is T_i,<i = -T_ii A_i,<i T_<i,<i. Plain matmuls: torch.linalg.solve_triangular
+    is as fast on an idle CPU, but its batched form slowed down 100-fold on a contended 2-core machine.
+    """
+    C = A.shape[-1]
+    b = min(block, C)
+    Cp = -(-C // b) * b  # pad to whole blocks; the padding is identity in T and is cropped
+    A = F.pad(A.tril(-1), (0, Cp - C, 0, Cp - C))
+    nb = Cp // b
+    diag = torch.stack([A[..., i * b:(i + 1) * b, i * b:(i + 1) * b] for i in range(nb)], dim=-3)
+    diag_inv = torch.eye(b, dtype=A.dtype, device=A.device).expand_as(diag).clone()
+    for i in range(1, b):
+        diag_inv[..., i, :] -= (diag[..., i:i + 1, :i] @ diag_inv[..., :i, :]).squeeze(-2)
+    T = A.new_zeros(A.shape)
+    for i in range(nb):
+        r0, r1 = i * b, (i + 1) * b
+        T[..., r0:r1, r0:r1] = diag_inv[..., i, :, :]
+        if i:
+            T[..., r0:r1, :r0] = -diag_inv[..., i, :, :] @ (A[..., r0:r1, :r0] @ T[..., :r0, :r0])
+    return T[..., :C, :C]
+
+
+# Sequences are processed in groups of about this many bytes per [chunks, HV, C, C] float32 tensor:
+# enough chunks to batch the matmuls, few enough that the in-chunk tensors and the group's states stay
+# in cache. One group for everything is ~1.7x slower at 64 sequences x 8 heads x 128^2.
+GROUP_BYTES = 2 << 20
+
+
+def _sequence_groups(lengths: list[int], order: list[int], C: int, HV: int) -> list[tuple[int, int]]:
+    """Cut `order` (longest first) into [start, stop) position ranges of about GROUP_BYTES each."""
+    groups, start, chunks = [], 0, 0
+    for i, n in enumerate(order):
+        chunks += -(-lengths[n] // C)
+        if chunks * HV * C * C * 4 >= GROUP_BYTES or i == len(order) - 1:
+            groups.append((start, i + 1))
+            start, chunks = i + 1, 0
+    return groups
+
+
+def chunk_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
+                    layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool, chunk_size: int):
+    """Chunked form (see REFERENCE.md); returns o [B, T, HV, V] in q's dtype and the final states or None."""
+    d = dims
+    out_dtype, device = q.dtype, q.device
+    q, k, v, g, beta = _flat_inputs(q, k, v, g, beta, d, scale, use_qk_l2norm)
+    tokens = q.shape[0]
+    # Appended zero rows: chunk rows past a sequence's end read them, and output rows land in the last.
+    q, k, v, g, beta = (torch.cat([x, x.new_zeros(1, *x.shape[1:])]) for x in (q, k, v, g, beta))
+    o = q.new_empty(tokens + 1, d.num_v_heads, d.head_v_dim)
+    order = layout.longest_first()
+    S = _start_states(initial_state, layout, d, order, device)
+    lengths = layout.lengths
+    for start, stop in _sequence_groups(lengths, order, chunk_size, d.num_v_heads):
+        members = order[start:stop]
+        # The result does not depend on the chunk size: groups of short sequences use a smaller one.
+        C = min(chunk_size, lengths[members[0]])
+        if C > 0:
+            _chunk_group(q, k, v, g, beta, o, S[start:stop], layout, members, C, d)
+    o = o[:tokens].reshape(d.batch, d.seq_len, d.num_v_heads, d.head_v_dim).to(out_dtype)
+    return o, (_unsort(S, order) if output_final_state else None)
+
+
+def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[int], C: int, d: Dims):
+    """Run the sequences `members` (longest first) from states S (updated in place), writing rows of o."""
+    H, HV, G = d.num_heads, d.num_v_heads, d.num_v_heads // d.num_heads
+    device = q.device
+    # Chunks laid out step-major: every member's first chunk, then every second chunk, ... so step i is
+    # one contiguous slice of chunks whose sequences are a prefix of `members` (and of S).
+    lengths = layout.lengths
+    bounds, steps = [], []
+    for i in range(-(-lengths[members[0]] // C)):
+        first = len(bounds)
+        for n in members:
+            if lengths[n] <= i * C:
+                break  # longest first: no later member has an i-th chunk either
+            bos = layout.bounds[n] + i * C
+            bounds.append((bos, min(bos + C, layout.bounds[n + 1])))
+        steps.append((first, len(bounds)))
+    bounds_t = torch.tensor(bounds, dtype=torch.long, device=device)
+    pos = bounds_t[:, :1] + torch.arange(C, device=device)
+    pos = pos.masked_fill_(pos >= bounds_t[:, 1:], q.shape[0] - 1)  # [chunks, C]; padding -> zero row
+    NC = pos.shape[0]
+
+    def pack(x):  # [tokens, heads, D] -> [chunks, heads, C, D]
+        return x[pos].transpose(1, 2).contiguous()
+
+    def grouped(x):  # [chunks, HV, ...] -> [chunks, H, G, ...]: value head j = (key head j // G, j % G)
+        return x.view(NC, H, G, *x.shape[2:])
+
+    qc, kc, vc = pack(q), pack(k), pack(v)
+    gc, bc = (pack(x[..., None])[..., 0] for x in (g, beta))  # [chunks, HV, C]
+    gamma = gc.cumsum(-1)
+    gamma_last = gamma[..., -1:]  # padded rows have g = 0, so this is the last real row's gamma
+    # exp(gamma_i - gamma_j) only where i >= j: masking before exp keeps positive exponents out.
+    causal = torch.ones(C, C, dtype=torch.bool, device=device).tril()
+    decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill_(~causal, float("-inf")).exp_()
+
+    # A = diag(beta) K K^T * decay (its strict lower part is the system), T = (I + A)^-1.
+    A = ((kc @ kc.mT)[:, :, None] * grouped(decay * bc[..., None])).view(NC, HV, C, C)
+    P = ((qc @ kc.mT)[:, :, None] * grouped(decay)).view(NC, HV, C, C)  # q already carries scale
+    T = invert_unit_lower(A)
+    W = T @ (kc[:, :, None] * grouped((bc * gamma.exp())[..., None])).view(NC, HV, C, -1)
+    U = T @ (vc * bc[..., None])
+    q_decayed = (qc[:, :, None] * grouped(gamma.exp()[..., None])).view(NC, HV, C, -1)
+    k_decayed_t = (kc[:, :, None] * grouped((gamma_last - gamma).exp()[..., None])).view(NC, HV, C, -1).mT
+    chunk_decay = gamma_last.exp()[..., None]  # [chunks, HV, 1, 1]
+
+    # Walk: a step advances the next chunk of every member that has one, in one batch.
+    out = torch.empty_like(U)
+    for first, end in steps:
+        S_a = S[: end - first]
+        v_new = U[first:end] - W[first:end] @ S_a
+        out[first:end] = q_decayed[first:end] @ S_a + P[first:end] @ v_new
+        S[: end - first] = S_a * chunk_decay[first:end] + k_decayed_t[first:end] @ v_new
+    o[pos.flatten()] = out.transpose(1, 2).reshape(NC * C, HV, d.head_v_dim)
+
+
+def recurrent_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
+                        layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool):
+    """Token-by-token form, batched over sequences and heads (decode is one step for all sequences)."""
+    d = dims
+    group = d.num_v_heads // d.num_heads
+    out_dtype, device = q.dtype, q.device
+    q, k, v, g, beta = _flat_inputs(q, k, v, g, beta, d, scale, use_qk_l2norm)
+    if group > 1:
+        q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
+    order = layout.longest_first()
+    S = _start_states(initial_state, layout, d, order, device)
+    o = torch.zeros_like(v)
+    lengths = [layout.lengths[n] for n in order]
+    starts = torch.tensor([layout.bounds[n] for n in order], dtype=torch.long, device=device)
+    for t in range(max(lengths, default=0)):
+        active = sum(1 for n in lengths if n > t)
+        tok = starts[:active] + t
+        S_a = S[:active] * g[tok].exp()[..., None, None]
+        kt = k[tok]
+        u = beta[tok][..., None] * (v[tok] - torch.einsum("nhkv,nhk->nhv", S_a, kt))
+        S_a = S_a + kt[..., :, None] * u[..., None, :]
+        o[tok] = torch.einsum("nhkv,nhk->nhv", S_a, q[tok])
+        S[:active] = S_a
+    o = o.reshape(d.batch, d.seq_len, d.num_v_heads, d.head_v_dim).to(out_dtype)
+    return o, (_unsort(S, order) if output_final_state else None)
+
+
+def _unsort(S: torch.Tensor, order: list[int]) -> torch.Tensor:
+    out = torch.empty_like(S)
+    out[order] = S
+    return out
