@@ -73,7 +73,7 @@ def main() -> None:
             Path(str(fasta) + ".fai").unlink(missing_ok=True)
             subprocess.run([samtools, "faidx", str(fasta)], check=True)
         t, _ = timed(faidx, args.repeats)
-        version = subprocess.run([samtools, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        version = subprocess.run([samtools, "--version"], capture_output=True).stdout.decode("utf-8", "replace").split("\n")[0]
         rows.append((f"{version} faidx", t))
     else:
         rows.append(("samtools faidx (not installed: apt-get install samtools)", float("nan")))
