@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -106,19 +107,10 @@ class ShardWriter:
         final = self.parts / f"part_{number:06d}.h5"
         tmp = self.parts / f".part_{number:06d}.h5.tmp"
         ensure_space(self.parts, block.nbytes(), f"checkpoint {final}", self._remedy())
-        try:
-            writer = Writer(tmp, self.schema, dict(self.attrs, part=number), rows_hint=len(block),
-                            values_hint={g: int(v.sum()) for g, v in block.lengths.items()})
-            try:
-                writer.append(block)
-                faults.maybe_die("part-written", self.rank, number)
-                writer.finish()
-            except BaseException:
-                writer.abort()
-                raise
-        except Exception as e:
-            self._raise_if_full(tmp, e)
-            raise
+        with self._new_file(tmp, dict(self.attrs, part=number), rows_hint=len(block),
+                            values_hint={g: int(v.sum()) for g, v in block.lengths.items()}) as writer:
+            writer.append(block)
+            faults.maybe_die("part-written", self.rank, number)
         faults.maybe_die("part-finished", self.rank, number)
         os.replace(tmp, final)
         fsync_dir(self.parts)
@@ -138,17 +130,9 @@ class ShardWriter:
         ensure_space(path.parent, sum(p.stat().st_size for p in parts), f"shard {path}", self._remedy())
         readers = [Reader(p) for p in parts]
         try:
-            writer = Writer(tmp, self.schema, self.attrs, rows_hint=len(self.expected))
-            try:
+            with self._new_file(tmp, self.attrs, rows_hint=len(self.expected)) as writer:
                 problems = merge_sorted_runs(readers, writer, self.expected, row_bytes)
                 assert not problems, f"checkpoints of shard {self.rank} do not add up: {problems.counts()}"
-                writer.finish()
-            except BaseException:
-                writer.abort()
-                raise
-        except Exception as e:
-            self._raise_if_full(tmp, e)
-            raise
         finally:
             for r in readers:
                 r.close()
@@ -160,6 +144,21 @@ class ShardWriter:
         self.parts.rmdir()
         self.complete = True
         return path
+
+    @contextmanager
+    def _new_file(self, tmp: Path, attrs: dict, **hints):
+        """A Writer on `tmp`, finished on success; on failure removed, and a full disk said plainly."""
+        try:
+            writer = Writer(tmp, self.schema, attrs, **hints)
+            try:
+                yield writer
+                writer.finish()
+            except BaseException:
+                writer.abort()
+                raise
+        except Exception as e:
+            self._raise_if_full(tmp, e)
+            raise
 
     def _remedy(self) -> str:
         return (f"Nothing partial was kept ({self.durable_rows} rows of this shard are durable); "
