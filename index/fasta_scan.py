@@ -174,11 +174,10 @@ def _records(buf, base, ws, wv, nl, hj, hs, ends, end_rank) -> FileScan:
     star = (last >= body) & (buf[np.clip(last, 0, len(buf) - 1)] == _STAR)
     lengths = lengths - star
 
-    id_lengths = (id_end - id_start).astype(np.int64)
+    id_lengths = id_end - id_start
     starts_in_blob = np.cumsum(id_lengths) - id_lengths
     gather = np.repeat(id_start - starts_in_blob, id_lengths) + np.arange(int(id_lengths.sum()))
-    return FileScan(offsets=(hs + base).astype(np.int64), nbytes=(ends - hs).astype(np.int64),
-                    lengths=lengths.astype(np.int64), id_blob=buf[gather], id_lengths=id_lengths)
+    return FileScan(offsets=hs + base, nbytes=ends - hs, lengths=lengths, id_blob=buf[gather], id_lengths=id_lengths)
 
 
 class _FileScanner:

@@ -89,8 +89,8 @@ class SequenceIndex:
         if len(big):
             raise FastaError(inputs[file_no[big[0]]].path, "record larger than 4 GiB is not supported",
                              line=line_number(inputs[file_no[big[0]]].path, int(scan.offsets[big[0]])))
-        index = cls(inputs, scan.offsets.astype(np.int64), scan.nbytes.astype(np.uint32),
-                    scan.lengths.astype(np.int32), file_no, id_offsets, scan.id_blob.astype(np.uint8))
+        index = cls(inputs, scan.offsets.astype(np.int64, copy=False), scan.nbytes.astype(np.uint32),
+                    scan.lengths.astype(np.int32), file_no, id_offsets, scan.id_blob.astype(np.uint8, copy=False))
         index._check_ids_utf8()
         index.meta["duplicate_groups"] = index._find_duplicate_ids()
         return index
@@ -315,9 +315,10 @@ def length_descending_order(lengths: np.ndarray) -> np.ndarray:
     if len(lengths) == 0:
         return np.zeros(0, np.uint32)
     top = int(lengths.max())
-    key = (top - lengths.astype(np.int64))
     if top < 2**16:  # numpy's stable sort is a radix sort for 16-bit keys
-        key = key.astype(np.uint16)
+        key = (top - lengths).astype(np.uint16)
+    else:
+        key = top - lengths.astype(np.int64)
     return np.argsort(key, kind="stable").astype(np.uint32)
 
 

@@ -49,7 +49,14 @@ def _setup_logging(quiet: bool) -> None:
 
 
 def _fail(error: Exception, code: int = 2) -> None:
+    import os
+
+    from .errors import DiskFull
     click.echo(f"error: {error}", err=True)
+    if isinstance(error, DiskFull):   # HDF5 may be left damaged by the failed write: skip its teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 
@@ -100,6 +107,8 @@ def main():
 @click.option("--gpus", default="auto", show_default=True,
               help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU.")
 @click.option("--workers", type=int, default=None, help="CPU workers when running on CPU (default 1).")
+@click.option("--threads", type=int, default=None,
+              help="torch threads per worker (default: the CPU cores divided between the workers).")
 @click.option("--engine", type=click.Choice(["auto", "native", "hf"]), default="auto", show_default=True,
               help="native: our engine (Qwen3.5, ESM-2, Llama, Qwen3); hf: transformers models (any "
                    "architecture); auto: native where supported.")
@@ -133,7 +142,7 @@ def main():
               help="generate: run seed; with the sequence's FASTA position it fixes what each sequence samples.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
-def run_command(fasta, out, model, task, gpus, workers, engine, max_tokens_per_batch, max_seqs, dtype, pools,
+def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tokens_per_batch, max_seqs, dtype, pools,
                 layers, per_residue, per_residue_dtype, on_long, max_length, on_duplicate_id, skip_empty,
                 checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
                 temperature, top_p, seed, no_progress, quiet):
@@ -145,7 +154,7 @@ def run_command(fasta, out, model, task, gpus, workers, engine, max_tokens_per_b
     from .runner import run
 
     _setup_logging(quiet)
-    gpu_ids, nworkers, threads = _call(devices.resolve, gpus, workers)
+    gpu_ids, nworkers, threads = _call(devices.resolve, gpus, workers, threads)
     config = _call(RunConfig, fasta=[os.path.abspath(f) for f in fasta], out=out, model=model, task=task,
                    engine=engine, devices=gpu_ids, workers=nworkers, threads_per_worker=threads,
                    max_tokens_per_batch=max_tokens_per_batch, max_seqs=max_seqs, dtype=dtype,

@@ -37,8 +37,10 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def resolve(gpus: str, workers: int | None) -> tuple[list[str], int, int]:
-    """(GPU ids, number of workers, torch threads per worker) for `--gpus` and `--workers`."""
+def resolve(gpus: str, workers: int | None, threads: int | None = None) -> tuple[list[str], int, int]:
+    """(GPU ids, number of workers, torch threads per worker) for `--gpus`, `--workers` and `--threads`."""
+    if threads is not None and threads < 1:
+        raise UserError("--threads must be at least 1")
     visible = visible_gpus()
     if gpus == "auto":
         wanted = len(visible)
@@ -57,6 +59,6 @@ def resolve(gpus: str, workers: int | None) -> tuple[list[str], int, int]:
     if wanted > 0:
         if workers not in (None, wanted):
             raise UserError(f"--workers {workers} with --gpus {wanted}: GPU runs use one worker per GPU")
-        return visible[:wanted], wanted, max(1, cpu_count() // wanted)
+        return visible[:wanted], wanted, threads or max(1, cpu_count() // wanted)
     workers = workers or 1
-    return [], workers, max(1, cpu_count() // workers)
+    return [], workers, threads or max(1, cpu_count() // workers)

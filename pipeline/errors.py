@@ -11,3 +11,45 @@ class MergeError(UserError):
 
 class RunDirError(UserError):
     """The output directory is missing, belongs to another run, or is in use."""
+
+
+class DiskFull(UserError):
+    """Writing output failed for lack of space (or a file size limit); nothing partial is left behind."""
+
+
+_FULL_ERRNOS = {28: "no space left on the device", 27: "the file size limit was reached",
+                122: "the disk quota is exceeded"}
+_FULL_TEXTS = {"No space left on device": 28, "File too large": 27, "Disk quota exceeded": 122,
+               "errno = 28": 28, "errno = 27": 27, "errno = 122": 122}
+
+
+def disk_full_reason(error: BaseException) -> str | None:
+    """Why a write failed, if it failed for space (h5py reports errno only inside its message)."""
+    code = getattr(error, "errno", None)
+    if code in _FULL_ERRNOS:
+        return _FULL_ERRNOS[code]
+    text = str(error)
+    for needle, code in _FULL_TEXTS.items():
+        if needle in text:
+            return _FULL_ERRNOS[code]
+    return None
+
+
+def ensure_space(directory, nbytes: int, what: str, remedy: str) -> None:
+    """Refuse before writing about `nbytes` into `directory` when the disk (or RLIMIT_FSIZE) cannot take it.
+
+    Checking first keeps the common case clean: HDF5 that runs out of space mid-write leaves its library
+    state damaged, so it is better never to start such a write.
+    """
+    import os
+    import resource
+    need = int(nbytes * 1.1) + (1 << 20)
+    stat = os.statvfs(directory)
+    free = stat.f_bavail * stat.f_frsize
+    if need > free:
+        raise DiskFull(f"cannot write {what}: it needs about {need / 1e6:.1f} MB and {directory} has "
+                       f"{free / 1e6:.1f} MB free (no space left on the device). {remedy}")
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY and need > soft:
+        raise DiskFull(f"cannot write {what}: it needs about {need / 1e6:.1f} MB, over this process's file "
+                       f"size limit of {soft / 1e6:.1f} MB (the file size limit was reached; see ulimit -f). {remedy}")

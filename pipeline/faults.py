@@ -5,10 +5,17 @@ RUN_SHARDS_FAULT_OOM_TOKENS=N   a batch costing more than N tokens raises torch.
                                 runs for real on CPU
 RUN_SHARDS_FAULT_BATCH_SLEEP=S  sleep S seconds before every batch (lets a test kill a worker mid-run)
 RUN_SHARDS_FAULT_HANG_SHARD=R   worker of shard R stops making progress after its first batch
+RUN_SHARDS_FAULT_DIE_AT=POINT   the worker kills itself with SIGKILL at POINT of writing its output:
+                                part-written (checkpoint data written, file not finished),
+                                part-finished (checkpoint finished, not yet renamed into place),
+                                shard-written (final shard written, not yet renamed into place)
+RUN_SHARDS_FAULT_DIE_SHARD=R    ...only the worker of shard R (default: any)
+RUN_SHARDS_FAULT_DIE_AFTER=K    ...only from its K-th checkpoint on (default 0, the first)
 """
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -35,3 +42,12 @@ def before_batch(rank: int, batches_done: int) -> None:
     if hang is not None and hang != "" and int(hang) == rank and batches_done >= 1:
         while True:
             time.sleep(3600)
+
+
+def maybe_die(point: str, rank: int, number: int) -> None:
+    if os.environ.get("RUN_SHARDS_FAULT_DIE_AT") != point:
+        return
+    only = os.environ.get("RUN_SHARDS_FAULT_DIE_SHARD", "")
+    after = int(os.environ.get("RUN_SHARDS_FAULT_DIE_AFTER", "0") or 0)
+    if (only == "" or int(only) == rank) and number >= after:
+        os.kill(os.getpid(), signal.SIGKILL)

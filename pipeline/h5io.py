@@ -28,8 +28,10 @@ def _h5_dtype(c: Column):
     return h5py.string_dtype("utf-8") if c.dtype == STR else np.dtype(c.dtype)
 
 
-def _chunk_rows(c: Column) -> int:
-    return int(max(64, min(65536, CHUNK_BYTES // c.row_bytes())))
+def _chunk_rows(c: Column, rows_hint: int | None) -> int:
+    """About 1 MiB per chunk, but no bigger than the data expected (HDF5 allocates whole chunks)."""
+    rows = max(64, min(65536, CHUNK_BYTES // c.row_bytes()))
+    return int(max(1, min(rows, rows_hint))) if rows_hint else int(rows)
 
 
 def _crc(arr: np.ndarray, dtype: str, crc: int) -> int:
@@ -49,7 +51,8 @@ def fsync_path(path: str | os.PathLike) -> None:
 
 
 class Writer:
-    def __init__(self, path: str | os.PathLike, schema: Schema, attrs: dict):
+    def __init__(self, path: str | os.PathLike, schema: Schema, attrs: dict, rows_hint: int | None = None,
+                 values_hint: dict[str, int] | None = None):
         self.path = Path(path)
         self.schema = schema
         self.file = h5py.File(self.path, "w")
@@ -58,11 +61,12 @@ class Writer:
         self.crc = {c.path: 0 for c in schema.columns}
         for c in schema.columns:
             shape = (0, c.width) if c.width else (0,)
+            hint = (values_hint or {}).get(c.group) if c.ragged else rows_hint
             self.file.create_dataset(c.path, shape=shape, maxshape=(None,) + shape[1:], dtype=_h5_dtype(c),
-                                     chunks=(_chunk_rows(c),) + shape[1:])
+                                     chunks=(_chunk_rows(c, hint),) + shape[1:])
         for g in schema.ragged_groups:
             self.file.create_dataset(f"{g}/offsets", data=np.zeros(1, np.int64), maxshape=(None,),
-                                     chunks=(65536,))
+                                     chunks=(min(65536, (rows_hint or 65535) + 1),))
         for k, v in attrs.items():
             self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
         self.file.attrs["schema"] = json.dumps(schema.to_json())

@@ -29,6 +29,8 @@ class WorkerStats:
     load_seconds: float = 0.0
     compute_seconds: float = 0.0
     last_event: float = field(default_factory=time.time)
+    loaded_at: float | None = None
+    last_batch_at: float | None = None
 
     @property
     def seconds(self) -> float:
@@ -52,12 +54,14 @@ class ProgressBoard:
         w = self.workers[rank]
         w.last_event = time.time()
         if kind == "progress":
+            w.last_batch_at = w.last_event
             w.sequences += data["sequences"]
             w.tokens += data["tokens"]
             self.bar.update(data["sequences"])
             self.bar.set_postfix_str(f"{human(self.tokens_per_second())} tok/s", refresh=False)
         elif kind == "loaded":
             w.load_seconds = data["seconds"]
+            w.loaded_at = w.last_event
         elif kind == "done":
             w.finished = time.time()
             w.compute_seconds = data.get("compute_seconds", 0.0)
@@ -94,3 +98,9 @@ class ProgressBoard:
                          human(w.tokens / max(w.seconds, 1e-9))))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.rjust(wd) for c, wd in zip(row, widths)) for row in rows)
+
+    def compute_window(self) -> tuple[float, float] | None:
+        """From the first worker ready to compute to the last batch of any worker."""
+        starts = [w.loaded_at for w in self.workers.values() if w.loaded_at]
+        ends = [w.last_batch_at for w in self.workers.values() if w.last_batch_at]
+        return (min(starts), max(ends)) if starts and ends else None

@@ -10,6 +10,7 @@ import datetime
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from index.cache import cache_dir
 
 from . import __version__, engines, model_source, status_codes
 from .config import RunConfig
-from .errors import MergeError, RunDirError, UserError
+from .errors import DiskFull, MergeError, RunDirError, UserError, disk_full_reason, ensure_space
 from .h5io import CorruptFile, Reader, Writer
 from .merge import describe_problems, merge_sorted_runs
 from .progress import ProgressBoard
@@ -109,6 +110,45 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
                 limit, "truncated" if config.on_long == "truncate" else "skipped", config.on_long)
 
 
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def estimate_result_bytes(schema: Schema, index: SequenceIndex, tokenizer: SequenceTokenizer) -> int:
+    """Bytes of the merged result: fixed-width columns per row, ragged columns per residue token, ids."""
+    fixed = sum(c.row_bytes() for c in schema.row_columns if c.path != "ids") * len(index)
+    ids = int(index.id_offsets[-1]) + 16 * len(index)
+    per_token = sum(c.row_bytes() for c in schema.ragged_columns)
+    ragged = per_token * int(index.lengths.sum(dtype=np.int64))
+    return fixed + ids + ragged + 8 * len(index) * len(schema.ragged_groups)
+
+
+def check_storage(schema: Schema, index: SequenceIndex, tokenizer: SequenceTokenizer, world: int, where: Path,
+                  free_bytes: int | None = None) -> str:
+    """Say before any work how much disk the run needs; warn when it will not fit on the target disk.
+
+    Shards hold the rows once, the merged result once more, and a shard being finalised briefly holds
+    its checkpoints beside it: the peak is about 2 x result + 1 shard.
+    """
+    result = estimate_result_bytes(schema, index, tokenizer)
+    peak = 2 * result + result // max(1, world)
+    if free_bytes is None:
+        import shutil
+        free_bytes = shutil.disk_usage(where).free
+    text = (f"storage estimate: result {human_bytes(result)}, about {human_bytes(peak)} on disk at the peak "
+            f"(shards + merged result); {human_bytes(free_bytes)} free in {where}")
+    if peak > free_bytes:
+        log.warning("%s. This will NOT fit: free space, choose another --out, drop --per-residue, or use "
+                    "--per-residue-dtype float16", text)
+    else:
+        log.info("%s", text)
+    return text
+
+
 def index_report(fasta: list[str], workers: int) -> str:
     """`run_shards index`: records, residues, length percentiles, per-worker token imbalance."""
     index, reused = load_or_build(fasta)
@@ -158,6 +198,7 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
         limit = min(limit, config.max_length) if limit else config.max_length
     tokenizer = SequenceTokenizer(hf_tokenizer)
     check_long(index, tokenizer, limit, config)
+    check_storage(schema_for(task), index, tokenizer, config.world, run.root)
     stats = index.shard_stats(config.world)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", config.world,
              int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
@@ -203,8 +244,9 @@ def run(config: RunConfig, show_progress: bool = True) -> Path:
             if lock.took_over:
                 log.warning("took over a stale lock left by pid %s", lock.took_over.get("pid"))
             log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
+            started = time.time()
             manifest, index = _prepare(config, run_dir)
-            return _run_shards(run_dir, manifest, index, None, show_progress)
+            return _run_shards(run_dir, manifest, index, None, show_progress, started)
         finally:
             _unlog(handler)
 
@@ -225,7 +267,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
                     raise UserError(f"--shards {','.join(map(str, bad))}: this run has shards 0..{world - 1}")
             if worker_timeout:
                 manifest["config"]["worker_timeout"] = worker_timeout
-            return _run_shards(run_dir, manifest, index, shards, show_progress)
+            return _run_shards(run_dir, manifest, index, shards, show_progress, time.time())
         finally:
             _unlog(handler)
 
@@ -254,7 +296,7 @@ def load_run_index(run: RunDir, manifest: dict) -> SequenceIndex:
 
 
 def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[int] | None,
-                show_progress: bool) -> Path:
+                show_progress: bool, started: float) -> Path:
     config = RunConfig.from_json(json.dumps(manifest["config"]))
     states = {r: shard_state(run, index, r, config.world) for r in range(config.world)}
     ranks = [r for r in (only if only else range(config.world)) if states[r].state != "complete"]
@@ -293,7 +335,15 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
             raise RunFailed(_failure_report(run, failed, config.world, supervisor.interrupted),
                             exit_code=130 if supervisor.interrupted else 1)
         board.note(board.summary_line())
-    return merge(str(run.root), _locked=True, _index=index, _manifest=manifest)
+        spawned = supervisor.started_at
+    path = merge(str(run.root), _locked=True, _index=index, _manifest=manifest)
+    if ranks and board.compute_window():
+        first, last = board.compute_window()
+        end = time.time()
+        log.info("timings: prepare %.1f s, start workers and load model %.1f s, compute %.1f s, finish shards and "
+                 "merge %.1f s; total %.1f s, %.1f%% outside model compute", spawned - started, first - spawned,
+                 last - first, end - last, end - started, 100.0 * (1 - (last - first) / max(end - started, 1e-9)))
+    return path
 
 
 def _failure_report(run: RunDir, failed: list, world: int, interrupted: str | None) -> str:
@@ -301,7 +351,9 @@ def _failure_report(run: RunDir, failed: list, world: int, interrupted: str | No
     for p in failed:
         lines.append(f"shard {p.rank} failed: {explain_exit(p.exitcode)}" + (f" - {p.reason}" if p.reason else ""))
         tail = run.log_tail(p.rank, 8)
-        if tail:
+        if p.exitcode == 2 and p.reason:   # the worker's own message says it all
+            lines.append(f"  log: {run.worker_log(p.rank)}")
+        elif tail:
             lines.append(f"  last lines of {run.worker_log(p.rank)}:")
             lines += [f"    {t}" for t in tail]
     if interrupted:
@@ -430,7 +482,9 @@ def _merge(run: RunDir, manifest: dict, index: SequenceIndex, allow_partial: boo
         attrs = dict(manifest["attrs"])
         renamed = index.meta.get("renamed_ids") or {}
         tmp = run.result_path.with_name(f".{run.result_path.name}.tmp")
-        writer = Writer(tmp, schema, attrs)
+        ensure_space(run.root, sum(os.path.getsize(r.path) for r in readers), f"the result {run.result_path}",
+                     f"The shards are intact; free space and run `run_shards merge {run.root}`")
+        writer = Writer(tmp, schema, attrs, rows_hint=len(index))
         try:
             ragged_bytes = sum(c.row_bytes() for c in schema.ragged_columns)
             fixed = sum(c.row_bytes() for c in schema.row_columns)
@@ -456,8 +510,12 @@ def _merge(run: RunDir, manifest: dict, index: SequenceIndex, allow_partial: boo
                 writer.file.create_dataset("original_ids/ids", dtype=text, data=np.array(
                     [renamed[str(p)].encode() for p in pos], dtype=object))
             writer.finish({"complete": len(missing) == 0, "num_missing": int(len(missing))})
-        except BaseException:
+        except BaseException as e:
             writer.abort()
+            reason = disk_full_reason(e) if isinstance(e, Exception) else None
+            if reason:
+                raise DiskFull(f"cannot write {run.result_path}: {reason}. No result file was left behind and "
+                               f"the shards are intact; free space and run `run_shards merge {run.root}`") from None
             raise
     finally:
         for r in readers:

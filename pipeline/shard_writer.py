@@ -12,10 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from . import faults
+from .errors import DiskFull, disk_full_reason, ensure_space
 from .h5io import CorruptFile, Reader, Writer
 from .merge import merge_sorted_runs
 from .rows import RowBlock, Schema
@@ -103,13 +106,12 @@ class ShardWriter:
         number = int(existing[-1].stem.split("_")[1]) + 1 if existing else 0
         final = self.parts / f"part_{number:06d}.h5"
         tmp = self.parts / f".part_{number:06d}.h5.tmp"
-        writer = Writer(tmp, self.schema, dict(self.attrs, part=number))
-        try:
+        ensure_space(self.parts, block.nbytes(), f"checkpoint {final}", self._remedy())
+        with self._new_file(tmp, dict(self.attrs, part=number), rows_hint=len(block),
+                            values_hint={g: int(v.sum()) for g, v in block.lengths.items()}) as writer:
             writer.append(block)
-            writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
+            faults.maybe_die("part-written", self.rank, number)
+        faults.maybe_die("part-finished", self.rank, number)
         os.replace(tmp, final)
         fsync_dir(self.parts)
         self.done = np.union1d(self.done, block.columns["index"])
@@ -124,18 +126,17 @@ class ShardWriter:
         assert len(missing) == 0, f"finalize with {len(missing)} rows not computed"
         path = self.run.shard_path(self.rank)
         tmp = path.with_name(f".{path.name}.tmp")
-        readers = [Reader(p) for p in self._part_files()]
-        writer = Writer(tmp, self.schema, self.attrs)
+        parts = self._part_files()
+        ensure_space(path.parent, sum(p.stat().st_size for p in parts), f"shard {path}", self._remedy())
+        readers = [Reader(p) for p in parts]
         try:
-            problems = merge_sorted_runs(readers, writer, self.expected, row_bytes)
-            assert not problems, f"checkpoints of shard {self.rank} do not add up: {problems.counts()}"
-            writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
+            with self._new_file(tmp, self.attrs, rows_hint=len(self.expected)) as writer:
+                problems = merge_sorted_runs(readers, writer, self.expected, row_bytes)
+                assert not problems, f"checkpoints of shard {self.rank} do not add up: {problems.counts()}"
         finally:
             for r in readers:
                 r.close()
+        faults.maybe_die("shard-written", self.rank, 0)
         os.replace(tmp, path)
         fsync_dir(path.parent)
         for p in self.parts.glob("*"):
@@ -143,3 +144,29 @@ class ShardWriter:
         self.parts.rmdir()
         self.complete = True
         return path
+
+    @contextmanager
+    def _new_file(self, tmp: Path, attrs: dict, **hints):
+        """A Writer on `tmp`, finished on success; on failure removed, and a full disk said plainly."""
+        try:
+            writer = Writer(tmp, self.schema, attrs, **hints)
+            try:
+                yield writer
+                writer.finish()
+            except BaseException:
+                writer.abort()
+                raise
+        except Exception as e:
+            self._raise_if_full(tmp, e)
+            raise
+
+    def _remedy(self) -> str:
+        return (f"Nothing partial was kept ({self.durable_rows} rows of this shard are durable); "
+                f"free space and run `run_shards rerun {self.run.root}`")
+
+    def _raise_if_full(self, path: Path, error: Exception) -> None:
+        reason = disk_full_reason(error)
+        if reason:
+            path.unlink(missing_ok=True)
+            raise DiskFull(f"cannot write {path.parent}/{path.name.strip('.').removesuffix('.tmp')}: {reason}. "
+                           + self._remedy()) from None

@@ -48,7 +48,7 @@ def explain_exit(code: int | None) -> str:
     if code == 1:
         return "exit code 1 (the worker raised an error; see its log)"
     if code == 2:
-        return "exit code 2 (a problem with the input or options; see its log)"
+        return "exit code 2 (stopped with an error message)"
     if code == EXIT_INTERRUPTED:
         return f"exit code {EXIT_INTERRUPTED} (interrupted; its checkpoints are kept)"
     if code < 0:
@@ -102,6 +102,7 @@ class Supervisor:
     def wait(self) -> list[ShardProcess]:
         """Run every shard; returns them with exit codes (0 = finished)."""
         previous = {s: signal.signal(s, self._interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.started_at = time.time()
         try:
             self.slots = self.slots[:max(1, len(self.slots))]
             self._fill_slots()

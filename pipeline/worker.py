@@ -77,18 +77,31 @@ def worker_entry(i: int, root: str, ranks: list[int], conns: list, devices: list
     finally:
         log.info("worker for shard %d exits with code %d", rank, code)
         logging.shutdown()
-    if code:
-        sys.exit(code)
+    # Leave without interpreter teardown: everything is durable or reported by now, and after a failed
+    # write HDF5's exit-time cleanup can crash, which would turn a clear exit code into a segfault.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _setup_logging(path) -> None:
+    """Everything the worker prints goes to its own log: Python logging, and (through file descriptor 2)
+    what native libraries such as HDF5 write to stderr, so the user's terminal shows only the parent."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
     handler = logging.FileHandler(path, mode="a")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
+    # After a failed write (disk full), h5py objects can fail again while being freed; that is already
+    # reported, so such late errors get one log line instead of a traceback in the log's tail.
+    sys.unraisablehook = lambda u: log.warning("ignored during cleanup: %s: %s", type(u.exc_value).__name__,
+                                               str(u.exc_value).splitlines()[0] if str(u.exc_value) else "")
 
 
 class ShardRun:
@@ -112,6 +125,7 @@ class ShardRun:
         config = RunConfig.from_json(json.dumps(manifest["config"]))
         schema = Schema.from_json(manifest["schema"])
         index = SequenceIndex.load(self.run_dir.index_path)
+        self._lock_shard()
         positions = index.stride_shard(self.rank, config.world)
         attrs = dict(manifest["attrs"], shard=self.rank, world=config.world)
         writer = ShardWriter(self.run_dir, self.rank, schema, attrs, positions,
@@ -185,6 +199,25 @@ class ShardRun:
                  stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9))
         self.reporter.send("done", **stats)
         return EXIT_OK
+
+
+    def _lock_shard(self, wait_seconds: float = 60.0) -> None:
+        """One writer per shard, even if a worker of an earlier run is still writing its last checkpoint."""
+        import fcntl
+
+        from .errors import RunDirError
+        path = self.run_dir.shards_dir / f"shard_{self.rank}.lock"
+        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        end = time.time() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.time() > end:
+                    raise RunDirError(f"shard {self.rank} is still being written by another process after "
+                                      f"{wait_seconds:.0f} s (a worker of an earlier run?); stop it and rerun") from None
+                time.sleep(0.5)
 
 
 class BatchComputer:

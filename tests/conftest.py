@@ -1,7 +1,16 @@
-"""Shared test setup. TRITON_INTERPRET must be set before triton is first imported anywhere."""
+"""Shared test setup.
+
+Without a GPU, Triton kernels run through the interpreter: TRITON_INTERPRET=1 must be set before any
+module defining kernels is imported (triton decides compiled vs interpreted when a kernel is decorated),
+so it is set here, first. With a GPU it is left alone so kernel tests run compiled. Code under test that
+must not run interpreted kernels (the engine's CPU path, the CLI's workers) does not depend on it.
+"""
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pathlib  # noqa: E402

@@ -279,3 +279,30 @@ def test_killed_worker_others_finish_and_rerun_equals_uninterrupted(models, tmp_
             np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6)
         else:
             assert np.array_equal(got[key], want[key]), key
+
+
+def test_readme_example_reads_what_the_run_wrote(models, tmp_path):
+    """The README's h5py snippet, run as written (path and id substituted), finds the right row."""
+    out = tmp_path / "out"
+    res = run_cli(FASTA[0], "--out", str(out), "--model", models["demo"], "--gpus", "0", "--per-residue",
+                  "--no-progress")
+    assert res.returncode == 0, res.stderr
+    readme = (REPO / "README.md").read_text()
+    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'h5py.File("run_shards_out/result.h5")' in snippet and "sp|P69905|HBA_HUMAN" in snippet
+    index = SequenceIndex.build([FASTA[0]])
+    wanted = index.id(5)
+    scope = {}
+    exec(snippet.replace("run_shards_out/result.h5", str(out / "result.h5")).replace("sp|P69905|HBA_HUMAN", wanted),
+         scope)
+    data, _ = read(out / "result.h5")
+    assert scope["row"] == 5
+    assert np.array_equal(scope["vector"], data["embeddings/mean"][5])
+    assert scope["residues"].shape == (index.lengths[5], data["embeddings/mean"].shape[1])
+
+
+def test_unknown_hub_model_is_a_clear_error(tmp_path):
+    res = run_cli(FASTA[0], "--out", str(tmp_path / "o"), "--model", "no-such-org/no-such-model", "--gpus", "0",
+                  env={"HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--model no-such-org/no-such-model: not a local directory" in res.stderr

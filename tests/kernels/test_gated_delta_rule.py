@@ -1,7 +1,7 @@
 """Gated delta rule: Triton kernels and the CPU torch path against the float64 per-token reference.
 
-Triton runs on CUDA when present, else through the interpreter (tests/kernels/conftest.py sets
-TRITON_INTERPRET=1); the interpreter is slow, so Triton shapes are small and varied rather than many.
+Triton runs on CUDA when present, else through the interpreter (switched on per test by
+tests/kernels/conftest.py); the interpreter is slow, so Triton shapes are small and varied, not many.
 
 Tolerances are relative RMS errors, ||x - ref|| / ||ref||, against the float64 reference computed from
 the same (already rounded) inputs:
@@ -33,13 +33,13 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (bfloat16 
 
 
 @pytest.fixture(autouse=True)
-def _triton_mode_is_real():
-    """Fail loudly (rather than silently test the torch path) if the kernels were compiled for a GPU we lack."""
-    if not HAS_CUDA:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        if not isinstance(chunk_module._chunk_walk_kernel, InterpretedFunction):
-            pytest.fail("triton_kernels was imported before TRITON_INTERPRET=1 was set; set it in tests/conftest.py")
+def _one_torch_thread():
+    """These tensors are tiny: intra-op threads only add synchronisation, which on a loaded 2-core CI
+    machine made the torch path ~50x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -232,9 +232,11 @@ def test_chunk_launch_knobs_reach_the_kernels(monkeypatch):
     assert (walk_kw["BV"], walk_kw["NV"], walk_kw["num_warps"], walk_kw["num_stages"]) == (16, 4, 8, 3)
     # Defaults are what the docstring says, and block_v is capped at V.
     walk.launches.clear()
+    prep.launches.clear()
     chunk_gated_delta_rule(**make_inputs(1, 10, 1, 1, 16, 32, seed=11))
     (_, walk_kw), = walk.launches
-    assert (walk_kw["BV"], walk_kw["num_warps"], walk_kw["num_stages"]) == (32, 4, 2)
+    (_, prep_kw), = prep.launches
+    assert (walk_kw["BV"], walk_kw["num_warps"], walk_kw["num_stages"], prep_kw["num_warps"]) == (32, 4, 2, 8)
 
 
 def test_recurrent_launch_knobs_reach_the_kernel(monkeypatch):
@@ -261,6 +263,9 @@ def test_bad_launch_knobs_and_inputs_are_rejected():
     flat = {name: t[:1] if t.dim() else t for name, t in inputs.items() if t is not None}
     with pytest.raises(ValueError, match="end at the token count"):
         chunk_gated_delta_rule(**flat, cu_seqlens=torch.tensor([0, 3, 9], device=DEVICE))
+    if DEVICE == "cpu":  # on the GPU the decode kernel trusts cu_seqlens (reading it would sync)
+        with pytest.raises(ValueError, match="non-decreasing"):
+            fused_recurrent_gated_delta_rule(**flat, cu_seqlens=torch.tensor([0, 5, 3, 8], device=DEVICE))
 
 
 # --- the torch path (what the engine runs on CPU): fast, so a wider sweep ----------------------------
@@ -284,6 +289,28 @@ def test_torch_path_matches_reference(torch_path, K, V, group):
 def test_torch_path_any_chunk_size_and_batch(torch_path, chunk_size):
     inputs = make_inputs(3, 77, 1, 2, 32, 16, device="cpu", num_states=3, gates="extreme", seed=chunk_size)
     check(chunk_gated_delta_rule, inputs, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("group_bytes", [1, 1 << 30])
+def test_torch_path_sequence_groups(torch_path, monkeypatch, group_bytes):
+    """The CPU path walks sequences in cache-sized groups: one sequence per group, or all in one."""
+    from triton_kernels.gated_delta_rule import torch_path as torch_path_module
+
+    monkeypatch.setattr(torch_path_module, "GROUP_BYTES", group_bytes)
+    lengths = [70, 1, 130, 5, 64]
+    inputs = make_inputs(1, sum(lengths), 2, 4, 32, 16, device="cpu", num_states=5, seed=18)
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens(lengths, "cpu"))
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_runs_under_inference_mode(path, monkeypatch):
+    if path == "torch":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    device = DEVICE if path == "triton" else "cpu"
+    with torch.inference_mode():
+        inputs = make_inputs(1, 20, 1, 1, 16, 16, device=device, num_states=2, seed=19)
+        check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens([7, 13], device))
+        check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens([7, 13], device))
 
 
 def test_torch_path_float16_and_empty_sequences(torch_path):

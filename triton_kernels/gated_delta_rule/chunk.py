@@ -1,17 +1,23 @@
 """Chunked gated delta rule forward (prefill): two Triton kernels, the state kept on chip across chunks.
 
-1. `_chunk_prep_kernel`, one program per (chunk, value head), all in parallel: gate cumsum gamma, the
-   in-chunk system A = strict_lower(diag(beta) K K^T * exp(gamma_i - gamma_j)), T = (I + A)^-1 by
-   forward substitution on four diagonal blocks and block elimination, then W = T (K beta exp(gamma))
-   and U = T (V beta). Writes W, U (input dtype) and gamma (float32).
-2. `_chunk_walk_kernel`, one program per (sequence, value head, block of V columns): holds the state
-   S [K, BV] in registers and walks the sequence's chunks: Vn = U - W S, the chunk's output
-   O = scale (exp(gamma) Q S + (causal Q K^T * exp(gamma_i - gamma_j)) Vn), then
-   S <- exp(gamma_last) S + (K exp(gamma_last - gamma))^T Vn. Only O and the final state leave the chip.
+1. `_chunk_prep_kernel`, one program per (chunk, value head), all in parallel. From the gate cumsum
+   gamma and the (optionally l2-normalised) keys it solves the in-chunk system
+   A = strict_lower(diag(beta) K K^T * exp(gamma_i - gamma_j)), T = (I + A)^-1 (forward substitution on
+   four diagonal blocks, then block elimination), and writes W = T (K beta exp(gamma)), U = T (V beta),
+   the in-chunk attention P = lower(scale Q K^T * exp(gamma_i - gamma_j)) and two row scales,
+   q_scale = scale exp(gamma) / |q| and k_scale = exp(gamma_last - gamma) / |k| (|x| = 1 without l2norm).
+2. `_chunk_walk_kernel`, one program per (sequence, value head, block of V columns), holds the state
+   S [K, BV] in registers and walks the sequence's chunks, each step four matmuls:
+   Vn = U - W S;  O = diag(q_scale) Q S + P Vn;  S <- exp(gamma_last) S + K^T diag(k_scale) Vn.
+   Only O and the final state leave the chip; nothing per chunk is written (fla's bottleneck).
 
+Everything elementwise (exp, masks, norms) lives in the parallel kernel: the walk is the sequential
+critical path, and keeping [64, 64] temporaries out of it keeps its registers from spilling.
 The math is in REFERENCE.md; the design and byte model in docs/kernels/gated_delta_rule.md.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -25,39 +31,81 @@ TRITON_CHUNK_SIZES = (64, 128)
 
 
 @triton.jit
+def _rows_ptrs(ptr, row0, row_end, head, NUM_HEADS: tl.constexpr, D: tl.constexpr,
+               BR: tl.constexpr, BD: tl.constexpr, col0):
+    """Pointers and mask of the [BR, BD] tile at rows row0.., columns col0.. of a token-major
+    [tokens, NUM_HEADS, D] tensor. The 64-bit part of the offset lives in the scalar base, so the
+    per-element offsets stay int32 (half the registers of an int64 tile)."""
+    base = ptr + (row0 * NUM_HEADS + head) * D  # row0 is int64 in every caller
+    rows = tl.arange(0, BR)
+    cols = col0 + tl.arange(0, BD)
+    mask = (rows < row_end - row0)[:, None]
+    if BD != D:  # only padded or partial column blocks need a column mask
+        mask = mask & (cols < D)[None, :]
+    return base + rows[:, None] * (NUM_HEADS * D) + cols[None, :], mask
+
+
+@triton.jit
 def _load_rows(ptr, row0, row_end, head, NUM_HEADS: tl.constexpr, D: tl.constexpr,
                BR: tl.constexpr, BD: tl.constexpr, col0=0):
-    """[BR, BD] tile of a token-major [tokens, NUM_HEADS, D] tensor: rows row0.. (zero from row_end on)."""
-    rows = row0 + tl.arange(0, BR).to(tl.int64)
-    cols = col0 + tl.arange(0, BD)
-    mask = (rows < row_end)[:, None] & (cols < D)[None, :]
-    return tl.load(ptr + (rows[:, None] * NUM_HEADS + head) * D + cols[None, :], mask=mask, other=0.0)
+    """[BR, BD] tile of a token-major [tokens, NUM_HEADS, D] tensor, zero outside rows < row_end, cols < D."""
+    ptrs, mask = _rows_ptrs(ptr, row0, row_end, head, NUM_HEADS, D, BR, BD, col0)
+    return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
 def _store_rows(ptr, value, row0, row_end, head, NUM_HEADS: tl.constexpr, D: tl.constexpr,
                 BR: tl.constexpr, BD: tl.constexpr, col0=0):
-    rows = row0 + tl.arange(0, BR).to(tl.int64)
-    cols = col0 + tl.arange(0, BD)
-    mask = (rows < row_end)[:, None] & (cols < D)[None, :]
-    tl.store(ptr + (rows[:, None] * NUM_HEADS + head) * D + cols[None, :], value.to(ptr.dtype.element_ty), mask=mask)
+    ptrs, mask = _rows_ptrs(ptr, row0, row_end, head, NUM_HEADS, D, BR, BD, col0)
+    tl.store(ptrs, value.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _l2norm_rows(x):
-    """x * rsqrt(sum(x^2) + 1e-6) per row, in float32, back in x's dtype (transformers' and fla's l2norm)."""
-    xf = x.to(tl.float32)
-    return (xf * tl.rsqrt(tl.sum(xf * xf, axis=1) + 1e-6)[:, None]).to(x.dtype)
+def _load_state(h0, i_n, i_hv, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, v0):
+    """Columns v0.. (BV of them) of state [i_n, i_hv] of a [N, HV, K, V] float32 tensor."""
+    base = h0 + (i_n * HV + i_hv).to(tl.int64) * (K * V)
+    o_k = tl.arange(0, BK)
+    o_v = v0 + tl.arange(0, BV)
+    if BK == K and V % BV == 0:
+        return tl.load(base + (o_k[:, None] * V + o_v[None, :]))
+    return tl.load(base + (o_k[:, None] * V + o_v[None, :]), mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.0)
+
+
+@triton.jit
+def _store_state(ht, S, i_n, i_hv, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, v0):
+    """Inverse of _load_state. Its addresses are built in another order on purpose: identical
+    expressions would be merged with the load's, keeping a [BK, BV] offset tile alive in registers
+    across the whole chunk loop (it made the walk kernel spill)."""
+    o_k = tl.arange(0, BK)
+    o_v = v0 + tl.arange(0, BV)
+    rows = ht + (i_n * HV + i_hv).to(tl.int64) * (K * V) + o_k[:, None] * V
+    if BK == K and V % BV == 0:
+        tl.store(rows + o_v[None, :], S)
+    else:
+        tl.store(rows + o_v[None, :], S, mask=(o_v < V)[None, :] & (o_k < K)[:, None])
+
+
+@triton.jit
+def _inv_norms(x, USE_L2NORM: tl.constexpr):
+    """Per-row 1 / sqrt(sum(x^2) + 1e-6) (transformers' and fla's l2norm), or ones without l2norm.
+
+    The kernels apply l2norm as row and column scales of products (q k^T, q S, k^T Vn) instead of
+    normalising tiles: no second copy of a [64, K] tile in registers, and no rounding of q / |q|."""
+    if USE_L2NORM:
+        xf = x.to(tl.float32)
+        return tl.rsqrt(tl.sum(xf * xf, axis=1) + 1e-6)
+    return tl.full([x.shape[0]], 1.0, tl.float32)
 
 
 @triton.jit
 def _prep_block(k, g, beta, gamma, row0, eos, i_h, i_hv, gamma_before,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                 USE_L2NORM: tl.constexpr):
-    """Keys, gamma and beta of one BC-row block of a chunk; gamma continues from `gamma_before`."""
+    """Raw keys, their inverse norms (l2norm), gamma and beta of one BC-row block of a chunk; gamma
+    continues from `gamma_before`. Returns (k, 1/|k|, gamma, beta, gamma at the block's end)."""
     b_k = _load_rows(k, row0, eos, i_h, H, K, BC, BK)
-    if USE_L2NORM:
-        b_k = _l2norm_rows(b_k)
     rows = row0 + tl.arange(0, BC).to(tl.int64)
     in_seq = rows < eos
     b_g = tl.load(g + rows * HV + i_hv, mask=in_seq, other=0.0).to(tl.float32)
@@ -66,23 +114,26 @@ def _prep_block(k, g, beta, gamma, row0, eos, i_h, i_hv, gamma_before,
     b_beta = tl.load(beta + rows * HV + i_hv, mask=in_seq, other=0.0).to(tl.float32)
     # Rows past the end have g = 0, so the last entry is the gamma of the last real row.
     gamma_end = tl.sum(tl.where(tl.arange(0, BC) == BC - 1, b_gamma, 0.0), axis=0)
-    return b_k, b_gamma, b_beta, gamma_end
+    return b_k, _inv_norms(b_k, USE_L2NORM), b_gamma, b_beta, gamma_end
 
 
 @triton.jit
-def _a_block(k_i, k_j, beta_i, gamma_i, gamma_j, ON_DIAGONAL: tl.constexpr, BC: tl.constexpr,
-             DOT_PREC: tl.constexpr):
-    """Block (i, j) of A = strict_lower(diag(beta) K K^T * exp(gamma_i - gamma_j)), float32 [BC, BC]."""
-    a = tl.dot(k_i, tl.trans(k_j), input_precision=DOT_PREC)
+def _decayed_gram(x_i, k_j, row_scale, col_scale, gamma_i, gamma_j, DIAGONAL: tl.constexpr, BC: tl.constexpr,
+                  DOT_PREC: tl.constexpr):
+    """Block (i, j) of diag(row_scale) X K^T diag(col_scale) * exp(gamma_i - gamma_j), float32 [BC, BC].
+
+    DIAGONAL: 0 for a block below the diagonal (i > j: no mask), 1 for a diagonal block kept strictly
+    lower (A), 2 for a diagonal block kept lower with its diagonal (P)."""
+    a = tl.dot(x_i, tl.trans(k_j), input_precision=DOT_PREC) * col_scale[None, :]
     diff = gamma_i[:, None] - gamma_j[None, :]
-    if ON_DIAGONAL:
-        o = tl.arange(0, BC)
-        below = o[:, None] > o[None, :]
-        # Mask before exp: above the diagonal gamma_i - gamma_j > 0 and exp could overflow.
-        a = tl.where(below, a * tl.exp(tl.where(below, diff, 0.0)), 0.0)
-    else:
+    if DIAGONAL == 0:
         a = a * tl.exp(diff)  # block i is later in the chunk than block j: diff <= 0 everywhere
-    return a * beta_i[:, None]
+    else:
+        o = tl.arange(0, BC)
+        keep = (o[:, None] > o[None, :]) if DIAGONAL == 1 else (o[:, None] >= o[None, :])
+        # Mask before exp: above the diagonal gamma_i - gamma_j > 0 and exp could overflow.
+        a = tl.where(keep, a * tl.exp(tl.where(keep, diff, 0.0)), 0.0)
+    return a * row_scale[:, None]
 
 
 @triton.jit
@@ -125,10 +176,20 @@ def _lower_row4(t0, t1, t2, t3, x0, x1, x2, x3, PREC: tl.constexpr):
 
 
 @triton.jit
+def _store_row_scales(q_scale, k_scale, row0, eos, i_hv, rq, rk, gamma_rows, gamma_last,
+                      HV: tl.constexpr, BC: tl.constexpr):
+    rows = row0 + tl.arange(0, BC).to(tl.int64)
+    tl.store(q_scale + rows * HV + i_hv, rq * tl.exp(gamma_rows), mask=rows < eos)
+    tl.store(k_scale + rows * HV + i_hv, rk * tl.exp(gamma_last - gamma_rows), mask=rows < eos)
+
+
+@triton.jit
 def _chunk_prep_kernel(
-    k, v, g, beta,  # inputs: k [tokens, H, K], v [tokens, HV, V], g and beta [tokens, HV]
-    w, u, gamma,  # outputs: w [tokens, HV, K], u [tokens, HV, V] (input dtype), gamma [tokens, HV] float32
+    q, k, v, g, beta,  # inputs: q, k [tokens, H, K], v [tokens, HV, V], g and beta [tokens, HV]
+    w, u, p,  # outputs in the input dtype: w [tokens, HV, K], u [tokens, HV, V], p [tokens, HV, BT]
+    gamma, q_scale, k_scale,  # outputs, float32 [tokens, HV]
     chunk_bounds,  # int32 [num_chunks, 2]: first token, end token
+    scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BVALL: tl.constexpr,
     USE_L2NORM: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -140,23 +201,60 @@ def _chunk_prep_kernel(
     BC: tl.constexpr = BT // 4
     r0, r1, r2, r3 = bos, bos + BC, bos + 2 * BC, bos + 3 * BC
 
-    k0, gam0, beta0, end0 = _prep_block(k, g, beta, gamma, r0, eos, i_h, i_hv, 0.0, H, HV, K, BC, BK, USE_L2NORM)
-    k1, gam1, beta1, end1 = _prep_block(k, g, beta, gamma, r1, eos, i_h, i_hv, end0, H, HV, K, BC, BK, USE_L2NORM)
-    k2, gam2, beta2, end2 = _prep_block(k, g, beta, gamma, r2, eos, i_h, i_hv, end1, H, HV, K, BC, BK, USE_L2NORM)
-    k3, gam3, beta3, end3 = _prep_block(k, g, beta, gamma, r3, eos, i_h, i_hv, end2, H, HV, K, BC, BK, USE_L2NORM)
+    k0, rk0, gam0, beta0, end0 = _prep_block(k, g, beta, gamma, r0, eos, i_h, i_hv, 0.0, H, HV, K, BC, BK, USE_L2NORM)
+    k1, rk1, gam1, beta1, end1 = _prep_block(k, g, beta, gamma, r1, eos, i_h, i_hv, end0, H, HV, K, BC, BK, USE_L2NORM)
+    k2, rk2, gam2, beta2, end2 = _prep_block(k, g, beta, gamma, r2, eos, i_h, i_hv, end1, H, HV, K, BC, BK, USE_L2NORM)
+    k3, rk3, gam3, beta3, g_last = _prep_block(k, g, beta, gamma, r3, eos, i_h, i_hv, end2, H, HV, K, BC, BK,
+                                               USE_L2NORM)
+
+    # P = lower(diag(scale / |q|) Q K^T diag(1 / |k|) * decay), written whole (zeros above the diagonal
+    # blocks) so the walk loads it as a plain [BT, BT] tile; and the walk's row scales. First, so that
+    # the q blocks are dead before the triangular solve needs the registers.
+    q0 = _load_rows(q, r0, eos, i_h, H, K, BC, BK)
+    q1 = _load_rows(q, r1, eos, i_h, H, K, BC, BK)
+    q2 = _load_rows(q, r2, eos, i_h, H, K, BC, BK)
+    q3 = _load_rows(q, r3, eos, i_h, H, K, BC, BK)
+    rq0 = _inv_norms(q0, USE_L2NORM) * scale
+    rq1 = _inv_norms(q1, USE_L2NORM) * scale
+    rq2 = _inv_norms(q2, USE_L2NORM) * scale
+    rq3 = _inv_norms(q3, USE_L2NORM) * scale
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    _store_rows(p, _decayed_gram(q0, k0, rq0, rk0, gam0, gam0, 2, BC, DOT_PREC), r0, eos, i_hv, HV, BT, BC, BC, 0)
+    _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, BC)
+    _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, 2 * BC)
+    _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, 3 * BC)
+    _store_rows(p, _decayed_gram(q1, k0, rq1, rk0, gam1, gam0, 0, BC, DOT_PREC), r1, eos, i_hv, HV, BT, BC, BC, 0)
+    _store_rows(p, _decayed_gram(q1, k1, rq1, rk1, gam1, gam1, 2, BC, DOT_PREC), r1, eos, i_hv, HV, BT, BC, BC, BC)
+    _store_rows(p, zero, r1, eos, i_hv, HV, BT, BC, BC, 2 * BC)
+    _store_rows(p, zero, r1, eos, i_hv, HV, BT, BC, BC, 3 * BC)
+    _store_rows(p, _decayed_gram(q2, k0, rq2, rk0, gam2, gam0, 0, BC, DOT_PREC), r2, eos, i_hv, HV, BT, BC, BC, 0)
+    _store_rows(p, _decayed_gram(q2, k1, rq2, rk1, gam2, gam1, 0, BC, DOT_PREC), r2, eos, i_hv, HV, BT, BC, BC, BC)
+    _store_rows(p, _decayed_gram(q2, k2, rq2, rk2, gam2, gam2, 2, BC, DOT_PREC), r2, eos, i_hv, HV, BT, BC, BC,
+                2 * BC)
+    _store_rows(p, zero, r2, eos, i_hv, HV, BT, BC, BC, 3 * BC)
+    _store_rows(p, _decayed_gram(q3, k0, rq3, rk0, gam3, gam0, 0, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC, 0)
+    _store_rows(p, _decayed_gram(q3, k1, rq3, rk1, gam3, gam1, 0, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC, BC)
+    _store_rows(p, _decayed_gram(q3, k2, rq3, rk2, gam3, gam2, 0, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC,
+                2 * BC)
+    _store_rows(p, _decayed_gram(q3, k3, rq3, rk3, gam3, gam3, 2, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC,
+                3 * BC)
+    _store_row_scales(q_scale, k_scale, r0, eos, i_hv, rq0, rk0, gam0, g_last, HV, BC)
+    _store_row_scales(q_scale, k_scale, r1, eos, i_hv, rq1, rk1, gam1, g_last, HV, BC)
+    _store_row_scales(q_scale, k_scale, r2, eos, i_hv, rq2, rk2, gam2, g_last, HV, BC)
+    _store_row_scales(q_scale, k_scale, r3, eos, i_hv, rq3, rk3, gam3, g_last, HV, BC)
 
     # T = (I + A)^-1 block by block: invert the diagonal blocks, then T_ij = -T_ii sum_{j<=m<i} A_im T_mj
-    # (full fp32 products, see _invert_unit_lower).
-    T00 = _invert_unit_lower(_a_block(k0, k0, beta0, gam0, gam0, True, BC, DOT_PREC), BC)
-    T11 = _invert_unit_lower(_a_block(k1, k1, beta1, gam1, gam1, True, BC, DOT_PREC), BC)
-    T22 = _invert_unit_lower(_a_block(k2, k2, beta2, gam2, gam2, True, BC, DOT_PREC), BC)
-    T33 = _invert_unit_lower(_a_block(k3, k3, beta3, gam3, gam3, True, BC, DOT_PREC), BC)
-    A10 = _a_block(k1, k0, beta1, gam1, gam0, False, BC, DOT_PREC)
-    A21 = _a_block(k2, k1, beta2, gam2, gam1, False, BC, DOT_PREC)
-    A32 = _a_block(k3, k2, beta3, gam3, gam2, False, BC, DOT_PREC)
-    A20 = _a_block(k2, k0, beta2, gam2, gam0, False, BC, DOT_PREC)
-    A31 = _a_block(k3, k1, beta3, gam3, gam1, False, BC, DOT_PREC)
-    A30 = _a_block(k3, k0, beta3, gam3, gam0, False, BC, DOT_PREC)
+    # (full fp32 products, see _invert_unit_lower). A = diag(beta / |k|) K K^T diag(1 / |k|) * decay.
+    T00 = _invert_unit_lower(_decayed_gram(k0, k0, beta0 * rk0, rk0, gam0, gam0, 1, BC, DOT_PREC), BC)
+    T11 = _invert_unit_lower(_decayed_gram(k1, k1, beta1 * rk1, rk1, gam1, gam1, 1, BC, DOT_PREC), BC)
+    T22 = _invert_unit_lower(_decayed_gram(k2, k2, beta2 * rk2, rk2, gam2, gam2, 1, BC, DOT_PREC), BC)
+    T33 = _invert_unit_lower(_decayed_gram(k3, k3, beta3 * rk3, rk3, gam3, gam3, 1, BC, DOT_PREC), BC)
+    A10 = _decayed_gram(k1, k0, beta1 * rk1, rk0, gam1, gam0, 0, BC, DOT_PREC)
+    A21 = _decayed_gram(k2, k1, beta2 * rk2, rk1, gam2, gam1, 0, BC, DOT_PREC)
+    A32 = _decayed_gram(k3, k2, beta3 * rk3, rk2, gam3, gam2, 0, BC, DOT_PREC)
+    A20 = _decayed_gram(k2, k0, beta2 * rk2, rk0, gam2, gam0, 0, BC, DOT_PREC)
+    A31 = _decayed_gram(k3, k1, beta3 * rk3, rk1, gam3, gam1, 0, BC, DOT_PREC)
+    A30 = _decayed_gram(k3, k0, beta3 * rk3, rk0, gam3, gam0, 0, BC, DOT_PREC)
     T10 = -_mm_f32(_mm_f32(T11, A10), T00)
     T21 = -_mm_f32(_mm_f32(T22, A21), T11)
     T32 = -_mm_f32(_mm_f32(T33, A32), T22)
@@ -164,12 +262,12 @@ def _chunk_prep_kernel(
     T31 = -_mm_f32(T33, _mm_f32(A31, T11) + _mm_f32(A32, T21))
     T30 = -_mm_f32(T33, _mm_f32(A30, T00) + _mm_f32(A31, T10) + _mm_f32(A32, T20))
 
-    # W = T (K * beta * exp(gamma)), U = T (V * beta), one BC-row block at a time. The right-hand sides
-    # stay float32 (tf32 tensor cores for 16-bit inputs); W and U are stored in the input dtype.
-    x0 = k0.to(tl.float32) * (beta0 * tl.exp(gam0))[:, None]
-    x1 = k1.to(tl.float32) * (beta1 * tl.exp(gam1))[:, None]
-    x2 = k2.to(tl.float32) * (beta2 * tl.exp(gam2))[:, None]
-    x3 = k3.to(tl.float32) * (beta3 * tl.exp(gam3))[:, None]
+    # W = T (K * beta * exp(gamma) / |k|), U = T (V * beta), one BC-row block at a time. The right-hand
+    # sides stay float32 (tf32 tensor cores for 16-bit inputs); W and U are stored in the input dtype.
+    x0 = k0.to(tl.float32) * (rk0 * beta0 * tl.exp(gam0))[:, None]
+    x1 = k1.to(tl.float32) * (rk1 * beta1 * tl.exp(gam1))[:, None]
+    x2 = k2.to(tl.float32) * (rk2 * beta2 * tl.exp(gam2))[:, None]
+    x3 = k3.to(tl.float32) * (rk3 * beta3 * tl.exp(gam3))[:, None]
     _store_rows(w, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, K, BC, BK)
     _store_rows(w, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, K, BC, BK)
     _store_rows(w, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, K, BC, BK)
@@ -184,17 +282,16 @@ def _chunk_prep_kernel(
     _store_rows(u, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, V, BC, BVALL)
     _store_rows(u, _lower_row4(T30, T31, T32, T33, x0, x1, x2, x3, DOT_PREC), r3, eos, i_hv, HV, V, BC, BVALL)
 
-
 @triton.jit
 def _chunk_walk_kernel(
-    q, k, w, u, gamma,  # q, k [tokens, H, K]; w [tokens, HV, K]; u [tokens, HV, V]; gamma [tokens, HV]
+    q, k, w, u, p,  # q, k [tokens, H, K]; w [tokens, HV, K]; u [tokens, HV, V]; p [tokens, HV, BT]
+    gamma, q_scale, k_scale,  # float32 [tokens, HV]
     o,  # output [tokens, HV, V]
     h0, ht,  # initial / final states [N, HV, K, V] float32 (None when unused)
     seq_bounds, seq_order,  # int32 [N+1] token offsets; int32 [N] sequence indices, longest first
-    scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    USE_L2NORM: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # One flat grid, sequence-major: every head of the longest sequence is scheduled first.
     pid = tl.program_id(0)
@@ -206,47 +303,32 @@ def _chunk_walk_kernel(
     eos = tl.load(seq_bounds + i_n + 1).to(tl.int64)
     v0 = i_v * BV
 
-    o_k = tl.arange(0, BK)
-    o_v = v0 + tl.arange(0, BV)
-    state_offsets = ((i_n * HV + i_hv) * K + o_k[:, None]).to(tl.int64) * V + o_v[None, :]
-    state_mask = (o_k < K)[:, None] & (o_v < V)[None, :]
     if USE_H0:
-        S = tl.load(h0 + state_offsets, mask=state_mask, other=0.0).to(tl.float32)
+        S = _load_state(h0, i_n, i_hv, HV, K, V, BK, BV, v0)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
 
-    o_t = tl.arange(0, BT)
-    causal = o_t[:, None] >= o_t[None, :]
     for t0 in range(bos, eos, BT):
-        t_end = tl.minimum(t0 + BT, eos)
         b_q = _load_rows(q, t0, eos, i_h, H, K, BT, BK)
         b_k = _load_rows(k, t0, eos, i_h, H, K, BT, BK)
-        if USE_L2NORM:
-            b_q = _l2norm_rows(b_q)
-            b_k = _l2norm_rows(b_k)
         b_w = _load_rows(w, t0, eos, i_hv, HV, K, BT, BK)
         b_u = _load_rows(u, t0, eos, i_hv, HV, V, BT, BV, v0)
-        rows = t0 + o_t.to(tl.int64)
-        gamma_last = tl.load(gamma + (t_end - 1) * HV + i_hv)
-        # Rows past the end take gamma_last, so every exponent formed below is <= 0.
-        b_gamma = tl.load(gamma + rows * HV + i_hv, mask=rows < eos, other=0.0)
-        b_gamma = tl.where(rows < eos, b_gamma, gamma_last)
+        b_p = _load_rows(p, t0, eos, i_hv, HV, BT, BT, BT)
+        rows = t0 + tl.arange(0, BT).to(tl.int64)
+        qs = tl.load(q_scale + rows * HV + i_hv, mask=rows < eos, other=0.0)
+        ks = tl.load(k_scale + rows * HV + i_hv, mask=rows < eos, other=0.0)
+        chunk_decay = tl.exp(tl.load(gamma + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv))
 
+        # The state chain first (it is the loop's critical path), then the output from the old state.
         S_in = S.to(b_q.dtype)
         v_new = b_u.to(tl.float32) - tl.dot(b_w, S_in, input_precision=DOT_PREC)
-        v_new_in = v_new.to(b_q.dtype)
-        q_decayed = (b_q.to(tl.float32) * (tl.exp(b_gamma) * scale)[:, None]).to(b_q.dtype)
-        b_o = tl.dot(q_decayed, S_in, input_precision=DOT_PREC)
-        attn = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-        attn = tl.where(causal, attn * tl.exp(tl.where(causal, b_gamma[:, None] - b_gamma[None, :], 0.0)), 0.0)
-        b_o += tl.dot((attn * scale).to(b_q.dtype), v_new_in, input_precision=DOT_PREC)
+        S = S * chunk_decay + tl.dot(tl.trans(b_k), (v_new * ks[:, None]).to(b_q.dtype), input_precision=DOT_PREC)
+        b_o = tl.dot(b_q, S_in, input_precision=DOT_PREC) * qs[:, None]
+        b_o += tl.dot(b_p, v_new.to(b_q.dtype), input_precision=DOT_PREC)
         _store_rows(o, b_o, t0, eos, i_hv, HV, V, BT, BV, v0)
 
-        k_decayed = (b_k.to(tl.float32) * tl.exp(gamma_last - b_gamma)[:, None]).to(b_q.dtype)
-        S = S * tl.exp(gamma_last) + tl.dot(tl.trans(k_decayed), v_new_in, input_precision=DOT_PREC)
-
     if STORE_HT:
-        tl.store(ht + state_offsets, S, mask=state_mask)
+        _store_state(ht, S, i_n, i_hv, HV, K, V, BK, BV, v0)
 
 
 def chunk_gated_delta_rule(
@@ -265,7 +347,7 @@ def chunk_gated_delta_rule(
     block_v: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    prep_num_warps: int = 4,
+    prep_num_warps: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule over whole sequences, chunk by chunk (prefill). fla-compatible arguments.
 
@@ -282,6 +364,8 @@ def chunk_gated_delta_rule(
         block_v: V columns per walk program (power of two >= 16; capped at V rounded up to a power of two).
         num_warps, num_stages: of the sequential walk kernel (num_stages pipelines its chunk loop).
         prep_num_warps: of the parallel per-chunk kernel.
+        Defaults: compiled for sm_90 without spilling registers for K = V = 128 in 16-bit (see
+        `bench/bench_gated_delta_rule.py --compile-report`); timings are left to the benchmark.
     Returns:
         o [B, T, HV, V] in q's dtype, and the final states or None.
     """
@@ -309,6 +393,19 @@ def _pow2_block(dim: int) -> int:
     return max(16, triton.next_power_of_2(dim))
 
 
+@functools.lru_cache(maxsize=16)
+def _launch_tables(layout: SequenceLayout, chunk_size: int, device: torch.device):
+    """int32 device tables: chunk bounds [chunks, 2], sequence bounds [N+1], sequences longest first [N].
+
+    Cached: every layer of an engine step sends the same layout, and rebuilding costs host time and
+    three host-to-device copies per call.
+    """
+    chunks = layout.chunk_bounds(chunk_size)
+    return (torch.tensor(chunks, dtype=torch.int32, device=device).reshape(-1, 2),
+            torch.tensor(layout.bounds, dtype=torch.int32, device=device),
+            torch.tensor(layout.longest_first(), dtype=torch.int32, device=device))
+
+
 def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
                      layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool, chunk_size: int,
                      block_v: int, num_warps: int, num_stages: int, prep_num_warps: int):
@@ -334,24 +431,22 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
 
     w = torch.empty(tokens, HV, K, dtype=q.dtype, device=device)
     u = torch.empty(tokens, HV, V, dtype=q.dtype, device=device)
-    gamma = torch.empty(tokens, HV, dtype=torch.float32, device=device)
-    chunks = layout.chunk_bounds(chunk_size)
-    if chunks:
-        chunk_table = torch.tensor(chunks, dtype=torch.int32, device=device)
-        _chunk_prep_kernel[(len(chunks), HV)](
-            k, v, g, beta, w, u, gamma, chunk_table,
+    p = torch.empty(tokens, HV, chunk_size, dtype=q.dtype, device=device)
+    gamma, q_scale, k_scale = torch.empty(3, tokens, HV, dtype=torch.float32, device=device)
+    chunk_table, seq_bounds, seq_order = _launch_tables(layout, chunk_size, device)
+    if chunk_table.shape[0]:
+        _chunk_prep_kernel[(chunk_table.shape[0], HV)](
+            q, k, v, g, beta, w, u, p, gamma, q_scale, k_scale, chunk_table, scale,
             H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=_pow2_block(V),
             USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=prep_num_warps,
         )
 
     BV = min(_block_size("block_v", block_v), _pow2_block(V))
     NV = triton.cdiv(V, BV)
-    seq_bounds = torch.tensor(layout.bounds, dtype=torch.int32, device=device)
-    seq_order = torch.tensor(layout.longest_first(), dtype=torch.int32, device=device)
     _chunk_walk_kernel[(N * HV * NV,)](
-        q, k, w, u, gamma, o, h0, final, seq_bounds, seq_order, scale,
+        q, k, w, u, p, gamma, q_scale, k_scale, o, h0, final, seq_bounds, seq_order,
         H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, NV=NV,
-        USE_L2NORM=use_qk_l2norm, USE_H0=h0 is not None, STORE_HT=final is not None, DOT_PREC=dot_prec,
+        USE_H0=h0 is not None, STORE_HT=final is not None, DOT_PREC=dot_prec,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o.reshape(d.batch, d.seq_len, HV, V), final

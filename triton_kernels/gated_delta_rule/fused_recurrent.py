@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels._device import use_triton
-from triton_kernels.gated_delta_rule.chunk import _block_size, _pow2_block
+from triton_kernels.gated_delta_rule.chunk import _block_size, _load_state, _pow2_block, _store_state
 from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs
 from triton_kernels.gated_delta_rule.torch_path import recurrent_fwd_torch
 
@@ -39,10 +39,8 @@ def _recurrent_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    state_offsets = ((i_n * HV + i_hv) * K + o_k[:, None]).to(tl.int64) * V + o_v[None, :]
-    state_mask = m_k[:, None] & m_v[None, :]
     if USE_H0:
-        S = tl.load(h0 + state_offsets, mask=state_mask, other=0.0).to(tl.float32)
+        S = _load_state(h0, i_n, i_hv, HV, K, V, BK, BV, i_v * BV)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
 
@@ -62,7 +60,7 @@ def _recurrent_kernel(
         tl.store(o + (t * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
     if STORE_HT:
-        tl.store(ht + state_offsets, S, mask=state_mask)
+        _store_state(ht, S, i_n, i_hv, HV, K, V, BK, BV, i_v * BV)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -78,7 +76,7 @@ def fused_recurrent_gated_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     block_v: int = 32,
-    num_warps: int = 2,
+    num_warps: int = 4,
     num_stages: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule one token at a time (decode: T == 1 per sequence). fla-compatible arguments.
@@ -91,10 +89,11 @@ def fused_recurrent_gated_delta_rule(
     scale = dims.head_k_dim**-0.5 if scale is None else float(scale)
     args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel)
-    if not use_triton(q):
+    if not q.is_cuda:  # reading cu_seqlens is free here: check its values (the torch path needs them)
         layout = SequenceLayout.from_inputs(dims, cu_seqlens)
-        return recurrent_fwd_torch(q, k, v, g, beta, **args, layout=layout)
-    # The kernel reads cu_seqlens where it lives: no host sync on the decode path (its values are trusted).
+        if not use_triton(q):
+            return recurrent_fwd_torch(q, k, v, g, beta, **args, layout=layout)
+    # The kernel reads cu_seqlens where it lives: no host sync on the GPU decode path (values trusted).
     return recurrent_fwd_triton(q, k, v, g, beta, **args, cu_seqlens=cu_seqlens, block_v=block_v,
                                 num_warps=num_warps, num_stages=num_stages)
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 import torch
 
 
+_last_read: list = []  # [cu_seqlens tensor, its _version, its values as a tuple]; see from_inputs
+
+
 @dataclass(frozen=True)
 class SequenceLayout:
     """Token offsets of `N` sequences laid end to end: sequence n owns tokens [bounds[n], bounds[n+1])."""
@@ -19,11 +22,23 @@ class SequenceLayout:
 
     @classmethod
     def from_inputs(cls, dims: "Dims", cu_seqlens: torch.Tensor | None) -> "SequenceLayout":
-        """Host copy of the sequence bounds (one device sync when cu_seqlens lives on the GPU)."""
+        """Host copy of the sequence bounds.
+
+        Reading a GPU tensor syncs the device; the engine passes the same cu_seqlens tensor to every
+        layer of a step, so the last GPU one read is remembered by identity (and version counter where
+        torch tracks one: not for inference-mode tensors, so never write into a cu_seqlens in place).
+        """
         B, T = dims.batch, dims.seq_len
         if cu_seqlens is None:
             return cls(tuple(t * T for t in range(B + 1)))
-        bounds = tuple(int(x) for x in cu_seqlens.tolist())
+        version = None if cu_seqlens.is_inference() else cu_seqlens._version
+        last = _last_read
+        if cu_seqlens.is_cuda and last and last[0] is cu_seqlens and last[1] == version:
+            bounds = last[2]
+        else:
+            bounds = tuple(int(x) for x in cu_seqlens.tolist())
+            if cu_seqlens.is_cuda:
+                _last_read[:] = [cu_seqlens, version, bounds]
         if bounds[0] != 0 or bounds[-1] != T or any(b < a for a, b in zip(bounds, bounds[1:])):
             raise ValueError(
                 f"cu_seqlens must start at 0, be non-decreasing and end at the token count {T}; "

@@ -1,0 +1,314 @@
+"""Fault injection with real processes and signals: what each fault does, and that nothing is lost.
+
+A reference run computes the expected result once; every faulty run must end non-zero with a clear
+message, keep what was durable, and after `rerun` give the same rows and values as the reference.
+Values are compared at atol = rtol = 1e-6: resumed shards run the same batches with the same thread
+count, so they agree to float32 rounding.
+"""
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from pipeline.runner import check_storage, estimate_result_bytes
+
+from .tiny_models import REPO, run_cli
+
+
+@pytest.fixture(scope="module")
+def fasta(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fasta") / "in.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "240", "--seed", "11",
+                    "--max-len", "600", str(path)], check=True, capture_output=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def common(models):
+    return ["--model", models["demo"], "--gpus", "0", "--workers", "2", "--max-tokens-per-batch", "2000",
+            "--checkpoint-every", "20", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def reference(fasta, common, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "out"
+    res = run_cli(fasta, "--out", str(out), *common)
+    assert res.returncode == 0, res.stderr
+    return read(out / "result.h5")
+
+
+def read(path):
+    with h5py.File(path) as f:
+        names = []
+        f.visit(lambda n: names.append(n) if isinstance(f[n], h5py.Dataset) else None)
+        return {k: f[k][:] for k in names}
+
+
+def assert_same(got, want):
+    assert sorted(got) == sorted(want)
+    for key in want:
+        if want[key].dtype.kind == "f":
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6, err_msg=key)
+        else:
+            assert np.array_equal(got[key], want[key]), key
+
+
+def env_with(**faults):
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env.update({k: str(v) for k, v in faults.items()})
+    return env
+
+
+def start(fasta, out, common, **faults):
+    return subprocess.Popen([sys.executable, str(REPO / "bin" / "run_shards"), fasta, "--out", str(out), *common],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with(**faults),
+                            cwd=REPO)
+
+
+def wait_for(predicate, timeout=120.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def log_text(out, rank):
+    path = out / "logs" / f"worker_{rank}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def worker_pid(out, rank):
+    return int(log_text(out, rank).rsplit("started (pid ", 1)[1].split(",")[0])
+
+
+def rerun_matches(out, reference, *extra):
+    res = run_cli("rerun", str(out), "--no-progress", *extra)
+    assert res.returncode == 0, res.stderr
+    assert_same(read(out / "result.h5"), reference)
+    return res
+
+
+@pytest.mark.parametrize("point", ["part-written", "part-finished", "shard-written"])
+def test_kill_while_writing_output(fasta, common, reference, tmp_path, point):
+    """SIGKILL at each step of writing a checkpoint or the shard: only undurable rows are recomputed."""
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common,
+                  env={"RUN_SHARDS_FAULT_DIE_AT": point, "RUN_SHARDS_FAULT_DIE_SHARD": "1",
+                       "RUN_SHARDS_FAULT_DIE_AFTER": "0" if point == "shard-written" else "1"})
+    assert res.returncode == 1
+    assert "shard 1 failed: killed by SIGKILL" in res.stderr and f"run_shards rerun {out} --shards 1" in res.stderr
+    assert not (out / "result.h5").exists()
+    parts = sorted(p.name for p in (out / "shards" / "shard_1.parts").iterdir())
+    durable = [p for p in parts if p.startswith("part_")]
+    assert "part_000000.h5" in durable                      # the first checkpoint survived
+    if point == "part-written":
+        assert "part_000001.h5" not in durable              # the one being written never counts
+    rerun_matches(out, reference)
+    resumed = log_text(out, 1).split("worker for shard 1 started")[-1]
+    durable = int(resumed.split("resuming: ")[1].split(" of ")[0])
+    if point == "shard-written":
+        assert durable == 120          # every row was durable: the rerun only writes the shard again
+    else:
+        assert 20 <= durable < 120     # the first checkpoint's rows are reused, the rest recomputed
+
+
+def test_parent_killed_workers_stop_then_rerun(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    proc = start(fasta, out, common, RUN_SHARDS_FAULT_BATCH_SLEEP="0.3")
+    wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
+    pids = [worker_pid(out, r) for r in (0, 1)]
+    proc.kill()
+    proc.wait()
+
+    def gone():
+        return all(not os.path.exists(f"/proc/{p}") or open(f"/proc/{p}/stat").read().split()[2] == "Z" for p in pids)
+    wait_for(gone, timeout=60)   # no orphans left holding memory
+    for r in (0, 1):
+        text = log_text(out, r)
+        assert "received SIGINT" in text or "parent" in text
+        assert "exits with code 75" in text
+    status = run_cli("status", str(out)).stdout
+    assert "partial" in status
+    rerun_matches(out, reference)
+
+
+def test_sigterm_to_parent_checkpoints_and_exits_nonzero(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    proc = start(fasta, out, common, RUN_SHARDS_FAULT_BATCH_SLEEP="0.3")
+    wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "interrupted by SIGTERM" in stderr and f"run_shards rerun {out}" in stderr
+    for r in (0, 1):
+        assert "interrupted (received SIGTERM)" in log_text(out, r)
+    rerun_matches(out, reference)
+
+
+def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common, tmp_path):
+    out = tmp_path / "out"
+    proc = start(fasta, out, common, RUN_SHARDS_FAULT_BATCH_SLEEP="0.3")
+    try:
+        wait_for(lambda: "started (pid" in log_text(out, 0))
+        res = run_cli(fasta, "--out", str(out), *common)
+        assert res.returncode == 2 and "is in use by another run_shards command (pid" in res.stderr
+        res = run_cli("merge", str(out))
+        assert res.returncode == 2 and "is in use" in res.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / ".lock").write_text(json.dumps({"pid": 999999, "host": "gone", "purpose": "run", "since": "yesterday"}))
+    res = run_cli(fasta, "--out", str(stale), *common)
+    assert res.returncode == 0, res.stderr
+    assert "took over a stale lock left by pid 999999" in (stale / "logs" / "run.log").read_text()
+
+
+def test_corrupt_checkpoint_is_recomputed(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common,
+                  env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "0",
+                       "RUN_SHARDS_FAULT_DIE_AFTER": "2"})
+    assert res.returncode == 1
+    part = out / "shards" / "shard_0.parts" / "part_000001.h5"
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])   # a torn file
+    status = run_cli("status", str(out)).stdout
+    assert "corrupt checkpoint(s) part_000001.h5 will be recomputed" in status
+    res = run_cli("merge", str(out), "--allow-partial")   # never merged, even partially
+    assert res.returncode == 0, res.stderr
+    with h5py.File(out / "result.h5") as f:
+        assert not f.attrs["complete"] and len(f["missing_ids"]) > 0
+    rerun_matches(out, reference)
+    assert "part_000001.h5 is corrupt" in log_text(out, 0)
+
+
+def test_allow_partial_merge(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common,
+                  env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "1",
+                       "RUN_SHARDS_FAULT_DIE_AFTER": "2"})
+    assert res.returncode == 1
+    res = run_cli("merge", str(out))
+    assert res.returncode == 2 and "shard 1 is not finished" in res.stderr and "--allow-partial" in res.stderr
+    res = run_cli("merge", str(out), "--allow-partial")
+    assert res.returncode == 0, res.stderr
+    got = read(out / "result.h5")
+    with h5py.File(out / "result.h5") as f:
+        assert not f.attrs["complete"] and f.attrs["num_missing"] == len(got["missing_ids"]) > 0
+    present = got["index"]
+    missing = sorted(set(range(240)) - set(present.tolist()))
+    assert [m.decode() for m in got["missing_ids"]] == [reference["ids"][m].decode() for m in missing]
+    np.testing.assert_allclose(got["embeddings/mean"], reference["embeddings/mean"][present], rtol=1e-6, atol=1e-6)
+    rerun_matches(out, reference)
+
+
+def test_changed_input_is_refused(common, tmp_path, models):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nMKVL\n>b\nACDEF\n")
+    out = tmp_path / "out"
+    assert run_cli(str(fasta), "--out", str(out), *common).returncode == 0
+    st = os.stat(fasta)
+    os.utime(fasta, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))      # touched, same records: fine
+    res = run_cli("merge", str(out))
+    assert res.returncode == 0, res.stderr
+    with open(fasta, "ab") as fh:
+        fh.write(b">c\nWW\n")
+    for cmd in (["rerun", str(out)], ["merge", str(out)]):
+        res = run_cli(*cmd)
+        assert res.returncode == 2, res.stderr
+        assert "the input FASTA no longer matches this run" in res.stderr and "size changed" in res.stderr
+        assert "2 records when the run started, 3 now" in res.stderr
+    assert "inputs: CHANGED" in run_cli("status", str(out)).stdout
+    res = run_cli(str(fasta), "--out", str(out), *common)   # same command again: refuses, says what changed
+    assert res.returncode == 2 and "FASTA content" in res.stderr
+
+
+def test_empty_records_and_unknown_characters(common, tmp_path):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">ok\nMKVL\n>empty\n\n>odd\nMKJ1L\n")
+    res = run_cli(str(fasta), "--out", str(tmp_path / "a"), *common)
+    assert res.returncode == 2 and "1 record(s) have no residues" in res.stderr and f"{fasta}:3 'empty'" in res.stderr
+    res = run_cli(str(fasta), "--out", str(tmp_path / "b"), *common, "--skip-empty")
+    assert res.returncode == 0, res.stderr
+    got = read(tmp_path / "b" / "result.h5")
+    assert got["status"].tolist() == [0, 3, 2]
+    assert np.isnan(got["embeddings/mean"][1]).all() and not np.isnan(got["embeddings/mean"][[0, 2]]).any()
+    assert got["num_tokens"].tolist() == [6, 0, 7]
+
+
+def test_out_of_memory_batches_split_and_single_sequences_marked(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    lengths = reference["lengths"]
+    limit = 500    # tokens; the demo tokenizer adds 2 specials per sequence
+    res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_OOM_TOKENS": str(limit)})
+    assert res.returncode == 0, res.stderr
+    got = read(out / "result.h5")
+    too_big = lengths + 2 > limit
+    assert too_big.any() and (~too_big).any()
+    assert (got["status"][too_big] == 4).all() and np.isnan(got["embeddings/mean"][too_big]).all()
+    assert (got["status"][~too_big] == 0).all()
+    np.testing.assert_allclose(got["embeddings/mean"][~too_big], reference["embeddings/mean"][~too_big],
+                               rtol=1e-4, atol=1e-4)   # smaller batches: other padding, float32 rounding
+    logs = log_text(out, 0) + log_text(out, 1)
+    assert "splitting it in two" in logs and "out of memory on a single sequence" in logs
+
+
+def _limit_file_size(limit):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # writes past the limit fail with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_disk_full_is_a_clear_error_and_rerun_works(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    env = env_with()
+    res = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), fasta, "--out", str(out), *common,
+                          "--checkpoint-every", "1000"], capture_output=True, text=True, env=env, cwd=REPO,
+                         preexec_fn=_limit_file_size(40_000), timeout=300)
+    assert res.returncode != 0
+    assert "the file size limit was reached" in res.stderr and "Nothing partial was kept" in res.stderr
+    assert "Traceback" not in res.stderr
+    leftovers = [p for p in (out / "shards").rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+    rerun_matches(out, reference)
+
+
+def test_hung_worker_is_killed_and_reported(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common, "--worker-timeout", "12",
+                  env={"RUN_SHARDS_FAULT_HANG_SHARD": "1"})
+    assert res.returncode == 1
+    assert "shard 1: no progress for" in res.stderr and "killed as hung" in res.stderr
+    assert (out / "shards" / "shard_0.h5").exists()
+    rerun_matches(out, reference)
+
+
+def test_storage_estimate_warns_when_it_will_not_fit(caplog, tmp_path):
+    from index import SequenceIndex
+    from pipeline.rows import BASE_COLUMNS, Column, Schema
+    from pipeline import demo_model
+    from pipeline.tokenization import SequenceTokenizer
+    path = tmp_path / "x.fasta"
+    path.write_bytes(b">a\n" + b"A" * 1000 + b"\n>b\n" + b"C" * 3000 + b"\n")
+    index = SequenceIndex.build([path])
+    schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 64),
+                                    Column("per_residue/values", "float16", 1280, ragged=True)))
+    tok = SequenceTokenizer(demo_model.build_tokenizer())
+    assert estimate_result_bytes(schema, index, tok) >= 4000 * 1280 * 2
+    with caplog.at_level("INFO", logger="run_shards"):
+        check_storage(schema, index, tok, 2, tmp_path, free_bytes=10**12)
+        assert "will NOT fit" not in caplog.text and "storage estimate: result 10.2 MB" in caplog.text
+        check_storage(schema, index, tok, 2, tmp_path, free_bytes=1000)
+        assert "This will NOT fit" in caplog.text

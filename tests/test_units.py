@@ -1,0 +1,117 @@
+"""Fast unit tests: options, device choice, batching, tokenization, pooling, the demo model."""
+import numpy as np
+import pytest
+import torch
+
+from pipeline import demo_model, devices
+from pipeline.batching import plan_batches
+from pipeline.config import RunConfig
+from pipeline.engine_api import EngineInfo, ForwardOutput, resolve_layers
+from pipeline.errors import UserError
+from pipeline.rows import ragged_gather_index
+from pipeline.tasks import EmbedTask, ScoreTask
+from pipeline.tokenization import SequenceTokenizer
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"task": "fold"}, "--task must be one of"),
+    ({"pools": ["max"]}, "--pool must be one of"),
+    ({"on_long": "ignore"}, "--on-long must be one of"),
+    ({"workers": 0}, "--workers must be at least 1"),
+    ({"checkpoint_seconds": 0}, "--checkpoint-every and --checkpoint-seconds must be positive"),
+])
+def test_config_rejects_bad_options(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        RunConfig(fasta=["x"], out="o", **kwargs)
+
+
+def test_config_roundtrip_and_defaults():
+    c = RunConfig(fasta=["a.fa"], out="o", devices=["0", "1"], workers=2)
+    assert RunConfig.from_json(c.to_json()) == c
+    assert c.world == 2 and c.on_gpu and c.torch_dtype_name == "bfloat16" and c.tokens_per_batch == 32768
+    cpu = RunConfig(fasta=["a.fa"], out="o", workers=3)
+    assert cpu.world == 3 and cpu.torch_dtype_name == "float32" and cpu.tokens_per_batch == 4096
+
+
+def test_devices_honour_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert devices.visible_gpus() == ["3", "5"]
+    assert devices.resolve("2", None)[0] == ["3", "5"]
+    assert devices.resolve("auto", None)[0] == ["3", "5"]
+    with pytest.raises(UserError, match=r"--gpus 4: only 2 GPU\(s\) visible \(CUDA_VISIBLE_DEVICES='3,5'\)"):
+        devices.resolve("4", None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,-1,2")   # CUDA stops at the first invalid id
+    assert devices.visible_gpus() == ["1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    gpus, workers, threads = devices.resolve("auto", 2, 3)
+    assert gpus == [] and workers == 2 and threads == 3
+    with pytest.raises(UserError, match="--gpus takes a number or 'auto'"):
+        devices.resolve("many", None)
+
+
+def test_plan_batches_padded_and_ragged():
+    tokens = np.array([100, 90, 50, 50, 10, 10, 10])
+    padded = plan_batches(tokens, 200, 8, padded=True)
+    assert padded == [(0, 2), (2, 6), (6, 7)]          # 2 x 100, 4 x 50, then 1 x 10
+    ragged = plan_batches(tokens, 200, 8, padded=False)
+    assert ragged == [(0, 2), (2, 7)]                  # 190, then 130
+    assert plan_batches(np.array([500, 10]), 100, 8, padded=True) == [(0, 1), (1, 2)]   # too long: alone
+    assert plan_batches(np.array([1] * 10), 100, 3, padded=False) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert sum(b - a for a, b in plan_batches(np.sort(np.random.default_rng(0).integers(1, 99, 500))[::-1],
+                                              300, 16, padded=True)) == 500
+
+
+def test_tokenizer_truncation_keeps_special_tokens():
+    tok = SequenceTokenizer(demo_model.build_tokenizer(), max_tokens=6)
+    assert tok.char_level and tok.num_special == 2
+    full, cut, odd = tok.encode(["MKV", "MKVLAAG", "MKJ"])
+    assert full.ids == [1, 14, 12, 21, 2] and not full.truncated            # <bos> M K V <eos>
+    assert cut.ids == [1, 14, 12, 21, 13, 2] and cut.truncated              # <bos> M K V L <eos>
+    assert cut.special.tolist() == [True] + [False] * 4 + [True]
+    assert odd.unknown and not full.unknown
+    assert tok.tokens_for_residues(np.array([3, 7])).tolist() == [5, 9]
+
+
+def test_ragged_gather_index():
+    assert ragged_gather_index(np.array([5, 0, 2]), np.array([2, 0, 3])).tolist() == [5, 6, 2, 3, 4]
+
+
+def test_pooling_and_scoring_definitions():
+    """Hand-made ragged output: two sequences <s> a b </s> and <s> c </s>."""
+    info = EngineInfo("test", hidden_size=2, num_layers=1, is_causal=True, max_tokens=None)
+    config = RunConfig(fasta=["x"], out="o", pools=["mean", "cls", "last"], layers=[-1, 0], per_residue=True,
+                       per_residue_dtype="float32")
+    hidden = torch.tensor([[1., 1.], [2., 4.], [4., 8.], [9., 9.], [3., 3.], [5., 7.], [6., 6.]])
+    out = ForwardOutput(cu_seqlens=torch.tensor([0, 4, 7]), hidden={1: hidden, 0: -hidden},
+                        token_logprobs=torch.tensor([0., -1., -2., -4., 0., -0.5, -8.]))
+
+    class T:
+        def __init__(self, special):
+            self.special = np.array(special)
+    toks = [T([True, False, False, True]), T([True, False, True])]
+    res = EmbedTask(config, info).compute(out, toks)
+    assert res.columns["embeddings/mean"].tolist() == [[3., 6.], [5., 7.]]
+    assert res.columns["embeddings/cls"].tolist() == [[1., 1.], [3., 3.]]
+    assert res.columns["embeddings/last"].tolist() == [[9., 9.], [6., 6.]]
+    assert res.columns["embeddings/mean_layer0"].tolist() == [[-3., -6.], [-5., -7.]]
+    assert res.values["per_residue/values"].tolist() == [[2., 4.], [4., 8.], [5., 7.]]
+    assert res.lengths["per_residue"].tolist() == [2, 1]
+    score = ScoreTask(config, info).compute(out, toks)
+    assert score.columns["score/logprob_sum"].tolist() == [-3.0, -0.5]   # specials and first token excluded
+    assert score.columns["score/num_scored"].tolist() == [2, 1]
+    with pytest.raises(UserError, match="causal language model"):
+        ScoreTask(config, EngineInfo("test", 2, 1, is_causal=False, max_tokens=None))
+
+
+def test_resolve_layers():
+    assert resolve_layers([-1, 0, 2, -1], 4) == [4, 0, 2]
+    with pytest.raises(UserError, match="--layers 5 is out of range"):
+        resolve_layers([5], 4)
+
+
+def test_demo_model_weights_are_fixed():
+    """Every machine must materialise bit-identical demo weights: pin their digest."""
+    model = demo_model.build_model()
+    assert demo_model.weights_digest(model) == demo_model.WEIGHTS_DIGEST
+    assert sum(p.numel() for p in model.parameters()) < 300_000
+    assert model.config.layer_types.count("linear_attention") == 3
