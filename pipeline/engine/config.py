@@ -29,7 +29,7 @@ class EngineConfig:
     num_pages: int = 0                  # 0: derived from the budgets (see `resolve`)
     num_state_slots: int = 0            # 0: derived
     memory_fraction: float = 0.9        # of the free device memory the caches may take (GPU)
-    gdn_chunk_size: int = 0             # 0: 64 on GPU (the Triton kernels); on CPU chosen per step
+    gdn_chunk_size: int = 0             # 0: 64 with the Triton kernels; on CPU by head size
     attention_launch: dict | None = None    # explicit paged-attention knobs; None: the kernel's rule per step
     gdn_launch: dict = field(default_factory=dict)   # extra knobs for the delta-rule kernels, by function name
     kernels: str = "auto"               # auto: Triton on CUDA, the kernels' torch code on CPU; "triton":
@@ -59,7 +59,7 @@ class EngineConfig:
         slots = self.num_state_slots or self._derived_slots(spec)
         if spec.delta is not None and self.max_new_tokens and slots < 1:
             raise UserError("generation on a delta-rule model needs at least one state slot")
-        # The Triton kernels take chunks of 64 or 128; on CPU 0 leaves the choice to each step
+        # The Triton kernels take chunks of 64 or 128; on CPU 0 leaves the choice to the layer
         # (models/layers/gated_deltanet.py: cpu_chunk_size).
         chunk = self.gdn_chunk_size or (64 if self.triton_kernels(device) else 0)
         resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk)

@@ -58,7 +58,7 @@ def conv_layout(ctx: StepContext, width: int):
 # at every length (shortest / median / p90 / longest slices: C=8 1.52 / 1.35 / 1.27 / 1.20x hf,
 # C=16 1.28 / 1.16 / 1.13 / 1.19x, C=32 1.07 / 1.01 / 1.03 / 1.10x); heads of 64 are flat between 16 and
 # 64 (the GPU's 64 is used). Heads of 32 are not measured: 16, between the two.
-def cpu_chunk_size(ctx: StepContext, head_k_dim: int) -> int:
+def cpu_chunk_size(head_k_dim: int) -> int:
     return 8 if head_k_dim <= 16 else 16 if head_k_dim <= 32 else 64
 
 
@@ -108,7 +108,7 @@ class GatedDeltaNet(nn.Module):
         else:
             rule, knobs = chunk_gated_delta_rule, self.kernel_args.get("chunk_gated_delta_rule", {})
             if not knobs.get("chunk_size"):
-                knobs = dict(knobs, chunk_size=ctx.cached("gdn_chunk", lambda: cpu_chunk_size(ctx, self.head_k_dim)))
+                knobs = dict(knobs, chunk_size=cpu_chunk_size(self.head_k_dim))
         o, final = rule(q, k, v, g, beta, initial_state=initial, output_final_state=keep, cu_seqlens=ctx.cu_seqlens,
                         use_qk_l2norm_in_kernel=True, **knobs)
         if keep:
