@@ -106,7 +106,8 @@ def main():
                    "each sequence (native engine).")
 @click.option("--gpus", default="auto", show_default=True,
               help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU.")
-@click.option("--workers", type=int, default=None, help="CPU workers when running on CPU (default 1).")
+@click.option("--workers", type=int, default=None,
+              help="CPU workers when running on CPU (default: one per core, at most 4; each loads the model).")
 @click.option("--threads", type=int, default=None,
               help="torch threads per worker (default: the CPU cores divided between the workers).")
 @click.option("--engine", type=click.Choice(["auto", "native", "hf"]), default="auto", show_default=True,
