@@ -139,9 +139,10 @@ class ShardWriter:
         faults.maybe_die("shard-written", self.rank, 0)
         os.replace(tmp, path)
         fsync_dir(path.parent)
-        for p in self.parts.glob("*"):
-            p.unlink()
-        self.parts.rmdir()
+        if self.parts.is_dir():   # an empty shard (fewer records than workers) never checkpointed
+            for p in self.parts.glob("*"):
+                p.unlink()
+            self.parts.rmdir()
         self.complete = True
         return path
 

@@ -244,7 +244,8 @@ class BatchComputer:
         num_tokens = np.zeros(n, np.int32)
         status[lengths == 0] = sc.EMPTY
         candidates = np.flatnonzero(lengths > 0)
-        toks = self.tokenizer.encode([self.index.sequence(int(todo[i])) for i in candidates])
+        # (A batch of empty records only has nothing to tokenize: tokenizers fail on an empty list.)
+        toks = self.tokenizer.encode([self.index.sequence(int(todo[i])) for i in candidates]) if len(candidates) else []
         compute = []
         for i, t in zip(candidates, toks):
             if self.limit and len(t.ids) > self.limit:   # only when not truncating

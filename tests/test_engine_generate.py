@@ -82,3 +82,17 @@ def test_top_p_keeps_the_nucleus_only():
     assert counts[2] == counts[3] == 0                # outside the 0.8-mass nucleus {0, 1}
     assert abs(counts[0] / 2000 - 0.625) < 0.05       # renormalised: 0.5 / 0.8
     assert sample(logits[:3], 0.0, 0.7, u[:3]).tolist() == [0, 0, 0]
+
+
+def test_never_samples_ids_past_the_tokenizer(tmp_path):
+    """The demo model's embedding has 32 rows and its tokenizer 29 tokens (padded vocabularies are common
+    in real checkpoints too): at a temperature that makes the distribution nearly uniform, 128 draws
+    would pick one of the 3 padding rows with probability 1 - (29/32)^128 > 0.99999 if they were allowed."""
+    from pipeline import demo_model
+    path = demo_model.write(tmp_path / "demo")
+    engine = NativeEngine.load(str(path), CPU, torch.float32, "", max_new_tokens=16)
+    assert engine.spec.vocab_size > len(engine.tokenizer)
+    prompts = random_sequences([5, 9, 3, 7, 12, 4, 6, 8], seed=13, eos=None)
+    got = engine.generate(prompts, range(8), SamplingParams(max_new_tokens=16, temperature=1e4, seed=1))
+    drawn = [t for g in got for t in g.token_ids]
+    assert len(drawn) >= 64 and max(drawn) < len(engine.tokenizer)

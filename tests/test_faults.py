@@ -247,6 +247,19 @@ def test_empty_records_and_unknown_characters(common, tmp_path):
     assert got["num_tokens"].tolist() == [6, 0, 7]
 
 
+def test_more_workers_than_records_and_shards_of_empty_records(common, tmp_path):
+    """Four workers for three records (stride over length-descending order): shard 3 gets nothing and
+    shard 2 only the empty record, so its one batch has nothing to tokenize. Both finish cleanly."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">ok\nMKVL\n>empty\n\n>two\nMKVLA\n")
+    args = [a if a != "2" or common[i - 1] != "--workers" else "4" for i, a in enumerate(common)]
+    res = run_cli(str(fasta), "--out", str(tmp_path / "o"), *args, "--skip-empty")
+    assert res.returncode == 0, res.stderr
+    got = read(tmp_path / "o" / "result.h5")
+    assert got["ids"].tolist() == [b"ok", b"empty", b"two"] and got["status"].tolist() == [0, 3, 0]
+    assert sorted(p.name for p in (tmp_path / "o" / "shards").glob("*.h5")) == [f"shard_{r}.h5" for r in range(4)]
+
+
 def test_out_of_memory_batches_split_and_single_sequences_marked(fasta, common, reference, tmp_path):
     out = tmp_path / "out"
     lengths = reference["lengths"]
