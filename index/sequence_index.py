@@ -202,15 +202,15 @@ class SequenceIndex:
     def with_renamed_duplicates(self, groups: list[list[int]]) -> tuple["SequenceIndex", dict[int, str]]:
         """A copy whose repeated ids get a suffix ('alpha' -> 'alpha.dup2'); returns {position: original id}."""
         renamed: dict[int, str] = {}
-        taken = set()
+        taken = set(self.ids())   # a new name must not be any record's id ('a', 'a', 'a.dup2' -> 'a.dup3')
         for g in groups:
-            for k, i in enumerate(g[1:], start=2):
-                base = self.id(i)
-                new = f"{base}.dup{k}"
-                while new in taken:
-                    new += "_"
-                taken.add(new)
-                renamed[i] = new
+            n = 1
+            for i in g[1:]:
+                base, n = self.id(i), n + 1
+                while f"{base}.dup{n}" in taken:
+                    n += 1
+                taken.add(f"{base}.dup{n}")
+                renamed[i] = f"{base}.dup{n}"
         parts, offs, start = [], [0], 0
         blob = self.id_blob.tobytes()
         for i in sorted(renamed):

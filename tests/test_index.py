@@ -180,6 +180,15 @@ def test_duplicate_ids_found_across_files(tmp_path):
     assert sorted(index.duplicate_ids()) == [[0, 3], [1, 5]]
 
 
+def test_renamed_duplicates_never_take_an_existing_id(tmp_path):
+    fasta = tmp_path / "d.fa"
+    fasta.write_bytes(b">a\nMK\n>a\nMV\n>a.dup2\nML\n>a\nMA\n>a.dup3\nMC\n")
+    index = SequenceIndex.build([str(fasta)])
+    renamed, originals = index.with_renamed_duplicates(index.duplicate_ids())
+    assert renamed.ids() == ["a", "a.dup4", "a.dup2", "a.dup5", "a.dup3"]
+    assert renamed.duplicate_ids() == [] and originals == {1: "a", 3: "a"}
+
+
 def test_renamed_duplicates_keep_originals():
     index = SequenceIndex.build([SHARED_DATA / "dups.fasta"])
     renamed, originals = index.with_renamed_duplicates(index.duplicate_ids())
