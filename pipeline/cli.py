@@ -75,6 +75,24 @@ def _call(fn, *args, **kwargs):
         _fail(RuntimeError("interrupted"), 130)
 
 
+POSITIVE = click.FloatRange(min=0, min_open=True)
+
+# Options that only mean something for some tasks: given explicitly with another task they are a mistake
+# (e.g. --temperature without --task generate), not something to ignore.
+TASK_OPTIONS = {"generate": ("max_new_tokens", "temperature", "top_p", "seed"),
+                "embed": ("pools", "layers", "per_residue", "per_residue_dtype")}
+
+
+def _check_task_options(ctx: click.Context, task: str) -> None:
+    from click.core import ParameterSource
+    for owner, names in TASK_OPTIONS.items():
+        given = [n for n in names if owner != task and ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+        if given:
+            opts = ", ".join(next(p.opts[0] for p in ctx.command.params if p.name == n) for n in given)
+            verb = "applies" if len(given) == 1 else "apply"
+            raise click.UsageError(f"{opts} {verb} only to --task {owner} (this run's task is {task})")
+
+
 def _int_list(value: str | None, option: str) -> list[int]:
     if not value:
         return []
@@ -106,16 +124,16 @@ def main():
                    "each sequence (native engine).")
 @click.option("--gpus", default="auto", show_default=True,
               help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU.")
-@click.option("--workers", type=int, default=None,
+@click.option("--workers", type=click.IntRange(min=1), default=None,
               help="CPU workers when running on CPU (default: one per core, at most 4; each loads the model).")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per worker (default: the CPU cores divided between the workers).")
 @click.option("--engine", type=click.Choice(["auto", "native", "hf"]), default="auto", show_default=True,
               help="native: our engine (Qwen3.5, ESM-2, Llama, Qwen3); hf: transformers models (any "
                    "architecture); auto: native where supported.")
-@click.option("--max-tokens-per-batch", type=int, default=0,
+@click.option("--max-tokens-per-batch", type=click.IntRange(min=1), default=None,
               help="Token budget per batch (padded tokens for hf). Default 4096 on CPU, 32768 on GPU.")
-@click.option("--max-seqs", type=int, default=256, show_default=True, help="Most sequences per batch.")
+@click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True, help="Most sequences per batch.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="Model dtype; auto = float32 on CPU, bfloat16 on GPU.")
 @click.option("--pool", "pools", default="mean", show_default=True, help="Pooled embeddings: mean,cls,last.")
@@ -125,20 +143,21 @@ def main():
 @click.option("--per-residue-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
 @click.option("--on-long", type=click.Choice(["error", "truncate", "skip"]), default="error", show_default=True,
               help="Sequences over the model's length limit: stop before any work, cut, or keep as skipped rows.")
-@click.option("--max-length", type=int, default=0, help="Per-sequence token limit (special tokens included).")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="Per-sequence token limit (special tokens included; default: the model's own limit, if any).")
 @click.option("--on-duplicate-id", type=click.Choice(["error", "rename"]), default="error", show_default=True,
               help="rename: suffix repeated ids ('x.dup2') and keep the originals in the output.")
 @click.option("--skip-empty", is_flag=True, help="Keep records without residues as rows with status 3.")
-@click.option("--checkpoint-every", "checkpoint_sequences", type=int, default=20000, show_default=True,
+@click.option("--checkpoint-every", "checkpoint_sequences", type=click.IntRange(min=1), default=20000, show_default=True,
               help="Checkpoint at least every N sequences per worker.")
-@click.option("--checkpoint-seconds", type=float, default=60.0, show_default=True,
+@click.option("--checkpoint-seconds", type=POSITIVE, default=60.0, show_default=True,
               help="...and at least every S seconds (bounds what a crash can lose).")
-@click.option("--worker-timeout", type=float, default=1800.0, show_default=True,
+@click.option("--worker-timeout", type=POSITIVE, default=1800.0, show_default=True,
               help="Kill a worker that reports no progress for this many seconds.")
-@click.option("--summary-seconds", type=float, default=30.0, show_default=True, help="Summary line interval.")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="generate: new tokens per sequence.")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="generate: 0 = greedy.")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="generate: nucleus sampling mass.")
+@click.option("--summary-seconds", type=POSITIVE, default=30.0, show_default=True, help="Summary line interval.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="generate: new tokens per sequence.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="generate: 0 = greedy.")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True, help="generate: nucleus sampling mass.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="generate: run seed; with the sequence's FASTA position it fixes what each sequence samples.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
@@ -154,14 +173,15 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
     from .config import RunConfig
     from .runner import run
 
+    _check_task_options(click.get_current_context(), task)
+    pools = list(dict.fromkeys(p for p in pools.replace(" ", "").split(",") if p))   # repeats once
     _setup_logging(quiet)
     gpu_ids, nworkers, threads = _call(devices.resolve, gpus, workers, threads)
     config = _call(RunConfig, fasta=[os.path.abspath(f) for f in fasta], out=out, model=model, task=task,
                    engine=engine, devices=gpu_ids, workers=nworkers, threads_per_worker=threads,
-                   max_tokens_per_batch=max_tokens_per_batch, max_seqs=max_seqs, dtype=dtype,
-                   pools=[p for p in pools.replace(" ", "").split(",") if p],
+                   max_tokens_per_batch=max_tokens_per_batch or 0, max_seqs=max_seqs, dtype=dtype, pools=pools,
                    layers=_int_list(layers, "--layers") or [-1], per_residue=per_residue,
-                   per_residue_dtype=per_residue_dtype, on_long=on_long, max_length=max_length,
+                   per_residue_dtype=per_residue_dtype, on_long=on_long, max_length=max_length or 0,
                    on_duplicate_id=on_duplicate_id, skip_empty=skip_empty,
                    checkpoint_sequences=checkpoint_sequences, checkpoint_seconds=checkpoint_seconds,
                    worker_timeout=worker_timeout, summary_seconds=summary_seconds,
@@ -172,13 +192,12 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
 
 @main.command("index")
 @click.argument("fasta", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--workers", type=int, default=4, show_default=True, help="Worker count for the imbalance figures.")
+@click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Worker count for the imbalance figures.")
 def index_command(fasta, workers):
     """Build (or reuse) the index of FASTA file(s) and print its statistics."""
     from .runner import index_report
     _setup_logging(False)
-    if workers < 1:
-        _fail(click.BadParameter("--workers must be at least 1"))
     click.echo(_call(index_report, list(fasta), workers))
 
 
@@ -193,7 +212,7 @@ def status_command(out):
 @main.command("rerun")
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--shards", default=None, help="Comma-separated shard numbers (default: every unfinished shard).")
-@click.option("--worker-timeout", type=float, default=None, help="Override the run's --worker-timeout.")
+@click.option("--worker-timeout", type=POSITIVE, default=None, help="Override the run's --worker-timeout.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
 def rerun_command(out, shards, worker_timeout, no_progress, quiet):

@@ -92,6 +92,10 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
     """Refuse, before any work, sequences over the model's hard limit unless a policy says what to do."""
     if not limit:
         return
+    if limit <= tokenizer.num_special:
+        where = "--max-length" if config.max_length == limit else "the model's length limit"
+        raise UserError(f"{where} of {limit} tokens leaves no room for residues: the model adds "
+                        f"{tokenizer.num_special} special token(s) to every sequence. Give a larger --max-length.")
     long = np.flatnonzero(tokenizer.tokens_for_residues(index.lengths) > limit)
     if len(long) and not tokenizer.char_level:  # the residue estimate is an upper bound: count exactly
         exact = tokenizer.encode([index.sequence(int(i)) for i in long])

@@ -165,6 +165,11 @@ def test_long_sequence_policies(tmp_path):
     assert np.isnan(data["embeddings/mean"][cut]).all() and not np.isnan(data["embeddings/mean"][~cut]).any()
     assert (data["num_tokens"][cut] == 0).all()
 
+    res = run_cli(fasta, "--out", str(tmp_path / "n"), "--model", str(model), "--gpus", "0", "--on-long",
+                  "truncate", "--max-length", "2", "--no-progress")   # <cls> + <eos> and no residue
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--max-length of 2 tokens leaves no room for residues" in res.stderr
+
 
 def test_duplicate_ids_refused_then_renamed(tmp_path, models):
     dups = str(SHARED_DATA / "dups.fasta")

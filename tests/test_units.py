@@ -115,3 +115,23 @@ def test_demo_model_weights_are_fixed():
     assert demo_model.weights_digest(model) == demo_model.WEIGHTS_DIGEST
     assert sum(p.numel() for p in model.parameters()) < 300_000
     assert model.config.layer_types.count("linear_attention") == 3
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--workers", "0"], "'--workers': 0 is not in the range x>=1"),
+    (["--max-tokens-per-batch", "0"], "'--max-tokens-per-batch': 0 is not in the range x>=1"),
+    (["--max-seqs", "0"], "'--max-seqs': 0 is not in the range x>=1"),
+    (["--worker-timeout", "0"], "'--worker-timeout': 0.0 is not in the range x>0"),
+    (["--max-length", "-3"], "'--max-length': -3 is not in the range x>=1"),
+    (["--top-p", "0"], "'--top-p': 0.0 is not in the range 0<x<=1"),
+    (["--temperature", "0.7"], "--temperature applies only to --task generate (this run's task is embed)"),
+    (["--task", "score", "--pool", "cls", "--layers", "1"], "--pool, --layers apply only to --task embed"),
+    (["--task", "generate", "--per-residue"], "--per-residue applies only to --task embed"),
+])
+def test_cli_rejects_option_mistakes_before_any_work(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    result = CliRunner().invoke(cli.main, ["run", "x.fasta", "--out", str(tmp_path / "o"), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "o").exists()
