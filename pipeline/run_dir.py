@@ -72,9 +72,28 @@ class RunDir:
     def parent_log(self) -> Path:
         return self.logs_dir / "run.log"
 
+    # What a run leaves in OUT before its manifest exists (it stopped before or while writing it): reusable.
+    EARLY_ENTRIES = {".lock", "shards", "logs", "index.rsidx"}
+
+    def _early_entry(self, name: str) -> bool:
+        return name in self.EARLY_ENTRIES or name.startswith(("index.rsidx.tmp", ".manifest.json.tmp"))
+
     def create(self) -> None:
+        """Create the run directory, or check that an existing one is a run's (never overwrite other files)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunDirError(f"--out {self.root} is a file, not a directory; choose another --out")
+        if self.root.is_dir() and not self.exists():
+            foreign = sorted(p.name for p in self.root.iterdir() if not self._early_entry(p.name))
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                raise RunDirError(f"--out {self.root} already holds files that are not a run_shards run ({shown}); "
+                                  "run_shards writes result.h5, manifest.json, shards/ and logs/ there, so give it "
+                                  "a new or empty directory")
         for d in (self.root, self.shards_dir, self.logs_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise RunDirError(f"cannot create the output directory {d}: {e.strerror}; choose another --out") from None
 
     # ------------------------------------------------------------------ manifest
     def exists(self) -> bool:

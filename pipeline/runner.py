@@ -259,6 +259,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
           worker_timeout: float | None = None) -> Path:
     """Re-run failed or unfinished shards from their checkpoints, then merge."""
     run_dir = RunDir(out)
+    run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
     with RunLock(run_dir, "rerun"):
         manifest = run_dir.read_manifest()
         handler = _log_to_run(run_dir)

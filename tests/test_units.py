@@ -135,3 +135,38 @@ def test_cli_rejects_option_mistakes_before_any_work(tmp_path, args, message):
     result = CliRunner().invoke(cli.main, ["run", "x.fasta", "--out", str(tmp_path / "o"), *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_run_directory_never_overwrites_foreign_files(tmp_path):
+    from pipeline.errors import RunDirError
+    from pipeline.run_dir import RunDir
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(RunDirError, match="is a file, not a directory"):
+        RunDir(tmp_path / "afile").create()
+    with pytest.raises(RunDirError, match="cannot create the output directory .*afile/sub: Not a directory"):
+        RunDir(tmp_path / "afile" / "sub").create()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "result.h5").write_text("precious")
+    with pytest.raises(RunDirError, match=r"already holds files that are not a run_shards run \(result.h5\)"):
+        RunDir(foreign).create()
+    assert (foreign / "result.h5").read_text() == "precious" and sorted(foreign.iterdir()) == [foreign / "result.h5"]
+    early = tmp_path / "early"   # a run stopped before its manifest was written: reusable
+    for d in ("shards", "logs"):
+        (early / d).mkdir(parents=True)
+    (early / ".lock").write_text("")
+    (early / "index.rsidx").write_text("")
+    RunDir(early).create()
+
+
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()])
+def test_rerun_of_a_directory_that_is_not_a_run(tmp_path, make):
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    make(tmp_path / "o")
+    result = CliRunner().invoke(cli.main, ["rerun", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "no such run directory" in result.output or "not a run_shards output directory" in result.output
+    assert not (tmp_path / "o" / ".lock").exists()
