@@ -78,4 +78,6 @@ class GenerateTask:
         if not self._char_level:
             return tokenizer.decode(ids, skip_special_tokens=True)
         special = set(tokenizer.all_special_ids)
-        return "".join(tokenizer.convert_ids_to_tokens([i for i in ids if i not in special]))
+        tokens = tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])
+        # An id with no token (a padded vocabulary row, which greedy search can pick) reads as the unknown token.
+        return "".join(t if t is not None else (tokenizer.unk_token or "?") for t in tokens)

@@ -96,3 +96,15 @@ def test_never_samples_ids_past_the_tokenizer(tmp_path):
     got = engine.generate(prompts, range(8), SamplingParams(max_new_tokens=16, temperature=1e4, seed=1))
     drawn = [t for g in got for t in g.token_ids]
     assert len(drawn) >= 64 and max(drawn) < len(engine.tokenizer)
+
+
+def test_text_of_ids_without_a_token(tmp_path):
+    """Greedy search (exactly transformers') may pick a padded vocabulary row: its text is the unknown token."""
+    from pipeline import demo_model
+    from pipeline.config import RunConfig
+    from pipeline.generation import GenerateTask
+    path = demo_model.write(tmp_path / "demo")
+    engine = NativeEngine.load(str(path), CPU, torch.float32, "", max_new_tokens=4)
+    tok = engine.tokenizer
+    task = GenerateTask(RunConfig(fasta=["x.fa"], out="o", task="generate"), engine.info)
+    assert task._decode(tok, tok.convert_tokens_to_ids(["M", "K"]) + [len(tok) + 1, 2]) == "MK" + tok.unk_token

@@ -213,9 +213,9 @@ class NativeEngine:
                 last = torch.from_numpy(np.cumsum(ctx.q_lens)[ready] - 1).to(self.device)
                 with torch.inference_mode():
                     logits = self.model.logits(out[last]).float()
-                    if logits.shape[1] > len(self.tokenizer):
+                    if params.temperature > 0 and logits.shape[1] > len(self.tokenizer):
                         # Rows past the tokenizer's vocabulary (padded embedding matrices) are not tokens:
-                        # never generate them (transformers' generate can; its text would have holes).
+                        # never sample them. Greedy keeps them, to stay exactly transformers' greedy search.
                         logits[:, len(self.tokenizer):] = float("-inf")
                 ready_seqs = [step[i].seq for i in ready]
                 u = uniforms(params.seed, np.array([s.key for s in ready_seqs], np.uint64),
