@@ -39,9 +39,12 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
         try:
             index = SequenceIndex.load(path)
             current = [InputFile.stat(p) for p in paths]
-            if current == index.inputs:
-                return index, True
-            log.info("index cache %s is stale (an input changed); rebuilding", path)
+            if [f.state for f in current] == [f.state for f in index.inputs]:
+                if all(f.content_crc32 is not None for f in index.inputs):
+                    return index, True
+                log.info("index cache %s predates content checksums; rebuilding", path)
+            else:
+                log.info("index cache %s is stale (an input changed); rebuilding", path)
         except IndexCorrupt as e:
             log.warning("index cache is corrupt (%s); rebuilding", e)
         except (OSError, ValueError, KeyError) as e:

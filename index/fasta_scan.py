@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class FileScan:
     lengths: np.ndarray     # int64 [N] residues
     id_blob: np.ndarray     # uint8 [sum of id bytes] ids back to back
     id_lengths: np.ndarray  # int64 [N]
+    content_crc32: int | None = None   # whole-file checksum (see _FileScanner.scan); None after concat
 
     @staticmethod
     def concat(parts: list["FileScan"]) -> "FileScan":
@@ -74,6 +76,7 @@ class _BlockScan:
     first_header: int | None   # absolute offset of the first header starting in this block
     open_header: int | None    # absolute offset of a header whose record runs past this block
     nonws_before_header: int   # non-whitespace bytes owned by this block before its first header
+    crc32: int = 0             # of the block's own bytes
 
 
 def _scan_buffer(buf: np.ndarray, base: int, owned_from: int, header_at_0: bool, final: bool) -> _BlockScan:
@@ -210,7 +213,9 @@ class _FileScanner:
         stop = min(self.size, start + BLOCK_BYTES)
         lo = max(0, start - 1)  # one byte of look-behind tells whether a '>' starts a line
         buf = self._read(lo, stop, reuse=True)
-        return _scan_buffer(buf, lo, owned_from=start - lo, header_at_0=start == 0, final=stop == self.size)
+        scan = _scan_buffer(buf, lo, owned_from=start - lo, header_at_0=start == 0, final=stop == self.size)
+        scan.crc32 = zlib.crc32(buf[start - lo:])   # while the block is in cache; zlib releases the GIL
+        return scan
 
     def record(self, start: int, stop: int) -> FileScan:
         """Exactly one record that crossed a block boundary."""
@@ -220,10 +225,16 @@ class _FileScanner:
         return scan.records
 
     def scan(self) -> FileScan:
-        head = os.pread(self.fd, 2, 0)
-        if head == b"\x1f\x8b":
+        head = os.pread(self.fd, 1 << 16, 0)
+        if head[:2] == b"\x1f\x8b":
             raise FastaError(self.path, "file is gzip-compressed",
                              hint="Decompress it first (gunzip -k FILE) and pass the .fasta")
+        if head[:3] == b"\xef\xbb\xbf":
+            raise FastaError(self.path, "file starts with a UTF-8 byte-order mark (BOM)", line=1,
+                             hint="Save it without the BOM, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' FILE")
+        if b"\r" in head and b"\n" not in head:
+            raise FastaError(self.path, "lines end with a carriage return only (classic Mac line endings)",
+                             hint="Convert them, e.g. tr '\\r' '\\n' < FILE > FILE.unix.fasta")
         nblocks = max(1, -(-self.size // BLOCK_BYTES))
         with ThreadPoolExecutor(self.threads) as pool:
             blocks = list(pool.map(self.block, range(nblocks)))
@@ -246,7 +257,11 @@ class _FileScanner:
                 pieces.append(None)
             for slot, rec in zip(slots, pool.map(lambda s: self.record(*s), spans)):
                 pieces[slot] = rec
-        return FileScan.concat(pieces)
+        scan = FileScan.concat(pieces)
+        # The file's content checksum: crc32 of the blocks' crc32s. It tells a rerun whether residues
+        # were edited in place (same lengths, same offsets), which the record layout alone cannot.
+        scan.content_crc32 = zlib.crc32(np.array([b.crc32 for b in blocks], "<u4").tobytes())
+        return scan
 
     def _check_prefix(self, blocks: list[_BlockScan]) -> None:
         """Everything before the first header must be blank; say so precisely when it is not."""
@@ -279,6 +294,9 @@ def scan_fasta(path: str | os.PathLike, threads: int | None = None) -> FileScan:
     try:
         scanner = _FileScanner(path, threads)
     except FileNotFoundError:
+        if os.path.basename(path) == "-":
+            raise FastaError(path, "file not found", hint="Standard input is not read ('-'): the index needs a "
+                             "file it can read again; save the FASTA to a file and pass its path") from None
         raise FastaError(path, "file not found", hint="Check the path") from None
     except PermissionError:
         raise FastaError(path, "permission denied: cannot read the file") from None
@@ -288,6 +306,10 @@ def scan_fasta(path: str | os.PathLike, threads: int | None = None) -> FileScan:
         return scanner.scan()
     except _BadByte as e:
         seq_id = _id_before(path, e.offset)
+        if e.value > 127:
+            raise FastaError(path, f"non-ASCII byte 0x{e.value:02x} in the sequence data",
+                             line=line_number(path, e.offset), seq_id=seq_id,
+                             hint="Residues are ASCII letters; fix or remove that character") from None
         raise FastaError(path, f"binary or control byte 0x{e.value:02x} in the sequence data",
                          line=line_number(path, e.offset), seq_id=seq_id,
                          hint="The file is corrupt or not a FASTA text file") from None

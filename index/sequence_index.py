@@ -32,12 +32,18 @@ class InputFile:
     path: str       # absolute path
     size: int
     mtime_ns: int
+    content_crc32: int | None = None   # checksum of the whole file as indexed (None: not known)
+
+    @property
+    def state(self) -> tuple[str, int, int]:
+        """What a stat call shows: equal states mean the file was not touched since."""
+        return self.path, self.size, self.mtime_ns
 
     @staticmethod
-    def stat(path: str | os.PathLike) -> "InputFile":
+    def stat(path: str | os.PathLike, content_crc32: int | None = None) -> "InputFile":
         path = os.path.abspath(os.fspath(path))
         st = os.stat(path)
-        return InputFile(path, st.st_size, st.st_mtime_ns)
+        return InputFile(path, st.st_size, st.st_mtime_ns, content_crc32)
 
 
 @dataclass
@@ -75,9 +81,15 @@ class SequenceIndex:
     def build(cls, paths: Iterable[str | os.PathLike], threads: int | None = None) -> "SequenceIndex":
         """Scan the files (in the given order) and check ids; FastaError on malformed input."""
         inputs, scans = [], []
+        paths = list(paths)
+        real = [os.path.realpath(p) for p in paths]
+        for k, r in enumerate(real):
+            if r in real[:k]:
+                raise FastaError(os.fspath(paths[k]), "the same file is given twice",
+                                 hint="Pass each FASTA file once")
         for path in paths:
             scans.append(scan_fasta(path, threads))
-            inputs.append(InputFile.stat(path))
+            inputs.append(InputFile.stat(path, scans[-1].content_crc32))
         scan = FileScan.concat(scans)
         file_no = np.concatenate([np.full(len(s.offsets), k, np.uint16) for k, s in enumerate(scans)]) \
             if scans else np.zeros(0, np.uint16)
@@ -232,10 +244,13 @@ class SequenceIndex:
 
     # ----------------------------------------------------------------- storage
     def fingerprint(self) -> str:
-        """Content checksum of the index arrays (what the run's manifest records)."""
+        """Checksum of the index arrays and the files' contents (what the run's manifest records)."""
         crc = 0
         for name in _ARRAYS:
             crc = zlib.crc32(memoryview(np.ascontiguousarray(getattr(self, name))).cast("B"), crc)
+        for f in self.inputs:
+            if f.content_crc32 is not None:
+                crc = zlib.crc32(f.content_crc32.to_bytes(4, "little"), crc)
         return f"{crc:08x}-{len(self)}"
 
     def save(self, path: str | os.PathLike) -> None:

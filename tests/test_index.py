@@ -109,6 +109,28 @@ def test_block_boundaries_do_not_matter(tmp_path, monkeypatch, block):
     check_against_reference(path, data)
 
 
+@pytest.mark.parametrize("block", [64, 4096, 4 << 20])
+def test_content_checksum_sees_every_byte(tmp_path, monkeypatch, block):
+    """The per-file checksum (block crc32s folded together) is fixed by the bytes alone, and a one-residue
+    edit anywhere (same lengths, same offsets) changes it, including the last byte of a block."""
+    monkeypatch.setattr(fasta_scan, "BLOCK_BYTES", block)
+    data = random_fasta(random.Random(5), 400)
+    a, b = tmp_path / "a.fa", tmp_path / "b.fa"
+    a.write_bytes(data)
+    b.write_bytes(data)
+    ia, ib = SequenceIndex.build([a]), SequenceIndex.build([b])
+    assert ia.inputs[0].content_crc32 is not None and ia.inputs[0].content_crc32 == ib.inputs[0].content_crc32
+    residues = [i for i, c in enumerate(data) if 65 <= c <= 90 and data.rfind(b">", 0, i) < data.rfind(b"\n", 0, i)]
+    for pos in (residues[0], residues[-1], max(i for i in residues if i < block) if block < len(data) else residues[5]):
+        edited = bytearray(data)
+        edited[pos] = ord("W") if data[pos] != ord("W") else ord("A")
+        b.write_bytes(bytes(edited))
+        ib = SequenceIndex.build([b])
+        assert np.array_equal(ib.lengths, ia.lengths) and np.array_equal(ib.offsets, ia.offsets)
+        assert ib.inputs[0].content_crc32 != ia.inputs[0].content_crc32
+        assert ib.fingerprint() != ia.fingerprint()
+
+
 def test_real_files_match_reference():
     for name in ("protein_lib.fa", "ncbi_standard_aa.fasta", "dups.fasta"):
         path = SHARED_DATA / name
@@ -132,7 +154,10 @@ def test_several_files_keep_order_and_file_numbers(tmp_path):
     (b"ACDE\n>a\nAC\n", "sequence data before the first header", 1),
     (b"\n\nACDE\n>a\nAC\n", "sequence data before the first header", 3),
     (b">a\nAC\x00DE\n", "binary or control byte 0x00", 2),
-    (b">a\nAC\n>b\nMM\xff\xfe\n", "binary or control byte 0xff", 4),
+    (b">a\nAC\n>b\nMM\xff\xfe\n", "non-ASCII byte 0xff", 4),
+    (b">a\nMK\xc3\xa9V\n", "non-ASCII byte 0xc3", 2),
+    (b"\xef\xbb\xbf>a\nMKV\n", "starts with a UTF-8 byte-order mark", 1),
+    (b">a\rMKV\r>b\rMM\r", "carriage return only", None),
     (b"\x89PNG\r\n\x1a\n\x00\x00", "binary data", 1),
     (b"\x1f\x8b\x08\x00rest", "gzip-compressed", None),
     (b">a\nAC\n>\nMM\n", "header has no id", 3),
@@ -161,6 +186,11 @@ def test_missing_and_directory_inputs(tmp_path):
         SequenceIndex.build([tmp_path / "nope.fasta"])
     with pytest.raises(FastaError, match="is a directory"):
         SequenceIndex.build([tmp_path])
+    with pytest.raises(FastaError, match="Standard input is not read"):
+        SequenceIndex.build(["-"])
+    (tmp_path / "a.fa").write_bytes(b">a\nMK\n")
+    with pytest.raises(FastaError, match="the same file is given twice"):
+        SequenceIndex.build([tmp_path / "a.fa", str(tmp_path / "." / "a.fa")])
 
 
 def test_invalid_utf8_id(tmp_path):
