@@ -43,13 +43,22 @@ def ensure_space(directory, nbytes: int, what: str, remedy: str) -> None:
     """
     import os
     import resource
+    # The data plus room for HDF5's chunk allocation and metadata, which can far exceed a small file's data.
     need = int(nbytes * 1.1) + (1 << 20)
     stat = os.statvfs(directory)
     free = stat.f_bavail * stat.f_frsize
     if need > free:
-        raise DiskFull(f"cannot write {what}: it needs about {need / 1e6:.1f} MB and {directory} has "
-                       f"{free / 1e6:.1f} MB free (no space left on the device). {remedy}")
+        raise DiskFull(f"cannot write {what}: it needs up to {_size(need)} and {directory} has "
+                       f"{_size(free)} free (no space left on the device). {remedy}")
     soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if soft != resource.RLIM_INFINITY and need > soft:
-        raise DiskFull(f"cannot write {what}: it needs about {need / 1e6:.1f} MB, over this process's file "
-                       f"size limit of {soft / 1e6:.1f} MB (the file size limit was reached; see ulimit -f). {remedy}")
+        raise DiskFull(f"cannot write {what}: it needs up to {_size(need)}, over this process's file "
+                       f"size limit of {_size(soft)} (the file size limit was reached; see ulimit -f). {remedy}")
+
+
+def _size(n: float) -> str:
+    for unit in ("KB", "MB", "GB"):
+        n /= 1000
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} TB"

@@ -45,7 +45,8 @@ class ProgressBoard:
         self.start = time.time()
         self.last_summary = self.start
         self.bar = tqdm(total=total_sequences, unit="seq", desc="run_shards", file=sys.stderr,
-                        dynamic_ncols=True, mininterval=0.5, smoothing=0.05, disable=not show_bar)
+                        dynamic_ncols=True, mininterval=0.5, smoothing=0.05,
+                        disable=not show_bar or not sys.stderr.isatty())   # no \r redraws into log files
 
     def add_worker(self, rank: int, device: str) -> None:
         self.workers[rank] = WorkerStats(rank, device)

@@ -172,6 +172,26 @@ class RunLock:
         return self
 
     @staticmethod
+    def active_holder(run: RunDir) -> dict | None:
+        """Who holds the run's lock now, read without locking (so `status` never gets in a run's way):
+        the holder record, if its process is alive on this host or it runs on another host; else None."""
+        try:
+            holder = json.loads((run.root / ".lock").read_bytes() or b"{}")
+        except (OSError, ValueError):
+            return None
+        if not holder.get("pid"):
+            return None
+        if holder.get("host") != socket.gethostname():
+            return holder
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return holder
+
+    @staticmethod
     def _holder(fd: int) -> dict:
         try:
             return json.loads(os.pread(fd, 4096, 0) or b"{}")

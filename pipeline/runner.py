@@ -292,11 +292,20 @@ def load_run_index(run: RunDir, manifest: dict) -> SequenceIndex:
             raise UserError(f"the input FASTA changed since this run started and cannot be read now ({e})") from None
         same = (len(fresh) == len(index) and np.array_equal(fresh.offsets, index.offsets)
                 and np.array_equal(fresh.lengths, index.lengths))
-        if not same:
-            detail = f"{len(index):,} records when the run started, {len(fresh):,} now"
+        edited = [f.path for f, g in zip(index.inputs, fresh.inputs)
+                  if f.content_crc32 is not None and f.content_crc32 != g.content_crc32]
+        if not same or edited:
+            detail = (f"{len(index):,} records when the run started, {len(fresh):,} now" if not same else
+                      f"same records and lengths, but the contents of {', '.join(edited)} differ")
             raise UserError(f"the input FASTA no longer matches this run ({'; '.join(changes)}; {detail}). "
                             "Restore the original file, or start a new run with another --out.")
-        log.info("input files were touched (%s) but their records are unchanged", "; ".join(changes))
+        unverified = [f.path for f in index.inputs if f.content_crc32 is None]
+        if unverified:
+            log.warning("input files were touched (%s); their records have the same layout, but this run's index "
+                        "predates content checksums, so edits that keep every length cannot be ruled out",
+                        "; ".join(changes))
+        else:
+            log.info("input files were touched (%s) but their contents are unchanged", "; ".join(changes))
     return index
 
 
@@ -320,7 +329,8 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
             elif missing:
                 raise UserError(f"this run used GPUs {','.join(config.devices)}, and only {len(visible)} are "
                                 "visible now; expose enough GPUs (CUDA_VISIBLE_DEVICES) and rerun")
-        where = f"{len(slots)} GPU(s)" if config.on_gpu else f"{len(slots)} CPU worker(s)"
+        running = min(len(slots), len(ranks))
+        where = f"{running} GPU(s)" if config.on_gpu else f"{running} CPU worker(s)"
         board = ProgressBoard(total, where, config.summary_seconds, show_bar=show_progress)
         for r in ranks:
             run.clear_failure(r)
@@ -422,6 +432,12 @@ def status(out: str) -> str:
         lines.append(f"inputs: CHANGED - {e}")
         index = SequenceIndex.load(run_dir.index_path)
     lines.append(f"sequences: {len(index):,} in {manifest['world']} shard(s)")
+    holder = RunLock.active_holder(run_dir)
+    if holder:
+        import socket
+        alive = "alive" if holder.get("host") == socket.gethostname() else "another host: not checked"
+        lines.append(f"ACTIVE: `{holder.get('purpose')}` (pid {holder.get('pid')} on {holder.get('host')}, {alive}, "
+                     f"since {holder.get('since')}) holds this run; unfinished shards may be running now")
     rows = [("shard", "state", "durable", "of", "progress", "detail")]
     for r in range(manifest["world"]):
         s = shard_state(run_dir, index, r, manifest["world"])

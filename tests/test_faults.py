@@ -164,9 +164,13 @@ def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common
         assert res.returncode == 2 and "is in use by another run_shards command (pid" in res.stderr
         res = run_cli("merge", str(out))
         assert res.returncode == 2 and "is in use" in res.stderr
+        wait_for(lambda: (out / "manifest.json").exists())
+        res = run_cli("status", str(out))
+        assert res.returncode == 0 and f"ACTIVE: `run` (pid {proc.pid} on" in res.stdout, res.stdout
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
+    assert "ACTIVE" not in run_cli("status", str(out)).stdout
     stale = tmp_path / "stale"
     stale.mkdir()
     (stale / ".lock").write_text(json.dumps({"pid": 999999, "host": "gone", "purpose": "run", "since": "yesterday"}))
@@ -231,6 +235,16 @@ def test_changed_input_is_refused(common, tmp_path, models):
         assert "2 records when the run started, 3 now" in res.stderr
     assert "inputs: CHANGED" in run_cli("status", str(out)).stdout
     res = run_cli(str(fasta), "--out", str(out), *common)   # same command again: refuses, says what changed
+    assert res.returncode == 2 and "FASTA content" in res.stderr
+
+    fasta.write_bytes(b">a\nMKVL\n>b\nACDEF\n")      # restored: accepted again
+    assert run_cli("merge", str(out)).returncode == 0
+    fasta.write_bytes(b">a\nMKVL\n>b\nACDEW\n")      # one residue edited in place: same records and lengths
+    for cmd in (["rerun", str(out)], ["merge", str(out)]):
+        res = run_cli(*cmd)
+        assert res.returncode == 2 and f"the contents of {fasta} differ" in res.stderr, res.stderr
+    assert "inputs: CHANGED" in run_cli("status", str(out)).stdout
+    res = run_cli(str(fasta), "--out", str(out), *common)
     assert res.returncode == 2 and "FASTA content" in res.stderr
 
 
