@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 
 from .engine_api import EngineInfo, ForwardOutput, OutOfMemory
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ class HFEngine:
             self.head = self.lm.get_output_embeddings()
             for attr in ("final_logit_softcapping", "logit_scale"):
                 if getattr(text_config, attr, None):  # the head alone would not give the model's logits
-                    raise NotImplementedError(f"hf engine: scoring models with {attr} is not supported")
+                    raise UserError(f"--task score is not supported for models with {attr} (their logits are "
+                                    "not the head's output alone); embed works")
         else:
             self.lm, self.head = None, None
             self.base = AutoModel.from_pretrained(model_path, **kwargs).to(device).eval()
