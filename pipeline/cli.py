@@ -133,7 +133,8 @@ def main():
                    "architecture); auto: native where supported.")
 @click.option("--max-tokens-per-batch", type=click.IntRange(min=1), default=None,
               help="Token budget per batch (padded tokens for hf). Default 4096 on CPU, 32768 on GPU.")
-@click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True, help="Most sequences per batch.")
+@click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Most sequences per batch.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="Model dtype; auto = float32 on CPU, bfloat16 on GPU.")
 @click.option("--pool", "pools", default="mean", show_default=True, help="Pooled embeddings: mean,cls,last.")
@@ -148,16 +149,21 @@ def main():
 @click.option("--on-duplicate-id", type=click.Choice(["error", "rename"]), default="error", show_default=True,
               help="rename: suffix repeated ids ('x.dup2') and keep the originals in the output.")
 @click.option("--skip-empty", is_flag=True, help="Keep records without residues as rows with status 3.")
-@click.option("--checkpoint-every", "checkpoint_sequences", type=click.IntRange(min=1), default=20000, show_default=True,
+@click.option("--checkpoint-every", "checkpoint_sequences", type=click.IntRange(min=1), default=20000,
+              show_default=True,
               help="Checkpoint at least every N sequences per worker.")
 @click.option("--checkpoint-seconds", type=POSITIVE, default=60.0, show_default=True,
               help="...and at least every S seconds (bounds what a crash can lose).")
 @click.option("--worker-timeout", type=POSITIVE, default=1800.0, show_default=True,
               help="Kill a worker that reports no progress for this many seconds.")
-@click.option("--summary-seconds", type=POSITIVE, default=30.0, show_default=True, help="Summary line interval.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="generate: new tokens per sequence.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="generate: 0 = greedy.")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True, help="generate: nucleus sampling mass.")
+@click.option("--summary-seconds", type=POSITIVE, default=30.0, show_default=True,
+              help="Summary line interval.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="generate: new tokens per sequence.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="generate: 0 = greedy.")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+              help="generate: nucleus sampling mass.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="generate: run seed; with the sequence's FASTA position it fixes what each sequence samples.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")

@@ -93,7 +93,8 @@ class RunDir:
             try:
                 d.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise RunDirError(f"cannot create the output directory {d}: {e.strerror}; choose another --out") from None
+                raise RunDirError(f"cannot create the output directory {d}: {e.strerror}; "
+                                  "choose another --out") from None
 
     # ------------------------------------------------------------------ manifest
     def exists(self) -> bool:
