@@ -26,14 +26,41 @@ def quiet_transformers() -> None:
 
 
 def model_max_tokens(config, tokenizer) -> int | None:
-    """The hard per-sequence token limit: absolute position tables, or the tokenizer's trained maximum."""
-    limits = []
-    if getattr(config, "position_embedding_type", None) == "absolute" and getattr(config, "max_position_embeddings", 0):
-        offset = (config.pad_token_id + 1) if config.model_type == "esm" and config.pad_token_id is not None else 0
-        limits.append(config.max_position_embeddings - offset)
+    """The hard per-sequence token limit: a learned position table, or the tokenizer's trained maximum."""
+    limits = [n for n in (position_table_tokens(config),) if n]
     mml = getattr(tokenizer, "model_max_length", None)
     if isinstance(mml, int) and 0 < mml < 10**7:
         limits.append(mml)
+    return min(limits) if limits else None
+
+
+def position_table_tokens(config) -> int | None:
+    """Positions a learned absolute position table holds (GPT-2's `wpe`, BERT's, RoBERTa's, OPT's, ESM-1b's),
+    found by building the model on the meta device (no weights, no memory); None without one (rotary).
+
+    Config fields alone do not say it: transformers 5 dropped `position_embedding_type` from most configs,
+    and GPT-2 calls the size `n_positions`. Tables indexed from padding_idx + 1 (RoBERTa, ESM) or with an
+    `offset` (OPT) hold that many fewer tokens.
+    """
+    import torch.nn as nn
+    from transformers import AutoModel
+
+    try:
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+    except Exception as e:   # an architecture AutoModel cannot build: fall back to the config's word
+        log.debug("could not build %s on the meta device (%s)", config.model_type, e)
+        if getattr(config, "position_embedding_type", None) == "absolute" and getattr(config, "max_position_embeddings", 0):
+            return config.max_position_embeddings
+        return None
+    limits = []
+    for name, module in model.named_modules():
+        last = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Embedding) and ("position" in last or last == "wpe"):
+            offset = getattr(module, "offset", None)
+            if offset is None:
+                offset = module.padding_idx + 1 if module.padding_idx is not None else 0
+            limits.append(module.num_embeddings - offset)
     return min(limits) if limits else None
 
 
@@ -41,16 +68,15 @@ class HFEngine:
     def __init__(self, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
                  fingerprint: str = ""):
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+        from .model_source import is_causal_lm
         quiet_transformers()
         self.device = device
         config = AutoConfig.from_pretrained(model_path)
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         archs = list(getattr(config, "architectures", None) or [])
-        is_causal = any(a.endswith("ForCausalLM") for a in archs) or (
-            not archs and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        is_causal = is_causal_lm(config.model_type, archs)
         kwargs = {"dtype": dtype}
         if config.model_type == "esm":
             kwargs["add_pooling_layer"] = False

@@ -18,6 +18,16 @@ from .errors import UserError
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
+def is_causal_lm(model_type: str, architectures: list[str]) -> bool:
+    """A causal LM by its checkpoint's architecture names (any of transformers' causal-LM classes, e.g. GPT-2's
+    GPT2LMHeadModel, not only *ForCausalLM), or by its model type when the config names none."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if architectures:
+        return any(a in causal or a.endswith("ForCausalLM") for a in architectures)
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
 @dataclass
 class ModelSource:
     name: str          # what the user passed
@@ -28,12 +38,7 @@ class ModelSource:
 
     @property
     def is_causal(self) -> bool:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        if any(a.endswith("ForCausalLM") for a in self.architectures):
-            return True
-        if self.architectures:
-            return False
-        return self.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        return is_causal_lm(self.model_type, self.architectures)
 
     def identity(self) -> dict:
         return {"name": self.name, "path": self.path, "model_type": self.model_type, "fingerprint": self.fingerprint}

@@ -102,15 +102,16 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
         long = long[[len(t.ids) > limit for t in exact]]
     if len(long) == 0:
         return
+    what = "the --max-length limit" if config.max_length == limit else "the model's limit"
     if config.on_long == "error":
         longest = int(long[np.argmax(index.lengths[long])])
         shown = ", ".join(f"'{index.id(int(i))}' ({index.lengths[i]} residues)" for i in long[:MAX_LISTED])
         raise UserError(
-            f"{len(long)} sequence(s) exceed the model's limit of {limit} tokens ({tokenizer.num_special} of them "
+            f"{len(long)} sequence(s) exceed {what} of {limit} tokens ({tokenizer.num_special} of them "
             f"special), the longest '{index.id(longest)}' with {index.lengths[longest]} residues: {shown}. "
             "Choose --on-long truncate (cut to the limit; recorded in `truncated` and `num_tokens`) or "
             f"--on-long skip (kept as rows with status {status_codes.SKIPPED_TOO_LONG}).")
-    log.warning("%d sequence(s) exceed the model's limit of %d tokens and will be %s (--on-long %s)", len(long),
+    log.warning("%d sequence(s) exceed %s of %d tokens and will be %s (--on-long %s)", len(long), what,
                 limit, "truncated" if config.on_long == "truncate" else "skipped", config.on_long)
 
 
@@ -199,6 +200,9 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
     task = make_task(config, info)
     limit = info.max_tokens
     if config.max_length:
+        if limit and config.max_length > limit:
+            log.warning("--max-length %d is above the model's own limit of %d tokens; using %d", config.max_length,
+                        limit, limit)
         limit = min(limit, config.max_length) if limit else config.max_length
     tokenizer = SequenceTokenizer(hf_tokenizer)
     check_long(index, tokenizer, limit, config)

@@ -26,8 +26,8 @@ class SequenceTokenizer:
         with_specials = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=True)["input_ids"]
         plain = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=False)["input_ids"]
         self.num_special = len(with_specials) - len(plain)
-        # Character-level tokenizers (ESM, the demo model) give one token per residue, so token counts
-        # are known from residue counts before tokenizing anything.
+        # Character-level tokenizers (ESM, the demo model) give one token per residue (encode makes sure
+        # of it), so token counts are known from residue counts before tokenizing anything.
         self.char_level = len(plain) == 20
 
     def tokens_for_residues(self, residues: np.ndarray) -> np.ndarray:
@@ -38,8 +38,10 @@ class SequenceTokenizer:
         enc = self.tokenizer(sequences, add_special_tokens=True, return_special_tokens_mask=True,
                              return_attention_mask=False)
         out = []
-        for ids, special in zip(enc["input_ids"], enc["special_tokens_mask"]):
+        for seq, ids, special in zip(sequences, enc["input_ids"], enc["special_tokens_mask"]):
             special = np.asarray(special, bool)
+            if self.char_level and len(ids) - int(special.sum()) != len(seq):
+                ids, special = self._per_character(seq, ids, special)
             truncated = False
             if self.max_tokens and len(ids) > self.max_tokens:
                 ids, special = self._truncate(ids, special)
@@ -48,6 +50,17 @@ class SequenceTokenizer:
                 t == self.unk_id and not s for t, s in zip(ids, special))
             out.append(Tokenized(list(ids), special, truncated, unknown))
         return out
+
+    def _per_character(self, seq: str, ids: list[int], special: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """One token per residue, each unknown character its own unknown token. Some character-level
+        tokenizers (ESM's) turn a run of unknown characters into a single unknown token, which would shift
+        every later residue's per-residue row; the special tokens around the body are kept as they were."""
+        head = int(np.argmin(special)) if not special.all() else len(ids)
+        tail = int(np.argmin(special[::-1])) if not special.all() else 0
+        body = [self.tokenizer.convert_tokens_to_ids(c) for c in seq]
+        body = [self.unk_id if t is None else t for t in body]
+        ids = list(ids[:head]) + body + list(ids[len(ids) - tail:])
+        return ids, np.array([True] * head + [False] * len(body) + [True] * tail)
 
     def _truncate(self, ids: list[int], special: np.ndarray) -> tuple[list[int], np.ndarray]:
         n = len(ids)

@@ -19,7 +19,7 @@ import torch
 from index import SequenceIndex
 
 from .conftest import SHARED_DATA
-from .tiny_models import REPO, run_cli, save_esm, save_llama, save_qwen3
+from .tiny_models import REPO, run_cli, save_esm, save_gpt2, save_llama, save_qwen3
 
 FASTA = [str(SHARED_DATA / "protein_lib.fa"), str(SHARED_DATA / "ncbi_standard_aa.fasta")]
 
@@ -169,6 +169,28 @@ def test_long_sequence_policies(tmp_path):
                   "truncate", "--max-length", "2", "--no-progress")   # <cls> + <eos> and no residue
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "--max-length of 2 tokens leaves no room for residues" in res.stderr
+
+
+def test_gpt2_learned_positions_limit_and_score(tmp_path):
+    """GPT-2 on the hf engine: its 128-position table is a hard limit found before any work (transformers 5
+    configs no longer say `position_embedding_type`), and it scores as the causal LM it is."""
+    model = save_gpt2(tmp_path / "gpt2", n_positions=128)
+    fasta = FASTA[0]
+    index = SequenceIndex.build([fasta])
+    long = [index.id(i) for i in range(len(index)) if index.lengths[i] + 2 > 128]
+    assert long and len(long) < len(index)
+    res = run_cli(fasta, "--out", str(tmp_path / "e"), "--model", str(model), "--gpus", "0", "--no-progress")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"{len(long)} sequence(s) exceed the model's limit of 128 tokens" in res.stderr
+    res = run_cli(fasta, "--out", str(tmp_path / "s"), "--model", str(model), "--gpus", "0", "--task", "score",
+                  "--on-long", "skip", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    data, attrs = read(tmp_path / "s" / "result.h5")
+    assert attrs["engine"] == "hf"
+    fits = index.lengths + 2 <= 128
+    ref = direct(str(model), [index.sequence(i) for i in np.flatnonzero(fits)], causal_scores=True)
+    np.testing.assert_allclose(data["score/logprob_sum"][fits], [r["logprob_sum"] for r in ref], rtol=1e-5, atol=1e-3)
+    assert data["status"].tolist() == [0 if f else 1 for f in fits]
 
 
 def test_duplicate_ids_refused_then_renamed(tmp_path, models):

@@ -72,6 +72,24 @@ def test_tokenizer_truncation_keeps_special_tokens():
     assert tok.tokens_for_residues(np.array([3, 7])).tolist() == [5, 9]
 
 
+def test_char_level_tokenizers_give_one_token_per_residue(tmp_path):
+    """ESM's tokenizer turns a run of unknown characters into one <unk>, which would shift every later
+    residue's per-residue row: each unknown character gets its own unknown token."""
+    from transformers import EsmTokenizer
+
+    from .tiny_models import ESM_VOCAB
+    (tmp_path / "vocab.txt").write_text("\n".join(ESM_VOCAB) + "\n")
+    esm = EsmTokenizer(str(tmp_path / "vocab.txt"))
+    assert len(esm("ACDJJK")["input_ids"]) == 7          # the merging this guards against
+    tok = SequenceTokenizer(esm)
+    odd, plain = tok.encode(["ACDJJK", "ACD"])
+    unk, A, K = esm.unk_token_id, esm.convert_tokens_to_ids("A"), esm.convert_tokens_to_ids("K")
+    assert odd.ids[0] == esm.cls_token_id and odd.ids[-1] == esm.eos_token_id and len(odd.ids) == 8
+    assert odd.ids[1] == A and odd.ids[4:7] == [unk, unk, K] and odd.unknown
+    assert odd.special.tolist() == [True] + [False] * 6 + [True]
+    assert plain.ids == esm("ACD")["input_ids"] and not plain.unknown
+
+
 def test_ragged_gather_index():
     assert ragged_gather_index(np.array([5, 0, 2]), np.array([2, 0, 3])).tolist() == [5, 6, 2, 3, 4]
 

@@ -49,6 +49,18 @@ def save_llama(path: Path) -> Path:
     return path
 
 
+def save_gpt2(path: Path, n_positions: int = 64) -> Path:
+    """GPT-2: a causal LM named GPT2LMHeadModel (not *ForCausalLM) with a learned position table, which
+    transformers 5 configs describe only by `n_positions`; runs on the hf engine."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(4)
+    config = GPT2Config(vocab_size=32, n_positions=n_positions, n_embd=32, n_layer=2, n_head=4,
+                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    GPT2LMHeadModel(config).eval().save_pretrained(path)
+    _char_tokenizer().save_pretrained(path)
+    return path
+
+
 def save_qwen3(path: Path) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     torch.manual_seed(3)
