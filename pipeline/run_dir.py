@@ -193,6 +193,23 @@ class RunLock:
         return holder
 
     @staticmethod
+    def shard_running(run: RunDir, rank: int) -> bool:
+        """Whether a worker holds shard `rank`'s lock now (a brief shared try-lock; a worker that wants the lock
+        at that instant retries)."""
+        try:
+            fd = os.open(run.shards_dir / f"shard_{rank}.lock", os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    @staticmethod
     def _holder(fd: int) -> dict:
         try:
             return json.loads(os.pread(fd, 4096, 0) or b"{}")

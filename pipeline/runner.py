@@ -389,7 +389,7 @@ def _failure_report(run: RunDir, failed: list, world: int, interrupted: str | No
 @dataclass
 class ShardState:
     rank: int
-    state: str          # complete, partial, pending, failed, corrupt
+    state: str          # complete, partial, pending, failed, corrupt (status adds running)
     expected: int
     durable: int
     detail: str = ""
@@ -445,6 +445,8 @@ def status(out: str) -> str:
     rows = [("shard", "state", "durable", "of", "progress", "detail")]
     for r in range(manifest["world"]):
         s = shard_state(run_dir, index, r, manifest["world"])
+        if holder and s.state != "complete" and RunLock.shard_running(run_dir, r):
+            s.state = "running"   # durable counts checkpointed rows only
         rows.append((str(r), s.state, f"{s.durable:,}", f"{s.expected:,}",
                      f"{100.0 * s.durable / max(1, s.expected):.1f}%", s.detail))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]

@@ -7,6 +7,7 @@ count, so they agree to float32 rounding.
 """
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -157,7 +158,7 @@ def test_sigterm_to_parent_checkpoints_and_exits_nonzero(fasta, common, referenc
 
 def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common, tmp_path):
     out = tmp_path / "out"
-    proc = start(fasta, out, common, RUN_SHARDS_FAULT_BATCH_SLEEP="0.3")
+    proc = start(fasta, out, common, RUN_SHARDS_FAULT_BATCH_SLEEP="1.0")   # still running when SIGTERM ends it
     try:
         wait_for(lambda: "started (pid" in log_text(out, 0))
         res = run_cli(fasta, "--out", str(out), *common)
@@ -167,6 +168,8 @@ def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common
         wait_for(lambda: (out / "manifest.json").exists())
         res = run_cli("status", str(out))
         assert res.returncode == 0 and f"ACTIVE: `run` (pid {proc.pid} on" in res.stdout, res.stdout
+        wait_for(lambda: all("started (pid" in log_text(out, r) for r in (0, 1)))
+        wait_for(lambda: len(re.findall(r"^[01] +running ", run_cli("status", str(out)).stdout, re.M)) == 2)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
