@@ -103,4 +103,7 @@ def describe(source: ModelSource, engine: str):
                       is_causal=source.is_causal, max_tokens=model_max_tokens(text, tokenizer),
                       architecture=(source.architectures[0] if source.architectures else source.model_type),
                       model_fingerprint=source.fingerprint)
+    trained = getattr(text, "max_position_embeddings", None)
+    if isinstance(trained, int) and 0 < trained < (info.max_tokens or float("inf")):
+        info.extra["trained_context"] = trained   # a soft limit: relative positions run past it
     return info, tokenizer

@@ -206,6 +206,13 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
         limit = min(limit, config.max_length) if limit else config.max_length
     tokenizer = SequenceTokenizer(hf_tokenizer)
     check_long(index, tokenizer, limit, config)
+    trained = info.extra.get("trained_context")
+    if trained and trained < (limit or float("inf")):
+        over = int((tokenizer.tokens_for_residues(index.lengths) > trained).sum())
+        if over:
+            log.warning("%d sequence(s) are longer than the model's trained context of %d tokens "
+                        "(max_position_embeddings); they run, but the model was not trained on such lengths. "
+                        "--max-length %d with --on-long truncate or skip keeps within it.", over, trained, trained)
     check_storage(schema_for(task), index, tokenizer, config.world, run.root)
     stats = index.shard_stats(config.world)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", config.world,

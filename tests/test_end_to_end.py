@@ -333,3 +333,20 @@ def test_unknown_hub_model_is_a_clear_error(tmp_path):
                   env={"HF_HUB_OFFLINE": "1"})
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "--model no-such-org/no-such-model: not a local directory" in res.stderr
+
+
+def test_model_limits_read_from_checkpoints(models, tmp_path):
+    """Hard limits (a learned position table, the tokenizer's maximum) and the soft trained context of
+    rotary models, as the parent reads them from config and tokenizer alone."""
+    from pipeline import model_source
+    from pipeline.runner import cache_dir
+
+    def describe(path):
+        return model_source.describe(model_source.resolve(str(path), cache_dir()), "hf")[0]
+
+    llama = describe(models["llama"])            # rotary, 4096 trained positions, tokenizer max 100000
+    assert llama.max_tokens == 100000 and llama.extra["trained_context"] == 4096 and llama.is_causal
+    esm = describe(models["esm"])                # rotary; the tokenizer's 1024 is the hard limit
+    assert esm.max_tokens == 1024 and "trained_context" not in esm.extra and not esm.is_causal
+    gpt2 = describe(save_gpt2(tmp_path / "gpt2", n_positions=96))
+    assert gpt2.max_tokens == 96 and gpt2.is_causal
