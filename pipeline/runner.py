@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from index import SequenceIndex, load_or_build
+from index import FastaError, SequenceIndex, load_or_build
 from index.cache import cache_dir
 
 from . import __version__, engines, model_source, status_codes
@@ -194,6 +194,9 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
     log.info("index %s: %d records, %d residues, %d file(s)", "reused from cache" if reused else "built",
              len(index), index.total_residues, len(index.inputs))
     index = apply_input_policies(index, config)
+    if config.world > len(index):   # a worker with an empty shard would load the model for nothing
+        log.info("%d record(s): using %d worker(s), not %d", len(index), len(index), config.world)
+        config.devices, config.workers = config.devices[:len(index)], min(config.workers, len(index))
     source = model_source.resolve(config.model, cache_dir())
     engine = engines.choose(config.engine, source.model_type, config.task)
     info, hf_tokenizer = model_source.describe(source, engine)
@@ -260,7 +263,11 @@ def run(config: RunConfig, show_progress: bool = True) -> Path:
                 log.warning("took over a stale lock left by pid %s", lock.took_over.get("pid"))
             log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
             started = time.time()
-            manifest, index = _prepare(config, run_dir)
+            try:
+                manifest, index = _prepare(config, run_dir)
+            except (UserError, FastaError) as e:   # the terminal shows it (cli.py); keep it in run.log too
+                handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "refused: %s", (e,), None))
+                raise
             return _run_shards(run_dir, manifest, index, None, show_progress, started)
         finally:
             _unlog(handler)

@@ -265,8 +265,9 @@ def test_empty_records_and_unknown_characters(common, tmp_path):
 
 
 def test_more_workers_than_records_and_shards_of_empty_records(common, tmp_path):
-    """Four workers for three records (stride over length-descending order): shard 3 gets nothing and
-    shard 2 only the empty record, so its one batch has nothing to tokenize. Both finish cleanly."""
+    """Four workers asked for three records: three shards (a fourth would load the model for nothing);
+    stride over length-descending order gives shard 2 only the empty record, so its one batch has nothing
+    to tokenize."""
     fasta = tmp_path / "in.fasta"
     fasta.write_bytes(b">ok\nMKVL\n>empty\n\n>two\nMKVLA\n")
     args = [a if a != "2" or common[i - 1] != "--workers" else "4" for i, a in enumerate(common)]
@@ -274,7 +275,8 @@ def test_more_workers_than_records_and_shards_of_empty_records(common, tmp_path)
     assert res.returncode == 0, res.stderr
     got = read(tmp_path / "o" / "result.h5")
     assert got["ids"].tolist() == [b"ok", b"empty", b"two"] and got["status"].tolist() == [0, 3, 0]
-    assert sorted(p.name for p in (tmp_path / "o" / "shards").glob("*.h5")) == [f"shard_{r}.h5" for r in range(4)]
+    assert sorted(p.name for p in (tmp_path / "o" / "shards").glob("*.h5")) == [f"shard_{r}.h5" for r in range(3)]
+    assert "3 record(s): using 3 worker(s), not 4" in (tmp_path / "o" / "logs" / "run.log").read_text()
 
 
 def test_out_of_memory_batches_split_and_single_sequences_marked(fasta, common, reference, tmp_path):
