@@ -20,6 +20,16 @@ import pytest  # noqa: E402
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: tests share a small machine, and idle intra-op threads spin-wait,
+    which made tiny-tensor tests 10-50x slower on a loaded 2-core CI machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Each test gets its own index cache so tests never see each other's (or the user's) files."""

@@ -20,13 +20,7 @@ CPU = torch.device("cpu")
 CAUSAL = ("qwen3_5", "llama", "qwen3")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tests share a 2-core machine: one BLAS thread avoids spin-waiting that slows everything 10x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -32,14 +32,7 @@ TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3}
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (bfloat16 is not usable in the interpreter)")
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """These tensors are tiny: intra-op threads only add synchronisation, which on a loaded 2-core CI
-    machine made the torch path ~50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture
