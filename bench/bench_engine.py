@@ -147,6 +147,10 @@ def main() -> None:
     parser.add_argument("--max-tokens-per-batch", type=int, default=None, help="default: the pipeline's (4096 CPU, 32768 GPU)")
     parser.add_argument("--max-seqs", type=int, default=256)
     parser.add_argument("--long", type=int, default=32768, help="GPU: tokens of the single long sequence (0: skip)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="model dtype (default: bfloat16 on GPU, float32 on CPU, as a run's --dtype auto)")
+    parser.add_argument("--keep-denormals", action="store_true",
+                        help="do not flush float denormals to zero (workers do; this measures what that gains)")
     parser.add_argument("--out", default=None, help="also write the table here")
     args = parser.parse_args()
 
@@ -154,8 +158,13 @@ def main() -> None:
     if gpu and not torch.cuda.is_available():
         raise SystemExit("gpu benchmark: no CUDA device visible")
     device = torch.device("cuda:0" if gpu else "cpu")
-    dtype = torch.bfloat16 if gpu else torch.float32
-    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
+    if args.keep_denormals:
+        torch.set_num_threads(args.threads)
+        flushing = False
+    else:   # as a worker does, for every engine alike
+        from pipeline.devices import set_cpu_threads
+        flushing = set_cpu_threads(args.threads)
     n = args.n or (50000 if gpu else 20000)
     budget = args.max_tokens_per_batch or (32768 if gpu else 4096)
     models = (args.models or ("qwen35-0.8b,esm2-650m" if gpu else "demo,qwen35-eighth")).split(",")
@@ -165,7 +174,8 @@ def main() -> None:
 
     lines = [f"device: {torch.cuda.get_device_name(0) if gpu else f'CPU, {args.threads} thread(s)'}; "
              f"dtype {str(dtype).removeprefix('torch.')}; {n} make_fasta.py sequences (seed 1); "
-             f"token budget {budget}, max {args.max_seqs} sequences per batch; torch {torch.__version__}",
+             f"token budget {budget}, max {args.max_seqs} sequences per batch; torch {torch.__version__}; "
+             f"denormals {'flushed' if flushing else 'kept'}",
              "", "| model | engine | sequences | tokens | seconds | tok/s | vs hf |", "| --- | --- | --- | --- | --- | --- | --- |"]
     notes = []
     if gpu:

@@ -141,7 +141,10 @@ class ShardRun:
                  int((~done_mask).sum()), todo_tokens)
 
         t0 = time.time()
-        torch.set_num_threads(self.threads)
+        from .devices import set_cpu_threads
+        flushing = set_cpu_threads(self.threads)
+        log.info("%d CPU thread(s); float denormals %s", self.threads,
+                 "flushed to zero" if flushing else "NOT flushed (this CPU or build cannot), CPU math may run slower")
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]

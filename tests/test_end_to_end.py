@@ -89,6 +89,7 @@ def test_embed_two_workers_matches_transformers(models, tmp_path, name):
     for rank in (0, 1):
         log = (out / "logs" / f"worker_{rank}.log").read_text()
         assert "shard complete" in log
+        assert "float denormals flushed to zero" in log   # set before the worker's first torch op
     assert (out / "logs" / "run.log").exists()
 
 
