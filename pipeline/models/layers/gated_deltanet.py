@@ -18,39 +18,45 @@ from ...engine.context import StepContext
 from .norms import GatedRMSNorm
 
 
-def conv_layout(ctx: StepContext, width: int):
-    """Where each row of the causal conv's input comes from, for a step whose sequences may continue
-    stored conv windows.
+def conv_fixups(ctx: StepContext, width: int):
+    """Index arrays for the ragged causal conv, computed as shifted slices of the step's flat input.
 
-    The conv runs over `ext`: per sequence, its `width` previous inputs (its stored window, or zeros for a
-    fresh sequence) followed by its tokens, so every token's window is `width + 1` consecutive rows and
-    the conv is a sum of shifted slices. `ext` rows are gathered from `[x (T rows); stored windows of the
-    reading sequences (R * width rows); a zero row]`. Returns host int64 arrays: ext_index [T + S * width],
-    token_rows [T] (each token's row in ext), write_index [W, width] (the window each writing sequence
-    keeps, as ext rows) or None.
+    Shifting the step's input x by j rows hands every token its input j rows back. That is right except
+    in the first `width` rows of each sequence, where the shift reads the previous sequence's tokens (or
+    nothing, before row 0) instead of the sequence's own stored window (or zeros, for a fresh sequence).
+    Those few (row, shift) pairs are corrected afterwards: out[row] += w[shift] * (right - wrong).
+
+    Sources are codes into x and a small table `extra = [zero row; stored windows of the reading sequences,
+    width rows each, oldest first]`: code c >= 0 is row c of x, c < 0 is row -1 - c of extra. Returns host
+    int64 arrays rows [M], shifts [M], wrong [M], right [M], and window [W, width] (the last `width`
+    inputs of each sequence whose state is kept, oldest first) or None.
     """
-    T, q_lens, S = ctx.num_tokens, ctx.q_lens, ctx.num_seqs
+    S, q_lens = ctx.num_seqs, ctx.q_lens.astype(np.int64)
     starts = np.zeros(S, np.int64)
     np.cumsum(q_lens[:-1], out=starts[1:])
-    zero_row = T
     read_pos = np.full(S, -1, np.int64)
     if ctx.state_read is not None:
-        rows = ctx.state_read[0]
-        read_pos[rows] = np.arange(len(rows))
-        zero_row = T + len(rows) * width
-    ext_starts = starts + width * np.arange(S)                  # first ext row (window) of each sequence
-    prior = np.where(read_pos[:, None] >= 0, T + read_pos[:, None] * width + np.arange(width)[None, :], zero_row)
-    seg = np.repeat(np.arange(S), q_lens)
-    token_rows = np.arange(T) + width * (seg + 1)
-    ext_index = np.empty(T + S * width, np.int64)
-    ext_index[(ext_starts[:, None] + np.arange(width)[None, :]).ravel()] = prior.ravel()
-    ext_index[token_rows] = np.arange(T)
-    write_index = None
+        read_pos[ctx.state_read[0]] = np.arange(len(ctx.state_read[0]))
+
+    def source(seq, p):
+        """Code of the input at position p (negative: before this step) of sequence seq."""
+        before = np.where(read_pos[seq] >= 0, -2 - (read_pos[seq] * width + width + p), -1)
+        return np.where(p >= 0, starts[seq] + p, before)
+
+    first, shift = np.triu_indices(width + 1, 1)    # every row i < width of a sequence, shifts j > i
+    seq = np.repeat(np.arange(S), len(first))
+    i, j = np.tile(first, S), np.tile(shift, S)
+    keep = i < q_lens[seq]
+    seq, i, j = seq[keep], i[keep], j[keep]
+    rows = starts[seq] + i
+    wrong = np.where(rows >= j, rows - j, -1)
+    right = source(seq, i - j)
+    differ = wrong != right
+    window = None
     if ctx.state_write is not None:
-        wrows = ctx.state_write[0]
-        ends = ext_starts[wrows] + width + q_lens[wrows]           # one past each writing sequence's last row
-        write_index = ends[:, None] - width + np.arange(width)[None, :]
-    return ext_index, token_rows, write_index
+        wseq = ctx.state_write[0][:, None]
+        window = source(wseq, q_lens[wseq] - width + np.arange(width)[None, :])
+    return rows[differ], j[differ], wrong[differ], right[differ], window
 
 
 # Chunk size of the delta rule's torch path on CPU, measured end to end (embed throughput vs the hf
@@ -118,24 +124,33 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(o.reshape(T, self.value_dim))
 
     def _conv(self, x: torch.Tensor, conv_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """Depthwise causal conv + SiLU over each sequence's tokens, its stored window in front."""
-        width = self.kernel - 1
-        ext_index, token_rows, write_index = ctx.cached(f"conv_layout_{width}", lambda: conv_layout(ctx, width))
-        parts = [x]
+        """Depthwise causal conv + SiLU over each sequence's tokens, its stored window in front.
+
+        Computed in float32 over the step's tokens as shifted slices (one pass per tap, no gather of x),
+        then the rows next to sequence starts are fixed up (see conv_fixups)."""
+        width, C = self.kernel - 1, x.shape[1]
+        rows, shifts, wrong, right, window = ctx.cached(f"conv_fixups_{width}", lambda: conv_fixups(ctx, width))
+        parts = [x.new_zeros(1, C)]
         if ctx.state_read is not None:
-            parts.append(conv_state[ctx.on_device("read_slots", ctx.state_read[1])].reshape(-1, x.shape[1]))
-        parts.append(x.new_zeros(1, x.shape[1]))
-        ext = torch.cat(parts).index_select(0, ctx.on_device(f"conv_ext_index_{width}", ext_index))
-        if write_index is not None:
-            widx = ctx.on_device(f"conv_write_index_{width}", write_index)
-            conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = ext[widx].to(conv_state.dtype)
-        # out row r is the window ending at ext row r + width: a sum of shifted slices, in float32
-        n, w = ext.shape[0] - width, self.conv_weight.float()
-        out = ext[:n].float() * w[:, 0]
-        for j in range(1, self.kernel):
-            out.addcmul_(ext[j:n + j], w[:, j])
-        out = out.index_select(0, ctx.on_device(f"conv_token_rows_{width}", token_rows - width))
-        return F.silu(out).to(x.dtype)
+            parts.append(conv_state[ctx.on_device("read_slots", ctx.state_read[1])].reshape(-1, C).to(x.dtype))
+        extra = torch.cat(parts)
+
+        def gather(codes):
+            return torch.where((codes >= 0)[:, None], x[codes.clamp(min=0)], extra[(-1 - codes).clamp(min=0)])
+
+        if window is not None:   # read every stored window before any is overwritten
+            kept = gather(ctx.on_device(f"conv_window_{width}", window.ravel())).view(-1, width, C)
+            conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = kept.to(conv_state.dtype)
+        w, xf = self.conv_weight.float(), x.float()
+        out = xf * w[:, width]
+        for j in range(1, width + 1):
+            out[j:].addcmul_(xf[:-j], w[:, width - j])
+        if len(rows):
+            right_rows = gather(ctx.on_device(f"conv_right_{width}", right)).float()
+            wrong_rows = gather(ctx.on_device(f"conv_wrong_{width}", wrong)).float()
+            taps = w[:, width - ctx.on_device(f"conv_shifts_{width}", shifts)].T
+            out.index_add_(0, ctx.on_device(f"conv_rows_{width}", rows), (right_rows - wrong_rows) * taps)
+        return F.silu(out, inplace=True).to(x.dtype)
 
     def load(self, t, p: str) -> None:
         self.in_proj.weight.copy_(torch.cat([t.get(p + n + ".weight") for n in
