@@ -83,9 +83,7 @@ def chunk_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_fin
     out_dtype, device = q.dtype, q.device
     q, k, v, g, beta = _flat_inputs(q, k, v, g, beta, d, scale, use_qk_l2norm)
     tokens = q.shape[0]
-    # Appended zero rows: chunk rows past a sequence's end read them, and output rows land in the last.
-    q, k, v, g, beta = (torch.cat([x, x.new_zeros(1, *x.shape[1:])]) for x in (q, k, v, g, beta))
-    o = q.new_empty(tokens + 1, d.num_v_heads, d.head_v_dim)
+    o = q.new_empty(tokens + 1, d.num_v_heads, d.head_v_dim)   # row `tokens` takes chunk padding's rows
     order = layout.longest_first()
     S = _start_states(initial_state, layout, d, order, device)
     lengths = layout.lengths
@@ -117,17 +115,26 @@ def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[i
         steps.append((first, len(bounds)))
     bounds_t = torch.tensor(bounds, dtype=torch.long, device=device)
     pos = bounds_t[:, :1] + torch.arange(C, device=device)
-    pos = pos.masked_fill_(pos >= bounds_t[:, 1:], q.shape[0] - 1)  # [chunks, C]; padding -> zero row
-    NC = pos.shape[0]
+    pad = pos >= bounds_t[:, 1:]                      # [chunks, C]: rows past a sequence's end
+    NC, tokens = pos.shape[0], q.shape[0]
+    # Padding rows read their chunk's last real row; their k and g are zeroed below, so they add nothing
+    # to the state or to gamma_last, and causality keeps them out of real rows. Their outputs go to o's
+    # spare last row.
+    read_pos = torch.minimum(pos, bounds_t[:, 1:] - 1)
+    any_pad = bool(pad.any())
 
-    def pack(x):  # [tokens, heads, D] -> [chunks, heads, C, D]
-        return x[pos].transpose(1, 2).contiguous()
+    def pack(x):  # [tokens, heads, D] -> [chunks, heads, C, D] in one gather
+        heads = torch.arange(x.shape[1], device=device)
+        return x[read_pos[:, None, :], heads[None, :, None]]
 
     def grouped(x):  # [chunks, HV, ...] -> [chunks, H, G, ...]: value head j = (key head j // G, j % G)
         return x.view(NC, H, G, *x.shape[2:])
 
     qc, kc, vc = pack(q), pack(k), pack(v)
     gc, bc = (pack(x[..., None])[..., 0] for x in (g, beta))  # [chunks, HV, C]
+    if any_pad:
+        kc.masked_fill_(pad[:, None, :, None], 0.0)
+        gc.masked_fill_(pad[:, None, :], 0.0)
     gamma = gc.cumsum(-1)
     gamma_last = gamma[..., -1:]  # padded rows have g = 0, so this is the last real row's gamma
     # exp(gamma_i - gamma_j) only where i >= j: masking before exp keeps positive exponents out.
@@ -151,7 +158,8 @@ def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[i
         v_new = U[first:end] - W[first:end] @ S_a
         out[first:end] = q_decayed[first:end] @ S_a + P[first:end] @ v_new
         S[: end - first] = S_a * chunk_decay[first:end] + k_decayed_t[first:end] @ v_new
-    o[pos.flatten()] = out.transpose(1, 2).reshape(NC * C, HV, d.head_v_dim)
+    write_pos = pos.masked_fill(pad, tokens) if any_pad else pos
+    o[write_pos.flatten()] = out.transpose(1, 2).reshape(NC * C, HV, d.head_v_dim)
 
 
 def recurrent_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,

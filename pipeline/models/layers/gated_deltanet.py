@@ -59,6 +59,11 @@ def conv_fixups(ctx: StepContext, width: int):
     return rows[differ], j[differ], wrong[differ], right[differ], window
 
 
+# Rows per block of the CPU conv: 64 rows of a 1536-channel projection (the 1/8 Qwen3.5) are 384 KiB,
+# so the four taps run in L2. 4k tokens: 21 ms in blocks of 64, 27 ms of 256, 32 ms unblocked.
+CPU_CONV_BLOCK_ROWS = 64
+
+
 # Chunk size of the delta rule's torch path on CPU, measured end to end (embed throughput vs the hf
 # engine, same sequences, make_fasta lengths): heads of 16 (the demo model) run best with chunks of 8
 # at every length (shortest / median / p90 / longest slices: C=8 1.52 / 1.35 / 1.27 / 1.20x hf,
@@ -142,9 +147,16 @@ class GatedDeltaNet(nn.Module):
             kept = gather(ctx.on_device(f"conv_window_{width}", window.ravel())).view(-1, width, C)
             conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = kept.to(conv_state.dtype)
         w, xf = self.conv_weight.float(), x.float()
-        out = xf * w[:, width]
-        for j in range(1, width + 1):
-            out[j:].addcmul_(xf[:-j], w[:, width - j])
+        out = torch.empty_like(xf)
+        T = x.shape[0]
+        block = CPU_CONV_BLOCK_ROWS if x.device.type == "cpu" else T
+        for r0 in range(0, T, block):   # on CPU, blocks of rows that stay in cache across the taps
+            r1 = min(T, r0 + block)
+            torch.mul(xf[r0:r1], w[:, width], out=out[r0:r1])
+            for j in range(1, width + 1):
+                a = max(r0, j)
+                if a < r1:
+                    out[a:r1].addcmul_(xf[a - j:r1 - j], w[:, width - j])
         if len(rows):
             right_rows = gather(ctx.on_device(f"conv_right_{width}", right)).float()
             wrong_rows = gather(ctx.on_device(f"conv_wrong_{width}", wrong)).float()
