@@ -75,9 +75,10 @@ def set_cpu_threads(threads: int) -> bool:
 
     Why: float32 values below 1.2e-38 (denormals) cost a microcode assist per operation on x86 CPUs. The
     delta rule's decays exp(gamma_i - gamma_j) pass through that range whenever a chunk's gates are
-    strongly negative, and on a 1/8-size Qwen3.5 every CPU op touching them ran at half speed (each engine
-    1.3x faster with the flush; docs/BENCHMARKS.md). Flushed values are below anything float32 or bfloat16
-    outputs can resolve next to O(1) ones; float16 storage of small values is not affected.
+    strongly negative: on one batch of a 1/8-size Qwen3.5 the native delta rule ran twice as fast with
+    the flush, and end to end the demo model ran 1.15x (hf) and 1.32x (native) faster (docs/BENCHMARKS.md).
+    Flushed values are below anything float32 or bfloat16 outputs can resolve next to O(1) ones; float16
+    storage of small values is not affected.
 
     The flush is a per-thread CPU flag that threads inherit when they are created, so it must be set
     before torch starts its OpenMP pool, i.e. before the process's first multi-threaded op. The check
