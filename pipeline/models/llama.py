@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .base import ModelSpec, NativeModel, eos_ids
+from .base import ModelSpec, NativeModel
 from .layers.attention import PagedAttention
-from .layers.loader import CheckpointTensors, check_loaded, materialize
+from .layers.loader import decoder_from_checkpoint
 from .layers.mlp import GatedMLP
 from .layers.norms import RMSNorm
 from .layers.rotary import Rotary, rope_frequencies
@@ -105,27 +105,5 @@ class LlamaModel(NativeModel):
 
     @classmethod
     def from_checkpoint(cls, path, config, device, dtype, architecture: str, qk_norm: bool):
-        with torch.device("meta"):
-            model = cls(config, architecture, qk_norm)
-        materialize(model, device, dtype)
-        model.rotary.to(device)
-        t = CheckpointTensors(path).with_prefix(["model.", ""], "embed_tokens.weight")
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(t.get("embed_tokens.weight"))
-            for i, layer in enumerate(model.layers):
-                p = f"layers.{i}."
-                layer.input_layernorm.weight.copy_(t.get(p + "input_layernorm.weight"))
-                layer.post_attention_layernorm.weight.copy_(t.get(p + "post_attention_layernorm.weight"))
-                layer.self_attn.load(t, p + "self_attn.")
-                layer.mlp.load(t, p + "mlp.")
-            model.norm.weight.copy_(t.get("norm.weight"))
-            if model.lm_head is not None:
-                model.lm_head.weight.copy_(t.root().get("lm_head.weight"))
-        check_loaded(model, architecture)
-        model.spec = _with_eos(model.spec, eos_ids(config, path))
-        return model.eval()
-
-
-def _with_eos(spec: ModelSpec, eos: tuple[int, ...]) -> ModelSpec:
-    from dataclasses import replace
-    return replace(spec, eos_token_ids=eos)
+        return decoder_from_checkpoint(lambda: cls(config, architecture, qk_norm), path, config, device, dtype,
+                                       ["model.", ""], lambda layer: (layer.self_attn, "self_attn."), architecture)
