@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .base import ModelSpec, NativeModel
+from .base import ModelSpec, RotaryDecoder
 from .layers.attention import PagedAttention
 from .layers.loader import decoder_from_checkpoint
 from .layers.mlp import GatedMLP
@@ -65,7 +65,7 @@ class LlamaLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LlamaModel(NativeModel):
+class LlamaModel(RotaryDecoder):
     def __init__(self, config, architecture: str, qk_norm: bool):
         super().__init__()
         types = set(getattr(config, "layer_types", None) or ["full_attention"])
@@ -85,20 +85,6 @@ class LlamaModel(NativeModel):
             architecture=architecture, hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
             vocab_size=config.vocab_size, is_causal=True, num_attention_layers=config.num_hidden_layers,
             num_kv_heads=config.num_key_value_heads, head_dim=head_dim, max_tokens=None)
-
-    def forward(self, ctx, capture=frozenset()):
-        x = self.embed_tokens(ctx.input_ids)
-        cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            if i in capture:
-                captured[i] = x
-            x = layer(x, cos, sin, self.rotary, ctx)
-        return self.norm(x), captured
-
-    def logits(self, hidden):
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return hidden @ weight.T
 
     def attention_layers(self):
         return [layer.self_attn.attn for layer in self.layers]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .base import DeltaStateSpec, ModelSpec, NativeModel
+from .base import DeltaStateSpec, ModelSpec, RotaryDecoder
 from .layers.attention import PagedAttention
 from .layers.gated_deltanet import GatedDeltaNet
 from .layers.loader import decoder_from_checkpoint
@@ -72,7 +72,7 @@ class Qwen3_5Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3_5Model(NativeModel):
+class Qwen3_5Model(RotaryDecoder):
     def __init__(self, config):
         super().__init__()
         types = list(config.layer_types)
@@ -97,20 +97,6 @@ class Qwen3_5Model(NativeModel):
             vocab_size=config.vocab_size, is_causal=True, num_attention_layers=types.count("full_attention"),
             num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
             max_tokens=None, delta=delta)
-
-    def forward(self, ctx, capture=frozenset()):
-        x = self.embed_tokens(ctx.input_ids)
-        cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            if i in capture:
-                captured[i] = x
-            x = layer(x, cos, sin, self.rotary, ctx)
-        return self.norm(x), captured
-
-    def logits(self, hidden):
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return hidden @ weight.T
 
     def attention_layers(self):
         return [layer.mixer.attn for layer in self.layers if not layer.is_linear]
