@@ -134,18 +134,15 @@ class NativeEngine:
                 raise UserError(f"a sequence of {seq.num_prompt} tokens (+{max(0, seq.max_new_tokens - 1)} to "
                                 f"generate) exceeds the engine's KV cache of {capacity} tokens; set --max-length")
 
-    # ---- embed / score ----------------------------------------------------------------------------
+    def _run(self, seqs: list[Sequence], capture: frozenset[int], on_step) -> None:
+        """Run `seqs` to completion, one engine step at a time.
 
-    def forward(self, batch: Seq[Seq[int]], layers: Seq[int], logprobs: bool) -> ForwardOutput:
-        seqs = [Sequence(i, list(ids)) for i, ids in enumerate(batch)]
+        Once a step has run, its tokens count as computed (a finished encoder-style sequence gives its
+        pages back) and on_step(scheduler, step, ctx, final hidden, captured layers) reads the outputs,
+        appending or finishing generated tokens. Running out of device memory anywhere in a step releases
+        every sequence and raises OutOfMemory.
+        """
         self._check_fits(seqs)
-        lengths = np.array([len(s) for s in seqs], np.int64)
-        offsets = np.zeros(len(seqs) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        total, final = int(offsets[-1]), self.spec.num_layers
-        hidden = {k: torch.empty(total, self.spec.hidden_size, dtype=self.dtype, device=self.device) for k in layers}
-        token_logprobs = torch.zeros(total, dtype=torch.float32, device=self.device) if logprobs else None
-        capture = frozenset(k for k in layers if k != final)
         scheduler = self._scheduler()
         for seq in seqs:
             scheduler.add(seq)
@@ -154,19 +151,36 @@ class NativeEngine:
                 step = scheduler.schedule()
                 ctx = self.runner.prepare(step)
                 out, captured = self.runner.run(ctx, capture)
-                rows = torch.from_numpy(offsets[[s.seq.seq_id for s in step]]).to(self.device)
-                rows = rows[ctx.segment_ids()] + ctx.positions
-                with torch.inference_mode():
-                    for k in layers:
-                        hidden[k].index_copy_(0, rows, out if k == final else captured[k])
-                    if logprobs:
-                        self._step_logprobs(step, ctx, out, rows, token_logprobs)
                 scheduler.after_step(step)
                 self.stats.add(step)
+                on_step(scheduler, step, ctx, out, captured)
         except torch.OutOfMemoryError as e:
             scheduler.abort_all()
             raise OutOfMemory(str(e)) from e
         self.stats.maybe_log()
+
+    # ---- embed / score ----------------------------------------------------------------------------
+
+    def forward(self, batch: Seq[Seq[int]], layers: Seq[int], logprobs: bool) -> ForwardOutput:
+        seqs = [Sequence(i, list(ids)) for i, ids in enumerate(batch)]
+        lengths = np.array([len(s) for s in seqs], np.int64)
+        offsets = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total, final = int(offsets[-1]), self.spec.num_layers
+        hidden = {k: torch.empty(total, self.spec.hidden_size, dtype=self.dtype, device=self.device) for k in layers}
+        token_logprobs = torch.zeros(total, dtype=torch.float32, device=self.device) if logprobs else None
+        capture = frozenset(k for k in layers if k != final)
+
+        def on_step(scheduler, step, ctx, out, captured):
+            rows = torch.from_numpy(offsets[[s.seq.seq_id for s in step]]).to(self.device)
+            rows = rows[ctx.segment_ids()] + ctx.positions
+            with torch.inference_mode():
+                for k in layers:
+                    hidden[k].index_copy_(0, rows, out if k == final else captured[k])
+                if logprobs:
+                    self._step_logprobs(step, ctx, out, rows, token_logprobs)
+
+        self._run(seqs, capture, on_step)
         return ForwardOutput(cu_seqlens=torch.from_numpy(offsets).to(self.device), hidden=hidden,
                              token_logprobs=token_logprobs)
 
@@ -195,40 +209,29 @@ class NativeEngine:
             raise ValueError(f"this engine was sized for 1..{self.config.max_new_tokens} new tokens per sequence, "
                              f"asked for {params.max_new_tokens}")
         seqs = [Sequence(i, list(p), params.max_new_tokens, int(k)) for i, (p, k) in enumerate(zip(prompts, keys))]
-        self._check_fits(seqs)
         eos = set(self.spec.eos_token_ids)
-        scheduler = self._scheduler()
-        for seq in seqs:
-            scheduler.add(seq)
-        try:
-            while scheduler.has_work():
-                step = scheduler.schedule()
-                ctx = self.runner.prepare(step)
-                out, _ = self.runner.run(ctx, frozenset())
-                scheduler.after_step(step)
-                self.stats.add(step)
-                ready = [i for i, s in enumerate(step) if s.completes_known_tokens]
-                if not ready:
-                    continue
-                last = torch.from_numpy(np.cumsum(ctx.q_lens)[ready] - 1).to(self.device)
-                with torch.inference_mode():
-                    logits = self.model.logits(out[last]).float()
-                    if params.temperature > 0 and logits.shape[1] > len(self.tokenizer):
-                        # Rows past the tokenizer's vocabulary (padded embedding matrices) are not tokens:
-                        # never sample them. Greedy keeps them, to stay exactly transformers' greedy search.
-                        logits[:, len(self.tokenizer):] = float("-inf")
-                ready_seqs = [step[i].seq for i in ready]
-                u = uniforms(params.seed, np.array([s.key for s in ready_seqs], np.uint64),
-                             np.array([s.num_generated for s in ready_seqs], np.uint64))
-                tokens = sample(logits, params.temperature, params.top_p, u).tolist()
-                for seq, token in zip(ready_seqs, tokens):
-                    seq.append(token)
-                    if token in eos:
-                        scheduler.finish(seq, "stop")
-                    elif seq.num_generated >= seq.max_new_tokens:
-                        scheduler.finish(seq, "length")
-        except torch.OutOfMemoryError as e:
-            scheduler.abort_all()
-            raise OutOfMemory(str(e)) from e
-        self.stats.maybe_log()
+
+        def on_step(scheduler, step, ctx, out, captured):
+            ready = [i for i, s in enumerate(step) if s.completes_known_tokens]
+            if not ready:
+                return
+            last = torch.from_numpy(np.cumsum(ctx.q_lens)[ready] - 1).to(self.device)
+            with torch.inference_mode():
+                logits = self.model.logits(out[last]).float()
+                if params.temperature > 0 and logits.shape[1] > len(self.tokenizer):
+                    # Rows past the tokenizer's vocabulary (padded embedding matrices) are not tokens:
+                    # never sample them. Greedy keeps them, to stay exactly transformers' greedy search.
+                    logits[:, len(self.tokenizer):] = float("-inf")
+            ready_seqs = [step[i].seq for i in ready]
+            u = uniforms(params.seed, np.array([s.key for s in ready_seqs], np.uint64),
+                         np.array([s.num_generated for s in ready_seqs], np.uint64))
+            tokens = sample(logits, params.temperature, params.top_p, u).tolist()
+            for seq, token in zip(ready_seqs, tokens):
+                seq.append(token)
+                if token in eos:
+                    scheduler.finish(seq, "stop")
+                elif seq.num_generated >= seq.max_new_tokens:
+                    scheduler.finish(seq, "length")
+
+        self._run(seqs, frozenset(), on_step)
         return [Generation(s.generated, s.finish_reason) for s in seqs]

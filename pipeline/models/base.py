@@ -73,6 +73,28 @@ class NativeModel(nn.Module):
         return []
 
 
+
+class RotaryDecoder(NativeModel):
+    """The forward pass Llama/Qwen3 and Qwen3.5 share: token embeddings, rotary cos/sin from the step's
+    positions, each layer called as layer(x, cos, sin, rotary, ctx), a final norm; logits from the output
+    embeddings, tied to the input ones or not. Subclasses build embed_tokens, layers, norm, rotary, tied
+    and lm_head."""
+
+    def forward(self, ctx, capture=frozenset()):
+        x = self.embed_tokens(ctx.input_ids)
+        cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
+        captured = {}
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                captured[i] = x
+            x = layer(x, cos, sin, self.rotary, ctx)
+        return self.norm(x), captured
+
+    def logits(self, hidden):
+        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
+        return hidden @ weight.T
+
+
 def eos_ids(config, checkpoint_dir) -> tuple[int, ...]:
     """EOS ids as transformers' generate sees them: generation_config.json first, else config.json."""
     import json

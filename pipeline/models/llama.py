@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from .base import ModelSpec, NativeModel, eos_ids
+from .base import ModelSpec, RotaryDecoder
 from .layers.attention import PagedAttention
-from .layers.loader import CheckpointTensors, check_loaded, materialize
+from .layers.loader import decoder_from_checkpoint
 from .layers.mlp import GatedMLP
 from .layers.norms import RMSNorm
 from .layers.rotary import Rotary, rope_frequencies
@@ -65,7 +65,7 @@ class LlamaLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LlamaModel(NativeModel):
+class LlamaModel(RotaryDecoder):
     def __init__(self, config, architecture: str, qk_norm: bool):
         super().__init__()
         types = set(getattr(config, "layer_types", None) or ["full_attention"])
@@ -86,46 +86,10 @@ class LlamaModel(NativeModel):
             vocab_size=config.vocab_size, is_causal=True, num_attention_layers=config.num_hidden_layers,
             num_kv_heads=config.num_key_value_heads, head_dim=head_dim, max_tokens=None)
 
-    def forward(self, ctx, capture=frozenset()):
-        x = self.embed_tokens(ctx.input_ids)
-        cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            if i in capture:
-                captured[i] = x
-            x = layer(x, cos, sin, self.rotary, ctx)
-        return self.norm(x), captured
-
-    def logits(self, hidden):
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return hidden @ weight.T
-
     def attention_layers(self):
         return [layer.self_attn.attn for layer in self.layers]
 
     @classmethod
     def from_checkpoint(cls, path, config, device, dtype, architecture: str, qk_norm: bool):
-        with torch.device("meta"):
-            model = cls(config, architecture, qk_norm)
-        materialize(model, device, dtype)
-        model.rotary.to(device)
-        t = CheckpointTensors(path).with_prefix(["model.", ""], "embed_tokens.weight")
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(t.get("embed_tokens.weight"))
-            for i, layer in enumerate(model.layers):
-                p = f"layers.{i}."
-                layer.input_layernorm.weight.copy_(t.get(p + "input_layernorm.weight"))
-                layer.post_attention_layernorm.weight.copy_(t.get(p + "post_attention_layernorm.weight"))
-                layer.self_attn.load(t, p + "self_attn.")
-                layer.mlp.load(t, p + "mlp.")
-            model.norm.weight.copy_(t.get("norm.weight"))
-            if model.lm_head is not None:
-                model.lm_head.weight.copy_(t.root().get("lm_head.weight"))
-        check_loaded(model, architecture)
-        model.spec = _with_eos(model.spec, eos_ids(config, path))
-        return model.eval()
-
-
-def _with_eos(spec: ModelSpec, eos: tuple[int, ...]) -> ModelSpec:
-    from dataclasses import replace
-    return replace(spec, eos_token_ids=eos)
+        return decoder_from_checkpoint(lambda: cls(config, architecture, qk_norm), path, config, device, dtype,
+                                       ["model.", ""], lambda layer: (layer.self_attn, "self_attn."), architecture)

@@ -8,16 +8,14 @@ layers/gated_deltanet.py. Loads `Qwen3_5ForCausalLM` checkpoints and the text mo
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import nn
 
 from ..errors import UserError
-from .base import DeltaStateSpec, ModelSpec, NativeModel, eos_ids
+from .base import DeltaStateSpec, ModelSpec, RotaryDecoder
 from .layers.attention import PagedAttention
 from .layers.gated_deltanet import GatedDeltaNet
-from .layers.loader import CheckpointTensors, check_loaded, materialize
+from .layers.loader import decoder_from_checkpoint
 from .layers.mlp import GatedMLP
 from .layers.norms import RMSNorm
 from .layers.rotary import Rotary, rope_frequencies
@@ -74,7 +72,7 @@ class Qwen3_5Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3_5Model(NativeModel):
+class Qwen3_5Model(RotaryDecoder):
     def __init__(self, config):
         super().__init__()
         types = list(config.layer_types)
@@ -100,20 +98,6 @@ class Qwen3_5Model(NativeModel):
             num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
             max_tokens=None, delta=delta)
 
-    def forward(self, ctx, capture=frozenset()):
-        x = self.embed_tokens(ctx.input_ids)
-        cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            if i in capture:
-                captured[i] = x
-            x = layer(x, cos, sin, self.rotary, ctx)
-        return self.norm(x), captured
-
-    def logits(self, hidden):
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return hidden @ weight.T
-
     def attention_layers(self):
         return [layer.mixer.attn for layer in self.layers if not layer.is_linear]
 
@@ -122,22 +106,6 @@ class Qwen3_5Model(NativeModel):
 
     @classmethod
     def from_checkpoint(cls, path, config, device, dtype):
-        with torch.device("meta"):
-            model = cls(config)
-        materialize(model, device, dtype)
-        model.rotary.to(device)
-        t = CheckpointTensors(path).with_prefix(["model.language_model.", "model.", ""], "embed_tokens.weight")
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(t.get("embed_tokens.weight"))
-            for i, layer in enumerate(model.layers):
-                p = f"layers.{i}."
-                layer.input_layernorm.weight.copy_(t.get(p + "input_layernorm.weight"))
-                layer.post_attention_layernorm.weight.copy_(t.get(p + "post_attention_layernorm.weight"))
-                layer.mixer.load(t, p + ("linear_attn." if layer.is_linear else "self_attn."))
-                layer.mlp.load(t, p + "mlp.")
-            model.norm.weight.copy_(t.get("norm.weight"))
-            if model.lm_head is not None:
-                model.lm_head.weight.copy_(t.root().get("lm_head.weight"))
-        check_loaded(model, "Qwen3.5")
-        model.spec = replace(model.spec, eos_token_ids=eos_ids(config, path))
-        return model.eval()
+        return decoder_from_checkpoint(
+            lambda: cls(config), path, config, device, dtype, ["model.language_model.", "model.", ""],
+            lambda layer: (layer.mixer, "linear_attn." if layer.is_linear else "self_attn."), "Qwen3.5")

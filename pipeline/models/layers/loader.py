@@ -93,3 +93,38 @@ def check_loaded(module: torch.nn.Module, what: str) -> None:
     """Every parameter was written by the loader (a forgotten one would still be all NaN)."""
     missing = [n for n, p in module.named_parameters() if p.numel() and torch.isnan(p).all()]
     assert not missing, f"{what}: parameters not loaded from the checkpoint: {missing[:5]}"
+
+
+def decoder_from_checkpoint(build, path, config, device: torch.device, dtype: torch.dtype,
+                            prefixes: list[str], mixer_of, what: str):
+    """A pre-norm decoder (Llama, Qwen3, Qwen3.5) built by `build()` and filled from a checkpoint.
+
+    The layout both families share: `embed_tokens`, per layer `input_layernorm`, a token mixer,
+    `post_attention_layernorm` and `mlp`, then `norm`, and `lm_head` unless the embeddings are tied.
+    `prefixes` are where checkpoints nest the model; `mixer_of(layer)` gives (mixer module, its name in
+    the checkpoint, e.g. "self_attn."), each mixer loading its own tensors. The model is built on the meta
+    device and allocated once in `dtype`, so it is never held twice.
+    """
+    from dataclasses import replace
+
+    from ..base import eos_ids
+    with torch.device("meta"):
+        model = build()
+    materialize(model, device, dtype)
+    model.rotary.to(device)
+    t = CheckpointTensors(path).with_prefix(prefixes, "embed_tokens.weight")
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(t.get("embed_tokens.weight"))
+        for i, layer in enumerate(model.layers):
+            p = f"layers.{i}."
+            layer.input_layernorm.weight.copy_(t.get(p + "input_layernorm.weight"))
+            layer.post_attention_layernorm.weight.copy_(t.get(p + "post_attention_layernorm.weight"))
+            mixer, name = mixer_of(layer)
+            mixer.load(t, p + name)
+            layer.mlp.load(t, p + "mlp.")
+        model.norm.weight.copy_(t.get("norm.weight"))
+        if model.lm_head is not None:
+            model.lm_head.weight.copy_(t.root().get("lm_head.weight"))
+    check_loaded(model, what)
+    model.spec = replace(model.spec, eos_token_ids=eos_ids(config, path))
+    return model.eval()
