@@ -144,7 +144,9 @@ class ShardRun:
         from .devices import set_cpu_threads
         flushing = set_cpu_threads(self.threads)
         log.info("%d CPU thread(s); float denormals %s", self.threads,
-                 "flushed to zero" if flushing else "NOT flushed (this CPU or build cannot), CPU math may run slower")
+                 "flushed to zero" if flushing else
+                 "NOT flushed on every thread (unsupported, or torch's thread pool started first); CPU math on "
+                 "tiny values may run slower, results are unaffected")
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
