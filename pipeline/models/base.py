@@ -7,6 +7,7 @@ output. `logits(hidden)` maps final hidden states to next-token logits (causal m
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 
 import torch
@@ -55,18 +56,23 @@ class ModelSpec:
         return 2 * self.kv_cache_layers * self.num_kv_heads * dim * torch.finfo(dtype).bits // 8
 
 
-class NativeModel(nn.Module):
+class NativeModel(nn.Module, metaclass=abc.ABCMeta):
+    """A model family on our engine: subclasses must define forward and attention_layers (a missing one
+    fails when the class is instantiated, not mid-run)."""
+
     spec: ModelSpec
 
+    @abc.abstractmethod
     def forward(self, ctx, capture: frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        raise NotImplementedError
+        """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens."""
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{self.spec.architecture} has no language-model head")
+        """Next-token logits; encoders have no language-model head (runs that need one are refused first)."""
+        raise TypeError(f"{self.spec.architecture} has no language-model head")
 
+    @abc.abstractmethod
     def attention_layers(self) -> list:
         """The PagedAttention of every attention layer, in layer order."""
-        raise NotImplementedError
 
     def delta_layers(self) -> list:
         """Every Gated DeltaNet layer (empty for pure attention models)."""
