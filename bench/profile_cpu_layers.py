@@ -1,0 +1,102 @@
+"""Where a CPU forward pass of a Qwen3.5-style model spends its time, per part of a delta-rule layer.
+
+    python bench/profile_cpu_layers.py                       # 1/8 Qwen3.5, float32, denormals flushed
+    python bench/profile_cpu_layers.py --keep-denormals      # the same with denormals kept
+    python bench/profile_cpu_layers.py --dtype bfloat16 --matmul
+
+One batch of 12 make_fasta.py sequences from a third of the way down the length-sorted list (about 4k
+tokens at n=600, the CPU token budget), through the native engine, 1 thread. Wall time of each part of
+every Gated DeltaNet layer (input projection, causal conv, delta rule, gated norm, output projection),
+averaged over 3 passes after a warm-up, in ms per layer. --matmul adds the GFLOP/s of one
+4000 x 512 x 3584 matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both
+engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
+run to run on a shared machine.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import bench_engine  # noqa: E402
+import pipeline.models.layers.gated_deltanet as gdn  # noqa: E402
+
+
+def matmul_gflops(dtype: torch.dtype) -> float:
+    a, w = torch.randn(4000, 512, dtype=dtype), torch.randn(3584, 512, dtype=dtype)
+    for _ in range(3):
+        a @ w.T
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ w.T
+    return 2 * 4000 * 512 * 3584 / ((time.perf_counter() - start) / 10) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen35-eighth", help="qwen35-eighth or demo")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--keep-denormals", action="store_true")
+    parser.add_argument("--n", type=int, default=600, help="sequences generated; the batch is 12 of them")
+    parser.add_argument("--matmul", action="store_true")
+    args = parser.parse_args()
+    if args.keep_denormals:
+        torch.set_num_threads(1)
+    else:
+        from pipeline.devices import set_cpu_threads
+        set_cpu_threads(1)
+    dtype = getattr(torch, args.dtype)
+    from pipeline.hf_engine import quiet_transformers
+    from transformers import AutoTokenizer
+    quiet_transformers()
+    path = bench_engine.write_checkpoint(args.model, Path(tempfile.mkdtemp()) / args.model, dtype, torch.device("cpu"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = bench_engine.sequences(args.n, tokenizer, tokenizer.model_max_length)
+    batch = ids[len(ids) // 3: len(ids) // 3 + 12]
+    engine = bench_engine.load_engine("native", path, torch.device("cpu"), dtype, 4096, 256)
+
+    spent = collections.defaultdict(float)
+
+    def timed(name, fn):
+        def run(*a, **k):
+            start = time.perf_counter()
+            result = fn(*a, **k)
+            spent[name] += time.perf_counter() - start
+            return result
+        return run
+
+    gdn.chunk_gated_delta_rule = timed("delta rule", gdn.chunk_gated_delta_rule)
+    gdn.GatedDeltaNet._conv = timed("conv", gdn.GatedDeltaNet._conv)
+    layers = [m for m in engine.model.modules() if isinstance(m, gdn.GatedDeltaNet)]
+    for m in layers:
+        m.in_proj.forward = timed("input projection", m.in_proj.forward)
+        m.norm.forward = timed("gated norm", m.norm.forward)
+        m.out_proj.forward = timed("output projection", m.out_proj.forward)
+        m.forward = timed("whole layer", m.forward)
+    engine.forward(batch, [engine.info.num_layers], False)
+    spent.clear()
+    passes = 3
+    start = time.perf_counter()
+    for _ in range(passes):
+        engine.forward(batch, [engine.info.num_layers], False)
+    total = (time.perf_counter() - start) / passes
+    print(f"{args.model}, {args.dtype}, denormals {'kept' if args.keep_denormals else 'flushed'}, 1 thread; "
+          f"batch of {len(batch)} sequences, {sum(map(len, batch))} tokens; forward {total * 1e3:.0f} ms\n")
+    print("| part of a delta-rule layer | ms per layer |\n| --- | ---: |")
+    for name in ("input projection", "conv", "delta rule", "gated norm", "output projection", "whole layer"):
+        print(f"| {name} | {spent[name] / passes / len(layers) * 1e3:.1f} |")
+    if args.matmul:
+        print(f"\n4000 x 512 x 3584 matmul, {args.dtype}: {matmul_gflops(dtype):.0f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
