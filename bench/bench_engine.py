@@ -151,6 +151,10 @@ def main() -> None:
                         help="model dtype (default: bfloat16 on GPU, float32 on CPU, as a run's --dtype auto)")
     parser.add_argument("--keep-denormals", action="store_true",
                         help="do not flush float denormals to zero (workers do; this measures what that gains)")
+    parser.add_argument("--slice", default=None, metavar="A:B",
+                        help="only sequences A..B-1 of the --n generated, longest first (e.g. 0:300, the longest 300)")
+    parser.add_argument("--delta-chunk-size", type=int, default=None,
+                        help="CPU: the native delta rule's chunk size instead of pipeline's cpu_chunk_size")
     parser.add_argument("--out", default=None, help="also write the table here")
     args = parser.parse_args()
 
@@ -159,12 +163,12 @@ def main() -> None:
         raise SystemExit("gpu benchmark: no CUDA device visible")
     device = torch.device("cuda:0" if gpu else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
-    if args.keep_denormals:
-        torch.set_num_threads(args.threads)
-        flushing = False
-    else:   # as a worker does, for every engine alike
-        from pipeline.devices import set_cpu_threads
-        flushing = set_cpu_threads(args.threads)
+    from pipeline.devices import set_cpu_threads
+    flushing = set_cpu_threads(args.threads, not args.keep_denormals)   # as a worker does, for every engine
+    if args.delta_chunk_size:
+        import pipeline.models.layers.gated_deltanet as gdn
+        gdn.cpu_chunk_size = lambda head_k_dim: args.delta_chunk_size
+    first, _, stop = (args.slice or ":").partition(":")
     n = args.n or (50000 if gpu else 20000)
     budget = args.max_tokens_per_batch or (32768 if gpu else 4096)
     models = (args.models or ("qwen35-0.8b,esm2-650m" if gpu else "demo,qwen35-eighth")).split(",")
@@ -175,7 +179,9 @@ def main() -> None:
     lines = [f"device: {torch.cuda.get_device_name(0) if gpu else f'CPU, {args.threads} thread(s)'}; "
              f"dtype {str(dtype).removeprefix('torch.')}; {n} make_fasta.py sequences (seed 1); "
              f"token budget {budget}, max {args.max_seqs} sequences per batch; torch {torch.__version__}; "
-             f"denormals {'flushed' if flushing else 'kept'}",
+             f"denormals {'flushed' if flushing else 'kept'}"
+             + (f"; sequences {args.slice} of the sorted {n}" if args.slice else "")
+             + (f"; native delta-rule chunk {args.delta_chunk_size}" if args.delta_chunk_size else ""),
              "", "| model | engine | sequences | tokens | seconds | tok/s | vs hf |", "| --- | --- | --- | --- | --- | --- | --- |"]
     notes = []
     if gpu:
@@ -189,6 +195,7 @@ def main() -> None:
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(path)
         ids = sequences(n, tokenizer, tokenizer.model_max_length)
+        ids = ids[int(first or 0):int(stop) if stop else None]
         engines = {kind: load_engine(kind, path, device, dtype, budget, args.max_seqs) for kind in kinds}
         tokens = sum(map(len, ids))
         seconds = embed_interleaved(engines, ids, budget, args.max_seqs, device)

@@ -3,11 +3,13 @@
     python bench/profile_cpu_layers.py                       # 1/8 Qwen3.5, float32, denormals flushed
     python bench/profile_cpu_layers.py --keep-denormals      # the same with denormals kept
     python bench/profile_cpu_layers.py --dtype bfloat16 --matmul
+    python bench/profile_cpu_layers.py --conv-block-rows 256     # or 100000: the conv unblocked
 
 One batch of 12 make_fasta.py sequences from a third of the way down the length-sorted list (about 4k
 tokens at n=600, the CPU token budget), through the native engine, 1 thread. Wall time of each part of
 every Gated DeltaNet layer (input projection, causal conv, delta rule, gated norm, output projection),
-averaged over 3 passes after a warm-up, in ms per layer. --matmul adds the GFLOP/s of one
+averaged over 3 passes after a warm-up, in ms per layer; then the whole pass split into MLPs, attention
+layers and delta-rule layers. --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
 4000 x 512 x 3584 matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both
 engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
 run to run on a shared machine.
@@ -48,12 +50,13 @@ def main() -> None:
     parser.add_argument("--keep-denormals", action="store_true")
     parser.add_argument("--n", type=int, default=600, help="sequences generated; the batch is 12 of them")
     parser.add_argument("--matmul", action="store_true")
+    parser.add_argument("--conv-block-rows", type=int, default=None,
+                        help="rows per block of the CPU conv (default: pipeline's CPU_CONV_BLOCK_ROWS; 100000: unblocked)")
     args = parser.parse_args()
-    if args.keep_denormals:
-        torch.set_num_threads(1)
-    else:
-        from pipeline.devices import set_cpu_threads
-        set_cpu_threads(1)
+    from pipeline.devices import set_cpu_threads
+    set_cpu_threads(1, not args.keep_denormals)
+    if args.conv_block_rows:
+        gdn.CPU_CONV_BLOCK_ROWS = args.conv_block_rows
     dtype = getattr(torch, args.dtype)
     from pipeline.hf_engine import quiet_transformers
     from transformers import AutoTokenizer
@@ -82,6 +85,11 @@ def main() -> None:
         m.norm.forward = timed("gated norm", m.norm.forward)
         m.out_proj.forward = timed("output projection", m.out_proj.forward)
         m.forward = timed("whole layer", m.forward)
+    for m in engine.model.modules():   # every layer's two halves, for the whole-pass table
+        if type(m).__name__ == "GatedMLP":
+            m.forward = timed("MLP", m.forward)
+        elif type(m).__name__ == "GatedAttention":
+            m.forward = timed("gated attention", m.forward)
     engine.forward(batch, [engine.info.num_layers], False)
     spent.clear()
     passes = 3
@@ -94,6 +102,11 @@ def main() -> None:
     print("| part of a delta-rule layer | ms per layer |\n| --- | ---: |")
     for name in ("input projection", "conv", "delta rule", "gated norm", "output projection", "whole layer"):
         print(f"| {name} | {spent[name] / passes / len(layers) * 1e3:.1f} |")
+    print("\n| whole forward pass | ms |\n| --- | ---: |")
+    for name, key in (("MLPs (GEMMs)", "MLP"), ("gated attention layers", "gated attention"),
+                      ("delta-rule layers", "whole layer")):
+        print(f"| {name} | {spent[key] / passes * 1e3:.0f} |")
+    print(f"| the rest (embeddings, norms, residuals) | {(total - sum(spent[k] for k in ('MLP', 'gated attention', 'whole layer')) / passes) * 1e3:.0f} |")
     if args.matmul:
         print(f"\n4000 x 512 x 3584 matmul, {args.dtype}: {matmul_gflops(dtype):.0f} GFLOP/s")
 

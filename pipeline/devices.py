@@ -69,9 +69,10 @@ def resolve(gpus: str, workers: int | None, threads: int | None = None) -> tuple
     return [], workers, threads or max(1, cpu_count() // workers)
 
 
-def set_cpu_threads(threads: int) -> bool:
-    """Give this process `threads` torch CPU threads that flush float denormals to zero; True when the
-    flush holds on every thread.
+def set_cpu_threads(threads: int, flush_denormals: bool = True) -> bool:
+    """Give this process `threads` torch CPU threads that flush float denormals to zero (unless
+    `flush_denormals` is False, which benchmarks use to measure the difference); True when the flush
+    holds on every thread.
 
     Why: float32 values below 1.2e-38 (denormals) cost a microcode assist per operation on x86 CPUs. The
     delta rule's decays exp(gamma_i - gamma_j) pass through that range whenever a chunk's gates are
@@ -85,7 +86,7 @@ def set_cpu_threads(threads: int) -> bool:
     runs one op across all threads and reports whether every one of them flushed.
     """
     import torch
-    supported = torch.set_flush_denormal(True)
+    supported = flush_denormals and torch.set_flush_denormal(True)
     torch.set_num_threads(threads)
     if not supported:
         return False

@@ -54,22 +54,23 @@ import sys, torch
 sys.path.insert(0, {repo!r})
 from pipeline.devices import set_cpu_threads
 {before}
-ok = set_cpu_threads(2)
+ok = set_cpu_threads(2, {flush})
 # a denormal result computed on every thread: 1e-30 * 1e-10 is below float32's smallest normal (1.2e-38)
 print(ok, int(((torch.full((1 << 20,), 1e-30) * 1e-10) != 0).sum()))
 """
 
 
-@pytest.mark.parametrize("before, flushed", [
-    ("", True),   # as a worker: set before any multi-threaded op, so every thread flushes
+@pytest.mark.parametrize("before, flush, flushed", [
+    ("", True, True),   # as a worker: set before any multi-threaded op, so every thread flushes
     # a pool started before the flush keeps denormals on its other thread, and the check says so
-    ("torch.set_num_threads(2); (torch.ones(1 << 20) * 2).sum()", False),
+    ("torch.set_num_threads(2); (torch.ones(1 << 20) * 2).sum()", True, False),
+    ("", False, False),   # what benchmarks' --keep-denormals asks for
 ])
-def test_cpu_threads_flush_denormals_on_every_thread(before, flushed):
+def test_cpu_threads_flush_denormals_on_every_thread(before, flush, flushed):
     import subprocess
     import sys
     from pathlib import Path
-    code = FLUSH_PROBE.format(repo=str(Path(__file__).resolve().parents[1]), before=before)
+    code = FLUSH_PROBE.format(repo=str(Path(__file__).resolve().parents[1]), before=before, flush=flush)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     ok, kept = out.split()
     assert ok == str(flushed) and (int(kept) == 0) == flushed

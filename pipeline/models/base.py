@@ -79,7 +79,6 @@ class NativeModel(nn.Module, metaclass=abc.ABCMeta):
         return []
 
 
-
 class RotaryDecoder(NativeModel):
     """The forward pass Llama/Qwen3 and Qwen3.5 share: token embeddings, rotary cos/sin from the step's
     positions, each layer called as layer(x, cos, sin, rotary, ctx), a final norm; logits from the output

@@ -60,7 +60,8 @@ def conv_fixups(ctx: StepContext, width: int):
 
 
 # Rows per block of the CPU conv: 64 rows of a 1536-channel projection (the 1/8 Qwen3.5) are 384 KiB,
-# so the four taps run in L2. 4k tokens: 21 ms in blocks of 64, 27 ms of 256, 32 ms unblocked.
+# so the four taps run in L2. Per layer on a 4k-token batch (bench/profile_cpu_layers.py
+# --conv-block-rows N): 27.7 ms in blocks of 64, 26.7 ms of 256, 37.7 ms unblocked.
 CPU_CONV_BLOCK_ROWS = 64
 
 
@@ -69,8 +70,9 @@ CPU_CONV_BLOCK_ROWS = 64
 # at every length (shortest / median / p90 / longest slices: C=8 1.52 / 1.35 / 1.27 / 1.20x hf,
 # C=16 1.28 / 1.16 / 1.13 / 1.19x, C=32 1.07 / 1.01 / 1.03 / 1.10x); heads of 64 are flat between 16 and
 # 64 (the GPU's 64 is used). Heads of 32 are not measured: 16, between the two. Those runs kept float
-# denormals; with them flushed (as workers now do), the longest 300 of 4000 demo sequences gave C=8 1.33x,
-# C=16 1.32x, C=32 1.18x hf, so the choice stands.
+# denormals; with them flushed (as workers now do), the longest 300 of 4000 demo sequences (bench_engine.py
+# cpu --models demo --n 4000 --slice 0:300 --delta-chunk-size C) ran natively at 36.6k, 36.8k and 34.5k
+# tok/s for C = 8, 16, 32: 8 and 16 tie, so the choice stands.
 def cpu_chunk_size(head_k_dim: int) -> int:
     return 8 if head_k_dim <= 16 else 16 if head_k_dim <= 32 else 64
 
