@@ -295,6 +295,33 @@ def test_torch_path_sequence_groups(torch_path, monkeypatch, group_bytes):
     check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens(lengths, "cpu"))
 
 
+@pytest.mark.parametrize("walk_max", [0, 1 << 40], ids=["by-steps", "by-transitions"])
+@pytest.mark.parametrize("group_bytes", [1, 1 << 30])
+def test_torch_path_both_walks(torch_path, monkeypatch, walk_max, group_bytes):
+    """The CPU path picks its chunk walk by size; each walk on its own must match the reference, on
+    sequences that end at different steps (and so leave the walk at different points) and states."""
+    from triton_kernels.gated_delta_rule import torch_path as torch_path_module
+
+    monkeypatch.setattr(torch_path_module, "TRANSITION_WALK_MAX_ELEMENTS", walk_max)
+    monkeypatch.setattr(torch_path_module, "GROUP_BYTES", group_bytes)
+    lengths = [70, 1, 130, 16, 5, 64, 33]
+    for gates, chunk_size in (("normal", 16), ("extreme", 8)):
+        inputs = make_inputs(1, sum(lengths), 2, 4, 16, 32, device="cpu", num_states=len(lengths), gates=gates,
+                             l2norm=True, seed=20 + chunk_size)
+        check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens(lengths, "cpu"), l2norm=True,
+              chunk_size=chunk_size)
+
+
+def test_torch_path_exp_clamp_keeps_tiny_decays_exact(torch_path):
+    """Decays below float32's normal range are clamped before exp (for speed); outputs still match the
+    float64 reference when every gate sits in that range (g from -90 to -200 per token)."""
+    inputs = make_inputs(2, 90, 1, 2, 32, 32, device="cpu", num_states=2, seed=22)
+    inputs["g"] = -torch.empty_like(inputs["g"]).uniform_(90.0, 200.0)
+    check(chunk_gated_delta_rule, inputs, chunk_size=32)
+    inputs["g"] = -torch.empty_like(inputs["g"]).uniform_(0.5, 3.0)   # the sums cross -87 within a chunk
+    check(chunk_gated_delta_rule, inputs, chunk_size=64)
+
+
 @pytest.mark.parametrize("path", ["triton", "torch"])
 def test_runs_under_inference_mode(path, monkeypatch):
     if path == "torch":
