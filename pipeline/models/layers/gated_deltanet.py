@@ -65,16 +65,14 @@ def conv_fixups(ctx: StepContext, width: int):
 CPU_CONV_BLOCK_ROWS = 64
 
 
-# Chunk size of the delta rule's torch path on CPU, measured end to end (embed throughput vs the hf
-# engine, same sequences, make_fasta lengths): heads of 16 (the demo model) run best with chunks of 8
-# at every length (shortest / median / p90 / longest slices: C=8 1.52 / 1.35 / 1.27 / 1.20x hf,
-# C=16 1.28 / 1.16 / 1.13 / 1.19x, C=32 1.07 / 1.01 / 1.03 / 1.10x); heads of 64 are flat between 16 and
-# 64 (the GPU's 64 is used). Heads of 32 are not measured: 16, between the two. Those runs kept float
-# denormals; with them flushed (as workers now do), the longest 300 of 4000 demo sequences (bench_engine.py
-# cpu --models demo --n 4000 --slice 0:300 --delta-chunk-size C) ran natively at 36.6k, 36.8k and 34.5k
-# tok/s for C = 8, 16, 32: 8 and 16 tie, so the choice stands.
+# Chunk size of the delta rule's torch path on CPU. On one 4k-token batch, 1 thread, denormals flushed
+# (ms per layer call; chunk sizes 8 / 16 / 32 / 64): the demo model's heads of K=V=16, 12 sequences of
+# ~340 tokens 8.7 / 7.9 / 11.8 / -, 2 long sequences 13.3 / 11.6 / 13.5 / - (each by its faster walk,
+# see torch_path.TRANSITION_WALK_MAX_ELEMENTS); the 1/8 Qwen3.5's K=V=64, 12 sequences of ~330 tokens
+# - / 79.9 / 70.8 / 83.8; synthetic K=128 and K=32 heads also best at 32 and 16. Chunks are cut to the
+# longest sequence of a group, so short sequences never pay for the size.
 def cpu_chunk_size(head_k_dim: int) -> int:
-    return 8 if head_k_dim <= 16 else 16 if head_k_dim <= 32 else 64
+    return 16 if head_k_dim <= 32 else 32
 
 
 class GatedDeltaNet(nn.Module):
@@ -150,21 +148,22 @@ class GatedDeltaNet(nn.Module):
         if window is not None:   # read every stored window before any is overwritten
             kept = gather(ctx.on_device(f"conv_window_{width}", window.ravel())).view(-1, width, C)
             conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = kept.to(conv_state.dtype)
-        w, xf = self.conv_weight.float(), x.float()
+        # Taps as contiguous rows [kernel, C]: a strided weight column made each tap ~3x slower.
+        w, xf = self.conv_weight.float().T.contiguous(), x.float()
         out = torch.empty_like(xf)
         T = x.shape[0]
         block = CPU_CONV_BLOCK_ROWS if x.device.type == "cpu" else T
         for r0 in range(0, T, block):   # on CPU, blocks of rows that stay in cache across the taps
             r1 = min(T, r0 + block)
-            torch.mul(xf[r0:r1], w[:, width], out=out[r0:r1])
+            torch.mul(xf[r0:r1], w[width], out=out[r0:r1])
             for j in range(1, width + 1):
                 a = max(r0, j)
                 if a < r1:
-                    out[a:r1].addcmul_(xf[a - j:r1 - j], w[:, width - j])
+                    out[a:r1].addcmul_(xf[a - j:r1 - j], w[width - j])
         if len(rows):
             right_rows = gather(ctx.on_device(f"conv_right_{width}", right)).float()
             wrong_rows = gather(ctx.on_device(f"conv_wrong_{width}", wrong)).float()
-            taps = w[:, width - ctx.on_device(f"conv_shifts_{width}", shifts)].T
+            taps = w[width - ctx.on_device(f"conv_shifts_{width}", shifts)]
             out.index_add_(0, ctx.on_device(f"conv_rows_{width}", rows), (right_rows - wrong_rows) * taps)
         return F.silu(out, inplace=True).to(x.dtype)
 
