@@ -155,6 +155,8 @@ def main() -> None:
                         help="only sequences A..B-1 of the --n generated, longest first (e.g. 0:300, the longest 300)")
     parser.add_argument("--delta-chunk-size", type=int, default=None,
                         help="CPU: the native delta rule's chunk size instead of pipeline's cpu_chunk_size")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="CPU: leave glibc malloc at its defaults instead of keeping freed memory, as workers do")
     parser.add_argument("--out", default=None, help="also write the table here")
     args = parser.parse_args()
 
@@ -163,8 +165,9 @@ def main() -> None:
         raise SystemExit("gpu benchmark: no CUDA device visible")
     device = torch.device("cuda:0" if gpu else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
-    from pipeline.devices import set_cpu_threads
+    from pipeline.devices import keep_freed_memory, set_cpu_threads
     flushing = set_cpu_threads(args.threads, not args.keep_denormals)   # as a worker does, for every engine
+    keeping = not gpu and not args.default_malloc and keep_freed_memory()
     if args.delta_chunk_size:
         import pipeline.models.layers.gated_deltanet as gdn
         gdn.cpu_chunk_size = lambda head_k_dim: args.delta_chunk_size
@@ -180,6 +183,7 @@ def main() -> None:
              f"dtype {str(dtype).removeprefix('torch.')}; {n} make_fasta.py sequences (seed 1); "
              f"token budget {budget}, max {args.max_seqs} sequences per batch; torch {torch.__version__}; "
              f"denormals {'flushed' if flushing else 'kept'}"
+             + ("" if gpu else f"; malloc {'keeps freed memory' if keeping else 'defaults'}")
              + (f"; sequences {args.slice} of the sorted {n}" if args.slice else "")
              + (f"; native delta-rule chunk {args.delta_chunk_size}" if args.delta_chunk_size else ""),
              "", "| model | engine | sequences | tokens | seconds | tok/s | vs hf |", "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -4,6 +4,7 @@
     python bench/profile_cpu_layers.py --keep-denormals      # the same with denormals kept
     python bench/profile_cpu_layers.py --dtype bfloat16 --matmul
     python bench/profile_cpu_layers.py --conv-block-rows 256     # or 100000: the conv unblocked
+    python bench/profile_cpu_layers.py --default-malloc          # glibc malloc's defaults: page faults
 
 One batch of 12 make_fasta.py sequences from a third of the way down the length-sorted list (about 4k
 tokens at n=600, the CPU token budget), through the native engine, 1 thread. Wall time of each part of
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import resource
 import sys
 import tempfile
 import time
@@ -50,11 +52,14 @@ def main() -> None:
     parser.add_argument("--keep-denormals", action="store_true")
     parser.add_argument("--n", type=int, default=600, help="sequences generated; the batch is 12 of them")
     parser.add_argument("--matmul", action="store_true")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="leave glibc malloc at its defaults instead of keeping freed memory, as workers do")
     parser.add_argument("--conv-block-rows", type=int, default=None,
                         help="rows per block of the CPU conv (default: pipeline's CPU_CONV_BLOCK_ROWS; 100000: unblocked)")
     args = parser.parse_args()
-    from pipeline.devices import set_cpu_threads
+    from pipeline.devices import keep_freed_memory, set_cpu_threads
     set_cpu_threads(1, not args.keep_denormals)
+    keeping = not args.default_malloc and keep_freed_memory()
     if args.conv_block_rows:
         gdn.CPU_CONV_BLOCK_ROWS = args.conv_block_rows
     dtype = getattr(torch, args.dtype)
@@ -93,12 +98,17 @@ def main() -> None:
     engine.forward(batch, [engine.info.num_layers], False)
     spent.clear()
     passes = 3
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     for _ in range(passes):
         engine.forward(batch, [engine.info.num_layers], False)
     total = (time.perf_counter() - start) / passes
-    print(f"{args.model}, {args.dtype}, denormals {'kept' if args.keep_denormals else 'flushed'}, 1 thread; "
-          f"batch of {len(batch)} sequences, {sum(map(len, batch))} tokens; forward {total * 1e3:.0f} ms\n")
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"{args.model}, {args.dtype}, denormals {'kept' if args.keep_denormals else 'flushed'}, malloc "
+          f"{'keeps freed memory' if keeping else 'defaults'}, 1 thread; batch of {len(batch)} sequences, "
+          f"{sum(map(len, batch))} tokens; forward {total * 1e3:.0f} ms, of which kernel (system) time "
+          f"{(after.ru_stime - usage.ru_stime) / passes * 1e3:.0f} ms, "
+          f"{(after.ru_minflt - usage.ru_minflt) / passes:,.0f} page faults\n")
     print("| part of a delta-rule layer | ms per layer |\n| --- | ---: |")
     for name in ("input projection", "conv", "delta rule", "gated norm", "output projection", "whole layer"):
         print(f"| {name} | {spent[name] / passes / len(layers) * 1e3:.1f} |")

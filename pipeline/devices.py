@@ -92,3 +92,31 @@ def set_cpu_threads(threads: int, flush_denormals: bool = True) -> bool:
         return False
     probe = torch.full((max(1, threads) * (1 << 16),), 1e-30)
     return bool(((probe * 1e-10) == 0).all())
+
+
+# glibc mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed blocks for reuse instead of handing them back to the OS; True if set.
+
+    Why: a CPU forward pass allocates and frees the same tens of MiB of activations every layer. By
+    default glibc serves blocks over its mmap threshold (at most 32 MiB) with fresh mmaps and returns
+    freed heap tops to the OS, so each new tensor's pages fault in again: on one batch of the 1/8-size
+    Qwen3.5, about 1.1M page faults and 2-5 s of kernel time per 20 s, gone with this setting
+    (docs/BENCHMARKS.md). The cost is that the process keeps its peak heap; a worker's batches all have
+    the same token budget, so its peak is reached in the first batches anyway. Blocks over 32 MiB still
+    come from mmap (glibc's upper limit for the threshold). No-op off glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # A fixed mmap threshold also stops glibc's dynamic adjustment of the trim threshold.
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))

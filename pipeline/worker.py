@@ -141,12 +141,15 @@ class ShardRun:
                  int((~done_mask).sum()), todo_tokens)
 
         t0 = time.time()
-        from .devices import set_cpu_threads
+        from .devices import keep_freed_memory, set_cpu_threads
         flushing = set_cpu_threads(self.threads)
         log.info("%d CPU thread(s); float denormals %s", self.threads,
                  "flushed to zero" if flushing else
                  "NOT flushed on every thread (unsupported, or torch's thread pool started first); CPU math on "
                  "tiny values may run slower, results are unaffected")
+        if not config.on_gpu:
+            log.info("malloc %s", "keeps freed memory for reuse" if keep_freed_memory() else
+                     "left at its defaults (not glibc); CPU runs may spend more time in page faults")
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]

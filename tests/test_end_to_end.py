@@ -90,6 +90,7 @@ def test_embed_two_workers_matches_transformers(models, tmp_path, name):
         log = (out / "logs" / f"worker_{rank}.log").read_text()
         assert "shard complete" in log
         assert "float denormals flushed to zero" in log   # set before the worker's first torch op
+        assert "malloc keeps freed memory for reuse" in log
     assert (out / "logs" / "run.log").exists()
 
 

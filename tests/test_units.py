@@ -1,4 +1,6 @@
 """Fast unit tests: options, device choice, batching, tokenization, pooling, the demo model."""
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -74,6 +76,38 @@ def test_cpu_threads_flush_denormals_on_every_thread(before, flush, flushed):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     ok, kept = out.split()
     assert ok == str(flushed) and (int(kept) == 0) == flushed
+
+
+MALLOC_PROBE = """
+import ctypes, sys
+sys.path.insert(0, {repo!r})
+from pipeline.devices import keep_freed_memory
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+ok = keep_freed_memory() if {keep} else False
+before = libc.mallinfo2().hblks
+block = libc.malloc(8 << 20)                   # a tensor-sized block: 8 MiB
+mmapped = libc.mallinfo2().hblks - before      # served by its own mmap?
+libc.free(block)
+print(ok, mmapped, libc.mallinfo2().arena >= 8 << 20)   # ... and still held by malloc after the free?
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize("keep", [True, False])
+def test_keep_freed_memory_serves_tensor_sized_blocks_from_a_kept_heap(keep):
+    """With keep_freed_memory an 8 MiB block comes from malloc's heap and stays there after free, so the
+    next tensor reuses its pages instead of faulting in new ones; glibc's defaults mmap it and unmap it."""
+    import subprocess
+    from pathlib import Path
+    code = MALLOC_PROBE.format(repo=str(Path(__file__).resolve().parents[1]), keep=keep)
+    ok, mmapped, kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True).stdout.split()
+    assert (ok, mmapped, kept) == (("True", "0", "True") if keep else ("False", "1", "False"))
 
 
 def test_plan_batches_padded_and_ragged():
