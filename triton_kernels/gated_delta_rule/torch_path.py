@@ -80,9 +80,10 @@ def _exp_(x: torch.Tensor) -> torch.Tensor:
 
 # The walk advances states by one chunk per step. Where a step advances few state elements (few
 # sequences, few small heads: the demo model's long sequences), its cost is per-op overhead and
-# _walk_transitions is faster; elsewhere _walk_steps, which does less arithmetic. Measured on one 4k-token
-# batch, 1 thread: demo model (HV=4, K=V=16), 2 long sequences, 11.6 ms by transitions vs 17.5 by steps;
-# 12 sequences of ~340 tokens, 9.7 vs 7.9; 32 heads of K=V=16, one 4000-token sequence, 82.7 vs 73.0.
+# _walk_transitions is faster; elsewhere _walk_steps, which does less arithmetic. Per layer call on one
+# 4k-token batch, 1 thread, ranges over repeated runs on a noisy VM (transitions vs steps): demo model
+# (HV=4, K=V=16, chunk 16), 2 long sequences 9.7-11.3 vs 11.6-16.4 ms; 12 sequences of ~340 tokens
+# 8.8-9.7 vs 8.5-9.3 ms; the 1/8 Qwen3.5 (HV=8, K=V=64, chunk 32), 12 sequences 98-100 vs 61-62 ms.
 TRANSITION_WALK_MAX_ELEMENTS = 4096
 
 
@@ -190,14 +191,18 @@ def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[i
 
 
 def _walk_steps(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay):
-    """The chunk walk, one step per chunk index: each step advances every member with a chunk there."""
+    """The chunk walk, one step per chunk index: each step advances every member with a chunk there.
+    Five batched matmuls a step, written in place (a step's tensors are small: overhead counts)."""
+    HV, K, V = W.shape[1], W.shape[3], U.shape[3]
     out = torch.empty_like(U)
-    k_decayed_t, chunk_decay = k_decayed.mT, chunk_decay[..., None]
+    W3, U3, P3, Q3, O3 = (x.flatten(0, 1) for x in (W, U, P, q_decayed, out))   # [chunks * HV, ., .]
+    Kt3, decay3, S3 = k_decayed.flatten(0, 1).mT, chunk_decay.reshape(-1, 1, 1), S.view(-1, K, V)
     for first, end in steps:
-        S_a = S[: end - first]
-        v_new = U[first:end] - W[first:end] @ S_a
-        out[first:end] = q_decayed[first:end] @ S_a + P[first:end] @ v_new
-        S[: end - first] = S_a * chunk_decay[first:end] + k_decayed_t[first:end] @ v_new
+        a, b = first * HV, end * HV
+        S_a = S3[: b - a]
+        v_new = torch.baddbmm(U3[a:b], W3[a:b], S_a, alpha=-1)          # U - W S
+        torch.bmm(Q3[a:b], S_a, out=O3[a:b]).baddbmm_(P3[a:b], v_new)  # q_d S + P v_new
+        S_a.mul_(decay3[a:b]).baddbmm_(Kt3[a:b], v_new)                 # decay S + K_d^T v_new
     return out
 
 
