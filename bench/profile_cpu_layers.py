@@ -5,6 +5,7 @@
     python bench/profile_cpu_layers.py --dtype bfloat16 --matmul
     python bench/profile_cpu_layers.py --conv-block-rows 256     # or 100000: the conv unblocked
     python bench/profile_cpu_layers.py --default-malloc          # glibc malloc's defaults: page faults
+    python bench/profile_cpu_layers.py --hf                      # hf's pass on the same batch, side by side
 
 One batch of 12 make_fasta.py sequences from a third of the way down the length-sorted list (about 4k
 tokens at n=600, the CPU token budget), through the native engine, 1 thread. Wall time of each part of
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--keep-denormals", action="store_true")
     parser.add_argument("--n", type=int, default=600, help="sequences generated; the batch is 12 of them")
     parser.add_argument("--matmul", action="store_true")
+    parser.add_argument("--hf", action="store_true", help="also split the hf engine's pass on the same batch (Qwen3.5 models)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc malloc at its defaults instead of keeping freed memory, as workers do")
     parser.add_argument("--conv-block-rows", type=int, default=None,
@@ -74,27 +76,19 @@ def main() -> None:
 
     spent = collections.defaultdict(float)
 
-    def timed(name, fn):
-        def run(*a, **k):
-            start = time.perf_counter()
-            result = fn(*a, **k)
-            spent[name] += time.perf_counter() - start
-            return result
-        return run
-
-    gdn.chunk_gated_delta_rule = timed("delta rule", gdn.chunk_gated_delta_rule)
-    gdn.GatedDeltaNet._conv = timed("conv", gdn.GatedDeltaNet._conv)
+    gdn.chunk_gated_delta_rule = timed(spent, "delta rule", gdn.chunk_gated_delta_rule)
+    gdn.GatedDeltaNet._conv = timed(spent, "conv", gdn.GatedDeltaNet._conv)
     layers = [m for m in engine.model.modules() if isinstance(m, gdn.GatedDeltaNet)]
     for m in layers:
-        m.in_proj.forward = timed("input projection", m.in_proj.forward)
-        m.norm.forward = timed("gated norm", m.norm.forward)
-        m.out_proj.forward = timed("output projection", m.out_proj.forward)
-        m.forward = timed("whole layer", m.forward)
+        m.in_proj.forward = timed(spent, "input projection", m.in_proj.forward)
+        m.norm.forward = timed(spent, "gated norm", m.norm.forward)
+        m.out_proj.forward = timed(spent, "output projection", m.out_proj.forward)
+        m.forward = timed(spent, "whole layer", m.forward)
     for m in engine.model.modules():   # every layer's two halves, for the whole-pass table
         if type(m).__name__ == "GatedMLP":
-            m.forward = timed("MLP", m.forward)
+            m.forward = timed(spent, "MLP", m.forward)
         elif type(m).__name__ == "GatedAttention":
-            m.forward = timed("gated attention", m.forward)
+            m.forward = timed(spent, "gated attention", m.forward)
     engine.forward(batch, [engine.info.num_layers], False)
     spent.clear()
     passes = 3
@@ -117,8 +111,46 @@ def main() -> None:
                       ("delta-rule layers", "whole layer")):
         print(f"| {name} | {spent[key] / passes * 1e3:.0f} |")
     print(f"| the rest (embeddings, norms, residuals) | {(total - sum(spent[k] for k in ('MLP', 'gated attention', 'whole layer')) / passes) * 1e3:.0f} |")
+    if args.hf:
+        hf_total, hf_spent = hf_profile(path, batch, dtype, passes)
+        rows = (("MLPs", "MLP"), ("attention layers", "gated attention"), ("delta-rule layers", "whole layer"),
+                ("... of which the delta rule", "delta rule"), ("... of which the causal conv", "conv"))
+        print(f"\n| same batch, whole pass (ms) | hf | native |\n| --- | ---: | ---: |")
+        for name, key in rows:
+            print(f"| {name} | {hf_spent[key] / passes * 1e3:.0f} | {spent[key] / passes * 1e3:.0f} |")
+        print(f"| forward | {hf_total * 1e3:.0f} | {total * 1e3:.0f} |")
     if args.matmul:
         print(f"\n4000 x 512 x 3584 matmul, {args.dtype}: {matmul_gflops(dtype):.0f} GFLOP/s")
+
+
+def hf_profile(path, batch, dtype, passes: int):
+    """The hf engine's whole pass on the same batch, split like native's: transformers' own modules and
+    its torch delta rule and conv functions (what it runs on CPU without fla), timed by wrapping them."""
+    import transformers.models.qwen3_5.modeling_qwen3_5 as qwen
+
+    spent = collections.defaultdict(float)
+    qwen.torch_chunk_gated_delta_rule = timed(spent, "delta rule", qwen.torch_chunk_gated_delta_rule)
+    qwen.causal_conv1d_fn = timed(spent, "conv", qwen.causal_conv1d_fn)
+    engine = bench_engine.load_engine("hf", path, torch.device("cpu"), dtype, 4096, 256)
+    names = {"Qwen3_5MLP": "MLP", "Qwen3_5Attention": "gated attention", "Qwen3_5GatedDeltaNet": "whole layer"}
+    for m in engine.base.modules():
+        if type(m).__name__ in names:
+            m.forward = timed(spent, names[type(m).__name__], m.forward)
+    engine.forward(batch, [engine.info.num_layers], False)
+    spent.clear()
+    start = time.perf_counter()
+    for _ in range(passes):
+        engine.forward(batch, [engine.info.num_layers], False)
+    return (time.perf_counter() - start) / passes, spent
+
+
+def timed(spent, name, fn):
+    def run(*a, **k):
+        start = time.perf_counter()
+        result = fn(*a, **k)
+        spent[name] += time.perf_counter() - start
+        return result
+    return run
 
 
 if __name__ == "__main__":
