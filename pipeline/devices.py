@@ -64,7 +64,7 @@ def resolve(gpus: str, workers: int | None, threads: int | None = None) -> tuple
             raise UserError(f"--workers {workers} with --gpus {wanted}: GPU runs use one worker per GPU")
         return visible[:wanted], wanted, threads or max(1, cpu_count() // wanted)
     # Several single-threaded workers beat one multi-threaded worker on CPU (docs/BENCHMARKS.md: on 2 cores,
-    # 2 workers x 1 thread gave 1.3x the tokens/s of 1 worker x 2 threads), up to a few model copies.
+    # 2 workers x 1 thread gave 1.2-1.3x the tokens/s of 1 worker x 2 threads), up to a few model copies.
     workers = workers or min(DEFAULT_MAX_CPU_WORKERS, cpu_count())
     return [], workers, threads or max(1, cpu_count() // workers)
 

@@ -68,8 +68,8 @@ def invert_unit_lower(A: torch.Tensor, block: int = 16) -> torch.Tensor:
 # torch's vectorised float32 exp leaves its fast path for arguments whose result is denormal or
 # underflows (below about -87.3): 13-33 ns an element against 1 ns on this machine's AVX-512, enough to
 # make the decays the slowest part of a chunk. The decays span that range whenever gates are strongly
-# negative, so arguments are clamped first. exp(-87) = 1.6e-38 is the smallest normal float32 result
-# and changes nothing an output can see; the upper clamp only touches entries that are masked or inf.
+# negative, so arguments are clamped first. exp(-87) = 1.6e-38, just above the smallest normal float32,
+# changes nothing an output can see; the upper clamp only touches entries that are masked or inf.
 EXP_RANGE = (-87.0, 88.0)
 
 
@@ -189,10 +189,9 @@ def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[i
     o[write_pos.flatten()] = out.transpose(1, 2).reshape(NC * C, HV, d.head_v_dim)
 
 
-
 def _walk_steps(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay):
     """The chunk walk, one step per chunk index: each step advances every member with a chunk there.
-    Five batched matmuls a step, written in place (a step's tensors are small: overhead counts)."""
+    Four batched matmuls and one scaling a step, in place (a step's tensors are small: overhead counts)."""
     HV, K, V = W.shape[1], W.shape[3], U.shape[3]
     out = torch.empty_like(U)
     W3, U3, P3, Q3, O3 = (x.flatten(0, 1) for x in (W, U, P, q_decayed, out))   # [chunks * HV, ., .]
