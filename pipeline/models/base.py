@@ -78,6 +78,16 @@ class NativeModel(nn.Module, metaclass=abc.ABCMeta):
         """Every Gated DeltaNet layer (empty for pure attention models)."""
         return []
 
+    def run_layers(self, x, cos, sin, ctx, capture) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """x through every layer of self.layers, called as layer(x, cos, sin, self.rotary, ctx); the input
+        of each layer in `capture` is kept (hidden state i is the input of layer i)."""
+        captured = {}
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                captured[i] = x
+            x = layer(x, cos, sin, self.rotary, ctx)
+        return x, captured
+
 
 class RotaryDecoder(NativeModel):
     """The forward pass Llama/Qwen3 and Qwen3.5 share: token embeddings, rotary cos/sin from the step's
@@ -88,11 +98,7 @@ class RotaryDecoder(NativeModel):
     def forward(self, ctx, capture=frozenset()):
         x = self.embed_tokens(ctx.input_ids)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            if i in capture:
-                captured[i] = x
-            x = layer(x, cos, sin, self.rotary, ctx)
+        x, captured = self.run_layers(x, cos, sin, ctx, capture)
         return self.norm(x), captured
 
     def logits(self, hidden):

@@ -108,11 +108,7 @@ class EsmModel(NativeModel):
             cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         if self.emb_norm_before is not None:
             x = self.emb_norm_before(x)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            if i in capture:
-                captured[i] = x
-            x = layer(x, cos, sin, self.rotary, ctx)
+        x, captured = self.run_layers(x, cos, sin, ctx, capture)
         return self.emb_norm_after(x), captured
 
     def attention_layers(self):
