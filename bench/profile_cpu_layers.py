@@ -6,12 +6,15 @@
     python bench/profile_cpu_layers.py --conv-block-rows 256     # or 100000: the conv unblocked
     python bench/profile_cpu_layers.py --default-malloc          # glibc malloc's defaults: page faults
     python bench/profile_cpu_layers.py --hf                      # hf's pass on the same batch, side by side
+    python bench/profile_cpu_layers.py --model demo --batch longest --delta-chunk-size 16
 
 One batch of 12 make_fasta.py sequences from a third of the way down the length-sorted list (about 4k
 tokens at n=600, the CPU token budget), through the native engine, 1 thread. Wall time of each part of
 every Gated DeltaNet layer (input projection, causal conv, delta rule, gated norm, output projection),
 averaged over 3 passes after a warm-up, in ms per layer; then the whole pass split into MLPs, attention
-layers and delta-rule layers. --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
+layers and delta-rule layers. --batch longest takes the 4 longest sequences instead (several steps,
+state carried). --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's
+cpu_chunk_size). --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
 4000 x 512 x 3584 matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both
 engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
 run to run on a shared machine.
@@ -56,6 +59,10 @@ def main() -> None:
     parser.add_argument("--hf", action="store_true", help="also split the hf engine's pass on the same batch (Qwen3.5 models)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc malloc at its defaults instead of keeping freed memory, as workers do")
+    parser.add_argument("--batch", choices=["third", "longest"], default="third",
+                        help="12 sequences a third of the way down the sorted list, or the 4 longest")
+    parser.add_argument("--delta-chunk-size", type=int, default=None,
+                        help="the CPU delta rule's chunk size instead of the layer's cpu_chunk_size")
     parser.add_argument("--conv-block-rows", type=int, default=None,
                         help="rows per block of the CPU conv (default: pipeline's CPU_CONV_BLOCK_ROWS; 100000: unblocked)")
     args = parser.parse_args()
@@ -64,6 +71,8 @@ def main() -> None:
     keeping = not args.default_malloc and keep_freed_memory()
     if args.conv_block_rows:
         gdn.CPU_CONV_BLOCK_ROWS = args.conv_block_rows
+    if args.delta_chunk_size:
+        gdn.cpu_chunk_size = lambda head_k_dim: args.delta_chunk_size
     dtype = getattr(torch, args.dtype)
     from pipeline.hf_engine import quiet_transformers
     from transformers import AutoTokenizer
@@ -71,7 +80,7 @@ def main() -> None:
     path = bench_engine.write_checkpoint(args.model, Path(tempfile.mkdtemp()) / args.model, dtype, torch.device("cpu"))
     tokenizer = AutoTokenizer.from_pretrained(path)
     ids = bench_engine.sequences(args.n, tokenizer, tokenizer.model_max_length)
-    batch = ids[len(ids) // 3: len(ids) // 3 + 12]
+    batch = ids[:4] if args.batch == "longest" else ids[len(ids) // 3: len(ids) // 3 + 12]
     engine = bench_engine.load_engine("native", path, torch.device("cpu"), dtype, 4096, 256)
 
     spent = collections.defaultdict(float)
@@ -102,7 +111,8 @@ def main() -> None:
           f"{'keeps freed memory' if keeping else 'defaults'}, 1 thread; batch of {len(batch)} sequences, "
           f"{sum(map(len, batch))} tokens; forward {total * 1e3:.0f} ms, of which kernel (system) time "
           f"{(after.ru_stime - usage.ru_stime) / passes * 1e3:.0f} ms, "
-          f"{(after.ru_minflt - usage.ru_minflt) / passes:,.0f} page faults\n")
+          f"{(after.ru_minflt - usage.ru_minflt) / passes:,.0f} page faults; delta-rule chunk "
+          f"{args.delta_chunk_size or gdn.cpu_chunk_size(layers[0].head_k_dim)}\n")
     print("| part of a delta-rule layer | ms per layer |\n| --- | ---: |")
     for name in ("input projection", "conv", "delta rule", "gated norm", "output projection", "whole layer"):
         print(f"| {name} | {spent[name] / passes / len(layers) * 1e3:.1f} |")

@@ -295,14 +295,12 @@ def test_torch_path_sequence_groups(torch_path, monkeypatch, group_bytes):
     check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens(lengths, "cpu"))
 
 
-@pytest.mark.parametrize("walk_max", [0, 1 << 40], ids=["by-steps", "by-transitions"])
 @pytest.mark.parametrize("group_bytes", [1, 1 << 30])
-def test_torch_path_both_walks(torch_path, monkeypatch, walk_max, group_bytes):
-    """The CPU path picks its chunk walk by size; each walk on its own must match the reference, on
-    sequences that end at different steps (and so leave the walk at different points) and states."""
+def test_torch_path_walk_with_sequences_ending_at_every_step(torch_path, monkeypatch, group_bytes):
+    """The CPU walk updates states in place for the sequences still running at each step: sequences
+    that end at different steps, in one group or one group each, normal and extreme gates."""
     from triton_kernels.gated_delta_rule import torch_path as torch_path_module
 
-    monkeypatch.setattr(torch_path_module, "TRANSITION_WALK_MAX_ELEMENTS", walk_max)
     monkeypatch.setattr(torch_path_module, "GROUP_BYTES", group_bytes)
     lengths = [70, 1, 130, 16, 5, 64, 33]
     for gates, chunk_size in (("normal", 16), ("extreme", 8)):

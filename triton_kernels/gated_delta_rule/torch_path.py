@@ -78,15 +78,6 @@ def _exp_(x: torch.Tensor) -> torch.Tensor:
     return x.clamp_(*EXP_RANGE).exp_()
 
 
-# The walk advances states by one chunk per step. Where a step advances few state elements (few
-# sequences, few small heads: the demo model's long sequences), its cost is per-op overhead and
-# _walk_transitions is faster; elsewhere _walk_steps, which does less arithmetic. Per layer call on one
-# 4k-token batch, 1 thread, ranges over repeated runs on a noisy VM (transitions vs steps): demo model
-# (HV=4, K=V=16, chunk 16), 2 long sequences 9.7-11.3 vs 11.6-16.4 ms; 12 sequences of ~340 tokens
-# 8.8-9.7 vs 8.5-9.3 ms; the 1/8 Qwen3.5 (HV=8, K=V=64, chunk 32), 12 sequences 98-100 vs 61-62 ms.
-TRANSITION_WALK_MAX_ELEMENTS = 4096
-
-
 # Sequences are processed in groups of about this many bytes per [chunks, HV, C, C] float32 tensor:
 # enough chunks to batch the matmuls, few enough that the in-chunk tensors and the group's states stay
 # in cache. One group for everything is ~1.7x slower at 64 sequences x 8 heads x 128^2.
@@ -182,14 +173,12 @@ def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[i
     q_decayed = (qc[:, :, None] * grouped(decay_in)).view(NC, HV, C, -1)
     k_decayed = (kc[:, :, None] * grouped(_exp_(gamma_last - gamma)[..., None])).view(NC, HV, C, -1)
     chunk_decay = _exp_(gamma_last.clone())                              # [chunks, HV, 1]
-    per_step = NC / len(steps) * HV * d.head_k_dim * d.head_v_dim   # state elements a step advances
-    walk = _walk_transitions if per_step <= TRANSITION_WALK_MAX_ELEMENTS else _walk_steps
-    out = walk(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay)
+    out = _walk(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay)
     write_pos = pos.masked_fill(pad, tokens) if any_pad else pos
     o[write_pos.flatten()] = out.transpose(1, 2).reshape(NC * C, HV, d.head_v_dim)
 
 
-def _walk_steps(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay):
+def _walk(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay):
     """The chunk walk, one step per chunk index: each step advances every member with a chunk there.
     Four batched matmuls and one scaling a step, in place (a step's tensors are small: overhead counts)."""
     HV, K, V = W.shape[1], W.shape[3], U.shape[3]
@@ -203,33 +192,6 @@ def _walk_steps(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay):
         torch.bmm(Q3[a:b], S_a, out=O3[a:b]).baddbmm_(P3[a:b], v_new)  # q_d S + P v_new
         S_a.mul_(decay3[a:b]).baddbmm_(Kt3[a:b], v_new)                 # decay S + K_d^T v_new
     return out
-
-
-def _walk_transitions(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay):
-    """The same walk with the sequential part cut to one matmul per step.
-
-    A chunk maps its entering state to its leaving one affinely: S' = M S + B with M = decay I - K_d^T W
-    and B = K_d^T U. M and B for every chunk, and every output once the entering states are known, are
-    single batched matmuls; only S' = M S + B walks. That costs a K x K x V matmul more per chunk than
-    _walk_steps, and saves most of the per-step work: the better choice when steps are many and small.
-    """
-    NC, HV, K, V = W.shape[0], W.shape[1], W.shape[3], U.shape[3]
-    k_decayed_t = k_decayed.mT
-    M = torch.diag_embed(chunk_decay.expand(NC, HV, K)).sub_(k_decayed_t @ W).view(NC * HV, K, K)
-    B = (k_decayed_t @ U).view(NC * HV, K, V)
-    entering = S.new_empty(NC * HV, K, V)   # the state entering each chunk, step-major like the chunks
-    first, end = steps[0]
-    entering[first * HV:end * HV] = S[: end - first].view(-1, K, V)
-    for (first, end), (next_first, next_end) in zip(steps, steps[1:] + [(0, 0)]):
-        carry = next_end - next_first        # members that have a next chunk: a prefix of this step's
-        a, b, c = first * HV, (first + carry) * HV, end * HV
-        if carry:
-            torch.baddbmm(B[a:b], M[a:b], entering[a:b], out=entering[next_first * HV:next_end * HV])
-        if b < c:                             # members whose last chunk this is: their final state
-            torch.baddbmm(B[b:c], M[b:c], entering[b:c], out=S[carry:end - first].view(-1, K, V))
-    entering = entering.view(NC, HV, K, V)
-    v_new = U - W @ entering
-    return (q_decayed @ entering).add_(P @ v_new)
 
 
 def recurrent_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,

@@ -61,18 +61,20 @@ def conv_fixups(ctx: StepContext, width: int):
 
 # Rows per block of the CPU conv: 64 rows of a 1536-channel projection (the 1/8 Qwen3.5) are 384 KiB,
 # so the four taps run in L2. Per layer on a 4k-token batch (bench/profile_cpu_layers.py
-# --conv-block-rows N): 27.7 ms in blocks of 64, 26.7 ms of 256, 37.7 ms unblocked.
+# --conv-block-rows N, measured while the taps still read strided weight columns): 27.7 ms in blocks of
+# 64, 26.7 ms of 256, 37.7 ms unblocked.
 CPU_CONV_BLOCK_ROWS = 64
 
 
-# Chunk size of the delta rule's torch path on CPU. On one 4k-token batch, 1 thread, denormals flushed
-# (ms per layer call; chunk sizes 8 / 16 / 32 / 64): the demo model's heads of K=V=16, 12 sequences of
-# ~340 tokens 8.7 / 7.9 / 11.8 / -, 2 long sequences 13.3 / 11.6 / 13.5 / - (each by its faster walk,
-# see torch_path.TRANSITION_WALK_MAX_ELEMENTS); the 1/8 Qwen3.5's K=V=64, 12 sequences of ~330 tokens
-# - / 79.9 / 70.8 / 83.8; synthetic K=128 and K=32 heads also best at 32 and 16. Chunks are cut to the
-# longest sequence of a group, so short sequences never pay for the size.
+# Chunk size of the delta rule's torch path on CPU. ms of delta rule per layer over a whole pass, 1 thread
+# (bench/profile_cpu_layers.py [--model demo] [--batch longest] --delta-chunk-size C; 1-3 runs each, this
+# VM varies by ~10%), chunk 8 / 16 / 32 / 64: the demo model's heads of K=V=16, 12 sequences of ~340
+# tokens 8.3-9.0 / 9.8-10.3 / 13.7 / -, its 4 longest sequences (several steps) 24.2-25.5 / 23.2-25.0 /
+# 29.5 / -; the 1/8 Qwen3.5's K=V=64, 12 sequences of ~330 tokens - / 66.0 / 66.3 / 84.8. Heads of 32
+# (not measured) take the size between. Chunks are cut to the longest sequence of a group, so short
+# sequences never pay for the size.
 def cpu_chunk_size(head_k_dim: int) -> int:
-    return 16 if head_k_dim <= 32 else 32
+    return 8 if head_k_dim <= 16 else 16 if head_k_dim <= 32 else 32
 
 
 class GatedDeltaNet(nn.Module):
