@@ -66,7 +66,7 @@ def invert_unit_lower(A: torch.Tensor, block: int = 16) -> torch.Tensor:
 
 
 # torch's vectorised float32 exp leaves its fast path for arguments whose result is denormal or
-# underflows (below about -87.3): 13-33 ns an element against 1 ns on this machine's AVX-512, enough to
+# underflows (below about -87.3): 14-36 ns an element against 0.3 ns (bench/cpu_op_costs.py), enough to
 # make the decays the slowest part of a chunk. The decays span that range whenever gates are strongly
 # negative, so arguments are clamped first. exp(-87) = 1.6e-38, just above the smallest normal float32,
 # changes nothing an output can see; the upper clamp only touches entries that are masked or inf.
@@ -211,7 +211,7 @@ def recurrent_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output
     for t in range(max(lengths, default=0)):
         active = sum(1 for n in lengths if n > t)
         tok = starts[:active] + t
-        S_a = S[:active] * g[tok].exp()[..., None, None]
+        S_a = S[:active] * _exp_(g[tok])[..., None, None]
         kt = k[tok]
         u = beta[tok][..., None] * (v[tok] - torch.einsum("nhkv,nhk->nhv", S_a, kt))
         S_a = S_a + kt[..., :, None] * u[..., None, :]
