@@ -293,15 +293,8 @@ def test_torch_path_sequence_groups(torch_path, monkeypatch, group_bytes):
     lengths = [70, 1, 130, 5, 64]
     inputs = make_inputs(1, sum(lengths), 2, 4, 32, 16, device="cpu", num_states=5, seed=18)
     check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens(lengths, "cpu"))
-
-
-@pytest.mark.parametrize("group_bytes", [1, 1 << 30])
-def test_torch_path_walk_with_sequences_ending_at_every_step(torch_path, monkeypatch, group_bytes):
-    """The CPU walk updates states in place for the sequences still running at each step: sequences
-    that end at different steps, in one group or one group each, normal and extreme gates."""
-    from triton_kernels.gated_delta_rule import torch_path as torch_path_module
-
-    monkeypatch.setattr(torch_path_module, "GROUP_BYTES", group_bytes)
+    # The walk updates the states of the sequences still running at each step in place: sequences that
+    # end at different steps, normal and extreme gates, small chunks (many steps).
     lengths = [70, 1, 130, 16, 5, 64, 33]
     for gates, chunk_size in (("normal", 16), ("extreme", 8)):
         inputs = make_inputs(1, sum(lengths), 2, 4, 16, 32, device="cpu", num_states=len(lengths), gates=gates,
