@@ -103,9 +103,9 @@ def keep_freed_memory() -> bool:
 
     Why: a CPU forward pass allocates and frees the same tens of MiB of activations every layer. By
     default glibc serves blocks over its mmap threshold (at most 32 MiB) with fresh mmaps and returns
-    freed heap tops to the OS, so each new tensor's pages fault in again: on one batch of the 1/8-size
-    Qwen3.5, about 1.1M page faults and 2-5 s of kernel time per 20 s, gone with this setting
-    (docs/BENCHMARKS.md). The cost is that the process keeps its peak heap; a worker's batches all have
+    freed heap tops to the OS, so each new tensor's pages fault in again: one forward pass of the
+    1/8-size Qwen3.5 took 429k page faults and 4.3 s instead of 3.5 s (the count varies from run to run
+    with glibc's history), and about a thousand faults with this setting (docs/BENCHMARKS.md). The cost is that the process keeps its peak heap; a worker's batches all have
     the same token budget, so its peak is reached in the first batches anyway. Blocks over 32 MiB still
     come from mmap (glibc's upper limit for the threshold). No-op off glibc.
     """

@@ -61,8 +61,7 @@ def conv_fixups(ctx: StepContext, width: int):
 
 # Rows per block of the CPU conv: 64 rows of a 1536-channel projection (the 1/8 Qwen3.5) are 384 KiB,
 # so the four taps run in L2. Per layer on a 4k-token batch (bench/profile_cpu_layers.py
-# --conv-block-rows N, measured while the taps still read strided weight columns): 27.7 ms in blocks of
-# 64, 26.7 ms of 256, 37.7 ms unblocked.
+# --conv-block-rows N, three runs each): 13.4-13.6 ms in blocks of 64, 18.3-19.3 ms unblocked.
 CPU_CONV_BLOCK_ROWS = 64
 
 
