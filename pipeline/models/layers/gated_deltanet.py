@@ -24,11 +24,11 @@ def conv_fixups(ctx: StepContext, width: int):
     Shifting the step's input x by j rows hands every token its input j rows back. That is right except
     in the first `width` rows of each sequence, where the shift reads the previous sequence's tokens (or
     nothing, before row 0) instead of the sequence's own stored window (or zeros, for a fresh sequence).
-    Those few (row, shift) pairs are corrected afterwards: out[row] += w[shift] * (right - wrong).
+    Those few (row, shift) pairs are corrected before the activation: out[row] += w[shift] * (right - wrong).
 
     Sources are codes into x and a small table `extra = [zero row; stored windows of the reading sequences,
     width rows each, oldest first]`: code c >= 0 is row c of x, c < 0 is row -1 - c of extra. Returns host
-    int64 arrays rows [M], shifts [M], wrong [M], right [M], and window [W, width] (the last `width`
+    int64 arrays rows [M] (ascending), shifts [M], wrong [M], right [M], and window [W, width] (the last `width`
     inputs of each sequence whose state is kept, oldest first) or None.
     """
     S, q_lens = ctx.num_seqs, ctx.q_lens.astype(np.int64)
@@ -128,14 +128,15 @@ class GatedDeltaNet(nn.Module):
         if keep:
             rows = ctx.on_device("write_rows", ctx.state_write[0])
             recurrent[ctx.on_device("write_slots", ctx.state_write[1])] = final[rows]
-        o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        o = self.norm(o.reshape(T, self.num_v_heads, self.head_v_dim), z.reshape(T, self.num_v_heads, self.head_v_dim))
         return self.out_proj(o.reshape(T, self.value_dim))
 
     def _conv(self, x: torch.Tensor, conv_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Depthwise causal conv + SiLU over each sequence's tokens, its stored window in front.
 
         Computed in float32 over the step's tokens as shifted slices (one pass per tap, no gather of x),
-        then the rows next to sequence starts are fixed up (see conv_fixups)."""
+        with the rows next to sequence starts fixed up (see conv_fixups) before the SiLU. Returns float32
+        on CPU, where the delta rule computes in float32 anyway; x's dtype on CUDA, for the kernels."""
         width, C = self.kernel - 1, x.shape[1]
         rows, shifts, wrong, right, window = ctx.cached(f"conv_fixups_{width}", lambda: conv_fixups(ctx, width))
         parts = [x.new_zeros(1, C)]
@@ -150,23 +151,34 @@ class GatedDeltaNet(nn.Module):
             kept = gather(ctx.on_device(f"conv_window_{width}", window.ravel())).view(-1, width, C)
             conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = kept.to(conv_state.dtype)
         # Taps as contiguous rows [kernel, C]: a strided weight column made each tap ~3x slower.
-        w, xf = self.conv_weight.float().T.contiguous(), x.float()
-        out = torch.empty_like(xf)
+        w = self.conv_weight.float().T.contiguous()
+        fix_rows = fix = None
+        if len(rows):   # out[row] += w[shift] * (right - wrong), added block by block before the SiLU
+            right_rows = gather(ctx.on_device(f"conv_right_{width}", right)).float()
+            wrong_rows = gather(ctx.on_device(f"conv_wrong_{width}", wrong)).float()
+            fix = (right_rows - wrong_rows).mul_(w[width - ctx.on_device(f"conv_shifts_{width}", shifts)])
+            fix_rows = ctx.on_device(f"conv_rows_{width}", rows)
         T = x.shape[0]
-        block = CPU_CONV_BLOCK_ROWS if x.device.type == "cpu" else T
+        on_cpu = x.device.type == "cpu"
+        block = CPU_CONV_BLOCK_ROWS if on_cpu else T
+        out = torch.empty(T, C, dtype=torch.float32, device=x.device)
+        # 16-bit inputs are converted a block (plus the width rows before it) at a time, in cache.
+        scratch = None if x.dtype == torch.float32 else x.new_empty(min(T, block + width), C, dtype=torch.float32)
         for r0 in range(0, T, block):   # on CPU, blocks of rows that stay in cache across the taps
-            r1 = min(T, r0 + block)
-            torch.mul(xf[r0:r1], w[width], out=out[r0:r1])
+            r1, s0 = min(T, r0 + block), max(0, r0 - width)
+            src = x[s0:r1] if scratch is None else scratch[:r1 - s0].copy_(x[s0:r1])   # src[i] is x[s0 + i]
+            torch.mul(src[r0 - s0:], w[width], out=out[r0:r1])
             for j in range(1, width + 1):
                 a = max(r0, j)
                 if a < r1:
-                    out[a:r1].addcmul_(xf[a - j:r1 - j], w[width - j])
-        if len(rows):
-            right_rows = gather(ctx.on_device(f"conv_right_{width}", right)).float()
-            wrong_rows = gather(ctx.on_device(f"conv_wrong_{width}", wrong)).float()
-            taps = w[width - ctx.on_device(f"conv_shifts_{width}", shifts)]
-            out.index_add_(0, ctx.on_device(f"conv_rows_{width}", rows), (right_rows - wrong_rows) * taps)
-        return F.silu(out, inplace=True).to(x.dtype)
+                    out[a:r1].addcmul_(src[a - j - s0:r1 - j - s0], w[width - j])
+            if fix is not None:
+                lo, hi = np.searchsorted(rows, (r0, r1))
+                if hi > lo:
+                    out.index_add_(0, fix_rows[lo:hi], fix[lo:hi])
+            F.silu(out[r0:r1], inplace=True)
+        # On CPU the delta rule computes in float32, so a 16-bit model's activations go to it as they are.
+        return out if on_cpu else out.to(x.dtype)
 
     def load(self, t, p: str) -> None:
         self.in_proj.weight.copy_(torch.cat([t.get(p + n + ".weight") for n in
