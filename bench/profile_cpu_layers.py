@@ -13,8 +13,8 @@ tokens at n=600, the CPU token budget), through the native engine, 1 thread. Wal
 every Gated DeltaNet layer (input projection, causal conv, delta rule, gated norm, output projection),
 averaged over 3 passes after a warm-up, in ms per layer; then the whole pass split into MLPs, attention
 layers and delta-rule layers. --batch longest takes the 4 longest sequences instead (several steps,
-state carried). --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's
-cpu_chunk_size). --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
+state carried), --batch shortest the shortest up to 4,000 tokens. --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's
+cpu_chunk_size), --delta-group-bytes its GROUP_BYTES. --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
 4000 x 512 x 3584 matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both
 engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
 run to run on a shared machine.
@@ -59,10 +59,13 @@ def main() -> None:
     parser.add_argument("--hf", action="store_true", help="also split the hf engine's pass on the same batch (Qwen3.5 models)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc malloc at its defaults instead of keeping freed memory, as workers do")
-    parser.add_argument("--batch", choices=["third", "longest"], default="third",
-                        help="12 sequences a third of the way down the sorted list, or the 4 longest")
+    parser.add_argument("--batch", choices=["third", "longest", "shortest"], default="third",
+                        help="12 sequences a third of the way down the sorted list, the 4 longest, or the "
+                             "shortest up to 4,000 tokens")
     parser.add_argument("--delta-chunk-size", type=int, default=None,
                         help="the CPU delta rule's chunk size instead of the layer's cpu_chunk_size")
+    parser.add_argument("--delta-group-bytes", type=float, default=None,
+                        help="the CPU delta rule's GROUP_BYTES (sequences per group) instead of torch_path's")
     parser.add_argument("--conv-block-rows", type=int, default=None,
                         help="rows per block of the CPU conv (default: pipeline's CPU_CONV_BLOCK_ROWS; 100000: unblocked)")
     args = parser.parse_args()
@@ -71,6 +74,9 @@ def main() -> None:
     keeping = not args.default_malloc and keep_freed_memory()
     if args.conv_block_rows:
         gdn.CPU_CONV_BLOCK_ROWS = args.conv_block_rows
+    if args.delta_group_bytes:
+        import triton_kernels.gated_delta_rule.torch_path as torch_path
+        torch_path.GROUP_BYTES = int(args.delta_group_bytes)
     if args.delta_chunk_size:
         gdn.cpu_chunk_size = lambda head_k_dim: args.delta_chunk_size
     dtype = getattr(torch, args.dtype)
@@ -81,6 +87,12 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     ids = bench_engine.sequences(args.n, tokenizer, tokenizer.model_max_length)
     batch = ids[:4] if args.batch == "longest" else ids[len(ids) // 3: len(ids) // 3 + 12]
+    if args.batch == "shortest":
+        batch = []
+        for seq in reversed(ids):
+            if sum(map(len, batch)) + len(seq) > 4000:
+                break
+            batch.append(seq)
     engine = bench_engine.load_engine("native", path, torch.device("cpu"), dtype, 4096, 256)
 
     spent = collections.defaultdict(float)

@@ -13,17 +13,24 @@ import torch.nn.functional as F
 from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout
 
 
-def _flat_inputs(q, k, v, g, beta, d: Dims, scale: float, use_qk_l2norm: bool):
-    """Token-major float32 views: q, k [tokens, H, K] (q pre-scaled), v [tokens, HV, V], g, beta [tokens, HV]."""
+def _flat_inputs(q, k, v, g, beta, d: Dims):
+    """Token-major float32 views (no copy for float32 inputs): q, k [tokens, H, K], v [tokens, HV, V],
+    g, beta [tokens, HV]."""
     f32 = torch.float32
     q, k = (x.reshape(-1, d.num_heads, d.head_k_dim).to(f32) for x in (q, k))
-    if use_qk_l2norm:
-        # Same formula and eps as transformers' l2norm (and fla's): x * rsqrt(sum(x^2) + 1e-6).
-        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     v = v.reshape(-1, d.num_v_heads, d.head_v_dim).to(f32)
     g, beta = (x.reshape(-1, d.num_v_heads).to(f32) for x in (g, beta))
-    return q * scale, k, v, g, beta
+    return q, k, v, g, beta
+
+
+def _row_factors(q, k, scale: float, use_qk_l2norm: bool):
+    """What each row of q and k [tokens, H, K] is multiplied by: q's scale, and with use_qk_l2norm the
+    l2 normalisation x * rsqrt(sum(x^2) + 1e-6), the formula and eps of transformers' l2norm (and
+    fla's). [tokens, H] each; the rows are scaled where they are next copied, not in a pass of their own."""
+    if not use_qk_l2norm:
+        return torch.full(q.shape[:2], scale, device=q.device), torch.ones(k.shape[:2], device=k.device)
+    rq, rk = (torch.linalg.vector_norm(x, dim=-1).square_().add_(1e-6).rsqrt_() for x in (q, k))
+    return rq.mul_(scale), rk
 
 
 def _start_states(initial_state, layout: SequenceLayout, d: Dims, order: list[int], device) -> torch.Tensor:
@@ -78,18 +85,29 @@ def _exp_(x: torch.Tensor) -> torch.Tensor:
     return x.clamp_(*EXP_RANGE).exp_()
 
 
-# Sequences are processed in groups of about this many bytes per [chunks, HV, C, C] float32 tensor:
-# enough chunks to batch the matmuls, few enough that the in-chunk tensors and the group's states stay
-# in cache. One group for everything is ~1.7x slower at 64 sequences x 8 heads x 128^2.
+# Sequences are processed in groups: enough chunks to batch the matmuls, few enough that the in-chunk
+# tensors and the group's states stay in cache. A group closes at GROUP_BYTES per [chunks, HV, C, C]
+# float32 tensor (one group for everything is ~1.7x slower at 64 sequences x 8 heads x 128^2), or
+# earlier, at MIN_GROUP_BYTES, once each walk step already has STEP_MACS multiply-adds per matmul
+# (sequences x HV x C x K x V) to carry its per-call overhead. ms of delta rule per layer, 1 thread
+# (bench/profile_cpu_layers.py [--model demo] [--batch longest|shortest]), closing at GROUP_BYTES only /
+# also early: the 1/8 Qwen3.5 (HV 8, K = V = 64, chunk 32) 59.0 / 52.4 on 12 sequences of ~330 tokens
+# (one sequence a group), 121.8 / 117.5 on the 4 longest, 67.2 / 58.6 on the shortest 4k tokens; the
+# demo model (HV 4, K = V = 16, chunk 8: tiny walk steps, never closed early) unchanged.
 GROUP_BYTES = 2 << 20
+MIN_GROUP_BYTES = 256 << 10
+STEP_MACS = 1 << 20
 
 
-def _sequence_groups(lengths: list[int], order: list[int], C: int, HV: int) -> list[tuple[int, int]]:
-    """Cut `order` (longest first) into [start, stop) position ranges of about GROUP_BYTES each."""
+def _sequence_groups(lengths: list[int], order: list[int], C: int, d: Dims) -> list[tuple[int, int]]:
+    """Cut `order` (longest first) into [start, stop) position ranges (see GROUP_BYTES)."""
     groups, start, chunks = [], 0, 0
+    step_macs = d.num_v_heads * C * d.head_k_dim * d.head_v_dim   # per sequence in a walk step
     for i, n in enumerate(order):
         chunks += -(-lengths[n] // C)
-        if chunks * HV * C * C * 4 >= GROUP_BYTES or i == len(order) - 1:
+        size = chunks * d.num_v_heads * C * C * 4
+        if (size >= GROUP_BYTES or (size >= MIN_GROUP_BYTES and (i + 1 - start) * step_macs >= STEP_MACS)
+                or i == len(order) - 1):
             groups.append((start, i + 1))
             start, chunks = i + 1, 0
     return groups
@@ -100,24 +118,26 @@ def chunk_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_fin
     """Chunked form (see REFERENCE.md); returns o [B, T, HV, V] in q's dtype and the final states or None."""
     d = dims
     out_dtype, device = q.dtype, q.device
-    q, k, v, g, beta = _flat_inputs(q, k, v, g, beta, d, scale, use_qk_l2norm)
+    q, k, v, g, beta = _flat_inputs(q, k, v, g, beta, d)
+    rq, rk = _row_factors(q, k, scale, use_qk_l2norm)
     tokens = q.shape[0]
     o = q.new_empty(tokens + 1, d.num_v_heads, d.head_v_dim)   # row `tokens` takes chunk padding's rows
     order = layout.longest_first()
     S = _start_states(initial_state, layout, d, order, device)
     lengths = layout.lengths
-    for start, stop in _sequence_groups(lengths, order, chunk_size, d.num_v_heads):
+    for start, stop in _sequence_groups(lengths, order, chunk_size, d):
         members = order[start:stop]
         # The result does not depend on the chunk size: groups of short sequences use a smaller one.
         C = min(chunk_size, lengths[members[0]])
         if C > 0:
-            _chunk_group(q, k, v, g, beta, o, S[start:stop], layout, members, C, d)
+            _chunk_group(q, k, v, g, beta, rq, rk, o, S[start:stop], layout, members, C, d)
     o = o[:tokens].reshape(d.batch, d.seq_len, d.num_v_heads, d.head_v_dim).to(out_dtype)
     return o, (_unsort(S, order) if output_final_state else None)
 
 
-def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[int], C: int, d: Dims):
-    """Run the sequences `members` (longest first) from states S (updated in place), writing rows of o."""
+def _chunk_group(q, k, v, g, beta, rq, rk, o, S, layout: SequenceLayout, members: list[int], C: int, d: Dims):
+    """Run the sequences `members` (longest first) from states S (updated in place), writing rows of o.
+    q and k are raw; rq, rk [tokens, H] are their row factors (see _row_factors)."""
     H, HV, G = d.num_heads, d.num_v_heads, d.num_v_heads // d.num_heads
     device = q.device
     # Chunks laid out step-major: every member's first chunk, then every second chunk, ... so step i is
@@ -136,7 +156,7 @@ def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[i
     pos = bounds_t[:, :1] + torch.arange(C, device=device)
     pad = pos >= bounds_t[:, 1:]                      # [chunks, C]: rows past a sequence's end
     NC, tokens = pos.shape[0], q.shape[0]
-    # Padding rows read their chunk's last real row; their k and g are zeroed below, so they add nothing
+    # Padding rows read their chunk's last real row; their k rows and g are zeroed, so they add nothing
     # to the state or to gamma_last, and causality keeps them out of real rows. Their outputs go to o's
     # spare last row.
     read_pos = torch.minimum(pos, bounds_t[:, 1:] - 1)
@@ -144,17 +164,26 @@ def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[i
 
     rows = read_pos.flatten()
 
-    def pack(x):  # [tokens, heads, D] -> [chunks, heads, C, D]: whole rows gathered, then one transpose
-        return x.index_select(0, rows).view(NC, C, *x.shape[1:]).transpose(1, 2).contiguous()
+    def pack(x):  # [tokens, ...] -> [chunks, C, ...]: whole rows gathered
+        return x.index_select(0, rows).view(NC, C, *x.shape[1:])
+
+    def pack_scaled(x, factor):
+        """x [tokens, heads, D] times factor [chunks, C, heads] -> [chunks, heads, C, D]: the gathered
+        rows are scaled as they are written transposed, one pass for both."""
+        out = x.new_empty(NC, x.shape[1], C, x.shape[2])
+        torch.mul(pack(x), factor[..., None], out=out.transpose(1, 2))
+        return out
 
     def grouped(x):  # [chunks, HV, ...] -> [chunks, H, G, ...]: value head j = (key head j // G, j % G)
         return x.view(NC, H, G, *x.shape[2:])
 
-    qc, kc, vc = pack(q), pack(k), pack(v)
-    gc, bc = (pack(x[..., None])[..., 0] for x in (g, beta))  # [chunks, HV, C]
+    gc, bc = (pack(x).transpose(1, 2).contiguous() for x in (g, beta))  # [chunks, HV, C]
+    fk = pack(rk)
     if any_pad:
-        kc.masked_fill_(pad[:, None, :, None], 0.0)
+        fk.masked_fill_(pad[..., None], 0.0)
         gc.masked_fill_(pad[:, None, :], 0.0)
+    qc, kc = pack_scaled(q, pack(rq)), pack_scaled(k, fk)
+    vb = pack_scaled(v, pack(beta))                                    # v * beta
     gamma = gc.cumsum(-1)
     gamma_last = gamma[..., -1:]  # padded rows have g = 0, so this is the last real row's gamma
     # exp(gamma_i - gamma_j) where i >= j, zero above the diagonal.
@@ -169,7 +198,7 @@ def _chunk_group(q, k, v, g, beta, o, S, layout: SequenceLayout, members: list[i
     T = invert_unit_lower(A)
     decay_in = _exp_(gamma.clone())[..., None]                         # decay from the chunk start
     W = T @ (kb * grouped(decay_in)).view(NC, HV, C, -1)
-    U = T @ (vc * bc[..., None])
+    U = T @ vb
     q_decayed = (qc[:, :, None] * grouped(decay_in)).view(NC, HV, C, -1)
     k_decayed = (kc[:, :, None] * grouped(_exp_(gamma_last - gamma)[..., None])).view(NC, HV, C, -1)
     chunk_decay = _exp_(gamma_last.clone())                              # [chunks, HV, 1]
@@ -200,7 +229,9 @@ def recurrent_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output
     d = dims
     group = d.num_v_heads // d.num_heads
     out_dtype, device = q.dtype, q.device
-    q, k, v, g, beta = _flat_inputs(q, k, v, g, beta, d, scale, use_qk_l2norm)
+    q, k, v, g, beta = _flat_inputs(q, k, v, g, beta, d)
+    rq, rk = _row_factors(q, k, scale, use_qk_l2norm)
+    q, k = q * rq[..., None], k * rk[..., None]
     if group > 1:
         q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
     order = layout.longest_first()
