@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--slice", default=None, metavar="A:B",
                         help="only sequences A..B-1 of the --n generated, longest first (e.g. 0:300, the longest 300)")
     parser.add_argument("--delta-chunk-size", type=int, default=None,
-                        help="CPU: the native delta rule's chunk size instead of pipeline's cpu_chunk_size")
+                        help="CPU: the native delta rule's chunk size instead of pipeline's CPU_CHUNK_SIZE")
     parser.add_argument("--default-malloc", action="store_true",
                         help="CPU: leave glibc malloc at its defaults instead of keeping freed memory, as workers do")
     parser.add_argument("--out", default=None, help="also write the table here")
@@ -170,7 +170,7 @@ def main() -> None:
     keeping = not gpu and not args.default_malloc and keep_freed_memory()
     if args.delta_chunk_size:
         import pipeline.models.layers.gated_deltanet as gdn
-        gdn.cpu_chunk_size = lambda head_k_dim: args.delta_chunk_size
+        gdn.CPU_CHUNK_SIZE = args.delta_chunk_size
     first, _, stop = (args.slice or ":").partition(":")
     n = args.n or (50000 if gpu else 20000)
     budget = args.max_tokens_per_batch or (32768 if gpu else 4096)

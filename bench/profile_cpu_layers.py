@@ -14,7 +14,7 @@ every Gated DeltaNet layer (input projection, causal conv, delta rule, gated nor
 averaged over 3 passes after a warm-up, in ms per layer; then the whole pass split into MLPs, attention
 layers and delta-rule layers. --batch longest takes the 4 longest sequences instead (several steps,
 state carried), --batch shortest the shortest up to 4,000 tokens. --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's
-cpu_chunk_size), --delta-group-bytes its GROUP_BYTES. --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
+CPU_CHUNK_SIZE), --delta-group-bytes its GROUP_BYTES. --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
 4000 x 512 x 3584 matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both
 engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
 run to run on a shared machine.
@@ -63,7 +63,7 @@ def main() -> None:
                         help="12 sequences a third of the way down the sorted list, the 4 longest, or the "
                              "shortest up to 4,000 tokens")
     parser.add_argument("--delta-chunk-size", type=int, default=None,
-                        help="the CPU delta rule's chunk size instead of the layer's cpu_chunk_size")
+                        help="the CPU delta rule's chunk size instead of the layer's CPU_CHUNK_SIZE")
     parser.add_argument("--delta-group-bytes", type=float, default=None,
                         help="the CPU delta rule's GROUP_BYTES (sequences per group) instead of torch_path's")
     parser.add_argument("--conv-block-rows", type=int, default=None,
@@ -78,7 +78,7 @@ def main() -> None:
         import triton_kernels.gated_delta_rule.torch_path as torch_path
         torch_path.GROUP_BYTES = int(args.delta_group_bytes)
     if args.delta_chunk_size:
-        gdn.cpu_chunk_size = lambda head_k_dim: args.delta_chunk_size
+        gdn.CPU_CHUNK_SIZE = args.delta_chunk_size
     dtype = getattr(torch, args.dtype)
     from pipeline.hf_engine import quiet_transformers
     from transformers import AutoTokenizer
@@ -124,7 +124,7 @@ def main() -> None:
           f"{sum(map(len, batch))} tokens; forward {total * 1e3:.0f} ms, of which kernel (system) time "
           f"{(after.ru_stime - usage.ru_stime) / passes * 1e3:.0f} ms, "
           f"{(after.ru_minflt - usage.ru_minflt) / passes:,.0f} page faults; delta-rule chunk "
-          f"{args.delta_chunk_size or gdn.cpu_chunk_size(layers[0].head_k_dim)}\n")
+          f"{gdn.CPU_CHUNK_SIZE}\n")
     print("| part of a delta-rule layer | ms per layer |\n| --- | ---: |")
     for name in ("input projection", "conv", "delta rule", "gated norm", "output projection", "whole layer"):
         print(f"| {name} | {spent[name] / passes / len(layers) * 1e3:.1f} |")

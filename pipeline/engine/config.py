@@ -60,7 +60,7 @@ class EngineConfig:
         if spec.delta is not None and self.max_new_tokens and slots < 1:
             raise UserError("generation on a delta-rule model needs at least one state slot")
         # The Triton kernels take chunks of 64 or 128; on CPU 0 leaves the choice to the layer
-        # (models/layers/gated_deltanet.py: cpu_chunk_size).
+        # (models/layers/gated_deltanet.py: CPU_CHUNK_SIZE).
         chunk = self.gdn_chunk_size or (64 if self.triton_kernels(device) else 0)
         resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk)
         resolved._check_memory(spec, device, dtype)

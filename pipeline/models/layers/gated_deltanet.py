@@ -65,15 +65,16 @@ def conv_fixups(ctx: StepContext, width: int):
 CPU_CONV_BLOCK_ROWS = 64
 
 
-# Chunk size of the delta rule's torch path on CPU. ms of delta rule per layer over a whole pass, 1 thread
-# (bench/profile_cpu_layers.py [--model demo] [--batch longest] --delta-chunk-size C; 1-3 runs each, this
-# VM varies by ~10%), chunk 8 / 16 / 32 / 64: the demo model's heads of K=V=16, 12 sequences of ~340
-# tokens 8.3-9.0 / 9.8-10.3 / 13.7 / -, its 4 longest sequences (several steps) 24.2-25.5 / 23.2-25.0 /
-# 29.5 / -; the 1/8 Qwen3.5's K=V=64, 12 sequences of ~330 tokens - / 66.0 / 66.3 / 84.8. Heads of 32
-# (not measured) take the size between. Chunks are cut to the longest sequence of a group, so short
+# Chunk size of the delta rule's torch path on CPU, after the path's grouping and triangular solve of
+# 2026-11-22. ms of delta rule per layer, 1 thread, chunk 8 / 16 / 32 / 64 (bench/profile_cpu_layers.py
+# [--model demo] [--batch longest|shortest] --delta-chunk-size C; this VM varies by ~10%): the demo
+# model (K = V = 16) 6.3-6.5 / 5.9-6.6 / 8.9 / - on 12 sequences of ~340 tokens, 20.8-21.2 / 16.6-16.9 /
+# 19.4 / - on its 4 longest; the 1/8 Qwen3.5 (K = V = 64) 41.5-43.1 / 38.5-39.3 / 43.7-48.0 / 60.4 on
+# 12 sequences of ~330 tokens, - / 95.0 / 98.9 / - on its 4 longest, - / 41.0 / 48.9 / - on its shortest
+# 4k tokens; random inputs shaped like Qwen3.5-0.8B's (16 heads of 128) 206 / 148 / 154 / 191 and 8
+# heads of 32 19.7 / 16.8 / 17.8 / 26.3. Chunks are cut to the longest sequence of a group, so short
 # sequences never pay for the size.
-def cpu_chunk_size(head_k_dim: int) -> int:
-    return 8 if head_k_dim <= 16 else 16 if head_k_dim <= 32 else 32
+CPU_CHUNK_SIZE = 16
 
 
 class GatedDeltaNet(nn.Module):
@@ -122,7 +123,7 @@ class GatedDeltaNet(nn.Module):
         else:
             rule, knobs = chunk_gated_delta_rule, self.kernel_args.get("chunk_gated_delta_rule", {})
             if not knobs.get("chunk_size"):
-                knobs = dict(knobs, chunk_size=cpu_chunk_size(self.head_k_dim))
+                knobs = dict(knobs, chunk_size=CPU_CHUNK_SIZE)
         o, final = rule(q, k, v, g, beta, initial_state=initial, output_final_state=keep, cu_seqlens=ctx.cu_seqlens,
                         use_qk_l2norm_in_kernel=True, **knobs)
         if keep:

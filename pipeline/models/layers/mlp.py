@@ -17,7 +17,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(F.silu(gate, inplace=True).mul_(up))   # in place in gate_up's output: no new tensors
 
     def load(self, tensors, prefix: str) -> None:
         """Weights from a checkpoint's `{prefix}gate_proj`, `up_proj`, `down_proj`."""
