@@ -3,6 +3,8 @@
 A step mixes fresh sequences with ones that continue a stored conv window, with 1..N new tokens each
 (fewer tokens than the window is the decode case). The reference runs F.conv1d over each sequence's
 window followed by its tokens. Both sides sum four float32 products per channel: exact to 1e-6.
+bfloat16 inputs (a bfloat16 model) are converted block by block and the result stays float32 on CPU, so
+the reference is the same float32 conv of the same bfloat16 values, to the same tolerance.
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ def step_context(q_lens, read, write, slots):
                        state_read=as_pair(read), state_write=as_pair(write))
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_ragged_conv_matches_conv1d_per_sequence(seed):
+@pytest.mark.parametrize("seed,dtype", [(s, torch.float32) for s in range(8)] + [(7, torch.bfloat16)])
+def test_ragged_conv_matches_conv1d_per_sequence(seed, dtype):
     rng = np.random.default_rng(seed)
     layer = GatedDeltaNet(Config())
     width, C = layer.kernel - 1, layer.conv_dim
@@ -48,11 +50,13 @@ def test_ragged_conv_matches_conv1d_per_sequence(seed):
     read = sorted(rng.choice(S, int(rng.integers(0, S + 1)), replace=False).tolist())
     write = sorted(rng.choice(S, int(rng.integers(0, S + 1)), replace=False).tolist())
     slots = rng.permutation(S + 3)[:S]   # slots are anywhere in the table
-    state = torch.randn(S + 3, width, C)
+    state = torch.randn(S + 3, width, C).to(dtype)
     before = state.clone()
-    x = torch.randn(int(q_lens.sum()), C)
+    x = torch.randn(int(q_lens.sum()), C).to(dtype)
 
     out = layer._conv(x, state, step_context(q_lens, read, write, slots))
+    assert out.dtype == torch.float32
+    x, before = x.float(), before.float()
 
     starts = np.concatenate([[0], np.cumsum(q_lens)])
     for s in range(S):
@@ -61,4 +65,4 @@ def test_ragged_conv_matches_conv1d_per_sequence(seed):
         ref = F.silu(F.conv1d(full.T[None], layer.conv_weight[:, None, :], groups=C)[0].T)
         torch.testing.assert_close(out[starts[s]:starts[s + 1]], ref, atol=1e-6, rtol=1e-6)
         kept = state[slots[s]]
-        torch.testing.assert_close(kept, full[-width:] if s in write else before[slots[s]], atol=0, rtol=0)
+        torch.testing.assert_close(kept.float(), full[-width:] if s in write else before[slots[s]], atol=0, rtol=0)
