@@ -46,7 +46,7 @@ def invert_unit_lower(A: torch.Tensor) -> torch.Tensor:
     LAPACK's triangular solve against I, batched. At 1 thread it beat a blocked nilpotent series of
     batched matmuls (this path's earlier form) 2-3.7x: 154 vs 419 us for 88 x 32^2, 971 vs 1988 for
     4096 x 8^2, 3.9 vs 8.7 ms for 528 x 64^2. When processes ask for more threads than there are cores
-    (two of two threads each on two cores) both collapse, the series more (40-250x, the solve 4-45x);
+    (two of two threads each on two cores) both collapse, the series more (28-250x, the solve 4-44x);
     workers do not by default (the cores are divided among them).
     """
     C = A.shape[-1]
