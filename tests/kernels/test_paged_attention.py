@@ -23,6 +23,7 @@ from triton_kernels import paged_attention, write_kv_cache
 from triton_kernels.paged_attention import PagedAttentionLaunch, default_launch
 from triton_kernels.paged_attention.kv_cache import write_kv_cache_torch
 from triton_kernels.paged_attention.naive import naive_paged_attention
+from triton_kernels.paged_attention.sdpa import paged_attention_sdpa
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -141,6 +142,27 @@ def test_torch_path_matches_reference(heads, causal, dtype, monkeypatch):
     seqs = MIXED + [(40, 200), (1, 333)]
     batch = make_batch(seqs, heads[0], heads[1], 64, 16, dtype, seed=4)
     assert_matches_reference(batch, causal=causal, dtype=dtype)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_torch_path_new_kv_reads_fresh_sequences_from_the_step(causal):
+    """With the step's own keys and values passed (new_kv), sequences with no earlier tokens attend over
+    them and never read their pages; continuations and decodes still read theirs. The fresh sequences'
+    pages are poisoned with NaN after the step's rows are taken from them, so a read shows up."""
+    seqs = MIXED + [(40, 200), (30, 30)]
+    q, k_cache, v_cache, tables, cu, kv_lens = make_batch(seqs, 4, 2, 64, 16, torch.float32, seed=9)
+    ref = naive_paged_attention(q, k_cache, v_cache, tables, cu, kv_lens, causal=causal)
+    new_k, new_v = torch.empty(q.shape[0], 2, 64), torch.empty(q.shape[0], 2, 64)
+    for s, (q_len, kv_len) in enumerate(seqs):
+        pages = tables[s, : -(-kv_len // 16)].long()
+        rows = slice(int(cu[s]), int(cu[s + 1]))
+        new_k[rows] = k_cache[pages].flatten(0, 1)[kv_len - q_len:kv_len]
+        new_v[rows] = v_cache[pages].flatten(0, 1)[kv_len - q_len:kv_len]
+        if q_len == kv_len:
+            k_cache[pages], v_cache[pages] = float("nan"), float("nan")
+    out = paged_attention_sdpa(q, k_cache, v_cache, tables, cu, kv_lens, torch.empty_like(q), causal=causal,
+                               scale=64 ** -0.5, new_kv=(new_k, new_v))
+    torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
 
 
 def _write_case(seed, slot_dtype):

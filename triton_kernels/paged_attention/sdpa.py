@@ -33,16 +33,25 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
 def paged_attention_sdpa(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, out: torch.Tensor, *, causal: bool, scale: float,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Same contract as paged_attention on CPU tensors; fills and returns out `[T_total, Hq, D]`."""
+    """Same contract as paged_attention on CPU tensors; fills and returns out `[T_total, Hq, D]`.
+
+    new_kv: the step's own keys and values `[T_total, Hkv, D]`, already written to the cache. A sequence
+    with no earlier tokens (kv_len == its q_len) then attends over its rows of them directly instead of
+    reading its pages back: the same values, one gather fewer (all of ESM-2's steps, and every fresh
+    sequence of a causal model's prefill)."""
     page_size = k_cache.shape[1]
     starts = cu_seqlens_q.tolist()
     for s, kv_len in enumerate(kv_lens.tolist()):
         begin, end = starts[s], starts[s + 1]
         if end == begin:
             continue
-        pages = block_tables[s, : -(-kv_len // page_size)]
-        k = k_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
-        v = v_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
+        if new_kv is not None and kv_len == end - begin:
+            k, v = (x[begin:end].to(k_cache.dtype) for x in new_kv)
+        else:
+            pages = block_tables[s, : -(-kv_len // page_size)]
+            k = k_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
+            v = v_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
         out[begin:end] = _attend(q[begin:end], k, v, causal=causal, scale=scale)
     return out
