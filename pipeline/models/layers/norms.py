@@ -11,7 +11,7 @@ def rms_normalise(x: torch.Tensor, eps: float, weight: torch.Tensor | None = Non
 
     On GPU torch's fused rms_norm (one kernel). On CPU that kernel is the slow one: 2.1-2.8 ms on 2M
     float32 elements against 0.3 ms for a vector_norm over the same rows and 0.7 ms for layer_norm (1
-    thread; bench/cpu_op_costs.py), so the scale is computed from vector_norm and applied in place.
+    thread; bench/cpu_op_costs.py), so the scale is computed from vector_norm: 1.2-1.3 ms in all.
     """
     xf = x.float()
     if x.device.type != "cpu":
