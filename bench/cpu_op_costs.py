@@ -9,6 +9,9 @@
 - the conv's per-tap `addcmul` on a 4000 x 1536 step (the 1/8 Qwen3.5's conv channels) with the tap's
   weights as a strided column of the [C, kernel] weight or as a contiguous row, which is why the conv
   transposes its weights once per call.
+- (I + strict_lower(A))^-1 for batches of C x C: LAPACK's batched triangular solve, which torch_path
+  uses, against the blocked nilpotent series of batched matmuls it used before (kept here as
+  `series_inverse` for the comparison).
 - RMS norms: torch's fused rms_norm against a vector_norm over the same rows (and layer_norm for
   scale), which is why pipeline.models.layers.norms.rms_normalise builds the norm from vector_norm on CPU.
 Each timing is the best of 5 repeats of 10 calls, after warm-up, denormals flushed as workers do.
@@ -39,6 +42,32 @@ def best_ms(fn, repeats: int = 5, calls: int = 10) -> float:
     return best * 1e3
 
 
+def series_inverse(A: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """torch_path's earlier (I + strict_lower(A))^-1: each b x b diagonal block's strict lower part L is
+    nilpotent, so its inverse is (I - L)(I + L^2)(I + L^4)(I + L^8); block row i is then
+    -T_ii A_i,<i T_<i,<i."""
+    C = A.shape[-1]
+    b = min(block, C)
+    Cp = -(-C // b) * b
+    A = torch.nn.functional.pad(A.tril(-1), (0, Cp - C, 0, Cp - C))
+    nb = Cp // b
+    L = torch.stack([A[..., i * b:(i + 1) * b, i * b:(i + 1) * b] for i in range(nb)], dim=-3)
+    diag_inv = torch.eye(b, dtype=A.dtype) - L
+    power, span = L @ L, 2
+    while span < b:
+        diag_inv = diag_inv + diag_inv @ power
+        span *= 2
+        if span < b:
+            power = power @ power
+    T = A.new_zeros(A.shape)
+    for i in range(nb):
+        r0, r1 = i * b, (i + 1) * b
+        T[..., r0:r1, r0:r1] = diag_inv[..., i, :, :]
+        if i:
+            T[..., r0:r1, :r0] = -diag_inv[..., i, :, :] @ (A[..., r0:r1, :r0] @ T[..., :r0, :r0])
+    return T[..., :C, :C]
+
+
 def main() -> None:
     set_cpu_threads(1)
     keep_freed_memory()
@@ -61,6 +90,15 @@ def main() -> None:
     print("\n| conv tap: out.addcmul_(x, w) on 4000 x 1536 | ms |\n| --- | ---: |")
     print(f"| w a strided column of the [C, kernel] weight | {best_ms(lambda: out.addcmul_(x, w[:, 2])):.2f} |")
     print(f"| w a contiguous row of its transpose | {best_ms(lambda: out.addcmul_(x, rows[2])):.2f} |")
+
+    from triton_kernels.gated_delta_rule.torch_path import invert_unit_lower
+    print("\n| (I + strict_lower(A))^-1, batch x C^2 float32 | triangular solve (us) | matmul series (us) |"
+          "\n| --- | ---: | ---: |")
+    for batch, C in ((88, 32), (1056, 32), (4096, 8), (1056, 16), (528, 64)):
+        A = torch.randn(batch, C, C) * 0.3
+        assert torch.allclose(invert_unit_lower(A), series_inverse(A), atol=1e-4)
+        print(f"| {batch} x {C}^2 | {best_ms(lambda: invert_unit_lower(A)) * 1e3:.0f} | "
+              f"{best_ms(lambda: series_inverse(A)) * 1e3:.0f} |")
 
     print("\n| float32 norm over rows, 2M elements | 4000 x 512 (ms) | 32000 x 64 (ms) |\n| --- | ---: | ---: |")
     shapes = [(4000, 512), (32000, 64)]

@@ -43,11 +43,12 @@ def _start_states(initial_state, layout: SequenceLayout, d: Dims, order: list[in
 def invert_unit_lower(A: torch.Tensor) -> torch.Tensor:
     """(I + strict_lower(A))^-1 for A [..., C, C] (A's diagonal and upper part are not read).
 
-    LAPACK's triangular solve against I, batched. At 1 thread it beat a blocked nilpotent series of
-    batched matmuls (this path's earlier form) 2-3.7x: 154 vs 419 us for 88 x 32^2, 971 vs 1988 for
-    4096 x 8^2, 3.9 vs 8.7 ms for 528 x 64^2. When processes ask for more threads than there are cores
-    (two of two threads each on two cores) both collapse, the series more (28-250x, the solve 4-44x);
-    workers do not by default (the cores are divided among them).
+    LAPACK's triangular solve against I, batched. At 1 thread it beat the blocked nilpotent series of
+    batched matmuls this path used before 2.1-3.8x: 141 vs 400 us for 88 x 32^2, 888 vs 1875 for
+    4096 x 8^2, 3.6 vs 7.7 ms for 528 x 64^2 (bench/cpu_op_costs.py). An earlier note saw the solve slow
+    down 100-fold on a contended machine; checked ad hoc on this VM, both forms slowed down sharply only
+    when processes asked for more threads than there were cores (the series more), which workers do not
+    by default (the cores are divided among them).
     """
     C = A.shape[-1]
     return torch.linalg.solve_triangular(A, torch.eye(C, dtype=A.dtype, device=A.device), upper=False,
