@@ -12,6 +12,8 @@
 - (I + strict_lower(A))^-1 for batches of C x C: LAPACK's batched triangular solve, which torch_path
   uses, against the blocked nilpotent series of batched matmuls it used before (kept here as
   `series_inverse` for the comparison).
+- the delta rule alone by chunk size, on random inputs (12 sequences of 330 tokens) with heads the
+  engine models do not have on CPU here: 8 of 32 and Qwen3.5-0.8B's 16 of 128, for CPU_CHUNK_SIZE.
 - RMS norms: torch's fused rms_norm against a vector_norm over the same rows (and layer_norm for
   scale), which is why pipeline.models.layers.norms.rms_normalise builds the norm from vector_norm on CPU.
 Each timing is the best of 5 repeats of 10 calls, after warm-up, denormals flushed as workers do.
@@ -99,6 +101,18 @@ def main() -> None:
         assert torch.allclose(invert_unit_lower(A), series_inverse(A), atol=1e-4)
         print(f"| {batch} x {C}^2 | {best_ms(lambda: invert_unit_lower(A)) * 1e3:.0f} | "
               f"{best_ms(lambda: series_inverse(A)) * 1e3:.0f} |")
+
+    from triton_kernels import chunk_gated_delta_rule
+    print("\n| delta rule, 12 x 330 tokens, float32 | chunk 8 (ms) | 16 | 32 | 64 |\n| --- | ---: | ---: | ---: | ---: |")
+    for H, K in ((8, 32), (16, 128)):
+        gen = torch.Generator().manual_seed(0)
+        T = 12 * 330
+        q, k, v = (torch.randn(1, T, H, K, generator=gen) for _ in range(3))
+        g, beta = -torch.rand(1, T, H, generator=gen) * 0.5, torch.rand(1, T, H, generator=gen)
+        cu = torch.arange(0, T + 1, 330)
+        row = [best_ms(lambda: chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                                      chunk_size=c), repeats=3, calls=2) for c in (8, 16, 32, 64)]
+        print(f"| {H} heads of {K} | " + " | ".join(f"{t:.1f}" for t in row) + " |")
 
     print("\n| float32 norm over rows, 2M elements | 4000 x 512 (ms) | 32000 x 64 (ms) |\n| --- | ---: | ---: |")
     shapes = [(4000, 512), (32000, 64)]

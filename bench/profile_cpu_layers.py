@@ -14,7 +14,7 @@ every Gated DeltaNet layer (input projection, causal conv, delta rule, gated nor
 averaged over 3 passes after a warm-up, in ms per layer; then the whole pass split into MLPs, attention
 layers and delta-rule layers. --batch longest takes the 4 longest sequences instead (several steps,
 state carried), --batch shortest the shortest up to 4,000 tokens. --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's
-CPU_CHUNK_SIZE), --delta-group-bytes its GROUP_BYTES. --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
+CPU_CHUNK_SIZE), --delta-group-bytes and --delta-min-group-bytes its grouping. --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
 4000 x 512 x 3584 matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both
 engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
 run to run on a shared machine.
@@ -66,6 +66,8 @@ def main() -> None:
                         help="the CPU delta rule's chunk size instead of the layer's CPU_CHUNK_SIZE")
     parser.add_argument("--delta-group-bytes", type=float, default=None,
                         help="the CPU delta rule's GROUP_BYTES (sequences per group) instead of torch_path's")
+    parser.add_argument("--delta-min-group-bytes", type=float, default=None,
+                        help="the CPU delta rule's MIN_GROUP_BYTES (1e12: groups close at GROUP_BYTES only)")
     parser.add_argument("--conv-block-rows", type=int, default=None,
                         help="rows per block of the CPU conv (default: pipeline's CPU_CONV_BLOCK_ROWS; 100000: unblocked)")
     args = parser.parse_args()
@@ -77,6 +79,9 @@ def main() -> None:
     if args.delta_group_bytes:
         import triton_kernels.gated_delta_rule.torch_path as torch_path
         torch_path.GROUP_BYTES = int(args.delta_group_bytes)
+    if args.delta_min_group_bytes:
+        import triton_kernels.gated_delta_rule.torch_path as torch_path
+        torch_path.MIN_GROUP_BYTES = int(args.delta_min_group_bytes)
     if args.delta_chunk_size:
         gdn.CPU_CHUNK_SIZE = args.delta_chunk_size
     dtype = getattr(torch, args.dtype)

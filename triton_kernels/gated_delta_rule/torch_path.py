@@ -73,7 +73,8 @@ def _exp_(x: torch.Tensor) -> torch.Tensor:
 # float32 tensor (one group for everything is ~1.7x slower at 64 sequences x 8 heads x 128^2), or
 # earlier, at MIN_GROUP_BYTES, once each walk step already has STEP_MACS multiply-adds per matmul
 # (sequences x HV x C x K x V) to carry its per-call overhead. ms of delta rule per layer, 1 thread
-# (bench/profile_cpu_layers.py [--model demo] [--batch longest|shortest]), closing at GROUP_BYTES only /
+# (bench/profile_cpu_layers.py [--model demo] [--batch longest|shortest] [--delta-min-group-bytes 1e12]),
+# closing at GROUP_BYTES only /
 # also early: the 1/8 Qwen3.5 (HV 8, K = V = 64, chunk 32) 59.0 / 52.4 on 12 sequences of ~330 tokens
 # (one sequence a group), 121.8 / 117.5 on the 4 longest, 67.2 / 58.6 on the shortest 4k tokens; the
 # demo model (HV 4, K = V = 16, chunk 8: tiny walk steps, never closed early) unchanged.
@@ -170,7 +171,7 @@ def _chunk_group(q, k, v, g, beta, rq, rk, o, S, layout: SequenceLayout, members
     gamma = gc.cumsum(-1)
     gamma_last = gamma[..., -1:]  # padded rows have g = 0, so this is the last real row's gamma
     # exp(gamma_i - gamma_j) where i >= j, zero above the diagonal.
-    decay = _exp_(gamma[..., :, None] - gamma[..., None, :]).tril_()   # tril_: 8x a masked_fill_'s speed
+    decay = _exp_(gamma[..., :, None] - gamma[..., None, :]).tril_()   # tril_, not a masked_fill_ with a broadcast mask: cheaper
 
     # A = diag(beta) K K^T * decay (its strict lower part is the system), T = (I + A)^-1. beta scales
     # the keys on the left of K K^T, which is cheaper than scaling the C x C product.

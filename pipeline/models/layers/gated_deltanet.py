@@ -71,8 +71,8 @@ CPU_CONV_BLOCK_ROWS = 64
 # model (K = V = 16) 6.3-6.5 / 5.9-6.6 / 8.9 / - on 12 sequences of ~340 tokens, 20.8-21.2 / 16.6-16.9 /
 # 19.4 / - on its 4 longest; the 1/8 Qwen3.5 (K = V = 64) 41.5-43.1 / 38.5-39.3 / 43.7-48.0 / 60.4 on
 # 12 sequences of ~330 tokens, - / 95.0 / 98.9 / - on its 4 longest, - / 41.0 / 48.9 / - on its shortest
-# 4k tokens; random inputs shaped like Qwen3.5-0.8B's (16 heads of 128) 206 / 148 / 154 / 191 and 8
-# heads of 32 19.7 / 16.8 / 17.8 / 26.3. Chunks are cut to the longest sequence of a group, so short
+# 4k tokens; on random inputs (bench/cpu_op_costs.py, the delta rule alone) Qwen3.5-0.8B's 16 heads of
+# 128 204 / 146 / 156 / 192 and 8 heads of 32 17.7 / 15.9 / 17.4 / 26.1. Chunks are cut to the longest sequence of a group, so short
 # sequences never pay for the size.
 CPU_CHUNK_SIZE = 16
 
