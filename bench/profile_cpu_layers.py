@@ -13,8 +13,10 @@ tokens at n=600, the CPU token budget), through the native engine, 1 thread. Wal
 every Gated DeltaNet layer (input projection, causal conv, delta rule, gated norm, output projection),
 averaged over 3 passes after a warm-up, in ms per layer; then the whole pass split into MLPs, attention
 layers and delta-rule layers. --batch longest takes the 4 longest sequences instead (several steps,
-state carried), --batch shortest the shortest up to 4,000 tokens. --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's
-CPU_CHUNK_SIZE), --delta-group-bytes and --delta-min-group-bytes its grouping. --conv-block-rows compares conv blockings. --matmul adds the GFLOP/s of one
+state carried), --batch shortest the shortest up to 4,000 tokens, --rows A:B any slice of the
+sorted list. --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's
+CPU_CHUNK_SIZE), --delta-group-bytes and --delta-min-group-bytes its grouping. --conv-block-rows compares conv blockings, --mlp-fused the
+GPU's form of the MLP. --matmul adds the GFLOP/s of one
 4000 x 512 x 3584 matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both
 engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
 run to run on a shared machine.
@@ -62,18 +64,25 @@ def main() -> None:
     parser.add_argument("--batch", choices=["third", "longest", "shortest"], default="third",
                         help="12 sequences a third of the way down the sorted list, the 4 longest, or the "
                              "shortest up to 4,000 tokens")
+    parser.add_argument("--rows", default=None, metavar="A:B",
+                        help="the batch is sequences A..B-1 of the length-sorted --n instead (longest first)")
     parser.add_argument("--delta-chunk-size", type=int, default=None,
                         help="the CPU delta rule's chunk size instead of the layer's CPU_CHUNK_SIZE")
     parser.add_argument("--delta-group-bytes", type=float, default=None,
                         help="the CPU delta rule's GROUP_BYTES (sequences per group) instead of torch_path's")
     parser.add_argument("--delta-min-group-bytes", type=float, default=None,
                         help="the CPU delta rule's MIN_GROUP_BYTES (1e12: groups close at GROUP_BYTES only)")
+    parser.add_argument("--mlp-fused", action="store_true",
+                        help="run the MLP's gate and up as one matmul, as on GPU, instead of CPU_SPLIT_GATE_UP's two")
     parser.add_argument("--conv-block-rows", type=int, default=None,
                         help="rows per block of the CPU conv (default: pipeline's CPU_CONV_BLOCK_ROWS; 100000: unblocked)")
     args = parser.parse_args()
     from pipeline.devices import keep_freed_memory, set_cpu_threads
     set_cpu_threads(1, not args.keep_denormals)
     keeping = not args.default_malloc and keep_freed_memory()
+    if args.mlp_fused:
+        import pipeline.models.layers.mlp as mlp
+        mlp.CPU_SPLIT_GATE_UP = False
     if args.conv_block_rows:
         gdn.CPU_CONV_BLOCK_ROWS = args.conv_block_rows
     if args.delta_group_bytes:
@@ -98,6 +107,9 @@ def main() -> None:
             if sum(map(len, batch)) + len(seq) > 4000:
                 break
             batch.append(seq)
+    if args.rows:
+        first, _, stop = args.rows.partition(":")
+        batch = ids[int(first):int(stop)]
     engine = bench_engine.load_engine("native", path, torch.device("cpu"), dtype, 4096, 256)
 
     spent = collections.defaultdict(float)

@@ -54,6 +54,18 @@ def test_causal_hidden_states_and_logprobs_match_transformers(checkpoints, kind)
     assert_same_rows(native.forward(batch, layers, True), hf.forward(batch, layers, True), layers, True)
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["cpu-split-mlp", "fused-mlp"])
+def test_projection_and_mlp_biases_match_transformers(tmp_path, monkeypatch, split):
+    """Biases on every attention and MLP projection, through both forms of the MLP: the CPU's two matmuls
+    on the halves of the fused gate/up weight (and bias), and the GPU's one matmul."""
+    import pipeline.models.layers.mlp as mlp
+    monkeypatch.setattr(mlp, "CPU_SPLIT_GATE_UP", split)
+    native, hf = engines(write_tiny("llama-bias", tmp_path / "llama-bias"), logprobs=True)
+    batch = random_sequences([5, 37, 90, 1], seed=3)
+    layers = [0, 1, native.info.num_layers]
+    assert_same_rows(native.forward(batch, layers, True), hf.forward(batch, layers, True), layers, True)
+
+
 @pytest.mark.parametrize("kind", CAUSAL)
 def test_chunked_prefill_of_sequences_longer_than_the_budget(checkpoints, kind):
     """A 16-token step budget: sequences of up to 40x the budget, mixed with short ones, carried across

@@ -36,6 +36,15 @@ def _tiny(kind: str):
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(**common, num_hidden_layers=3, num_attention_heads=4,
                                             num_key_value_heads=2, max_position_embeddings=8192))
+    if kind == "llama-bias":   # attention and MLP projections with biases (transformers' init zeroes them)
+        model = LlamaForCausalLM(LlamaConfig(**common, num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=2, max_position_embeddings=8192,
+                                             attention_bias=True, mlp_bias=True))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0.0, 0.1)
+        return model
     if kind == "qwen3":
         return Qwen3ForCausalLM(Qwen3Config(**common, num_hidden_layers=3, num_attention_heads=4,
                                             num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,

@@ -1,13 +1,20 @@
-"""The gated MLP of Llama-style blocks, with gate and up projections fused into one matmul."""
+"""The gated MLP of Llama-style blocks. gate and up projections are stored as one weight; on a GPU they run as
+one matmul, on a CPU as two matmuls on that weight's halves (see `CPU_SPLIT_GATE_UP`)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+# On CPU, run gate and up as two matmuls over views of the fused weight. In bfloat16 the 1/8 Qwen3.5's MLPs
+# took 207-233 ms per pass of 2,500-2,900 tokens this way against 275-296 fused (whose [T, 2I] output and
+# strided halves fall out of cache), and about the same at 4,000 tokens; in float32 they are GEMM-bound
+# either way. `bench/profile_cpu_layers.py --mlp-fused` measures the fused form.
+CPU_SPLIT_GATE_UP = True
+
 
 class GatedMLP(nn.Module):
-    """`down(act(gate(x)) * up(x))`; `gate_up` holds gate_proj's rows then up_proj's (see `fuse`)."""
+    """`down(act(gate(x)) * up(x))`; `gate_up` holds gate_proj's rows then up_proj's (see `load`)."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
@@ -16,8 +23,13 @@ class GatedMLP(nn.Module):
         self.down = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
-        return self.down(F.silu(gate, inplace=True).mul_(up))   # in place in gate_up's output: no new tensors
+        if x.is_cuda or not CPU_SPLIT_GATE_UP:
+            gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
+            return self.down(F.silu(gate, inplace=True).mul_(up))   # in place in gate_up's output: no new tensors
+        w, b, n = self.gate_up.weight, self.gate_up.bias, self.intermediate
+        gate = F.linear(x, w[:n], None if b is None else b[:n])   # row slices of the weight: contiguous views
+        up = F.linear(x, w[n:], None if b is None else b[n:])
+        return self.down(F.silu(gate) * up)
 
     def load(self, tensors, prefix: str) -> None:
         """Weights from a checkpoint's `{prefix}gate_proj`, `up_proj`, `down_proj`."""
