@@ -23,7 +23,7 @@ class GatedMLP(nn.Module):
         self.down = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda or not CPU_SPLIT_GATE_UP:
+        if x.device.type != "cpu" or not CPU_SPLIT_GATE_UP:
             gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
             return self.down(F.silu(gate, inplace=True).mul_(up))   # in place in gate_up's output: no new tensors
         w, b, n = self.gate_up.weight, self.gate_up.bias, self.intermediate
