@@ -15,7 +15,8 @@
 - the delta rule alone by chunk size, on random inputs (12 sequences of 330 tokens) with heads the
   engine models do not have on CPU here: 8 of 32 and Qwen3.5-0.8B's 16 of 128, for CPU_CHUNK_SIZE.
 - RMS norms: torch's fused rms_norm against a vector_norm over the same rows (and layer_norm for
-  scale), which is why pipeline.models.layers.norms.rms_normalise builds the norm from vector_norm on CPU.
+  scale), which is why pipeline.models.layers.norms.rms_normalise builds the norm from vector_norm on CPU;
+  and a bfloat16 norm module over a whole tensor against blocks of rows (norms.CPU_BLOCK_BYTES).
 Each timing is the best of 5 repeats of 10 calls, after warm-up, denormals flushed as workers do.
 """
 from __future__ import annotations
@@ -123,6 +124,18 @@ def main() -> None:
                      ("rms_normalise (vector_norm, then scale)", lambda x, w: rms_normalise(x, 1e-6, w)),
                      ("torch layer_norm (fused)", lambda x, w: torch.nn.functional.layer_norm(x, x.shape[-1:], w, w))):
         print(f"| {name} | " + " | ".join(f"{best_ms(lambda: fn(x, w)):.2f}" for x, w in zip(xs, ws)) + " |")
+
+    import pipeline.models.layers.norms as norms
+    print("\n| Qwen3.5 input norm (RMSNorm, zero-centred), bfloat16 | 2859 x 512 (ms) | 4000 x 512 (ms) |\n"
+          "| --- | ---: | ---: |")
+    norm = norms.RMSNorm(512, 1e-6, zero_centred=True)
+    xs = [torch.randn(rows, 512).bfloat16() for rows in (2859, 4000)]
+    blocked = norms.CPU_BLOCK_BYTES
+    for name, block_bytes in (("whole tensor", 1 << 40), ("blocks of 128 KiB of float32", 128 << 10),
+                              (f"blocks of {blocked >> 10} KiB (CPU_BLOCK_BYTES)", blocked), ("blocks of 2 MiB", 2 << 20)):
+        norms.CPU_BLOCK_BYTES = block_bytes
+        print(f"| {name} | " + " | ".join(f"{best_ms(lambda: norm(x)):.2f}" for x in xs) + " |")
+    norms.CPU_BLOCK_BYTES = blocked
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ averaged over 3 passes after a warm-up, in ms per layer; then the whole pass spl
 layers and delta-rule layers. --batch longest takes the 4 longest sequences instead (several steps,
 state carried), --batch shortest the shortest up to 4,000 tokens, --rows A:B any slice of the sorted
 list. --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's CPU_CHUNK_SIZE),
---delta-group-bytes and --delta-min-group-bytes its grouping. --conv-block-rows compares conv
+--delta-group-bytes and --delta-min-group-bytes its grouping, --norm-block-bytes the norms' row
+blocks. --conv-block-rows compares conv
 blockings, --mlp-fused the GPU's form of the MLP. --matmul adds the GFLOP/s of one 4000 x 512 x 3584
 matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
 run to run on a shared machine.
@@ -71,6 +72,8 @@ def main() -> None:
                         help="the CPU delta rule's GROUP_BYTES (sequences per group) instead of torch_path's")
     parser.add_argument("--delta-min-group-bytes", type=float, default=None,
                         help="the CPU delta rule's MIN_GROUP_BYTES (1e12: groups close at GROUP_BYTES only)")
+    parser.add_argument("--norm-block-bytes", type=float, default=None,
+                        help="the CPU norms' CPU_BLOCK_BYTES (rows per block; 1e12: whole tensors)")
     parser.add_argument("--mlp-fused", action="store_true",
                         help="run the MLP's gate and up as one matmul, as on GPU, instead of CPU_SPLIT_GATE_UP's two")
     parser.add_argument("--conv-block-rows", type=int, default=None,
@@ -90,6 +93,9 @@ def main() -> None:
     if args.delta_min_group_bytes:
         import triton_kernels.gated_delta_rule.torch_path as torch_path
         torch_path.MIN_GROUP_BYTES = int(args.delta_min_group_bytes)
+    if args.norm_block_bytes:
+        import pipeline.models.layers.norms as norms
+        norms.CPU_BLOCK_BYTES = int(args.norm_block_bytes)
     if args.delta_chunk_size:
         gdn.CPU_CHUNK_SIZE = args.delta_chunk_size
     dtype = getattr(torch, args.dtype)

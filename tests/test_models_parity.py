@@ -67,6 +67,18 @@ def test_projection_and_mlp_biases_match_transformers(tmp_path, monkeypatch, spl
 
 
 @pytest.mark.parametrize("kind", CAUSAL)
+def test_cpu_norm_row_blocks_match_transformers(checkpoints, monkeypatch, kind):
+    """On CPU the norms go a block of rows at a time; tiny blocks here (1-3 rows) so that blocks end
+    inside sequences."""
+    import pipeline.models.layers.norms as norms
+    monkeypatch.setattr(norms, "CPU_BLOCK_BYTES", 1000)
+    native, hf = engines(checkpoints[kind], logprobs=True)
+    batch = random_sequences([5, 37, 200, 64, 1], seed=6)
+    layers = [1, native.info.num_layers]
+    assert_same_rows(native.forward(batch, layers, True), hf.forward(batch, layers, True), layers, True)
+
+
+@pytest.mark.parametrize("kind", CAUSAL)
 def test_chunked_prefill_of_sequences_longer_than_the_budget(checkpoints, kind):
     """A 16-token step budget: sequences of up to 40x the budget, mixed with short ones, carried across
     steps by their KV pages and delta-rule state."""
