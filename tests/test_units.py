@@ -249,3 +249,19 @@ def test_rerun_of_a_directory_that_is_not_a_run(tmp_path, make):
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "no such run directory" in result.output or "not a run_shards output directory" in result.output
     assert not (tmp_path / "o" / ".lock").exists()
+
+
+def test_cpu_norm_blocks_cover_every_row_and_empty_inputs():
+    """CPU norms go a block of rows at a time (norms.CPU_BLOCK_BYTES): blocks tile the rows exactly, a
+    tensor of one block or none is normalised whole, and the result equals the whole-tensor form's."""
+    from pipeline.models.layers import norms
+
+    x = torch.randn(300, 4, 128).bfloat16()     # 2 KiB of float32 a row: 256 rows a block
+    blocks = norms.cpu_row_blocks(x)
+    assert [(b.start, b.stop) for b in blocks] == [(0, 256), (256, 512)]
+    assert norms.cpu_row_blocks(x[:256]) is None and norms.cpu_row_blocks(x[:0]) is None
+    norm = norms.RMSNorm(128, 1e-6, zero_centred=True)
+    norm.weight.normal_()
+    assert norm(x[:0]).shape == (0, 4, 128)
+    whole = norms.rms_normalise(x, 1e-6, 1.0 + norm.weight.float()).to(x.dtype)
+    assert torch.equal(norm(x), whole)

@@ -1,6 +1,8 @@
 """RMS norms in the exact arithmetic of the transformers implementations we are compared against."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,7 +36,7 @@ def cpu_row_blocks(x: torch.Tensor) -> list[slice] | None:
     than one such block; None for one block, or on a GPU (normalise it whole)."""
     if x.device.type != "cpu" or x.dim() < 2:
         return None
-    rows = max(1, CPU_BLOCK_BYTES // (4 * x[0].numel()))
+    rows = max(1, CPU_BLOCK_BYTES // (4 * max(1, math.prod(x.shape[1:]))))
     return None if x.shape[0] <= rows else [slice(r0, r0 + rows) for r0 in range(0, x.shape[0], rows)]
 
 
