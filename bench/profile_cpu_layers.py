@@ -16,10 +16,10 @@ layers and delta-rule layers. --batch longest takes the 4 longest sequences inst
 state carried), --batch shortest the shortest up to 4,000 tokens, --rows A:B any slice of the sorted
 list. --delta-chunk-size sets the CPU delta rule's chunk size (default: the layer's CPU_CHUNK_SIZE),
 --delta-group-bytes and --delta-min-group-bytes its grouping, --norm-block-bytes the norms' row
-blocks. --conv-block-rows compares conv
-blockings, --mlp-fused the GPU's form of the MLP. --matmul adds the GFLOP/s of one 4000 x 512 x 3584
-matmul in the chosen dtype (the 1/8 model's MLP shape), the ceiling shared by both engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings vary by about 10% from
-run to run on a shared machine.
+blocks. --conv-block-rows compares conv blockings, --mlp-fused the GPU's form of the MLP. --matmul adds
+the GFLOP/s of one 4000 x 512 x 3584 matmul in the chosen dtype (the 1/8 model's MLP shape), the
+ceiling shared by both engines. Produced the per-layer numbers quoted in docs/BENCHMARKS.md; timings
+vary by about 10% from run to run on a shared machine.
 """
 from __future__ import annotations
 
