@@ -265,3 +265,25 @@ def test_cpu_norm_blocks_cover_every_row_and_empty_inputs():
     assert norm(x[:0]).shape == (0, 4, 128)
     whole = norms.rms_normalise(x, 1e-6, 1.0 + norm.weight.float()).to(x.dtype)
     assert torch.equal(norm(x), whole)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_partial_rotary_in_place_equals_the_concatenated_form(dtype):
+    """Qwen3.5 rotates a quarter of each head, in place over its norm's output: the same values as the
+    concatenating form, written into x, the unrotated channels untouched; a full rotation is unchanged."""
+    from pipeline.models.layers.rotary import Rotary
+
+    torch.manual_seed(0)
+    rotary = Rotary(1.0 / 10000 ** (torch.arange(0, 32, 2).float() / 32))   # rotary_dim 32 of 128
+    cos, sin = rotary.cos_sin(torch.arange(50) * 7 % 300, dtype)
+    x = torch.randn(50, 3, 128, dtype=dtype)
+    expected = rotary.apply(x, cos, sin)
+    assert not torch.equal(expected[..., :32], x[..., :32])   # the rotation does something
+    given = x.clone()
+    out = rotary.apply(given, cos, sin, in_place=True)
+    assert out.data_ptr() == given.data_ptr() and torch.equal(out, expected)
+    assert torch.equal(out[..., 32:], x[..., 32:])
+    full = Rotary(1.0 / 10000 ** (torch.arange(0, 128, 2).float() / 128))
+    cos, sin = full.cos_sin(torch.arange(50), dtype)
+    y = x.clone()
+    assert torch.equal(full.apply(y, cos, sin, in_place=True), full.apply(x, cos, sin)) and torch.equal(y, x)

@@ -41,7 +41,7 @@ class GatedAttention(nn.Module):
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q)
         k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
-        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        q, k = rotary.apply(q, cos, sin, in_place=True), rotary.apply(k, cos, sin, in_place=True)   # norm outputs
         o = self.attn(q, k, v.view(T, self.num_kv_heads, self.head_dim), ctx).reshape(T, self.q_size)
         return self.o_proj(o * torch.sigmoid(gate.reshape(T, self.q_size)))
 

@@ -187,7 +187,9 @@ def _chunk_group(q, k, v, g, beta, rq, rk, o, S, layout: SequenceLayout, members
     chunk_decay = _exp_(gamma_last.clone())                              # [chunks, HV, 1]
     out = _walk(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay)
     write_pos = pos.masked_fill(pad, tokens) if any_pad else pos
-    o[write_pos.flatten()] = out.transpose(1, 2).reshape(NC * C, HV, d.head_v_dim)
+    # Indexed by [chunks, C] with the transposed view as the value: one strided pass, where reshaping the
+    # transpose first would copy it.
+    o[write_pos] = out.transpose(1, 2)
 
 
 def _walk(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay):

@@ -54,8 +54,11 @@ class Rotary:
             cos, sin = cos * self.scaling, sin * self.scaling
         return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate the first rotary_dim channels of x `[T, H, D]`; the rest pass through."""
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+        """Rotate the first rotary_dim channels of x `[T, H, D]`; the rest pass through.
+
+        in_place (for an x the caller owns, such as a norm's output): a partial rotation is written over
+        x's first channels instead of concatenating it with a copy of the rest. Same values either way."""
         rd = self.rotary_dim
         rot = x[..., :rd]
         dtype = x.dtype
@@ -66,4 +69,7 @@ class Rotary:
         out = (rot * cos + rotated * sin).to(dtype)
         if rd == x.shape[-1]:
             return out
+        if in_place:
+            x[..., :rd] = out
+            return x
         return torch.cat((out, x[..., rd:]), dim=-1)
