@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # machine install the torch build that matches its CUDA first, or override TORCH=...
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test clean
+.PHONY: install demo test test-deps clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,12 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/run_shards examples/demo.fasta --out demo_out
 
-test: install
+# System packages some tests need (a local SLURM cluster); without root or apt-get it says why and
+# does nothing, and those tests skip.
+test-deps:
+	sh tests/setup/install_slurm.sh
+
+test: install test-deps
 	$(BIN)/python -m pytest -q
 
 clean:
