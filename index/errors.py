@@ -22,6 +22,10 @@ class FastaError(ValueError):
         super().__init__(text)
 
 
+class InputChanged(FastaError):
+    """A FASTA file no longer holds a record where its index says it is: it changed after indexing."""
+
+
 def line_number(path: str | os.PathLike, offset: int) -> int:
     """1-based line number of byte `offset` in `path` (only used to word error messages)."""
     count = 0

@@ -6,6 +6,7 @@ description is its header line, read back with one positioned read (`header`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
@@ -14,7 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import FastaError, line_number
+from .errors import FastaError, InputChanged, line_number
 from .fasta_scan import FileScan, scan_fasta, sequence_text
 
 FORMAT_VERSION = 1
@@ -151,8 +152,8 @@ class SequenceIndex:
         n = int(self.nbytes[i])
         data = os.pread(fd, n, int(self.offsets[i]))
         if len(data) != n or data[:1] != b">":
-            raise FastaError(self.inputs[k].path, "file changed since it was indexed",
-                             line=None, seq_id=self.id(i), hint="Run again: the index is rebuilt")
+            raise InputChanged(self.inputs[k].path, "the file changed after it was indexed: record "
+                               f"{i + 1:,} is no longer at byte {int(self.offsets[i]):,}", seq_id=self.id(i))
         return data
 
     def sequence(self, i: int) -> str:
@@ -271,14 +272,19 @@ class SequenceIndex:
         head = MAGIC + np.array([FORMAT_VERSION, len(header)], "<u4").tobytes() + header
         head += b"\0" * (-len(head) % _ALIGN)
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(head)
-            for arr in arrays.values():
-                fh.write(memoryview(arr).cast("B"))
-                fh.write(b"\0" * (-arr.nbytes % _ALIGN))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(head)
+                for arr in arrays.values():
+                    fh.write(memoryview(arr).cast("B"))
+                    fh.write(b"\0" * (-arr.nbytes % _ALIGN))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:   # a full disk or an interruption leaves no partial file behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SequenceIndex":

@@ -48,11 +48,11 @@ def _setup_logging(quiet: bool) -> None:
         logger.setLevel(logging.INFO)
 
 
-def _fail(error: Exception, code: int = 2) -> None:
+def _fail(error: Exception | str, code: int = 2, label: str = "error") -> None:
     import os
 
     from .errors import DiskFull
-    click.echo(f"error: {error}", err=True)
+    click.echo(f"{label}: {error}", err=True)
     if isinstance(error, DiskFull):   # HDF5 may be left damaged by the failed write: skip its teardown
         sys.stdout.flush()
         sys.stderr.flush()
@@ -60,19 +60,51 @@ def _fail(error: Exception, code: int = 2) -> None:
     sys.exit(code)
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP outside the supervisor (which handles them while workers run), raised like Ctrl-C."""
+
+
+def _raise_interrupted(signum, frame):
+    import signal
+    raise Interrupted(signal.Signals(signum).name)
+
+
 def _call(fn, *args, **kwargs):
+    """Run one step of a command: user errors, interruptions and a full disk become one clear line (no
+    traceback)."""
+    import signal
+
     from index import FastaError
 
-    from .errors import UserError
+    from .errors import UserError, disk_full_reason
     from .runner import RunFailed
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupted)
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except RunFailed as e:
-        _fail(e, e.exit_code)
+        _fail(e, e.exit_code, e.label)
     except (UserError, FastaError) as e:
         _fail(e)
-    except KeyboardInterrupt:
-        _fail(RuntimeError("interrupted"), 130)
+    except KeyboardInterrupt as e:
+        name = str(e) if isinstance(e, Interrupted) else "SIGINT"
+        _fail(f"by {name}; nothing written was lost (unfinished files are removed): run the same command "
+              "again to continue", 130, "interrupted")
+    except OSError as e:
+        reason = disk_full_reason(e)
+        if not reason:
+            raise
+        _fail(f"cannot write {e.filename or 'a file'}: {reason}. Nothing partial was kept; free space and run "
+              "the same command again")
+    return result
+
+
+def _result_is_durable() -> None:
+    """Called once a command's result is on disk: from then on stop signals are ignored, so a SIGTERM during
+    the interpreter's teardown cannot turn a finished run into exit code 143."""
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 POSITIVE = click.FloatRange(min=0, min_open=True)
@@ -193,6 +225,7 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
                    worker_timeout=worker_timeout, summary_seconds=summary_seconds,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     path = _call(run, config, show_progress=not no_progress)
+    _result_is_durable()
     click.echo(f"result: {path}")
 
 
@@ -209,10 +242,13 @@ def index_command(fasta, workers):
 
 @main.command("status")
 @click.argument("out", type=click.Path(file_okay=False))
-def status_command(out):
+@click.option("--verify/--no-verify", default=None,
+              help="Read back every finished shard and checkpoint against its checksums (default: when they "
+                   "total at most 2 GB).")
+def status_command(out, verify):
     """Per-shard state, progress and failures of the run in OUT."""
-    from .runner import status
-    click.echo(_call(status, out))
+    from .status_report import status
+    click.echo(_call(status, out, verify))
 
 
 @main.command("rerun")
@@ -227,6 +263,7 @@ def rerun_command(out, shards, worker_timeout, no_progress, quiet):
     _setup_logging(quiet)
     path = _call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
                  worker_timeout=worker_timeout)
+    _result_is_durable()
     click.echo(f"result: {path}")
 
 
@@ -239,6 +276,7 @@ def merge_command(out, allow_partial):
     from .runner import merge
     _setup_logging(False)
     path = _call(merge, out, allow_partial=allow_partial)
+    _result_is_durable()
     click.echo(f"result: {path}")
 
 

@@ -117,3 +117,38 @@ class RunConfig:
 
     def result_fields(self) -> dict:
         return {k: getattr(self, k) for k in self.RESULT_FIELDS}
+
+    def as_command(self, out: str | None = None) -> str:
+        """The `run_shards run` command line for this configuration (options left at their defaults are
+        omitted), into `out` when given: what messages tell a user to run to start a run over."""
+        import shlex
+        defaults = RunConfig(fasta=["x"], out="x")
+        words = ["run_shards", "run", *self.fasta, "--out", out or self.out]
+        if self.devices:
+            words += ["--gpus", str(len(self.devices))]
+        else:
+            words += ["--gpus", "0", "--workers", str(self.workers)]
+        words += ["--threads", str(self.threads_per_worker)]
+        for name, option in _OPTIONS.items():
+            value = getattr(self, name)
+            if value == getattr(defaults, name):
+                continue
+            if isinstance(value, bool):
+                words.append(option)
+            elif isinstance(value, list):
+                words += [option, ",".join(map(str, value))]
+            else:
+                words += [option, f"{value:g}" if isinstance(value, float) else str(value)]
+        return " ".join(shlex.quote(w) for w in words)
+
+
+# RunConfig fields and the `run` options that set them (devices, workers and threads are written apart).
+_OPTIONS = {
+    "model": "--model", "task": "--task", "engine": "--engine", "max_tokens_per_batch": "--max-tokens-per-batch",
+    "max_seqs": "--max-seqs", "dtype": "--dtype", "pools": "--pool", "layers": "--layers",
+    "per_residue": "--per-residue", "per_residue_dtype": "--per-residue-dtype", "on_long": "--on-long",
+    "max_length": "--max-length", "on_duplicate_id": "--on-duplicate-id", "skip_empty": "--skip-empty",
+    "checkpoint_sequences": "--checkpoint-every", "checkpoint_seconds": "--checkpoint-seconds",
+    "worker_timeout": "--worker-timeout", "summary_seconds": "--summary-seconds",
+    "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed",
+}

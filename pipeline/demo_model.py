@@ -102,30 +102,99 @@ def build_tokenizer():
                                    unk_token="<unk>", pad_token="<pad>", model_max_length=CONFIG["max_position_embeddings"])
 
 
+MARKER = "run_shards_demo.json"
+
+
 def write(path: str | os.PathLike) -> Path:
-    """Write the demo checkpoint (config.json, model.safetensors, tokenizer files) to `path`."""
+    """Write the demo checkpoint (config.json, model.safetensors, tokenizer files) to `path`; its marker file,
+    written last, holds the sha256 of every other file."""
+    from .hf_engine import quiet_transformers
+    quiet_transformers()   # no "Writing model shards" bar on the user's terminal
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model = build_model()
     model.save_pretrained(path, safe_serialization=True)
     build_tokenizer().save_pretrained(path)
-    (path / "run_shards_demo.json").write_text(json.dumps(
-        {"name": NAME, "version": VERSION, "weights_sha256": weights_digest(model),
+    files = {f.name: _sha256(f) for f in sorted(path.iterdir()) if f.is_file() and f.name != MARKER}
+    (path / MARKER).write_text(json.dumps(
+        {"name": NAME, "version": VERSION, "weights_sha256": weights_digest(model), "files": files,
          "note": "random fixed weights for demonstrations and tests; pass --model for real work"}, indent=1))
     return path
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def damage(path: Path) -> str | None:
+    """None when the demo checkpoint at `path` is whole (every file's sha256 as written); else what is wrong."""
+    try:
+        files = json.loads((path / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{path / MARKER} is missing or unreadable"
+    for name, digest in files.items():
+        try:
+            if _sha256(path / name) != digest:
+                return f"{path / name} does not match its checksum"
+        except OSError as e:
+            return f"{path / name}: {e.strerror or e}"
+    return None
+
+
 def ensure(cache_root: Path) -> Path:
-    """The demo checkpoint under `cache_root`, materialised on first use (atomically)."""
-    target = cache_root / "models" / f"{NAME}-v{VERSION}"
-    if (target / "run_shards_demo.json").exists():
+    """The demo checkpoint under `cache_root`, verified, materialised on first use and rebuilt when damaged.
+
+    A new copy is built under a temporary name and renamed into place, so a process that is loading the
+    old copy (another run) keeps reading whole files; a failed build leaves nothing behind.
+    """
+    from .errors import UserError, disk_full_reason
+    target = Path(cache_root) / "models" / f"{NAME}-v{VERSION}"
+    problem = damage(target) if target.exists() else "not built yet"
+    if problem is None:
         return target
+    if target.exists():
+        log.warning("the demo model in %s is damaged (%s); building it again", target, problem)
+    _remove_abandoned_builds(target)
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     log.info("materialising the demo model in %s", target)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = disk_full_reason(e) if isinstance(e, Exception) else None
+        if reason:
+            raise UserError(f"cannot materialise the demo model in {target.parent}: {reason} (it needs about "
+                            "1 MB). Free space there, or set RUN_SHARDS_CACHE to a directory on a disk with room, "
+                            "and run the same command again.") from None
+        raise
+    if target.exists():   # damaged: moved aside (readers keep their open files), then removed
+        old = target.with_name(f"{target.name}.damaged{os.getpid()}")
+        os.replace(target, old)
+        shutil.rmtree(old, ignore_errors=True)
     try:
         os.replace(tmp, target)
-    except OSError:  # another process won the race: use its copy
+    except OSError:  # another process put a copy there first: use it
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _remove_abandoned_builds(target: Path) -> None:
+    """Builds left by processes that died while writing (named `.tmp<pid>` / `.damaged<pid>`)."""
+    for path in target.parent.glob(f"{target.name}.*"):
+        pid = path.name.rsplit(".", 1)[-1].removeprefix("tmp").removeprefix("damaged")
+        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

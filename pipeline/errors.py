@@ -36,23 +36,23 @@ def disk_full_reason(error: BaseException) -> str | None:
 
 
 def ensure_space(directory, nbytes: int, what: str, remedy: str) -> None:
-    """Refuse before writing about `nbytes` into `directory` when the disk (or RLIMIT_FSIZE) cannot take it.
+    """Refuse, before writing, a file whose data alone (`nbytes`, a lower bound of its size: output files are
+    uncompressed) cannot fit on the disk holding `directory` or under RLIMIT_FSIZE.
 
-    Checking first keeps the common case clean: HDF5 that runs out of space mid-write leaves its library
-    state damaged, so it is better never to start such a write.
+    Only what certainly cannot fit is refused here: any write that might fit is tried, and a real write
+    failure is reported by the caller (`disk_full_reason`). Refusing early keeps HDF5 out of a write that
+    must fail, which leaves its library state damaged.
     """
     import os
     import resource
-    # The data plus room for HDF5's chunk allocation and metadata, which can far exceed a small file's data.
-    need = int(nbytes * 1.1) + (1 << 20)
     stat = os.statvfs(directory)
     free = stat.f_bavail * stat.f_frsize
-    if need > free:
-        raise DiskFull(f"cannot write {what}: it needs up to {_size(need)} and {directory} has "
+    if nbytes > free:
+        raise DiskFull(f"cannot write {what}: its data alone takes {_size(nbytes)} and {directory} has "
                        f"{_size(free)} free (no space left on the device). {remedy}")
     soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    if soft != resource.RLIM_INFINITY and need > soft:
-        raise DiskFull(f"cannot write {what}: it needs up to {_size(need)}, over this process's file "
+    if soft != resource.RLIM_INFINITY and nbytes > soft:
+        raise DiskFull(f"cannot write {what}: its data alone takes {_size(nbytes)}, over this process's file "
                        f"size limit of {_size(soft)} (the file size limit was reached; see ulimit -f). {remedy}")
 
 

@@ -21,7 +21,12 @@ CHUNK_BYTES = 1 << 20
 
 
 class CorruptFile(Exception):
-    """An output file that cannot be trusted: unreadable, incomplete, or failing its checksums."""
+    """An output file that cannot be trusted: unreadable, incomplete, or failing its checksums; `paths` are
+    the files at fault."""
+
+    def __init__(self, message: str, paths: list | tuple = ()):
+        super().__init__(message)
+        self.paths = [Path(p) for p in paths]
 
 
 def _h5_dtype(c: Column):
@@ -128,18 +133,18 @@ class Reader:
             self.file = h5py.File(self.path, "r")
             attrs = self.file.attrs
             if not bool(attrs.get("finished", False)):
-                raise CorruptFile(f"{self.path}: not written to the end")
+                raise CorruptFile(f"{self.path}: not written to the end", [self.path])
             self.schema = Schema.from_json(json.loads(attrs["schema"]))
             self.rows = int(attrs["num_sequences"])
             self.expected_crc = json.loads(attrs["crc32"])
             if len(self.file["index"]) != self.rows:
-                raise CorruptFile(f"{self.path}: {len(self.file['index'])} rows, header says {self.rows}")
+                raise CorruptFile(f"{self.path}: {len(self.file['index'])} rows, header says {self.rows}", [self.path])
         except CorruptFile:
             self.close()
             raise
         except Exception as e:  # h5py raises OSError/KeyError/ValueError for damaged files
             self.close()
-            raise CorruptFile(f"{self.path}: unreadable ({type(e).__name__}: {e})") from None
+            raise CorruptFile(f"{self.path}: unreadable ({type(e).__name__}: {e})", [self.path]) from None
         self.crc = {c.path: 0 for c in self.schema.columns}
 
     @property
@@ -150,6 +155,15 @@ class Reader:
                 v = v.decode()
             out[k] = v.item() if isinstance(v, np.generic) else v
         return out
+
+    def data_bytes(self) -> int:
+        """Bytes of the numeric datasets' values: a lower bound of any file holding these rows."""
+        total = 0
+        for c in self.schema.columns:
+            if c.dtype != STR:
+                ds = self.file[c.path]
+                total += ds.size * ds.dtype.itemsize
+        return total
 
     def index_column(self) -> np.ndarray:
         return self.file["index"][:]
@@ -169,7 +183,7 @@ class Reader:
                     if c.group == g:
                         values[c.path] = self.file[c.path][int(off[0]):int(off[-1])]
         except Exception as e:
-            raise CorruptFile(f"{self.path}: unreadable rows {r0}..{r1} ({type(e).__name__}: {e})") from None
+            raise CorruptFile(f"{self.path}: unreadable rows {r0}..{r1} ({type(e).__name__}: {e})", [self.path]) from None
         if check:
             for c in self.schema.row_columns:
                 self.crc[c.path] = _crc(columns[c.path], c.dtype, self.crc[c.path])
@@ -184,7 +198,7 @@ class Reader:
         """After reading every row in order: CorruptFile if any dataset differs from what was written."""
         bad = [k for k, v in self.expected_crc.items() if self.crc.get(k) != v]
         if bad:
-            raise CorruptFile(f"{self.path}: checksum mismatch in {', '.join(bad)}")
+            raise CorruptFile(f"{self.path}: checksum mismatch in {', '.join(bad)}", [self.path])
 
     def verify(self) -> None:
         """Read the whole file in row windows and check its checksums."""

@@ -68,7 +68,7 @@ def merge_sorted_runs(readers: Sequence[Reader], writer: Writer, expected: np.nd
     for r in readers:
         idx = r.index_column()
         if len(idx) > 1 and np.any(idx[1:] < idx[:-1]):
-            raise CorruptFile(f"{r.path}: rows are not sorted by position")
+            raise CorruptFile(f"{r.path}: rows are not sorted by position", [r.path])
         index_cols.append(idx)
         offsets.append({g: r.offsets(g) for g in r.schema.ragged_groups})
     cursors = [0] * len(readers)
@@ -96,8 +96,14 @@ def merge_sorted_runs(readers: Sequence[Reader], writer: Writer, expected: np.nd
         writer.append(out)
         if on_rows:
             on_rows(len(out))
-    for r in readers:
-        r.verify_checksums()
+    damaged = []
+    for r in readers:   # every damaged input is named at once, not only the first
+        try:
+            r.verify_checksums()
+        except CorruptFile as e:
+            damaged.append(e)
+    if damaged:
+        raise CorruptFile("; ".join(map(str, damaged)), [p for e in damaged for p in e.paths])
     return problems
 
 

@@ -56,9 +56,54 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
     config_file = Path(path) / "config.json"
     if not config_file.exists():
         raise UserError(f"--model {name}: {path} has no config.json; pass a Hugging Face checkpoint directory")
+    _refuse_damaged(name, Path(path))
     config = json.loads(config_file.read_text())
     return ModelSource(name=name, path=str(path), model_type=config.get("model_type", ""),
                        architectures=list(config.get("architectures") or []), fingerprint=fingerprint(Path(path)))
+
+
+def weight_problems(path: Path) -> list[str]:
+    """Safetensors files of the checkpoint at `path` that cannot be whole, judged from their headers and sizes
+    alone (a cheap check before any worker loads them): a truncated file, a damaged header."""
+    problems = []
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                if not 2 <= n <= size - 8:
+                    raise ValueError(f"header length {n} in a file of {size} bytes")
+                header = json.loads(fh.read(n))
+            ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+            if 8 + n + max(ends, default=0) != size:
+                raise ValueError(f"{size:,} bytes where its header describes {8 + n + max(ends, default=0):,}")
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            problems.append(f"{f} ({e})")
+    return problems
+
+
+def _refuse_damaged(name: str, path: Path) -> None:
+    problems = weight_problems(path)
+    if problems:
+        raise UserError(f"--model {name}: damaged weight file(s): {'; '.join(problems)}. Replace them with an "
+                        "intact copy of the checkpoint.")
+
+
+def check_unchanged(identity: dict) -> None:
+    """Before workers of an existing run load its model: the demo model is verified (rebuilt if damaged);
+    any other checkpoint must still be there, unchanged (fingerprint) and whole (weight headers)."""
+    path = Path(identity["path"])
+    if identity["name"] == demo_model.NAME:
+        demo_model.ensure(path.parents[1])
+        return
+    if not (path / "config.json").exists():
+        raise UserError(f"the model checkpoint of this run, {path}, is gone (no config.json there). Restore it and "
+                        "run the same command again.")
+    _refuse_damaged(identity["name"], path)
+    if fingerprint(path) != identity["fingerprint"]:
+        raise UserError(f"the model checkpoint of this run, {path}, changed since the run started (its config or "
+                        "weight files differ), so new rows would not match the ones computed. Restore it as it was "
+                        "and run the same command again, or start a new run with another --out.")
 
 
 def _download(repo_id: str) -> Path:

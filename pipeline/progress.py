@@ -42,11 +42,16 @@ class ProgressBoard:
         self.where = where
         self.summary_seconds = summary_seconds
         self.workers: dict[int, WorkerStats] = {}
+        self.expected: dict[int, int] = {}
         self.start = time.time()
         self.last_summary = self.start
         self.bar = tqdm(total=total_sequences, unit="seq", desc="run_shards", file=sys.stderr,
                         dynamic_ncols=True, mininterval=0.5, smoothing=0.05,
                         disable=not show_bar or not sys.stderr.isatty())   # no \r redraws into log files
+
+    def expect(self, rank: int, sequences: int) -> None:
+        """The parent's estimate of what shard `rank` has left to do (its worker's `start` message corrects it)."""
+        self.expected[rank] = sequences
 
     def add_worker(self, rank: int, device: str) -> None:
         self.workers[rank] = WorkerStats(rank, device)
@@ -54,7 +59,11 @@ class ProgressBoard:
     def message(self, kind: str, rank: int, data: dict) -> None:
         w = self.workers[rank]
         w.last_event = time.time()
-        if kind == "progress":
+        if kind == "start":   # the worker's own count (it rejects damaged checkpoints the parent counted)
+            self.expected[rank] = data["sequences"]
+            self.bar.total = max(sum(self.expected.values()), self.bar.n)
+            self.bar.refresh()
+        elif kind == "progress":
             w.last_batch_at = w.last_event
             w.sequences += data["sequences"]
             w.tokens += data["tokens"]
@@ -82,7 +91,7 @@ class ProgressBoard:
         seqs = sum(w.sequences for w in self.workers.values())
         toks = sum(w.tokens for w in self.workers.values())
         return (f"Total: {human(seqs / elapsed)} seq/s, {human(toks / elapsed)} tok/s across {self.where} "
-                f"({seqs:,} of {self.bar.total:,} sequences)")
+                f"({seqs:,} of {sum(self.expected.values()) or self.bar.total:,} sequences)")
 
     def note(self, text: str, level: int = logging.INFO) -> None:
         """A line for the run's log (the CLI shows run_shards log lines above the bar)."""

@@ -14,6 +14,7 @@ import datetime
 import fcntl
 import json
 import os
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +34,18 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file (fsync, rename, fsync of the directory); on any
+    failure (a full disk) the temporary is removed and `path` keeps its old content."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -96,6 +103,23 @@ class RunDir:
                 raise RunDirError(f"cannot create the output directory {d}: {e.strerror}; "
                                   "choose another --out") from None
 
+    def discard_unstarted(self, remove_root: bool) -> None:
+        """Undo `create` for a run that never started (refused before its manifest was written): remove what
+        run_shards put there, and the directory itself when `remove_root` (this command created it)."""
+        assert not self.exists(), "a run with a manifest is never discarded"
+        for name in self.EARLY_ENTRIES:
+            path = self.root / name
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        self.remove_stale_temporaries()
+        if remove_root:
+            try:
+                self.root.rmdir()
+            except OSError:
+                pass   # something else was put there meanwhile: leave it
+
     # ------------------------------------------------------------------ manifest
     def exists(self) -> bool:
         return self.manifest_path.exists()
@@ -117,9 +141,40 @@ class RunDir:
         manifest = dict(manifest, format=MANIFEST_FORMAT, software=__version__)
         write_atomic(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
 
+    # ------------------------------------------------------------------ temporaries
+    def remove_stale_temporaries(self) -> list[str]:
+        """Remove what an interrupted command of the parent left half-written (`.result.h5.tmp`,
+        `.manifest.json.tmpN`, `index.rsidx.tmpN`, `.shard_N.failed.json.tmpN`). Call only while holding the
+        run lock: no other command writes these then. Shard temporaries belong to the shard's worker."""
+        stale = [p for p in self.root.glob(".*.tmp*") if p.is_file()]
+        stale += [p for p in self.root.glob("index.rsidx.tmp*") if p.is_file()]
+        stale += [p for p in self.shards_dir.glob(".shard_*.failed.json.tmp*") if p.is_file()]
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return [p.name for p in stale]
+
+    def remove_shard_temporaries(self, rank: int) -> list[str]:
+        """Files a killed writer of shard `rank` left half-written (`.shard_N.h5.tmp`, `.part_*.h5.tmp`). Only
+        for whoever may write the shard now: its worker, holding the shard lock, or the parent of a worker it
+        has just seen die."""
+        stale = [self.shards_dir / f".shard_{rank}.h5.tmp"]
+        stale += list(self.parts_dir(rank).glob(".part_*.h5.tmp")) if self.parts_dir(rank).is_dir() else []
+        removed = []
+        for path in stale:
+            if path.exists():
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+        return removed
+
     # ------------------------------------------------------------------ failures
-    def record_failure(self, rank: int, info: dict) -> None:
-        write_atomic(self.failed_path(rank), json.dumps(info, indent=1))
+    def record_failure(self, rank: int, info: dict) -> bool:
+        """Keep why shard `rank` did not finish (shown by `status`); False if it could not be written (a full
+        disk): the reason is then still on the terminal, and `status` reports the disk's free space."""
+        try:
+            write_atomic(self.failed_path(rank), json.dumps(info, indent=1))
+            return True
+        except OSError:
+            return False
 
     def clear_failure(self, rank: int) -> None:
         self.failed_path(rank).unlink(missing_ok=True)
@@ -167,8 +222,11 @@ class RunLock:
         self.took_over = self._holder(fd) or None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                 "since": datetime.datetime.now().isoformat(timespec="seconds")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        except OSError:
+            pass   # a full disk: the lock holds all the same; only the holder's name is missing from messages
         self.fd = fd
         return self
 
@@ -191,6 +249,21 @@ class RunLock:
         except PermissionError:
             pass
         return holder
+
+    @staticmethod
+    def if_shard_free(run: RunDir, rank: int, action) -> None:
+        """Call `action()` while holding shard `rank`'s lock, if no worker holds it now; else do nothing."""
+        fd = os.open(run.shards_dir / f"shard_{rank}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return
+        try:
+            action()
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     @staticmethod
     def shard_running(run: RunDir, rank: int) -> bool:
@@ -218,7 +291,10 @@ class RunLock:
 
     def release(self) -> None:
         if self.fd is not None:
-            os.ftruncate(self.fd, 0)
+            try:
+                os.ftruncate(self.fd, 0)
+            except OSError:
+                pass
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import faults
+from . import faults, shard_state
 from .errors import DiskFull, disk_full_reason, ensure_space
-from .h5io import CorruptFile, Reader, Writer
+from .h5io import Reader, Writer
 from .merge import merge_sorted_runs
 from .rows import RowBlock, Schema
 from .run_dir import RunDir, fsync_dir
@@ -41,40 +41,31 @@ class ShardWriter:
         self.buffered_rows = 0
         self.buffered_bytes = 0
         self.last_checkpoint = time.monotonic()
+        self._remove_stale_temporaries()
         self.complete = self._shard_complete()
         self.done = np.zeros(0, np.int64) if self.complete else self._durable_positions()
+
+    def _remove_stale_temporaries(self) -> None:
+        """Files a killed writer of this shard left half-written (only the shard lock's holder gets here)."""
+        for name in self.run.remove_shard_temporaries(self.rank):
+            log.info("removed %s, left half-written by an earlier worker", name)
 
     def _shard_complete(self) -> bool:
         path = self.run.shard_path(self.rank)
         if not path.exists():
             return False
-        try:
-            with Reader(path) as r:
-                if r.rows == len(self.expected) and np.array_equal(r.index_column(), self.expected):
-                    return True
-                log.warning("%s does not hold this shard's rows; it will be rebuilt", path)
-        except CorruptFile as e:
-            log.warning("shard file is corrupt (%s); it will be rebuilt from checkpoints", e)
-        path.rename(path.with_name(path.name + ".corrupt"))
+        problem = shard_state.complete_problem(path, self.expected, verify=True)
+        if problem is None:
+            return True
+        log.warning("shard file cannot be used (%s); set aside as %s, its rows are computed again", problem,
+                    shard_state.set_aside(path).name)
         return False
 
-    def _part_files(self) -> list[Path]:
-        return sorted(self.parts.glob("part_*.h5")) if self.parts.is_dir() else []
-
     def _durable_positions(self) -> np.ndarray:
-        found = []
-        for part in self._part_files():
-            try:
-                with Reader(part) as r:
-                    r.verify()   # a checkpoint counts only if every byte reads back as written
-                    found.append(r.index_column())
-            except CorruptFile as e:
-                log.warning("checkpoint %s is corrupt (%s); its rows will be computed again", part.name, e)
-                part.rename(part.with_name(part.name + ".corrupt"))
-        done = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+        done, _ = shard_state.durable_positions(self.parts, verify=True, set_aside_corrupt=True)
+        done = done[np.isin(done, self.expected)]
         if len(done):
-            log.info("resuming: %d of %d sequences already durable in %d checkpoint(s)",
-                     len(done), len(self.expected), len(found))
+            log.info("resuming: %d of %d sequences already durable", len(done), len(self.expected))
         return done
 
     def is_done(self, positions: np.ndarray) -> np.ndarray:
@@ -102,7 +93,7 @@ class ShardWriter:
             return
         block = RowBlock.concat(self.schema, self.buffer).sorted_by_index()
         self.parts.mkdir(parents=True, exist_ok=True)
-        existing = self._part_files()
+        existing = shard_state.part_files(self.parts)
         number = int(existing[-1].stem.split("_")[1]) + 1 if existing else 0
         final = self.parts / f"part_{number:06d}.h5"
         tmp = self.parts / f".part_{number:06d}.h5.tmp"
@@ -126,10 +117,9 @@ class ShardWriter:
         assert len(missing) == 0, f"finalize with {len(missing)} rows not computed"
         path = self.run.shard_path(self.rank)
         tmp = path.with_name(f".{path.name}.tmp")
-        parts = self._part_files()
-        ensure_space(path.parent, sum(p.stat().st_size for p in parts), f"shard {path}", self._remedy())
-        readers = [Reader(p) for p in parts]
+        readers = [Reader(p) for p in shard_state.part_files(self.parts)]
         try:
+            ensure_space(path.parent, sum(r.data_bytes() for r in readers), f"shard {path}", self._remedy())
             with self._new_file(tmp, self.attrs, rows_hint=len(self.expected)) as writer:
                 problems = merge_sorted_runs(readers, writer, self.expected, row_bytes)
                 assert not problems, f"checkpoints of shard {self.rank} do not add up: {problems.counts()}"

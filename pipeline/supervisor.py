@@ -16,13 +16,15 @@ from dataclasses import dataclass
 
 import torch.multiprocessing
 
+from .exits import EXIT_INTERRUPTED, explain_exit, signal_name
 from .progress import ProgressBoard
-from .run_dir import RunDir
-from .worker import EXIT_INTERRUPTED, worker_entry
+from .run_dir import RunDir, RunLock
+from .worker import worker_entry
 
 log = logging.getLogger("run_shards")
 
 KILL_GRACE_SECONDS = 10.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -32,30 +34,17 @@ class ShardProcess:
     context: object
     conn: multiprocessing.connection.Connection
     exitcode: int | None = None
-    reason: str = ""
+    reason: str = ""            # the worker's own error message, or why run_shards stopped it
+    killed_for: str = ""        # why run_shards signalled it, if it did
     kill_at: float | None = None
 
     @property
     def process(self):
         return self.context.processes[0]
 
-
-def explain_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code == 0:
-        return "finished"
-    if code == 1:
-        return "exit code 1 (the worker raised an error; see its log)"
-    if code == 2:
-        return "exit code 2 (stopped with an error message)"
-    if code == EXIT_INTERRUPTED:
-        return f"exit code {EXIT_INTERRUPTED} (interrupted; its checkpoints are kept)"
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        extra = " (out of host memory, or killed by hand)" if name == "SIGKILL" else ""
-        return f"killed by {name}{extra}"
-    return f"exit code {code}"
+    @property
+    def explanation(self) -> str:
+        return explain_exit(self.exitcode, self.killed_for if (self.exitcode or 0) < 0 else "")
 
 
 class Supervisor:
@@ -65,13 +54,22 @@ class Supervisor:
         self.gpu, self.threads, self.board, self.worker_timeout = gpu, threads, board, worker_timeout
         self.active: list[ShardProcess] = []
         self.finished: list[ShardProcess] = []
-        self.interrupted: str | None = None
+        self.interrupted: str | None = None     # the signal that interrupted the run
+        self.killed_at_once: list[int] = []     # shards killed by a second signal, before their checkpoint
 
     def _start(self, rank: int, slot: str) -> None:
         recv, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
-        context = torch.multiprocessing.start_processes(
-            worker_entry, args=(str(self.run.root), [rank], [send], [slot] if self.gpu else [], self.threads),
-            nprocs=1, join=False, daemon=False, start_method="spawn")
+        # The worker inherits SIGINT ignored (Python keeps an inherited SIG_IGN) until it installs its own
+        # handler, so a Ctrl-C while it imports torch cannot print a traceback on the terminal: the parent
+        # handles Ctrl-C and asks its workers to stop.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            context = torch.multiprocessing.start_processes(
+                worker_entry, args=(str(self.run.root), [rank], [send], [slot] if self.gpu else [], self.threads,
+                                    os.getpid()),
+                nprocs=1, join=False, daemon=False, start_method="spawn")
+        finally:
+            signal.signal(signal.SIGINT, previous)
         send.close()   # the child holds the only write end: EOF here means it is gone
         self.active.append(ShardProcess(rank, slot, context, recv))
         self.board.add_worker(rank, f"GPU {slot}" if self.gpu else "CPU")
@@ -87,21 +85,26 @@ class Supervisor:
                 self._start(self.pending.pop(0), slot)
 
     def _interrupt(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         if self.interrupted:
-            self.board.note(f"{name} again: killing the workers now")
+            self.board.note(f"{name} again: killing the workers now, without their final checkpoint")
             for p in self.active:
+                p.killed_for = f"a second stop signal ({name}): killed at once, without a final checkpoint"
+                self.killed_at_once.append(p.rank)
                 _kill(p.process.pid, signal.SIGKILL)
             return
         self.interrupted = name
         self.board.note(f"{name} received: workers are writing a final checkpoint and stopping "
                         "(press Ctrl-C again to kill them at once)", logging.WARNING)
         for p in self.active:
+            p.killed_for = f"run_shards received {name} and asked it to stop"
+            self._append_to_worker_log(p, "WARNING", f"run_shards received {name}: asking this worker (SIGTERM) "
+                                                     "to write a final checkpoint and stop")
             _kill(p.process.pid, signal.SIGTERM)
 
     def wait(self) -> list[ShardProcess]:
         """Run every shard; returns them with exit codes (0 = finished)."""
-        previous = {s: signal.signal(s, self._interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, self._interrupt) for s in STOP_SIGNALS}
         self.started_at = time.time()
         try:
             self.slots = self.slots[:max(1, len(self.slots))]
@@ -152,9 +155,30 @@ class Supervisor:
             if code == 0:
                 self.board.workers[p.rank].finished = self.board.workers[p.rank].finished or time.time()
                 log.info("shard %d finished", p.rank)
+            elif code == EXIT_INTERRUPTED:
+                self.board.note(f"shard {p.rank} stopped at its final checkpoint", logging.WARNING)
             else:
-                self.board.note(f"shard {p.rank} stopped: {explain_exit(code)}"
+                self.board.note(f"shard {p.rank} stopped: {p.explanation}"
                                 + (f": {p.reason}" if p.reason else ""), logging.ERROR)
+                if code < 0:   # killed: it could not say so itself, nor remove what it was writing
+                    self._tell_worker_log(p)
+                    RunLock.if_shard_free(self.run, p.rank, lambda: self.run.remove_shard_temporaries(p.rank))
+
+    def _tell_worker_log(self, p: ShardProcess) -> None:
+        """A worker that was killed cannot say so in its own log (or, killed while starting, wrote none):
+        the parent appends how it ended, so `worker_N.log` always tells the whole story."""
+        text = f"the worker (pid {p.process.pid}) ended: {p.explanation}"
+        self._append_to_worker_log(p, "ERROR", text + (f" - {p.reason}" if p.reason and p.reason != p.killed_for
+                                                       else ""))
+
+    def _append_to_worker_log(self, p: ShardProcess, level: str, text: str) -> None:
+        """One whole line (O_APPEND), so it never lands inside a line of the worker's own."""
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {level} run_shards (parent): {text}\n"
+        try:
+            with open(self.run.worker_log(p.rank), "a") as fh:
+                fh.write(line)
+        except OSError:
+            pass   # a full disk: the terminal and run.log still say it
 
     def _pump_rest(self, p: ShardProcess) -> None:
         try:
@@ -172,6 +196,7 @@ class Supervisor:
             quiet = now - self.board.workers[p.rank].last_event
             if p.kill_at is None and quiet > self.worker_timeout:
                 p.reason = f"no progress for {quiet:.0f} s (--worker-timeout {self.worker_timeout:g}); killed as hung"
+                p.killed_for = p.reason
                 self.board.note(f"shard {p.rank}: {p.reason}", logging.ERROR)
                 _kill(p.process.pid, signal.SIGTERM)
                 p.kill_at = now + KILL_GRACE_SECONDS

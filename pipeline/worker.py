@@ -2,8 +2,8 @@
 
 Started by `torch.multiprocessing.spawn`; it pins itself to its GPU with CUDA_VISIBLE_DEVICES before
 anything touches CUDA (CPU workers hide every GPU), logs to its own `worker_N.log`, reports progress to
-the parent over its own pipe, and stops cleanly (final checkpoint, exit code 75) on SIGTERM / SIGINT or
-when the parent goes away.
+the parent over its own pipe, and stops cleanly (final checkpoint, exit code 75) on SIGTERM / SIGINT /
+SIGHUP or when the parent goes away.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-EXIT_OK, EXIT_ERROR, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 75
+from .exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR, explain_exit
 
 log = logging.getLogger("run_shards.worker")
 
@@ -47,41 +47,71 @@ class Reporter:
             self.stop.set("lost contact with the parent process")
 
 
-def worker_entry(i: int, root: str, ranks: list[int], conns: list, devices: list[str], threads: int) -> None:
-    """Entry point for torch.multiprocessing.spawn (process i runs shard ranks[i])."""
+def worker_entry(i: int, root: str, ranks: list[int], conns: list, devices: list[str], threads: int,
+                 parent: int) -> None:
+    """Entry point for torch.multiprocessing.spawn (process i runs shard ranks[i]; `parent` is the pid of
+    the process that started it, which the worker watches)."""
     rank = ranks[i]
     os.environ["CUDA_VISIBLE_DEVICES"] = devices[i] if devices else ""   # before anything touches CUDA
     from .run_dir import RunDir
     run = RunDir(root)
     _setup_logging(run.worker_log(rank))
     stop = StopFlag()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, f: stop.set(f"received {signal.Signals(s).name}"))
+    _on_parent_death(parent, lambda: stop.set(PARENT_GONE))
     reporter = Reporter(conns[i], rank, stop)
     log.info("worker for shard %d started (pid %d, %s, %d threads)", rank, os.getpid(),
              f"GPU {devices[i]}" if devices else "CPU", threads)
-    code = EXIT_ERROR
+    code, message = EXIT_ERROR, ""
     try:
         from .errors import UserError
         from index import FastaError
         try:
-            code = ShardRun(run, rank, reporter, stop, threads).run()
+            code = ShardRun(run, rank, reporter, stop, threads, parent).run()
         except (UserError, FastaError) as e:
             log.error("%s", e)
-            reporter.send("error", message=str(e))
-            code = EXIT_USER_ERROR
+            code, message = EXIT_USER_ERROR, str(e)
+            reporter.send("error", message=message)
     except Exception as e:
         log.exception("worker failed")
-        reporter.send("error", message=f"{type(e).__name__}: {e}")
-        code = EXIT_ERROR
+        code, message = EXIT_ERROR, f"{type(e).__name__}: {e}"
+        reporter.send("error", message=message)
     finally:
         log.info("worker for shard %d exits with code %d", rank, code)
+        if code != EXIT_OK:
+            _record_outcome(run, rank, code, message or (stop.reason or ""))
         logging.shutdown()
     # Leave without interpreter teardown: everything is durable or reported by now, and after a failed
     # write HDF5's exit-time cleanup can crash, which would turn a clear exit code into a segfault.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+PARENT_GONE = "the parent process is gone (killed, or its terminal closed)"
+
+
+def _on_parent_death(parent: int, stop) -> None:
+    """Call `stop` when the parent dies. torch's spawn asks the kernel for SIGINT then (PR_SET_PDEATHSIG),
+    which reads like a Ctrl-C, and arrives while the parent's other threads still hold its pid; SIGUSR2 says
+    only this. The batch loop also compares getppid() with `parent`, for a death before this point."""
+    import ctypes
+    signal.signal(signal.SIGUSR2, lambda s, f: stop())
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR2))   # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        stop()
+
+
+def _record_outcome(run, rank: int, code: int, reason: str) -> None:
+    """Why this shard did not finish, in `shard_N.failed.json`, for `status` (the parent, when there is one,
+    adds what only it saw, such as a kill). Not fatal when the disk is full."""
+    run.record_failure(rank, {"exit_code": code, "explanation": explain_exit(code), "reason": reason,
+                              "interrupted": code == EXIT_INTERRUPTED, "log": str(run.worker_log(rank)),
+                              "log_tail": run.log_tail(rank)})
 
 
 def _setup_logging(path) -> None:
@@ -105,9 +135,9 @@ def _setup_logging(path) -> None:
 
 
 class ShardRun:
-    def __init__(self, run, rank: int, reporter: Reporter, stop: StopFlag, threads: int):
+    def __init__(self, run, rank: int, reporter: Reporter, stop: StopFlag, threads: int, parent: int):
         self.run_dir, self.rank, self.reporter, self.stop, self.threads = run, rank, reporter, stop, threads
-        self.parent_pid = os.getppid()
+        self.parent_pid = parent
 
     def run(self) -> int:
         import torch
@@ -153,8 +183,17 @@ class ShardRun:
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
-        engine = engines.load(manifest["engine"], model["path"], device, dtype,
-                              logprobs=config.task == "score", fingerprint=model["fingerprint"], config=config)
+        try:
+            engine = engines.load(manifest["engine"], model["path"], device, dtype,
+                                  logprobs=config.task == "score", fingerprint=model["fingerprint"], config=config)
+        except Exception as e:   # unreadable or damaged files (safetensors raises its own error type)
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            log.exception("loading the model failed")   # the traceback stays in the log
+            from .errors import UserError
+            raise UserError(f"cannot load the model from {model['path']} ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}); its files may be damaged: replace them "
+                            f"with an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
         task = make_task(config, engine.info)
         if schema_for(task).to_json() != schema.to_json():
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
@@ -175,7 +214,7 @@ class ShardRun:
         stats = {"sequences": 0, "tokens": 0, "compute_seconds": 0.0}
         for k, (a, b) in enumerate(batches):
             if os.getppid() != self.parent_pid:
-                self.stop.set("the parent process is gone")
+                self.stop.set(PARENT_GONE)
             if self.stop:
                 break
             todo = positions[a:b][~done_mask[a:b]]

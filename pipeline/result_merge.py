@@ -1,0 +1,150 @@
+"""The merged result, OUT/result.h5: every shard of this run, validated and placed in FASTA order.
+
+Shards must come from this very run (schema, task, model, index) and add up to the index exactly: no row
+missing, repeated, foreign or with another id. A shard that fails its checksums is set aside so `rerun`
+computes it again; every damaged shard is named at once. The result is written under a temporary name
+and renamed into place, so an existing result.h5 is always a finished, validated one.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from index import SequenceIndex
+
+from .errors import DiskFull, MergeError, disk_full_reason, ensure_space
+from .h5io import CorruptFile, Reader, Writer
+from .merge import describe_problems, merge_sorted_runs
+from .rows import Schema
+from .run_dir import RunDir, fsync_dir
+from .shard_state import set_aside
+
+log = logging.getLogger("run_shards")
+
+
+def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partial: bool) -> Path:
+    """Merge the shards into OUT/result.h5 in FASTA order, validated; atomic rename into place."""
+    schema = Schema.from_json(manifest["schema"])
+    world = manifest["world"]
+    readers, not_ready = [], []
+    try:
+        for r in range(world):
+            path = run.shard_path(r)
+            if path.exists():
+                try:
+                    readers.append(_check_shard(Reader(path), manifest, r, run))
+                    continue
+                except CorruptFile as e:
+                    not_ready.append(f"shard {r} is corrupt ({e})")
+            else:
+                not_ready.append(f"shard {r} is not finished")
+            if allow_partial:
+                for part in sorted(run.parts_dir(r).glob("part_*.h5")) if run.parts_dir(r).is_dir() else []:
+                    try:
+                        readers.append(_check_shard(Reader(part), manifest, r, run))
+                    except CorruptFile as e:
+                        log.warning("skipping corrupt checkpoint %s: %s", part, e)
+        if not_ready and not allow_partial:
+            not_ready += _damaged_among(readers)
+            raise MergeError("cannot merge: " + "; ".join(not_ready) +
+                             f". Run `run_shards rerun {run.root}` (or `run_shards merge {run.root} --allow-partial` "
+                             "for the rows that exist).")
+        return _write(run, manifest, index, schema, readers, allow_partial)
+    finally:
+        for r in readers:
+            r.close()
+
+
+def _damaged_among(readers: list[Reader]) -> list[str]:
+    """Finished shards that fail their checksums, so a refusal names every shard `rerun` must compute."""
+    found = []
+    for r in readers:
+        try:
+            with Reader(r.path) as fresh:
+                fresh.verify()
+        except CorruptFile as e:
+            found.append(f"shard file {r.path.name} is corrupt ({e}); `rerun` computes it again")
+    return found
+
+
+def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, readers: list[Reader],
+           allow_partial: bool) -> Path:
+    attrs = dict(manifest["attrs"])
+    renamed = index.meta.get("renamed_ids") or {}
+    tmp = run.result_path.with_name(f".{run.result_path.name}.tmp")
+    remedy = f"The shards are intact; free space and run `run_shards merge {run.root}`"
+    ensure_space(run.root, sum(r.data_bytes() for r in readers), f"the result {run.result_path}", remedy)
+    writer = Writer(tmp, schema, attrs, rows_hint=len(index))
+    try:
+        ragged_bytes = sum(c.row_bytes() for c in schema.ragged_columns)
+        fixed = sum(c.row_bytes() for c in schema.row_columns)
+        row_bytes = fixed + ragged_bytes * (index.lengths.astype(np.int64) + 2)
+        blob, offs = index.id_blob.tobytes(), index.id_offsets
+        ids_at = lambda p: np.array([blob[offs[i]:offs[i + 1]] for i in p], dtype=object)  # noqa: E731
+        try:
+            problems = merge_sorted_runs(readers, writer, np.arange(len(index), dtype=np.int64), row_bytes,
+                                         expected_ids=ids_at)
+        except CorruptFile as e:
+            raise MergeError(_set_aside_shards(run, e)) from None
+        only_missing = not any(v for k, v in problems.counts().items() if k != "missing")
+        if problems and not (allow_partial and only_missing):
+            message = describe_problems(problems, index.id, run.problems_path)
+            raise MergeError(f"merge refused, {message}")
+        missing = problems.missing_positions()
+        text = h5py.string_dtype("utf-8")
+        writer.file.create_dataset("missing_ids", dtype=text, data=np.array(
+            [index.id_bytes(int(p)) for p in missing], dtype=object))
+        if renamed:
+            pos = np.array(sorted(int(k) for k in renamed), np.int64)
+            writer.file.create_dataset("original_ids/index", data=pos)
+            writer.file.create_dataset("original_ids/ids", dtype=text, data=np.array(
+                [renamed[str(p)].encode() for p in pos], dtype=object))
+        writer.finish({"complete": len(missing) == 0, "num_missing": int(len(missing))})
+    except BaseException as e:
+        writer.abort()
+        reason = disk_full_reason(e) if isinstance(e, Exception) else None
+        if reason:
+            raise DiskFull(f"cannot write {run.result_path}: {reason}. No result file was left behind. "
+                           f"{remedy}") from None
+        raise
+    os.replace(tmp, run.result_path)
+    fsync_dir(run.root)
+    run.problems_path.unlink(missing_ok=True)
+    if len(missing):
+        log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", len(missing), len(index))
+    log.info("merged %d sequences into %s", len(index) - len(missing), run.result_path)
+    return run.result_path
+
+
+def _set_aside_shards(run: RunDir, error: CorruptFile) -> str:
+    """Finished shards that fail their checksums are renamed aside so `rerun` computes them again."""
+    message = f"merge refused: {error}"
+    shards = [p for p in error.paths if p.parent == run.shards_dir and p.name.startswith("shard_")]
+    if not shards:
+        return f"{message}. Run `run_shards rerun {run.root}` to compute the damaged rows again"
+    names = ", ".join(set_aside(p).name for p in shards)
+    return f"{message}. The damaged shard(s) were set aside as {names}; run `run_shards rerun {run.root}` to compute them again"
+
+
+def _check_shard(reader: Reader, manifest: dict, rank: int, run: RunDir) -> Reader:
+    """A shard (or checkpoint) must come from this very run: same schema, task, model and index."""
+    attrs = reader.attrs
+    expected = manifest["attrs"]
+    problems = []
+    if json.loads(attrs["schema"]) != manifest["schema"]:
+        problems.append("different columns or dimensions")
+    for key in ("task", "model_fingerprint", "index_fingerprint", "dtype", "engine"):
+        if attrs.get(key) != expected.get(key):
+            problems.append(f"{key} {attrs.get(key)!r} instead of {expected.get(key)!r}")
+    if attrs.get("shard") != rank:
+        problems.append(f"it is shard {attrs.get('shard')}, not shard {rank}")
+    if problems:
+        reader.close()
+        raise MergeError(f"{reader.path} does not belong to this run: {'; '.join(problems)}. "
+                         f"Remove it and run `run_shards rerun {run.root}`.")
+    return reader

@@ -1,0 +1,116 @@
+"""What each shard of a run holds on disk, read one way by `status`, `rerun` and the workers.
+
+A shard is complete when `shard_N.h5` holds exactly its rows (and, verified, reads back byte for byte);
+otherwise its durable rows are the distinct positions in the checkpoints of `shard_N.parts/` that read
+back intact. Because all three read shards through this module they count the same rows: a checkpoint
+that fails its checksums counts for nobody, and a count never exceeds the shard's size.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .h5io import CorruptFile, Reader
+from .run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+# `status` reads every byte of finished shards and checkpoints (their checksums) when they total at most
+# this much (a few seconds of reading); above it, it says which it did not verify, and `--verify` forces it.
+VERIFY_AUTO_BYTES = 2 * 10**9
+
+
+@dataclass
+class ShardState:
+    rank: int
+    state: str          # complete, partial, pending, failed, interrupted, corrupt (`status` adds running)
+    expected: int
+    durable: int
+    detail: str = ""
+    verified: bool = False   # checksums were read back (for a complete shard, or every checkpoint)
+
+
+def part_files(parts_dir: Path) -> list[Path]:
+    return sorted(parts_dir.glob("part_*.h5")) if parts_dir.is_dir() else []
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged file to `NAME.corrupt` (kept for inspection, never read again)."""
+    aside = path.with_name(path.name + ".corrupt")
+    path.rename(aside)
+    return aside
+
+
+def durable_positions(parts_dir: Path, verify: bool, set_aside_corrupt: bool = False
+                      ) -> tuple[np.ndarray, list[str]]:
+    """The distinct FASTA positions held by the intact checkpoints in `parts_dir`, and the names of the
+    damaged ones (set aside as `.corrupt` with `set_aside_corrupt`: only the shard's writer may)."""
+    found, bad = [], []
+    for part in part_files(parts_dir):
+        try:
+            with Reader(part) as r:
+                if verify:
+                    r.verify()   # a checkpoint counts only if every byte reads back as written
+                found.append(r.index_column())
+        except CorruptFile as e:
+            bad.append(part.name)
+            if set_aside_corrupt:
+                log.warning("checkpoint %s is corrupt (%s); its rows will be computed again", part.name, e)
+                set_aside(part)
+    done = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+    return done, bad
+
+
+def complete_problem(path: Path, expected: np.ndarray, verify: bool) -> str | None:
+    """None when the shard file at `path` holds exactly the `expected` positions (sorted) and, with
+    `verify`, passes its checksums; otherwise what is wrong with it."""
+    try:
+        with Reader(path) as r:
+            if r.rows != len(expected) or not np.array_equal(r.index_column(), expected):
+                return f"{r.rows:,} rows, not this shard's {len(expected):,}"
+            if verify:
+                r.verify()
+    except CorruptFile as e:
+        return str(e)
+    return None
+
+
+def stored_bytes(run: RunDir, world: int) -> int:
+    """Bytes of every finished shard and checkpoint: what verifying them all reads."""
+    total = 0
+    for r in range(world):
+        files = [run.shard_path(r)] + part_files(run.parts_dir(r))
+        total += sum(f.stat().st_size for f in files if f.exists())
+    return total
+
+
+def inspect(run: RunDir, expected: np.ndarray, rank: int, verify_shard: bool, verify_parts: bool = False
+            ) -> ShardState:
+    """The state of shard `rank`, whose rows are the FASTA positions `expected`; `verify_*` read back every
+    byte of a finished shard file / of the checkpoints (their checksums) instead of only their headers."""
+    expected = np.sort(np.asarray(expected, np.int64))
+    path = run.shard_path(rank)
+    if path.exists():
+        problem = complete_problem(path, expected, verify_shard)
+        if problem is None:
+            return ShardState(rank, "complete", len(expected), len(expected), verified=verify_shard)
+        return ShardState(rank, "corrupt", len(expected), 0, f"{problem}; `run_shards rerun {run.root}` "
+                          "computes it again", verified=verify_shard)
+    verify = verify_parts
+    done, bad = durable_positions(run.parts_dir(rank), verify)
+    durable = int(np.isin(done, expected).sum())
+    failure = run.failure(rank)
+    details = []
+    if failure:
+        details.append(f"last run: {failure.get('explanation')}"
+                       + (f" - {failure['reason']}" if failure.get("reason") else ""))
+    if bad:
+        details.append(f"corrupt checkpoint(s) {', '.join(bad)} will be recomputed")
+    if failure:
+        state = "interrupted" if failure.get("interrupted") else "failed"
+    else:
+        state = "partial" if durable else "pending"
+    return ShardState(rank, state, len(expected), durable, "; ".join(details), verified=verify)

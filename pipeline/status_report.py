@@ -1,0 +1,99 @@
+"""`run_shards status OUT`: each shard's state and progress read from the run directory alone, whether a
+command is working there now, the disk's free space, and the result.
+
+It reads without locking, so it never gets in a running command's way. It says what it verified: finished
+shards and checkpoints are read back against their checksums when they are small enough to read quickly
+(or with `--verify`); otherwise their states rest on their headers, and the report says so.
+"""
+from __future__ import annotations
+
+import shutil
+import socket
+
+from index import SequenceIndex
+
+from . import shard_state
+from .errors import UserError
+from .h5io import CorruptFile, Reader
+from .input_checks import human_bytes
+from .rows import Schema
+from .run_dir import RunDir, RunLock
+
+
+def status(out: str, verify: bool | None = None) -> str:
+    """The report; `verify` None reads checksums when the shards total at most VERIFY_AUTO_BYTES."""
+    from .runner import load_run_index
+    run = RunDir(out)
+    manifest = run.read_manifest()
+    config, world = manifest["config"], manifest["world"]
+    lines = [f"run: {run.root}", f"task: {config['task']}  model: {config['model']}  engine: {manifest['engine']}"]
+    try:
+        index = load_run_index(run, manifest)
+    except UserError as e:
+        lines.append(f"inputs: CHANGED - {e}")
+        index = SequenceIndex.load(run.index_path)
+    lines.append(f"sequences: {len(index):,} in {world} shard(s)")
+    holder = RunLock.active_holder(run)
+    if holder:
+        alive = "alive" if holder.get("host") == socket.gethostname() else "another host: not checked"
+        lines.append(f"ACTIVE: `{holder.get('purpose')}` (pid {holder.get('pid')} on {holder.get('host')}, {alive}, "
+                     f"since {holder.get('since')}) holds this run; unfinished shards may be running now")
+    stored = shard_state.stored_bytes(run, world) + (run.result_path.stat().st_size if run.result_path.exists() else 0)
+    if verify is None:
+        verify = stored <= shard_state.VERIFY_AUTO_BYTES
+    rows = [("shard", "state", "durable", "of", "progress", "detail")]
+    states = []
+    for r in range(world):
+        s = shard_state.inspect(run, index.stride_shard(r, world), r, verify_shard=verify, verify_parts=verify)
+        if holder and s.state not in ("complete", "corrupt") and RunLock.shard_running(run, r):
+            s.state = "running"   # durable counts checkpointed rows only
+        states.append(s)
+        rows.append((str(r), s.state, f"{s.durable:,}", f"{s.expected:,}",
+                     f"{100.0 * s.durable / max(1, s.expected):.1f}%", s.detail))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in rows]
+    lines.append(f"checksums: every finished file read back ({human_bytes(stored)})" if verify else
+                 f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
+                 f"`run_shards status {run.root} --verify` reads every byte")
+    lines.append(_disk_line(run, manifest, index, states))
+    if run.result_path.exists():
+        try:
+            with Reader(run.result_path) as r:
+                if verify:
+                    r.verify()
+                complete = bool(r.attrs.get("complete"))
+                lines.append(f"result: {run.result_path} ({r.rows:,} rows{'' if complete else ', PARTIAL'}"
+                             f"{', checksums verified' if verify else ', checksums not verified'})")
+        except CorruptFile as e:
+            lines.append(f"result: CORRUPT ({e}); run `run_shards merge {run.root}`")
+    else:
+        unfinished = [s.rank for s in states if s.state != "complete"]
+        lines.append("result: not merged yet" + (f"; `run_shards rerun {run.root}` computes the unfinished shards "
+                                                  "and merges" if unfinished and not holder else
+                                                  f"; `run_shards merge {run.root}` merges" if not holder else ""))
+    return "\n".join(lines)
+
+
+def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) -> str:
+    """Free space beside what the unfinished shards and the merge still need (a full disk stops a run even
+    where it could not record why)."""
+    import numpy as np
+    schema = Schema.from_json(manifest["schema"])
+    fixed = sum(c.row_bytes() for c in schema.row_columns)
+    per_residue = sum(c.row_bytes() for c in schema.ragged_columns)
+    left = 0
+    world = manifest["world"]
+    for s in states:
+        if s.state != "complete":
+            positions = index.stride_shard(s.rank, world)
+            share = 1 - s.durable / max(1, s.expected)
+            left += int(share * (fixed * len(positions) + per_residue * int(index.lengths[positions].sum(dtype=np.int64))))
+    need = left * 2 if not run.result_path.exists() else left   # the shard, then the result (the merge)
+    if not run.result_path.exists():
+        need += sum(p.stat().st_size for p in run.shards_dir.glob("shard_*.h5"))
+    free = shutil.disk_usage(run.root).free
+    text = f"disk: {human_bytes(free)} free in {run.root}; finishing needs about {human_bytes(need)} more"
+    if need > free:
+        text += (" - NOT ENOUGH: free space (or move the run to a larger disk), then "
+                 f"`run_shards rerun {run.root}`")
+    return text
