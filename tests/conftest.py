@@ -49,3 +49,41 @@ def models(tmp_path_factory):
         "llama": str(save_llama(root / "llama")),
         "qwen3": str(save_qwen3(root / "qwen3")),
     }
+
+
+# The fault tests' shared input: 240 synthetic sequences, 2 CPU workers on the demo model, checkpoints every
+# 20 sequences, and the result of one clean run of it, which every faulty run must reproduce after `rerun`.
+@pytest.fixture(scope="session")
+def fasta(tmp_path_factory):
+    import subprocess
+    import sys
+
+    from .tiny_models import REPO
+    path = tmp_path_factory.mktemp("fasta") / "in.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "240", "--seed", "11",
+                    "--max-len", "600", str(path)], check=True, capture_output=True)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def common(models):
+    return ["--model", models["demo"], "--gpus", "0", "--workers", "2", "--max-tokens-per-batch", "2000",
+            "--checkpoint-every", "20", "--no-progress"]
+
+
+@pytest.fixture(scope="session")
+def reference(fasta, common, tmp_path_factory):
+    from .run_helpers import read
+    from .tiny_models import run_cli
+    out = tmp_path_factory.mktemp("ref") / "out"
+    res = run_cli(fasta, "--out", str(out), *common)
+    assert res.returncode == 0, res.stderr
+    return read(out / "result.h5")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    from .run_helpers import Tmpfs
+    disks = Tmpfs(tmp_path)
+    yield disks
+    disks.unmount_all()

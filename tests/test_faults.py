@@ -12,91 +12,15 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 import pytest
 
-from pipeline.runner import check_storage, estimate_result_bytes
+from pipeline.input_checks import check_storage, estimate_result_bytes
 
+from .run_helpers import env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
 from .tiny_models import REPO, run_cli
-
-
-@pytest.fixture(scope="module")
-def fasta(tmp_path_factory):
-    path = tmp_path_factory.mktemp("fasta") / "in.fasta"
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "240", "--seed", "11",
-                    "--max-len", "600", str(path)], check=True, capture_output=True)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def common(models):
-    return ["--model", models["demo"], "--gpus", "0", "--workers", "2", "--max-tokens-per-batch", "2000",
-            "--checkpoint-every", "20", "--no-progress"]
-
-
-@pytest.fixture(scope="module")
-def reference(fasta, common, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ref") / "out"
-    res = run_cli(fasta, "--out", str(out), *common)
-    assert res.returncode == 0, res.stderr
-    return read(out / "result.h5")
-
-
-def read(path):
-    with h5py.File(path) as f:
-        names = []
-        f.visit(lambda n: names.append(n) if isinstance(f[n], h5py.Dataset) else None)
-        return {k: f[k][:] for k in names}
-
-
-def assert_same(got, want):
-    assert sorted(got) == sorted(want)
-    for key in want:
-        if want[key].dtype.kind == "f":
-            np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6, err_msg=key)
-        else:
-            assert np.array_equal(got[key], want[key]), key
-
-
-def env_with(**faults):
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    env.update({k: str(v) for k, v in faults.items()})
-    return env
-
-
-def start(fasta, out, common, **faults):
-    return subprocess.Popen([sys.executable, str(REPO / "bin" / "run_shards"), fasta, "--out", str(out), *common],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with(**faults),
-                            cwd=REPO)
-
-
-def wait_for(predicate, timeout=120.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
-
-
-def log_text(out, rank):
-    path = out / "logs" / f"worker_{rank}.log"
-    return path.read_text() if path.exists() else ""
-
-
-def worker_pid(out, rank):
-    return int(log_text(out, rank).rsplit("started (pid ", 1)[1].split(",")[0])
-
-
-def rerun_matches(out, reference, *extra):
-    res = run_cli("rerun", str(out), "--no-progress", *extra)
-    assert res.returncode == 0, res.stderr
-    assert_same(read(out / "result.h5"), reference)
-    return res
 
 
 @pytest.mark.parametrize("point", ["part-written", "part-finished", "shard-written"])
@@ -125,7 +49,7 @@ def test_kill_while_writing_output(fasta, common, reference, tmp_path, point):
 
 def test_parent_killed_workers_stop_then_rerun(fasta, common, reference, tmp_path):
     out = tmp_path / "out"
-    proc = start(fasta, out, common, RUN_SHARDS_FAULT_BATCH_SLEEP="0.3")
+    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"))
     wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
     pids = [worker_pid(out, r) for r in (0, 1)]
     proc.kill()
@@ -134,31 +58,34 @@ def test_parent_killed_workers_stop_then_rerun(fasta, common, reference, tmp_pat
     def gone():
         return all(not os.path.exists(f"/proc/{p}") or open(f"/proc/{p}/stat").read().split()[2] == "Z" for p in pids)
     wait_for(gone, timeout=60)   # no orphans left holding memory
-    for r in (0, 1):
+    for r in (0, 1):   # the kernel's parent-death signal, not a Ctrl-C, and said so
         text = log_text(out, r)
-        assert "received SIGINT" in text or "parent" in text
-        assert "exits with code 75" in text
-    status = run_cli("status", str(out)).stdout
-    assert "partial" in status
+        assert "stopping after the current batch: the parent process is gone" in text, text
+        assert "SIGINT" not in text and "exits with code 75" in text
+    assert [s["state"] for s in status_rows(out).values()] == ["interrupted", "interrupted"]
     rerun_matches(out, reference)
 
 
 def test_sigterm_to_parent_checkpoints_and_exits_nonzero(fasta, common, reference, tmp_path):
     out = tmp_path / "out"
-    proc = start(fasta, out, common, RUN_SHARDS_FAULT_BATCH_SLEEP="0.3")
+    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"))
     wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
-    assert "interrupted by SIGTERM" in stderr and f"run_shards rerun {out}" in stderr
+    assert "interrupted by SIGTERM: every running worker wrote a final checkpoint" in stderr
+    assert f"Continue with:  run_shards rerun {out}\n" in stderr and "failed" not in stderr, stderr
+    assert stderr.count("stopped at its final checkpoint (run_shards received SIGTERM and asked it to stop)") == 2
     for r in (0, 1):
         assert "interrupted (received SIGTERM)" in log_text(out, r)
+        assert "run_shards received SIGTERM: asking this worker (SIGTERM) to write a final checkpoint" in log_text(out, r)
+    assert [s["state"] for s in status_rows(out).values()] == ["interrupted", "interrupted"]
     rerun_matches(out, reference)
 
 
 def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common, tmp_path):
     out = tmp_path / "out"
-    proc = start(fasta, out, common, RUN_SHARDS_FAULT_BATCH_SLEEP="1.0")   # still running when SIGTERM ends it
+    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="1.0"))   # still running when SIGTERM ends it
     try:
         wait_for(lambda: "started (pid" in log_text(out, 0))
         res = run_cli(fasta, "--out", str(out), *common)
@@ -323,6 +250,10 @@ def test_hung_worker_is_killed_and_reported(fasta, common, reference, tmp_path):
                   env={"RUN_SHARDS_FAULT_HANG_SHARD": "1"})
     assert res.returncode == 1
     assert "shard 1: no progress for" in res.stderr and "killed as hung" in res.stderr
+    # run_shards killed it, and says so: not "out of host memory, or killed by hand"
+    assert "shard 1 failed: killed by SIGKILL from run_shards (no progress for" in res.stderr, res.stderr
+    assert "not by run_shards" not in res.stderr and "out of host memory" not in res.stderr
+    assert "ERROR run_shards (parent): the worker (pid" in log_text(out, 1)   # its own log tells the end too
     assert (out / "shards" / "shard_0.h5").exists()
     rerun_matches(out, reference)
 

@@ -1,0 +1,107 @@
+"""Every message that suggests a command names one that works, and refusals leave nothing behind.
+
+The FASTA changing under a run once sent users in circles (the worker said "run again", the parent
+"rerun", `rerun` refused, `run` pointed back to `rerun`); here each suggested command is run.
+"""
+import shutil
+
+from .run_helpers import (assert_same, log_text, read, rerun_matches, start, suggested_commands,
+                          undocumented_files, wait_for)
+from .tiny_models import run_cli
+
+
+def test_fasta_changed_during_the_run_leads_to_commands_that_work(fasta, common, reference, tmp_path):
+    original = tmp_path / "in.fasta"
+    shutil.copy(fasta, original)
+    saved = original.read_bytes()
+    out = tmp_path / "out"
+    proc = start(str(original), "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3"})
+    wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)), what="first checkpoints")
+    original.write_bytes(b">inserted\nMKVLA\n" + saved)      # every record moves
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    assert "the file changed after it was indexed" in stderr
+    assert "The input FASTA changed since this run started" in stderr and "Continue with" not in stderr
+    commands = suggested_commands(stderr)
+    assert [c[0] for c in commands] == ["rerun", "run"], commands
+
+    # `run` into the same directory refuses, and says how to get either run
+    res = run_cli(str(original), "--out", str(out), *common)
+    assert res.returncode == 2 and "already holds a run with other inputs" in res.stderr, res.stderr
+    assert {c[0] for c in suggested_commands(res.stderr)} == {"run", "rerun"}
+    res = run_cli("rerun", str(out))
+    assert res.returncode == 2 and "the input FASTA no longer matches this run" in res.stderr
+    assert {c[0] for c in suggested_commands(res.stderr)} == {"run", "rerun"}
+
+    start_over = commands[1]               # on the file as it is now, into a new directory
+    res = run_cli(*start_over)
+    assert res.returncode == 0, res.stderr
+    new = read(start_over[start_over.index("--out") + 1] + "/result.h5")
+    assert new["ids"][0] == b"inserted" and len(new["ids"]) == len(reference["ids"]) + 1
+
+    original.write_bytes(saved)            # restored: the suggested rerun finishes the original run
+    assert commands[0] == ["rerun", str(out)]
+    rerun_matches(out, reference)
+
+
+def test_refused_input_leaves_no_output_directory(common, tmp_path):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">ok\nMKVL\n>empty\n\n")
+    out = tmp_path / "new"
+    res = run_cli(str(fasta), "--out", str(out), *common)
+    assert res.returncode == 2 and "have no residues" in res.stderr
+    assert not out.exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    res = run_cli(str(fasta), "--out", str(existing), *common)
+    assert res.returncode == 2 and existing.is_dir() and list(existing.iterdir()) == []
+
+
+def test_long_sequence_refusal_says_how_many_it_does_not_list(common, tmp_path):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b"".join(b">long%d\n%s\n" % (i, b"M" * (30 + i)) for i in range(17)) + b">short\nMK\n")
+    res = run_cli(str(fasta), "--out", str(tmp_path / "out"), *common, "--max-length", "20")
+    assert res.returncode == 2
+    assert "17 sequence(s) exceed the --max-length limit of 20 tokens" in res.stderr
+    assert res.stderr.count("residues)") == 10 and "(and 7 more)" in res.stderr
+
+
+def test_failure_report_is_in_run_log(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_DIE_AT": "part-written",
+                                                          "RUN_SHARDS_FAULT_DIE_SHARD": "0"})
+    assert res.returncode == 1
+    logged = (out / "logs" / "run.log").read_text()
+    assert "shard 0 failed: killed by SIGKILL (not by run_shards" in logged
+    assert f"Continue with:  run_shards rerun {out} --shards 0" in logged
+    assert undocumented_files(out) == []
+    (command,) = suggested_commands(res.stderr)
+    res = run_cli(*command, "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert_same(read(out / "result.h5"), reference)
+
+
+def test_start_over_command_covers_every_setting():
+    """`RunConfig.as_command` is what refusals print to start a run over: every setting that shapes the
+    result must be on it, with an option `run` accepts, and the line must parse back to the same values."""
+    import dataclasses
+    import shlex
+
+    from pipeline.cli import run_command
+    from pipeline.config import _OPTIONS, RunConfig
+    written_apart = {"fasta", "out", "devices", "workers", "threads_per_worker"}
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    assert fields - written_apart == set(_OPTIONS), "a RunConfig field without its option in as_command"
+    options = {o for p in run_command.params for o in p.opts}
+    assert set(_OPTIONS.values()) <= options
+    config = RunConfig(fasta=["/data/a b.fasta"], out="o", workers=3, threads_per_worker=2, model="/m",
+                       pools=["mean", "cls"], layers=[-1, 2], per_residue=True, on_long="truncate",
+                       max_length=500, checkpoint_seconds=2.5, seed=7, task="generate", temperature=0.5)
+    words = shlex.split(config.as_command("new"))
+    assert words[:4] == ["run_shards", "run", "/data/a b.fasta", "--out"]
+    ctx = run_command.make_context("run", words[2:])
+    p = ctx.params
+    assert (p["out"], p["workers"], p["threads"], p["model"], p["pools"], p["layers"]) == \
+        ("new", 3, 2, "/m", "mean,cls", "-1,2")
+    assert (p["per_residue"], p["on_long"], p["max_length"], p["checkpoint_seconds"], p["seed"],
+            p["task"], p["temperature"], p["gpus"]) == (True, "truncate", 500, 2.5, 7, "generate", 0.5, "0")

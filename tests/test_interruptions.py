@@ -1,0 +1,103 @@
+"""Signals to the parent and to workers, with real processes: each ends with the right words, in the
+terminal, in run.log and in the worker's own log, and `rerun` then gives the clean run's result.
+"""
+import os
+import signal
+import time
+
+from .run_helpers import log_text, rerun_matches, start, status_rows, suggested_commands, wait_for
+
+
+def _workers_of(pid: int) -> list[int]:
+    """Worker processes (spawned by multiprocessing, not its resource tracker) whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and b"spawn_main" in cmdline:
+                found.append(int(entry))
+    return found
+
+
+def _checkpointed(out):
+    return all("checkpoint part_000000" in log_text(out, r) for r in (0, 1))
+
+
+def test_sighup_to_the_parent_is_an_interruption_not_a_failure(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    proc = start(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3"})
+    wait_for(lambda: _checkpointed(out), what="first checkpoints")
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "\ninterrupted: shard" in stderr, stderr
+    assert "failed" not in stderr and "error:" not in stderr, stderr
+    assert "interrupted by SIGHUP: every running worker wrote a final checkpoint" in stderr
+    logged = (out / "logs" / "run.log").read_text()
+    assert f"Continue with:  run_shards rerun {out}" in logged
+    assert [s["state"] for s in status_rows(out).values()] == ["interrupted", "interrupted"]
+    for r in (0, 1):
+        assert "run_shards received SIGHUP: asking this worker" in log_text(out, r)
+    rerun_matches(out, reference)
+
+
+def test_second_ctrl_c_kills_and_says_so(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    proc = start(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.5"})
+    wait_for(lambda: _checkpointed(out), what="first checkpoints")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "wrote a final checkpoint" not in stderr and "wrote their checkpoints" not in stderr, stderr
+    assert "were killed at once by the second signal" in stderr
+    for r in (0, 1):
+        assert "ended: killed by SIGKILL from run_shards (a second stop signal (SIGINT)" in log_text(out, r)
+    rerun_matches(out, reference)
+
+
+def test_worker_killed_from_outside_and_during_start_up_leave_their_cause_in_their_log(fasta, common,
+                                                                                       reference, tmp_path):
+    """Shard 1's worker is SIGKILLed by someone else mid-run; a worker killed while it starts (before it can
+    log anything) gets a log all the same: the parent writes how each ended."""
+    out = tmp_path / "out"
+    proc = start(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3"})
+    wait_for(lambda: "checkpoint part_000000" in log_text(out, 1), what="shard 1's first checkpoint")
+    pid = int(log_text(out, 1).rsplit("started (pid ", 1)[1].split(",")[0])
+    os.kill(pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert "shard 1 failed: killed by SIGKILL (not by run_shards" in stderr
+    assert f"the worker (pid {pid}) ended: killed by SIGKILL (not by run_shards" in log_text(out, 1)
+
+    (out / "logs" / "worker_1.log").unlink()
+    proc = start("rerun", str(out), "--no-progress")
+    wait_for(lambda: _workers_of(proc.pid), timeout=60, what="a worker process")
+    for child in _workers_of(proc.pid):
+        os.kill(child, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stderr
+    text = log_text(out, 1)
+    assert "ended: killed by SIGKILL (not by run_shards" in text, text
+    (command,) = suggested_commands(stderr)
+    assert command[:2] == ["rerun", str(out)]
+    rerun_matches(out, reference)
+
+
+def test_sigterm_after_the_result_line_keeps_exit_code_0(fasta, common, tmp_path):
+    """The result is durable once `result:` is printed; a SIGTERM during the interpreter's teardown must not
+    turn the finished run into exit code 143."""
+    out = tmp_path / "out"
+    proc = start(fasta, "--out", str(out), *common)
+    for line in proc.stdout:
+        if line.startswith("result:"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert (out / "result.h5").exists()
