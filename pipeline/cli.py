@@ -5,6 +5,7 @@
     run_shards status OUT                  per-shard state, progress and failures
     run_shards rerun OUT [--shards 1,3]    re-run failed or unfinished shards from their checkpoints
     run_shards merge OUT                   merge and validate (run automatically at the end of `run`)
+    run_shards work OUT [--shard K]        compute one shard of a planned run (what a SLURM / Ray task runs)
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import click
 
 from . import __version__
 
-COMMANDS = ("run", "index", "status", "rerun", "merge")
+COMMANDS = ("run", "index", "status", "rerun", "merge", "work")
 
 
 class DefaultRunGroup(click.Group):
@@ -76,8 +77,7 @@ def _call(fn, *args, **kwargs):
 
     from index import FastaError
 
-    from .errors import UserError, disk_full_reason
-    from .runner import RunFailed
+    from .errors import RunFailed, UserError, disk_full_reason
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_interrupted)
     try:
@@ -113,16 +113,19 @@ POSITIVE = click.FloatRange(min=0, min_open=True)
 # (e.g. --temperature without --task generate), not something to ignore.
 TASK_OPTIONS = {"generate": ("max_new_tokens", "temperature", "top_p", "seed"),
                 "embed": ("pools", "layers", "per_residue", "per_residue_dtype")}
+LAUNCHER_OPTIONS = {"slurm": ("sbatch", "shards_per_task", "array_throttle", "dry_run", "wait"),
+                    "ray": ("ray_address",)}
 
 
-def _check_task_options(ctx: click.Context, task: str) -> None:
+def _check_owned_options(ctx: click.Context, owners: dict, value: str, what: str) -> None:
+    """Options that only mean something for one task (or launcher) are a mistake with another one."""
     from click.core import ParameterSource
-    for owner, names in TASK_OPTIONS.items():
-        given = [n for n in names if owner != task and ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+    for owner, names in owners.items():
+        given = [n for n in names if owner != value and ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
         if given:
             opts = ", ".join(next(p.opts[0] for p in ctx.command.params if p.name == n) for n in given)
             verb = "applies" if len(given) == 1 else "apply"
-            raise click.UsageError(f"{opts} {verb} only to --task {owner} (this run's task is {task})")
+            raise click.UsageError(f"{opts} {verb} only to --{what} {owner} (this run's {what} is {value})")
 
 
 def _int_list(value: str | None, option: str) -> list[int]:
@@ -198,12 +201,26 @@ def main():
               help="generate: nucleus sampling mass.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="generate: run seed; with the sequence's FASTA position it fixes what each sequence samples.")
+@click.option("--launcher", type=click.Choice(["local", "slurm", "ray"]), default="local", show_default=True,
+              help="local: workers on this machine; slurm: a job array plus a merge job; ray: one task per shard "
+                   "on a Ray cluster.")
+@click.option("--shards", type=click.IntRange(min=1), default=None,
+              help="Number of shards W (default: one per GPU or CPU worker; required with slurm and ray).")
+@click.option("--sbatch", default="", help="slurm: more sbatch options, e.g. \"--partition=gpu --time=12:00:00\".")
+@click.option("--shards-per-task", type=click.IntRange(min=1), default=1, show_default=True,
+              help="slurm: shards per array task, one worker per GPU of the task (for whole-node allocations).")
+@click.option("--array-throttle", type=click.IntRange(min=0), default=0,
+              help="slurm: at most N array tasks at once (sbatch --array=...%N).")
+@click.option("--dry-run", is_flag=True, help="slurm: write OUT/slurm/*.sbatch and print the sbatch commands only.")
+@click.option("--wait", is_flag=True, help="slurm: after submitting, follow until merged (or a shard failed).")
+@click.option("--ray-address", default="", help="ray: the cluster's address (e.g. auto); default a local Ray.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
 def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tokens_per_batch, max_seqs, dtype, pools,
                 layers, per_residue, per_residue_dtype, on_long, max_length, on_duplicate_id, skip_empty,
                 checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
-                temperature, top_p, seed, no_progress, quiet):
+                temperature, top_p, seed, launcher, shards, sbatch, shards_per_task, array_throttle, dry_run, wait,
+                ray_address, no_progress, quiet):
     """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
     import os
 
@@ -211,10 +228,16 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
     from .config import RunConfig
     from .runner import run
 
-    _check_task_options(click.get_current_context(), task)
+    ctx = click.get_current_context()
+    _check_owned_options(ctx, TASK_OPTIONS, task, "task")
+    _check_owned_options(ctx, LAUNCHER_OPTIONS, launcher, "launcher")
     pools = list(dict.fromkeys(p for p in pools.replace(" ", "").split(",") if p))   # repeats once
     _setup_logging(quiet)
-    gpu_ids, nworkers, threads = _call(devices.resolve, gpus, workers, threads)
+    if launcher == "local":
+        gpu_ids, nworkers, threads = _call(devices.resolve, gpus, workers, threads)
+    else:   # decided here for every shard; each task uses the devices its node gives it
+        gpu_ids, nworkers = (["0"] if _call(devices.resolve_for_tasks, gpus, sbatch) else []), 1
+        threads = threads or 1
     config = _call(RunConfig, fasta=[os.path.abspath(f) for f in fasta], out=out, model=model, task=task,
                    engine=engine, devices=gpu_ids, workers=nworkers, threads_per_worker=threads,
                    max_tokens_per_batch=max_tokens_per_batch or 0, max_seqs=max_seqs, dtype=dtype, pools=pools,
@@ -223,10 +246,22 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
                    on_duplicate_id=on_duplicate_id, skip_empty=skip_empty,
                    checkpoint_sequences=checkpoint_sequences, checkpoint_seconds=checkpoint_seconds,
                    worker_timeout=worker_timeout, summary_seconds=summary_seconds,
-                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    path = _call(run, config, show_progress=not no_progress)
+                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                   launcher=launcher, shards=shards or 0, shards_per_task=shards_per_task, sbatch=sbatch,
+                   array_throttle=array_throttle, ray_address=ray_address)
+    _finish(_call(run, config, show_progress=not no_progress, options={"dry_run": dry_run, "wait": wait}))
+
+
+def _finish(outcome) -> None:
+    """Print a command's outcome: the merged result, or what a scheduler was handed (then follow it)."""
+    from .launchers import Submitted
+    if isinstance(outcome, Submitted):
+        click.echo(outcome.text)
+        if outcome.follow is None:
+            return
+        outcome = _call(outcome.follow)
     _result_is_durable()
-    click.echo(f"result: {path}")
+    click.echo(f"result: {outcome}")
 
 
 @main.command("index")
@@ -255,16 +290,17 @@ def status_command(out, verify):
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--shards", default=None, help="Comma-separated shard numbers (default: every unfinished shard).")
 @click.option("--worker-timeout", type=POSITIVE, default=None, help="Override the run's --worker-timeout.")
+@click.option("--dry-run", is_flag=True, help="slurm runs: write the scripts and print the sbatch commands only.")
+@click.option("--wait", is_flag=True, help="slurm runs: after resubmitting, follow until merged (or a shard failed).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
-def rerun_command(out, shards, worker_timeout, no_progress, quiet):
-    """Re-run failed or unfinished shards of OUT from their checkpoints, then merge."""
+def rerun_command(out, shards, worker_timeout, dry_run, wait, no_progress, quiet):
+    """Re-run failed or unfinished shards of OUT from their checkpoints, then merge (for a SLURM run:
+    resubmit them, and a new merge job)."""
     from .runner import rerun
     _setup_logging(quiet)
-    path = _call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
-                 worker_timeout=worker_timeout)
-    _result_is_durable()
-    click.echo(f"result: {path}")
+    _finish(_call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
+                  worker_timeout=worker_timeout, options={"dry_run": dry_run, "wait": wait}))
 
 
 @main.command("merge")
@@ -278,6 +314,22 @@ def merge_command(out, allow_partial):
     path = _call(merge, out, allow_partial=allow_partial)
     _result_is_durable()
     click.echo(f"result: {path}")
+
+
+@main.command("work")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--shard", type=click.IntRange(min=0), default=None,
+              help="The shard to compute (default: from the array task's index, e.g. SLURM_ARRAY_TASK_ID).")
+@click.option("--shards-per-task", type=click.IntRange(min=1), default=None,
+              help="Shards per array task (default: the run's).")
+def work_command(out, shard, shards_per_task):
+    """Compute shard(s) of the planned run in OUT with this node's devices; never merges. This is what SLURM
+    array tasks and Ray tasks run; a complete shard is skipped, and SIGTERM makes it checkpoint and stop."""
+    from .work import work
+    _setup_logging(False)
+    summary = _call(work, out, shard, shards_per_task)
+    _result_is_durable()
+    click.echo(summary)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ ENGINES = ("auto", "native", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ON_LONG = ("error", "truncate", "skip")
 ON_DUPLICATE = ("error", "rename")
+LAUNCHERS = ("local", "slurm", "ray")
 
 # Token budgets per batch when --max-tokens-per-batch is not given: CPU batches stay cache-friendly,
 # GPU batches are large enough to fill the device.
@@ -49,14 +50,20 @@ class RunConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    launcher: str = "local"                              # local, slurm or ray (pipeline/launchers)
+    shards: int = 0                                      # W; 0 = one shard per GPU or CPU worker
+    shards_per_task: int = 1                             # slurm: shards per array task, one worker per GPU
+    sbatch: str = ""                                     # slurm: more sbatch options
+    array_throttle: int = 0                              # slurm: at most N array tasks at once (0 = no limit)
+    ray_address: str = ""                                # ray: the cluster's address ("" = a local Ray)
 
     def __post_init__(self) -> None:
         self.validate()
 
     @property
     def world(self) -> int:
-        """Number of shards: one per GPU, or one per CPU worker."""
-        return len(self.devices) if self.devices else self.workers
+        """Number of shards: --shards, else one per GPU, or one per CPU worker."""
+        return self.shards or (len(self.devices) if self.devices else self.workers)
 
     @property
     def on_gpu(self) -> bool:
@@ -90,6 +97,12 @@ class RunConfig:
             raise UserError("--pool needs at least one of mean, cls, last")
         if self.workers < 1:
             raise UserError("--workers must be at least 1")
+        check(self.launcher, LAUNCHERS, "--launcher")
+        if self.shards < 0 or self.shards_per_task < 1 or self.array_throttle < 0:
+            raise UserError("--shards and --shards-per-task must be at least 1, --array-throttle 0 or more")
+        if self.launcher != "local" and not self.shards:
+            raise UserError(f"--launcher {self.launcher} needs --shards W: the number of shards, fixed now, "
+                            "whatever number of nodes later runs them (e.g. --shards 64)")
         if self.max_tokens_per_batch < 0 or self.max_seqs < 1:
             raise UserError("--max-tokens-per-batch must be positive and --max-seqs at least 1")
         if self.checkpoint_sequences < 1 or self.checkpoint_seconds <= 0:
@@ -125,7 +138,7 @@ class RunConfig:
         defaults = RunConfig(fasta=["x"], out="x")
         words = ["run_shards", "run", *self.fasta, "--out", out or self.out]
         if self.devices:
-            words += ["--gpus", str(len(self.devices))]
+            words += ["--gpus", str(len(self.devices)) if self.launcher == "local" else "1"]
         else:
             words += ["--gpus", "0", "--workers", str(self.workers)]
         words += ["--threads", str(self.threads_per_worker)]
@@ -151,4 +164,6 @@ _OPTIONS = {
     "checkpoint_sequences": "--checkpoint-every", "checkpoint_seconds": "--checkpoint-seconds",
     "worker_timeout": "--worker-timeout", "summary_seconds": "--summary-seconds",
     "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed",
+    "launcher": "--launcher", "shards": "--shards", "shards_per_task": "--shards-per-task", "sbatch": "--sbatch",
+    "array_throttle": "--array-throttle", "ray_address": "--ray-address",
 }

@@ -69,6 +69,21 @@ def resolve(gpus: str, workers: int | None, threads: int | None = None) -> tuple
     return [], workers, threads or max(1, cpu_count() // workers)
 
 
+def resolve_for_tasks(gpus: str, sbatch: str) -> bool:
+    """Whether each shard of a cluster run (SLURM, Ray) gets a GPU, decided where the run is planned (often
+    a login node without GPUs): `--gpus 0` no, `--gpus N` (N >= 1) yes, `--gpus auto` when the --sbatch
+    options ask for GPUs. The dtype's `auto` follows from it, and must be the same for every shard."""
+    if gpus == "auto":
+        return any(word in sbatch for word in ("--gres=gpu", "--gres gpu", "--gpus", "--gpu"))
+    try:
+        wanted = int(gpus)
+    except ValueError:
+        raise UserError(f"--gpus takes a number or 'auto' (got {gpus!r})") from None
+    if wanted < 0:
+        raise UserError("--gpus must be 0 or more")
+    return wanted > 0
+
+
 def set_cpu_threads(threads: int, flush_denormals: bool = True) -> bool:
     """Give this process `threads` torch CPU threads that flush float denormals to zero (unless
     `flush_denormals` is False, which benchmarks use to measure the difference); True when the flush

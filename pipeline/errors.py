@@ -13,6 +13,18 @@ class RunDirError(UserError):
     """The output directory is missing, belongs to another run, or is in use."""
 
 
+class RunFailed(UserError):
+    """Some shards did not finish (failed, or the run was interrupted: exit code 130); nothing was merged."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @property
+    def label(self) -> str:
+        return "interrupted" if self.exit_code == 130 else "error"
+
+
 class DiskFull(UserError):
     """Writing output failed for lack of space (or a file size limit); nothing partial is left behind."""
 

@@ -1,10 +1,12 @@
-"""Checks of a run's input before any model runs: duplicate ids and empty records (refused or handled by
-the chosen policy), sequences over the model's length limit, and the disk space the result will need.
+"""Checks of a run's input: before any model runs, duplicate ids and empty records (refused or handled by
+the chosen policy), sequences over the model's length limit and the disk space the result will need;
+later, whether the FASTA files changed since the run started, and the ways out when they did.
 
-Each refusal names the file, line or id, how many there are, and the option that handles them.
+Each refusal names the file, line or id, how many there are, and the option (or command) that handles them.
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from index import SequenceIndex
 from . import status_codes
 from .config import RunConfig
 from .errors import UserError
+from .run_dir import RunDir
 from .rows import Schema
 from .tokenization import SequenceTokenizer
 
@@ -121,3 +124,45 @@ def check_storage(schema: Schema, index: SequenceIndex, tokenizer: SequenceToken
     else:
         log.info("%s", text)
     return text
+
+
+def free_out(root: Path) -> str:
+    """A sibling of `root` that does not exist yet (`OUT-2`, `OUT-3`, ...), for messages that suggest one."""
+    k = 2
+    while Path(f"{root}-{k}").exists():
+        k += 1
+    return f"{root}-{k}"
+
+
+def input_changes(index: SequenceIndex) -> str | None:
+    """What changed in the FASTA files since `index` was built, or None when their records and bytes are the
+    same (a file only touched, same bytes, is accepted)."""
+    changes = index.inputs_unchanged()
+    if not changes:
+        return None
+    try:   # mtime or size moved: only the records themselves matter
+        fresh = SequenceIndex.build([f.path for f in index.inputs])
+    except Exception as e:
+        return f"{'; '.join(changes)}; it cannot be read now: {e}"
+    same = (len(fresh) == len(index) and np.array_equal(fresh.offsets, index.offsets)
+            and np.array_equal(fresh.lengths, index.lengths))
+    edited = [f.path for f, g in zip(index.inputs, fresh.inputs)
+              if f.content_crc32 is not None and f.content_crc32 != g.content_crc32]
+    if not same or edited:
+        detail = (f"{len(index):,} records when the run started, {len(fresh):,} now" if not same else
+                  f"same records and lengths, but the contents of {', '.join(edited)} differ")
+        return f"{'; '.join(changes)}; {detail}"
+    if any(f.content_crc32 is None for f in index.inputs):
+        log.warning("input files were touched (%s); their records have the same layout, but this run's index "
+                    "predates content checksums, so edits that keep every length cannot be ruled out",
+                    "; ".join(changes))
+    else:
+        log.info("input files were touched (%s) but their contents are unchanged", "; ".join(changes))
+    return None
+
+
+def start_over_advice(run: RunDir, manifest: dict) -> str:
+    """Advice when a run's inputs changed: both ways out, each with a command that works."""
+    config = RunConfig.from_json(json.dumps(manifest["config"]))
+    return (f"Restore the original file and run `run_shards rerun {run.root}` again, or start a new run on the "
+            f"file as it is now: `{config.as_command(free_out(run.root))}`.")

@@ -56,6 +56,9 @@ def status(out: str, verify: bool | None = None) -> str:
                  f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
                  f"`run_shards status {run.root} --verify` reads every byte")
     lines.append(_disk_line(run, manifest, index, states))
+    if config.get("launcher") == "slurm":
+        from .launchers import slurm
+        lines += slurm.status_lines(run, states)
     if run.result_path.exists():
         try:
             with Reader(run.result_path) as r:

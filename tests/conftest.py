@@ -17,6 +17,8 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
+from .slurm_cluster import slurm_cluster, slurm_session  # noqa: E402,F401  (fixtures: a local SLURM cluster)
+
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
 
 

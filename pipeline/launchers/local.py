@@ -1,0 +1,106 @@
+"""The local launcher: one worker process per GPU of this machine (or per CPU worker slot), spawned and
+supervised until every shard has finished or stopped; an aggregate progress bar; a report of every
+shard that did not finish, with the one command that continues the run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from .. import devices, shard_state
+from ..config import RunConfig
+from ..errors import RunFailed, UserError
+from ..exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
+from ..input_checks import input_changes, start_over_advice
+from ..progress import ProgressBoard
+from ..supervisor import Supervisor
+from . import ShardJob
+
+log = logging.getLogger("run_shards")
+
+
+def slots_for(config: RunConfig) -> list[str]:
+    """Where workers run: the run's GPUs (or as many visible ones), or CPU worker slots."""
+    slots = config.devices if config.on_gpu else [str(k) for k in range(config.workers)]
+    if config.on_gpu:
+        visible = devices.visible_gpus()
+        missing = [d for d in slots if d not in visible]
+        if missing and len(visible) >= len(slots):
+            slots = visible[:len(slots)]
+        elif missing:
+            raise UserError(f"this run used GPUs {','.join(config.devices)}, and only {len(visible)} are "
+                            "visible now; expose enough GPUs (CUDA_VISIBLE_DEVICES) and rerun")
+    return slots
+
+
+def launch(job: ShardJob) -> None:
+    """Run the shards here; RunFailed (after recording why) when some did not finish."""
+    run, config = job.run, RunConfig.from_json(json.dumps(job.manifest["config"]))
+    slots = slots_for(config)
+    running = min(len(slots), len(job.ranks))
+    where = f"{running} GPU(s)" if config.on_gpu else f"{running} CPU worker(s)"
+    board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), where, config.summary_seconds,
+                          show_bar=job.show_progress)
+    for r in job.ranks:
+        board.expect(r, job.remaining[r])
+        run.clear_failure(r)
+    supervisor = Supervisor(run, job.ranks, slots, config.on_gpu, config.threads_per_worker, board,
+                            config.worker_timeout)
+    try:
+        results = supervisor.wait()
+    finally:
+        board.close()
+    log.info("per-shard summary:\n%s", board.table())
+    stopped = [p for p in results if p.exitcode != EXIT_OK]
+    for p in stopped:
+        run.record_failure(p.rank, {"exit_code": p.exitcode, "explanation": p.explanation, "reason": p.reason,
+                                    "interrupted": p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted),
+                                    "log": str(run.worker_log(p.rank)), "log_tail": run.log_tail(p.rank)})
+    if stopped or supervisor.interrupted:
+        raise RunFailed(failure_report(job, supervisor, stopped), exit_code=130 if supervisor.interrupted else 1)
+    board.note(board.summary_line())
+    job.options["timings"] = (supervisor.started_at, board.compute_window())
+
+
+def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list) -> str:
+    """What happened to every shard that did not finish, and the one command that continues the run."""
+    run, world = job.run, job.manifest["world"]
+    lines, failed = [], []
+    for p in stopped:
+        if p.exitcode == EXIT_INTERRUPTED:
+            s = shard_state.inspect(run, job.index.stride_shard(p.rank, world), p.rank, verify_shard=False)
+            why = f" ({p.killed_for})" if p.killed_for else ""
+            lines.append(f"shard {p.rank} stopped at its final checkpoint{why}: {s.durable:,} of {s.expected:,} "
+                         "sequences durable")
+            continue
+        if not supervisor.interrupted or p.rank in supervisor.killed_at_once:
+            failed.append(p.rank)
+        verb = "stopped" if supervisor.interrupted else "failed"
+        lines.append(f"shard {p.rank} {verb}: {p.explanation}" + (f" - {p.reason}" if p.reason else ""))
+        tail = run.log_tail(p.rank, 8)
+        if (p.exitcode == EXIT_USER_ERROR and p.reason) or supervisor.interrupted:   # the message says it all
+            lines.append(f"  log: {run.worker_log(p.rank)}")
+        elif tail:
+            lines.append(f"  last lines of {run.worker_log(p.rank)}:")
+            lines += [f"    {t}" for t in tail]
+    if supervisor.pending:
+        lines.append(f"shard(s) {', '.join(map(str, supervisor.pending))} were not started")
+    if supervisor.interrupted:
+        killed = supervisor.killed_at_once
+        lines.append(f"interrupted by {supervisor.interrupted}: " + (
+            f"shard(s) {', '.join(map(str, killed))} were killed at once by the second signal, losing the rows "
+            "since their last checkpoint; everything checkpointed is kept." if killed else
+            "every running worker wrote a final checkpoint."))
+    done = sum(1 for r in range(world) if run.shard_path(r).exists())
+    lines.append(f"{done} of {world} shards complete. No merged file was written; all finished and "
+                 "checkpointed rows are kept.")
+    changed = input_changes(job.index)
+    if changed:
+        lines.append(f"The input FASTA changed since this run started ({changed}). "
+                     f"{start_over_advice(run, job.manifest)}")
+    elif job.options.get("continue_with"):
+        lines.append(job.options["continue_with"])
+    else:
+        only = f" --shards {','.join(map(str, failed))}" if failed and not supervisor.interrupted else ""
+        lines.append(f"Continue with:  run_shards rerun {run.root}{only}")
+    return "\n".join(lines)

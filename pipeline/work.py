@@ -1,0 +1,97 @@
+"""`run_shards work OUT [--shard K]`: compute shard K of a planned run, on whatever node runs it.
+
+This is what a SLURM array task or a Ray task runs. The shard number comes from `--shard`, or from the
+scheduler's array index (SLURM_ARRAY_TASK_ID, PBS_ARRAY_INDEX, LSB_JOBINDEX - 1) plus RUN_SHARDS_OFFSET;
+with `--shards-per-task G` task t computes shards tG .. tG+G-1, one worker per visible GPU (or CPU slot).
+The worker is the same as a local run's: same checkpoints, shard lock, log and failure record. A complete
+shard is skipped; SIGTERM (preemption, or the batch script before a time limit) makes every worker write
+a final checkpoint and the command exit with 130. It never merges: the merge job (or driver) does.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from .config import RunConfig
+from .errors import UserError
+from .run_dir import RunDir
+
+log = logging.getLogger("run_shards")
+
+TASK_INDEX_VARIABLES = (("SLURM_ARRAY_TASK_ID", 0), ("PBS_ARRAY_INDEX", 0), ("PBS_ARRAYID", 0),
+                        ("LSB_JOBINDEX", 1))   # LSF numbers array elements from 1
+
+
+def task_number(environ=os.environ) -> int | None:
+    """The array task number of this process from the scheduler's variables, plus RUN_SHARDS_OFFSET."""
+    for name, first in TASK_INDEX_VARIABLES:
+        value = environ.get(name, "")
+        if value.strip():
+            try:
+                return int(value) - first + int(environ.get("RUN_SHARDS_OFFSET", "0") or 0)
+            except ValueError:
+                raise UserError(f"{name}={value!r} is not an array index") from None
+    return None
+
+
+def shards_of_task(task: int, per_task: int, world: int) -> list[int]:
+    return [k for k in range(task * per_task, (task + 1) * per_task) if k < world]
+
+
+def work(out: str, shard: int | None = None, shards_per_task: int | None = None, show_progress: bool = False) -> str:
+    """Compute the shard(s) of this task; returns a one-line summary. RunFailed when some did not finish."""
+    from . import shard_state
+    from .launchers import ShardJob, local
+    from .runner import load_run_index
+    run = RunDir(out)
+    manifest = run.read_manifest()
+    config = RunConfig.from_json(json.dumps(manifest["config"]))
+    world = manifest["world"]
+    per_task = shards_per_task or config.shards_per_task
+    if shard is not None:
+        ranks = [shard]
+    else:
+        task = task_number()
+        if task is None:
+            raise UserError("no shard given: pass --shard K, or run this as an array task (SLURM_ARRAY_TASK_ID, "
+                            "PBS_ARRAY_INDEX or LSB_JOBINDEX is set there)")
+        ranks = shards_of_task(task, per_task, world)
+    bad = [k for k in ranks if not 0 <= k < world]
+    if bad or not ranks:
+        raise UserError(f"shard {bad[0] if bad else '(none)'}: this run has shards 0..{world - 1}")
+    index = load_run_index(run, manifest)
+    todo, remaining = [], {}
+    for k in ranks:
+        state = shard_state.inspect(run, index.stride_shard(k, world), k, verify_shard=True)
+        if state.state == "complete":
+            log.info("shard %d is already complete", k)
+            continue
+        if state.state == "corrupt":
+            log.warning("shard %d cannot be used (%s); set aside and computed again", k, state.detail)
+            shard_state.set_aside(run.shard_path(k))
+        todo.append(k)
+        remaining[k] = state.expected - state.durable
+    if not todo:
+        return f"shard(s) {', '.join(map(str, ranks))} already complete"
+    job = ShardJob(run, dict(manifest, config=dict(manifest["config"], **_node_devices(config, len(todo)))),
+                   index, todo, remaining, show_progress,
+                   options={"continue_with": f"Continue with:  run_shards rerun {run.root}  (or this task again)"})
+    local.launch(job)
+    return f"shard(s) {', '.join(map(str, todo))} complete"
+
+
+def _node_devices(config: RunConfig, shards: int) -> dict:
+    """Where this node's workers run: its visible GPUs (as SLURM or Ray set CUDA_VISIBLE_DEVICES) for a GPU
+    run, else CPU workers sharing the CPUs this process may use."""
+    from .devices import visible_gpus
+    if config.on_gpu:
+        gpus = visible_gpus()
+        if not gpus:
+            raise UserError("this run was planned for GPUs, and this node shows none (CUDA_VISIBLE_DEVICES "
+                            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}); request GPUs for its tasks "
+                            "(e.g. --sbatch '--gres=gpu:1')")
+        return {"devices": gpus[:shards], "workers": min(len(gpus), shards)}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = max(1, min(shards, cpus))
+    return {"devices": [], "workers": workers, "threads_per_worker": max(1, cpus // workers)}
