@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -195,6 +196,26 @@ class RunDir:
             return []
 
 
+NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+
+
+def try_flock(fd: int, mode: int, path: Path) -> bool:
+    """flock without waiting: True when taken, False when another process holds it; a clear RunDirError
+    when the file system has no locks at all (Lustre mounted without -o flock, some NFS setups)."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno in NO_LOCKS:
+            raise RunDirError(f"cannot lock {path}: the file system does not support file locks ({e.strerror}). "
+                              "run_shards needs them to keep one writer per run and per shard: on Lustre mount "
+                              "with -o flock; on NFS enable locking (NFSv4, or lockd for v3); or use another "
+                              "--out.") from None
+        raise
+
+
 class RunLock:
     """An exclusive lock on a run directory for the life of a command.
 
@@ -211,8 +232,11 @@ class RunLock:
     def acquire(self) -> "RunLock":
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            taken = try_flock(fd, fcntl.LOCK_EX, self.path)
+        except RunDirError:
+            os.close(fd)
+            raise
+        if not taken:
             holder = self._holder(fd)
             os.close(fd)
             who = f"pid {holder.get('pid')} on {holder.get('host')}, `{holder.get('purpose')}` since " \
@@ -253,10 +277,14 @@ class RunLock:
     @staticmethod
     def if_shard_free(run: RunDir, rank: int, action) -> None:
         """Call `action()` while holding shard `rank`'s lock, if no worker holds it now; else do nothing."""
-        fd = os.open(run.shards_dir / f"shard_{rank}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        path = run.shards_dir / f"shard_{rank}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            taken = try_flock(fd, fcntl.LOCK_EX, path)
+        except RunDirError:
+            os.close(fd)
+            raise
+        if not taken:
             os.close(fd)
             return
         try:
@@ -274,11 +302,12 @@ class RunLock:
         except OSError:
             return False
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        except BlockingIOError:
+            if try_flock(fd, fcntl.LOCK_SH, run.shards_dir / f"shard_{rank}.lock"):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return False
             return True
+        except RunDirError:
+            return False   # no locks on this file system: nothing can be seen running
         finally:
             os.close(fd)
 

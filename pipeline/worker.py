@@ -249,22 +249,38 @@ class ShardRun:
 
 
     def _lock_shard(self, wait_seconds: float = 60.0) -> None:
-        """One writer per shard, even if a worker of an earlier run is still writing its last checkpoint."""
+        """One writer per shard, even if a worker of an earlier run (or a duplicate array task) still holds
+        it: wait a while for it to finish its last checkpoint, then refuse, naming the holder."""
+        import datetime
         import fcntl
+        import socket
 
         from .errors import RunDirError
+        from .run_dir import try_flock
         path = self.run_dir.shards_dir / f"shard_{self.rank}.lock"
         self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         end = time.time() + wait_seconds
-        while True:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.time() > end:
-                    raise RunDirError(f"shard {self.rank} is still being written by another process after "
-                                      f"{wait_seconds:.0f} s (a worker of an earlier run?); stop it and rerun") from None
-                time.sleep(0.5)
+        while not try_flock(self._lock_fd, fcntl.LOCK_EX, path):
+            if time.time() > end:
+                try:
+                    holder = json.loads(os.pread(self._lock_fd, 4096, 0) or b"{}")
+                except ValueError:
+                    holder = {}
+                who = (f"pid {holder.get('pid')} on {holder.get('host')}" + (f", SLURM task {holder['slurm']}"
+                       if holder.get("slurm") else "") + f", since {holder.get('since')}") if holder else "another process"
+                raise RunDirError(f"shard {self.rank} is being computed by {who}, still after {wait_seconds:.0f} s; "
+                                  "it is not computed twice. If that process is gone or hung, stop it, then "
+                                  f"`run_shards rerun {self.run_dir.root}`") from None
+            time.sleep(0.5)
+        task = os.environ.get("SLURM_ARRAY_JOB_ID")
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "since": datetime.datetime.now().isoformat(timespec="seconds"),
+                  "slurm": f"{task}_{os.environ.get('SLURM_ARRAY_TASK_ID')}" if task else ""}
+        try:
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, json.dumps(holder).encode(), 0)
+        except OSError:
+            pass   # a full disk: the lock holds all the same
 
 
 class BatchComputer:
