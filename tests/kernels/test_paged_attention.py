@@ -11,6 +11,8 @@ Tolerances, on unit-normal inputs (outputs are convex combinations of values, so
   the softmax weights to float16 for the P @ V product (2^-11 relative each) and the output to float16
   (half an ulp is 1e-3 at |out| = 2).
 - bfloat16 (GPU): 2e-2 abs + 2e-2 rel, the same two roundings with a 2^-8 mantissa.
+Write-then-attend is checked against torch's dense attention, in float64 for the exact values and in
+float32 for the error to match (tests/float64_reference.py), not against its float32 result alone.
 """
 import dataclasses
 import os
@@ -24,6 +26,8 @@ from triton_kernels.paged_attention import PagedAttentionLaunch, default_launch
 from triton_kernels.paged_attention.kv_cache import write_kv_cache_torch
 from triton_kernels.paged_attention.naive import naive_paged_attention
 from triton_kernels.paged_attention.sdpa import paged_attention_sdpa
+
+from tests.float64_reference import assert_as_accurate
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -208,10 +212,13 @@ def test_write_then_attend_matches_dense_attention():
     out = paged_attention(q, k_cache, v_cache, block_table, torch.tensor([0, seq_len], dtype=torch.int32),
                           torch.tensor([seq_len], dtype=torch.int32), block_q=8, pages_per_tile=1,
                           num_kv_splits=1)
-    dense = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), k.repeat_interleave(2, 1).transpose(0, 1), v.repeat_interleave(2, 1).transpose(0, 1),
-        is_causal=True).transpose(0, 1)
-    torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+
+    def dense(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.repeat_interleave(2, 1).transpose(0, 1), v.repeat_interleave(2, 1).transpose(0, 1),
+            is_causal=True).transpose(0, 1)
+
+    assert_as_accurate(out, dense(q, k, v), dense(q.double(), k.double(), v.double()), "attention output")
 
 
 class RecordingKernel:
