@@ -203,7 +203,7 @@ def test_more_workers_than_records_and_shards_of_empty_records(common, tmp_path)
     got = read(tmp_path / "o" / "result.h5")
     assert got["ids"].tolist() == [b"ok", b"empty", b"two"] and got["status"].tolist() == [0, 3, 0]
     assert sorted(p.name for p in (tmp_path / "o" / "shards").glob("*.h5")) == [f"shard_{r}.h5" for r in range(3)]
-    assert "3 record(s): using 3 worker(s), not 4" in (tmp_path / "o" / "logs" / "run.log").read_text()
+    assert "3 record(s): using 3 shard(s), not 4" in (tmp_path / "o" / "logs" / "run.log").read_text()
 
 
 def test_out_of_memory_batches_split_and_single_sequences_marked(fasta, common, reference, tmp_path):
