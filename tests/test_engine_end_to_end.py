@@ -1,7 +1,8 @@
 """`run_shards --engine native` through the real CLI and workers, against `--engine hf` and transformers.
 
-Tolerances as in test_models_parity.py (float32 on CPU, different operation order): embeddings at
-atol = rtol = 1e-4, log-likelihood sums at rtol 1e-5 / atol 1e-3.
+Tolerances as in test_models_parity.py: both runs' columns (float32 on CPU) are measured against the
+same columns computed by transformers in float64, and native's error must be at most FACTOR times hf's
+plus FLOOR (tests/float64_reference.py).
 """
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import torch
 
 from index import SequenceIndex
 from pipeline import engines
+from pipeline.config import RunConfig
 from pipeline.errors import UserError
+from pipeline.tasks import make_task
+from pipeline.tokenization import SequenceTokenizer
 
 from .conftest import SHARED_DATA
+from .float64_reference import Float64Transformers, assert_as_accurate, float64_everywhere
 from .tiny_models import run_cli
 
 FASTA = [str(SHARED_DATA / "protein_lib.fa"), str(SHARED_DATA / "ncbi_standard_aa.fasta")]
@@ -34,6 +39,18 @@ def run(tmp_path, name, *args):
     return (*read(out / "result.h5"), out)
 
 
+def exact_columns(model: str, task: str, **options) -> dict[str, np.ndarray]:
+    """The run's columns (FASTA order) from the task code on transformers in float64 throughout."""
+    from transformers import AutoTokenizer
+    index = SequenceIndex.build(FASTA)
+    tokenizer = SequenceTokenizer(AutoTokenizer.from_pretrained(model))
+    toks = tokenizer.encode([index.sequence(i) for i in range(len(index))])
+    exact = Float64Transformers(model, logprobs=task == "score")
+    with float64_everywhere():
+        return make_task(RunConfig(fasta=FASTA, out="o", task=task, **options), exact.info).run(
+            exact, toks, np.arange(len(toks))).columns
+
+
 def test_native_equals_hf_on_the_demo_model_with_chunked_prefill(models, tmp_path):
     """Embed with two workers and a 96-token step budget (sequences up to ~6x longer run in chunks)."""
     args = ("--model", models["demo"], "--pool", "mean,cls,last", "--layers", "-1,2")
@@ -44,10 +61,11 @@ def test_native_equals_hf_on_the_demo_model_with_chunked_prefill(models, tmp_pat
     assert SequenceIndex.build(FASTA).lengths.max() + 2 > 5 * 96
     for key in ("ids", "index", "lengths", "num_tokens", "status", "truncated"):
         assert np.array_equal(native[key], hf[key]), key
+    exact = exact_columns(models["demo"], "embed", pools=["mean", "cls", "last"], layers=[-1, 2])
     for pool in ("mean", "cls", "last"):
         for sfx in ("", "_layer2"):
-            np.testing.assert_allclose(native[f"embeddings/{pool}{sfx}"], hf[f"embeddings/{pool}{sfx}"],
-                                       atol=1e-4, rtol=1e-4)
+            name = f"embeddings/{pool}{sfx}"
+            assert_as_accurate(native[name], hf[name], exact[name], name)
     log = (out / "logs" / "worker_0.log").read_text()
     assert "native engine:" in log and "packing efficiency 100.0%" in log
 
@@ -56,8 +74,10 @@ def test_demo_model_runs_on_native_by_default_and_scores_like_hf(models, tmp_pat
     native, attrs, _ = run(tmp_path, "auto", "--model", models["demo"], "--task", "score")
     hf, _, _ = run(tmp_path, "hf", "--model", models["demo"], "--task", "score", "--engine", "hf")
     assert attrs["engine"] == "native"
+    exact = exact_columns(models["demo"], "score")
     assert np.array_equal(native["score/num_scored"], hf["score/num_scored"])
-    np.testing.assert_allclose(native["score/logprob_sum"], hf["score/logprob_sum"], rtol=1e-5, atol=1e-3)
+    assert np.array_equal(native["score/num_scored"], exact["score/num_scored"])
+    assert_as_accurate(native["score/logprob_sum"], hf["score/logprob_sum"], exact["score/logprob_sum"], "logprob_sum")
 
 
 def test_generate_columns_greedy_reference_and_worker_count_independence(models, tmp_path):
