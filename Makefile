@@ -1,4 +1,6 @@
 # Quickstart targets: `make demo` installs into .venv and runs the demo; `make test` runs the tests.
+# The install includes the `ray` extra (plain Ray core, about 20 s and 250 MB) so CI runs the Ray launcher's
+# tests; `pip install -e .` alone does without it.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -11,7 +13,7 @@ TORCH  ?= torch==2.13.0
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,ray]"
 	touch $@
 
 install: $(VENV)/.installed

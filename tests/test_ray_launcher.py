@@ -1,0 +1,211 @@
+"""`--launcher ray` against a real Ray on this machine, through the real CLI: one task per shard, a killed
+Ray worker retried from the shard's checkpoints, the result the same as a local run's, and a clear error
+without Ray.
+
+Ray is the optional extra `run_shards[ray]`; without it these tests skip with the reason, and fail under
+CI=true, whose install (the Makefile's) includes it.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .run_helpers import assert_same, env_with, log_text, read, skip_or_fail, start, undocumented_files, wait_for
+from .tiny_models import run_cli
+
+# A Ray head with declared resources: 2 CPUs, no GPU, whatever this machine has; it lives until its stdin
+# closes. Token authentication with a token of the test's own (Ray versions without it ignore the variables).
+HEAD = """
+import sys, ray
+ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_installed() -> None:
+    """First among a test's fixtures, so that a missing Ray skips before anything is computed."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        skip_or_fail(f"ray is not installed ({e}); install the extra: .venv/bin/pip install -e '.[ray]'")
+
+
+@pytest.fixture(scope="module")
+def ray_auth() -> dict:
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+@pytest.fixture(scope="module")
+def ray_head(ray_installed, tmp_path_factory, ray_auth):
+    """The address of a Ray head (2 CPUs, 0 GPUs) that this fixture starts and stops."""
+    log = tmp_path_factory.mktemp("ray_head") / "head.log"
+    with open(log, "w") as err:
+        head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, text=True, env=env_with(**ray_auth))
+    address = head.stdout.readline().strip()
+    assert address, f"the Ray head did not start: {log.read_text()[-2000:]}"
+    yield address
+    head.stdin.close()
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        head.kill()   # Ray's own processes share its fate
+        head.wait()
+
+
+@pytest.fixture(scope="module")
+def local_four(fasta, common, tmp_path_factory):
+    """The result of a local run with 4 shards: a Ray run of 4 shards batches each shard the same way."""
+    out = tmp_path_factory.mktemp("local4") / "out"
+    res = run_cli(fasta, "--out", str(out), *common, "--shards", "4")
+    assert res.returncode == 0, res.stderr
+    return read(out / "result.h5")
+
+
+def shard_process(out: Path, rank: int) -> int | None:
+    """The pid of the `run_shards work OUT --shard RANK` process, if one runs."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "work" in args and str(out) in args and args[-3:-1] == ["--shard", str(rank)]:
+            return int(entry.name)
+    return None
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def command_line(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+
+
+@pytest.mark.slow
+def test_four_shards_as_ray_tasks_on_a_local_ray_match_a_local_run(ray_installed, fasta, common, local_four,
+                                                                    tmp_path):
+    """Without --ray-address the launcher starts a local Ray (this machine's CPUs, no GPU), runs one task
+    per shard, merges, and stops the Ray it started."""
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common, "--shards", "4", "--launcher", "ray")
+    assert res.returncode == 0, res.stderr
+    assert "submitted shard(s) 0,1,2,3 as 4 Ray task(s) (1 CPU(s) each)" in res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert res.stdout.strip() == f"result: {out / 'result.h5'}"   # Ray printed nothing of its own
+    assert all(line[:2] in ("I ", "W ") for line in res.stderr.splitlines()), res.stderr
+    got = read(out / "result.h5")
+    assert sorted(got) == sorted(local_four)
+    for key, want in local_four.items():   # the same shards, batched the same way: the same bits
+        assert np.array_equal(got[key], want, equal_nan=want.dtype.kind == "f"), key
+    for rank in range(4):
+        assert log_text(out, rank).count("started (pid ") == 1, rank   # each shard ran once
+    assert undocumented_files(out) == []
+    assert all(shard_process(out, r) is None for r in range(4))
+
+
+@pytest.mark.slow
+def test_a_killed_ray_worker_is_retried_from_the_checkpoints(ray_head, ray_auth, fasta, common, local_four,
+                                                             tmp_path):
+    """SIGKILL to the Ray worker running shard 1: its `work` process gets SIGTERM (a final checkpoint, the
+    shard lock released), Ray runs the task again, which resumes; the result is the same."""
+    out = tmp_path / "out"
+    proc = start(fasta, "--out", str(out), *common, "--shards", "4", "--launcher", "ray", "--ray-address", ray_head,
+                 env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3", **ray_auth})
+    try:
+        wait_for(lambda: "checkpoint part_" in log_text(out, 1), timeout=150, what="shard 1's first checkpoint")
+        work = shard_process(out, 1)
+        assert work is not None, "no `run_shards work ... --shard 1` process"
+        ray_worker = parent_of(work)
+        assert command_line(ray_worker).startswith("ray::"), command_line(ray_worker)
+        os.kill(ray_worker, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "shard 1: Ray started it again (try 2)" in stderr
+    text = log_text(out, 1)
+    assert "received SIGTERM" in text                        # the killed try checkpointed and stopped
+    assert text.count("started (pid ") == 2 and "resuming: " in text
+    assert stdout.strip() == f"result: {out / 'result.h5'}"    # no retry notice from Ray itself
+    assert all(line[:2] in ("I ", "W ") for line in stderr.splitlines()), stderr
+    assert_same(read(out / "result.h5"), local_four)
+    assert undocumented_files(out) == []
+    assert all(shard_process(out, r) is None for r in range(4))
+
+
+@pytest.mark.slow
+def test_without_ray_the_error_says_how_to_install_it(fasta, common, tmp_path):
+    """A `ray` that cannot be imported (a test double on PYTHONPATH, as when the package is missing): one
+    line naming the extra and the command that continues, no traceback."""
+    double = tmp_path / "no_ray" / "ray"
+    double.mkdir(parents=True)
+    (double / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common, "--shards", "2", "--launcher", "ray",
+                  env={"PYTHONPATH": str(double.parent)})
+    assert res.returncode == 2, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --launcher ray needs Ray"), res.stderr
+    assert 'pip install "run_shards[ray]"' in last and "-m pip install -e" in last
+    assert f"run_shards rerun {out}" in last
+    assert "Traceback" not in res.stderr
+    assert not (out / "result.h5").exists()
+
+
+# The task's body is plain Python: these run without Ray.
+def test_the_task_retries_only_what_a_retry_may_fix():
+    from pipeline.launchers.ray_tasks import ShardTaskFailed, run_shard
+    assert run_shard([sys.executable, "-c", "print('done')"], {}) == {"exit_code": 0, "output": ["done"]}
+    stopped = run_shard([sys.executable, "-c", "import sys; print('error: bad input'); sys.exit(2)"], {})
+    assert stopped == {"exit_code": 2, "output": ["error: bad input"]}   # a user error: the same on every try
+    with pytest.raises(ShardTaskFailed) as failed:
+        run_shard([sys.executable, "-c", "import os, sys; print(os.environ['X']); sys.exit(1)"],
+                  {"X": "from the driver"})
+    assert failed.value.exit_code == 1 and failed.value.output == ["from the driver"]
+    with pytest.raises(ShardTaskFailed) as killed:
+        run_shard([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {})
+    assert killed.value.exit_code == -signal.SIGKILL
+
+
+SHARD = """
+import os, signal, sys, time
+def stop(*_):
+    open(sys.argv[1], "a").write("SIGTERM\\n")
+    sys.exit(130)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[1], "a").write(f"{os.getpid()}\\n")
+time.sleep(120)
+"""
+
+
+def test_the_shard_process_gets_sigterm_when_its_task_process_is_killed(tmp_path):
+    """What a killed Ray worker does to its shard: the `work` process gets SIGTERM (to checkpoint and free the
+    shard lock), even though nothing could run in the SIGKILLed worker."""
+    from .tiny_models import REPO
+    record = tmp_path / "shard.txt"
+    task = subprocess.Popen([sys.executable, "-c", "import sys; from pipeline.launchers.ray_tasks import run_shard; "
+                             "run_shard(sys.argv[1:], {})", sys.executable, "-c", SHARD, str(record)], cwd=REPO)
+    try:
+        wait_for(lambda: record.exists() and record.read_text().strip(), timeout=60, what="the shard process")
+        shard = int(record.read_text().split()[0])
+        assert parent_of(shard) == task.pid
+        task.kill()
+        wait_for(lambda: "SIGTERM" in record.read_text(), timeout=10, what="SIGTERM to the shard process")
+    finally:
+        task.kill()
+        task.wait()
