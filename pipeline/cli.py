@@ -158,7 +158,8 @@ def main():
               help="embed: pooled hidden states; score: log-likelihood under a causal LM; generate: continue "
                    "each sequence (native engine).")
 @click.option("--gpus", default="auto", show_default=True,
-              help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU.")
+              help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU. With --launcher slurm "
+                   "or ray: whether each shard gets a GPU (slurm auto: when --sbatch asks for GPUs; ray auto: CPU).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="CPU workers when running on CPU (default: one per core, at most 4; each loads the model).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -213,7 +214,9 @@ def main():
               help="slurm: at most N array tasks at once (sbatch --array=...%N).")
 @click.option("--dry-run", is_flag=True, help="slurm: write OUT/slurm/*.sbatch and print the sbatch commands only.")
 @click.option("--wait", is_flag=True, help="slurm: after submitting, follow until merged (or a shard failed).")
-@click.option("--ray-address", default="", help="ray: the cluster's address (e.g. auto); default a local Ray.")
+@click.option("--ray-address", default="",
+              help="ray: the cluster's address (e.g. auto, or HOST:PORT); default: RAY_ADDRESS, a `ray start` "
+                   "cluster on this machine, else a new local Ray. GPUs: pass --gpus 1 (one per shard).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
 def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tokens_per_batch, max_seqs, dtype, pools,
@@ -292,15 +295,17 @@ def status_command(out, verify):
 @click.option("--worker-timeout", type=POSITIVE, default=None, help="Override the run's --worker-timeout.")
 @click.option("--dry-run", is_flag=True, help="slurm runs: write the scripts and print the sbatch commands only.")
 @click.option("--wait", is_flag=True, help="slurm runs: after resubmitting, follow until merged (or a shard failed).")
+@click.option("--ray-address", default=None, help="ray runs: another address for the Ray cluster than the run's.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
-def rerun_command(out, shards, worker_timeout, dry_run, wait, no_progress, quiet):
+def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, no_progress, quiet):
     """Re-run failed or unfinished shards of OUT from their checkpoints, then merge (for a SLURM run:
     resubmit them, and a new merge job)."""
     from .runner import rerun
     _setup_logging(quiet)
     _finish(_call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
-                  worker_timeout=worker_timeout, options={"dry_run": dry_run, "wait": wait}))
+                  worker_timeout=worker_timeout, options={"dry_run": dry_run, "wait": wait},
+                  ray_address=ray_address))
 
 
 @main.command("merge")

@@ -169,7 +169,8 @@ def run(config: RunConfig, show_progress: bool = True, options: dict | None = No
 
 
 def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
-          worker_timeout: float | None = None, options: dict | None = None) -> Path | Submitted:
+          worker_timeout: float | None = None, options: dict | None = None,
+          ray_address: str | None = None) -> Path | Submitted:
     """Re-run failed or unfinished shards from their checkpoints (locally, or resubmitted to the run's
     scheduler), then merge."""
     run_dir = RunDir(out)
@@ -190,6 +191,11 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             if asked and launcher != "slurm":
                 raise UserError(f"{' and '.join(asked)} apply only to runs with --launcher slurm (this run's "
                                 f"launcher is {launcher})")
+            if ray_address is not None and launcher != "ray":
+                raise UserError(f"--ray-address applies only to runs with --launcher ray (this run's launcher is "
+                                f"{launcher})")
+            if ray_address is not None:
+                manifest["config"]["ray_address"] = ray_address
             if worker_timeout:
                 manifest["config"]["worker_timeout"] = worker_timeout
             return _run_shards(run_dir, manifest, index, shards, show_progress, time.time(), options)

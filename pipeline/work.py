@@ -14,7 +14,8 @@ import logging
 import os
 
 from .config import RunConfig
-from .errors import UserError
+from .errors import RunFailed, UserError
+from .exits import EXIT_USER_ERROR
 from .run_dir import RunDir
 
 log = logging.getLogger("run_shards")
@@ -77,7 +78,15 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
     job = ShardJob(run, dict(manifest, config=dict(manifest["config"], **_node_devices(config, len(todo)))),
                    index, todo, remaining, show_progress,
                    options={"continue_with": f"Continue with:  run_shards rerun {run.root}  (or this task again)"})
-    local.launch(job)
+    try:
+        local.launch(job)
+    except RunFailed as e:
+        # Every shard stopped on a user error (bad input, a damaged model): retrying cannot help, so exit 2,
+        # which schedulers that retry (Ray) take as final.
+        codes = {(run.failure(k) or {}).get("exit_code") for k in todo}
+        if e.exit_code == 1 and codes == {EXIT_USER_ERROR}:
+            raise UserError(str(e)) from None
+        raise
     return f"shard(s) {', '.join(map(str, todo))} complete"
 
 
@@ -93,5 +102,6 @@ def _node_devices(config: RunConfig, shards: int) -> dict:
                             "(e.g. --sbatch '--gres=gpu:1')")
         return {"devices": gpus[:shards], "workers": min(len(gpus), shards)}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = min(cpus, int(os.environ.get("RUN_SHARDS_TASK_CPUS") or cpus))   # a Ray task's num_cpus: counted, not pinned
     workers = max(1, min(shards, cpus))
     return {"devices": [], "workers": workers, "threads_per_worker": max(1, cpus // workers)}
