@@ -236,9 +236,11 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     for r in (only or []):
         if states[r].state == "complete":
             log.info("shard %d is already complete", r)
-    if ranks and config.launcher != "local":
+    if ranks and config.launcher == "slurm":
         running = [r for r in ranks if RunLock.shard_running(run, r)]
         if running:   # a task still holds them; submitting them again would only queue a refusal
+            # (Ray's launcher waits for its tasks and then merges, so it keeps them: their tasks wait for
+            # the shard's lock to be free.)
             log.info("shard(s) %s are being computed now; not submitted again", ", ".join(map(str, running)))
             ranks = [r for r in ranks if r not in running]
             if not ranks:
