@@ -1,29 +1,41 @@
 """Scan one FASTA file into per-record arrays: byte offset, byte length, residue count and id.
 
 The file is read in fixed blocks, each with one positioned read, by a few threads (numpy releases the
-GIL). Each block is scanned with a handful of vectorised passes: header starts, whitespace positions,
-and byte-range checks. A record that crosses a block boundary is finished afterwards by reading exactly
-that record, so the result does not depend on where blocks fall.
+GIL). Each block is scanned with a handful of vectorised passes over the positions of its bytes below 33
+(whitespace, line ends, control bytes). A record that crosses a block boundary is finished afterwards by
+streaming exactly that record through block-sized reads, so the result does not depend on where blocks
+fall and memory does not depend on any record's size.
 
-Residue count: bytes of the record after its header line, whitespace (space, tab, CR, LF) excluded and a
-trailing '*' stop symbol dropped, which is exactly the text the model sees (see `sequence_text`).
+What a FASTA file is here (README "Sequence text" and "Bad input"):
+- A line ends at LF, CRLF or a lone CR, in any mix. A header is a '>' that starts a line.
+- A header may hold any byte but NUL. The id is its first run of bytes above 32: it ends at whitespace or
+  at a control byte such as NCBI's Ctrl-A (0x01), which joins the deflines of merged identical sequences
+  in the non-redundant databases, as NCBI's own tools read them. The whole line stays the description.
+- Sequence data: ASCII whitespace (space, tab, CR, LF, VT, FF) is removed; NUL, other control bytes and
+  bytes above 126 are refused. A trailing '*' stop symbol is dropped. Residue count = that text's length.
+- Lines starting with ';' (the old Pearson comment lines) are refused wherever they are: other tools
+  either refuse them or read them as residues, and silently doing either would change the results.
 """
 from __future__ import annotations
 
 import os
+import re
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import FastaError, line_number
 
 BLOCK_BYTES = 4 << 20
-_GT, _NL, _STAR = ord(">"), ord("\n"), ord("*")
-_WHITESPACE = b" \t\r\n"
-_DELETE_WS = bytes(range(33))  # whitespace and control bytes; control bytes never reach here (rejected)
+_GT, _SEMI, _STAR, _LF, _CR = ord(">"), ord(";"), ord("*"), ord("\n"), ord("\r")
+_WHITESPACE = b" \t\n\r\x0b\x0c"
+_DELETE_WS = bytes(range(33))  # whitespace and control bytes; control bytes never reach here (refused)
+_LINE_END = re.compile(rb"[\r\n]")
+_ID = re.compile(rb"[^\x00-\x20]+")
+NUCLEOTIDES = b"ACGTUN"
 
 
 def sequence_text(record: bytes) -> str:
@@ -32,12 +44,18 @@ def sequence_text(record: bytes) -> str:
     Whitespace removed, upper-cased (lowercase marks soft-masked residues, not different ones), a trailing
     '*' stop symbol dropped.
     """
-    newline = record.find(b"\n")
-    body = b"" if newline < 0 else record[newline + 1:]
+    end = _LINE_END.search(record)
+    body = b"" if end is None else record[end.start():]
     body = body.translate(None, _DELETE_WS).upper()
     if body.endswith(b"*"):
         body = body[:-1]
     return body.decode("ascii")
+
+
+def id_of_header(line: bytes) -> bytes:
+    """The id of a header line (after the '>'): its first run of bytes above 32, b'' if none."""
+    match = _ID.search(line)
+    return match.group() if match else b""
 
 
 @dataclass
@@ -49,25 +67,28 @@ class FileScan:
     lengths: np.ndarray     # int64 [N] residues
     id_blob: np.ndarray     # uint8 [sum of id bytes] ids back to back
     id_lengths: np.ndarray  # int64 [N]
-    content_crc32: int | None = None   # whole-file checksum (see _FileScanner.scan); None after concat
+    nucleotides: np.ndarray | None = None   # int64 [N] residues that are A, C, G, T, U or N (when asked)
+    content_crc32: int | None = None        # whole-file checksum (see _FileScanner.scan); None after concat
 
     @staticmethod
     def concat(parts: list["FileScan"]) -> "FileScan":
         if not parts:
             return FileScan(*(np.zeros(0, np.int64) for _ in range(3)), np.zeros(0, np.uint8),
-                            np.zeros(0, np.int64))
+                            np.zeros(0, np.int64), np.zeros(0, np.int64))
+        nuc = None if any(p.nucleotides is None for p in parts) else np.concatenate([p.nucleotides for p in parts])
         return FileScan(*(np.concatenate([getattr(p, f) for p in parts])
-                          for f in ("offsets", "nbytes", "lengths", "id_blob", "id_lengths")))
+                          for f in ("offsets", "nbytes", "lengths", "id_blob", "id_lengths")), nucleotides=nuc)
 
 
-class _BadByte(Exception):
-    def __init__(self, offset: int, value: int):
-        self.offset, self.value = offset, value
+_UNKNOWN = -1
 
 
-class _EmptyId(Exception):
-    def __init__(self, offset: int):
-        self.offset = offset
+class _Problem(Exception):
+    """Bad input at byte `offset`, inside the record whose '>' is at `record` (None: before any header;
+    _UNKNOWN: found out when the message is written)."""
+
+    def __init__(self, kind: str, offset: int, record: int | None = None, value: int = 0):
+        self.kind, self.offset, self.record, self.value = kind, offset, record, value
 
 
 @dataclass
@@ -75,92 +96,115 @@ class _BlockScan:
     records: FileScan
     first_header: int | None   # absolute offset of the first header starting in this block
     open_header: int | None    # absolute offset of a header whose record runs past this block
-    nonws_before_header: int   # non-whitespace bytes owned by this block before its first header
+    nonblank_before_header: int   # bytes owned by this block before its first header that are not blank
     crc32: int = 0             # of the block's own bytes
 
 
-def _scan_buffer(buf: np.ndarray, base: int, owned_from: int, header_at_0: bool, final: bool) -> _BlockScan:
-    """Scan the records whose header starts in `buf[owned_from:]`.
+def _nucleotide_mask(a: np.ndarray) -> np.ndarray:
+    folded = a | 0x20   # 'A' and 'a' both become 'a'; no other byte does
+    mask = folded == NUCLEOTIDES[0] | 0x20
+    for c in NUCLEOTIDES[1:]:
+        mask |= folded == c | 0x20
+    return mask
 
-    Everything is derived from one array: the positions of bytes < 33 (whitespace and control bytes).
-    Header starts are the '>' right after a newline, so rank arithmetic on that array gives each record's
-    header end, body start and whitespace count without any search. `header_at_0` says that position 0
-    starts a line (file start, or a buffer holding exactly one record). Unless `final`, the last record
-    may continue past the buffer; it is returned as `open_header` instead.
+
+def _is_blank(values: np.ndarray) -> np.ndarray:
+    return (values == 32) | ((values >= 9) & (values <= 13))
+
+
+def _scan_buffer(buf: np.ndarray, base: int, owned_from: int, final: bool, nucleotides: bool) -> _BlockScan:
+    """Scan the records whose header starts in `buf[owned_from:]` (`base`: file offset of buf[0]).
+
+    Everything is derived from one array: the positions of bytes < 33. Line ends are the CRs and LFs
+    among them (a CRLF is two line ends with an empty line between, which changes nothing); header starts
+    are the '>' right after a line end, so rank arithmetic on that array gives each record's header end,
+    body start and whitespace count without any search. Position 0 of the file starts a line. Unless
+    `final`, the last record may continue past the buffer; it is returned as `open_header` instead.
     """
     ws = np.flatnonzero(buf < 33)
     wv = buf[ws]
-    if header_at_0:  # a virtual newline before position 0
+    if base == 0:  # a virtual line end before the file's first byte
         ws = np.concatenate((np.array([-1], np.int64), ws))
-        wv = np.concatenate((np.array([_NL], np.uint8), wv))
+        wv = np.concatenate((np.array([_LF], np.uint8), wv))
     n = len(buf)
-    nl = np.flatnonzero(wv == _NL)          # ws-ranks of the newlines
-    after = ws[nl] + 1                      # position just after each newline
-    is_header = np.zeros(len(nl), bool)
+    le = np.flatnonzero((wv == _LF) | (wv == _CR))   # ws-ranks of the line ends
+    after = ws[le] + 1                               # position just after each line end
+    starts = np.zeros(len(le), np.uint8)             # first byte of each line owned by this block
     inside = (after < n) & (after >= owned_from)
-    is_header[inside] = buf[after[inside]] == _GT
-    hj = np.flatnonzero(is_header)          # indices into `nl` of the newline before each header
+    starts[inside] = buf[after[inside]]
+    comments = np.flatnonzero(starts == _SEMI)
+    hj = np.flatnonzero(starts == _GT)               # indices into `le` of the line end before each header
     hs = after[hj]
+    if len(comments):
+        at = int(after[comments[0]])
+        owner = int(np.searchsorted(hs, at, "right")) - 1   # -1: in a record from an earlier block, or none
+        raise _Problem("comment", base + at, base + int(hs[owner]) if owner >= 0 else _UNKNOWN)
 
     prefix_end = int(hs[0]) if len(hs) else n
-    nonws_before = (prefix_end - owned_from) - int(np.searchsorted(ws, prefix_end) - np.searchsorted(ws, owned_from))
+    r0, r1 = np.searchsorted(ws, owned_from), np.searchsorted(ws, prefix_end)
+    nonblank = (prefix_end - owned_from) - int(np.count_nonzero(_is_blank(wv[r0:r1])))
     if len(hs) == 0:
-        return _BlockScan(FileScan.concat([]), None, None, nonws_before)
+        return _BlockScan(FileScan.concat([]), None, None, nonblank)
     first_header = base + int(hs[0])
     if final:
         open_header = None
         ends = np.append(hs[1:], n)
-        end_rank = np.append(nl[hj[1:]] + 1, len(ws))   # ws-rank of the first whitespace at/after the end
+        end_rank = np.append(le[hj[1:]] + 1, len(ws))   # ws-rank of the first byte < 33 at/after the end
     else:
         open_header = base + int(hs[-1])
         ends = hs[1:]
-        end_rank = nl[hj[1:]] + 1
+        end_rank = le[hj[1:]] + 1
         hj, hs = hj[:-1], hs[:-1]
         if len(hs) == 0:
-            return _BlockScan(FileScan.concat([]), first_header, open_header, nonws_before)
-    records = _records(buf, base, ws, wv, nl, hj, hs, ends, end_rank)
-    return _BlockScan(records, first_header, open_header, nonws_before)
+            return _BlockScan(FileScan.concat([]), first_header, open_header, nonblank)
+    records = _records(buf, base, ws, wv, le, hj, hs, ends, end_rank, nucleotides)
+    return _BlockScan(records, first_header, open_header, nonblank)
 
 
-def _records(buf, base, ws, wv, nl, hj, hs, ends, end_rank) -> FileScan:
-    first_rank, stop_rank = int(nl[hj[0]]) + 1, int(end_rank[-1])
-    seg = wv[first_rank:stop_rank]
-    bad = np.flatnonzero((seg < 32) & (seg != 9) & (seg != 10) & (seg != 13))
-    if len(bad):
-        pos = int(ws[first_rank + bad[0]])
-        raise _BadByte(base + pos, int(buf[pos]))
-
-    # Header end: the next newline after the one before the header (absent only for a last header
-    # line with no newline at all, which has no body).
+def _records(buf, base, ws, wv, le, hj, hs, ends, end_rank, nucleotides: bool) -> FileScan:
+    # Header end: the next line end after the one before the header (absent only for a last header
+    # line with no line end at all, which has no body).
     he_i = hj + 1
-    has_end = he_i < len(nl)
-    he_rank = np.where(has_end, nl[np.minimum(he_i, len(nl) - 1)], end_rank)
+    has_end = he_i < len(le)
+    he_rank = np.where(has_end, le[np.minimum(he_i, len(le) - 1)], end_rank)
     has_end &= he_rank < end_rank
     he_rank = np.where(has_end, he_rank, end_rank)
     header_end = np.where(has_end, ws[np.minimum(he_rank, len(ws) - 1)], ends)
 
+    # Control bytes: a header may hold any but NUL (NCBI's Ctrl-A), sequence data none.
+    first_rank, stop_rank = int(le[hj[0]]) + 1, int(end_rank[-1])
+    seg = wv[first_rank:stop_rank]
+    suspect = np.flatnonzero((seg < 9) | ((seg > 13) & (seg < 32)))
+    if len(suspect):
+        pos = ws[first_rank + suspect]
+        owner = np.searchsorted(hs, pos, side="right") - 1
+        bad = (pos >= header_end[owner]) | (seg[suspect] == 0)
+        if bad.any():
+            k = int(np.argmax(bad))
+            kind = "byte" if pos[k] >= header_end[owner[k]] else "header_nul"
+            raise _Problem(kind, base + int(pos[k]), base + int(hs[owner[k]]), int(seg[suspect[k]]))
     first, stop = int(hs[0]), int(ends[-1])
     if buf[first:stop].max(initial=0) > 126:
-        # Non-ASCII bytes are fine in a description (UTF-8), never in sequence data.
+        # Bytes above 126 are fine in a description (UTF-8), never in sequence data.
         high = np.flatnonzero(buf[first:stop] > 126) + first
         owner = np.searchsorted(hs, high, side="right") - 1
-        in_header = high < header_end[owner]
-        if not in_header.all():
-            pos = int(high[~in_header][0])
-            raise _BadByte(base + pos, int(buf[pos]))
+        in_seq = high >= header_end[owner]
+        if in_seq.any():
+            k = int(np.argmax(in_seq))
+            raise _Problem("byte", base + int(high[k]), base + int(hs[owner[k]]), int(buf[high[k]]))
 
-    # id: from after '>' to the first whitespace; a header with leading blanks is fixed up one by one.
+    # id: from after '>' to the first byte < 33; a header with leading blanks is fixed up one by one.
     id_start = hs + 1
-    id_rank = nl[hj] + 1
+    id_rank = le[hj] + 1
     id_end = np.where(id_rank < len(ws), ws[np.minimum(id_rank, len(ws) - 1)], ends)
     id_end = np.minimum(id_end, header_end)
     for r in np.flatnonzero(id_end <= id_start):
         line = buf[hs[r] + 1:header_end[r]].tobytes()
-        tokens = line.split()
-        if not tokens:
-            raise _EmptyId(base + int(hs[r]))
-        id_start[r] = hs[r] + 1 + line.index(tokens[0])
-        id_end[r] = id_start[r] + len(tokens[0])
+        match = _ID.search(line)
+        if match is None:
+            raise _Problem("empty_id", base + int(hs[r]), base + int(hs[r]))
+        id_start[r] = hs[r] + 1 + match.start()
+        id_end[r] = hs[r] + 1 + match.end()
 
     body = np.minimum(header_end + 1, ends)
     lengths = (ends - body) - np.maximum(end_rank - he_rank - 1, 0)
@@ -177,16 +221,91 @@ def _records(buf, base, ws, wv, nl, hj, hs, ends, end_rank) -> FileScan:
     star = (last >= body) & (buf[np.clip(last, 0, len(buf) - 1)] == _STAR)
     lengths = lengths - star
 
+    nuc = None
+    if nucleotides:
+        mask = np.append(_nucleotide_mask(buf[first:stop]), False).view(np.uint8)   # a 0 to end the last body
+        bounds = np.stack((body - first, ends - first), axis=1).ravel()
+        nuc = np.where(body < ends, np.add.reduceat(mask, bounds, dtype=np.int32)[::2], 0).astype(np.int64)
+
     id_lengths = id_end - id_start
     starts_in_blob = np.cumsum(id_lengths) - id_lengths
     gather = np.repeat(id_start - starts_in_blob, id_lengths) + np.arange(int(id_lengths.sum()))
-    return FileScan(offsets=hs + base, nbytes=ends - hs, lengths=lengths, id_blob=buf[gather], id_lengths=id_lengths)
+    return FileScan(offsets=hs + base, nbytes=ends - hs, lengths=lengths, id_blob=buf[gather],
+                    id_lengths=id_lengths, nucleotides=nuc)
+
+
+@dataclass
+class _RecordStream:
+    """One record read block by block: its header line, then its sequence lines (bounded memory)."""
+
+    start: int
+    in_header: bool = True
+    id_parts: list = field(default_factory=list)
+    id_state: int = 0            # 0: blanks before the id, 1: inside it, 2: done
+    residues: int = 0
+    nucleotides: int = 0
+    last: int = -1               # last non-blank byte of the sequence data so far
+
+    def feed(self, c: np.ndarray, at: int, count_nucleotides: bool) -> None:
+        """Take the next piece `c` of the record, which starts at file offset `at`."""
+        if self.in_header:
+            ends = np.flatnonzero((c == _LF) | (c == _CR))
+            head = c if len(ends) == 0 else c[:int(ends[0])]
+            if len(head) and head.min() == 0:
+                raise _Problem("header_nul", at + int(np.argmax(head == 0)), self.start)
+            self._take_id(head)
+            if len(ends) == 0:
+                return
+            self.in_header = False
+            if self.id_state == 0:
+                raise _Problem("empty_id", self.start, self.start)
+            at += int(ends[0])
+            c = c[int(ends[0]):]
+        low = c < 33
+        lowv = c[low]
+        bad = (lowv < 9) | ((lowv > 13) & (lowv < 32))
+        if bad.any():
+            raise _Problem("byte", at + int(np.flatnonzero(low)[np.argmax(bad)]), self.start, int(lowv[np.argmax(bad)]))
+        if len(c) and c.max() > 126:
+            k = int(np.argmax(c > 126))
+            raise _Problem("byte", at + k, self.start, int(c[k]))
+        blanks = len(lowv)
+        if blanks < len(c):
+            self.residues += len(c) - blanks
+            tail = low[-256:]
+            k = len(c) - len(tail) + int(np.flatnonzero(~tail)[-1]) if not tail.all() else \
+                int(np.flatnonzero(~low)[-1])
+            self.last = int(c[k])
+            if count_nucleotides:
+                self.nucleotides += int(np.count_nonzero(_nucleotide_mask(c)))
+
+    def _take_id(self, head: np.ndarray) -> None:
+        if self.id_state == 0:
+            visible = np.flatnonzero(head > 32)
+            if len(visible) == 0:
+                return
+            head, self.id_state = head[int(visible[0]):], 1
+        if self.id_state == 1:
+            stop = np.flatnonzero(head < 33)
+            self.id_parts.append((head[:int(stop[0])] if len(stop) else head).copy())   # buf is reused
+            if len(stop):
+                self.id_state = 2
+
+    def result(self, stop: int) -> FileScan:
+        if self.id_state == 0:
+            raise _Problem("empty_id", self.start, self.start)
+        ident = np.concatenate(self.id_parts)
+        residues = self.residues - (self.last == _STAR)
+        return FileScan(np.array([self.start], np.int64), np.array([stop - self.start], np.int64),
+                        np.array([residues], np.int64), ident.astype(np.uint8, copy=False),
+                        np.array([len(ident)], np.int64), np.array([self.nucleotides], np.int64))
 
 
 class _FileScanner:
-    def __init__(self, path: str, threads: int):
+    def __init__(self, path: str, threads: int, nucleotides: bool):
         self.path = path
         self.threads = threads
+        self.nucleotides = nucleotides
         self.fd = os.open(path, os.O_RDONLY)
         self.size = os.fstat(self.fd).st_size
         self._local = threading.local()
@@ -194,17 +313,15 @@ class _FileScanner:
     def close(self) -> None:
         os.close(self.fd)
 
-    def _read(self, start: int, stop: int, reuse: bool) -> np.ndarray:
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        """Bytes [start, stop) into this thread's buffer (fresh large allocations would page-fault on every
+        block); stop - start is at most BLOCK_BYTES + 1."""
         n = stop - start
-        if reuse:  # one buffer per thread: fresh large allocations would page-fault on every block
-            buf = getattr(self._local, "buf", None)
-            if buf is None or len(buf) < n:
-                buf = self._local.buf = np.empty(max(n, BLOCK_BYTES + 1), np.uint8)
-            buf = buf[:n]
-        else:
-            buf = np.empty(n, np.uint8)
-        got = os.preadv(self.fd, [memoryview(buf)], start)
-        if got != n:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = self._local.buf = np.empty(max(n, BLOCK_BYTES + 1), np.uint8)
+        buf = buf[:n]
+        if read_into(self.fd, buf, start) != n:
             raise FastaError(self.path, "file changed while it was being read; run again once it is complete")
         return buf
 
@@ -212,29 +329,20 @@ class _FileScanner:
         start = k * BLOCK_BYTES
         stop = min(self.size, start + BLOCK_BYTES)
         lo = max(0, start - 1)  # one byte of look-behind tells whether a '>' starts a line
-        buf = self._read(lo, stop, reuse=True)
-        scan = _scan_buffer(buf, lo, owned_from=start - lo, header_at_0=start == 0, final=stop == self.size)
+        buf = self._read(lo, stop)
+        scan = _scan_buffer(buf, lo, owned_from=start - lo, final=stop == self.size, nucleotides=self.nucleotides)
         scan.crc32 = zlib.crc32(buf[start - lo:])   # while the block is in cache; zlib releases the GIL
         return scan
 
     def record(self, start: int, stop: int) -> FileScan:
-        """Exactly one record that crossed a block boundary."""
-        buf = self._read(start, stop, reuse=False)
-        scan = _scan_buffer(buf, start, owned_from=0, header_at_0=True, final=True)
-        assert len(scan.records.offsets) == 1 and scan.records.offsets[0] == start
-        return scan.records
+        """Exactly one record that crossed a block boundary, streamed through block-sized reads."""
+        stream = _RecordStream(start)
+        for at in range(start + 1, stop, BLOCK_BYTES):   # from after the '>'
+            stream.feed(self._read(at, min(stop, at + BLOCK_BYTES)), at, self.nucleotides)
+        return stream.result(stop)
 
     def scan(self) -> FileScan:
-        head = os.pread(self.fd, 1 << 16, 0)
-        if head[:2] == b"\x1f\x8b":
-            raise FastaError(self.path, "file is gzip-compressed",
-                             hint="Decompress it first (gunzip -k FILE) and pass the .fasta")
-        if head[:3] == b"\xef\xbb\xbf":
-            raise FastaError(self.path, "file starts with a UTF-8 byte-order mark (BOM)", line=1,
-                             hint="Save it without the BOM, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' FILE")
-        if b"\r" in head and b"\n" not in head:
-            raise FastaError(self.path, "lines end with a carriage return only (classic Mac line endings)",
-                             hint="Convert them, e.g. tr '\\r' '\\n' < FILE > FILE.unix.fasta")
+        _sniff(self.path, os.pread(self.fd, 1 << 16, 0))
         nblocks = max(1, -(-self.size // BLOCK_BYTES))
         with ThreadPoolExecutor(self.threads) as pool:
             blocks = list(pool.map(self.block, range(nblocks)))
@@ -265,34 +373,96 @@ class _FileScanner:
 
     def _check_prefix(self, blocks: list[_BlockScan]) -> None:
         """Everything before the first header must be blank; say so precisely when it is not."""
-        nonws = 0
         for b in blocks:
-            nonws += b.nonws_before_header
+            if b.nonblank_before_header:
+                raise FastaError(self.path, "sequence data before the first header",
+                                 line=line_number(self.path, _first_nonblank(self.path)),
+                                 hint="Every record must start with a '>' header line; add one or remove the "
+                                      "stray lines")
             if b.first_header is not None:
-                break
-        else:
-            if nonws == 0:
-                raise FastaError(self.path, "file is empty: no FASTA records",
-                                 hint="A record is a '>' header line followed by sequence lines")
-        if nonws:
-            with open(self.path, "rb") as fh:
-                data = fh.read(1 << 16)
-            pos = next(i for i, c in enumerate(data) if c > 32) if data.strip() else 0
-            if any(c > 126 or (c < 32 and c not in (9, 10, 13)) for c in data[:4096]):
-                raise FastaError(self.path, "binary data, not a FASTA text file", line=1,
-                                 hint="Pass an uncompressed protein/nucleotide FASTA file")
-            raise FastaError(self.path, "sequence data before the first header", line=line_number(self.path, pos),
-                             hint="Every record must start with a '>' header line; add one or remove the stray lines")
+                return
+        raise FastaError(self.path, "file is empty: no FASTA records",
+                         hint="A record is a '>' header line followed by sequence lines")
 
 
-def scan_fasta(path: str | os.PathLike, threads: int | None = None) -> FileScan:
-    """Scan one FASTA file; raise FastaError naming file, line and id for malformed input."""
+def read_into(fd: int, buf, offset: int) -> int:
+    """pread into the writable buffer `buf` until it is full or the file ends (one call returns at most
+    about 2 GiB); returns the bytes read."""
+    view, done = memoryview(buf).cast("B"), 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:done + (1 << 30)]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+def _sniff(path: str, head: bytes) -> None:
+    """Refuse, by name, files that are not FASTA text: compressed, UTF-16/32, FASTQ, HTML, binary."""
+    if head[:2] == b"\x1f\x8b":
+        raise FastaError(path, "file is gzip-compressed",
+                         hint="Decompress it first (gunzip -k FILE) and pass the .fasta")
+    if head[:3] == b"\xef\xbb\xbf":
+        raise FastaError(path, "file starts with a UTF-8 byte-order mark (BOM)", line=1,
+                         hint="Save it without the BOM, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' FILE")
+    encoding = _wide_encoding(head)
+    if encoding:
+        name, source = encoding
+        raise FastaError(path, f"file is {name} text, not ASCII or UTF-8",
+                         hint=f"Convert it: iconv -f {source} -t UTF-8 FILE > FILE.utf8.fasta")
+    text = head.lstrip(_WHITESPACE)
+    if not text or text[:1] == b">":
+        return
+    lines = re.split(rb"\r\n|\r|\n", text, maxsplit=4)
+    if text[:1] == b"@" and len(lines) > 3 and lines[2][:1] == b"+":
+        raise FastaError(path, "this is a FASTQ file (reads with quality lines), not FASTA", line=1,
+                         hint="Convert it, e.g. sed -n '1~4s/^@/>/p;2~4p' FILE > FILE.fasta "
+                              "(or seqtk seq -a FILE > FILE.fasta)")
+    if text[:1] == b"<" and re.search(rb"<!doctype html|<html", text[:4096], re.IGNORECASE):
+        raise FastaError(path, "this is an HTML page, not a FASTA file", line=1,
+                         hint="A download probably saved a web page (an error, login or redirect page): download "
+                              "the FASTA itself (e.g. curl -fL -o FILE URL) and check that it starts with '>'")
+    if any(c > 126 or (c < 32 and c not in _WHITESPACE) for c in head[:4096]):
+        raise FastaError(path, "binary data, not a FASTA text file", line=1,
+                         hint="Pass an uncompressed protein/nucleotide FASTA text file")
+
+
+def _wide_encoding(head: bytes) -> tuple[str, str] | None:
+    """(name, iconv source encoding) for UTF-16/32 text, told by its byte-order mark or, without one, by
+    the zero bytes that sit beside every ASCII character."""
+    for bom, name, source in ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian)", "UTF-32"),
+                              (b"\x00\x00\xfe\xff", "UTF-32 (big-endian)", "UTF-32"),
+                              (b"\xff\xfe", "UTF-16 (little-endian)", "UTF-16"),
+                              (b"\xfe\xff", "UTF-16 (big-endian)", "UTF-16")):
+        if head.startswith(bom):
+            return name, source
+    sample = head[:64 - len(head[:64]) % 4]
+    if len(sample) < 8:
+        return None
+    lanes = [sample[k::4] for k in range(4)]
+    zero = [not lane.strip(b"\0") for lane in lanes]
+    if zero == [False, True, True, True]:
+        return "UTF-32 (little-endian)", "UTF-32LE"
+    if zero == [True, True, True, False]:
+        return "UTF-32 (big-endian)", "UTF-32BE"
+    if zero[1] and zero[3] and not zero[0]:
+        return "UTF-16 (little-endian)", "UTF-16LE"
+    if zero[0] and zero[2] and not zero[1]:
+        return "UTF-16 (big-endian)", "UTF-16BE"
+    return None
+
+
+def scan_fasta(path: str | os.PathLike, threads: int | None = None, nucleotides: bool = False) -> FileScan:
+    """Scan one FASTA file; raise FastaError naming file, line and id for malformed input.
+
+    `nucleotides`: also count, per record, the residues that are A, C, G, T, U or N (`FileScan.nucleotides`).
+    """
     path = os.fspath(path)
     threads = threads or min(8, os.cpu_count() or 1)
     if os.path.isdir(path):
         raise FastaError(path, "is a directory, not a FASTA file")
     try:
-        scanner = _FileScanner(path, threads)
+        scanner = _FileScanner(path, threads, nucleotides)
     except FileNotFoundError:
         if os.path.basename(path) == "-":
             raise FastaError(path, "file not found", hint="Standard input is not read ('-'): the index needs a "
@@ -304,32 +474,69 @@ def scan_fasta(path: str | os.PathLike, threads: int | None = None) -> FileScan:
         raise FastaError(path, f"cannot open: {e.strerror or e}") from None
     try:
         return scanner.scan()
-    except _BadByte as e:
-        seq_id = _id_before(path, e.offset)
-        if e.value > 127:
-            raise FastaError(path, f"non-ASCII byte 0x{e.value:02x} in the sequence data",
-                             line=line_number(path, e.offset), seq_id=seq_id,
-                             hint="Residues are ASCII letters; fix or remove that character") from None
-        raise FastaError(path, f"binary or control byte 0x{e.value:02x} in the sequence data",
-                         line=line_number(path, e.offset), seq_id=seq_id,
-                         hint="The file is corrupt or not a FASTA text file") from None
-    except _EmptyId as e:
-        raise FastaError(path, "header has no id (nothing after '>')", line=line_number(path, e.offset),
-                         hint="Give every record an id: '>my_id optional description'") from None
+    except _Problem as p:
+        raise _explain(path, p) from None
     finally:
         scanner.close()
 
 
-def _id_before(path: str, offset: int) -> str | None:
-    """Id of the record containing byte `offset`, for error messages."""
+def _explain(path: str, p: _Problem) -> FastaError:
+    line = line_number(path, p.offset)
+    if p.record == _UNKNOWN:
+        p.record = _record_before(path, p.offset)
+    seq_id = None if p.record is None else _id_at(path, p.record)
+    if p.kind == "comment":
+        where = "before the first header" if p.record is None else "among the sequence lines"
+        return FastaError(path, f"comment line (starting with ';') {where}", line=line, seq_id=seq_id,
+                          hint="FASTA comment lines are not supported (they would be read as residues); remove "
+                               "them, e.g. sed '/^;/d' FILE > FILE.nocomments.fasta")
+    if p.kind == "empty_id":
+        return FastaError(path, "header has no id (nothing after '>')", line=line,
+                          hint="Give every record an id: '>my_id optional description'")
+    if p.kind == "header_nul":
+        return FastaError(path, "NUL byte (0x00) in the header", line=line, seq_id=seq_id or None,
+                          hint="A header may hold any text but NUL; the file is corrupt or not a FASTA text file")
+    if p.value > 127:
+        return FastaError(path, f"non-ASCII byte 0x{p.value:02x} in the sequence data", line=line, seq_id=seq_id,
+                          hint="Residues are ASCII letters; fix or remove that character")
+    return FastaError(path, f"binary or control byte 0x{p.value:02x} in the sequence data", line=line,
+                      seq_id=seq_id, hint="Sequence lines hold residues and whitespace only; the file is corrupt or "
+                                          "not a FASTA text file")
+
+
+def _id_at(path: str, offset: int) -> str:
+    """Id of the record whose '>' is at `offset`, for error messages."""
     with open(path, "rb") as fh:
-        start = max(0, offset - (1 << 20))
-        fh.seek(start)
-        data = fh.read(offset - start)
-    at = data.rfind(b"\n>")
-    if at < 0 and start == 0 and data.startswith(b">"):
-        at = -1
-    elif at < 0:
-        return None
-    line = data[at + 2:].split(b"\n", 1)[0].split()
-    return line[0].decode("utf-8", "replace") if line else None
+        fh.seek(offset + 1)
+        head = fh.read(1 << 16)
+    end = _LINE_END.search(head)
+    return id_of_header(head[:end.start() if end else len(head)].replace(b"\0", b" ")).decode("utf-8", "replace")
+
+
+def _first_nonblank(path: str) -> int:
+    """Offset of the first byte that is not whitespace (the file size if there is none)."""
+    at = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            rest = chunk.lstrip(_WHITESPACE)
+            if rest:
+                return at + len(chunk) - len(rest)
+            at += len(chunk)
+    return at
+
+
+def _record_before(path: str, offset: int) -> int | None:
+    """Offset of the last header that starts before `offset` (None: there is none), read backwards."""
+    header = re.compile(rb"[\r\n]>")
+    with open(path, "rb") as fh:
+        stop = offset
+        while stop > 0:
+            start = max(0, stop - (1 << 20))
+            fh.seek(start)
+            chunk = fh.read(stop - start + 1)   # one byte more: a line end just before `stop`
+            hits = [m.start() for m in header.finditer(chunk) if start + m.start() + 1 < offset]
+            if hits:
+                return start + hits[-1] + 1
+            stop = start
+        fh.seek(0)
+        return 0 if fh.read(1) == b">" else None

@@ -1,8 +1,9 @@
 """The sequence index: one row per FASTA record, in binary, versioned, checksummed storage.
 
 Per record: byte offset (8 bytes), byte length (4), residue count (4), file number (2), id offset into the
-id blob (8) and its place in the length-descending order (4): 30 bytes plus the id itself. The record's
-description is its header line, read back with one positioned read (`header`).
+id blob (8) and its place in the length-descending order (4): 30 bytes plus the id itself. Byte length and
+residue count widen to 8 bytes when some record needs it (over 4 GiB, over 2**31 - 1 residues). The record's
+description is its header line, read back with positioned reads (`header`).
 """
 from __future__ import annotations
 
@@ -16,9 +17,13 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .errors import FastaError, InputChanged, line_number
-from .fasta_scan import FileScan, scan_fasta, sequence_text
+from .fasta_scan import FileScan, read_into, scan_fasta, sequence_text
 
-FORMAT_VERSION = 1
+# 2: records split at lone CRs, ids end at control bytes, 64-bit lengths when needed. Version 1 files hold
+# the same arrays, so a run directory's index of either version loads; caches of version 1 are rebuilt.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+_READ_BYTES = 16 << 20   # sequence(): a record is read and cleaned piece by piece
 MAGIC = b"RSIDX\x00\r\n"
 _ALIGN = 64
 _ARRAYS = ("offsets", "nbytes", "lengths", "file_no", "id_offsets", "id_blob", "order")
@@ -98,12 +103,8 @@ class SequenceIndex:
             raise FastaError(inputs[-1].path, "too many input files (at most 65535)")
         id_offsets = np.zeros(len(scan.id_lengths) + 1, np.int64)
         np.cumsum(scan.id_lengths, out=id_offsets[1:])
-        big = np.flatnonzero(scan.nbytes >= 2**32)
-        if len(big):
-            raise FastaError(inputs[file_no[big[0]]].path, "record larger than 4 GiB is not supported",
-                             line=line_number(inputs[file_no[big[0]]].path, int(scan.offsets[big[0]])))
-        index = cls(inputs, scan.offsets.astype(np.int64, copy=False), scan.nbytes.astype(np.uint32),
-                    scan.lengths.astype(np.int32), file_no, id_offsets, scan.id_blob.astype(np.uint8, copy=False))
+        index = cls(inputs, scan.offsets.astype(np.int64, copy=False), _narrowest(scan.nbytes, np.uint32),
+                    _narrowest(scan.lengths, np.int32), file_no, id_offsets, scan.id_blob.astype(np.uint8, copy=False))
         index._check_ids_utf8()
         index.meta["duplicate_groups"] = index._find_duplicate_ids()
         return index
@@ -143,27 +144,59 @@ class SequenceIndex:
     def line_of(self, i: int) -> int:
         return line_number(self.path_of(i), int(self.offsets[i]))
 
-    def read_record(self, i: int) -> bytes:
-        """Raw bytes of record i (header line included), with one positioned read."""
+    def read_record(self, i: int, start: int = 0, stop: int | None = None) -> bytes:
+        """Raw bytes of record i (header line included), or bytes [start, stop) of it, with one positioned
+        read (a few for a record over 1 GiB, returned as a bytearray to spare a copy)."""
+        n = int(self.nbytes[i])
+        stop = n if stop is None else min(stop, n)
+        size, at = max(0, stop - start), int(self.offsets[i]) + start
+        if size <= 1 << 30:
+            data = os.pread(self._fd(i), size, at)
+            got = len(data)
+        else:   # one pread returns at most about 2 GiB
+            data = bytearray(size)
+            got = read_into(self._fd(i), data, at)
+        if got != size or (start == 0 and data[:1] != b">"):
+            raise InputChanged(self.path_of(i), "the file changed after it was indexed: record "
+                               f"{i + 1:,} is no longer at byte {int(self.offsets[i]):,}", seq_id=self.id(i))
+        return data
+
+    def _fd(self, i: int) -> int:
         k = int(self.file_no[i])
         fd = self._fds.get(k)
         if fd is None:
             fd = self._fds[k] = os.open(self.inputs[k].path, os.O_RDONLY)
-        n = int(self.nbytes[i])
-        data = os.pread(fd, n, int(self.offsets[i]))
-        if len(data) != n or data[:1] != b">":
-            raise InputChanged(self.inputs[k].path, "the file changed after it was indexed: record "
-                               f"{i + 1:,} is no longer at byte {int(self.offsets[i]):,}", seq_id=self.id(i))
-        return data
+        return fd
 
     def sequence(self, i: int) -> str:
-        """The residues the model sees (see `index.fasta_scan.sequence_text`)."""
-        return sequence_text(self.read_record(i))
+        """The residues the model sees (see `index.fasta_scan.sequence_text`), read piece by piece, so a
+        record takes about twice its residue count in memory, whatever its size or whitespace."""
+        n = int(self.nbytes[i])
+        if n <= _READ_BYTES:
+            return sequence_text(self.read_record(i))
+        text, in_header = bytearray(), True
+        for at in range(0, n, _READ_BYTES):
+            piece = self.read_record(i, at, at + _READ_BYTES)
+            if in_header:   # a header line may be longer than one piece
+                end = _line_end(piece)
+                if end < 0:
+                    continue
+                piece, in_header = piece[end:], False
+            text += piece.translate(None, _BLANKS).upper()
+        if text.endswith(b"*"):
+            del text[-1]
+        return text.decode("ascii")
 
     def header(self, i: int) -> str:
-        """The header line of record i without the '>' (id and description)."""
-        data = self.read_record(i)
-        return data.split(b"\n", 1)[0][1:].rstrip(b"\r").decode("utf-8", "replace")
+        """The header line of record i without the '>' (id and description), read up to its line end."""
+        n, size, data = int(self.nbytes[i]), 1 << 12, b""
+        while True:
+            data = self.read_record(i, 0, size)
+            if _line_end(data) >= 0 or size >= n:
+                break
+            size *= 4
+        end = _line_end(data)
+        return data[1:end if end >= 0 else len(data)].decode("utf-8", "replace")
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -293,7 +326,7 @@ class SequenceIndex:
         if len(raw) < 16 or raw[:8].tobytes() != MAGIC:
             raise IndexCorrupt(f"{path}: not a run_shards index")
         version, hlen = (int(x) for x in raw[8:16].view("<u4"))
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise IndexCorrupt(f"{path}: index format {version}, this version reads {FORMAT_VERSION}")
         try:
             header = json.loads(raw[16:16 + hlen].tobytes())
@@ -329,6 +362,21 @@ class SequenceIndex:
             elif now.mtime_ns != f.mtime_ns:
                 changes.append(f"{f.path}: modified since it was indexed")
         return changes
+
+
+def _narrowest(values: np.ndarray, dtype) -> np.ndarray:
+    """`values` as `dtype` when they all fit (the common case: 4 bytes a record), else as int64."""
+    fits = len(values) == 0 or int(values.max()) <= np.iinfo(dtype).max
+    return values.astype(dtype if fits else np.int64)
+
+
+def _line_end(data: bytes) -> int:
+    """Offset of the first CR or LF in `data`, -1 if none."""
+    ends = [k for k in (data.find(b"\r"), data.find(b"\n")) if k >= 0]
+    return min(ends) if ends else -1
+
+
+_BLANKS = bytes(range(33))   # whitespace; the scanner refused other control bytes in sequence data
 
 
 def length_descending_order(lengths: np.ndarray) -> np.ndarray:

@@ -1,6 +1,7 @@
 """index/: offsets, lengths and ids on odd FASTA, errors, storage, cache reuse and invalidation, sharding."""
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -13,19 +14,24 @@ from .conftest import SHARED_DATA
 
 
 def reference_parse(data: bytes):
-    """An obviously-correct line-by-line parser: (id, offset, nbytes, residues) per record."""
+    """An obviously-correct line-by-line parser: (id, offset, nbytes, residues) per record.
+
+    Lines end at CRLF, LF or a lone CR; a header is a line starting with '>'; the id is the header's first
+    run of bytes above 32; sequence lines lose their whitespace (space, tab, VT, FF) and a final '*'.
+    """
     records, pos = [], 0
-    lines = data.split(b"\n")
-    for k, line in enumerate(lines):
-        full = line + (b"\n" if k < len(lines) - 1 else b"")
+    for full in re.findall(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", data):
+        line = full.rstrip(b"\r\n")
         if line.startswith(b">"):
-            records.append({"id": line[1:].split()[0].decode(), "offset": pos, "seq": b""})
+            records.append({"id": re.search(rb"[^\x00-\x20]+", line[1:]).group().decode(), "offset": pos,
+                            "seq": b""})
         elif records:
             records[-1]["seq"] += line
         pos += len(full)
+    assert pos == len(data)
     for r, nxt in zip(records, records[1:] + [None]):
         r["nbytes"] = (nxt["offset"] if nxt else len(data)) - r["offset"]
-        seq = r["seq"].translate(None, b" \t\r\n").upper()
+        seq = r["seq"].translate(None, b" \t\x0b\x0c").upper()
         r["residues"] = (seq[:-1] if seq.endswith(b"*") else seq).decode()
     return records
 
@@ -50,6 +56,13 @@ ODD = {
     "single_line": b">a\nACDEFGHIK\n>b\nMM\n",
     "blank_lines": b"\n\n>a\nAC\n\nDE\n\n\n>b x\n\nMM\n\n",
     "crlf": b">a one\r\nACDE\r\nFG\r\n>b\r\nMM\r\n",
+    "cr_only": b">a one\rACDE\rFG\r>b\rMM\r",
+    "cr_after_lf": b">a first\rACGTAC\rGGTT\r>b second\rMKV*\r\n",   # issue #18: b was swallowed by a
+    "lf_then_cr": b">a\nAC\n>b\rMM\r>c\r\nK\n",
+    "cr_before_lf_header": b">a\nAC\r\r\n>b\n\rMM\n",
+    "vt_ff_in_sequence": b">a\nAC\x0bDE\x0c\nF G\x0b\n>b\n\x0cMM\n",
+    "ncbi_ctrl_a": b">WP_1.1 prot [X]\x01WP_2.1 prot [Y]\nMKV\n>id\x01other x\nAC\n",
+    "control_bytes_in_header": b">a\x02b\x7f desc\x1b[0m\nMK\n",
     "lowercase": b">a\nacdeFGhi\n>b\nmm\n",
     "punctuation": b">sp|P1|X_Y @#$%^[]:?; (x) {y}\nAC\n>emb|CAA1.6||gi|78\nDD\n",
     "no_final_newline": b">a\nACDE\n>b\nMMM",
@@ -79,30 +92,34 @@ def test_leading_blank_header_id_and_sequence_text(tmp_path):
     assert index.header(0) == "  spaced id here"
 
 
-def random_fasta(rng: random.Random, n: int) -> bytes:
+def random_fasta(rng: random.Random, n: int, endings=(b"\n", b"\r\n")) -> bytes:
+    """Records of random lengths and line widths; each line ends with one of `endings` (any mix)."""
     out = []
     for i in range(n):
-        nl = rng.choice([b"\n", b"\r\n"])
-        head = f">id{i}_{rng.randrange(10**6)}" + rng.choice(["", " desc", "\tdesc x", " a b c"])
-        out.append(head.encode() + nl)
+        head = f">id{i}_{rng.randrange(10**6)}" + rng.choice(["", " desc", "\tdesc x", " a b c", "\x01id{i}b x"])
+        out.append(head.encode() + rng.choice(endings))
         length = rng.choice([0, 1, 5, 60, 61, 200, 1000, 5000])
         seq = "".join(rng.choice("ACDEFGHIKLMNPQRSTVWYacgt") for _ in range(length))
         if rng.random() < 0.2:
             seq += "*"
         width = rng.choice([10, 60, 80, 10**6])
         for j in range(0, len(seq), width):
-            out.append(seq[j:j + width].encode() + nl)
+            out.append(seq[j:j + width].encode() + rng.choice(endings))
         if rng.random() < 0.2:
-            out.append(nl)
+            out.append(rng.choice(endings))
     data = b"".join(out)
     return data[:-1] if rng.random() < 0.5 else data
 
 
+MIXES = {"lf_crlf": (b"\n", b"\r\n"), "cr": (b"\r",), "lf_cr_crlf": (b"\n", b"\r", b"\r\n")}
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
 @pytest.mark.parametrize("block", [64, 97, 4096])
-def test_block_boundaries_do_not_matter(tmp_path, monkeypatch, block):
-    """Tiny blocks force records (and headers) to cross block boundaries everywhere."""
+def test_block_boundaries_do_not_matter(tmp_path, monkeypatch, block, mix):
+    """Tiny blocks force records (and headers, and CRLFs) to cross block boundaries everywhere."""
     rng = random.Random(block)
-    data = random_fasta(rng, 300)
+    data = random_fasta(rng, 300, MIXES[mix])
     path = tmp_path / "r.fasta"
     path.write_bytes(data)
     monkeypatch.setattr(fasta_scan, "BLOCK_BYTES", block)
@@ -153,17 +170,30 @@ def test_several_files_keep_order_and_file_numbers(tmp_path):
     (b"\n\n  \n", "file is empty", None),
     (b"ACDE\n>a\nAC\n", "sequence data before the first header", 1),
     (b"\n\nACDE\n>a\nAC\n", "sequence data before the first header", 3),
-    (b">a\nAC\x00DE\n", "binary or control byte 0x00", 2),
-    (b">a\nAC\n>b\nMM\xff\xfe\n", "non-ASCII byte 0xff", 4),
+    (b">a\nAC\x00DE\n", "binary or control byte 0x00 in the sequence data", 2),
+    (b">a\rAC\rDE\x01\r", "binary or control byte 0x01 in the sequence data", 3),
+    (b">a\nAC\n>b\nMM\xff\xfe\n", "non-ASCII byte 0xff in the sequence data", 4),
     (b">a\nMK\xc3\xa9V\n", "non-ASCII byte 0xc3", 2),
+    (b">a\nMK\x7fV\n", "control byte 0x7f in the sequence data", 2),
+    (b">a\nMK\n>b\x00c desc\nMK\n", "NUL byte (0x00) in the header", 3),
     (b"\xef\xbb\xbf>a\nMKV\n", "starts with a UTF-8 byte-order mark", 1),
-    (b">a\rMKV\r>b\rMM\r", "carriage return only", None),
     (b"\x89PNG\r\n\x1a\n\x00\x00", "binary data", 1),
+    (b";comment\n>a\nMK\n", "comment line (starting with ';') before the first header", 1),
+    (b">a\nMK\r;comment\rMK\r", "comment line (starting with ';') among the sequence lines", 3),
+    (b"@r1\nACGT\n+\nIIII\n", "FASTQ file", 1),
+    (b"\n<!DOCTYPE html>\n<html><body>Not found</body></html>\n", "HTML page", 1),
+    (">a\nMKV\n".encode("utf-16"), "UTF-16 (little-endian) text", None),
+    (">a desc\nMKV\n".encode("utf-16-be"), "UTF-16 (big-endian) text", None),
+    (">a\nMKV\n".encode("utf-32"), "UTF-32 (little-endian) text", None),
     (b"\x1f\x8b\x08\x00rest", "gzip-compressed", None),
     (b">a\nAC\n>\nMM\n", "header has no id", 3),
     (b">a\nAC\n>   \nMM\n", "header has no id", 3),
 ])
-def test_bad_fasta_errors_name_file_and_line(tmp_path, content, message, line):
+@pytest.mark.parametrize("block", [7, 4 << 20])
+def test_bad_fasta_errors_name_file_and_line(tmp_path, monkeypatch, content, message, line, block):
+    """The same error whether it is found by a block's vectorised pass or while streaming a record that
+    crosses blocks (7-byte blocks)."""
+    monkeypatch.setattr(fasta_scan, "BLOCK_BYTES", block)
     path = tmp_path / "bad.fasta"
     path.write_bytes(content)
     with pytest.raises(FastaError) as err:
@@ -173,12 +203,16 @@ def test_bad_fasta_errors_name_file_and_line(tmp_path, content, message, line):
     assert err.value.line == line
 
 
-def test_binary_error_names_the_record(tmp_path):
+@pytest.mark.parametrize("block", [8, 4 << 20])
+def test_binary_error_names_the_record(tmp_path, monkeypatch, block):
+    """Found in a block or while streaming a record that crosses blocks, the error names line and record."""
+    monkeypatch.setattr(fasta_scan, "BLOCK_BYTES", block)
     path = tmp_path / "bad.fasta"
-    path.write_bytes(b">first\nAC\n>second x\nMM\x01M\n")
+    path.write_bytes(b">first\nAC\n>second x\rMM\r\nMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMM\x01M\n")
     with pytest.raises(FastaError) as err:
         SequenceIndex.build([path])
-    assert err.value.seq_id == "second" and err.value.line == 4
+    assert err.value.seq_id == "second" and err.value.line == 5
+    assert "byte 0x01 in the sequence data" in str(err.value)
 
 
 def test_missing_and_directory_inputs(tmp_path):
