@@ -24,6 +24,7 @@ from .fasta_scan import FileScan, read_into, scan_fasta, sequence_text
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 _READ_BYTES = 16 << 20   # sequence(): a record is read and cleaned piece by piece
+_ONE_READ = 1 << 30      # read_record(): larger reads go into a bytearray, a pread at a time
 MAGIC = b"RSIDX\x00\r\n"
 _ALIGN = 64
 _ARRAYS = ("offsets", "nbytes", "lengths", "file_no", "id_offsets", "id_blob", "order")
@@ -150,7 +151,7 @@ class SequenceIndex:
         n = int(self.nbytes[i])
         stop = n if stop is None else min(stop, n)
         size, at = max(0, stop - start), int(self.offsets[i]) + start
-        if size <= 1 << 30:
+        if size <= _ONE_READ:
             data = os.pread(self._fd(i), size, at)
             got = len(data)
         else:   # one pread returns at most about 2 GiB
