@@ -38,7 +38,15 @@ def where_in_input(index: SequenceIndex, i: int) -> str:
 
 
 def apply_input_policies(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
-    """Duplicate ids and empty records: refuse with the list, or apply the chosen policy."""
+    """Duplicate ids and empty records: refuse with the list, or apply the chosen policy. Records over
+    2**31 - 1 residues, more than the output's int32 `lengths` column holds, are refused."""
+    huge = np.flatnonzero(index.lengths > np.iinfo(np.int32).max)
+    if len(huge):
+        shown = listing([f"{where_in_input(index, int(i))} ({int(index.lengths[i]):,} residues)"
+                         for i in huge[:MAX_LISTED]], len(huge))
+        raise UserError(f"{len(huge)} record(s) have more than 2,147,483,647 residues, more than the output's "
+                        f"`lengths` column (int32) holds: {shown}. Split them into pieces, e.g. "
+                        "`samtools faidx FILE ID:1-1000000000 ID:1000000001-2000000000 ...`.")
     groups = index.duplicate_ids()
     if groups:
         if config.on_duplicate_id == "error":

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from index import FastaError, SequenceIndex, load_or_build
+from index.alphabet import alphabet_mismatch
 from index.cache import cache_dir
 
 from . import __version__, engines, launchers, model_source, result_merge, run_log, shard_state, status_codes
@@ -85,6 +86,9 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
                         limit, limit)
         limit = min(limit, config.max_length) if limit else config.max_length
     tokenizer = SequenceTokenizer(hf_tokenizer)
+    mismatch = alphabet_mismatch(index, hf_tokenizer.get_vocab())   # DNA given to a protein model, or the reverse
+    if mismatch:
+        log.warning("%s", mismatch)
     check_long(index, tokenizer, limit, config)
     trained = info.extra.get("trained_context")
     if trained and trained < (limit or float("inf")):
