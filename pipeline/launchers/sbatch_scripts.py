@@ -43,14 +43,51 @@ def _quote(words: list[str]) -> str:
     return " ".join(shlex.quote(str(w)) for w in words)
 
 
+def option_groups(args: list[str]) -> list[list[str]]:
+    """The user's sbatch options, each with its value: `--partition gpu` is one option of two words (one
+    #SBATCH line), as is `--partition=gpu` of one."""
+    groups: list[list[str]] = []
+    for word in args:
+        if word.startswith("-") or not groups:
+            groups.append([word])
+        else:
+            groups[-1].append(word)
+    return groups
+
+
+def _option_name(group: list[str]) -> str:
+    name = group[0].split("=", 1)[0]
+    return name if name.startswith("--") else name[:2]   # -G1, -G 1
+
+
+def asks_for_gpus(group: list[str]) -> bool:
+    """--gres=gpu:1, --gres gpu:a100:1, --gpus 2, -G 2, --gpus-per-node, --cpus-per-gpu, --mem-per-gpu, ...:
+    options that ask for GPUs or only make sense with them."""
+    name = _option_name(group)
+    value = " ".join(group)[len(name):]
+    return name == "-G" or "gpu" in name or (name == "--gres" and "gpu" in value)
+
+
+def _for_merge(group: list[str]) -> bool:
+    """Whether the merge job, which needs no GPU (nor other generic resources) and is no array, keeps it."""
+    name = _option_name(group)
+    return not (asks_for_gpus(group) or name.startswith("--gres") or name in ("--array", "-a"))
+
+
+def _directives(groups: list[list[str]]) -> list[str]:
+    # sbatch reads #SBATCH lines with shell-like quoting, so quoted words survive spaces (paths, --comment).
+    return [f"#SBATCH {_quote(g)}" for g in groups]
+
+
 def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_per_task: int,
                  gpus_per_task: int) -> str:
     """The array job's script: `run_shards work OUT` for this task's shard(s), checkpointing and requeueing
     itself when SLURM warns of its time limit or preemption."""
-    directives = [f"--job-name=run_shards:{out.name}", f"--output={out}/logs/slurm_%A_%a.out",
-                  "--open-mode=append", "--requeue", f"--signal=B:USR1@{SIGNAL_SECONDS}"]
-    if gpus_per_task and not any(a.startswith(("--gres", "--gpus", "--gpu")) for a in sbatch_args):
-        directives.append(f"--gres=gpu:{gpus_per_task}")
+    directives = [[f"--job-name=run_shards:{out.name}"], [f"--output={out}/logs/slurm_%A_%a.out"],
+                  ["--open-mode=append"], ["--requeue"], [f"--signal=B:USR1@{SIGNAL_SECONDS}"]]
+    user = option_groups(sbatch_args)
+    if gpus_per_task and not any(asks_for_gpus(g) for g in user):
+        directives.append([f"--gres=gpu:{gpus_per_task}"])
     lines = [
         "#!/bin/bash",
         f"# run_shards: compute the shards of the run in {out}",
@@ -65,8 +102,7 @@ def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_p
         f"# --signal=B:USR1@{SIGNAL_SECONDS} USR1 to this script {SIGNAL_SECONDS} s before the time limit: the trap below",
         "#                    asks run_shards to write a final checkpoint, then requeues the task",
     ]
-    lines += [f"#SBATCH {d}" for d in directives]
-    lines += [f"#SBATCH {a}" for a in sbatch_args]
+    lines += _directives(directives + user)
     lines += [
         "",
         "set -u",
@@ -92,17 +128,15 @@ def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_p
 
 def merge_script(out: Path, command: list[str], sbatch_args: list[str]) -> str:
     """The merge job's script, submitted to start once every shard task has succeeded (afterok)."""
-    keep = [a for a in sbatch_args if not a.startswith(("--gres", "--gpus", "--gpu", "--array"))]
+    keep = [g for g in option_groups(sbatch_args) if _for_merge(g)]
     lines = [
         "#!/bin/bash",
         f"# run_shards: merge the shards of the run in {out} into {out}/result.h5",
         "# Submitted with --dependency=afterok:<shard array jobs> --kill-on-invalid-dep=yes: it starts once",
         "# every shard task has succeeded, and is cancelled if one failed (then `run_shards rerun` resubmits",
         "# the failed shards and a new merge job). Needs no GPU.",
-        f"#SBATCH --job-name=run_shards-merge:{out.name}",
-        f"#SBATCH --output={out}/logs/slurm_merge_%j.out",
-        "#SBATCH --open-mode=append",
     ]
-    lines += [f"#SBATCH {a}" for a in keep]
+    lines += _directives([[f"--job-name=run_shards-merge:{out.name}"], [f"--output={out}/logs/slurm_merge_%j.out"],
+                          ["--open-mode=append"]] + keep)
     lines += ["", f"exec {_quote(command)} merge {shlex.quote(str(out))}", ""]
     return "\n".join(lines)
