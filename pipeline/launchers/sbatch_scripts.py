@@ -31,12 +31,16 @@ def array_ranges(tasks: list[int]) -> str:
 
 def split_arrays(tasks: list[int], max_array_size: int) -> list[tuple[int, list[int]]]:
     """[(offset, indices)]: task numbers grouped so that every index (task - offset) stays below
-    MaxArraySize, as SLURM requires, with as few array jobs as possible."""
-    groups: dict[int, list[int]] = {}
+    MaxArraySize, as SLURM requires. Tasks below MaxArraySize keep their number as index (offset 0: `rerun`
+    submits --array=3,17); each further array starts at the first task the ones before leave out, so a
+    rerun of tasks 1500-2500 with MaxArraySize 1001 is one array, not two."""
+    assert max_array_size >= 1
+    groups: list[tuple[int, list[int]]] = []
     for t in sorted(set(tasks)):
-        offset = (t // max_array_size) * max_array_size
-        groups.setdefault(offset, []).append(t - offset)
-    return sorted(groups.items())
+        if not groups or t - groups[-1][0] >= max_array_size:
+            groups.append((0 if t < max_array_size else t, []))
+        groups[-1][1].append(t - groups[-1][0])
+    return groups
 
 
 def _quote(words: list[str]) -> str:
