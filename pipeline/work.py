@@ -25,14 +25,22 @@ TASK_INDEX_VARIABLES = (("SLURM_ARRAY_TASK_ID", 0), ("PBS_ARRAY_INDEX", 0), ("PB
 
 
 def task_number(environ=os.environ) -> int | None:
-    """The array task number of this process from the scheduler's variables, plus RUN_SHARDS_OFFSET."""
+    """The array task number of this process from the scheduler's variables, plus RUN_SHARDS_OFFSET; None
+    outside an array task."""
     for name, first in TASK_INDEX_VARIABLES:
         value = environ.get(name, "")
-        if value.strip():
-            try:
-                return int(value) - first + int(environ.get("RUN_SHARDS_OFFSET", "0") or 0)
-            except ValueError:
-                raise UserError(f"{name}={value!r} is not an array index") from None
+        if not value.strip():
+            continue
+        try:
+            index = int(value)
+        except ValueError:
+            raise UserError(f"{name}={value!r} is not an array index") from None
+        if index < first:   # LSF sets LSB_JOBINDEX=0 in every job that is not an array element
+            continue
+        try:
+            return index - first + int(environ.get("RUN_SHARDS_OFFSET", "0") or 0)
+        except ValueError:
+            raise UserError(f"RUN_SHARDS_OFFSET={environ['RUN_SHARDS_OFFSET']!r} is not a number") from None
     return None
 
 
