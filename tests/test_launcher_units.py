@@ -1,0 +1,205 @@
+"""Fast unit tests of the cluster launchers' pure parts: --array lists, splitting arrays over MaxArraySize,
+the task number from each scheduler's variables, a task's shards, and the two batch scripts' text (bash
+syntax, the directives the README explains, the user's --sbatch options). No cluster; the real SLURM
+tests are in test_slurm_launcher.py."""
+from __future__ import annotations
+
+import logging
+import random
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.launchers.sbatch_scripts import (SIGNAL_SECONDS, array_ranges, merge_script, option_groups,
+                                               shard_script, split_arrays)
+from pipeline.launchers.slurm import warn_if_node_local
+from pipeline.work import shards_of_task, task_number
+
+COMMAND = ["/opt/py env/bin/python", "/opt/run_shards/bin/run_shards"]
+
+
+@pytest.mark.parametrize("tasks,expected", [
+    ([0, 1, 2, 3], "0-3"),
+    ([3, 17, 20, 21, 22], "3,17,20-22"),
+    ([5, 2, 1, 2], "1-2,5"),
+    ([7], "7"),
+    ([0, 2, 4], "0,2,4"),
+])
+def test_array_ranges(tasks, expected):
+    assert array_ranges(tasks) == expected
+
+
+def _expand(ranges: str) -> list[int]:
+    """The task indices an --array list names, as SLURM reads it."""
+    out = []
+    for part in ranges.split(","):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
+
+
+def test_array_ranges_names_exactly_the_tasks():
+    rng = random.Random(3)
+    for _ in range(200):
+        tasks = sorted(rng.sample(range(300), rng.randint(1, 60)))
+        assert _expand(array_ranges(tasks)) == tasks
+
+
+def test_split_arrays_over_max_array_size():
+    assert split_arrays(list(range(7)), 3) == [(0, [0, 1, 2]), (3, [0, 1, 2]), (6, [0])]
+    # Under MaxArraySize the indices are the task numbers (what `rerun` shows as --array=3,17).
+    assert split_arrays([3, 17], 100) == [(0, [3, 17])]
+    assert split_arrays([99], 100) == [(0, [99])]
+    assert split_arrays([100], 100) == [(100, [0])]
+    # A rerun of 1,001 tasks past the first MaxArraySize is one array, not two.
+    assert split_arrays(list(range(1500, 2501)), 1001) == [(1500, list(range(1001)))]
+    assert len(split_arrays(list(range(10_000)), 1001)) == 10
+
+
+@pytest.mark.parametrize("max_size", [1, 2, 3, 100, 1001])
+def test_split_arrays_keeps_every_index_below_the_limit_and_every_task_once(max_size):
+    rng = random.Random(max_size)
+    for _ in range(50):
+        tasks = rng.sample(range(5000), rng.randint(1, 400))
+        arrays = split_arrays(tasks, max_size)
+        assert all(0 <= i < max_size for _, indices in arrays for i in indices)
+        assert sorted(off + i for off, indices in arrays for i in indices) == sorted(tasks)
+        offsets = [off for off, _ in arrays]
+        assert offsets == sorted(set(offsets))
+        # no two consecutive arrays could have been one: each starts past the reach of the one before
+        for (off, indices), (next_off, next_indices) in zip(arrays, arrays[1:]):
+            assert next_off + next_indices[0] - off >= max_size
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"SLURM_ARRAY_TASK_ID": "5"}, 5),
+    ({"SLURM_ARRAY_TASK_ID": "5", "RUN_SHARDS_OFFSET": "3"}, 8),
+    ({"SLURM_ARRAY_TASK_ID": "0", "RUN_SHARDS_OFFSET": ""}, 0),
+    ({"PBS_ARRAY_INDEX": "2"}, 2),
+    ({"PBS_ARRAYID": "4"}, 4),
+    ({"LSB_JOBINDEX": "1"}, 0),                                  # LSF counts from 1
+    ({"LSB_JOBINDEX": "3", "RUN_SHARDS_OFFSET": "10"}, 12),
+    ({"LSB_JOBINDEX": "0"}, None),                               # LSF's value in a job that is no array
+    ({"SLURM_ARRAY_TASK_ID": " ", "PBS_ARRAY_INDEX": "6"}, 6),
+    ({"SLURM_ARRAY_TASK_ID": "1", "PBS_ARRAY_INDEX": "6", "LSB_JOBINDEX": "9"}, 1),
+    ({}, None),
+    ({"RUN_SHARDS_OFFSET": "4"}, None),
+])
+def test_task_number_from_each_scheduler(env, expected):
+    assert task_number(env) == expected
+
+
+@pytest.mark.parametrize("env,named", [
+    ({"SLURM_ARRAY_TASK_ID": "x"}, "SLURM_ARRAY_TASK_ID='x' is not an array index"),
+    ({"LSB_JOBINDEX": "2", "RUN_SHARDS_OFFSET": "a"}, "RUN_SHARDS_OFFSET='a' is not a number"),
+])
+def test_task_number_refuses_garbage_naming_the_variable(env, named):
+    with pytest.raises(UserError, match=named):
+        task_number(env)
+
+
+@pytest.mark.parametrize("task,per_task,world,expected", [
+    (0, 1, 4, [0]),
+    (3, 1, 4, [3]),
+    (4, 1, 4, []),
+    (1, 2, 7, [2, 3]),
+    (3, 2, 7, [6]),          # the last task of an uneven split
+    (0, 8, 3, [0, 1, 2]),
+])
+def test_shards_of_task(task, per_task, world, expected):
+    assert shards_of_task(task, per_task, world) == expected
+
+
+def _bash_syntax_ok(text: str, tmp_path: Path) -> None:
+    script = tmp_path / "script.sbatch"
+    script.write_text(text)
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def _directives(text: str) -> list[list[str]]:
+    """The words of each #SBATCH line, read as sbatch reads them (shell-like quoting)."""
+    return [shlex.split(line[len("#SBATCH "):]) for line in text.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_shard_script_is_bash_with_the_directives_the_readme_explains(tmp_path):
+    out = tmp_path / "run out"
+    text = shard_script(out, COMMAND, shlex.split("--partition gpu --time=12:00:00 --comment 'two words' -A abc"),
+                        shards_per_task=1, gpus_per_task=0)
+    _bash_syntax_ok(text, tmp_path)
+    directives = _directives(text)
+    for expected in (["--requeue"], ["--open-mode=append"], [f"--signal=B:USR1@{SIGNAL_SECONDS}"],
+                     [f"--output={out}/logs/slurm_%A_%a.out"], ["--partition", "gpu"], ["--time=12:00:00"],
+                     ["--comment", "two words"], ["-A", "abc"]):
+        assert expected in directives, (expected, directives)
+    assert SIGNAL_SECONDS == 120
+    assert not any("gres" in word for d in directives for word in d)   # a CPU run asks for no GPU
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    # Every directive comes before the first command, or sbatch ignores it.
+    first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    assert max(i for i, line in enumerate(lines) if line.startswith("#SBATCH")) < first_command
+    assert "trap checkpoint_and_requeue USR1" in text
+    assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text
+    assert f"shard_command=({shlex.join(COMMAND)} work {shlex.quote(str(out))})" in text
+
+
+@pytest.mark.parametrize("user,gres", [
+    ("", ["--gres=gpu:4"]),                      # asked for by the run: one GPU per shard of the task
+    ("--gres=gpu:a100:4", None),
+    ("--gres gpu:4", None),
+    ("-G 4", None),
+    ("--gpus-per-node=4", None),
+    ("--gres=nvme:1", ["--gres=gpu:4"]),         # another generic resource is no GPU
+])
+def test_shard_script_asks_for_gpus_unless_the_user_did(tmp_path, user, gres):
+    text = shard_script(tmp_path, COMMAND, shlex.split(user), shards_per_task=4, gpus_per_task=4)
+    _bash_syntax_ok(text, tmp_path)
+    directives = _directives(text)
+    assert (gres in directives) if gres else (["--gres=gpu:4"] not in directives)
+    if user:
+        assert shlex.split(user) in directives, directives   # the user's option, whole, on one line
+    assert "task t computes shards 4t .. 4t+3" in text
+
+
+def test_merge_script_keeps_the_users_options_but_no_gpu_or_array(tmp_path):
+    user = shlex.split("--partition gpu --gres gpu:1 -G 1 --cpus-per-gpu=4 --mem-per-gpu 10G --gres=nvme:1 "
+                       "--array=0-3 --time 1:00:00 --account=abc --exclusive")
+    text = merge_script(tmp_path, COMMAND, user)
+    _bash_syntax_ok(text, tmp_path)
+    directives = _directives(text)
+    assert ["--partition", "gpu"] in directives and ["--time", "1:00:00"] in directives
+    assert ["--account=abc"] in directives and ["--exclusive"] in directives
+    words = [w for d in directives for w in d]
+    for left_out in ("gpu:1", "-G", "--cpus-per-gpu=4", "--mem-per-gpu", "10G", "--gres=nvme:1", "--array=0-3"):
+        assert left_out not in words, (left_out, directives)
+    assert [f"--output={tmp_path}/logs/slurm_merge_%j.out"] in directives
+    assert text.rstrip().endswith(f"merge {shlex.quote(str(tmp_path))}")
+
+
+def test_option_groups_keep_each_option_with_its_value():
+    assert option_groups(shlex.split("-p gpu --time=1:00 --exclusive --gres gpu:2 -A x")) == [
+        ["-p", "gpu"], ["--time=1:00"], ["--exclusive"], ["--gres", "gpu:2"], ["-A", "x"]]
+
+
+def test_out_on_a_node_local_file_system_warns(caplog):
+    caplog.set_level(logging.WARNING, logger="run_shards")
+    warn_if_node_local(Path("/tmp/somewhere/out"))
+    warn_if_node_local(Path("/dev/shm/out"))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and all("node-local file system" in m for m in messages)
+    assert "/tmp/somewhere/out" in messages[0] and "tmpfs" in messages[1]
+
+
+def test_out_on_a_disk_file_system_does_not_warn(caplog):
+    shared = [fields[1] for fields in (line.split() for line in open("/proc/mounts"))
+              if fields[2] in ("ext4", "xfs", "nfs", "nfs4", "lustre", "gpfs", "beegfs", "btrfs")
+              and not fields[1].startswith(("/tmp", "/var/tmp", "/dev/shm"))]
+    if not shared:
+        pytest.skip("no disk or network file system is mounted here")
+    caplog.set_level(logging.WARNING, logger="run_shards")
+    warn_if_node_local(Path(shared[0]) / "project" / "out")
+    assert caplog.records == []
