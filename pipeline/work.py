@@ -66,9 +66,13 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
             raise UserError("no shard given: pass --shard K, or run this as an array task (SLURM_ARRAY_TASK_ID, "
                             "PBS_ARRAY_INDEX or LSB_JOBINDEX is set there)")
         ranks = shards_of_task(task, per_task, world)
+        if not ranks:
+            tasks = -(-world // per_task)
+            raise UserError(f"array task {task} has no shard: this run has shards 0..{world - 1}, "
+                            f"{per_task} per task, so tasks 0..{tasks - 1}")
     bad = [k for k in ranks if not 0 <= k < world]
-    if bad or not ranks:
-        raise UserError(f"shard {bad[0] if bad else '(none)'}: this run has shards 0..{world - 1}")
+    if bad:
+        raise UserError(f"shard {bad[0]}: this run has shards 0..{world - 1}")
     index = load_run_index(run, manifest)
     todo, remaining = [], {}
     for k in ranks:
@@ -110,6 +114,10 @@ def _node_devices(config: RunConfig, shards: int) -> dict:
                             "(e.g. --sbatch '--gres=gpu:1')")
         return {"devices": gpus[:shards], "workers": min(len(gpus), shards)}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    cpus = min(cpus, int(os.environ.get("RUN_SHARDS_TASK_CPUS") or cpus))   # a Ray task's num_cpus: counted, not pinned
+    # CPUs granted but not pinned: a Ray task's num_cpus, and a SLURM task's allocation on clusters that do
+    # not bind tasks to their CPUs (TaskPlugin=task/none), where two 1-CPU tasks would otherwise both use
+    # every core of the node.
+    for name in ("RUN_SHARDS_TASK_CPUS", "SLURM_CPUS_ON_NODE"):
+        cpus = min(cpus, int(os.environ.get(name) or cpus))
     workers = max(1, min(shards, cpus))
     return {"devices": [], "workers": workers, "threads_per_worker": max(1, cpus // workers)}

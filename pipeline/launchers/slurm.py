@@ -21,7 +21,7 @@ from .. import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..progress import ProgressBoard
-from ..run_dir import RunDir, write_atomic
+from ..run_dir import RunDir, RunLock, write_atomic
 from . import ShardJob, Submitted, self_command
 from .sbatch_scripts import array_ranges, merge_script, shard_script, split_arrays
 
@@ -56,24 +56,20 @@ def launch(job: ShardJob) -> Submitted:
         raise UserError("--launcher slurm needs SLURM's sbatch, which is not on PATH here: run on a login node of "
                         f"the cluster, or pass --dry-run to write the scripts ({folder}) and print the commands")
     arrays = split_arrays(tasks, max_array_size(dry_run))
-    throttle = f"%{config.array_throttle}" if config.array_throttle else ""
-    array_commands = [["sbatch", "--parsable", f"--array={array_ranges(indices)}{throttle}",
-                       f"--export=ALL,RUN_SHARDS_OFFSET={offset}", str(shards_sbatch)] for offset, indices in arrays]
+    array_commands = _array_commands(arrays, config.array_throttle, shards_sbatch)
     if dry_run:
-        ids = [f"$ARRAY{k + 1}" for k in range(len(array_commands))]
-        lines = [f"wrote {shards_sbatch} and {merge_sbatch}; nothing was submitted. To submit:"]
-        lines += [f"  ARRAY{k + 1}=$({_show(c)})" for k, c in enumerate(array_commands)]
-        lines.append(f"  {_show(_merge_command(ids, merge_sbatch))}")
-        return Submitted("\n".join(lines))
+        return Submitted(f"wrote {shards_sbatch} and {merge_sbatch}; nothing was submitted. To submit:\n"
+                         + _by_hand(array_commands, merge_sbatch, "  ", "\n  "))
     ids = []
-    for cmd in array_commands:
-        try:
+    try:
+        for cmd in array_commands:
             ids.append(_sbatch(cmd))
-        except UserError:
-            if ids:   # never leave half a submission behind
-                subprocess.run(["scancel", *ids], capture_output=True)
-            raise
-    merge_id = _sbatch(_merge_command(ids, merge_sbatch))
+        merge_id = _sbatch(_merge_command(ids, merge_sbatch))
+    except UserError as e:
+        if ids:   # never leave half a submission behind: arrays without their merge job would never merge
+            subprocess.run(["scancel", *ids], capture_output=True)
+            raise UserError(f"{e} (job array(s) {', '.join(ids)}, already submitted, were cancelled)") from None
+        raise
     record = {"submitted": time.strftime("%Y-%m-%dT%H:%M:%S"), "arrays": [
         {"job_id": i, "offset": off, "array": array_ranges(idx)} for i, (off, idx) in zip(ids, arrays)],
         "merge_job_id": merge_id, "shards": job.ranks, "shards_per_task": per_task}
@@ -85,6 +81,19 @@ def launch(job: ShardJob) -> Submitted:
         f"follow with:  run_shards status {run.root}",
         f"result (once merged): {run.result_path}"]),
         follow=(lambda: follow(job, record)) if job.options.get("wait") else None)
+
+
+def _array_commands(arrays: list[tuple[int, list[int]]], throttle: int, shards_sbatch: Path) -> list[list[str]]:
+    limit = f"%{throttle}" if throttle else ""
+    return [["sbatch", "--parsable", f"--array={array_ranges(indices)}{limit}",
+             f"--export=ALL,RUN_SHARDS_OFFSET={offset}", str(shards_sbatch)] for offset, indices in arrays]
+
+
+def _by_hand(array_commands: list[list[str]], merge_sbatch: Path, first: str, sep: str) -> str:
+    """The shell lines that submit the arrays and the merge job after them, as --dry-run prints them."""
+    ids = [f"$ARRAY{k + 1}" for k in range(len(array_commands))]
+    lines = [f"ARRAY{k + 1}=$({_show(c)})" for k, c in enumerate(array_commands)]
+    return first + sep.join(lines + [_show(_merge_command(ids, merge_sbatch))])
 
 
 def _merge_command(array_ids: list[str], merge_sbatch: Path) -> list[str]:
@@ -160,9 +169,11 @@ def _file_system(path: Path) -> tuple[str, str]:
 
 # ---------------------------------------------------------------------------------------------- --wait
 def follow(job: ShardJob, record: dict, poll_seconds: float = 2.0) -> Path:
-    """Follow the run directory until the merge job has written the result (returns its path) or a shard
-    failed for good (RunFailed). The tasks keep running if the user stops following."""
-    run, world = job.run, job.manifest["world"]
+    """Follow the run directory until the merge job has written the result (returns its path) or it cannot
+    run any more because a shard's task failed or was cancelled (RunFailed). A task that was interrupted and
+    requeued (preemption, the time limit's USR1) is waited for. The tasks keep running if the user stops
+    following."""
+    run, world, merge_id = job.run, job.manifest["world"], record["merge_job_id"]
     submitted = time.time()
     config = RunConfig.from_json(json.dumps(job.manifest["config"]))
     board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), f"SLURM ({len(job.ranks)} shard(s))",
@@ -170,36 +181,48 @@ def follow(job: ShardJob, record: dict, poll_seconds: float = 2.0) -> Path:
     done = {r: 0 for r in job.ranks}
     try:
         while True:
-            failed = []
+            stopped, complete = {}, True
             for r in job.ranks:
                 s = shard_state.inspect(run, job.index.stride_shard(r, world), r, verify_shard=False)
                 gained = s.durable - (s.expected - job.remaining[r])
                 if gained > done[r]:
                     board.bar.update(gained - done[r])
                     done[r] = gained
-                failure = run.failure(r)
-                if s.state == "failed" and failure and _recorded_after(run, r, submitted):
-                    failed.append((r, failure))
-            if run.result_path.exists() and run.result_path.stat().st_mtime >= submitted - 1:
+                complete = complete and s.state == "complete"
+                # (A shard whose lock is held is being computed, whatever a refused duplicate task recorded.)
+                if s.state in ("failed", "interrupted") and _recorded_after(run, r, submitted) \
+                        and not RunLock.shard_running(run, r):
+                    stopped[r] = s.state
+            if _merged_since(run, submitted):
                 return run.result_path
-            if failed:
-                lines = [f"shard {r} failed: {f.get('explanation')}" + (f" - {f['reason']}" if f.get("reason") else "")
-                         + f"\n  log: {run.worker_log(r)}" for r, f in failed]
-                lines.append(f"The merge job {record['merge_job_id']} cannot run now (a shard task failed); SLURM "
-                             "cancels it. The other tasks go on.")
-                lines.append(f"Continue with:  run_shards rerun {run.root}")
-                raise RunFailed("\n".join(lines))
-            if not _in_queue(record["merge_job_id"]) and not run.result_path.exists():
-                raise RunFailed(f"the merge job {record['merge_job_id']} ended without writing the result (see "
-                                f"{run.logs_dir}/slurm_merge_{record['merge_job_id']}.out).\n"
-                                f"Continue with:  run_shards rerun {run.root}")
+            merge = _queue_state(merge_id)
+            if _merged_since(run, submitted):   # written while squeue answered
+                return run.result_path
+            if "failed" in stopped.values() or (stopped and merge == "gone"):
+                raise RunFailed("\n".join(_stopped_lines(run, stopped) + [
+                    f"The merge job {merge_id} cannot run now (a shard task failed or was cancelled); SLURM cancels "
+                    "it. The other tasks go on.", f"Continue with:  run_shards rerun {run.root}"]))
+            if merge == "gone":
+                raise RunFailed(
+                    f"the merge job {merge_id} ended without writing the result (see "
+                    f"{run.logs_dir}/slurm_merge_{merge_id}.out).\nContinue with:  run_shards merge {run.root}"
+                    if complete else
+                    f"the merge job {merge_id} is no longer queued and not every shard is complete (were the jobs "
+                    f"cancelled?).\nContinue with:  run_shards rerun {run.root}")
             time.sleep(poll_seconds)
     except KeyboardInterrupt:
-        ids = [a["job_id"] for a in record["arrays"]] + [record["merge_job_id"]]
+        ids = [a["job_id"] for a in record["arrays"]] + [merge_id]
         raise RunFailed(f"stopped following; the jobs go on in SLURM. Follow them with `run_shards status {run.root}`, "
                         f"or cancel them with `scancel {' '.join(ids)}`.", exit_code=130) from None
     finally:
         board.close()
+
+
+def _merged_since(run: RunDir, since: float) -> bool:
+    try:
+        return run.result_path.stat().st_mtime >= since - 1
+    except OSError:
+        return False
 
 
 def _recorded_after(run: RunDir, rank: int, since: float) -> bool:
@@ -209,32 +232,71 @@ def _recorded_after(run: RunDir, rank: int, since: float) -> bool:
         return False
 
 
-def _in_queue(job_id: str) -> bool:
-    """Whether the scheduler still holds the job (pending or running): `squeue`, which only lists live jobs."""
-    res = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    return res.returncode == 0 and bool(res.stdout.strip())
+def _queue_state(job_id: str) -> str | None:
+    """Whether SLURM will still run the job: "waiting" (pending or running), "gone" (it ended, was cancelled,
+    or waits on a dependency that can never be met), or None when squeue cannot tell (not installed here, or
+    no answer from the controller, which must not read as the job being gone)."""
+    try:
+        res = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True,
+                             timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:   # squeue forgets a job MinJobAge (300 s by default) after it ended
+        return "gone" if "Invalid job id" in res.stderr else None
+    words = res.stdout.split()
+    if not words or words[:2] == ["PENDING", "DependencyNeverSatisfied"]:
+        return "gone"
+    return "waiting"
+
+
+def _stopped_lines(run: RunDir, stopped: dict[int, str]) -> list[str]:
+    """One line per shard that stopped: failed or interrupted, with the reason from its failure record (else
+    the last warning or error of its log), and its log."""
+    lines = []
+    for r, state in sorted(stopped.items()):
+        f = run.failure(r) or {}
+        why = f.get("reason") or next((line.split(": ", 1)[-1] for line in reversed(f.get("log_tail") or [])
+                                       if " ERROR " in line or " WARNING " in line), "")
+        verb = "failed" if state != "interrupted" else "was interrupted"
+        lines.append(f"shard {r} {verb}: {f.get('explanation', 'no record of why')}" + (f" - {why}" if why else "")
+                     + f"\n  log: {run.worker_log(r)}")
+    return lines
 
 
 def status_lines(run: RunDir, states: list) -> list[str]:
-    """What `status` adds for a SLURM run: its submissions, and the commands that finish it."""
+    """What `status` adds for a SLURM run: its submissions, shards being computed now, and, when the merge
+    job cannot run, why and the commands that finish the run."""
     subs = submissions(run)
     if not subs:
         return ["slurm: nothing submitted yet (a --dry-run?): the scripts are in " + str(slurm_dir(run))]
     last = subs[-1]
+    merge_id = last["merge_job_id"]
     lines = [f"slurm: last submitted {last['submitted']}: job array(s) "
-             f"{', '.join(a['job_id'] + ' [' + a['array'] + ']' for a in last['arrays'])}, merge job {last['merge_job_id']}"]
-    failed = [s.rank for s in states if s.state in ("failed", "corrupt")]
-    complete = all(s.state == "complete" for s in states)
-    if failed:
-        tasks = sorted({r // last.get("shards_per_task", 1) for r in failed})
-        lines.append(f"  shard(s) {', '.join(map(str, failed))} failed, so merge job {last['merge_job_id']} cannot run. "
-                     f"Continue with:  run_shards rerun {run.root}")
-        lines.append(f"  (the same by hand: sbatch --array={array_ranges(tasks)} {slurm_dir(run) / 'shards.sbatch'}, "
-                     f"then sbatch --dependency=afterok:<its job id> --kill-on-invalid-dep=yes "
-                     f"{slurm_dir(run) / 'merge.sbatch'})")
-    elif complete and not run.result_path.exists():
-        lines.append(f"  every shard is complete; the merge job {last['merge_job_id']} has not written the result "
-                     f"(still queued, or it failed: {run.logs_dir}/slurm_merge_{last['merge_job_id']}.out). "
-                     f"`run_shards merge {run.root}` finishes the run")
+             f"{', '.join(a['job_id'] + ' [' + a['array'] + ']' for a in last['arrays'])}, merge job {merge_id}"]
+    if run.result_path.exists():
+        return lines
+    running = [s.rank for s in states if s.state != "complete" and RunLock.shard_running(run, s.rank)]
+    if running:
+        lines.append(f"  being computed now: shard(s) {array_ranges(running)}")
+    stopped = {s.rank: s.state for s in states
+               if s.state in ("failed", "corrupt", "interrupted") and s.rank not in running}
+    merge = _queue_state(merge_id) if stopped or all(s.state == "complete" for s in states) else None
+    if stopped and ("failed" in stopped.values() or "corrupt" in stopped.values() or merge != "waiting"):
+        lines += ["  " + line for line in _stopped_lines(run, stopped)]
+        per_task = last.get("shards_per_task", 1)
+        tasks = sorted({r // per_task for r in stopped})
+        lines.append(f"  so merge job {merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
+                     + f". Continue with:  run_shards rerun {run.root}")
+        config = RunConfig.from_json(json.dumps(run.read_manifest()["config"]))
+        commands = _array_commands(split_arrays(tasks, max_array_size(True)), config.array_throttle,
+                                   slurm_dir(run) / "shards.sbatch")
+        lines.append(f"  (the same by hand: {_by_hand(commands, slurm_dir(run) / 'merge.sbatch', '', '; ')})")
+    elif stopped:
+        lines.append(f"  shard(s) {array_ranges(list(stopped))} were interrupted (preempted, or near their time "
+                     f"limit); SLURM requeues their tasks, which continue from their checkpoints, and merge job "
+                     f"{merge_id} waits for them")
+    elif all(s.state == "complete" for s in states) and merge != "waiting":
+        lines.append(f"  every shard is complete; merge job {merge_id} has not written the result "
+                     f"({'it failed' if merge == 'gone' else 'still queued, or it failed'}: "
+                     f"{run.logs_dir}/slurm_merge_{merge_id}.out). Continue with:  run_shards merge {run.root}")
     return lines
-
