@@ -14,8 +14,6 @@ import fcntl
 import json
 import os
 import re
-import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -356,7 +354,7 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     res = run_cli(small_fasta, "--out", str(tmp_path / "out"), *common, "--launcher", "slurm", "--shards", "2",
                   "--dry-run", env=env)
     assert res.returncode == 0, res.stderr                 # --dry-run works where SLURM is not installed
-    assert f"node-local file system" in res.stderr and str(tmp_path / "out") in res.stderr
+    assert "node-local file system" in res.stderr and str(tmp_path / "out") in res.stderr
     assert "--array=0-1" in res.stdout
 
 
