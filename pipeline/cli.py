@@ -283,10 +283,12 @@ def index_command(fasta, workers):
 @click.option("--verify/--no-verify", default=None,
               help="Read back every finished shard and checkpoint against its checksums (default: when they "
                    "total at most 2 GB).")
-def status_command(out, verify):
+@click.option("--all", "every_shard", is_flag=True,
+              help="A row for every shard (by default, above 40 shards, only those not complete and not pending).")
+def status_command(out, verify, every_shard):
     """Per-shard state, progress and failures of the run in OUT."""
     from .status_report import status
-    click.echo(_call(status, out, verify))
+    click.echo(_call(status, out, verify, every_shard))
 
 
 @main.command("rerun")

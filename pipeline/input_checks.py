@@ -16,7 +16,7 @@ from index import SequenceIndex
 
 from . import status_codes
 from .config import RunConfig
-from .errors import UserError
+from .errors import RunDirError, UserError
 from .run_dir import RunDir
 from .rows import Schema
 from .tokenization import SequenceTokenizer
@@ -174,3 +174,17 @@ def start_over_advice(run: RunDir, manifest: dict) -> str:
     config = RunConfig.from_json(json.dumps(manifest["config"]))
     return (f"Restore the original file and run `run_shards rerun {run.root}` again, or start a new run on the "
             f"file as it is now: `{config.as_command(free_out(run.root))}`.")
+
+
+def load_run_index(run: RunDir, manifest: dict) -> SequenceIndex:
+    """The run's index, after checking that the FASTA files still match it (refusing with what changed)."""
+    try:
+        index = SequenceIndex.load(run.index_path)
+    except Exception as e:
+        config = RunConfig.from_json(json.dumps(manifest["config"]))
+        raise RunDirError(f"{run.index_path}: the run's index is damaged ({e}); start a new run: "
+                          f"`{config.as_command(free_out(run.root))}`") from None
+    changed = input_changes(index)
+    if changed:
+        raise UserError(f"the input FASTA no longer matches this run ({changed}). {start_over_advice(run, manifest)}")
+    return index

@@ -19,8 +19,8 @@ from index.cache import cache_dir
 from . import __version__, engines, launchers, model_source, result_merge, run_log, shard_state, status_codes
 from .config import RunConfig
 from .errors import RunDirError, UserError
-from .input_checks import (apply_input_policies, check_long, check_storage, free_out, input_changes,
-                           start_over_advice, where_in_input)
+from .input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index,
+                           where_in_input)
 from .launchers import ShardJob, Submitted
 from .run_dir import RunDir, RunLock
 from .tasks import make_task, schema_for
@@ -208,20 +208,6 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             raise
         finally:
             run_log.detach(handler)
-
-
-def load_run_index(run: RunDir, manifest: dict) -> SequenceIndex:
-    """The run's index, after checking that the FASTA files still match it (refusing with what changed)."""
-    try:
-        index = SequenceIndex.load(run.index_path)
-    except Exception as e:
-        config = RunConfig.from_json(json.dumps(manifest["config"]))
-        raise RunDirError(f"{run.index_path}: the run's index is damaged ({e}); start a new run: "
-                          f"`{config.as_command(free_out(run.root))}`") from None
-    changed = input_changes(index)
-    if changed:
-        raise UserError(f"the input FASTA no longer matches this run ({changed}). {start_over_advice(run, manifest)}")
-    return index
 
 
 def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[int] | None,

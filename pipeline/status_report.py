@@ -15,14 +15,19 @@ from index import SequenceIndex
 from . import shard_state
 from .errors import UserError
 from .h5io import CorruptFile, Reader
-from .input_checks import human_bytes
+from .input_checks import human_bytes, load_run_index
 from .rows import Schema
 from .run_dir import RunDir, RunLock
 
 
-def status(out: str, verify: bool | None = None) -> str:
-    """The report; `verify` None reads checksums when the shards total at most VERIFY_AUTO_BYTES."""
-    from .runner import load_run_index
+# Above this many shards the table lists only those that need a look (not complete, not pending), after
+# a count per state: 10,000 rows of "pending" bury the two that failed.
+FULL_TABLE_SHARDS = 40
+
+
+def status(out: str, verify: bool | None = None, every_shard: bool = False) -> str:
+    """The report; `verify` None reads checksums when the shards total at most VERIFY_AUTO_BYTES.
+    `every_shard` prints a row per shard however many there are."""
     run = RunDir(out)
     manifest = run.read_manifest()
     config, world = manifest["config"], manifest["world"]
@@ -42,16 +47,23 @@ def status(out: str, verify: bool | None = None) -> str:
     if verify is None:
         verify = stored <= shard_state.VERIFY_AUTO_BYTES
     rows = [("shard", "state", "durable", "of", "progress", "detail")]
-    states = []
+    states, full = [], every_shard or world <= FULL_TABLE_SHARDS
     for r in range(world):
         s = shard_state.inspect(run, index.stride_shard(r, world), r, verify_shard=verify, verify_parts=verify)
         if holder and s.state not in ("complete", "corrupt") and RunLock.shard_running(run, r):
             s.state = "running"   # durable counts checkpointed rows only
         states.append(s)
-        rows.append((str(r), s.state, f"{s.durable:,}", f"{s.expected:,}",
-                     f"{100.0 * s.durable / max(1, s.expected):.1f}%", s.detail))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in rows]
+        if full or s.state not in ("complete", "pending"):
+            rows.append((str(r), s.state, f"{s.durable:,}", f"{s.expected:,}",
+                         f"{100.0 * s.durable / max(1, s.expected):.1f}%", s.detail))
+    if not full:
+        lines.append(_state_counts(states, len(rows) - 1, run))
+        if len(rows) - 1 > FULL_TABLE_SHARDS:
+            rows = rows[:FULL_TABLE_SHARDS + 1] + [(f"... and {len(rows) - 1 - FULL_TABLE_SHARDS:,} more", "", "",
+                                                    "", "", "")]
+    if len(rows) > 1:
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in rows]
     lines.append(f"checksums: every finished file read back ({human_bytes(stored)})" if verify else
                  f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
                  f"`run_shards status {run.root} --verify` reads every byte")
@@ -69,12 +81,25 @@ def status(out: str, verify: bool | None = None) -> str:
                              f"{', checksums verified' if verify else ', checksums not verified'})")
         except CorruptFile as e:
             lines.append(f"result: CORRUPT ({e}); run `run_shards merge {run.root}`")
+    elif config.get("launcher") == "slurm":
+        lines.append("result: not merged yet")   # what comes next is the scheduler's part, said above
     else:
         unfinished = [s.rank for s in states if s.state != "complete"]
         lines.append("result: not merged yet" + (f"; `run_shards rerun {run.root}` computes the unfinished shards "
                                                   "and merges" if unfinished and not holder else
                                                   f"; `run_shards merge {run.root}` merges" if not holder else ""))
     return "\n".join(lines)
+
+
+def _state_counts(states: list, listed: int, run: RunDir) -> str:
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s.state] = counts.get(s.state, 0) + 1
+    order = ["complete", "running", "partial", "interrupted", "failed", "corrupt", "pending"]
+    text = ", ".join(f"{counts[k]:,} {k}" for k in sorted(counts, key=lambda k: (order + [k]).index(k)))
+    return (f"shards: {text}. " + (f"Below: the {listed:,} not complete and not pending; "
+                                   if listed else "None needs a look; ")
+            + f"every shard: `run_shards status {run.root} --all`")
 
 
 def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) -> str:

@@ -16,6 +16,7 @@ import os
 from .config import RunConfig
 from .errors import RunFailed, UserError
 from .exits import EXIT_USER_ERROR
+from .input_checks import load_run_index
 from .run_dir import RunDir
 
 log = logging.getLogger("run_shards")
@@ -52,7 +53,6 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
     """Compute the shard(s) of this task; returns a one-line summary. RunFailed when some did not finish."""
     from . import shard_state
     from .launchers import ShardJob, local
-    from .runner import load_run_index
     run = RunDir(out)
     manifest = run.read_manifest()
     config = RunConfig.from_json(json.dumps(manifest["config"]))

@@ -358,6 +358,48 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     assert "--array=0-1" in res.stdout
 
 
+def test_status_while_the_jobs_wait_and_after_they_were_cancelled_before_starting(slurm_cluster, small_fasta,
+                                                                                  common, tmp_path):
+    """Held jobs (`--sbatch --hold`): status says the merge job writes the result once every shard is
+    complete, and does not suggest a rerun that would submit the queued shards twice. Cancelled before any
+    task started: status names the merge job as gone and gives the rerun (and the same sbatch by hand)."""
+    out = tmp_path / "out"
+    res = run_cli(small_fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "3",
+                  "--sbatch", "--hold", env=slurm_cluster.env)
+    assert res.returncode == 0, res.stderr
+    (array,), merge = job_ids(res.stdout)
+    waiting = run_cli("status", str(out), env=slurm_cluster.env)
+    assert waiting.returncode == 0, waiting.stderr
+    assert f"3 shard(s) to go; merge job {merge} writes the result once every shard is complete" in waiting.stdout
+    assert "rerun" not in waiting.stdout and waiting.stdout.rstrip().endswith("result: not merged yet")
+    slurm_cluster.run("scancel", array, merge)
+    wait_finished(slurm_cluster, merge)
+    gone = run_cli("status", str(out), env=slurm_cluster.env)
+    assert f"merge job {merge} is no longer queued, and shard(s) 0-2 are not complete" in gone.stdout
+    assert f"Continue with:  run_shards rerun {out}" in gone.stdout
+    assert f"sbatch --parsable --array=0-2 --export=ALL,RUN_SHARDS_OFFSET=0 {out}/slurm/shards.sbatch" in gone.stdout
+    assert ["rerun", str(out)] in suggested_commands(gone.stdout)
+
+
+def test_status_of_many_shards_counts_them_and_lists_those_that_need_a_look(fasta, common, tmp_path):
+    """Above 40 shards the table keeps the shards that are not complete and not pending, after a count per
+    state; --all lists every shard. (A planned run of 60 shards, one computed, one failed.)"""
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "60", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert run_cli("work", str(out), "--shard", "7").returncode == 0
+    died = run_cli("work", str(out), "--shard", "5", env={"RUN_SHARDS_FAULT_DIE_AT": "part-written"})
+    assert died.returncode != 0
+    status = run_cli("status", str(out))
+    assert status.returncode == 0, status.stderr
+    assert (f"shards: 1 complete, 1 failed, 58 pending. Below: the 1 not complete and not pending; every shard: "
+            f"`run_shards status {out} --all`") in status.stdout
+    assert {r: row["state"] for r, row in status_rows(out).items()} == {5: "failed"}
+    every = status_rows(out, "--all")
+    assert sorted(every) == list(range(60)) and every[7]["state"] == "complete" and every[0]["state"] == "pending"
+    assert ["status", str(out), "--all"] in suggested_commands(status.stdout)
+
+
 def test_the_second_task_stopped_without_computing_the_busy_shard(busy_shard):
     """The other half of the first test: `work --shard 1` waited a minute for the lock that 'SLURM task 77_1'
     holds, then stopped with a message naming that holder, computing nothing."""

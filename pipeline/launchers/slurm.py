@@ -280,23 +280,38 @@ def status_lines(run: RunDir, states: list) -> list[str]:
         lines.append(f"  being computed now: shard(s) {array_ranges(running)}")
     stopped = {s.rank: s.state for s in states
                if s.state in ("failed", "corrupt", "interrupted") and s.rank not in running}
-    merge = _queue_state(merge_id) if stopped or all(s.state == "complete" for s in states) else None
-    if stopped and ("failed" in stopped.values() or "corrupt" in stopped.values() or merge != "waiting"):
+    unfinished = [s.rank for s in states if s.state != "complete"]
+    merge = _queue_state(merge_id)
+    if stopped and ("failed" in stopped.values() or "corrupt" in stopped.values() or merge == "gone"):
         lines += ["  " + line for line in _stopped_lines(run, stopped)]
-        per_task = last.get("shards_per_task", 1)
-        tasks = sorted({r // per_task for r in stopped})
-        lines.append(f"  so merge job {merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
-                     + f". Continue with:  run_shards rerun {run.root}")
-        config = RunConfig.from_json(json.dumps(run.read_manifest()["config"]))
-        commands = _array_commands(split_arrays(tasks, max_array_size(True)), config.array_throttle,
-                                   slurm_dir(run) / "shards.sbatch")
-        lines.append(f"  (the same by hand: {_by_hand(commands, slurm_dir(run) / 'merge.sbatch', '', '; ')})")
+        lines += _rerun_lines(run, last, merge_id, merge, sorted(stopped))
     elif stopped:
         lines.append(f"  shard(s) {array_ranges(list(stopped))} were interrupted (preempted, or near their time "
                      f"limit); SLURM requeues their tasks, which continue from their checkpoints, and merge job "
                      f"{merge_id} waits for them")
-    elif all(s.state == "complete" for s in states) and merge != "waiting":
+    elif unfinished and merge == "gone":
+        lines.append(f"  merge job {merge_id} is no longer queued, and shard(s) {array_ranges(unfinished)} are not "
+                     "complete: their tasks were cancelled, or ended without a trace here")
+        lines += _rerun_lines(run, last, merge_id, merge, unfinished)
+    elif unfinished and merge == "waiting":
+        lines.append(f"  {len(unfinished):,} shard(s) to go; merge job {merge_id} writes the result once every "
+                     "shard is complete")
+    elif unfinished:
+        lines.append(f"  {len(unfinished):,} shard(s) to go; squeue gave no answer here, so whether their tasks "
+                     f"and merge job {merge_id} are still queued is unknown (run status where SLURM's commands work)")
+    elif merge != "waiting":
         lines.append(f"  every shard is complete; merge job {merge_id} has not written the result "
                      f"({'it failed' if merge == 'gone' else 'still queued, or it failed'}: "
                      f"{run.logs_dir}/slurm_merge_{merge_id}.out). Continue with:  run_shards merge {run.root}")
     return lines
+
+
+def _rerun_lines(run: RunDir, last: dict, merge_id: str, merge: str | None, ranks: list[int]) -> list[str]:
+    """The command that finishes the run, and the same submission by hand."""
+    tasks = sorted({r // last.get("shards_per_task", 1) for r in ranks})
+    config = RunConfig.from_json(json.dumps(run.read_manifest()["config"]))
+    commands = _array_commands(split_arrays(tasks, max_array_size(True)), config.array_throttle,
+                               slurm_dir(run) / "shards.sbatch")
+    return [f"  so merge job {merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
+            + f". Continue with:  run_shards rerun {run.root}",
+            f"  (the same by hand: {_by_hand(commands, slurm_dir(run) / 'merge.sbatch', '', '; ')})"]
