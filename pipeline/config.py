@@ -128,6 +128,17 @@ class RunConfig:
                      "per_residue_dtype", "on_long", "max_length", "on_duplicate_id", "skip_empty",
                      "max_new_tokens", "temperature", "top_p", "seed")
 
+    # How the shards are run, not what they compute: a later `run` of the same run may change these.
+    LAUNCH_FIELDS = ("workers", "threads_per_worker", "checkpoint_sequences", "checkpoint_seconds",
+                     "worker_timeout", "summary_seconds", "launcher", "shards_per_task", "sbatch", "array_throttle",
+                     "ray_address")
+
+    @staticmethod
+    def option_name(field_name: str) -> str:
+        """The `run` option that sets a field."""
+        return {"workers": "--workers", "threads_per_worker": "--threads", "devices": "--gpus"}.get(
+            field_name, _OPTIONS.get(field_name, field_name))
+
     def result_fields(self) -> dict:
         return {k: getattr(self, k) for k in self.RESULT_FIELDS}
 

@@ -138,6 +138,14 @@ def _check_same_run(run: RunDir, config: RunConfig, manifest: dict) -> None:
                           f"Use another --out (`{config.as_command(free_out(run.root))}`), or "
                           f"`run_shards rerun {run.root}` to continue that run as it was.")
     log.info("%s holds this same run: continuing from its checkpoints", run.root)
+    # How the shards are run may change between commands (a longer --time after a task ran out of it, a
+    # partition sbatch refused, fewer workers): the command's options apply, never silently the old ones.
+    new = {k: getattr(config, k) for k in RunConfig.LAUNCH_FIELDS if old["config"].get(k) != getattr(config, k)}
+    if new:
+        log.info("with this command's %s", ", ".join(f"{RunConfig.option_name(k)} {v!r} (was {old['config'].get(k)!r})"
+                                                    for k, v in new.items()))
+        old["config"].update(new)
+        run.write_manifest(old)
 
 
 def run(config: RunConfig, show_progress: bool = True, options: dict | None = None) -> Path | Submitted:

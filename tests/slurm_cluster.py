@@ -79,11 +79,12 @@ class LocalSlurm:
     """
 
     def __init__(self, root: Path, *, max_array_size: int = 1001, nodes: tuple[str, ...] = ("n1", "n2"),
-                 cpus_per_node: int = 1, kill_wait: int = 2):
+                 cpus_per_node: int = 1, kill_wait: int = 2, max_job_count: int | None = None):
         self.root = Path(root)
         assert len(str(self.root / "spool" / max(nodes, key=len))) <= MAX_SPOOL_PATH, \
             f"{self.root} is too long for slurmd's job-step socket paths"
         self.max_array_size = max_array_size
+        self.max_job_count = max_job_count      # None: SLURM's default (10,000)
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node
         self.kill_wait = kill_wait
@@ -138,6 +139,7 @@ class LocalSlurm:
             "MpiDefault=none",
             "MailProg=/bin/true",
             f"MaxArraySize={self.max_array_size}",
+            *([f"MaxJobCount={self.max_job_count}"] if self.max_job_count else []),
             "MessageTimeout=5",
             "SlurmdTimeout=20",
             "ReturnToService=2",

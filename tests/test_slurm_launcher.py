@@ -288,10 +288,10 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
     """A cluster with MaxArraySize=3: 4 shards are two arrays (offsets 0 and 3). --dry-run submits nothing and
     prints commands that sbatch accepts as they are (held here, then cancelled), with the user's options
     (a value with a space, one given apart from its option, a GPU request the merge job leaves out);
-    the real submission merges to the local result."""
+    the real submission merges to the local result; more tasks than MaxJobCount are refused before sbatch."""
     require_slurm()
     options = "--gres gpu:1 --comment 'two words' --time 10"
-    with LocalSlurm(tmp_path_factory.mktemp("s"), max_array_size=3) as cluster:
+    with LocalSlurm(tmp_path_factory.mktemp("s"), max_array_size=3, max_job_count=20) as cluster:
         out = tmp_path / "out"
         args = [small_fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "4", "--sbatch", options]
         dry = run_cli(*args, "--dry-run", env=cluster.env)
@@ -328,6 +328,15 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         assert_identical(read(out / "result.h5"), small_local_four)
         assert stray_files(out) == []
 
+        # More tasks than the controller holds (MaxJobCount, every array task counting): refused before any
+        # sbatch, with the --shards-per-task that fits.
+        many = run_cli(small_fasta, "--out", str(tmp_path / "many"), *common, "--launcher", "slurm", "--shards",
+                       "24", env=cluster.env)
+        assert many.returncode == 2 and "Traceback" not in many.stderr, many.stderr
+        assert ("24 array tasks and a merge job are more than this cluster's controller holds (MaxJobCount = 20; "
+                "every array task counts as one job). Put more shards in each task: --shards-per-task 3") in many.stderr
+        assert not (tmp_path / "many" / "slurm" / "jobs.json").exists()
+
 
 def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tmp_path):
     def refused(*args, env=None):
@@ -345,6 +354,14 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     assert "error: sbatch refused the job" in message and "invalid partition" in message.lower()
     assert slurm_cluster.run("squeue", "--noheader").strip() == ""        # nothing left queued
     assert not (tmp_path / "out" / "slurm" / "jobs.json").exists()
+    # The same command with the options fixed continues the planned run with the new options (held here).
+    fixed = run_cli(small_fasta, "--out", str(tmp_path / "out"), *common, "--launcher", "slurm", "--shards", "2",
+                    "--sbatch", "--hold", env=slurm_cluster.env)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "with this command's --sbatch '--hold' (was '--partition=nosuch')" in fixed.stderr
+    (array,), merge = job_ids(fixed.stdout)
+    assert "Reason=JobHeldUser" in show_job(slurm_cluster, array)
+    slurm_cluster.cancel_all()
 
     bare = tmp_path / "no_slurm"     # a PATH without SLURM's commands (this machine has them in /usr/bin)
     bare.mkdir()

@@ -57,6 +57,8 @@ def launch(job: ShardJob) -> Submitted:
                         f"the cluster, or pass --dry-run to write the scripts ({folder}) and print the commands")
     arrays = split_arrays(tasks, max_array_size(dry_run))
     array_commands = _array_commands(arrays, config.array_throttle, shards_sbatch)
+    if not dry_run:
+        _check_job_count(len(tasks), per_task)
     if dry_run:
         return Submitted(f"wrote {shards_sbatch} and {merge_sbatch}; nothing was submitted. To submit:\n"
                          + _by_hand(array_commands, merge_sbatch, "  ", "\n  "))
@@ -108,8 +110,14 @@ def _show(cmd: list[str]) -> str:
 def _sbatch(cmd: list[str]) -> str:
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise UserError(f"sbatch refused the job ({_show(cmd)}): {res.stderr.strip() or res.stdout.strip()}. Fix "
-                        "the --sbatch options (or the cluster's limits it names) and run the command again.")
+        said = res.stderr.strip() or res.stdout.strip()
+        if "temporarily unable to accept job" in said or "Resource temporarily unavailable" in said:
+            hint = ("The controller is full or busy: it holds at most MaxJobCount jobs, every array task "
+                    "counting as one, and keeps ended jobs for MinJobAge. Wait for the queue to drain, or put "
+                    "more shards in each task (--shards-per-task), and run the command again.")
+        else:
+            hint = "Fix the --sbatch options (or the cluster's limits it names) and run the command again."
+        raise UserError(f"sbatch refused the job ({_show(cmd)}): {said}. {hint}")
     job_id = res.stdout.strip().split(";")[0]
     if not re.fullmatch(r"\d+", job_id):
         raise UserError(f"sbatch printed no job id ({_show(cmd)}): {res.stdout.strip()} {res.stderr.strip()}")
@@ -118,16 +126,35 @@ def _sbatch(cmd: list[str]) -> str:
 
 def max_array_size(dry_run: bool) -> int:
     """The cluster's MaxArraySize (array indices must stay below it), from `scontrol show config`."""
-    if shutil.which("scontrol") is None:
-        return DEFAULT_MAX_ARRAY_SIZE
-    res = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
-    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", res.stdout, re.M)
-    if not m:
-        if not dry_run:
+    value = _config_value("MaxArraySize")
+    if value is None:
+        if not dry_run and shutil.which("scontrol") is not None:
             log.warning("could not read MaxArraySize from `scontrol show config`; assuming %d",
                         DEFAULT_MAX_ARRAY_SIZE)
         return DEFAULT_MAX_ARRAY_SIZE
-    return max(1, int(m.group(1)))
+    return max(1, value)
+
+
+def _config_value(name: str) -> int | None:
+    """An integer setting of the cluster's slurm.conf, from `scontrol show config`; None when unknown."""
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        res = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(rf"^{name}\s*=\s*(\d+)", res.stdout, re.M)
+    return int(m.group(1)) if m else None
+
+
+def _check_job_count(tasks: int, per_task: int) -> None:
+    """SLURM's controller holds at most MaxJobCount jobs, and every array task counts as one (pending ones
+    too): a submission above it would be refused after sbatch's retries, with a vaguer message."""
+    limit = _config_value("MaxJobCount")
+    if limit is not None and tasks + 1 > limit:
+        raise UserError(f"{tasks:,} array tasks and a merge job are more than this cluster's controller holds "
+                        f"(MaxJobCount = {limit:,}; every array task counts as one job). Put more shards in each "
+                        f"task: --shards-per-task {-(-(tasks * per_task) // (limit // 2))} (or fewer --shards)")
 
 
 def _append_jobs(run: RunDir, record: dict) -> None:
