@@ -54,10 +54,19 @@ def test_second_ctrl_c_kills_and_says_so(fasta, common, reference, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
-    assert "wrote a final checkpoint" not in stderr and "wrote their checkpoints" not in stderr, stderr
-    assert "were killed at once by the second signal" in stderr
+    assert "wrote their checkpoints" not in stderr, stderr
+    # Each worker was either killed by the second signal or had already finished its final checkpoint
+    # (on a loaded machine one may finish within the 50 ms): the parent and the worker's log say which.
+    killed = []
     for r in (0, 1):
-        assert "ended: killed by SIGKILL from run_shards (a second stop signal (SIGINT)" in log_text(out, r)
+        if "ended: killed by SIGKILL from run_shards (a second stop signal (SIGINT)" in log_text(out, r):
+            killed.append(r)
+            assert f"shard {r} stopped: killed by SIGKILL" in stderr, stderr
+        else:
+            assert f"shard {r} stopped at its final checkpoint (run_shards received SIGINT and asked it to stop)" \
+                in stderr, stderr
+    assert killed, "the second Ctrl-C killed no worker"
+    assert f"shard(s) {', '.join(map(str, killed))} were killed at once by the second signal" in stderr, stderr
     rerun_matches(out, reference)
 
 

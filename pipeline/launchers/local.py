@@ -69,7 +69,11 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list) -> str:
     for p in stopped:
         if p.exitcode == EXIT_INTERRUPTED:
             s = shard_state.inspect(run, job.index.stride_shard(p.rank, world), p.rank, verify_shard=False)
-            why = f" ({p.killed_for})" if p.killed_for else ""
+            # A worker may finish its final checkpoint between the two signals: then it was not killed.
+            if p.rank in supervisor.killed_at_once:
+                why = f" (run_shards received {supervisor.interrupted} and asked it to stop)"
+            else:
+                why = f" ({p.killed_for})" if p.killed_for else ""
             lines.append(f"shard {p.rank} stopped at its final checkpoint{why}: {s.durable:,} of {s.expected:,} "
                          "sequences durable")
             continue
@@ -86,7 +90,7 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list) -> str:
     if supervisor.pending:
         lines.append(f"shard(s) {', '.join(map(str, supervisor.pending))} were not started")
     if supervisor.interrupted:
-        killed = supervisor.killed_at_once
+        killed = [p.rank for p in stopped if p.rank in supervisor.killed_at_once and p.exitcode != EXIT_INTERRUPTED]
         lines.append(f"interrupted by {supervisor.interrupted}: " + (
             f"shard(s) {', '.join(map(str, killed))} were killed at once by the second signal, losing the rows "
             "since their last checkpoint; everything checkpointed is kept." if killed else
