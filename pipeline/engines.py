@@ -24,11 +24,14 @@ def choose(engine: str, model_type: str, task: str) -> str:
 
 
 def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
-         fingerprint: str, config=None):
+         fingerprint: str, config=None, max_tokens=...):
+    """The engine. `max_tokens`: the model's token limit as the run's plan found it (None: no limit), so
+    that workers need not find it again (that builds the transformers model on the meta device, about
+    1.5 s); `...` finds it here."""
     if name == "hf":
         from .hf_engine import HFEngine
-        return HFEngine(model_path, device, dtype, logprobs, fingerprint)
+        return HFEngine(model_path, device, dtype, logprobs, fingerprint, max_tokens=max_tokens)
     if name == "native":
         from .engine.engine import NativeEngine
-        return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config)
+        return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config, max_tokens=max_tokens)
     raise UserError(f"engine {name!r} is not available in this build")

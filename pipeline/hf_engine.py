@@ -34,6 +34,12 @@ def model_max_tokens(config, tokenizer) -> int | None:
     return min(limits) if limits else None
 
 
+# Families whose positions are rotary only, by design: answered without building them, which would import
+# their transformers modeling code (about 2 s of every run's planning). tests/test_units.py holds this list
+# to what building them finds.
+ROTARY_ONLY_MODEL_TYPES = ("llama", "qwen3", "qwen3_5", "qwen3_5_text")
+
+
 def position_table_tokens(config) -> int | None:
     """Positions a learned absolute position table holds (GPT-2's `wpe`, BERT's, RoBERTa's, OPT's, ESM-1b's),
     found by building the model on the meta device (no weights, no memory); None without one (rotary).
@@ -45,6 +51,8 @@ def position_table_tokens(config) -> int | None:
     import torch.nn as nn
     from transformers import AutoModel
 
+    if config.model_type in ROTARY_ONLY_MODEL_TYPES:
+        return None
     try:
         with torch.device("meta"):
             model = AutoModel.from_config(config)
@@ -66,7 +74,7 @@ def position_table_tokens(config) -> int | None:
 
 class HFEngine:
     def __init__(self, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
-                 fingerprint: str = ""):
+                 fingerprint: str = "", max_tokens=...):
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
         from .model_source import is_causal_lm
@@ -95,7 +103,8 @@ class HFEngine:
         self.real_tokens = self.computed_tokens = 0   # packing efficiency = real / computed (padded) tokens
         self.info = EngineInfo(
             name="hf", hidden_size=text_config.hidden_size, num_layers=text_config.num_hidden_layers,
-            is_causal=is_causal, max_tokens=model_max_tokens(text_config, self.tokenizer),
+            is_causal=is_causal,
+            max_tokens=model_max_tokens(text_config, self.tokenizer) if max_tokens is ... else max_tokens,
             architecture=(archs[0] if archs else config.model_type), model_fingerprint=fingerprint)
 
     @torch.inference_mode()

@@ -97,8 +97,9 @@ class NativeEngine:
 
     @classmethod
     def load(cls, model_path: str, device: torch.device, dtype: torch.dtype, fingerprint: str, run_config=None,
-             **overrides) -> "NativeEngine":
-        """The engine for a checkpoint directory, its budgets from the run's options (RunConfig)."""
+             max_tokens=..., **overrides) -> "NativeEngine":
+        """The engine for a checkpoint directory, its budgets from the run's options (RunConfig); `max_tokens`
+        the model's token limit when already known (None: none), else found here."""
         from transformers import AutoConfig, AutoTokenizer
 
         from ..hf_engine import model_max_tokens, quiet_transformers
@@ -112,7 +113,8 @@ class NativeEngine:
         archs = list(getattr(hf_config, "architectures", None) or [])
         spec = model.spec
         info = EngineInfo(name="native", hidden_size=spec.hidden_size, num_layers=spec.num_layers,
-                          is_causal=spec.is_causal, max_tokens=model_max_tokens(text, tokenizer),
+                          is_causal=spec.is_causal,
+                          max_tokens=model_max_tokens(text, tokenizer) if max_tokens is ... else max_tokens,
                           architecture=archs[0] if archs else hf_config.model_type, model_fingerprint=fingerprint)
         config = EngineConfig(**dict(_budgets(run_config, info, spec, text), **overrides))
         return cls(model, tokenizer, info, config, device, dtype)

@@ -14,7 +14,7 @@ from torch import nn
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
 from .layers.attention import PagedAttention
-from .layers.loader import CheckpointTensors, check_loaded, materialize
+from .layers.loader import CheckpointTensors, check_loaded, embedding, materialize
 from .layers.rotary import Rotary
 
 MASK_RATIO_TRAIN = 0.15 * 0.8   # fixed in every ESM training run; transformers hard-codes it too
@@ -71,8 +71,8 @@ class EsmModel(NativeModel):
         self.position_type = getattr(config, "position_embedding_type", "absolute")
         if self.position_type not in ("rotary", "absolute"):
             raise UserError(f"ESM position embedding '{self.position_type}' is not supported; use --engine hf")
-        self.word_embeddings = nn.Embedding(config.vocab_size, d)
-        self.position_embeddings = (nn.Embedding(config.max_position_embeddings, d)
+        self.word_embeddings = embedding(config.vocab_size, d)
+        self.position_embeddings = (embedding(config.max_position_embeddings, d)
                                     if self.position_type == "absolute" else None)
         self.emb_norm_before = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.emb_layer_norm_before else None
         self.layers = nn.ModuleList(EsmLayer(config) for _ in range(config.num_hidden_layers))

@@ -11,7 +11,7 @@ from torch import nn
 from ..errors import UserError
 from .base import ModelSpec, RotaryDecoder
 from .layers.attention import PagedAttention
-from .layers.loader import decoder_from_checkpoint
+from .layers.loader import decoder_from_checkpoint, embedding
 from .layers.mlp import GatedMLP
 from .layers.norms import RMSNorm
 from .layers.rotary import Rotary, rope_frequencies
@@ -73,7 +73,7 @@ class LlamaModel(RotaryDecoder):
             raise UserError(f"{architecture}: sliding-window attention is not supported by --engine native; "
                             "use --engine hf")
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaLayer(config, qk_norm) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))

@@ -15,7 +15,7 @@ from ..errors import UserError
 from .base import DeltaStateSpec, ModelSpec, RotaryDecoder
 from .layers.attention import PagedAttention
 from .layers.gated_deltanet import GatedDeltaNet
-from .layers.loader import decoder_from_checkpoint
+from .layers.loader import decoder_from_checkpoint, embedding
 from .layers.mlp import GatedMLP
 from .layers.norms import RMSNorm
 from .layers.rotary import Rotary, rope_frequencies
@@ -79,7 +79,7 @@ class Qwen3_5Model(RotaryDecoder):
         if set(types) - {"linear_attention", "full_attention"}:
             raise UserError(f"Qwen3.5 layer types {sorted(set(types))} are not supported; use --engine hf")
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Qwen3_5Layer(config, kind) for kind in types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centred=True)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))

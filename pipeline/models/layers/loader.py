@@ -81,12 +81,37 @@ class PrefixedTensors:
 
 
 def materialize(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Allocate a meta-built module on `device` in `dtype`, every value NaN until a loader writes it."""
-    module.to_empty(device=device)
-    module.to(dtype)
+    """Allocate a meta-built module on `device` in `dtype` (floating-point tensors; others keep theirs),
+    every parameter NaN until a loader writes it. Allocated with torch.empty rather than Module.to_empty,
+    whose empty_like of meta tensors runs torch's Python reference and imports torch._dynamo (0.4 s of
+    each worker's start)."""
+    made: dict[int, torch.Tensor] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:   # a tensor shared by two modules stays shared
+            made[id(t)] = torch.empty(t.shape, device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+        return made[id(t)]
+
+    for m in module.modules():
+        for name, p in m._parameters.items():
+            if p is not None:
+                if id(p) not in params:
+                    params[id(p)] = torch.nn.Parameter(fresh(p), requires_grad=p.requires_grad)
+                m._parameters[name] = params[id(p)]
+        for name, b in m._buffers.items():
+            if b is not None:
+                m._buffers[name] = fresh(b)
     with torch.no_grad():
         for p in module.parameters():
             p.fill_(float("nan"))
+
+
+def embedding(num: int, dim: int) -> torch.nn.Embedding:
+    """An embedding table whose weights come from the checkpoint: built without nn.Embedding's random
+    init, which on the meta device runs torch's Python reference of normal_ and with it imports
+    torch._dynamo (about 1.6 s of every worker's start, for numbers that are overwritten at once)."""
+    return torch.nn.Embedding(num, dim, _weight=torch.empty(num, dim))
 
 
 def check_loaded(module: torch.nn.Module, what: str) -> None:
