@@ -270,7 +270,7 @@ def compile_report(arch: int) -> list[str]:
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     fp32_args = {"g", "gamma", "q_scale", "k_scale", "h0", "ht"}
-    int_args = {"chunk_bounds", "seq_bounds", "seq_order"}
+    int_args = {"chunk_bounds", "seq_bounds", "seq_ranges", "seq_order"}
 
     def build(kernel, dt, consts, num_warps, num_stages):
         constexpr_names = {kernel.arg_names[i] for i in kernel.constexprs}
@@ -307,7 +307,7 @@ def compile_report(arch: int) -> list[str]:
                 if bv > D:
                     continue
                 consts = dict(H=2, HV=8, K=D, V=D, BT=64, BK=D, BV=bv, NV=D // bv, USE_H0=True, STORE_HT=True,
-                              DOT_PREC=prec)
+                              DOT_PREC=prec, USE_U=True, WRITE_O=True)
                 (regs, stack), shared = build(chunk._chunk_walk_kernel, dt, consts, nw, ns)
                 rows.append(f"| walk | {dt} | {D} | block_v={bv} num_warps={nw} num_stages={ns} | {regs} | {stack} "
                             f"| {shared / 1024:.0f} |")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from triton_kernels import paged_attention, write_kv_cache  # noqa: E402
 from triton_kernels.paged_attention import default_launch  # noqa: E402
-from triton_kernels.paged_attention.launch import num_sms_of  # noqa: E402
+from triton_kernels._device import target_of  # noqa: E402
 from triton_kernels.paged_attention.naive import naive_paged_attention  # noqa: E402
 
 # Spec HBM bandwidth (GB/s) by device-name fragment, most specific first.
@@ -89,7 +89,7 @@ class Setup:
         knobs = default_launch(num_q_tokens=q.shape[0], num_seqs=block_tables.shape[0], num_q_heads=q.shape[1],
                                num_kv_heads=k_cache.shape[2], head_dim=q.shape[2], page_size=k_cache.shape[1],
                                max_kv_len=block_tables.shape[1] * k_cache.shape[1],
-                               num_sms=num_sms_of(q.device))
+                               target=target_of(q.device))
         return (f"bq{knobs.block_q} tile{knobs.pages_per_tile * k_cache.shape[1]} w{knobs.num_warps} "
                 f"s{knobs.num_stages} split{knobs.num_kv_splits}")
 

@@ -4,6 +4,9 @@ CUDA tensors run the Triton kernels. CPU tensors run the Triton kernels through 
 TRITON_INTERPRET=1 is set (it must be set before triton is imported), and the plain torch reference
 otherwise, so the engine works on any machine.
 
+Inside `_launch.dry_run(target)`, `meta` tensors take the Triton path too (their launches are recorded,
+not run) and `target_of` answers with that target.
+
 `torch_path_on_cpu()` lets a caller pin CPU tensors to the torch implementations whatever the
 environment says: the native engine runs under it on CPU, so a test suite that sets TRITON_INTERPRET=1
 for the kernel tests still runs whole models at torch speed rather than through the interpreter.
@@ -13,6 +16,8 @@ import contextvars
 import os
 
 import torch
+
+from ._launch import H100, GpuTarget, dry_run_target
 
 _FORCE_TORCH_ON_CPU = contextvars.ContextVar("triton_kernels_force_torch_on_cpu", default=False)
 
@@ -31,6 +36,19 @@ def use_triton(t: torch.Tensor) -> bool:
     """True when `t`'s op should run the Triton kernel rather than the torch reference."""
     if t.is_cuda:
         return True
+    if t.is_meta and dry_run_target() is not None:
+        return True
     if _FORCE_TORCH_ON_CPU.get():
         return False
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def target_of(device: torch.device) -> GpuTarget:
+    """The GPU whose launch knobs apply to tensors on `device`.
+
+    A CUDA device answers for itself (host-side properties, no sync). Elsewhere (the interpreter, a
+    plan on a host without a GPU) it is the dry run's target, else an H100."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return GpuTarget(major * 10 + minor, torch.cuda.get_device_properties(device).multi_processor_count)
+    return dry_run_target() or H100

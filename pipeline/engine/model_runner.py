@@ -11,7 +11,7 @@ import contextlib
 import numpy as np
 import torch
 
-from triton_kernels._device import torch_path_on_cpu
+from triton_kernels._device import target_of, torch_path_on_cpu
 
 from ..models.base import NativeModel
 from ..models.layers.attention import cache_head_dim
@@ -46,11 +46,22 @@ class ModelRunner:
                 torch.zeros(c.num_state_slots, d.conv_width, d.conv_channels, dtype=self.dtype, device=self.device),
                 torch.zeros(c.num_state_slots, d.num_v_heads, d.head_k_dim, d.head_v_dim, dtype=torch.float32,
                             device=self.device))
-            layer.kernel_args = {"chunk_gated_delta_rule": dict(chunk_size=c.gdn_chunk_size,
-                                                                **c.gdn_launch.get("chunk_gated_delta_rule", {})),
-                                 "fused_recurrent_gated_delta_rule": c.gdn_launch.get(
-                                     "fused_recurrent_gated_delta_rule", {})}
+            layer.kernel_args = self._delta_rule_knobs()
         self._allocated = True
+
+    def _delta_rule_knobs(self) -> dict:
+        """Launch knobs of the delta-rule kernels, by function: with Triton, the launch table's row for
+        this GPU (triton_kernels/launch_config.py) under the config's explicit ones; else just those."""
+        c = self.config
+        chunk = dict(c.gdn_launch.get("chunk_gated_delta_rule", {}))
+        decode = dict(c.gdn_launch.get("fused_recurrent_gated_delta_rule", {}))
+        if self.triton:
+            from triton_kernels.gated_delta_rule.chunk import chunk_knobs
+            from triton_kernels.gated_delta_rule.fused_recurrent import decode_knobs
+            chunk = dict(vars(chunk_knobs(self.device, **chunk)))
+            decode = dict(vars(decode_knobs(self.device, **decode)))
+        return {"chunk_gated_delta_rule": dict(chunk_size=c.gdn_chunk_size, **chunk),
+                "fused_recurrent_gated_delta_rule": decode}
 
     def prepare(self, step: list[ScheduledSeq]) -> StepContext:
         """Host-side tensors of one step, moved to the device in one go per tensor."""
@@ -89,12 +100,11 @@ class ModelRunner:
         if self.config.attention_launch is not None:
             return dict(self.config.attention_launch)
         from triton_kernels.paged_attention import default_launch
-        from triton_kernels.paged_attention.launch import num_sms_of
         attn = self.model.attention_layers()[0]
         rule = default_launch(num_q_tokens=int(q_lens.sum()), num_seqs=len(step), num_q_heads=attn.num_heads,
                               num_kv_heads=attn.num_kv_heads, head_dim=cache_head_dim(attn.head_dim, True),
                               page_size=self.config.page_size, max_kv_len=width * self.config.page_size,
-                              num_sms=num_sms_of(self.device))
+                              target=target_of(self.device))
         return dict(block_q=rule.block_q, pages_per_tile=rule.pages_per_tile, num_warps=rule.num_warps,
                     num_stages=rule.num_stages, num_kv_splits=rule.num_kv_splits)
 

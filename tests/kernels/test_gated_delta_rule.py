@@ -398,3 +398,40 @@ def test_bfloat16_decode_batch():
                          num_states=256, seed=17)
     cu = torch.arange(257, dtype=torch.int32, device="cuda")  # 256 sequences, one new token each
     check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
+
+
+# --- a lone long sequence: the walk split into segments (issue 20) -----------------------------------
+
+@pytest.mark.parametrize("use_h0", [False, True], ids=["fresh", "initial-state"])
+def test_segmented_walk_matches_reference(use_h0, monkeypatch):
+    """Segments of 64 tokens (forced; the planner splits only long sequences): sequences of 1, 2 and 4
+    segments, one ending off the chunk grid and an empty one, against the float64 reference."""
+    monkeypatch.setattr(chunk_module, "walk_segment_tokens", lambda *args: 64)
+    lengths = [200, 64, 0, 100]
+    inputs = make_inputs(1, sum(lengths), 2, 4, 32, 32, l2norm=True, num_states=4 if use_h0 else None, seed=21)
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens(lengths), l2norm=True, block_v=16)
+
+
+def _walk_grids(target, batch, T, HV=16, K=128):
+    """Grids of the walk launches chunk_gated_delta_rule makes for `target` (planned on meta tensors, not run)."""
+    from triton_kernels._launch import dry_run
+
+    def empty(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    with dry_run(target) as launches:
+        chunk_gated_delta_rule(empty(batch, T, HV, K), empty(batch, T, HV, K), empty(batch, T, HV, K),
+                               empty(batch, T, HV, dtype=torch.float32), empty(batch, T, HV),
+                               output_final_state=True, use_qk_l2norm_in_kernel=True)
+    return [launch.grid for launch in launches if launch.kernel.fn.__name__ == "_chunk_walk_kernel"]
+
+
+def test_a_lone_32k_sequence_fills_the_gpu():
+    """Qwen3.5-0.8B's 16 value heads of 128: whole, the walk would be 32 (H100) or 64 (A100) programs."""
+    from triton_kernels._launch import A100, H100
+
+    for target in (H100, A100):
+        grids = _walk_grids(target, 1, 32768)
+        assert len(grids) == 3 and all(grid[0] >= target.num_sms for grid in grids), (target, grids)
+    assert _walk_grids(H100, 8, 32768) == [(8 * 16 * 2,)]   # a full batch: one walk, no segments
+    assert _walk_grids(H100, 1, 2048) == [(16 * 2,)]        # too short to split

@@ -18,14 +18,17 @@ The math is in REFERENCE.md; the design and byte model in docs/kernels/gated_del
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
-from triton_kernels._device import use_triton
+from triton_kernels._device import target_of, use_triton
+from triton_kernels._launch import launch
 from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs
 from triton_kernels.gated_delta_rule.torch_path import chunk_fwd_torch
+from triton_kernels.launch_config import DeltaRuleChunkKnobs, launch_row
 
 TRITON_CHUNK_SIZES = (64, 128)
 
@@ -245,16 +248,21 @@ def _chunk_prep_kernel(
 
     # T = (I + A)^-1 block by block: invert the diagonal blocks, then T_ij = -T_ii sum_{j<=m<i} A_im T_mj
     # (full fp32 products, see _invert_unit_lower). A = diag(beta / |k|) K K^T diag(1 / |k|) * decay.
-    T00 = _invert_unit_lower(_decayed_gram(k0, k0, beta0 * rk0, rk0, gam0, gam0, 1, BC, DOT_PREC), BC)
-    T11 = _invert_unit_lower(_decayed_gram(k1, k1, beta1 * rk1, rk1, gam1, gam1, 1, BC, DOT_PREC), BC)
-    T22 = _invert_unit_lower(_decayed_gram(k2, k2, beta2 * rk2, rk2, gam2, gam2, 1, BC, DOT_PREC), BC)
-    T33 = _invert_unit_lower(_decayed_gram(k3, k3, beta3 * rk3, rk3, gam3, gam3, 1, BC, DOT_PREC), BC)
+    # Every A block first, so the key tiles are dead before the solve's loops need the registers.
+    A00 = _decayed_gram(k0, k0, beta0 * rk0, rk0, gam0, gam0, 1, BC, DOT_PREC)
+    A11 = _decayed_gram(k1, k1, beta1 * rk1, rk1, gam1, gam1, 1, BC, DOT_PREC)
+    A22 = _decayed_gram(k2, k2, beta2 * rk2, rk2, gam2, gam2, 1, BC, DOT_PREC)
+    A33 = _decayed_gram(k3, k3, beta3 * rk3, rk3, gam3, gam3, 1, BC, DOT_PREC)
     A10 = _decayed_gram(k1, k0, beta1 * rk1, rk0, gam1, gam0, 0, BC, DOT_PREC)
     A21 = _decayed_gram(k2, k1, beta2 * rk2, rk1, gam2, gam1, 0, BC, DOT_PREC)
     A32 = _decayed_gram(k3, k2, beta3 * rk3, rk2, gam3, gam2, 0, BC, DOT_PREC)
     A20 = _decayed_gram(k2, k0, beta2 * rk2, rk0, gam2, gam0, 0, BC, DOT_PREC)
     A31 = _decayed_gram(k3, k1, beta3 * rk3, rk1, gam3, gam1, 0, BC, DOT_PREC)
     A30 = _decayed_gram(k3, k0, beta3 * rk3, rk0, gam3, gam0, 0, BC, DOT_PREC)
+    T00 = _invert_unit_lower(A00, BC)
+    T11 = _invert_unit_lower(A11, BC)
+    T22 = _invert_unit_lower(A22, BC)
+    T33 = _invert_unit_lower(A33, BC)
     T10 = -_mm_f32(_mm_f32(T11, A10), T00)
     T21 = -_mm_f32(_mm_f32(T22, A21), T11)
     T32 = -_mm_f32(_mm_f32(T33, A32), T22)
@@ -264,10 +272,11 @@ def _chunk_prep_kernel(
 
     # W = T (K * beta * exp(gamma) / |k|), U = T (V * beta), one BC-row block at a time. The right-hand
     # sides stay float32 (tf32 tensor cores for 16-bit inputs); W and U are stored in the input dtype.
-    x0 = k0.to(tl.float32) * (rk0 * beta0 * tl.exp(gam0))[:, None]
-    x1 = k1.to(tl.float32) * (rk1 * beta1 * tl.exp(gam1))[:, None]
-    x2 = k2.to(tl.float32) * (rk2 * beta2 * tl.exp(gam2))[:, None]
-    x3 = k3.to(tl.float32) * (rk3 * beta3 * tl.exp(gam3))[:, None]
+    # The key tiles are loaded again (from L2) rather than kept live across the solve.
+    x0 = _load_rows(k, r0, eos, i_h, H, K, BC, BK).to(tl.float32) * (rk0 * beta0 * tl.exp(gam0))[:, None]
+    x1 = _load_rows(k, r1, eos, i_h, H, K, BC, BK).to(tl.float32) * (rk1 * beta1 * tl.exp(gam1))[:, None]
+    x2 = _load_rows(k, r2, eos, i_h, H, K, BC, BK).to(tl.float32) * (rk2 * beta2 * tl.exp(gam2))[:, None]
+    x3 = _load_rows(k, r3, eos, i_h, H, K, BC, BK).to(tl.float32) * (rk3 * beta3 * tl.exp(gam3))[:, None]
     _store_rows(w, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, K, BC, BK)
     _store_rows(w, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, K, BC, BK)
     _store_rows(w, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, K, BC, BK)
@@ -288,19 +297,22 @@ def _chunk_walk_kernel(
     gamma, q_scale, k_scale,  # float32 [tokens, HV]
     o,  # output [tokens, HV, V]
     h0, ht,  # initial / final states [N, HV, K, V] float32 (None when unused)
-    seq_bounds, seq_order,  # int32 [N+1] token offsets; int32 [N] sequence indices, longest first
+    seq_ranges, seq_order,  # int32 [N, 2] first and end token per sequence; int32 [N] sequences longest first
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_U: tl.constexpr = True, WRITE_O: tl.constexpr = True,
 ):
+    """USE_U=False walks with U = 0 (from S = I it yields the segment's transition matrix, see
+    `_segmented_walk`); WRITE_O=False only carries the state (no q, p or output traffic)."""
     # One flat grid, sequence-major: every head of the longest sequence is scheduled first.
     pid = tl.program_id(0)
     i_n = tl.load(seq_order + pid // (HV * NV))
     i_hv = (pid // NV) % HV
     i_v = pid % NV
     i_h = i_hv // (HV // H)
-    bos = tl.load(seq_bounds + i_n).to(tl.int64)
-    eos = tl.load(seq_bounds + i_n + 1).to(tl.int64)
+    bos = tl.load(seq_ranges + 2 * i_n).to(tl.int64)
+    eos = tl.load(seq_ranges + 2 * i_n + 1).to(tl.int64)
     v0 = i_v * BV
 
     if USE_H0:
@@ -309,23 +321,31 @@ def _chunk_walk_kernel(
         S = tl.zeros([BK, BV], dtype=tl.float32)
 
     for t0 in range(bos, eos, BT):
-        b_q = _load_rows(q, t0, eos, i_h, H, K, BT, BK)
+        if WRITE_O:
+            b_q = _load_rows(q, t0, eos, i_h, H, K, BT, BK)
         b_k = _load_rows(k, t0, eos, i_h, H, K, BT, BK)
         b_w = _load_rows(w, t0, eos, i_hv, HV, K, BT, BK)
-        b_u = _load_rows(u, t0, eos, i_hv, HV, V, BT, BV, v0)
-        b_p = _load_rows(p, t0, eos, i_hv, HV, BT, BT, BT)
+        if USE_U:
+            b_u = _load_rows(u, t0, eos, i_hv, HV, V, BT, BV, v0)
+        if WRITE_O:
+            b_p = _load_rows(p, t0, eos, i_hv, HV, BT, BT, BT)
         rows = t0 + tl.arange(0, BT).to(tl.int64)
-        qs = tl.load(q_scale + rows * HV + i_hv, mask=rows < eos, other=0.0)
+        if WRITE_O:
+            qs = tl.load(q_scale + rows * HV + i_hv, mask=rows < eos, other=0.0)
         ks = tl.load(k_scale + rows * HV + i_hv, mask=rows < eos, other=0.0)
         chunk_decay = tl.exp(tl.load(gamma + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv))
 
         # The state chain first (it is the loop's critical path), then the output from the old state.
-        S_in = S.to(b_q.dtype)
-        v_new = b_u.to(tl.float32) - tl.dot(b_w, S_in, input_precision=DOT_PREC)
-        S = S * chunk_decay + tl.dot(tl.trans(b_k), (v_new * ks[:, None]).to(b_q.dtype), input_precision=DOT_PREC)
-        b_o = tl.dot(b_q, S_in, input_precision=DOT_PREC) * qs[:, None]
-        b_o += tl.dot(b_p, v_new.to(b_q.dtype), input_precision=DOT_PREC)
-        _store_rows(o, b_o, t0, eos, i_hv, HV, V, BT, BV, v0)
+        S_in = S.to(b_k.dtype)
+        if USE_U:
+            v_new = b_u.to(tl.float32) - tl.dot(b_w, S_in, input_precision=DOT_PREC)
+        else:
+            v_new = -tl.dot(b_w, S_in, input_precision=DOT_PREC)
+        S = S * chunk_decay + tl.dot(tl.trans(b_k), (v_new * ks[:, None]).to(b_k.dtype), input_precision=DOT_PREC)
+        if WRITE_O:
+            b_o = tl.dot(b_q, S_in, input_precision=DOT_PREC) * qs[:, None]
+            b_o += tl.dot(b_p, v_new.to(b_q.dtype), input_precision=DOT_PREC)
+            _store_rows(o, b_o, t0, eos, i_hv, HV, V, BT, BV, v0)
 
     if STORE_HT:
         _store_state(ht, S, i_n, i_hv, HV, K, V, BK, BV, v0)
@@ -344,10 +364,10 @@ def chunk_gated_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = 64,
-    block_v: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
-    prep_num_warps: int = 8,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    prep_num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule over whole sequences, chunk by chunk (prefill). fla-compatible arguments.
 
@@ -364,8 +384,9 @@ def chunk_gated_delta_rule(
         block_v: V columns per walk program (power of two >= 16; capped at V rounded up to a power of two).
         num_warps, num_stages: of the sequential walk kernel (num_stages pipelines its chunk loop).
         prep_num_warps: of the parallel per-chunk kernel.
-        Defaults: compiled for sm_90 without spilling registers for K = V = 128 in 16-bit (see
-        `bench/bench_gated_delta_rule.py --compile-report`); timings are left to the benchmark.
+        A knob left as None takes the value of triton_kernels/launch_config.py for the tensors' GPU
+        (compiled there without spilling registers at K = V = 128 in 16-bit: see the compile-matrix
+        test); timings are left to the benchmark.
     Returns:
         o [B, T, HV, V] in q's dtype, and the final states or None.
     """
@@ -378,8 +399,15 @@ def chunk_gated_delta_rule(
                 layout=layout, dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel, chunk_size=chunk_size)
     if not use_triton(q):
         return chunk_fwd_torch(q, k, v, g, beta, **args)
-    return chunk_fwd_triton(q, k, v, g, beta, **args, block_v=block_v, num_warps=num_warps,
-                            num_stages=num_stages, prep_num_warps=prep_num_warps)
+    knobs = chunk_knobs(q.device, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
+                        prep_num_warps=prep_num_warps)
+    return chunk_fwd_triton(q, k, v, g, beta, **args, **vars(knobs))
+
+
+def chunk_knobs(device: torch.device, **given: int | None) -> DeltaRuleChunkKnobs:
+    """The chunk kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
+    row = launch_row(target_of(device)).chunk
+    return replace(row, **{name: value for name, value in given.items() if value is not None})
 
 
 def _block_size(name: str, value: int) -> int:
@@ -395,15 +423,44 @@ def _pow2_block(dim: int) -> int:
 
 @functools.lru_cache(maxsize=16)
 def _launch_tables(layout: SequenceLayout, chunk_size: int, device: torch.device):
-    """int32 device tables: chunk bounds [chunks, 2], sequence bounds [N+1], sequences longest first [N].
+    """int32 device tables: chunk bounds [chunks, 2], and the walk's sequence ranges [N, 2] and order [N].
 
     Cached: every layer of an engine step sends the same layout, and rebuilding costs host time and
     three host-to-device copies per call.
     """
     chunks = layout.chunk_bounds(chunk_size)
     return (torch.tensor(chunks, dtype=torch.int32, device=device).reshape(-1, 2),
-            torch.tensor(layout.bounds, dtype=torch.int32, device=device),
-            torch.tensor(layout.longest_first(), dtype=torch.int32, device=device))
+            *_walk_tables(list(zip(layout.bounds, layout.bounds[1:])), device))
+
+
+def _walk_tables(ranges: list[tuple[int, int]], device: torch.device):
+    """The walk's int32 tables for sequences (or segments) with these token ranges: ranges, longest first."""
+    order = sorted(range(len(ranges)), key=lambda n: (ranges[n][0] - ranges[n][1], n))
+    return (torch.tensor(ranges, dtype=torch.int32, device=device).reshape(-1, 2),
+            torch.tensor(order, dtype=torch.int32, device=device))
+
+
+# A sequence's walk is split into segments (see `_segmented_walk`) only down to this many tokens.
+MIN_SEGMENT_TOKENS = 1024
+# Segmenting walks twice (the segments' local states and transitions, then the outputs), so it pays
+# only with at least this many segments; fewer would be slower than the one walk it replaces.
+MIN_SEGMENTS = 4
+
+
+def walk_segment_tokens(lengths: list[int], programs_per_sequence: int, chunk_size: int, num_sms: int) -> int | None:
+    """Segment length (a multiple of chunk_size) that gives the walk at least `num_sms` programs, or
+    None to walk whole sequences: when they already fill the GPU, or are too short to split.
+
+    A lone 32k-token Qwen3.5-0.8B sequence walks as 16 heads x 2 column blocks = 32 programs on an
+    H100's 132 SMs; in 8 segments of 4k tokens it has 256."""
+    programs = len(lengths) * programs_per_sequence
+    longest = max(lengths, default=0)
+    if programs == 0 or programs >= num_sms:
+        return None
+    pieces = max(MIN_SEGMENTS, triton.next_power_of_2(-(-num_sms // programs)))
+    if longest < pieces * MIN_SEGMENT_TOKENS:
+        return None
+    return -(-longest // (pieces * chunk_size)) * chunk_size
 
 
 def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
@@ -433,20 +490,87 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
     u = torch.empty(tokens, HV, V, dtype=q.dtype, device=device)
     p = torch.empty(tokens, HV, chunk_size, dtype=q.dtype, device=device)
     gamma, q_scale, k_scale = torch.empty(3, tokens, HV, dtype=torch.float32, device=device)
-    chunk_table, seq_bounds, seq_order = _launch_tables(layout, chunk_size, device)
+    chunk_table, seq_ranges, seq_order = _launch_tables(layout, chunk_size, device)
     if chunk_table.shape[0]:
-        _chunk_prep_kernel[(chunk_table.shape[0], HV)](
-            q, k, v, g, beta, w, u, p, gamma, q_scale, k_scale, chunk_table, scale,
-            H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=_pow2_block(V),
-            USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=prep_num_warps,
-        )
+        launch(_chunk_prep_kernel, (chunk_table.shape[0], HV),
+               q, k, v, g, beta, w, u, p, gamma, q_scale, k_scale, chunk_table, scale,
+               H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=_pow2_block(V),
+               USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=prep_num_warps)
 
     BV = min(_block_size("block_v", block_v), _pow2_block(V))
     NV = triton.cdiv(V, BV)
-    _chunk_walk_kernel[(N * HV * NV,)](
-        q, k, w, u, p, gamma, q_scale, k_scale, o, h0, final, seq_bounds, seq_order,
-        H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, NV=NV,
-        USE_H0=h0 is not None, STORE_HT=final is not None, DOT_PREC=dot_prec,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    walk = functools.partial(_walk, q, k, w, u, p, gamma, q_scale, k_scale, H=H, HV=HV, K=K, BT=chunk_size, BK=BK,
+                             BV=BV, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
+    segment = walk_segment_tokens(layout.lengths, HV * NV, chunk_size, target_of(device).num_sms)
+    if segment is None:
+        walk(seq_ranges, seq_order, o, h0, final)
+    else:
+        _segmented_walk(walk, layout, segment, o, h0, final, HV=HV, K=K, V=V)
     return o.reshape(d.batch, d.seq_len, HV, V), final
+
+
+def _walk(q, k, w, u, p, gamma, q_scale, k_scale, seq_ranges, seq_order, o, h0, ht, *, H, HV, K, BT, BK, BV,
+          DOT_PREC, num_warps, num_stages, V=None, use_u=True, write_o=True):
+    """One launch of the walk over the sequences (or segments) of seq_ranges; V defaults to o's width."""
+    V = o.shape[-1] if V is None else V
+    NV = triton.cdiv(V, BV)
+    launch(_chunk_walk_kernel, (seq_order.shape[0] * HV * NV,),
+           q, k, w, u, p, gamma, q_scale, k_scale, o, h0, ht, seq_ranges, seq_order,
+           H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV, USE_H0=h0 is not None, STORE_HT=ht is not None,
+           DOT_PREC=DOT_PREC, USE_U=use_u, WRITE_O=write_o, num_warps=num_warps, num_stages=num_stages)
+
+
+def _segmented_walk(walk, layout: SequenceLayout, segment: int, o, h0, final, *, HV: int, K: int, V: int):
+    """The walk with each sequence cut into segments of `segment` tokens, walked in parallel.
+
+    Over a segment the state evolves affinely, S_end = M S_start + A, where A is the end state of the
+    segment walked from S_start = 0 (or from the sequence's initial state for its first segment) and
+    the transition M [K, K] is the end state of a walk from S = I with U = 0 (Vn = -W S). Three
+    launches: A for every segment but each sequence's last, M for every segment but its first (both
+    state only, no output), then, with the start states chained on the host side in float32
+    (S_start(j) = M(j - 1) S_start(j - 1) + A(j - 1)), the usual walk of every segment from its true
+    start, which writes the outputs and the final states.
+    """
+    device = o.device
+    pieces = []   # (sequence, index in the sequence, first token, end token)
+    for n, (bos, eos) in enumerate(zip(layout.bounds, layout.bounds[1:])):
+        starts = list(range(bos, eos, segment)) or [bos]
+        pieces += [(n, j, t, min(t + segment, eos)) for j, t in enumerate(starts)]
+    count = {}
+    for n, *_ in pieces:
+        count[n] = count.get(n, 0) + 1
+    first = [i for i, (n, j, *_) in enumerate(pieces) if j < count[n] - 1]   # segments with a successor
+    later = [i for i, (n, j, *_) in enumerate(pieces) if j >= 1]             # segments with a predecessor
+    ranges = [(t0, t1) for _, _, t0, t1 in pieces]
+
+    f32 = dict(dtype=torch.float32, device=device)
+    a_h0 = None
+    if h0 is not None:
+        a_h0 = torch.zeros(len(first), HV, K, V, **f32)
+        rows = [r for r, i in enumerate(first) if pieces[i][1] == 0]
+        a_h0[rows] = h0[[pieces[first[r]][0] for r in rows]]
+    local = torch.empty(len(first), HV, K, V, **f32)
+    walk(*_walk_tables([ranges[i] for i in first], device), o, a_h0, local, write_o=False)
+    transition = torch.empty(len(later), HV, K, K, **f32)
+    identity = torch.eye(K, **f32).expand(len(later), HV, K, K).contiguous()
+    walk(*_walk_tables([ranges[i] for i in later], device), o, identity, transition, V=K, use_u=False,
+         write_o=False)
+
+    start = torch.zeros(len(pieces), HV, K, V, **f32)
+    if h0 is not None:
+        heads = [i for i, piece in enumerate(pieces) if piece[1] == 0]
+        start[heads] = h0[[pieces[i][0] for i in heads]]
+    local_row = {i: r for r, i in enumerate(first)}
+    trans_row = {i: r for r, i in enumerate(later)}
+    for j in range(1, max(count.values())):   # segment j starts where segment j - 1 ended
+        now = [i for i in later if pieces[i][1] == j]
+        prev = [i - 1 for i in now]   # pieces of a sequence are consecutive
+        ended = local[[local_row[i] for i in prev]]
+        if j > 1:
+            ended = ended + torch.matmul(transition[[trans_row[i] for i in prev]], start[prev])
+        start[now] = ended
+    ht = None if final is None else torch.empty(len(pieces), HV, K, V, **f32)
+    walk(*_walk_tables(ranges, device), o, start, ht)
+    if final is not None:
+        last = [i for i, (n, j, *_) in enumerate(pieces) if j == count[n] - 1]
+        final.copy_(ht[last])

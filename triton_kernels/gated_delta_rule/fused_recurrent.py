@@ -6,14 +6,18 @@ is bandwidth-bound: the state is read once and written once per call.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
 
-from triton_kernels._device import use_triton
+from triton_kernels._device import target_of, use_triton
+from triton_kernels._launch import launch
 from triton_kernels.gated_delta_rule.chunk import _block_size, _load_state, _pow2_block, _store_state
 from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs
 from triton_kernels.gated_delta_rule.torch_path import recurrent_fwd_torch
+from triton_kernels.launch_config import DeltaRuleDecodeKnobs, launch_row
 
 
 @triton.jit
@@ -75,27 +79,34 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
-    block_v: int = 32,
-    num_warps: int = 4,
-    num_stages: int = 1,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule one token at a time (decode: T == 1 per sequence). fla-compatible arguments.
 
     Same arguments, shapes and results as `chunk_gated_delta_rule` (no chunk_size). Launch knobs
     (Triton only): block_v, V columns per program (power of two >= 16, capped at V rounded up);
-    num_warps and num_stages of the kernel.
+    num_warps and num_stages of the kernel. A knob left as None takes the value of
+    triton_kernels/launch_config.py for the tensors' GPU.
     """
     dims = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     scale = dims.head_k_dim**-0.5 if scale is None else float(scale)
     args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel)
-    if not q.is_cuda:  # reading cu_seqlens is free here: check its values (the torch path needs them)
+    if q.device.type == "cpu":  # reading cu_seqlens is free here: check its values (the torch path needs them)
         layout = SequenceLayout.from_inputs(dims, cu_seqlens)
         if not use_triton(q):
             return recurrent_fwd_torch(q, k, v, g, beta, **args, layout=layout)
     # The kernel reads cu_seqlens where it lives: no host sync on the GPU decode path (values trusted).
-    return recurrent_fwd_triton(q, k, v, g, beta, **args, cu_seqlens=cu_seqlens, block_v=block_v,
-                                num_warps=num_warps, num_stages=num_stages)
+    knobs = decode_knobs(q.device, block_v=block_v, num_warps=num_warps, num_stages=num_stages)
+    return recurrent_fwd_triton(q, k, v, g, beta, **args, cu_seqlens=cu_seqlens, **vars(knobs))
+
+
+def decode_knobs(device: torch.device, **given: int | None) -> DeltaRuleDecodeKnobs:
+    """The decode kernel's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
+    row = launch_row(target_of(device)).decode
+    return replace(row, **{name: value for name, value in given.items() if value is not None})
 
 
 def recurrent_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
@@ -121,10 +132,9 @@ def recurrent_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, outpu
         seq_bounds = torch.arange(d.batch + 1, dtype=torch.int64, device=device) * d.seq_len
     else:
         seq_bounds = cu_seqlens.contiguous()
-    _recurrent_kernel[(N * HV * NV,)](
-        q, k, v, g, beta, o, h0, final, seq_bounds, scale,
-        H=H, HV=HV, K=K, V=V, BK=_pow2_block(K), BV=BV, NV=NV,
-        USE_L2NORM=use_qk_l2norm, USE_H0=h0 is not None, STORE_HT=final is not None,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    launch(_recurrent_kernel, (N * HV * NV,),
+           q, k, v, g, beta, o, h0, final, seq_bounds, scale,
+           H=H, HV=HV, K=K, V=V, BK=_pow2_block(K), BV=BV, NV=NV,
+           USE_L2NORM=use_qk_l2norm, USE_H0=h0 is not None, STORE_HT=final is not None,
+           num_warps=num_warps, num_stages=num_stages)
     return o.reshape(d.batch, d.seq_len, HV, V), final

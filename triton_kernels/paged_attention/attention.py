@@ -1,8 +1,8 @@
 """`paged_attention`: checks the inputs, resolves the launch knobs and runs Triton or the torch path."""
 import torch
 
-from .._device import use_triton
-from .launch import PagedAttentionLaunch, default_launch, num_sms_of
+from .._device import target_of, use_triton
+from .launch import PagedAttentionLaunch, default_launch
 from .sdpa import paged_attention_sdpa
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
@@ -96,7 +96,7 @@ def paged_attention(
         rule = default_launch(
             num_q_tokens=q.shape[0], num_seqs=block_tables.shape[0], num_q_heads=q.shape[1],
             num_kv_heads=k_cache.shape[2], head_dim=q.shape[2], page_size=k_cache.shape[1],
-            max_kv_len=block_tables.shape[1] * k_cache.shape[1], num_sms=num_sms_of(q.device),
+            max_kv_len=block_tables.shape[1] * k_cache.shape[1], target=target_of(q.device),
         )
         knobs = {name: getattr(rule, name) if v is None else v for name, v in knobs.items()}
     launch = PagedAttentionLaunch(**knobs)
@@ -108,5 +108,5 @@ def paged_attention(
         q = q.contiguous()
     return paged_attention_triton(
         q, k_cache, v_cache, block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous(),
-        cu_seqlens_q.contiguous(), kv_lens.contiguous(), out, causal=causal, scale=scale, launch=launch,
+        cu_seqlens_q.contiguous(), kv_lens.contiguous(), out, causal=causal, scale=scale, knobs=launch,
     )

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import launch
 from .launch import PagedAttentionLaunch
 
 LOG2E = 1.4426950408889634
@@ -85,7 +86,9 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
-@triton.jit
+# Batch sizes are not specialised on (Triton would compile a variant for 1 and for multiples of 16):
+# only the knobs and the model's shapes pick a variant, so few ever compile during a run.
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_q_programs"])
 def _paged_attention_fwd(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_ml_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, kv_lens_ptr,
@@ -164,7 +167,7 @@ def _paged_attention_fwd(
         tl.store(part_ml_ptr + part_row * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _combine_splits(
     part_o_ptr, part_ml_ptr, out_ptr, num_tokens, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -191,9 +194,9 @@ def _combine_splits(
 def paged_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, out: torch.Tensor, *, causal: bool, scale: float,
-    launch: PagedAttentionLaunch,
+    knobs: PagedAttentionLaunch,
 ) -> torch.Tensor:
-    """Launch the attention kernel (and the reduce when launch.num_kv_splits > 1); fills and returns out.
+    """Launch the attention kernel (and the reduce when knobs.num_kv_splits > 1); fills and returns out.
 
     Expects validated inputs with a unit stride on the head dim (see attention.paged_attention).
     """
@@ -201,9 +204,9 @@ def paged_attention_triton(
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = block_tables.shape[0]
     group = num_q_heads // num_kv_heads
-    block_m = max(16, triton.next_power_of_2(launch.block_q * group))
+    block_m = max(16, triton.next_power_of_2(knobs.block_q * group))
     block_d = triton.next_power_of_2(head_dim)
-    splits = launch.num_kv_splits
+    splits = knobs.num_kv_splits
     if splits > 1:
         part_o = torch.empty((splits, num_tokens, num_q_heads, head_dim), device=q.device, dtype=torch.float32)
         part_ml = torch.empty((splits, num_tokens, num_q_heads, 2), device=q.device, dtype=torch.float32)
@@ -212,26 +215,24 @@ def paged_attention_triton(
     # float32 inputs ask for true float32 products, not TF32 (which would cost ~1e-3 relative error).
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     # Sequence s owns q programs [cu[s] // block_q + s, cu[s + 1] // block_q + s + 1) (see _find_sequence).
-    num_q_programs = num_tokens // launch.block_q + num_seqs
+    num_q_programs = num_tokens // knobs.block_q + num_seqs
     grid = (num_q_programs * num_kv_heads, splits)
-    _paged_attention_fwd[grid](
-        q, k_cache, v_cache, out, part_o, part_ml, block_tables, cu_seqlens_q, kv_lens,
-        num_seqs, num_tokens, num_q_programs, scale * LOG2E,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        block_tables.stride(0),
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
-        BLOCK_Q=launch.block_q, BLOCK_M=block_m, PAGE_SIZE=page_size, TILE=launch.pages_per_tile * page_size,
-        NUM_SPLITS=splits, CAUSAL=causal, DOT_PRECISION=precision,
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
-    )
+    launch(_paged_attention_fwd, grid,
+           q, k_cache, v_cache, out, part_o, part_ml, block_tables, cu_seqlens_q, kv_lens,
+           num_seqs, num_tokens, num_q_programs, scale * LOG2E,
+           q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+           v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+           block_tables.stride(0),
+           NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
+           BLOCK_Q=knobs.block_q, BLOCK_M=block_m, PAGE_SIZE=page_size, TILE=knobs.pages_per_tile * page_size,
+           NUM_SPLITS=splits, CAUSAL=causal, DOT_PRECISION=precision,
+           num_warps=knobs.num_warps, num_stages=knobs.num_stages)
     if splits > 1:
-        _combine_splits[(num_tokens, num_q_heads)](
-            part_o, part_ml, out, num_tokens, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
-            num_warps=4 if head_dim >= 128 else 2,
-        )
+        launch(_combine_splits, (num_tokens, num_q_heads),
+               part_o, part_ml, out, num_tokens, out.stride(0), out.stride(1),
+               NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+               NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+               num_warps=4 if head_dim >= 128 else 2)
     return out
 
 
@@ -273,11 +274,10 @@ def write_kv_cache_triton(
     num_tokens, num_kv_heads, head_dim = k.shape
     block = min(block, triton.next_power_of_2(num_kv_heads * head_dim))
     grid = (num_tokens, triton.cdiv(num_kv_heads * head_dim, block))
-    _write_kv_cache[grid](
-        k, v, k_cache, v_cache, slot_mapping.contiguous(),
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1], BLOCK=block,
-        num_warps=4,
-    )
+    launch(_write_kv_cache, grid,
+           k, v, k_cache, v_cache, slot_mapping.contiguous(),
+           k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+           k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+           v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+           NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1], BLOCK=block,
+           num_warps=4)

@@ -6,11 +6,13 @@ left as None. See docs/kernels/paged_attention.md for the reasoning behind each 
 """
 from dataclasses import dataclass
 
-import torch
+from .._launch import H100, GpuTarget
+from ..launch_config import launch_row
 
-# The SM count the rule assumes where there is no CUDA device to ask (Triton interpreter, planning on a host).
-H100_NUM_SMS = 132
-MAX_KV_SPLITS = 32
+# KV split counts the rule picks from: powers of two, so that at most six variants of the kernel (and
+# of its reduce) ever compile, instead of one per split count a draining decode batch passes through.
+KV_SPLIT_COUNTS = (1, 2, 4, 8, 16, 32)
+MAX_KV_SPLITS = KV_SPLIT_COUNTS[-1]
 # A split walks at least this many keys, so the partial results and the reduce stay cheap.
 MIN_KEYS_PER_SPLIT = 256
 
@@ -56,7 +58,7 @@ def default_launch(
     head_dim: int,
     page_size: int,
     max_kv_len: int,
-    num_sms: int = H100_NUM_SMS,
+    target: GpuTarget = H100,
 ) -> PagedAttentionLaunch:
     """The documented default launch knobs for a batch of this shape.
 
@@ -64,9 +66,11 @@ def default_launch(
       more than the mean query length rounded up to a power of two (decode batches get block_q = 1).
     - pages_per_tile: tiles of 64 keys for prefill-like batches, 128 for decode-like ones (mean query
       length <= 4), halved when head_dim > 128; never less than one page.
-    - num_warps: 8 when a program has >= 128 rows, else 4. num_stages: 3, or 2 when head_dim > 128.
-    - num_kv_splits: 1 when the (query block, KV head) programs fill `num_sms`; otherwise enough splits
-      for about two programs per SM, capped by MAX_KV_SPLITS and by MIN_KEYS_PER_SPLIT keys per split.
+    - num_warps (8 from a number of rows, else 4) and num_stages: the launch table's row for `target`
+      (launch_config.AttentionKnobs), by head dim.
+    - num_kv_splits: 1 when the (query block, KV head) programs fill the target's SMs; otherwise enough
+      splits for about two programs per SM, rounded up to a power of two (KV_SPLIT_COUNTS), then capped
+      by MAX_KV_SPLITS and by MIN_KEYS_PER_SPLIT keys per split (rounded down to a power of two).
     `max_kv_len` may be an upper bound (e.g. block_tables.shape[1] * page_size).
     """
     group = num_q_heads // num_kv_heads
@@ -77,20 +81,21 @@ def default_launch(
     rows = max(16, _next_pow2(block_q * group))
     tile_keys = (128 if decode_like else 64) // (2 if head_dim > 128 else 1)
     pages_per_tile = max(1, tile_keys // page_size)
-    num_warps = 8 if rows >= 128 else 4
-    num_stages = 2 if head_dim > 128 else 3
+    knobs = launch_row(target).attention
+    wide = head_dim > 128
+    num_warps = 8 if rows >= (knobs.rows_for_8_warps_wide if wide else knobs.rows_for_8_warps) else 4
+    num_stages = knobs.num_stages_wide if wide else knobs.num_stages
 
     # Programs that do work: at least one per sequence, about one per block_q tokens.
     programs = max(num_seqs, -(-num_q_tokens // block_q)) * num_kv_heads
     splits = 1
-    if programs < num_sms:
-        splits = -(-2 * num_sms // programs)
-        splits = min(splits, MAX_KV_SPLITS, max(1, max_kv_len // MIN_KEYS_PER_SPLIT))
+    if programs < target.num_sms:
+        wanted = _next_pow2(-(-2 * target.num_sms // programs))
+        by_keys = _prev_pow2(max(1, max_kv_len // MIN_KEYS_PER_SPLIT))
+        splits = min(wanted, MAX_KV_SPLITS, by_keys)
+    assert splits in KV_SPLIT_COUNTS
     return PagedAttentionLaunch(block_q, pages_per_tile, num_warps, num_stages, splits)
 
 
-def num_sms_of(device: torch.device) -> int:
-    """SM count of a CUDA device (host-side property, no sync); the H100 count elsewhere."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return H100_NUM_SMS
+def _prev_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)

@@ -1,0 +1,102 @@
+"""Launch knobs per GPU generation (and Triton version where they differ): the one table they come from.
+
+A row per compute capability the knobs were checked on: 80 (A100) and 90 (H100). Every value here is
+held by tests/kernels/test_compile_matrix.py, which compiles every kernel for both rows at real model
+shapes, in bfloat16 and float16, and fails on a register spill or a shared-memory overflow; its table
+is quoted in docs/BENCHMARKS.md. Other GPUs take the row of the nearest capability below theirs.
+float32 inputs run the same knobs but spill (full-fp32 products need about twice the registers): the
+engine refuses float32 on a GPU (pipeline/engine/config.py); the kernels accept it for tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ._launch import GpuTarget
+
+
+@dataclass(frozen=True)
+class DeltaRuleChunkKnobs:
+    """Chunked delta rule (prefill): the walk's block_v / num_warps / num_stages, the prep kernel's warps."""
+
+    block_v: int
+    num_warps: int
+    num_stages: int
+    prep_num_warps: int
+
+
+@dataclass(frozen=True)
+class DeltaRuleDecodeKnobs:
+    """Recurrent delta rule (decode)."""
+
+    block_v: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class AttentionKnobs:
+    """Paged attention: what `paged_attention.default_launch` takes per GPU; the rest of its rule is shapes.
+
+    num_stages / num_stages_wide: pipeline depth of the KV walk for head dims <= 128 / > 128 (the wide
+    tiles take twice the shared memory per stage and the registers that come with them).
+    rows_for_8_warps / rows_for_8_warps_wide: a program of at least this many score rows (query tokens
+    x query heads per KV head) runs 8 warps, a smaller one 4."""
+
+    num_stages: int
+    num_stages_wide: int
+    rows_for_8_warps: int
+    rows_for_8_warps_wide: int
+
+
+@dataclass(frozen=True)
+class LaunchRow:
+    chunk: DeltaRuleChunkKnobs
+    decode: DeltaRuleDecodeKnobs
+    attention: AttentionKnobs
+
+
+TABLE: dict[int, LaunchRow] = {
+    # A100: the sm_90 walk (block_v 64, 4 warps, 2 stages) spills 656 B here; 32 columns in one stage
+    # compile clean at 236-247 registers (and double the walk's programs). Head dim 256 prefill
+    # attention (64 rows) spills 120 B in 4 warps, none in 8 (187 registers).
+    80: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=32, num_warps=4, num_stages=1, prep_num_warps=8),
+                  decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
+                  attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
+                                           rows_for_8_warps_wide=64)),
+    90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8),
+                  decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
+                  attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
+                                           rows_for_8_warps_wide=128)),
+}
+
+# Rows that differ on older Triton versions: {(major, minor): {arch: {part: {knob: value}}}}; versions up
+# to and including the key take the change. Empty while the versions we compile with agree.
+TRITON_OVERRIDES: dict[tuple[int, int], dict[int, dict[str, dict]]] = {}
+
+
+def _triton_version() -> tuple[int, int]:
+    try:
+        import triton
+    except ImportError:  # CPU-only installs: the table still answers (the knobs are never used)
+        return (99, 0)
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def table_arch(arch: int) -> int:
+    """The table row for a compute capability: the nearest one at or below it (at least the lowest)."""
+    below = [row for row in TABLE if row <= arch]
+    return max(below) if below else min(TABLE)
+
+
+def launch_row(target: GpuTarget, triton_version: tuple[int, int] | None = None) -> LaunchRow:
+    """The knobs for `target` under the given (default: installed) Triton version."""
+    arch = table_arch(target.arch)
+    row = TABLE[arch]
+    version = triton_version or _triton_version()
+    for upto in sorted(TRITON_OVERRIDES):
+        if version <= upto and arch in TRITON_OVERRIDES[upto]:
+            changes = TRITON_OVERRIDES[upto][arch]
+            return LaunchRow(**{part: replace(getattr(row, part), **changes.get(part, {}))
+                                for part in ("chunk", "decode", "attention")})
+    return row
