@@ -1,0 +1,205 @@
+"""The kernel compile matrix (issue 20): every Triton launch the engine makes at real model shapes,
+compiled ahead of time for A100 (sm_80) and H100 (sm_90) in bfloat16 and float16, without a GPU.
+
+Each case calls a public op on `meta` tensors inside `dry_run(target)`, so the launches (grid, knobs,
+constexprs, argument types) are the ones the op's own launch code picks for that GPU; identical
+specialisations are compiled once, in parallel over the CPU cores, through Triton's cache.
+
+    python -m tests.kernels.compile_matrix [--json OUT]    # prints the table (not under TRITON_INTERPRET=1)
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from triton_kernels import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, paged_attention, write_kv_cache
+from triton_kernels._launch import A100, H100, Launch, dry_run
+from triton_kernels.aot import SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_spec
+
+TARGETS = (A100, H100)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+META = torch.device("meta")
+PAGE_SIZE = 16
+LONG = 32768   # the lone long sequence
+
+
+@dataclass(frozen=True)
+class Attention:
+    name: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    causal: bool
+
+
+QWEN35_ATTENTION = Attention("Qwen3.5-0.8B attn", 8, 2, 256, True)
+ESM2 = Attention("ESM-2 650M", 20, 20, 64, False)
+LLAMA8B = Attention("Llama-8B", 32, 8, 128, True)
+# Qwen3.5-0.8B's Gated DeltaNet layers: 16 key and 16 value heads of 128.
+DELTA_HEADS, DELTA_V_HEADS, DELTA_DIM = 16, 16, 128
+
+
+def _empty(*shape, dtype):
+    return torch.empty(*shape, dtype=dtype, device=META)
+
+
+def delta_prefill(dtype, num_seqs: int, seq_len: int, continues: bool, keeps_state: bool) -> None:
+    H, HV, D = DELTA_HEADS, DELTA_V_HEADS, DELTA_DIM
+    q, k = _empty(num_seqs, seq_len, H, D, dtype=dtype), _empty(num_seqs, seq_len, H, D, dtype=dtype)
+    v = _empty(num_seqs, seq_len, HV, D, dtype=dtype)
+    g, beta = _empty(num_seqs, seq_len, HV, dtype=torch.float32), _empty(num_seqs, seq_len, HV, dtype=dtype)
+    h0 = _empty(num_seqs, HV, D, D, dtype=torch.float32) if continues else None
+    chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=keeps_state,
+                           use_qk_l2norm_in_kernel=True, chunk_size=64)
+
+
+def delta_decode(dtype, num_seqs: int) -> None:
+    H, HV, D = DELTA_HEADS, DELTA_V_HEADS, DELTA_DIM
+    q, k = _empty(1, num_seqs, H, D, dtype=dtype), _empty(1, num_seqs, H, D, dtype=dtype)
+    v = _empty(1, num_seqs, HV, D, dtype=dtype)
+    g, beta = _empty(1, num_seqs, HV, dtype=torch.float32), _empty(1, num_seqs, HV, dtype=dtype)
+    fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=_empty(num_seqs, HV, D, D, dtype=torch.float32),
+                                     output_final_state=True, cu_seqlens=_empty(num_seqs + 1, dtype=torch.int32),
+                                     use_qk_l2norm_in_kernel=True)
+
+
+def attention_step(dtype, model: Attention, num_seqs: int, q_len: int, kv_len: int) -> None:
+    """One engine step: the step's keys and values written to the cache, then attention over it."""
+    tokens = num_seqs * q_len
+    pages = num_seqs * -(-kv_len // PAGE_SIZE)
+    k_cache = _empty(pages, PAGE_SIZE, model.num_kv_heads, model.head_dim, dtype=dtype)
+    v_cache = _empty(pages, PAGE_SIZE, model.num_kv_heads, model.head_dim, dtype=dtype)
+    k_new = _empty(tokens, model.num_kv_heads, model.head_dim, dtype=dtype)
+    write_kv_cache(k_new, k_new, k_cache, v_cache, _empty(tokens, dtype=torch.int64))
+    paged_attention(_empty(tokens, model.num_q_heads, model.head_dim, dtype=dtype), k_cache, v_cache,
+                    _empty(num_seqs, -(-kv_len // PAGE_SIZE), dtype=torch.int32),
+                    _empty(num_seqs + 1, dtype=torch.int32), _empty(num_seqs, dtype=torch.int32),
+                    causal=model.causal, scale=model.head_dim ** -0.5)
+
+
+def cases() -> list[tuple[str, object]]:
+    """(shape label, function of the dtype that makes the launches)."""
+    D = DELTA_DIM
+    out = [
+        (f"delta H={DELTA_HEADS} HV={DELTA_V_HEADS} K=V={D}: 8 x 4k prefill",
+         lambda dt: delta_prefill(dt, 8, 4096, continues=False, keeps_state=False)),
+        ("... 8 x 4k, state kept", lambda dt: delta_prefill(dt, 8, 4096, continues=False, keeps_state=True)),
+        ("... 8 x 4k continuing, state kept", lambda dt: delta_prefill(dt, 8, 4096, continues=True, keeps_state=True)),
+        ("... 8 x 4k continuing, last chunk", lambda dt: delta_prefill(dt, 8, 4096, continues=True, keeps_state=False)),
+        (f"... 1 x {LONG // 1024}k prefill", lambda dt: delta_prefill(dt, 1, LONG, continues=False, keeps_state=False)),
+        ("... decode 256 sequences", lambda dt: delta_decode(dt, 256)),
+    ]
+    for model in (QWEN35_ATTENTION, ESM2, LLAMA8B):
+        label = f"{model.name} {model.num_q_heads}/{model.num_kv_heads} D={model.head_dim}"
+        out.append((f"{label}: 8 x 4k prefill", lambda dt, m=model: attention_step(dt, m, 8, 4096, 4096)))
+        if model.causal:
+            out += [(f"... 1 x {LONG // 1024}k prefill", lambda dt, m=model: attention_step(dt, m, 1, LONG, LONG)),
+                    ("... decode 256 x 4k", lambda dt, m=model: attention_step(dt, m, 256, 1, 4096)),
+                    (f"... decode 1 x {LONG // 1024}k", lambda dt, m=model: attention_step(dt, m, 1, 1, LONG))]
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    kernel: str
+    shape: str
+    dtype: str
+    arch: int
+    grid: tuple[int, ...]
+    knobs: str
+
+
+def plan() -> tuple[list[Row], list[CompileSpec]]:
+    """Every (case, dtype, target) launch as a table row, and the spec each row compiles."""
+    rows, specs = [], []
+    for target in TARGETS:
+        for dt_name, dtype in DTYPES.items():
+            for shape, make in cases():
+                with dry_run(target) as launches:
+                    make(dtype)
+                for launch in launches:
+                    rows.append(Row(launch.kernel.fn.__name__.strip("_"), shape, dt_name, target.arch, launch.grid,
+                                    _knobs(launch)))
+                    specs.append(compile_spec(launch, target.arch))
+    return rows, specs
+
+
+def _knobs(launch: Launch) -> str:
+    names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK")
+    shown = [f"{n}={launch.constexprs[n]}" for n in names if n in launch.constexprs]
+    return " ".join(shown + [f"w{launch.num_warps}", f"s{launch.num_stages}"])
+
+
+def compile_all(specs: list[CompileSpec], workers: int) -> dict[CompileSpec, Resources]:
+    """Each distinct spec compiled once, over `workers` processes, longest kernels first."""
+    unique = sorted(set(specs), key=lambda s: (s.kernel != "_chunk_prep_kernel", s.kernel, s.arch))
+    if workers <= 1:
+        return {s: compile_and_measure(s) for s in unique}
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return dict(zip(unique, pool.map(compile_and_measure, unique)))
+
+
+def table(rows: list[Row], specs: list[CompileSpec], found: dict[CompileSpec, Resources]) -> list[str]:
+    lines = ["| kernel | shape | dtype | arch | grid | knobs | registers | spills (B) | shared (B) |",
+             "|---|---|---|---|---|---|---:|---:|---:|"]
+    for row, spec in zip(rows, specs):
+        r = found[spec]
+        grid = " x ".join(map(str, row.grid))
+        lines.append(f"| {row.kernel} | {row.shape} | {row.dtype} | sm_{row.arch} | {grid} | {row.knobs} | "
+                     f"{r.registers} | {r.spill_bytes} | {r.shared_bytes} |")
+    return lines
+
+
+def problems(rows: list[Row], specs: list[CompileSpec], found: dict[CompileSpec, Resources]) -> list[str]:
+    out = []
+    for row, spec in zip(rows, specs):
+        r = found[spec]
+        where = f"{row.kernel} [{row.shape}] {row.dtype} sm_{row.arch} ({row.knobs})"
+        if r.spill_bytes:
+            out.append(f"{where} spills {r.spill_bytes} B at {r.registers} registers")
+        if r.shared_bytes > SHARED_MEMORY_PER_BLOCK[row.arch]:
+            out.append(f"{where} needs {r.shared_bytes} B of shared memory, over sm_{row.arch}'s "
+                       f"{SHARED_MEMORY_PER_BLOCK[row.arch]}")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write rows, resources and timings here")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
+    start = time.perf_counter()
+    rows, specs = plan()
+    planned = time.perf_counter()
+    found = compile_all(specs, args.workers)
+    done = time.perf_counter()
+    import triton
+    print(f"# {len(rows)} launches, {len(found)} distinct compiles, triton {triton.__version__}: planned in "
+          f"{planned - start:.1f} s, compiled in {done - planned:.1f} s over {args.workers} process(es) "
+          f"(compile seconds summed: {sum(r.seconds for r in found.values()):.1f})")
+    print("\n".join(table(rows, specs, found)))
+    bad = problems(rows, specs, found)
+    for line in bad:
+        print("PROBLEM:", line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"triton": triton.__version__, "plan_s": planned - start, "compile_s": done - planned,
+                       "distinct": len(found), "problems": bad,
+                       "rows": [dict(kernel=r.kernel, shape=r.shape, dtype=r.dtype, arch=r.arch, grid=list(r.grid),
+                                     knobs=r.knobs, registers=found[s].registers, spill_bytes=found[s].spill_bytes,
+                                     shared_bytes=found[s].shared_bytes) for r, s in zip(rows, specs)]}, f, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
