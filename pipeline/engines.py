@@ -23,6 +23,18 @@ def choose(engine: str, model_type: str, task: str) -> str:
     return "native" if supported else "hf"
 
 
+def check_dtype(engine: str, dtype: str, on_gpu: bool) -> None:
+    """Refuse float32 for the native engine on a GPU, before any work.
+
+    Its Triton kernels are tuned for 16-bit inputs; in float32 (full-precision products) all but the
+    decode kernel spill 3-67 KB of registers per thread to local memory (tests/kernels/compile_matrix.py,
+    issue 20), so a run would be many times slower than it should, silently."""
+    if engine == "native" and on_gpu and dtype == "float32":
+        raise UserError("--dtype float32 is not supported by the native engine on a GPU: its Triton kernels "
+                        "spill registers in float32 and would run many times slower. Use --dtype bfloat16 (the "
+                        "GPU default; float16 works too), or --engine hf for a float32 run on a GPU.")
+
+
 def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
          fingerprint: str, config=None, max_tokens=...):
     """The engine. `max_tokens`: the model's token limit as the run's plan found it (None: no limit), so

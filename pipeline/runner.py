@@ -77,6 +77,7 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
             config.devices, config.workers = config.devices[:len(index)], min(config.workers, len(index))
     source = model_source.resolve(config.model, cache_dir())
     engine = engines.choose(config.engine, source.model_type, config.task)
+    engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
     info, hf_tokenizer = model_source.describe(source, engine)
     task = make_task(config, info)
     limit = info.max_tokens

@@ -117,3 +117,13 @@ def test_engine_choice_and_unsupported_architectures():
         engines.choose("native", "bert", "embed")
     with pytest.raises(UserError, match="native engine"):
         engines.choose("auto", "bert", "generate")
+
+
+def test_float32_on_a_gpu_is_refused_for_the_native_engine_with_what_to_use():
+    """Its Triton kernels spill registers in float32 (issue 20): a clear refusal, not a slow run."""
+    with pytest.raises(UserError, match="--dtype bfloat16") as refused:
+        engines.check_dtype("native", "float32", on_gpu=True)
+    assert "--engine hf" in str(refused.value)
+    for allowed in (("native", "bfloat16", True), ("native", "float16", True), ("native", "float32", False),
+                    ("hf", "float32", True)):
+        engines.check_dtype(*allowed)
