@@ -135,6 +135,9 @@ def plan() -> tuple[list[Row], list[CompileSpec]]:
 def _knobs(launch: Launch) -> str:
     names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK")
     shown = [f"{n}={launch.constexprs[n]}" for n in names if n in launch.constexprs]
+    for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o")):
+        if flag in launch.constexprs:
+            shown.append(("+" if launch.constexprs[flag] else "-") + meaning)
     return " ".join(shown + [f"w{launch.num_warps}", f"s{launch.num_stages}"])
 
 
