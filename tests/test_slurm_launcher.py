@@ -152,7 +152,7 @@ def test_four_shards_on_two_nodes_and_a_cancelled_merge_job(slurm_cluster, small
         assert log.count("started (pid ") == 1 and "1 CPU thread(s)" in log, log
     assert [r["shards"] for r in jobs_json(out)] == [[0, 1, 2, 3]]
 
-    status = run_cli("status", str(out))
+    status = run_cli("status", str(out), env=slurm_cluster.env)
     assert status.returncode == 0, status.stderr
     assert {r: row["state"] for r, row in status_rows(out).items()} == {r: "complete" for r in range(4)}
     assert f"merge job {merge} has not written the result" in status.stdout
@@ -211,7 +211,7 @@ def test_a_cancelled_task_then_a_failed_one_status_names_them_and_rerun_resubmit
     assert (states[f"{array}_0"][0], states[f"{array}_1"][0]) == ("COMPLETED", "CANCELLED")
     assert wait_finished(slurm_cluster, merge)[merge][0] == "CANCELLED"   # afterok can never be met
 
-    status = run_cli("status", str(out))
+    status = run_cli("status", str(out), env=slurm_cluster.env)
     assert status.returncode == 0, status.stderr
     rows = status_rows(out)
     assert rows[0]["state"] == "complete" and rows[1]["state"] == "interrupted" and 0 < rows[1]["durable"] < 120
@@ -222,6 +222,9 @@ def test_a_cancelled_task_then_a_failed_one_status_names_them_and_rerun_resubmit
             f"sbatch --parsable --dependency=afterok:$ARRAY1 --kill-on-invalid-dep=yes {out}/slurm/merge.sbatch"
             ) in status.stdout
     assert ["rerun", str(out)] in suggested_commands(status.stdout)
+    blind = run_cli("status", str(out))        # where squeue cannot reach the controller: both cases said
+    assert "squeue gave no answer here, so whether SLURM requeues them is unknown" in blind.stdout
+    assert f"one that was cancelled is not: then continue with:  run_shards rerun {out}" in blind.stdout
     durable = rows[1]["durable"]
 
     # The resubmitted task dies (SIGKILL while writing its first checkpoint): --wait names it, and so does status.
@@ -233,7 +236,7 @@ def test_a_cancelled_task_then_a_failed_one_status_names_them_and_rerun_resubmit
     assert "cannot run now" in failed.stderr and f"Continue with:  run_shards rerun {out}" in failed.stderr
     second = jobs_json(out)[-1]
     assert second["shards"] == [1] and [a["array"] for a in second["arrays"]] == ["1"]
-    status = run_cli("status", str(out))
+    status = run_cli("status", str(out), env=slurm_cluster.env)
     assert status_rows(out)[1]["state"] == "failed"
     assert "shard 1 failed: killed by SIGKILL" in status.stdout
     assert f"so merge job {second['merge_job_id']} cannot run" in status.stdout

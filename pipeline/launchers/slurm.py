@@ -271,9 +271,15 @@ def _queue_state(job_id: str) -> str | None:
     if res.returncode != 0:   # squeue forgets a job MinJobAge (300 s by default) after it ended
         return "gone" if "Invalid job id" in res.stderr else None
     words = res.stdout.split()
-    if not words or words[:2] == ["PENDING", "DependencyNeverSatisfied"]:
+    if not words or words[:2] == ["PENDING", "DependencyNeverSatisfied"] or words[0] not in LIVE_JOB_STATES:
         return "gone"
     return "waiting"
+
+
+# Job states in which SLURM will still run (or is running) the job; anything else (COMPLETING, COMPLETED,
+# CANCELLED, FAILED, TIMEOUT, NODE_FAIL, ...) means it ended, which squeue shows where ended jobs are kept.
+LIVE_JOB_STATES = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                   "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 
 
 def _stopped_lines(run: RunDir, stopped: dict[int, str]) -> list[str]:
@@ -312,6 +318,12 @@ def status_lines(run: RunDir, states: list) -> list[str]:
     if stopped and ("failed" in stopped.values() or "corrupt" in stopped.values() or merge == "gone"):
         lines += ["  " + line for line in _stopped_lines(run, stopped)]
         lines += _rerun_lines(run, last, merge_id, merge, sorted(stopped))
+    elif stopped and merge is None:
+        lines += ["  " + line for line in _stopped_lines(run, stopped)]
+        lines.append(f"  squeue gave no answer here, so whether SLURM requeues them is unknown: a task that was "
+                     f"preempted or reached its time limit is requeued and continues from its checkpoints (merge "
+                     f"job {merge_id} waits for it); one that was cancelled is not: then continue with:  "
+                     f"run_shards rerun {run.root}")
     elif stopped:
         lines.append(f"  shard(s) {array_ranges(list(stopped))} were interrupted (preempted, or near their time "
                      f"limit); SLURM requeues their tasks, which continue from their checkpoints, and merge job "
