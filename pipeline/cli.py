@@ -298,16 +298,18 @@ def status_command(out, verify, every_shard):
 @click.option("--dry-run", is_flag=True, help="slurm runs: write the scripts and print the sbatch commands only.")
 @click.option("--wait", is_flag=True, help="slurm runs: after resubmitting, follow until merged (or a shard failed).")
 @click.option("--ray-address", default=None, help="ray runs: another address for the Ray cluster than the run's.")
+@click.option("--sbatch", default=None,
+              help="slurm runs: sbatch options replacing the run's (e.g. a longer --time), kept for later reruns.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
-def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, no_progress, quiet):
+def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, sbatch, no_progress, quiet):
     """Re-run failed or unfinished shards of OUT from their checkpoints, then merge (for a SLURM run:
     resubmit them, and a new merge job)."""
     from .runner import rerun
     _setup_logging(quiet)
     _finish(_call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
                   worker_timeout=worker_timeout, options={"dry_run": dry_run, "wait": wait},
-                  ray_address=ray_address))
+                  ray_address=ray_address, sbatch=sbatch))
 
 
 @main.command("merge")

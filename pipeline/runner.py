@@ -183,7 +183,7 @@ def run(config: RunConfig, show_progress: bool = True, options: dict | None = No
 
 def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
           worker_timeout: float | None = None, options: dict | None = None,
-          ray_address: str | None = None) -> Path | Submitted:
+          ray_address: str | None = None, sbatch: str | None = None) -> Path | Submitted:
     """Re-run failed or unfinished shards from their checkpoints (locally, or resubmitted to the run's
     scheduler), then merge."""
     run_dir = RunDir(out)
@@ -207,6 +207,14 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             if ray_address is not None and launcher != "ray":
                 raise UserError(f"--ray-address applies only to runs with --launcher ray (this run's launcher is "
                                 f"{launcher})")
+            if sbatch is not None and launcher != "slurm":
+                raise UserError(f"--sbatch applies only to runs with --launcher slurm (this run's launcher is "
+                                f"{launcher})")
+            if sbatch is not None and sbatch != manifest["config"].get("sbatch", ""):
+                log.info("--sbatch %r from now on (was %r)", sbatch, manifest["config"].get("sbatch", ""))
+                manifest["config"]["sbatch"] = sbatch     # kept: a later rerun submits with it too
+                run_dir.write_manifest(manifest)
+                manifest = run_dir.read_manifest()
             if ray_address is not None:
                 manifest["config"]["ray_address"] = ray_address
             if worker_timeout:

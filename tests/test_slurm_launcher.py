@@ -241,11 +241,14 @@ def test_a_cancelled_task_then_a_failed_one_status_names_them_and_rerun_resubmit
     assert "shard 1 failed: killed by SIGKILL" in status.stdout
     assert f"so merge job {second['merge_job_id']} cannot run" in status.stdout
 
-    done = run_cli("rerun", str(out), "--wait", "--no-progress", env=slurm_cluster.env)
+    # Resubmitted with other sbatch options (a longer time limit), which later reruns keep.
+    done = run_cli("rerun", str(out), "--wait", "--no-progress", "--sbatch", "--time=30", env=slurm_cluster.env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith(f"result: {out / 'result.h5'}")
     third = jobs_json(out)[-1]
     assert third["shards"] == [1]
+    assert "TimeLimit=00:30:00" in show_job(slurm_cluster, f"{third['arrays'][0]['job_id']}_1")
+    assert json.loads((out / "manifest.json").read_text())["config"]["sbatch"] == "--time=30"
     assert set(queue(slurm_cluster, third["arrays"][0]["job_id"])) == {f"{third['arrays'][0]['job_id']}_1"}
     assert_identical(read(out / "result.h5"), reference)
     log = (out / "logs" / "worker_1.log").read_text()
