@@ -178,8 +178,14 @@ def main():
               help="Hidden states to pool, comma-separated: 0 = token embeddings, -1 = final norm output.")
 @click.option("--per-residue", is_flag=True, help="Also store every residue's hidden state (CSR layout).")
 @click.option("--per-residue-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
-@click.option("--on-long", type=click.Choice(["error", "truncate", "skip"]), default="error", show_default=True,
-              help="Sequences over the model's length limit: stop before any work, cut, or keep as skipped rows.")
+@click.option("--on-long", type=click.Choice(["error", "truncate", "skip", "window"]), default="error",
+              show_default=True,
+              help="Sequences over the model's length limit: stop before any work, cut, keep as skipped rows, or "
+                   "run as overlapping windows stitched into one row (embed, score).")
+@click.option("--window", type=click.IntRange(min=2), default=None,
+              help="--on-long window: tokens per window, special tokens included (default: the model's limit).")
+@click.option("--overlap", type=click.IntRange(min=0), default=None,
+              help="--on-long window: residue tokens neighbouring windows share (default: a quarter of a window).")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Per-sequence token limit (special tokens included; default: the model's own limit, if any).")
 @click.option("--on-duplicate-id", type=click.Choice(["error", "rename"]), default="error", show_default=True,
@@ -220,8 +226,8 @@ def main():
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
 def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tokens_per_batch, max_seqs, dtype, pools,
-                layers, per_residue, per_residue_dtype, on_long, max_length, on_duplicate_id, skip_empty,
-                checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
+                layers, per_residue, per_residue_dtype, on_long, window, overlap, max_length, on_duplicate_id,
+                skip_empty, checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
                 temperature, top_p, seed, launcher, shards, sbatch, shards_per_task, array_throttle, dry_run, wait,
                 ray_address, no_progress, quiet):
     """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
@@ -234,6 +240,8 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
     ctx = click.get_current_context()
     _check_owned_options(ctx, TASK_OPTIONS, task, "task")
     _check_owned_options(ctx, LAUNCHER_OPTIONS, launcher, "launcher")
+    if (window is not None or overlap is not None) and on_long != "window":
+        raise click.UsageError("--window and --overlap apply to --on-long window")
     pools = list(dict.fromkeys(p for p in pools.replace(" ", "").split(",") if p))   # repeats once
     _setup_logging(quiet)
     if launcher == "local":
@@ -245,7 +253,8 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
                    engine=engine, devices=gpu_ids, workers=nworkers, threads_per_worker=threads,
                    max_tokens_per_batch=max_tokens_per_batch or 0, max_seqs=max_seqs, dtype=dtype, pools=pools,
                    layers=_int_list(layers, "--layers") or [-1], per_residue=per_residue,
-                   per_residue_dtype=per_residue_dtype, on_long=on_long, max_length=max_length or 0,
+                   per_residue_dtype=per_residue_dtype, on_long=on_long, window=window or 0,
+                   overlap=-1 if overlap is None else overlap, max_length=max_length or 0,
                    on_duplicate_id=on_duplicate_id, skip_empty=skip_empty,
                    checkpoint_sequences=checkpoint_sequences, checkpoint_seconds=checkpoint_seconds,
                    worker_timeout=worker_timeout, summary_seconds=summary_seconds,

@@ -11,7 +11,7 @@ TASKS = ("embed", "score", "generate")
 POOLS = ("mean", "cls", "last")
 ENGINES = ("auto", "native", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ON_LONG = ("error", "truncate", "skip")
+ON_LONG = ("error", "truncate", "skip", "window")
 ON_DUPLICATE = ("error", "rename")
 LAUNCHERS = ("local", "slurm", "ray")
 
@@ -39,6 +39,8 @@ class RunConfig:
     per_residue: bool = False
     per_residue_dtype: str = "float16"
     on_long: str = "error"
+    window: int = 0                                      # --on-long window: tokens per window (0 = the limit)
+    overlap: int = -1                                    # content tokens shared by neighbours (-1 = window/4)
     max_length: int = 0                                  # 0 = the model's own limit (if any)
     on_duplicate_id: str = "error"
     skip_empty: bool = False
@@ -89,6 +91,11 @@ class RunConfig:
         check(self.engine, ENGINES, "--engine")
         check(self.dtype, DTYPES, "--dtype")
         check(self.on_long, ON_LONG, "--on-long")
+        if self.on_long == "window" and self.task == "generate":
+            raise UserError("--on-long window is for embed and score; generation continues a whole sequence: "
+                            "use --on-long truncate, skip or error with --task generate")
+        if self.window < 0 or self.overlap < -1:
+            raise UserError("--window and --overlap must not be negative")
         check(self.on_duplicate_id, ON_DUPLICATE, "--on-duplicate-id")
         check(self.per_residue_dtype, ("float16", "float32"), "--per-residue-dtype")
         for pool in self.pools:
@@ -125,7 +132,7 @@ class RunConfig:
 
     # What must be equal between the run that wrote shards and the run that resumes or merges them.
     RESULT_FIELDS = ("fasta", "model", "task", "engine", "dtype", "pools", "layers", "per_residue",
-                     "per_residue_dtype", "on_long", "max_length", "on_duplicate_id", "skip_empty",
+                     "per_residue_dtype", "on_long", "window", "overlap", "max_length", "on_duplicate_id", "skip_empty",
                      "max_new_tokens", "temperature", "top_p", "seed")
 
     # How the shards are run, not what they compute: a later `run` of the same run may change these.
@@ -171,7 +178,7 @@ _OPTIONS = {
     "model": "--model", "task": "--task", "engine": "--engine", "max_tokens_per_batch": "--max-tokens-per-batch",
     "max_seqs": "--max-seqs", "dtype": "--dtype", "pools": "--pool", "layers": "--layers",
     "per_residue": "--per-residue", "per_residue_dtype": "--per-residue-dtype", "on_long": "--on-long",
-    "max_length": "--max-length", "on_duplicate_id": "--on-duplicate-id", "skip_empty": "--skip-empty",
+    "window": "--window", "overlap": "--overlap", "max_length": "--max-length", "on_duplicate_id": "--on-duplicate-id", "skip_empty": "--skip-empty",
     "checkpoint_sequences": "--checkpoint-every", "checkpoint_seconds": "--checkpoint-seconds",
     "worker_timeout": "--worker-timeout", "summary_seconds": "--summary-seconds",
     "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed",

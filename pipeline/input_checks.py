@@ -70,6 +70,8 @@ def apply_input_policies(index: SequenceIndex, config: RunConfig) -> SequenceInd
 
 def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None, config: RunConfig) -> None:
     """Refuse, before any work, sequences over the model's hard limit unless a policy says what to do."""
+    if config.on_long == "window":   # windows.plan fixed config.window (at most the limit)
+        limit = config.window
     if not limit:
         return
     if limit <= tokenizer.num_special:
@@ -91,6 +93,11 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
             f"special), the longest '{index.id(longest)}' with {index.lengths[longest]} residues: {shown}. "
             "Choose --on-long truncate (cut to the limit; recorded in `truncated` and `num_tokens`) or "
             f"--on-long skip (kept as rows with status {status_codes.SKIPPED_TOO_LONG}).")
+    if config.on_long == "window":
+        log.info("%d sequence(s) are over %d tokens and run as overlapping windows of %d tokens (%d shared by "
+                 "neighbours), stitched into one row each (the `windows` column counts them)", len(long), limit,
+                 config.window, config.overlap)
+        return
     log.warning("%d sequence(s) exceed %s of %d tokens and will be %s (--on-long %s)", len(long), what,
                 limit, "truncated" if config.on_long == "truncate" else "skipped", config.on_long)
 

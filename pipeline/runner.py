@@ -16,7 +16,8 @@ from index import FastaError, SequenceIndex, load_or_build
 from index.alphabet import alphabet_mismatch
 from index.cache import cache_dir
 
-from . import __version__, engines, launchers, model_source, result_merge, run_log, shard_state, status_codes
+from . import (__version__, engines, launchers, model_source, result_merge, run_log, shard_state, status_codes,
+               windows)
 from .config import RunConfig
 from .errors import RunDirError, UserError
 from .input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index,
@@ -90,6 +91,8 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
     mismatch = alphabet_mismatch(index, hf_tokenizer.get_vocab())   # DNA given to a protein model, or the reverse
     if mismatch:
         log.warning("%s", mismatch)
+    if config.on_long == "window":
+        windows.plan(config, limit, tokenizer)
     check_long(index, tokenizer, limit, config)
     trained = info.extra.get("trained_context")
     if trained and trained < (limit or float("inf")):

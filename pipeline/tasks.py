@@ -20,6 +20,11 @@ from .rows import Column, Schema, BASE_COLUMNS
 from .tokenization import Tokenized
 
 
+# --on-long window: how many windows each row ran as (1 for a sequence within the limit; 0 for a row
+# that was not computed).
+WINDOWS_COLUMN = Column("windows", "int32")
+
+
 def layer_suffix(layer: int, num_layers: int) -> str:
     return "" if layer == num_layers else f"_layer{layer}"
 
@@ -40,6 +45,7 @@ class EmbedTask:
         self.layers = resolve_layers(config.layers, info.num_layers)
         self.per_residue = config.per_residue
         self.per_residue_dtype = config.per_residue_dtype
+        self.windowed = config.on_long == "window"
 
     @property
     def logprobs(self) -> bool:
@@ -55,7 +61,7 @@ class EmbedTask:
             cols += [Column(f"embeddings/{pool}{sfx}", "float32", d) for pool in self.pools]
             if self.per_residue:
                 cols.append(Column(f"per_residue/values{sfx}", self.per_residue_dtype, d, ragged=True))
-        return cols
+        return cols + ([WINDOWS_COLUMN] if self.windowed else [])
 
     def compute(self, out: ForwardOutput, toks: list[Tokenized]) -> TaskOutput:
         device = out.cu_seqlens.device
@@ -95,6 +101,7 @@ class ScoreTask:
                             "Use --task embed, or pass a causal LM with --model.")
         self.info = info
         self.layers: list[int] = []
+        self.windowed = config.on_long == "window"
 
     @property
     def logprobs(self) -> bool:
@@ -104,7 +111,8 @@ class ScoreTask:
         return self.compute(engine.forward([t.ids for t in toks], self.layers, self.logprobs), toks)
 
     def columns(self) -> list[Column]:
-        return [Column("score/logprob_sum", "float64"), Column("score/num_scored", "int32")]
+        return [Column("score/logprob_sum", "float64"), Column("score/num_scored", "int32")] + (
+            [WINDOWS_COLUMN] if self.windowed else [])
 
     def compute(self, out: ForwardOutput, toks: list[Tokenized]) -> TaskOutput:
         device = out.cu_seqlens.device

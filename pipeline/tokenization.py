@@ -26,6 +26,11 @@ class SequenceTokenizer:
         with_specials = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=True)["input_ids"]
         plain = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=False)["input_ids"]
         self.num_special = len(with_specials) - len(plain)
+        marks = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=True,
+                          return_special_tokens_mask=True)["special_tokens_mask"]
+        # Special tokens before and after every sequence's content (what a window repeats).
+        self.head = next((i for i, m in enumerate(marks) if not m), len(marks))
+        self.tail = next((i for i, m in enumerate(reversed(marks)) if not m), 0)
         # Character-level tokenizers (ESM, the demo model) give one token per residue (encode makes sure
         # of it), so token counts are known from residue counts before tokenizing anything.
         self.char_level = len(plain) == 20

@@ -205,8 +205,14 @@ class ShardRun:
         log.info("model loaded on %s (%s, engine %s) in %.1f s", device, config.torch_dtype_name,
                  engine.info.name, load_seconds)
 
-        computer = BatchComputer(index, engine, task, tokenizer, schema, config, limit)
         tokens = tokenizer.tokens_for_residues(index.lengths[positions])
+        cut = None
+        if config.on_long == "window":   # long sequences run as windows: the engine sees (and budgets) those
+            from .windows import Windows, WindowedEngine
+            cut = Windows(config.window, config.overlap, tokenizer.head, tokenizer.tail)
+            engine = WindowedEngine(engine, cut)
+            tokens = np.array([t if t <= cut.limit else cut.count(int(t)) * cut.limit for t in tokens], np.int64)
+        computer = BatchComputer(index, engine, task, tokenizer, schema, config, limit, cut)
         if config.task == "generate":
             from .generation import plan_generate_batches
             batches = plan_generate_batches(tokens, config)
@@ -287,9 +293,9 @@ class ShardRun:
 class BatchComputer:
     """Rows for a batch of positions: statuses, tokenization, the engine (split on OOM), the task."""
 
-    def __init__(self, index, engine, task, tokenizer, schema, config, limit: int | None):
+    def __init__(self, index, engine, task, tokenizer, schema, config, limit: int | None, windows=None):
         self.index, self.engine, self.task, self.tokenizer = index, engine, task, tokenizer
-        self.schema, self.config, self.limit = schema, config, limit
+        self.schema, self.config, self.limit, self.windows = schema, config, limit, windows
 
     def row_bytes(self, positions: np.ndarray) -> np.ndarray:
         fixed = sum(c.row_bytes() for c in self.schema.row_columns)
@@ -312,7 +318,7 @@ class BatchComputer:
         toks = self.tokenizer.encode([self.index.sequence(int(todo[i])) for i in candidates]) if len(candidates) else []
         compute = []
         for i, t in zip(candidates, toks):
-            if self.limit and len(t.ids) > self.limit:   # only when not truncating
+            if self.limit and len(t.ids) > self.limit and not self.windows:   # only when not truncating
                 if self.config.on_long == "skip":
                     status[i] = sc.SKIPPED_TOO_LONG
                     continue
@@ -332,6 +338,8 @@ class BatchComputer:
                 status[rows] = sc.OUT_OF_MEMORY
                 continue
             num_tokens[rows] = [len(t.ids) for _, t in items]
+            if self.windows:
+                columns["windows"][rows] = [self.windows.count(len(t.ids)) for _, t in items]
             for k, v in out.columns.items():
                 columns[k][rows] = v
             for g, lens in out.lengths.items():

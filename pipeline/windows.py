@@ -1,0 +1,142 @@
+"""`--on-long window`: a sequence over the model's token limit runs as overlapping windows, and the windows'
+outputs are stitched back into one sequence before any task sees them, so pooling and scoring are the
+same code for every row.
+
+A tokenized sequence is `head` special tokens (ESM's <cls>, Llama's <bos>), its content tokens, and `tail`
+special tokens (ESM's <eos>). Each window is the same head, `size` consecutive content tokens, and the same
+tail, so every window is a sequence the model was trained on (at most `window` tokens). Windows start every
+`size - overlap` content tokens; the last one ends with the sequence (it may overlap its neighbour more).
+
+Stitching, per token of the sequence:
+- hidden states (per-residue values, and the pools computed from them): from the window where the token
+  sits farthest from a window edge (ties: the earlier window); the head's special tokens come from the
+  first window and the tail's from the last, so `cls` is the first window's <cls> state and `last` the
+  last window's final token. `mean` averages the stitched residues.
+- log-probabilities (score): from the earliest window that holds the token, which gives it every token
+  of that window before it as context: at least `overlap` content tokens (plus the head), and as many as
+  an unwindowed run would within the first window.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .engine_api import ForwardOutput
+
+
+def window_starts(n: int, size: int, overlap: int) -> list[int]:
+    """Where each window's content starts, for n content tokens and windows of `size` content tokens."""
+    if n <= size:
+        return [0]
+    step = size - overlap
+    return list(range(0, n - size, step)) + [n - size]
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How sequences of one tokenizer are cut: at most `limit` tokens per window, `overlap` content tokens
+    shared by neighbours, `head`/`tail` special tokens around the content of every sequence."""
+    limit: int
+    overlap: int
+    head: int
+    tail: int
+
+    @property
+    def size(self) -> int:
+        return self.limit - self.head - self.tail
+
+    def count(self, num_tokens: int) -> int:
+        """Windows a sequence of `num_tokens` tokens (specials included) runs as."""
+        return len(window_starts(num_tokens - self.head - self.tail, self.size, self.overlap))
+
+    def split(self, ids: list[int]) -> tuple[list[list[int]], list[int]]:
+        """The windows' token ids and their content starts (one window, the sequence itself, when it fits)."""
+        if len(ids) <= self.limit:
+            return [list(ids)], [0]
+        head, content = ids[:self.head], ids[self.head:len(ids) - self.tail]
+        tail = ids[len(ids) - self.tail:]
+        starts = window_starts(len(content), self.size, self.overlap)
+        return [head + content[s:s + self.size] + tail for s in starts], starts
+
+    def rows(self, num_tokens: int, starts: list[int], first_row: int) -> tuple[np.ndarray, np.ndarray]:
+        """For each token of a sequence, the row of the windows' output it takes its hidden state from and
+        the row it takes its log-probability from (the windows' rows start at `first_row`, each window
+        head + size + tail rows long)."""
+        if len(starts) == 1:
+            rows = np.arange(first_row, first_row + num_tokens)
+            return rows, rows
+        n, size, per = num_tokens - self.head - self.tail, self.size, self.limit
+        s = np.asarray(starts)
+        j = np.arange(n)
+        inside = (j[:, None] >= s[None, :]) & (j[:, None] < s[None, :] + size)          # [n, windows]
+        edge = np.minimum(j[:, None] - s[None, :], s[None, :] + size - 1 - j[:, None])
+        farthest = np.argmax(np.where(inside, edge, -1), axis=1)                        # first max: earlier
+        earliest = np.argmax(inside, axis=1)
+
+        def content_rows(k: np.ndarray) -> np.ndarray:
+            return first_row + k * per + self.head + (j - s[k])
+
+        head = np.arange(first_row, first_row + self.head)
+        last = first_row + (len(starts) - 1) * per
+        tail = np.arange(last + self.head + size, last + per)
+        return (np.concatenate([head, content_rows(farthest), tail]),
+                np.concatenate([head, content_rows(earliest), tail]))
+
+
+class WindowedEngine:
+    """An engine whose forward runs sequences over the limit as windows and returns stitched outputs, with
+    the wrapped engine's cu_seqlens layout (one row per token of each sequence as given)."""
+
+    def __init__(self, engine, windows: Windows):
+        self.engine, self.windows = engine, windows
+        self.info, self.device = engine.info, engine.device
+
+    def __getattr__(self, name):   # everything else (stats, tokenizer) is the wrapped engine's
+        return getattr(self.engine, name)
+
+    def forward(self, batch, layers, logprobs: bool) -> ForwardOutput:
+        pieces, plans = [], []
+        for ids in batch:
+            split, starts = self.windows.split(list(ids))
+            plans.append((len(ids), starts, len(pieces)))
+            pieces += split
+        if len(pieces) == len(batch):
+            return self.engine.forward(batch, layers, logprobs)
+        out = self.engine.forward(pieces, layers, logprobs)
+        piece_starts = out.cu_seqlens[:-1].tolist()
+        hidden_rows, logprob_rows = [], []
+        for num_tokens, starts, first in plans:
+            h, lp = self.windows.rows(num_tokens, starts, piece_starts[first])
+            hidden_rows.append(h)
+            logprob_rows.append(lp)
+        device = out.cu_seqlens.device
+        h_index = torch.from_numpy(np.concatenate(hidden_rows)).to(device)
+        lengths = torch.tensor([0] + [n for n, _, _ in plans], dtype=out.cu_seqlens.dtype)
+        stitched = ForwardOutput(cu_seqlens=torch.cumsum(lengths, 0).to(device),
+                                 hidden={k: v[h_index] for k, v in out.hidden.items()})
+        if out.token_logprobs is not None:
+            stitched.token_logprobs = out.token_logprobs[torch.from_numpy(np.concatenate(logprob_rows)).to(device)]
+        return stitched
+
+
+def plan(config, limit: int | None, tokenizer) -> Windows:
+    """Fix the run's window size and overlap (written to its config, so workers and reruns use the same)."""
+    from .errors import UserError
+    window = config.window or limit
+    if not window:
+        raise UserError("--on-long window needs a window size: this model has no token limit, so pass "
+                        "--window N (tokens per window, special tokens included)")
+    if limit and window > limit:
+        raise UserError(f"--window {window} is over the model's limit of {limit} tokens; use at most {limit}")
+    size = window - tokenizer.head - tokenizer.tail
+    if size < 2:
+        raise UserError(f"--window {window} leaves {size} residue token(s) per window beside the "
+                        f"{tokenizer.head + tokenizer.tail} special token(s); use a larger --window")
+    overlap = size // 4 if config.overlap < 0 else config.overlap
+    if overlap >= size:
+        raise UserError(f"--overlap {overlap} must be below the {size} residue tokens of a window "
+                        f"(--window {window} less {tokenizer.head + tokenizer.tail} special token(s))")
+    config.window, config.overlap = window, overlap
+    return Windows(window, overlap, tokenizer.head, tokenizer.tail)

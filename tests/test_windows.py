@@ -1,0 +1,151 @@
+"""`--on-long window`: sequences over the limit run as overlapping windows and are stitched into one row.
+
+The reference is transformers run directly on each window (a model we did not write), stitched here by
+the rules README states (hidden states from the window where a residue sits farthest from an edge, ties to
+the earlier; log-probabilities from the earliest window holding the token). The CLI's columns are held to
+transformers' own float32 error against a float64 run, as every parity test is (tests/float64_reference.py).
+Lengths: exactly the window (one window), one token more (two), three windows' worth, and others.
+"""
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from pipeline.hf_engine import HFEngine
+from pipeline.windows import Windows, window_starts
+
+from .float64_reference import Float64Transformers, assert_as_accurate
+from .tiny_models import run_cli
+
+WINDOW = 34          # tokens: ESM's <cls> + 32 residues + <eos>, and the demo tokenizer's <bos> ... <eos>
+SIZE, OVERLAP = 32, 8   # residues per window; the default overlap is a quarter of them
+LENGTHS = [32, 33, 100, 57, 150, 5]
+
+
+def test_window_starts_cover_every_token_and_give_each_at_least_the_overlap_as_context():
+    for n in range(1, 200):
+        starts = window_starts(n, SIZE, OVERLAP)
+        assert starts[0] == 0 and (len(starts) == 1 or starts[-1] == n - SIZE)
+        assert all(b - a <= SIZE - OVERLAP for a, b in zip(starts, starts[1:]))
+        w = Windows(SIZE + 2, OVERLAP, 1, 1)
+        hidden, logprob = w.rows(n + 2, starts, 0)
+        assert len(hidden) == len(logprob) == n + 2
+        for j in range(n):
+            k, offset = divmod(int(logprob[1 + j]) - 1, SIZE + 2)
+            assert offset == j - starts[k] and (k == 0 or offset >= OVERLAP)   # context: the overlap at least
+
+
+def _fasta(tmp_path, alphabet: str) -> str:
+    rng = np.random.default_rng(3)
+    path = tmp_path / "long.fasta"
+    path.write_text("".join(f">s{i} len {n}\n{''.join(rng.choice(list(alphabet), n))}\n" for i, n in enumerate(LENGTHS)))
+    return str(path)
+
+
+def _expected_windows(n: int) -> int:
+    return 1 if n <= SIZE else -(-(n - SIZE) // (SIZE - OVERLAP)) + 1
+
+
+def _window_outputs(engine, text: str, tokenizer, layers, logprobs: bool):
+    """Each window of one sequence through `engine`: [(start, hidden [tokens, d], logprobs [tokens])]."""
+    starts = window_starts(len(text), SIZE, OVERLAP)
+    batch = [tokenizer(text[s:s + SIZE])["input_ids"] for s in starts]
+    out = engine.forward(batch, layers, logprobs)
+    cu = out.cu_seqlens.tolist()
+    return [(s, out.hidden[layers[0]][cu[k]:cu[k + 1]].double() if layers else None,
+             out.token_logprobs[cu[k]:cu[k + 1]].double() if logprobs else None) for k, s in enumerate(starts)]
+
+
+def _stitch_hidden(windows) -> torch.Tensor:
+    """Per residue, the state from the window where it sits farthest from an edge (ties: the earlier)."""
+    n = windows[-1][0] + SIZE if len(windows) > 1 else windows[0][1].shape[0] - 2
+    rows = []
+    for j in range(n):
+        best = max((min(j - s, s + SIZE - 1 - j), -k) for k, (s, _, _) in enumerate(windows) if s <= j < s + SIZE)
+        s, h, _ = windows[-best[1]]
+        rows.append(h[1 + j - s])
+    return torch.stack(rows)
+
+
+def _stitch_logprob_sum(windows, n: int) -> float:
+    """Sum over residues of log p from the earliest window holding each (the demo tokenizer's <bos> first, so
+    every residue has a token before it)."""
+    total = 0.0
+    for j in range(n):
+        s, _, lp = next(w for w in windows if w[0] <= j < w[0] + SIZE)
+        total += float(lp[1 + j - s])
+    return total
+
+
+@pytest.mark.slow
+def test_embeddings_of_windowed_sequences_equal_transformers_on_the_windows(models, tmp_path):
+    from transformers import AutoTokenizer
+    fasta = _fasta(tmp_path, "ACDEFGHIKLMNPQRSTVWY")
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), "--model", models["esm"], "--gpus", "0", "--workers", "1",
+                  "--on-long", "window", "--window", str(WINDOW), "--per-residue", "--per-residue-dtype", "float32",
+                  "--pool", "mean,cls,last", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "run as overlapping windows of 34 tokens (8 shared by neighbours)" in res.stderr
+    tokenizer = AutoTokenizer.from_pretrained(models["esm"])
+    exact = Float64Transformers(models["esm"], logprobs=False)
+    theirs = HFEngine(models["esm"], torch.device("cpu"), torch.float32, False)
+    final = theirs.info.num_layers
+    with h5py.File(out / "result.h5") as f:
+        ids = [i.decode() for i in f["ids"][:]]
+        texts = {r.split()[0]: r.split("\n")[1] for r in open(fasta).read().split(">")[1:]}
+        assert list(f["windows"][:]) == [_expected_windows(len(texts[i])) for i in ids]
+        offsets = f["per_residue/offsets"][:]
+        for row, seq_id in enumerate(ids):
+            text = texts[seq_id]
+            e = _window_outputs(exact, text, tokenizer, [final], False)
+            t = _window_outputs(theirs, text, tokenizer, [final], False)
+            ours = torch.from_numpy(f["per_residue/values"][offsets[row]:offsets[row + 1]])
+            want, ref = _stitch_hidden(e), _stitch_hidden(t)
+            assert ours.shape == want.shape, seq_id
+            assert_as_accurate(ours, ref, want, f"{seq_id}: per-residue")
+            assert_as_accurate(torch.from_numpy(f["embeddings/mean"][row]), ref.mean(0), want.mean(0),
+                               f"{seq_id}: mean")
+            assert_as_accurate(torch.from_numpy(f["embeddings/cls"][row]), t[0][1][0], e[0][1][0], f"{seq_id}: cls")
+            assert_as_accurate(torch.from_numpy(f["embeddings/last"][row]), t[-1][1][-1], e[-1][1][-1],
+                               f"{seq_id}: last")
+
+
+@pytest.mark.slow
+def test_scores_of_windowed_sequences_equal_transformers_on_the_windows(models, tmp_path):
+    from transformers import AutoTokenizer
+    fasta = _fasta(tmp_path, "ACDEFGHIKLMNPQRSTVWY")
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), "--model", models["llama"], "--task", "score", "--gpus", "0",
+                  "--workers", "1", "--on-long", "window", "--window", str(WINDOW), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    tokenizer = AutoTokenizer.from_pretrained(models["llama"])
+    exact = Float64Transformers(models["llama"], logprobs=True)
+    theirs = HFEngine(models["llama"], torch.device("cpu"), torch.float32, True)
+    with h5py.File(out / "result.h5") as f:
+        ids = [i.decode() for i in f["ids"][:]]
+        texts = {r.split()[0]: r.split("\n")[1] for r in open(fasta).read().split(">")[1:]}
+        assert list(f["windows"][:]) == [_expected_windows(len(texts[i])) for i in ids]
+        assert list(f["score/num_scored"][:]) == [len(texts[i]) for i in ids]
+        for row, seq_id in enumerate(ids):
+            text = texts[seq_id]
+            want = _stitch_logprob_sum(_window_outputs(exact, text, tokenizer, [], True), len(text))
+            ref = _stitch_logprob_sum(_window_outputs(theirs, text, tokenizer, [], True), len(text))
+            assert_as_accurate(torch.tensor([f["score/logprob_sum"][row]]), torch.tensor([ref]),
+                               torch.tensor([want]), f"{seq_id}: logprob_sum")
+
+
+def test_window_options_are_checked(models, tmp_path):
+    fasta = _fasta(tmp_path, "ACDEFGHIKLMNPQRSTVWY")
+    for args, message in [
+        (["--window", "20"], "--window and --overlap apply to --on-long window"),
+        (["--on-long", "window", "--window", "34", "--overlap", "32"], "--overlap 32 must be below the 32"),
+        (["--on-long", "window", "--window", "2000"], "--window 2000 is over the model's limit of 1024"),
+        (["--on-long", "window", "--task", "generate", "--model", models["llama"]], "--on-long window is for embed"),
+    ]:
+        model = [] if "--model" in args else ["--model", models["esm"]]
+        res = run_cli(fasta, "--out", str(tmp_path / "o"), *model, "--gpus", "0", *args, "--no-progress")
+        assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
+        assert "Traceback" not in res.stderr
