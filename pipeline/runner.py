@@ -20,8 +20,8 @@ from . import (__version__, engines, launchers, model_source, result_merge, run_
                windows)
 from .config import RunConfig
 from .errors import RunDirError, UserError
-from .input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index,
-                           where_in_input)
+from .input_checks import (apply_input_policies, check_long, check_storage, free_out, input_changes,
+                           load_run_index, start_over_advice, where_in_input)
 from .launchers import ShardJob, Submitted
 from .run_dir import RunDir, RunLock
 from .tasks import make_task, schema_for
@@ -264,6 +264,10 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         if outcome is not None:
             return outcome
         timings = job.options.get("timings")
+    changed = input_changes(index)   # edited after the last shard's last check: the result would not describe it
+    if changed:
+        raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "
+                        f"{start_over_advice(run, manifest)}")
     path = result_merge.merge_result(run, manifest, index, allow_partial=False)
     if timings and timings[1]:
         spawned, (first, last) = timings

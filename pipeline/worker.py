@@ -236,9 +236,11 @@ class ShardRun:
             stats["tokens"] += ntokens
             self.reporter.send("progress", sequences=len(todo), tokens=ntokens)
             if writer.due():
+                _inputs_still_match(index)
                 writer.checkpoint()
                 self.reporter.send("checkpoint", durable=writer.durable_rows)
         if self.stop:
+            _inputs_still_match(index)
             writer.checkpoint()
             self.reporter.send("checkpoint", durable=writer.durable_rows)
             log.warning("interrupted (%s): %d of %d sequences durable; `run_shards rerun` continues",
@@ -247,6 +249,7 @@ class ShardRun:
         if hasattr(engine, "stats_line"):
             log.info("%s", engine.stats_line())
         row_bytes = computer.row_bytes(np.sort(positions))
+        _inputs_still_match(index)
         path = writer.finalize(row_bytes)
         stats["seconds"] = time.time() - t0
         log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s)", path, stats["sequences"],
@@ -375,6 +378,21 @@ class BatchComputer:
 
 
 _BASE = {"ids", "index", "lengths", "num_tokens", "truncated", "status"}
+
+
+def _inputs_still_match(index) -> None:
+    """Before rows become durable: the FASTA files still hold what the index describes (a stat of each
+    file; on a change, a re-read and its checksum), else the shard stops without keeping the rows computed
+    since its last checkpoint, which may come from the edited text. Rows made durable earlier were computed
+    before the last check passed."""
+    if not index.inputs_unchanged():
+        return
+    from .errors import UserError
+    from .input_checks import input_changes
+    changed = input_changes(index)
+    if changed:
+        raise UserError(f"the input FASTA changed while this shard was computed ({changed}); the rows computed "
+                        "since its last checkpoint were not kept, as they may come from the edited text")
 
 
 def _release_memory() -> None:

@@ -20,7 +20,8 @@ def test_fasta_changed_during_the_run_leads_to_commands_that_work(fasta, common,
     original.write_bytes(b">inserted\nMKVLA\n" + saved)      # every record moves
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in stderr, stderr
-    assert "the file changed after it was indexed" in stderr
+    # Found by whichever comes first: a worker reading a moved record, or its check before a checkpoint.
+    assert "the file changed after it was indexed" in stderr or "changed while this shard was computed" in stderr
     assert "The input FASTA changed since this run started" in stderr and "Continue with" not in stderr
     commands = suggested_commands(stderr)
     assert [c[0] for c in commands] == ["rerun", "run"], commands
@@ -41,6 +42,30 @@ def test_fasta_changed_during_the_run_leads_to_commands_that_work(fasta, common,
 
     original.write_bytes(saved)            # restored: the suggested rerun finishes the original run
     assert commands[0] == ["rerun", str(out)]
+    rerun_matches(out, reference)
+
+
+def test_one_residue_edited_during_the_run_is_caught_and_nothing_is_merged(fasta, common, reference, tmp_path):
+    """The same length, every record where it was: only the content changed. Each worker checks the files
+    before rows become durable, so no row from the edited text is kept and no result is written; the
+    advice leads back to the clean result once the file is restored."""
+    original = tmp_path / "in.fasta"
+    shutil.copy(fasta, original)
+    saved = original.read_bytes()
+    out = tmp_path / "out"
+    proc = start(str(original), "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3"})
+    wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)), what="first checkpoints")
+    edited = bytearray(saved)
+    first_residue = edited.index(b"\n", edited.rindex(b">")) + 1     # of the last record
+    edited[first_residue] = ord("W") if edited[first_residue] != ord("W") else ord("C")
+    original.write_bytes(bytes(edited))
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    assert "the input FASTA changed while this shard was computed" in stderr, stderr
+    assert f"same records and lengths, but the contents of {original} differ" in stderr
+    assert not (out / "result.h5").exists()
+    assert [c[0] for c in suggested_commands(stderr)] == ["rerun", "run"]
+    original.write_bytes(saved)
     rerun_matches(out, reference)
 
 
