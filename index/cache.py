@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from .compressed import readable_paths
 from .sequence_index import FORMAT_VERSION, IndexCorrupt, InputFile, SequenceIndex
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,9 @@ def cache_path(paths: Sequence[str | os.PathLike], directory: Path | None = None
 
 def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = None,
                   threads: int | None = None) -> tuple[SequenceIndex, bool]:
-    """The index of `paths` and whether it came from the cache."""
+    """The index of `paths` and whether it came from the cache. Gzip files are indexed through their
+    decompressed copies (compressed.py), which the index then names."""
+    paths = readable_paths(paths, directory or cache_dir())
     path = cache_path(paths, directory)
     if path.exists():
         try:

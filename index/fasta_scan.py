@@ -401,7 +401,7 @@ def _sniff(path: str, head: bytes) -> None:
     """Refuse, by name, files that are not FASTA text: compressed, UTF-16/32, FASTQ, HTML, binary."""
     if head[:2] == b"\x1f\x8b":
         raise FastaError(path, "file is gzip-compressed",
-                         hint="Decompress it first (gunzip -k FILE) and pass the .fasta")
+                         hint="Pass it to `run_shards run` or `run_shards index`, which decompress it into the cache")
     if head[:3] == b"\xef\xbb\xbf":
         raise FastaError(path, "file starts with a UTF-8 byte-order mark (BOM)", line=1,
                          hint="Save it without the BOM, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' FILE")

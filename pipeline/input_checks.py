@@ -183,15 +183,23 @@ def start_over_advice(run: RunDir, manifest: dict) -> str:
             f"file as it is now: `{config.as_command(free_out(run.root))}`.")
 
 
-def load_run_index(run: RunDir, manifest: dict) -> SequenceIndex:
-    """The run's index, after checking that the FASTA files still match it (refusing with what changed)."""
+def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False) -> SequenceIndex:
+    """The run's index, after checking that the FASTA files still match it (refusing with what changed).
+    `refresh_copies` (only where no worker of the run can be reading them): decompress again the .gz inputs
+    that changed, so a restored .gz lets the run continue."""
     try:
         index = SequenceIndex.load(run.index_path)
     except Exception as e:
         config = RunConfig.from_json(json.dumps(manifest["config"]))
         raise RunDirError(f"{run.index_path}: the run's index is damaged ({e}); start a new run: "
                           f"`{config.as_command(free_out(run.root))}`") from None
+    if refresh_copies:
+        from index.compressed import refresh
+        refresh([f.path for f in index.inputs])
     changed = input_changes(index)
+    if not changed:   # a .gz whose decompressed copy the run reads
+        from index.compressed import source_changes
+        changed = "; ".join(source_changes([f.path for f in index.inputs])) or None
     if changed:
         raise UserError(f"the input FASTA no longer matches this run ({changed}). {start_over_advice(run, manifest)}")
     return index

@@ -196,7 +196,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
         handler = run_log.attach(run_dir)
         try:
             run_dir.remove_stale_temporaries()
-            index = load_run_index(run_dir, manifest)
+            index = load_run_index(run_dir, manifest, refresh_copies=True)
             world = manifest["world"]
             if shards:
                 bad = [s for s in shards if not 0 <= s < world]

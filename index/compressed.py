@@ -1,0 +1,170 @@
+"""Compressed FASTA: gzip (and BGZF, which is gzip) is decompressed once, streaming, into the cache, and the
+decompressed copy is what the index describes and workers read by offset. The copy is reused while the
+.gz keeps its size and mtime (a sidecar records them), and made again when it changes.
+
+Why a copy rather than reading in place: workers read records by byte offset, and plain gzip cannot seek;
+a copy keeps every reader as simple and fast as for a plain file, costs one streaming pass (about the time
+of `gzip -dc`), and needs the decompressed size on the cache's disk, which is checked as it is written.
+Other compressions are refused by name, with the command that converts them.
+
+Copies live in `$RUN_SHARDS_CACHE/decompressed/` (see cache.py); for a cluster run, the cache must be on
+storage every node sees (it is under the home directory by default).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import zlib
+from pathlib import Path
+from typing import Sequence
+
+from .errors import FastaError
+
+log = logging.getLogger(__name__)
+
+GZIP_MAGIC = b"\x1f\x8b"
+# Magic bytes of compressions we do not read, with the command that turns them into gzip.
+OTHER_COMPRESSIONS = {
+    b"\xfd7zXZ\x00": ("xz", "xz -dc FILE | gzip > FILE.fasta.gz   (or: xz -dk FILE)"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dc FILE | gzip > FILE.fasta.gz   (or: zstd -d FILE)"),
+    b"BZh": ("bzip2", "bzip2 -dc FILE | gzip > FILE.fasta.gz   (or: bunzip2 -k FILE)"),
+}
+CHUNK = 1 << 22
+
+
+def kind(path: str | os.PathLike) -> str | None:
+    """'gzip' (BGZF included), None for an uncompressed file; FastaError for a compression we do not read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return None   # the scanner names unreadable files
+    if head[:2] == GZIP_MAGIC:
+        return "gzip"
+    for magic, (name, command) in OTHER_COMPRESSIONS.items():
+        if head.startswith(magic):
+            import shlex
+            raise FastaError(str(path), f"file is {name}-compressed, which run_shards does not read",
+                             hint="Convert it to gzip or plain text: "
+                                  + command.replace("FILE", shlex.quote(os.fspath(path))))
+    return None
+
+
+def readable_paths(paths: Sequence[str | os.PathLike], cache: Path, progress: bool = True) -> list[str]:
+    """The paths to index: each gzip file replaced by its (made or reused) decompressed copy."""
+    return [copy_of(p, cache, progress) if kind(p) == "gzip" else os.fspath(p) for p in paths]
+
+
+def _stat_key(path: str | os.PathLike) -> dict:
+    st = os.stat(path)
+    return {"source": os.path.abspath(os.fspath(path)), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def copy_path(path: str | os.PathLike, cache: Path) -> Path:
+    digest = hashlib.sha1(os.path.abspath(os.fspath(path)).encode()).hexdigest()[:20]
+    name = Path(os.fspath(path)).name
+    stem = name[:-3] if name.endswith(".gz") else name
+    return cache / "decompressed" / f"{digest}-{stem}"
+
+
+def copy_is_current(path: str | os.PathLike, cache: Path) -> bool:
+    """Whether the decompressed copy of `path` was made from the file as it is now."""
+    target = copy_path(path, cache)
+    try:
+        return json.loads(target.with_name(target.name + ".json").read_text()) == _stat_key(path) \
+            and target.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def source_changes(indexed: Sequence[str]) -> list[str]:
+    """For indexed paths that are decompressed copies: the .gz files that changed since (or are gone)."""
+    changes = []
+    for copy in indexed:
+        try:
+            key = json.loads(Path(copy + ".json").read_text())
+        except (OSError, ValueError):
+            continue   # a plain file, not a copy
+        try:
+            if _stat_key(key["source"]) != key:
+                changes.append(f"{key['source']} changed since it was decompressed")
+        except OSError:
+            changes.append(f"{key['source']} is gone")
+    return changes
+
+
+def refresh(indexed: Sequence[str], progress: bool = True) -> None:
+    """Make again the decompressed copies among `indexed` whose .gz changed (restored, or edited), so that
+    comparing the copy with the index tells whether the records are still the same."""
+    for copy in indexed:
+        try:
+            key = json.loads(Path(copy + ".json").read_text())
+            if os.path.exists(key["source"]) and _stat_key(key["source"]) != key:
+                copy_of(key["source"], Path(copy).parent.parent, progress)
+        except (OSError, ValueError, KeyError):
+            continue
+
+
+def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
+    """The decompressed copy of gzip file `path`, made now unless a current one exists."""
+    target = copy_path(path, cache)
+    if copy_is_current(path, cache):
+        log.info("%s: reusing its decompressed copy %s", path, target)
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    key = _stat_key(path)
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    size = key["size"]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"decompressing {Path(os.fspath(path)).name}",
+                   leave=False, disable=None)
+    written = 0
+    try:
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            d, open_member = zlib.decompressobj(zlib.MAX_WBITS | 16), False
+            while chunk := src.read(CHUNK):
+                if bar:
+                    bar.update(len(chunk))
+                while chunk:
+                    if not open_member and not chunk.strip(b"\0"):
+                        break                      # zero padding after the last member, as gzip allows
+                    out = d.decompress(chunk)
+                    dst.write(out)
+                    written += len(out)
+                    open_member = True
+                    if d.eof:                      # the next member (BGZF is a series of gzip members)
+                        chunk, d, open_member = d.unused_data, zlib.decompressobj(zlib.MAX_WBITS | 16), False
+                    else:
+                        chunk = b""
+            if open_member:
+                raise FastaError(str(path), "the gzip data ends early (the file is truncated)",
+                                 hint="Download or copy the file again (gzip -t FILE checks it)")
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, target)
+        target.with_name(target.name + ".json").write_text(json.dumps(key))
+    except FastaError:
+        tmp.unlink(missing_ok=True)
+        raise
+    except zlib.error as e:
+        tmp.unlink(missing_ok=True)
+        raise FastaError(str(path), f"the gzip data is damaged ({e})",
+                         hint="Download or copy the file again (gzip -t FILE checks it)") from None
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise FastaError(str(path), f"no space to decompress it into {target.parent} ({written:,} bytes "
+                             f"written when the disk filled)",
+                             hint="Free space there, or point RUN_SHARDS_CACHE at a larger disk") from None
+        raise
+    finally:
+        if bar:
+            bar.close()
+    log.info("%s: decompressed into %s (%s bytes)", path, target, f"{written:,}")
+    return str(target)
+
