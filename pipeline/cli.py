@@ -282,7 +282,7 @@ def _finish(outcome) -> None:
               help="Worker count for the imbalance figures.")
 def index_command(fasta, workers):
     """Build (or reuse) the index of FASTA file(s) and print its statistics."""
-    from .runner import index_report
+    from .index_report import index_report
     _setup_logging(False)
     click.echo(_call(index_report, list(fasta), workers))
 

@@ -21,36 +21,13 @@ from . import (__version__, engines, launchers, model_source, result_merge, run_
 from .config import RunConfig
 from .errors import RunDirError, UserError
 from .input_checks import (apply_input_policies, check_long, check_storage, free_out, input_changes,
-                           load_run_index, start_over_advice, where_in_input)
+                           load_run_index, start_over_advice)
 from .launchers import ShardJob, Submitted
 from .run_dir import RunDir, RunLock
 from .tasks import make_task, schema_for
 from .tokenization import SequenceTokenizer
 
 log = logging.getLogger("run_shards")
-
-
-def index_report(fasta: list[str], workers: int) -> str:
-    """`run_shards index`: records, residues, length percentiles, per-worker token imbalance."""
-    index, reused = load_or_build(fasta)
-    pct = index.length_percentiles((0, 10, 50, 90, 99, 100))
-    stats = index.shard_stats(workers)
-    lines = [
-        f"index: {'reused cached' if reused else 'built'} ({len(index.inputs)} file(s))",
-        f"records: {len(index):,}",
-        f"residues: {index.total_residues:,}",
-        "length: " + ", ".join(f"{'min' if q == 0 else 'max' if q == 100 else f'p{q}'} {v:,}" for q, v in pct.items()),
-        f"stride split over {workers} worker(s): max/mean tokens {stats.imbalance:.4f}",
-    ]
-    for r in range(workers):
-        lines.append(f"  worker {r}: {stats.sequences[r]:,} sequences, {stats.tokens[r]:,} residues")
-    dups = index.duplicate_ids()
-    if dups:
-        lines.append(f"warning: {sum(len(g) - 1 for g in dups)} duplicate id(s), e.g. '{index.id(dups[0][0])}'")
-    empty = index.empty_records()
-    if len(empty):
-        lines.append(f"warning: {len(empty)} empty record(s), e.g. {where_in_input(index, int(empty[0]))}")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------- run
