@@ -46,10 +46,8 @@ def kind(path: str | os.PathLike) -> str | None:
         return "gzip"
     for magic, (name, command) in OTHER_COMPRESSIONS.items():
         if head.startswith(magic):
-            import shlex
             raise FastaError(str(path), f"file is {name}-compressed, which run_shards does not read",
-                             hint="Convert it to gzip or plain text: "
-                                  + command.replace("FILE", shlex.quote(os.fspath(path))))
+                             hint=f"Convert it to gzip or plain text: {command}")
     return None
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 
 
 class FastaError(ValueError):
@@ -12,13 +13,14 @@ class FastaError(ValueError):
         self.path = os.fspath(path)
         self.line = line
         self.seq_id = seq_id
-        self.hint = hint
+        # Hints write commands on FILE: they name the file itself, so each can be run as it is printed.
+        self.hint = hint.replace("FILE", shlex.quote(self.path)) if hint else hint
         where = self.path if line is None else f"{self.path}:{line}"
         text = f"{where}: {message}"
         if seq_id is not None:
             text += f" (record '{seq_id}')"
-        if hint:
-            text += f". {hint}"
+        if self.hint:
+            text += f". {self.hint}"
         super().__init__(text)
 
 
