@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The first GPU session's one command: everything this project has only run under the Triton interpreter,
+# run on the GPU, with one report to read.
+#
+#   bash bench/gpu_acceptance.sh            # report: bench/out/gpu_acceptance.md, logs beside it
+#
+# Steps (each timed; its log's tail goes into the report):
+#   environment    nvidia-smi, torch / triton / CUDA versions, the visible GPUs
+#   cuda_tests     TRITON_INTERPRET=0 pytest tests/kernels: compiled kernels against their torch and float64
+#                  references, the compile matrix; a GPU-only test that skips counts as a failure here
+#   gated_delta    bench/bench_gated_delta_rule.py beside fla-core's chunk_gated_delta_rule (needs fla-core:
+#                  `pip install fla-core`, a pure Python wheel; never in the CPU test env)
+#   paged_attn     bench/bench_paged_attention.py beside torch SDPA
+#   engine         bench/bench_engine.py gpu: native beside the hf engine, Qwen3.5-0.8B and ESM-2-650M shapes
+#   end_to_end     bin/run_shards on 20,000 generated sequences over every visible GPU, then `status`
+#
+# It fails loudly: no GPU visible is exit 3 before anything runs; a step that fails (or a GPU test that
+# skips) makes the script exit 1 after the others ran, naming the failed steps. PYTHON picks the
+# interpreter (default: the checkout's .venv if it has CUDA torch, else python3); OUT the report folder.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+REPORT="$OUT/gpu_acceptance.md"
+
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python3
+    if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+        PYTHON=.venv/bin/python
+    fi
+fi
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "gpu_acceptance: no GPU visible to $PYTHON (nvidia-smi and torch.cuda.is_available() must both work); nothing was run" >&2
+    exit 3
+fi
+missing=$("$PYTHON" -c "
+import importlib.util
+print(' '.join(m for m in ('torch', 'triton', 'h5py', 'numpy', 'transformers', 'tqdm', 'click') if importlib.util.find_spec(m) is None))")
+if [ -n "$missing" ]; then
+    echo "gpu_acceptance: $PYTHON lacks $missing: install them (pip install -e . installs all but a CUDA torch)" >&2
+    exit 3
+fi
+
+failed=()
+{
+    echo "# GPU acceptance run, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), python $PYTHON"
+    echo
+} > "$REPORT"
+
+step() {   # step NAME COMMAND...: run it, log it, time it, report it
+    local name=$1; shift
+    local log="$OUT/gpu_acceptance_$name.log"
+    local start end rc
+    echo "== $name: $*" >&2
+    start=$(date +%s)
+    "$@" > "$log" 2>&1
+    rc=$?
+    end=$(date +%s)
+    if [ "$rc" -eq 0 ] && [ "$name" = cuda_tests ] && grep -Eq "[0-9]+ skipped" "$log"; then
+        echo "GPU-only tests were skipped on a GPU machine: see the skip reasons above" >> "$log"
+        rc=1
+    fi
+    {
+        echo "## $name: $([ "$rc" -eq 0 ] && echo ok || echo "FAILED (exit $rc)"), $((end - start)) s"
+        echo
+        echo '```'
+        echo "\$ $*"
+        tail -n 60 "$log"
+        echo '```'
+        echo
+    } >> "$REPORT"
+    [ "$rc" -eq 0 ] || failed+=("$name")
+}
+
+step environment bash -c "nvidia-smi && $PYTHON -c \"
+import torch, triton
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(i, p.name, f'sm_{p.major}{p.minor}', p.multi_processor_count, 'SMs', round(p.total_memory / 2**30, 1), 'GiB')
+\""
+step cuda_tests env TRITON_INTERPRET=0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/kernels
+step gated_delta bash -c "$PYTHON -c 'import fla' 2>/dev/null || { echo 'fla-core is not installed: pip install fla-core (then run this again)'; exit 1; }
+$PYTHON bench/bench_gated_delta_rule.py --out $OUT/gated_delta_rule.md"
+step paged_attn "$PYTHON" bench/bench_paged_attention.py --out "$OUT/paged_attention.md"
+step engine "$PYTHON" bench/bench_engine.py gpu --out "$OUT/engine_gpu.md"
+GPUS=$(nvidia-smi -L | wc -l)
+step end_to_end bash -c "set -e
+$PYTHON tools/make_fasta.py --n 20000 --seed 5 $OUT/gpu_e2e.fasta
+rm -rf $OUT/gpu_e2e_out
+time $PYTHON bin/run_shards $OUT/gpu_e2e.fasta --out $OUT/gpu_e2e_out --gpus $GPUS --no-progress
+$PYTHON bin/run_shards status $OUT/gpu_e2e_out
+grep timings $OUT/gpu_e2e_out/logs/run.log"
+
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu_acceptance: FAILED steps: ${failed[*]} (report: $REPORT)" >&2
+    echo "**FAILED steps: ${failed[*]}**" >> "$REPORT"
+    exit 1
+fi
+echo "**Every step passed.**" >> "$REPORT"
+echo "gpu_acceptance: every step passed (report: $REPORT)" >&2
