@@ -21,10 +21,11 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/run_shards examples/demo.fasta --out demo_out
 
-# System packages some tests need (a local SLURM cluster); without root or apt-get it says why and
+# System packages some tests need (a local SLURM cluster, headless Chromium); without root or apt-get it says why and
 # does nothing, and those tests skip.
 test-deps:
 	sh tests/setup/install_slurm.sh
+	sh tests/setup/install_chromium.sh
 
 test: install test-deps
 	$(BIN)/python -m pytest -q

@@ -16,7 +16,7 @@ import click
 
 from . import __version__
 
-COMMANDS = ("run", "index", "status", "rerun", "merge", "work")
+COMMANDS = ("run", "index", "status", "rerun", "merge", "work", "report")
 
 
 class DefaultRunGroup(click.Group):
@@ -319,6 +319,17 @@ def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, sbatc
     _finish(_call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
                   worker_timeout=worker_timeout, options={"dry_run": dry_run, "wait": wait},
                   ray_address=ray_address, sbatch=sbatch))
+
+
+@main.command("report")
+@click.argument("out", type=click.Path(file_okay=False))
+def report_command(out):
+    """Write OUT/report.html again: lengths, shard balance, progress over time, time split, row statuses,
+    failures, config and model, for a finished, partial or failed run."""
+    from .report import write
+    from .run_dir import RunDir
+    _call(RunDir(out).read_manifest)   # a clear error for a directory that holds no run
+    click.echo(f"report: {_call(write, out)}")
 
 
 @main.command("merge")

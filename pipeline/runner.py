@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -149,7 +150,8 @@ def run(config: RunConfig, show_progress: bool = True, options: dict | None = No
                 log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
                 started = time.time()
                 manifest, index = _prepare(config, run_dir)
-                return _run_shards(run_dir, manifest, index, None, show_progress, started, options)
+                return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, None, show_progress,
+                                                              started, options))
             except (UserError, FastaError) as e:   # the terminal shows it (cli.py); run.log keeps it too
                 handler.write_only_here(logging.ERROR, f"error: {e}")
                 raise
@@ -199,7 +201,8 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
                 manifest["config"]["ray_address"] = ray_address
             if worker_timeout:
                 manifest["config"]["worker_timeout"] = worker_timeout
-            return _run_shards(run_dir, manifest, index, shards, show_progress, time.time(), options)
+            return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, shards, show_progress,
+                                                          time.time(), options))
         except (UserError, FastaError) as e:
             handler.write_only_here(logging.ERROR, f"error: {e}")
             raise
@@ -262,4 +265,27 @@ def merge(out: str, allow_partial: bool = False) -> Path:
     with RunLock(run_dir, "merge"):
         run_dir.remove_stale_temporaries()
         manifest = run_dir.read_manifest()
-        return result_merge.merge_result(run_dir, manifest, load_run_index(run_dir, manifest), allow_partial)
+        return _reported(run_dir, lambda: result_merge.merge_result(run_dir, manifest,
+                                                                    load_run_index(run_dir, manifest), allow_partial))
+
+
+def _reported(run_dir: RunDir, work):
+    """Run `work`, then write OUT/report.html however it ended (not for a submission to a scheduler,
+    whose jobs have not run yet). RUN_SHARDS_REPORT=0 leaves it out (1.5 s: scripted runs, the tests)."""
+    outcome = None
+    try:
+        outcome = work()
+        return outcome
+    finally:
+        if not isinstance(outcome, Submitted) and os.environ.get("RUN_SHARDS_REPORT", "1") != "0":
+            write_report(run_dir)
+
+
+def write_report(run_dir: RunDir) -> None:
+    """OUT/report.html; a failure to write it is a warning, never the run's failure."""
+    from . import report
+    try:
+        log.info("report: %s", report.write(run_dir.root))
+    except Exception as e:   # noqa: BLE001 - the run's outcome stands whatever the report does
+        log.warning("could not write %s (%s: %s); `run_shards report %s` tries again", run_dir.root / "report.html",
+                    type(e).__name__, e, run_dir.root)

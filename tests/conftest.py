@@ -12,6 +12,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Runs write OUT/report.html at their end (about 1.5 s: matplotlib); the suite's hundreds of runs skip it,
+# and tests/test_report.py turns it back on for its own.
+os.environ.setdefault("RUN_SHARDS_REPORT", "0")
 
 import pathlib  # noqa: E402
 
