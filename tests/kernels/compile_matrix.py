@@ -66,9 +66,10 @@ def delta_decode(dtype, num_seqs: int) -> None:
     q, k = _empty(1, num_seqs, H, D, dtype=dtype), _empty(1, num_seqs, H, D, dtype=dtype)
     v = _empty(1, num_seqs, HV, D, dtype=dtype)
     g, beta = _empty(1, num_seqs, HV, dtype=torch.float32), _empty(1, num_seqs, HV, dtype=dtype)
+    # As the engine decodes: states read and written in place in their slots of the pool (one per sequence here).
     fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=_empty(num_seqs, HV, D, D, dtype=torch.float32),
-                                     output_final_state=True, cu_seqlens=_empty(num_seqs + 1, dtype=torch.int32),
-                                     use_qk_l2norm_in_kernel=True)
+                                     state_indices=_empty(num_seqs, dtype=torch.int64),
+                                     cu_seqlens=_empty(num_seqs + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
 
 
 def attention_step(dtype, model: Attention, num_seqs: int, q_len: int, kv_len: int) -> None:

@@ -435,3 +435,57 @@ def test_a_lone_32k_sequence_fills_the_gpu():
         assert len(grids) == 3 and all(grid[0] >= target.num_sms for grid in grids), (target, grids)
     assert _walk_grids(H100, 8, 32768) == [(8 * 16 * 2,)]   # a full batch: one walk, no segments
     assert _walk_grids(H100, 1, 2048) == [(16 * 2,)]        # too short to split
+
+
+# --- decode in place in a state pool (issue 20) -------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_in_place_decode_equals_gather_scatter_and_float64(path, monkeypatch):
+    """Sequences decoding in slots of a state pool (slots out of order, others left alone), several steps in
+    a row, one with two tokens for a sequence: the pool after the steps is bitwise what gathering each
+    sequence's state, running the kernel and scattering the final states back gives, and matches the
+    float64 reference carried the same way; slots no sequence owns are untouched."""
+    if path == "torch":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    device = DEVICE if path == "triton" else "cpu"
+    H, HV, K, V, num_slots = 1, 2, 16, 32, 7
+    slots = torch.tensor([5, 0, 3, 6], device=device)
+    pool = 0.5 * torch.randn(num_slots, HV, K, V, generator=torch.Generator().manual_seed(30)).to(device)
+    gathered, ref = pool.clone(), pool.double()
+    for step, lengths in enumerate(([1, 1, 1, 1], [1, 1, 1, 1], [1, 2, 1, 1], [1, 1, 1, 1])):
+        inputs = make_inputs(1, sum(lengths), H, HV, K, V, device=device, l2norm=True, seed=40 + step)
+        del inputs["initial_state"]
+        cu = random_cu_seqlens(lengths, device)
+        o, none = fused_recurrent_gated_delta_rule(**inputs, initial_state=pool, state_indices=slots,
+                                                   cu_seqlens=cu, use_qk_l2norm_in_kernel=True, block_v=16)
+        assert none is None
+        o_g, s_g = fused_recurrent_gated_delta_rule(**inputs, initial_state=gathered[slots], output_final_state=True,
+                                                    cu_seqlens=cu, use_qk_l2norm_in_kernel=True, block_v=16)
+        gathered[slots] = s_g
+        o_ref, s_ref = naive_recurrent_gated_delta_rule(**inputs, initial_state=ref[slots], output_final_state=True,
+                                                        cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+        ref[slots] = s_ref
+        assert torch.equal(o, o_g)
+        assert rel_rms(o, o_ref) < TOL[torch.float32]
+    assert torch.equal(pool, gathered)
+    assert rel_rms(pool[slots], ref[slots]) < TOL[torch.float32]
+    others = [s for s in range(num_slots) if s not in slots.tolist()]
+    assert torch.equal(pool[others], ref[others].float())
+
+
+def test_in_place_decode_rejects_bad_pools_and_indices():
+    inputs = make_inputs(1, 3, 1, 2, 16, 16, device="cpu", seed=31)
+    del inputs["initial_state"]
+    cu = random_cu_seqlens([1, 1, 1], "cpu")
+    pool = torch.zeros(4, 2, 16, 16)
+    run = lambda **kw: fused_recurrent_gated_delta_rule(**{**inputs, "cu_seqlens": cu, **kw})  # noqa: E731
+    with pytest.raises(ValueError, match="distinct"):
+        run(initial_state=pool, state_indices=torch.tensor([0, 2, 0]))
+    with pytest.raises(ValueError, match="distinct"):
+        run(initial_state=pool, state_indices=torch.tensor([0, 4, 1]))
+    with pytest.raises(ValueError, match=r"shape \[N\]"):
+        run(initial_state=pool, state_indices=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="float32 state pool"):
+        run(initial_state=pool.double(), state_indices=torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="output_final_state"):
+        run(initial_state=pool, state_indices=torch.tensor([0, 1, 2]), output_final_state=True)

@@ -2,7 +2,9 @@
 
 One program per (sequence, value head, block of V columns) loads its [K, BV] state slice once, applies
 the recurrence to each of its tokens (usually one), and writes the outputs and the final slice. Decode
-is bandwidth-bound: the state is read once and written once per call.
+is bandwidth-bound: the state is read once and written once per call. With `state_indices` the states
+are read from and written back to their slots of the caller's state pool, in place: no gather into a
+batch-ordered copy before the call and no scatter back after it (3x the state traffic otherwise).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import triton.language as tl
 from triton_kernels._device import target_of, use_triton
 from triton_kernels._launch import launch
 from triton_kernels.gated_delta_rule.chunk import _block_size, _load_state, _pow2_block, _store_state
-from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs
+from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs, check_state_indices
 from triton_kernels.gated_delta_rule.torch_path import recurrent_fwd_torch
 from triton_kernels.launch_config import DeltaRuleDecodeKnobs, launch_row
 
@@ -24,12 +26,14 @@ from triton_kernels.launch_config import DeltaRuleDecodeKnobs, launch_row
 def _recurrent_kernel(
     q, k, v, g, beta,  # q, k [tokens, H, K]; v [tokens, HV, V]; g, beta [tokens, HV]
     o,  # output [tokens, HV, V]
-    h0, ht,  # initial / final states [N, HV, K, V] float32 (None when unused)
+    h0, ht,  # initial / final states [N, HV, K, V] float32 (None when unused); with INDEXED both are the
+             # state pool [slots, HV, K, V], sequence n's state in slot state_idx[n]
     seq_bounds,  # int32 or int64 [N+1]
+    state_idx,  # int32 or int64 [N] with INDEXED, else None
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    USE_L2NORM: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    USE_L2NORM: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, INDEXED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i_n = pid // (HV * NV)
@@ -38,13 +42,17 @@ def _recurrent_kernel(
     i_h = i_hv // (HV // H)
     bos = tl.load(seq_bounds + i_n).to(tl.int64)
     eos = tl.load(seq_bounds + i_n + 1).to(tl.int64)
+    if INDEXED:
+        i_s = tl.load(state_idx + i_n).to(tl.int64)
+    else:
+        i_s = i_n
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
     if USE_H0:
-        S = _load_state(h0, i_n, i_hv, HV, K, V, BK, BV, i_v * BV)
+        S = _load_state(h0, i_s, i_hv, HV, K, V, BK, BV, i_v * BV)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
 
@@ -64,7 +72,7 @@ def _recurrent_kernel(
         tl.store(o + (t * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
     if STORE_HT:
-        _store_state(ht, S, i_n, i_hv, HV, K, V, BK, BV, i_v * BV)
+        _store_state(ht, S, i_s, i_hv, HV, K, V, BK, BV, i_v * BV)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -79,26 +87,37 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    state_indices: torch.Tensor | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule one token at a time (decode: T == 1 per sequence). fla-compatible arguments.
 
-    Same arguments, shapes and results as `chunk_gated_delta_rule` (no chunk_size). Launch knobs
+    Same arguments, shapes and results as `chunk_gated_delta_rule` (no chunk_size), plus in-place
+    states: with `state_indices` (int32 or int64 [N], distinct slots; the GPU path trusts their values),
+    `initial_state` is a float32 state pool [slots, HV, K, V] (contiguous), sequence n starts from
+    initial_state[state_indices[n]] and its final state is written back there; the call then returns
+    (o, None) and output_final_state must be False. Launch knobs
     (Triton only): block_v, V columns per program (power of two >= 16, capped at V rounded up);
     num_warps and num_stages of the kernel. A knob left as None takes the value of
     triton_kernels/launch_config.py for the tensors' GPU.
     """
-    dims = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    dims = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices)
+    if state_indices is not None and output_final_state:
+        raise ValueError("with state_indices the final states are written into initial_state in place; "
+                         "output_final_state must be False")
     scale = dims.head_k_dim**-0.5 if scale is None else float(scale)
     args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel)
+                dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel, state_indices=state_indices)
     if q.device.type == "cpu":  # reading cu_seqlens is free here: check its values (the torch path needs them)
         layout = SequenceLayout.from_inputs(dims, cu_seqlens)
+        if state_indices is not None:
+            check_state_indices(state_indices, initial_state.shape[0])
         if not use_triton(q):
             return recurrent_fwd_torch(q, k, v, g, beta, **args, layout=layout)
-    # The kernel reads cu_seqlens where it lives: no host sync on the GPU decode path (values trusted).
+    # The kernel reads cu_seqlens and state_indices where they live: no host sync on the GPU decode path
+    # (values trusted).
     knobs = decode_knobs(q.device, block_v=block_v, num_warps=num_warps, num_stages=num_stages)
     return recurrent_fwd_triton(q, k, v, g, beta, **args, cu_seqlens=cu_seqlens, **vars(knobs))
 
@@ -111,7 +130,7 @@ def decode_knobs(device: torch.device, **given: int | None) -> DeltaRuleDecodeKn
 
 def recurrent_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
                          dims: Dims, use_qk_l2norm: bool, cu_seqlens: torch.Tensor | None,
-                         block_v: int, num_warps: int, num_stages: int):
+                         state_indices: torch.Tensor | None, block_v: int, num_warps: int, num_stages: int):
     """Launch the recurrent kernel; arguments already validated."""
     d = dims
     H, HV, K, V = d.num_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim
@@ -125,7 +144,11 @@ def recurrent_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, outpu
     N = d.num_sequences
     o = torch.empty(tokens, HV, V, dtype=q.dtype, device=device)
     final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
-    h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else None
+    if state_indices is not None:   # the pool itself: read and written in place (checked by check_inputs)
+        h0 = final = initial_state
+        state_indices = state_indices.contiguous()
+    else:
+        h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else None
     BV = min(_block_size("block_v", block_v), _pow2_block(V))
     NV = triton.cdiv(V, BV)
     if cu_seqlens is None:
@@ -133,8 +156,8 @@ def recurrent_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, outpu
     else:
         seq_bounds = cu_seqlens.contiguous()
     launch(_recurrent_kernel, (N * HV * NV,),
-           q, k, v, g, beta, o, h0, final, seq_bounds, scale,
+           q, k, v, g, beta, o, h0, final, seq_bounds, state_indices, scale,
            H=H, HV=HV, K=K, V=V, BK=_pow2_block(K), BV=BV, NV=NV,
            USE_L2NORM=use_qk_l2norm, USE_H0=h0 is not None, STORE_HT=final is not None,
-           num_warps=num_warps, num_stages=num_stages)
-    return o.reshape(d.batch, d.seq_len, HV, V), final
+           INDEXED=state_indices is not None, num_warps=num_warps, num_stages=num_stages)
+    return o.reshape(d.batch, d.seq_len, HV, V), (None if state_indices is not None else final)

@@ -89,8 +89,11 @@ def check_inputs(
     beta: torch.Tensor,
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
+    state_indices: torch.Tensor | None = None,
 ) -> Dims:
     """Validate shapes, dtypes and devices without reading any tensor's values; return the sizes.
+
+    With state_indices [N] (in-place decode), initial_state is a float32 state pool [slots, HV, K, V].
 
     Raises ValueError naming the offending tensor. (cu_seqlens' values are checked by
     SequenceLayout.from_inputs, which the chunked paths call.)
@@ -121,10 +124,30 @@ def check_inputs(
             raise ValueError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
         devices.add(cu_seqlens.device)
         N = cu_seqlens.numel() - 1
-    if initial_state is not None:
+    if state_indices is not None:
+        if initial_state is None:
+            raise ValueError("state_indices needs initial_state: the state pool its entries index")
+        if state_indices.dim() != 1 or state_indices.numel() != N:
+            raise ValueError(f"state_indices must have shape [N] = [{N}], got {tuple(state_indices.shape)}")
+        if state_indices.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"state_indices must be int32 or int64, got {state_indices.dtype}")
+        if (initial_state.dim() != 4 or tuple(initial_state.shape[1:]) != (HV, K, V)
+                or initial_state.dtype != torch.float32 or not initial_state.is_contiguous()):
+            raise ValueError(f"with state_indices, initial_state must be a contiguous float32 state pool "
+                             f"[slots, HV, K, V] = [slots, {HV}, {K}, {V}]; got {initial_state.dtype} "
+                             f"{tuple(initial_state.shape)}")
+        devices.update((state_indices.device, initial_state.device))
+    elif initial_state is not None:
         devices.add(initial_state.device)
         if tuple(initial_state.shape) != (N, HV, K, V):
             raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}; got {tuple(initial_state.shape)}")
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device; got {sorted(str(d) for d in devices)}")
     return Dims(B, T, H, HV, K, V, N)
+
+
+def check_state_indices(state_indices: torch.Tensor, num_slots: int) -> None:
+    """Values of in-place state indices (reads them: CPU tensors only): distinct slots in [0, num_slots)."""
+    idx = state_indices.tolist()
+    if any(not 0 <= i < num_slots for i in idx) or len(set(idx)) != len(idx):
+        raise ValueError(f"state_indices must be distinct slots in [0, {num_slots}); got {idx[:8]}...")

@@ -209,8 +209,9 @@ def _walk(S, steps, W, U, P, q_decayed, k_decayed, chunk_decay):
 
 
 def recurrent_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
-                        layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool):
-    """Token-by-token form, batched over sequences and heads (decode is one step for all sequences)."""
+                        layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool, state_indices=None):
+    """Token-by-token form, batched over sequences and heads (decode is one step for all sequences).
+    With state_indices [N], initial_state is the state pool: read from and written back to those slots."""
     d = dims
     group = d.num_v_heads // d.num_heads
     out_dtype, device = q.dtype, q.device
@@ -220,9 +221,14 @@ def recurrent_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output
     if group > 1:
         q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
     order = layout.longest_first()
-    S = _start_states(initial_state, layout, d, order, device)
+    if state_indices is not None:
+        slots = state_indices.to(device=device, dtype=torch.long)[order]
+        S = initial_state[slots]
+    else:
+        S = _start_states(initial_state, layout, d, order, device)
     o = torch.zeros_like(v)
-    lengths = [layout.lengths[n] for n in order]
+    all_lengths = layout.lengths   # a list built per access: once, not once per sequence
+    lengths = [all_lengths[n] for n in order]
     starts = torch.tensor([layout.bounds[n] for n in order], dtype=torch.long, device=device)
     for t in range(max(lengths, default=0)):
         active = sum(1 for n in lengths if n > t)
@@ -234,6 +240,9 @@ def recurrent_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output
         o[tok] = torch.einsum("nhkv,nhk->nhv", S_a, q[tok])
         S[:active] = S_a
     o = o.reshape(d.batch, d.seq_len, d.num_v_heads, d.head_v_dim).to(out_dtype)
+    if state_indices is not None:
+        initial_state[slots] = S
+        return o, None
     return o, (_unsort(S, order) if output_final_state else None)
 
 

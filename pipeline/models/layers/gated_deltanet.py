@@ -109,6 +109,13 @@ class GatedDeltaNet(nn.Module):
         beta = b.sigmoid()[None]
         g = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias))[None]
 
+        if ctx.all_decode:   # every sequence reads and keeps its state: updated in place in its slot
+            assert ctx.state_read is not None and ctx.state_write is not None and len(ctx.state_write[0]) == T
+            o, _ = fused_recurrent_gated_delta_rule(
+                q, k, v, g, beta, initial_state=recurrent, state_indices=ctx.on_device("write_slots", ctx.state_write[1]),
+                cu_seqlens=ctx.cu_seqlens, use_qk_l2norm_in_kernel=True,
+                **self.kernel_args.get("fused_recurrent_gated_delta_rule", {}))
+            return self._output(o, z, T)
         initial = None
         if ctx.state_read is not None:
             rows, slots = ctx.on_device("read_rows", ctx.state_read[0]), ctx.on_device("read_slots", ctx.state_read[1])
@@ -118,17 +125,17 @@ class GatedDeltaNet(nn.Module):
                 initial = recurrent.new_zeros(ctx.num_seqs, *recurrent.shape[1:])
                 initial[rows] = recurrent[slots]
         keep = ctx.state_write is not None
-        if ctx.all_decode:
-            rule, knobs = fused_recurrent_gated_delta_rule, self.kernel_args.get("fused_recurrent_gated_delta_rule", {})
-        else:
-            rule, knobs = chunk_gated_delta_rule, self.kernel_args.get("chunk_gated_delta_rule", {})
-            if not knobs.get("chunk_size"):
-                knobs = dict(knobs, chunk_size=CPU_CHUNK_SIZE)
-        o, final = rule(q, k, v, g, beta, initial_state=initial, output_final_state=keep, cu_seqlens=ctx.cu_seqlens,
-                        use_qk_l2norm_in_kernel=True, **knobs)
+        knobs = self.kernel_args.get("chunk_gated_delta_rule", {})
+        if not knobs.get("chunk_size"):
+            knobs = dict(knobs, chunk_size=CPU_CHUNK_SIZE)
+        o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=keep,
+                                          cu_seqlens=ctx.cu_seqlens, use_qk_l2norm_in_kernel=True, **knobs)
         if keep:
             rows = ctx.on_device("write_rows", ctx.state_write[0])
             recurrent[ctx.on_device("write_slots", ctx.state_write[1])] = final[rows]
+        return self._output(o, z, T)
+
+    def _output(self, o: torch.Tensor, z: torch.Tensor, T: int) -> torch.Tensor:
         o = self.norm(o.reshape(T, self.num_v_heads, self.head_v_dim), z.reshape(T, self.num_v_heads, self.head_v_dim))
         return self.out_proj(o.reshape(T, self.value_dim))
 
