@@ -138,14 +138,30 @@ def test_scores_of_windowed_sequences_equal_transformers_on_the_windows(models, 
 
 
 def test_window_options_are_checked(models, tmp_path):
+    """Through the CLI where the check needs the model (planning), directly where it does not."""
+    from transformers import AutoTokenizer
+
+    from pipeline import windows
+    from pipeline.config import RunConfig
+    from pipeline.errors import UserError
+    from pipeline.tokenization import SequenceTokenizer
     fasta = _fasta(tmp_path, "ACDEFGHIKLMNPQRSTVWY")
     for args, message in [
         (["--window", "20"], "--window and --overlap apply to --on-long window"),
         (["--on-long", "window", "--window", "34", "--overlap", "32"], "--overlap 32 must be below the 32"),
-        (["--on-long", "window", "--window", "2000"], "--window 2000 is over the model's limit of 1024"),
-        (["--on-long", "window", "--task", "generate", "--model", models["llama"]], "--on-long window is for embed"),
     ]:
-        model = [] if "--model" in args else ["--model", models["esm"]]
-        res = run_cli(fasta, "--out", str(tmp_path / "o"), *model, "--gpus", "0", *args, "--no-progress")
+        res = run_cli(fasta, "--out", str(tmp_path / "o"), "--model", models["esm"], "--gpus", "0", *args,
+                      "--no-progress")
         assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
-        assert "Traceback" not in res.stderr
+        assert "Traceback" not in res.stderr and not (tmp_path / "o").exists()
+    tokenizer = SequenceTokenizer(AutoTokenizer.from_pretrained(models["esm"]))
+    config = RunConfig(fasta=[fasta], out="o", on_long="window", window=2000)
+    with pytest.raises(UserError, match="--window 2000 is over the model's limit of 1024"):
+        windows.plan(config, 1024, tokenizer)
+    with pytest.raises(UserError, match="this model has no token limit, so pass --window N"):
+        windows.plan(RunConfig(fasta=[fasta], out="o", on_long="window"), None, tokenizer)
+    planned = RunConfig(fasta=[fasta], out="o", on_long="window")
+    assert windows.plan(planned, 1024, tokenizer) == Windows(1024, 255, 1, 1)      # default: a quarter of 1022
+    assert (planned.window, planned.overlap) == (1024, 255)
+    with pytest.raises(UserError, match="--on-long window is for embed and score"):
+        RunConfig(fasta=[fasta], out="o", on_long="window", task="generate")
