@@ -394,7 +394,7 @@ def test_status_while_the_jobs_wait_and_after_they_were_cancelled_before_startin
     waiting = run_cli("status", str(out), env=slurm_cluster.env)
     assert waiting.returncode == 0, waiting.stderr
     assert f"3 shard(s) to go; merge job {merge} writes the result once every shard is complete" in waiting.stdout
-    assert "rerun" not in waiting.stdout and waiting.stdout.rstrip().endswith("result: not merged yet")
+    assert "rerun" not in waiting.stdout and "\nresult: not merged yet\n" in waiting.stdout
     slurm_cluster.run("scancel", array, merge)
     wait_finished(slurm_cluster, merge)
     gone = run_cli("status", str(out), env=slurm_cluster.env)
