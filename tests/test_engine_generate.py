@@ -73,10 +73,10 @@ def test_top_p_keeps_the_nucleus_only():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
     u = uniforms(1, np.arange(2000, dtype=np.uint64), np.zeros(2000, np.uint64))
     tokens = sample(logits, 1.0, 0.7, u)
-    counts = torch.bincount(tokens, minlength=4).tolist()
+    counts = torch.bincount(torch.tensor(tokens), minlength=4).tolist()
     assert counts[2] == counts[3] == 0                # outside the 0.8-mass nucleus {0, 1}
     assert abs(counts[0] / 2000 - 0.625) < 0.05       # renormalised: 0.5 / 0.8
-    assert sample(logits[:3], 0.0, 0.7, u[:3]).tolist() == [0, 0, 0]
+    assert sample(logits[:3], 0.0, 0.7, u[:3]) == [0, 0, 0]
 
 
 def test_never_samples_ids_past_the_tokenizer(tmp_path):
@@ -103,3 +103,50 @@ def test_text_of_ids_without_a_token(tmp_path):
     tok = engine.tokenizer
     task = GenerateTask(RunConfig(fasta=["x.fa"], out="o", task="generate"), engine.info)
     assert task._decode(tok, tok.convert_tokens_to_ids(["M", "K"]) + [len(tok) + 1, 2]) == "MK" + tok.unk_token
+
+
+def _full_sort_sample(logits, temperature, top_p, u):
+    """The sampler before issue 20 (a stable sort of the whole vocabulary per row), kept as the reference."""
+    import numpy as np
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    kept = before < top_p
+    sorted_probs = sorted_probs.masked_fill(~kept, 0.0)
+    cdf = sorted_probs.double().cumsum(dim=-1)
+    target = torch.from_numpy(np.asarray(u)) * cdf[:, -1]
+    pick = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=cdf.shape[1] - 1)
+    kept_sets = [set(order[i][kept[i]].tolist()) for i in range(len(order))]
+    return order.gather(1, pick).squeeze(1).tolist(), kept_sets
+
+
+def test_top_p_from_candidates_equals_the_full_sort():
+    """Top-p among torch.topk candidates (not a sort of the vocabulary) draws exactly the tokens the full
+    stable sort drew, over seeded rows: peaked and flat distributions, nuclei larger than the first
+    candidate count (redone, then more candidates), ties (equal logits, ranked by id); and each row's kept
+    set equals the old one, and the nucleus computed in float64 where float32 prefix sums can decide it
+    (top_p <= 0.95, no ties)."""
+    import numpy as np
+    from pipeline.engine.sampler import Sampler, _nucleus, _stable_top, uniforms
+    g = torch.Generator().manual_seed(21)
+    V = 5000
+    logits = torch.randn(48, V, generator=g) * torch.tensor([0.3, 1.0, 3.0, 8.0]).repeat(12)[:, None]
+    logits[40:, :600] = 2.0                               # 600 tied top tokens: the nucleus cuts a tie group
+    logits[44:, 600:] = -50.0
+    u = uniforms(3, np.arange(48, dtype=np.uint64), np.zeros(48, np.uint64))
+    for temperature, top_p in ((1.0, 0.9), (0.7, 0.5), (2.0, 0.95), (1.0, 0.999)):
+        sampler = Sampler(temperature, top_p, candidates=64)
+        want, kept = _full_sort_sample(logits, temperature, top_p, u)
+        assert sampler(logits, u) == want
+        assert sampler(logits, u) == want   # again, with the candidate count the first call adapted to
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        vals, order = _stable_top(probs, 256)
+        _, fits = _nucleus(vals, order, top_p, torch.from_numpy(u))
+        assert fits.any() and not fits.all()
+        for i in fits.nonzero().flatten().tolist():
+            assert set(order[i][(vals[i].cumsum(0) - vals[i]) < top_p].tolist()) == kept[i]
+        p64 = torch.softmax(logits.double() / temperature, dim=-1)
+        for i in range(40 if top_p <= 0.95 else 0):
+            vals64, order64 = p64[i].sort(descending=True, stable=True)
+            assert kept[i] == set(order64[(vals64.cumsum(0) - vals64) < top_p].tolist()), (temperature, top_p, i)
+    assert max(len(k) for k in kept) > 64 and min(len(k) for k in kept) < 64

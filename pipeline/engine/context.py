@@ -54,10 +54,10 @@ class StepContext:
 
     def on_device(self, key: str, array: np.ndarray) -> torch.Tensor:
         """A host index array as an int64 device tensor, built once per step."""
-        return self.cached(key, lambda: torch.from_numpy(np.ascontiguousarray(array, np.int64)).to(self.device))
+        return self.cached(key, lambda: torch.from_numpy(np.ascontiguousarray(array, np.int64)).to(
+            self.device, non_blocking=True))
 
     def segment_ids(self) -> torch.Tensor:
-        """int64 [T]: the sequence (0..S-1) each token belongs to."""
-        return self.cached("segment_ids", lambda: torch.repeat_interleave(
-            torch.arange(self.num_seqs, device=self.device),
-            torch.from_numpy(self.q_lens).to(self.device)))
+        """int64 [T]: the sequence (0..S-1) each token belongs to (built on the host: a repeat_interleave
+        with repeats on the device would wait for it to learn the output size)."""
+        return self.on_device("segment_ids", np.repeat(np.arange(self.num_seqs), self.q_lens))

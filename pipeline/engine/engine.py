@@ -19,7 +19,7 @@ from ..engine_api import EngineInfo, ForwardOutput, OutOfMemory
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .model_runner import ModelRunner
-from .sampler import sample, uniforms
+from .sampler import Sampler, uniforms
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 from .state_slots import StateSlots
@@ -151,7 +151,7 @@ class NativeEngine:
         try:
             while scheduler.has_work():
                 step = scheduler.schedule()
-                ctx = self.runner.prepare(step)
+                ctx = self.runner.prepare(step, scheduler.blocks)
                 out, captured = self.runner.run(ctx, capture)
                 scheduler.after_step(step)
                 self.stats.add(step)
@@ -174,7 +174,7 @@ class NativeEngine:
         capture = frozenset(k for k in layers if k != final)
 
         def on_step(scheduler, step, ctx, out, captured):
-            rows = torch.from_numpy(offsets[[s.seq.seq_id for s in step]]).to(self.device)
+            rows = torch.from_numpy(offsets[[s.seq.seq_id for s in step]]).to(self.device, non_blocking=True)
             rows = rows[ctx.segment_ids()] + ctx.positions
             with torch.inference_mode():
                 for k in layers:
@@ -194,8 +194,8 @@ class NativeEngine:
         has_next = np.flatnonzero(nxt >= 0)
         if not len(has_next):
             return
-        sel = torch.from_numpy(has_next).to(self.device)
-        targets = torch.from_numpy(nxt[has_next]).to(self.device)
+        sel = torch.from_numpy(has_next).to(self.device, non_blocking=True)
+        targets = torch.from_numpy(nxt[has_next]).to(self.device, non_blocking=True)
         dest = rows[sel] + 1
         step_rows = max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size)
         for a in range(0, len(has_next), step_rows):
@@ -212,12 +212,13 @@ class NativeEngine:
                              f"asked for {params.max_new_tokens}")
         seqs = [Sequence(i, list(p), params.max_new_tokens, int(k)) for i, (p, k) in enumerate(zip(prompts, keys))]
         eos = set(self.spec.eos_token_ids)
+        sampler = Sampler(params.temperature, params.top_p)
 
         def on_step(scheduler, step, ctx, out, captured):
             ready = [i for i, s in enumerate(step) if s.completes_known_tokens]
             if not ready:
                 return
-            last = torch.from_numpy(np.cumsum(ctx.q_lens)[ready] - 1).to(self.device)
+            last = torch.from_numpy(np.cumsum(ctx.q_lens)[ready] - 1).to(self.device, non_blocking=True)
             with torch.inference_mode():
                 logits = self.model.logits(out[last]).float()
                 if params.temperature > 0 and logits.shape[1] > len(self.tokenizer):
@@ -227,7 +228,7 @@ class NativeEngine:
             ready_seqs = [step[i].seq for i in ready]
             u = uniforms(params.seed, np.array([s.key for s in ready_seqs], np.uint64),
                          np.array([s.num_generated for s in ready_seqs], np.uint64))
-            tokens = sample(logits, params.temperature, params.top_p, u).tolist()
+            tokens = sampler(logits, u)   # the step's one wait for the device
             for seq, token in zip(ready_seqs, tokens):
                 seq.append(token)
                 if token in eos:

@@ -15,6 +15,7 @@ from triton_kernels._device import target_of, torch_path_on_cpu
 
 from ..models.base import NativeModel
 from ..models.layers.attention import cache_head_dim
+from .block_manager import BlockManager
 from .config import EngineConfig
 from .context import StepContext
 from .scheduler import ScheduledSeq
@@ -63,24 +64,28 @@ class ModelRunner:
         return {"chunk_gated_delta_rule": dict(chunk_size=c.gdn_chunk_size, **chunk),
                 "fused_recurrent_gated_delta_rule": decode}
 
-    def prepare(self, step: list[ScheduledSeq]) -> StepContext:
-        """Host-side tensors of one step, moved to the device in one go per tensor."""
-        page = self.config.page_size
-        q_lens = np.array([s.num_tokens for s in step], np.int64)
-        prior = np.array([s.start for s in step], np.int64)
-        ids = np.concatenate([np.asarray(s.seq.token_ids[s.start:s.end], np.int64) for s in step])
-        positions = np.concatenate([np.arange(s.start, s.end, dtype=np.int64) for s in step])
-        width = max(len(s.seq.pages) for s in step)
-        tables = np.zeros((len(step), width), np.int32)
-        for i, s in enumerate(step):
-            tables[i, :len(s.seq.pages)] = s.seq.pages
-        seg = np.repeat(np.arange(len(step)), q_lens)
-        slot_mapping = tables[seg, positions // page].astype(np.int64) * page + positions % page
-        cu = np.zeros(len(step) + 1, np.int32)
+    def prepare(self, step: list[ScheduledSeq], blocks: BlockManager) -> StepContext:
+        """Host-side tensors of one step, each copied to the device without waiting for it.
+
+        One pass over the step's sequences reads four numbers each; everything else is vectorised: the
+        block table is a gather of the sequences' rows of blocks.tables (written once at admission)."""
+        page, S = self.config.page_size, len(step)
+        info = np.array([(s.start, s.num_tokens, s.seq.row, s.seq.slot) for s in step], np.int64).reshape(S, 4)
+        prior, q_lens, rows, slots = info.T
+        T = int(q_lens.sum())
+        if T == S:   # decode steps (and one-token prefills): the token at each sequence's position
+            ids = np.array([s.seq.token_ids[s.start] for s in step], np.int64)
+        else:
+            ids = np.concatenate([np.asarray(s.seq.token_ids[s.start:s.end], np.int64) for s in step])
+        cu = np.zeros(S + 1, np.int32)
         np.cumsum(q_lens, out=cu[1:])
+        seg = np.repeat(np.arange(S), q_lens)
+        positions = np.arange(T, dtype=np.int64) + (prior - cu[:-1])[seg]
+        assert (blocks.table_lens[rows] > 0).all(), "a sequence in the step holds no pages"
+        tables = blocks.block_tables(rows)
+        slot_mapping = tables[seg, positions // page].astype(np.int64) * page + positions % page
         state_read = state_write = None
         if self.spec.delta is not None:
-            slots = np.array([s.seq.slot for s in step], np.int64)
             read = np.flatnonzero(prior > 0)
             write = np.flatnonzero(slots >= 0)
             assert (slots[read] >= 0).all(), "a sequence continues without a state slot"
@@ -88,11 +93,13 @@ class ModelRunner:
             state_write = (write, slots[write]) if len(write) else None
         dev = self.device
         to = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)   # noqa: E731
-        return StepContext(
+        ctx = StepContext(
             input_ids=to(ids), positions=to(positions), cu_seqlens=to(cu), kv_lens=to((prior + q_lens).astype(np.int32)),
             block_tables=to(tables), slot_mapping=to(slot_mapping), q_lens=q_lens, prior_lens=prior,
             state_read=state_read, state_write=state_write, triton_kernels=self.triton,
-            attention_launch=self._launch(step, q_lens, width))
+            attention_launch=self._launch(step, q_lens, tables.shape[1]))
+        ctx.memo["segment_ids"] = to(seg)
+        return ctx
 
     def _launch(self, step, q_lens: np.ndarray, width: int) -> dict:
         if not self.triton or not self.spec.num_attention_layers:

@@ -22,6 +22,7 @@ class Sequence:
         self.key = key                          # sampling stream (the FASTA position in the pipeline)
         self.num_computed = 0
         self.pages: list[int] = []
+        self.row = -1                           # its block-table row (BlockManager.tables) while admitted
         self.slot = -1
         self.status = Status.WAITING
         self.finish_reason: str | None = None
