@@ -2,7 +2,8 @@
 the Triton interpreter on CPU) agree with the kernels' torch paths the CPU engine runs.
 
 Covers what only that path does: head dims padded to a kernel size (ESM here has 16), launch knobs
-forwarded per step, chunk size 64 for the delta rule, the recurrent kernel for decode steps. float32:
+forwarded per step, chunk size 64 for the delta rule, the recurrent kernel for decode steps, the Triton
+causal conv of the delta-rule layers with its windows carried across chunked prefill and decode. float32:
 both paths are measured against transformers in float64 and held to transformers' own float32 error, as
 in test_models_parity.py (the two paths round differently, by amounts that depend on the CPU or GPU).
 """
@@ -15,6 +16,7 @@ import torch
 
 from pipeline.engine.engine import NativeEngine, SamplingParams
 from pipeline.hf_engine import HFEngine
+from triton_kernels import causal_conv1d
 from tests.float64_reference import Float64Transformers, assert_rows_as_accurate
 from tests.tiny_checkpoints import random_sequences, write_tiny
 
@@ -30,7 +32,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("kind", ("qwen3_5", "esm2", "qwen3"))
-def test_triton_path_matches_torch_path(tmp_path, kind):
+def test_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
+    import pipeline.models.layers.gated_deltanet as gdn
+    convs = []   # the delta-rule layers' conv runs the Triton kernel here, chunked prefill included (70 > 48)
+    monkeypatch.setattr(gdn, "causal_conv1d", lambda *a, **k: convs.append(k) or causal_conv1d(*a, **k))
     path = str(write_tiny(kind, tmp_path / kind))
     triton = NativeEngine.load(path, DEVICE, torch.float32, "", max_tokens_per_step=48, kernels="triton")
     torch_path = NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=48)
@@ -42,6 +47,7 @@ def test_triton_path_matches_torch_path(tmp_path, kind):
     exact = Float64Transformers(path, logprobs).forward(batch, layers, logprobs)
     for engine in (triton, torch_path):
         assert_rows_as_accurate(engine.forward(batch, layers, logprobs), hf, exact, layers, logprobs)
+    assert (kind == "qwen3_5") == any(k["has_initial_state"] is not None for k in convs)
 
 
 def test_triton_path_generates_what_the_torch_path_generates(tmp_path):

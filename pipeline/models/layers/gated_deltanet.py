@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triton_kernels import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 from ...engine.context import StepContext
 from .norms import GatedRMSNorm
@@ -57,6 +57,22 @@ def conv_fixups(ctx: StepContext, width: int):
         wseq = ctx.state_write[0][:, None]
         window = source(wseq, q_lens[wseq] - width + np.arange(width)[None, :])
     return rows[differ], j[differ], wrong[differ], right[differ], window
+
+
+def conv_slots(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The Triton conv's view of the step's state slots: (slot per sequence, -1 for none [S]; whether it
+    starts from its slot's window [S]) on the device, or None when no sequence reads or keeps a window."""
+    if ctx.state_write is None:
+        assert ctx.state_read is None, "a sequence continues a window it does not keep"
+        return None
+    slots = np.full(ctx.num_seqs, -1, np.int64)
+    slots[ctx.state_write[0]] = ctx.state_write[1]
+    reads = np.zeros(ctx.num_seqs, bool)
+    if ctx.state_read is not None:   # the engine reads and writes a sequence's window in its one slot
+        assert (slots[ctx.state_read[0]] == ctx.state_read[1]).all(), "a window read from one slot, kept in another"
+        reads[ctx.state_read[0]] = True
+    return (torch.from_numpy(slots).to(ctx.device, non_blocking=True),
+            torch.from_numpy(reads).to(ctx.device, non_blocking=True))
 
 
 # Rows per block of the CPU conv: 64 rows of a 1536-channel projection (the 1/8 Qwen3.5) are 384 KiB,
@@ -144,7 +160,15 @@ class GatedDeltaNet(nn.Module):
 
         Computed in float32 over the step's tokens as shifted slices (one pass per tap, no gather of x),
         with the rows next to sequence starts fixed up (see conv_fixups) before the SiLU. Returns float32
-        on CPU, where the delta rule computes in float32 anyway; x's dtype on CUDA, for the kernels."""
+        on CPU, where the delta rule computes in float32 anyway; x's dtype on CUDA, for the kernels.
+        With the Triton kernels, one pass of triton_kernels.causal_conv1d instead (x's dtype)."""
+        if ctx.triton_kernels:
+            slots = ctx.cached("conv_slots", lambda: conv_slots(ctx))
+            return causal_conv1d(x, self.conv_weight, cu_seqlens=ctx.cu_seqlens,
+                                 conv_state=None if slots is None else conv_state,
+                                 state_indices=None if slots is None else slots[0],
+                                 has_initial_state=None if slots is None else slots[1],
+                                 **self.kernel_args.get("causal_conv1d", {}))
         width, C = self.kernel - 1, x.shape[1]
         rows, shifts, wrong, right, window = ctx.cached(f"conv_fixups_{width}", lambda: conv_fixups(ctx, width))
         parts = [x.new_zeros(1, C)]
