@@ -366,6 +366,8 @@ def main(argv=None) -> int:
 
     cases = [Case(H, HV, K, V, lengths) for H, HV, K, V in heads for T in tokens
              for lengths in ((T,), mixed_lengths(T, varlen_seqs, seed=T))]
+    if not args.smoke:   # the published anchor's shape (docs/BENCHMARKS.md): Qwen3.5-0.8B's heads, 8 x 8,192 tokens
+        cases.append(Case(16, 16, 128, 128, (8192,) * 8))
     decode_cases = [Case(H, HV, K, V, (1,) * N) for H, HV, K, V in heads for N in decode_seqs]
     fla_chunk, fla_recurrent, fla_name = load_fla() if device == "cuda" else (None, None, "fla-core: GPU only")
     peak = peak_bandwidth(device, args.peak_tbps)

@@ -6,12 +6,18 @@
 #
 # Steps (each timed; its log's tail goes into the report):
 #   environment    nvidia-smi, torch / triton / CUDA versions, the visible GPUs
-#   cuda_tests     TRITON_INTERPRET=0 pytest tests/kernels: compiled kernels against their torch and float64
-#                  references, the compile matrix; a GPU-only test that skips counts as a failure here
-#   gated_delta    bench/bench_gated_delta_rule.py beside fla-core's chunk_gated_delta_rule (needs fla-core:
-#                  `pip install fla-core`, a pure Python wheel; never in the CPU test env)
+#   cuda_tests     TRITON_INTERPRET=0 pytest tests/kernels tests/test_engine_triton_path.py: compiled kernels
+#                  against their torch and float64 references, the compile matrix, the engine's Triton path
+#                  against its torch path; a GPU-only test that skips counts as a failure here
+#   gated_delta    bench/bench_gated_delta_rule.py beside fla-core's chunk_gated_delta_rule; fla-core (pure
+#                  Python) is installed by this script into $OUT/fla_site (--no-deps, with einops; step
+#                  fla_install) when $PYTHON cannot import it, so the project's environment is never changed;
+#                  FLA_CORE_SPEC overrides what pip installs (e.g. local wheel files on a machine without network)
 #   paged_attn     bench/bench_paged_attention.py beside torch SDPA
-#   engine         bench/bench_engine.py gpu: native beside the hf engine, Qwen3.5-0.8B and ESM-2-650M shapes
+#   causal_conv    bench/bench_causal_conv.py: the delta-rule layers' conv, Triton beside the torch path and
+#                  transformers' conv, at Qwen3.5-0.8B's 6,144 channels
+#   engine         bench/bench_engine.py gpu: native beside the hf engine (fla-core on its path when installed
+#                  above), Qwen3.5-0.8B and ESM-2-650M shapes
 #   end_to_end     bin/run_shards on 20,000 generated sequences over every visible GPU, then `status`
 #
 # It fails loudly: no GPU visible is exit 3 before anything runs; a step that fails (or a GPU test that
@@ -81,11 +87,20 @@ for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(i, p.name, f'sm_{p.major}{p.minor}', p.multi_processor_count, 'SMs', round(p.total_memory / 2**30, 1), 'GiB')
 \""
-step cuda_tests env TRITON_INTERPRET=0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/kernels
-step gated_delta bash -c "$PYTHON -c 'import fla' 2>/dev/null || { echo 'fla-core is not installed: pip install fla-core (then run this again)'; exit 1; }
-$PYTHON bench/bench_gated_delta_rule.py --out $OUT/gated_delta_rule.md"
+step cuda_tests env TRITON_INTERPRET=0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/kernels \
+    tests/test_engine_triton_path.py
+# fla-core beside the project's environment, never in it: its own folder on PYTHONPATH for the steps that use it.
+FLA_SITE="$OUT/fla_site"
+FLA_PATH="$FLA_SITE${PYTHONPATH:+:$PYTHONPATH}"
+step fla_install bash -c "if PYTHONPATH=$FLA_PATH $PYTHON -c 'import fla' 2>/dev/null; then echo 'fla-core importable'; exit 0; fi
+$PYTHON -m pip install --no-deps --target $FLA_SITE ${FLA_CORE_SPEC:-fla-core einops} || {
+    echo 'pip could not install fla-core into $FLA_SITE (no network? set FLA_CORE_SPEC to local wheel files of fla-core and einops)'; exit 1; }
+PYTHONPATH=$FLA_PATH $PYTHON -c 'import fla; print(\"fla-core\", fla.__version__)'"
+step gated_delta bash -c "PYTHONPATH=$FLA_PATH $PYTHON bench/bench_gated_delta_rule.py --out $OUT/gated_delta_rule.md || exit
+if grep -q 'fla-core not importable' $OUT/gated_delta_rule.md; then echo 'no fla-core rows: the comparison did not run'; exit 1; fi"
 step paged_attn "$PYTHON" bench/bench_paged_attention.py --out "$OUT/paged_attention.md"
-step engine "$PYTHON" bench/bench_engine.py gpu --out "$OUT/engine_gpu.md"
+step causal_conv "$PYTHON" bench/bench_causal_conv.py --out "$OUT/causal_conv.md"
+step engine env PYTHONPATH="$FLA_PATH" "$PYTHON" bench/bench_engine.py gpu --out "$OUT/engine_gpu.md"
 GPUS=$(nvidia-smi -L | wc -l)
 step end_to_end bash -c "set -e
 $PYTHON tools/make_fasta.py --n 20000 --seed 5 $OUT/gpu_e2e.fasta
