@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from triton_kernels import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, paged_attention, write_kv_cache
+from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, paged_attention, write_kv_cache
 from triton_kernels._launch import A100, H100, Launch, dry_run
 from triton_kernels.aot import SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_spec
 
@@ -45,6 +45,7 @@ ESM2 = Attention("ESM-2 650M", 20, 20, 64, False)
 LLAMA8B = Attention("Llama-8B", 32, 8, 128, True)
 # Qwen3.5-0.8B's Gated DeltaNet layers: 16 key and 16 value heads of 128.
 DELTA_HEADS, DELTA_V_HEADS, DELTA_DIM = 16, 16, 128
+CONV_CHANNELS = (2 * DELTA_HEADS + DELTA_V_HEADS) * DELTA_DIM   # their causal conv runs over [q|k|v]
 
 
 def _empty(*shape, dtype):
@@ -72,6 +73,18 @@ def delta_decode(dtype, num_seqs: int) -> None:
                                      cu_seqlens=_empty(num_seqs + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
 
 
+def conv_step(dtype, num_seqs: int, tokens_each: int, windows: bool) -> None:
+    """The delta-rule layers' causal conv as the engine calls it: on the [q|k|v] columns of the input
+    projection (read in place), windows read and kept in their slots when sequences continue."""
+    C, tokens = CONV_CHANNELS, num_seqs * tokens_each
+    proj = _empty(tokens, C + DELTA_V_HEADS * DELTA_DIM + 2 * DELTA_V_HEADS, dtype=dtype)
+    slots = {}
+    if windows:
+        slots = dict(conv_state=_empty(num_seqs, 3, C, dtype=dtype), state_indices=_empty(num_seqs, dtype=torch.int64),
+                     has_initial_state=_empty(num_seqs, dtype=torch.bool))
+    causal_conv1d(proj[:, :C], _empty(C, 4, dtype=dtype), cu_seqlens=_empty(num_seqs + 1, dtype=torch.int32), **slots)
+
+
 def attention_step(dtype, model: Attention, num_seqs: int, q_len: int, kv_len: int) -> None:
     """One engine step: the step's keys and values written to the cache, then attention over it."""
     tokens = num_seqs * q_len
@@ -97,6 +110,10 @@ def cases() -> list[tuple[str, object]]:
         ("... 8 x 4k continuing, last chunk", lambda dt: delta_prefill(dt, 8, 4096, continues=True, keeps_state=False)),
         (f"... 1 x {LONG // 1024}k prefill", lambda dt: delta_prefill(dt, 1, LONG, continues=False, keeps_state=False)),
         ("... decode 256 sequences", lambda dt: delta_decode(dt, 256)),
+        (f"conv C={CONV_CHANNELS}: 8 x 4k prefill", lambda dt: conv_step(dt, 8, 4096, windows=False)),
+        ("... 8 x 4k, windows kept", lambda dt: conv_step(dt, 8, 4096, windows=True)),
+        (f"... 1 x {LONG // 1024}k prefill", lambda dt: conv_step(dt, 1, LONG, windows=False)),
+        ("... decode 256 sequences", lambda dt: conv_step(dt, 256, 1, windows=True)),
     ]
     for model in (QWEN35_ATTENTION, ESM2, LLAMA8B):
         label = f"{model.name} {model.num_q_heads}/{model.num_kv_heads} D={model.head_dim}"
@@ -134,7 +151,7 @@ def plan() -> tuple[list[Row], list[CompileSpec]]:
 
 
 def _knobs(launch: Launch) -> str:
-    names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK")
+    names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK", "BT", "BC")
     shown = [f"{n}={launch.constexprs[n]}" for n in names if n in launch.constexprs]
     for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o")):
         if flag in launch.constexprs:
