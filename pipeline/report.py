@@ -47,7 +47,8 @@ def facts(run: RunDir) -> dict:
                 [(_time(t), int(total) - int(todo)) for t, total, todo in
                  re.findall(_STAMP + r".*shard \d+: (\d+) sequences, (\d+) to do", log, re.M)]
                 + [(_time(t), int(n)) for t, n in
-                   re.findall(_STAMP + r".*checkpoint part_\d+\.h5: \d+ rows \((\d+) of", log, re.M)]),
+                   re.findall(_STAMP + r".*checkpoint part_\d+\.h5: \d+ rows(?:, \d+ tokens)? \((\d+) of", log,
+                              re.M)]),
             "failure": " - ".join(x for x in (failure.get("explanation"), failure.get("reason")) if x),
         })
     run_log = run.parent_log.read_text(errors="replace") if run.parent_log.exists() else ""
