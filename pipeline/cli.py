@@ -324,8 +324,11 @@ def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, sbatc
 @main.command("report")
 @click.argument("out", type=click.Path(file_okay=False))
 def report_command(out):
-    """Write OUT/report.html again: lengths, shard balance, progress over time, time split, row statuses,
-    failures, config and model, for a finished, partial or failed run."""
+    """Write OUT/report.html: one self-contained page (open it in any browser; nothing is fetched) about a
+    finished, partial, failed or running run: what stopped it, lengths against the token budget and the
+    model's limit, shard balance, each worker's throughput over time, where the time went, row statuses
+    with example ids, failed attempts and restarts with their reasons, config and model. Every run, rerun
+    and merge writes it at its end; this writes it again (e.g. after SLURM tasks failed)."""
     from .report import write
     from .run_dir import RunDir
     _call(RunDir(out).read_manifest)   # a clear error for a directory that holds no run

@@ -1,11 +1,8 @@
-"""OUT/report.html: one self-contained page about a run, finished or not (inline PNG charts drawn with
-matplotlib, no network). Every run writes it at its end, and `run_shards report OUT` writes it again.
+"""OUT/report.html: one self-contained page about a run, finished, partial or failed (charts drawn by
+matplotlib as inline PNG images; no script, no style sheet or font from elsewhere, nothing fetched).
 
-It reads the run directory alone, through the same readers as `status` (shard_state), the logs' lines
-(timings in run.log; checkpoints, restarts and completions in each worker_N.log) and result.h5 when it
-exists. Shown: the length histogram with the token budget and the model's limit; per-shard balance
-(sequences, tokens, seconds); durable rows over time per shard; the time split; status counts with
-example ids; failures and restarts with their reasons; the run's config and model identity.
+Every `run`, `rerun` and `merge` writes it at its end, and `run_shards report OUT` writes it again; the
+facts come from the run directory alone (run_facts.py), so a SLURM or Ray run gets the same page.
 """
 from __future__ import annotations
 
@@ -14,197 +11,283 @@ import datetime
 import html
 import io
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 
-from . import shard_state, status_codes
+from . import status_codes
+from .errors import UserError
 from .run_dir import RunDir, write_atomic
+from .run_facts import Attempt, RunFacts, gather
 
-_STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
-
-
-def facts(run: RunDir) -> dict:
-    """What the page shows, from the run directory."""
-    from index import SequenceIndex
-    manifest = run.read_manifest()
-    config, world = manifest["config"], manifest["world"]
-    index = SequenceIndex.load(run.index_path)
-    shards = []
-    for r in range(world):
-        positions = index.stride_shard(r, world)
-        s = shard_state.inspect(run, positions, r, verify_shard=False)
-        log = run.worker_log(r).read_text(errors="replace") if run.worker_log(r).exists() else ""
-        done = re.findall(r"shard complete: .* \((\d+) sequences, (\d+) tokens, ([\d.]+) s", log)
-        failure = run.failure(r) or {}
-        shards.append({
-            "rank": r, "state": s.state, "durable": s.durable, "expected": s.expected,
-            "residues": int(index.lengths[positions].sum(dtype=np.int64)),
-            "seconds": float(done[-1][2]) if done else None,
-            "starts": log.count("started (pid "),
-            "progress": sorted(
-                [(_time(t), int(total) - int(todo)) for t, total, todo in
-                 re.findall(_STAMP + r".*shard \d+: (\d+) sequences, (\d+) to do", log, re.M)]
-                + [(_time(t), int(n)) for t, n in
-                   re.findall(_STAMP + r".*checkpoint part_\d+\.h5: \d+ rows(?:, \d+ tokens)? \((\d+) of", log,
-                              re.M)]),
-            "failure": " - ".join(x for x in (failure.get("explanation"), failure.get("reason")) if x),
-        })
-    run_log = run.parent_log.read_text(errors="replace") if run.parent_log.exists() else ""
-    timings = re.findall(r"timings: prepare ([\d.]+) s, start workers and load model ([\d.]+) s, compute "
-                         r"([\d.]+) s, finish shards and merge ([\d.]+) s", run_log)
-    statuses, examples, rows = {}, {}, None
-    if run.result_path.exists():
-        import h5py
-        with h5py.File(run.result_path, "r") as f:
-            status, ids = f["status"][:], f["ids"]
-            rows = len(status)
-            for code in np.unique(status):
-                where = np.flatnonzero(status == code)
-                statuses[int(code)] = len(where)
-                examples[int(code)] = [ids[int(i)].decode() if isinstance(ids[int(i)], bytes) else str(ids[int(i)])
-                                       for i in where[:3]]
-    return {
-        "root": str(run.root), "config": config, "model": manifest["model"], "engine": manifest["engine"],
-        "max_tokens": manifest.get("max_tokens"), "world": world, "sequences": len(index),
-        "lengths": index.lengths, "budget": _budget(config), "shards": shards, "rows": rows,
-        "statuses": statuses, "examples": examples,
-        "timings": [float(x) for x in timings[-1]] if timings else None,
-        "written": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
+# Above this many shards the table lists only those that are not complete (the charts show them all).
+FULL_TABLE_SHARDS = 40
+GANTT_SHARDS = 48          # rows of the time chart at most
+PHASES = ("prepare", "start workers and load model", "compute", "finish shards and merge")
+COLORS = {"load": "#ccb974", "compute": "#4c72b0", "finish": "#64b5cd", "prepare": "#8172b3"}
 
 
-def _time(stamp: str) -> float:
-    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+def write(out: str | Path, error: str | None = None) -> Path:
+    """Write OUT/report.html (atomically) from the run directory; its path. `error`: what ended the command
+    that writes it (by default, the last failure report in run.log)."""
+    run = RunDir(str(out))
+    page = render(gather(run, error))
+    path = run.root / "report.html"
+    try:
+        write_atomic(path, page)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+    return path
 
 
-def _budget(config: dict) -> int:
-    from .config import RunConfig
-    return RunConfig.from_json(json.dumps(config)).tokens_per_batch
-
-
-def _png(fig) -> str:
+def _png(fig, alt: str) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return f'<img alt="chart" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    data = base64.b64encode(buf.getvalue()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def charts(f: dict) -> dict[str, str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    out = {}
-    fig, ax = plt.subplots(figsize=(7, 3))
-    lengths = f["lengths"]
-    longest = int(lengths.max()) if len(lengths) else 1
-    ax.hist(lengths[lengths > 0], bins=min(60, max(5, len(np.unique(lengths)))), color="#4c72b0")
-    for value, label, style in ((f["budget"], "token budget per batch", dict(color="#dd8452", ls="--")),
-                                (f["max_tokens"], "model limit", dict(color="#c44e52"))):
-        if value and value <= 2 * longest:
-            ax.axvline(value, label=f"{label} ({value:,} tokens)", **style)
-        elif value:   # far right of every sequence: named, not drawn
-            ax.plot([], [], label=f"{label} ({value:,} tokens, beyond the longest)", **style)
-    ax.set_xlim(0, max(longest, min(2 * longest, max(f["budget"] or 0, f["max_tokens"] or 0))) * 1.05)
-    ax.set_xlabel("residues per sequence")
-    ax.set_ylabel("sequences")
+def _figure(width: float, height: float):
+    """A figure on matplotlib's Agg canvas, without pyplot: no display or GUI toolkit, no global state
+    (and 0.4 s less to import)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def lengths_chart(f: RunFacts) -> str:
+    """Residues per record on a log scale, so the token budget and the model's limit are always in view."""
+    fig = _figure(7.5, 3)
+    ax = fig.subplots()
+    lengths = f.lengths[f.lengths > 0]
+    limit = f.manifest.get("max_tokens")
+    top = max([int(lengths.max()) if len(lengths) else 1, f.budget or 1, limit or 1])
+    bins = np.geomspace(1, top * 1.2, 60)
+    ax.hist(lengths, bins=bins, color="#4c72b0", label=f"{len(f.lengths):,} records")
+    ax.set_xscale("log")
+    if f.budget:
+        ax.axvline(f.budget, color="#dd8452", ls="--", label=f"token budget per batch ({f.budget:,})")
+    if limit:
+        ax.axvline(limit, color="#c44e52", label=f"model's limit ({limit:,} tokens)")
+    ax.set_xlabel("residues per record (log scale; tokens add the model's special tokens)")
+    ax.set_ylabel("records")
     ax.legend(fontsize=8)
-    out["lengths"] = _png(fig)
-    fig, axes = plt.subplots(1, 3, figsize=(10, 2.6))
-    ranks = [s["rank"] for s in f["shards"]]
-    for ax, key, label in zip(axes, ("expected", "residues", "seconds"), ("sequences", "residues", "seconds")):
-        ax.bar(ranks, [s[key] or 0 for s in f["shards"]], color="#55a868")
+    return _png(fig, "histogram of sequence lengths")
+
+
+def balance_chart(f: RunFacts) -> str:
+    from matplotlib.ticker import MaxNLocator
+    fig = _figure(12, 2.6)
+    axes = fig.subplots(1, 4)
+    ranks = [s.rank for s in f.shards]
+    values = {"sequences": [s.expected for s in f.shards], "residues": [s.residues for s in f.shards],
+              "tokens (durable rows)": [s.tokens for s in f.shards],
+              "worker seconds": [_worker_seconds(s.attempts) for s in f.shards]}
+    for ax, (label, ys) in zip(axes, values.items()):
+        ax.bar(ranks, ys, color="#55a868")
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("shard")
-        ax.set_xticks(ranks if len(ranks) <= 16 else ranks[::max(1, len(ranks) // 16)])
-    out["balance"] = _png(fig)
-    fig, ax = plt.subplots(figsize=(7, 3))
-    starts = [t for s in f["shards"] for t, _ in s["progress"]]
-    t0 = min(starts) if starts else 0
-    for s in f["shards"]:
-        if s["progress"]:
-            ax.plot([t - t0 for t, _ in s["progress"]], [n for _, n in s["progress"]], marker=".",
-                    label=f"shard {s['rank']}")
-    ax.set_xlabel("seconds since the first worker started")
-    ax.set_ylabel("durable rows")
-    if starts:
-        ax.legend(fontsize=8)
-    out["progress"] = _png(fig)
-    if f["timings"]:
-        fig, ax = plt.subplots(figsize=(7, 1.4))
+        ax.tick_params(labelsize=8)
+        if len(ranks) <= 16:
+            ax.set_xticks(ranks)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+    return _png(fig, "sequences, residues, tokens and seconds per shard")
+
+
+def _worker_seconds(attempts: list[Attempt]) -> float:
+    return sum(a.end - a.start for a in attempts)
+
+
+def throughput_chart(f: RunFacts) -> str:
+    """Each worker's tokens per second between checkpoints, and its durable rows, since it started."""
+    fig = _figure(12, 3)
+    speed, rows = fig.subplots(1, 2)
+    legend = len(f.shards) <= 12
+    for s in f.shards:
+        for number, a in enumerate(s.attempts, 1):
+            label = f"shard {s.rank}" + (f", attempt {number}" if len(s.attempts) > 1 else "")
+            style = dict(ls="-" if number == len(s.attempts) else ":", lw=1.5 if legend else 0.7)
+            previous = a.loaded or a.start
+            xs, rates, durable = [], [], []
+            for t, n, tokens in a.checkpoints:
+                xs.append(t - a.start)
+                rates.append((tokens if tokens is not None else n) / max(t - previous, 1e-3))
+                durable.append(n + (durable[-1] if durable else 0))
+                previous = t
+            if xs:
+                line, = speed.step([(a.loaded or a.start) - a.start] + xs, [rates[0]] + rates, where="pre",
+                                   label=label, **style)
+                rows.plot([0] + xs, [0] + durable, marker=".", color=line.get_color(), label=label, **style)
+    no_tokens = any(tokens is None for s in f.shards for a in s.attempts for *_, tokens in a.checkpoints)
+    speed.set_ylabel("rows per second" if no_tokens else "tokens per second")
+    speed.set_title("throughput between checkpoints", fontsize=9)
+    rows.set_ylabel("rows made durable by this attempt")
+    rows.set_title("progress", fontsize=9)
+    for ax in (speed, rows):
+        ax.set_xlabel("seconds since the worker started")
+        ax.set_ylim(bottom=0)
+        if legend and ax.lines:
+            ax.legend(fontsize=7)
+        elif not ax.lines:
+            ax.text(0.5, 0.5, "no checkpoint yet", ha="center", va="center", transform=ax.transAxes)
+    return _png(fig, "each worker's throughput and progress over time")
+
+
+def time_chart(f: RunFacts) -> str:
+    """The run's time split (run.log) above each shard's latest attempt: start and load, compute, finish.
+    With the split, shards are placed on the run's own clock, and those that ran in an earlier command
+    (before a `rerun`) are left out."""
+    latest = [(s.rank, s.attempts[-1]) for s in f.shards if s.attempts]
+    origin = min((a.start for _, a in latest), default=0.0)
+    if f.timings and f.timings_end:
+        origin = f.timings_end - sum(f.timings)
+        latest = [(r, a) for r, a in latest if origin - 1 <= a.start <= f.timings_end]
+    if len(latest) > GANTT_SHARDS:   # the stragglers are the ones to see
+        latest = sorted(sorted(latest, key=lambda x: -x[1].end)[:GANTT_SHARDS])
+    fig = _figure(9, 0.9 + 0.28 * (len(latest) + 1))
+    ax = fig.subplots()
+    labels, y = [], 0
+    if f.timings:
         left = 0.0
-        for value, label, color in zip(f["timings"], ("prepare", "start and load", "compute", "finish and merge"),
-                                       ("#8172b3", "#ccb974", "#4c72b0", "#64b5cd")):
-            ax.barh([0], [value], left=left, color=color, label=f"{label} {value:.1f} s")
+        for name, value, key in zip(PHASES, f.timings, ("prepare", "load", "compute", "finish")):
+            ax.barh(y, value, left=left, color=COLORS[key], label=f"run: {name}")
             left += value
-        ax.set_yticks([])
-        ax.set_xlabel("seconds")
-        ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.6))
-        out["timings"] = _png(fig)
-    return out
+        labels.append("whole run")
+        y += 1
+    seen = set()
+    for rank, a in latest:
+        end_compute = a.checkpoints[-1][0] if a.checkpoints else a.end
+        pieces = [("start and load", a.start, a.loaded or a.end, "load"),
+                  ("compute", a.loaded, end_compute if a.loaded else None, "compute"),
+                  ("finish shard", end_compute, a.completed, "finish")]
+        for name, t0, t1, key in pieces:
+            if t0 is not None and t1 is not None and t1 >= t0:
+                ax.barh(y, t1 - t0, left=t0 - origin, color=COLORS[key], edgecolor="white",
+                        label=None if key in seen else f"shard: {name}")
+                seen.add(key)
+        labels.append(f"shard {rank}")
+        y += 1
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(("seconds since the run started" if f.timings else "seconds since the first worker started")
+                  + (f"; the {GANTT_SHARDS} shards that finished last" if len(latest) == GANTT_SHARDS else ""))
+    if labels:
+        ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45 if len(labels) < 4 else -0.15))
+    else:
+        ax.text(0.5, 0.5, "no worker has started yet", ha="center", va="center", transform=ax.transAxes)
+    return _png(fig, "time split of the run and of each shard")
 
 
-def _timings_text(f: dict) -> str:
-    if not f["timings"]:
-        return ""
-    parts = zip(("prepare", "start workers and load model", "compute", "finish shards and merge"), f["timings"])
-    return '<p id="timings">' + ", ".join(f"{name} {value:.1f} s" for name, value in parts) + "</p>"
+def _when(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds")
 
 
-def _seconds(shard: dict) -> str:
-    return "" if shard["seconds"] is None else f"{shard['seconds']:.1f}"
+def _headline(f: RunFacts) -> str:
+    done = sum(s.state == "complete" for s in f.shards)
+    total = int(f.manifest["index"]["count"])
+    if f.result == "complete":
+        return f"<p id='headline' class='complete'>finished: {f.root}/result.h5 holds {f.rows:,} rows</p>"
+    if f.result == "partial":
+        return (f"<p id='headline' class='failed'>PARTIAL result: {f.root}/result.h5 holds {f.rows:,} of {total:,} "
+                f"rows (`run_shards rerun {f.root}` computes the rest)</p>")
+    running = sum(s.state == "running" for s in f.shards)
+    return (f"<p id='headline' class='{'running' if running else 'failed'}'>"
+            + (f"running now ({running} shard(s) being computed): " if running else "not finished: ")
+            + f"{done} of {len(f.shards)} shard(s) complete, {f.rows:,} of {total:,} rows durable; no result.h5 "
+            "yet</p>")
 
 
-def render(f: dict) -> str:
+def _shard_table(f: RunFacts) -> str:
     e = html.escape
-    img = charts(f)
-    done = sum(s["state"] == "complete" for s in f["shards"])
-    headline = (f"result: {e(f['root'])}/result.h5, {f['rows']:,} rows" if f["rows"] is not None else
-                f"no result yet: {done} of {f['world']} shard(s) complete")
-    shard_rows = "".join(
-        f"<tr><td>{s['rank']}</td><td class='{e(s['state'])}'>{e(s['state'])}</td><td>{s['durable']:,}</td>"
-        f"<td>{s['expected']:,}</td><td>{s['residues']:,}</td>"
-        f"<td>{_seconds(s)}</td>"
-        f"<td>{max(0, s['starts'] - 1)}</td><td>{e(s['failure'])}</td></tr>" for s in f["shards"])
-    status_rows = "".join(
-        f"<tr><td>{code}</td><td>{e(status_codes.DESCRIPTIONS.get(code, ''))}</td><td>{n:,}</td>"
-        f"<td>{e(', '.join(f['examples'][code]))}</td></tr>" for code, n in sorted(f["statuses"].items()))
-    failures = [s for s in f["shards"] if s["failure"]]
-    config = "".join(f"<tr><td>{e(k)}</td><td>{e(json.dumps(v))}</td></tr>" for k, v in sorted(f["config"].items()))
-    model = "".join(f"<tr><td>{e(k)}</td><td>{e(str(v))}</td></tr>" for k, v in sorted(f["model"].items()))
+    shown = [s for s in f.shards if len(f.shards) <= FULL_TABLE_SHARDS or s.state != "complete"]
+    note = "" if len(shown) == len(f.shards) else (
+        f"<p>{len(f.shards) - len(shown):,} complete shard(s) not listed; the charts show every shard.</p>")
+    rows = "".join(
+        f"<tr><td>{s.rank}</td><td class='{e(s.state)}'>{e(s.state)}</td><td>{s.durable:,}</td><td>{s.expected:,}</td>"
+        f"<td>{s.residues:,}</td><td>{s.tokens:,}</td><td>{_worker_seconds(s.attempts):.1f}</td>"
+        f"<td>{len(s.attempts)}</td><td>{e(s.attempts[-1].outcome if s.attempts else '')}</td></tr>" for s in shown)
+    if not shown:
+        return note
+    return (note + "<table id='shards'><tr><th>shard</th><th>state</th><th>durable rows</th><th>sequences</th>"
+            "<th>residues</th><th>tokens</th><th>worker seconds</th><th>attempts</th><th>last attempt</th></tr>"
+            f"{rows}</table>")
+
+
+def _failures(f: RunFacts) -> str:
+    e = html.escape
+    rows = []
+    for s in f.shards:
+        for number, a in enumerate(s.attempts, 1):
+            if a.outcome != "complete":
+                rows.append(f"<tr><td>{s.rank}</td><td>{number} of {len(s.attempts)}</td><td>{_when(a.start)}</td>"
+                            f"<td>{e(a.device)}</td><td>{e(a.outcome)}</td></tr>")
+    records = "".join(
+        f"<details><summary>shard {s.rank}: {e(s.failure.get('explanation') or '')}"
+        f"{e(': ' + s.failure['reason']) if s.failure.get('reason') else ''}</summary>"
+        f"<pre>{e(chr(10).join(s.failure.get('log_tail') or []))}</pre></details>"
+        for s in f.shards if s.failure)
+    restarts = sum(max(0, len(s.attempts) - 1) for s in f.shards)
+    if not rows and not records:
+        return "<p id='failures'>none: every attempt of every shard finished</p>"
+    return (f"<p>{restarts} restart(s) in all.</p><table id='failures'><tr><th>shard</th><th>attempt</th>"
+            f"<th>started</th><th>device</th><th>how it ended</th></tr>{''.join(rows)}</table>"
+            + (f"<h3>Recorded failures (shards/shard_N.failed.json, with their logs' last lines)</h3>{records}"
+               if records else ""))
+
+
+def _statuses(f: RunFacts) -> str:
+    e = html.escape
+    if not f.statuses:
+        return "<p>no rows yet</p>"
+    source = "result.h5" if f.result else "the rows the shards hold so far (no result.h5 yet)"
+    rows = "".join(f"<tr><td>{code}</td><td>{e(status_codes.DESCRIPTIONS.get(code, 'unknown code'))}</td>"
+                   f"<td>{n:,}</td><td>{e(', '.join(ids))}</td></tr>" for code, (n, ids) in sorted(f.statuses.items()))
+    return (f"<p>From {source}.</p><table id='statuses'><tr><th>status</th><th>meaning</th><th>rows</th>"
+            f"<th>examples</th></tr>{rows}</table>")
+
+
+def _pairs(table_id: str, items: dict) -> str:
+    e = html.escape
+    rows = "".join(f"<tr><td>{e(str(k))}</td><td>{e(v if isinstance(v, str) else json.dumps(v))}</td></tr>"
+                   for k, v in sorted(items.items()))
+    return f"<table id='{table_id}' class='pairs'>{rows}</table>"
+
+
+STYLE = """body{font-family:sans-serif;margin:2em;max-width:75em;color:#222}
+table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}
+td:last-child{text-align:left} .pairs td{text-align:left} h2{margin-top:1.6em}
+.failed,.corrupt,.interrupted{color:#b00} .complete{color:#070} .running{color:#a60}
+pre{background:#f6f6f6;padding:.6em;overflow-x:auto}"""
+
+
+def render(f: RunFacts) -> str:
+    e = html.escape
+    m, config = f.manifest, f.manifest["config"]
+    attrs = m.get("attrs", {})
+    timings = ('<p id="timings">' + ", ".join(f"{n} {v:.1f} s" for n, v in zip(PHASES, f.timings)) + "</p>"
+               if f.timings else "<p id='timings'>run.log has no time split: the run has not merged, or its shards "
+                                 "ran under a scheduler; below, each shard's latest attempt from its log</p>")
+    error = f"<h2>What stopped it</h2><pre id='error'>{e(f.error)}</pre>" if f.error else ""
     return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>run_shards report: {e(f['root'])}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:60em}} table{{border-collapse:collapse;margin:.5em 0}}
-td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:right}} td:last-child{{text-align:left}}
-.failed,.corrupt{{color:#b00}} .complete{{color:#070}} h2{{margin-top:1.5em}}</style></head><body>
+<html><head><meta charset="utf-8"><title>run_shards report: {e(f.root)}</title><style>{STYLE}</style></head><body>
 <h1>run_shards report</h1>
-<p id="headline">{headline}</p>
-<p>{f['sequences']:,} sequences in {f['world']} shard(s); task {e(f['config']['task'])}, engine {e(f['engine'])};
-report written {e(f['written'])}.</p>
-<h2>Sequence lengths</h2>{img['lengths']}
-<h2>Shards</h2>{img['balance']}
-<table id="shards"><tr><th>shard</th><th>state</th><th>durable</th><th>sequences</th><th>residues</th><th>seconds</th>
-<th>restarts</th><th>failure</th></tr>{shard_rows}</table>
-<h2>Progress</h2>{img['progress']}
-<h2>Time</h2>{img.get('timings', '<p>no timings line in run.log (the run did not finish)</p>')}
-{_timings_text(f)}
-<h2>Status of the rows</h2>
-{'<table id="statuses"><tr><th>status</th><th>meaning</th><th>rows</th><th>examples</th></tr>' + status_rows + '</table>'
- if f['statuses'] else '<p>no result.h5 yet</p>'}
-<h2>Failures</h2>
-{''.join(f"<p class='failed'>shard {s['rank']}: {e(s['failure'])}</p>" for s in failures) or '<p>none</p>'}
-<h2>Configuration</h2><table>{config}</table>
-<h2>Model</h2><table>{model}</table>
+{_headline(f)}
+<p>{len(f.lengths):,} sequences in {len(f.shards)} shard(s); task {e(config['task'])}, model {e(config['model'])},
+engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))}; run directory {e(f.root)};
+report written {e(f.written)} (`run_shards report {e(f.root)}` writes it again).</p>
+{error}
+<h2>Sequence lengths</h2>{lengths_chart(f)}
+<h2>Shards</h2>{balance_chart(f)}{_shard_table(f)}
+<h2>Throughput over time</h2>{throughput_chart(f)}
+<h2>Where the time went</h2>{timings}{time_chart(f)}
+<h2>Row statuses</h2>{_statuses(f)}
+<h2>Failures and restarts</h2>{_failures(f)}
+<h2>Model</h2>{_pairs("model", dict(m["model"], engine=m["engine"], limit_tokens=m.get("max_tokens"),
+                                    software_version=attrs.get("software_version", "")))}
+<h2>Configuration</h2>{_pairs("config", config)}
 </body></html>
 """
-
-
-def write(out: str | Path) -> Path:
-    """Write OUT/report.html (atomically); its path."""
-    run = RunDir(str(out))
-    page = render(facts(run))
-    path = run.root / "report.html"
-    write_atomic(path, page)
-    return path

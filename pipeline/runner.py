@@ -263,29 +263,46 @@ def merge(out: str, allow_partial: bool = False) -> Path:
     run_dir = RunDir(out)
     run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
     with RunLock(run_dir, "merge"):
-        run_dir.remove_stale_temporaries()
-        manifest = run_dir.read_manifest()
-        return _reported(run_dir, lambda: result_merge.merge_result(run_dir, manifest,
-                                                                    load_run_index(run_dir, manifest), allow_partial))
+        handler = run_log.attach(run_dir)   # run.log keeps what the merge says (a SLURM merge job's too)
+        try:
+            run_dir.remove_stale_temporaries()
+            manifest = run_dir.read_manifest()
+            return _reported(run_dir, lambda: result_merge.merge_result(
+                run_dir, manifest, load_run_index(run_dir, manifest), allow_partial))
+        except (UserError, FastaError) as e:
+            handler.write_only_here(logging.ERROR, f"error: {e}")
+            raise
+        finally:
+            run_log.detach(handler)
 
 
 def _reported(run_dir: RunDir, work):
-    """Run `work`, then write OUT/report.html however it ended (not for a submission to a scheduler,
-    whose jobs have not run yet). RUN_SHARDS_REPORT=0 leaves it out (1.5 s: scripted runs, the tests)."""
-    outcome = None
+    """Run `work`, then write OUT/report.html however it ended, with the error that ended it (not for a
+    submission to a scheduler, whose jobs have not run yet). RUN_SHARDS_REPORT=0 leaves it out (about a
+    second: scripted runs, the tests)."""
+    outcome, error = None, None
     try:
         outcome = work()
         return outcome
+    except (UserError, FastaError) as e:
+        error = str(e)
+        raise
+    except KeyboardInterrupt as e:
+        error = f"interrupted ({str(e) or 'SIGINT'})"
+        raise
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
     finally:
         if not isinstance(outcome, Submitted) and os.environ.get("RUN_SHARDS_REPORT", "1") != "0":
-            write_report(run_dir)
+            write_report(run_dir, error)
 
 
-def write_report(run_dir: RunDir) -> None:
+def write_report(run_dir: RunDir, error: str | None = None) -> None:
     """OUT/report.html; a failure to write it is a warning, never the run's failure."""
-    from . import report
     try:
-        log.info("report: %s", report.write(run_dir.root))
+        from . import report
+        log.info("report: %s", report.write(run_dir.root, error))
     except Exception as e:   # noqa: BLE001 - the run's outcome stands whatever the report does
         log.warning("could not write %s (%s: %s); `run_shards report %s` tries again", run_dir.root / "report.html",
                     type(e).__name__, e, run_dir.root)

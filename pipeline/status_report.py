@@ -88,7 +88,18 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         lines.append("result: not merged yet" + (f"; `run_shards rerun {run.root}` computes the unfinished shards "
                                                   "and merges" if unfinished and not holder else
                                                   f"; `run_shards merge {run.root}` merges" if not holder else ""))
+    lines.append(_report_line(run))
     return "\n".join(lines)
+
+
+def _report_line(run: RunDir) -> str:
+    """Where the run's page is (runs write it at their end; a SLURM run's failed tasks leave none)."""
+    import datetime
+    path = run.root / "report.html"
+    if not path.exists():
+        return f"report: none yet; `run_shards report {run.root}` writes {path}"
+    written = datetime.datetime.fromtimestamp(path.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
+    return f"report: {path} (written {written}; `run_shards report {run.root}` writes it again)"
 
 
 def _state_counts(states: list, listed: int, run: RunDir) -> str:

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Installs headless Chromium (Debian's package), in which tests/test_report.py renders OUT/report.html.
-# Idempotent and quick when it is present. Where it cannot install (not root, no apt-get) it says why
-# and exits 0: those tests then skip, or fail under CI=true, with the same reason.
+# One apt-get line: 16 s on the 2-core CI VM (Debian 12: chromium, chromium-common and 23 libraries;
+# 11 s for the two chromium packages alone, 113 MB). Idempotent and instant when it is present. Where it
+# cannot install (not root, no apt-get) it says why and exits 0: those tests then skip, or fail under
+# CI=true, with the same reason.
 set -eu
 
 for binary in chromium chromium-browser; do
