@@ -244,7 +244,7 @@ def _statuses(f: RunFacts) -> str:
     if not f.statuses:
         return "<p>no rows yet</p>"
     source = "result.h5" if f.result else "the rows the shards hold so far (no result.h5 yet)"
-    rows = "".join(f"<tr><td>{code}</td><td>{e(status_codes.DESCRIPTIONS.get(code, 'unknown code'))}</td>"
+    rows = "".join(f"<tr><td>{code}</td><td class='text'>{e(status_codes.DESCRIPTIONS.get(code, 'unknown code'))}</td>"
                    f"<td>{n:,}</td><td>{e(', '.join(ids))}</td></tr>" for code, (n, ids) in sorted(f.statuses.items()))
     return (f"<p>From {source}.</p><table id='statuses'><tr><th>status</th><th>meaning</th><th>rows</th>"
             f"<th>examples</th></tr>{rows}</table>")
@@ -259,9 +259,9 @@ def _pairs(table_id: str, items: dict) -> str:
 
 STYLE = """body{font-family:sans-serif;margin:2em;max-width:75em;color:#222}
 table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}
-td:last-child{text-align:left} .pairs td{text-align:left} h2{margin-top:1.6em}
+td:last-child,td.text{text-align:left} .pairs td{text-align:left} h2{margin-top:1.6em}
 .failed,.corrupt,.interrupted{color:#b00} .complete{color:#070} .running{color:#a60}
-pre{background:#f6f6f6;padding:.6em;overflow-x:auto}"""
+pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}"""
 
 
 def render(f: RunFacts) -> str:
