@@ -34,8 +34,8 @@ def cache_path(paths: Sequence[str | os.PathLike], directory: Path | None = None
 
 def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = None,
                   threads: int | None = None) -> tuple[SequenceIndex, bool]:
-    """The index of `paths` and whether it came from the cache. Gzip files are indexed through their
-    decompressed copies (compressed.py), which the index then names."""
+    """The index of `paths` and whether it came from the cache. BGZF files are indexed in place; other gzip
+    files through their decompressed copies (compressed.py), which the index then names."""
     paths = readable_paths(paths, directory or cache_dir())
     path = cache_path(paths, directory)
     if path.exists():
@@ -43,9 +43,9 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
             index = SequenceIndex.load(path)
             current = [InputFile.stat(p) for p in paths]
             if [f.state for f in current] == [f.state for f in index.inputs]:
-                if all(f.content_crc32 is not None for f in index.inputs):
+                if index.checksums is not None:
                     return index, True
-                log.info("index cache %s predates content checksums; rebuilding", path)
+                log.info("index cache %s predates record checksums; rebuilding", path)
             else:
                 log.info("index cache %s is stale (an input changed); rebuilding", path)
         except IndexCorrupt as e:

@@ -1,11 +1,14 @@
-"""Compressed FASTA: gzip (and BGZF, which is gzip) is decompressed once, streaming, into the cache, and the
-decompressed copy is what the index describes and workers read by offset. The copy is reused while the
-.gz keeps its size and mtime (a sidecar records them), and made again when it changes.
+"""Compressed FASTA. BGZF (what `bgzip` writes) is read in place through its block table (bgzf.py). Plain
+gzip is decompressed once, streaming, into the cache, and the decompressed copy is what the index describes
+and workers read by offset. The copy is reused while the .gz keeps its size and mtime (a sidecar records
+them), and made again when it changes.
 
-Why a copy rather than reading in place: workers read records by byte offset, and plain gzip cannot seek;
-a copy keeps every reader as simple and fast as for a plain file, costs one streaming pass (about the time
-of `gzip -dc`), and needs the decompressed size on the cache's disk, which is checked as it is written.
-Other compressions are refused by name, with the command that converts them.
+Why a copy for plain gzip rather than seek points into it: a seek point holds 32 KiB of inflate state and
+each read inflates from the nearest one, so workers reading records in length order (all over the file)
+would inflate far more than the file; a copy keeps every reader as simple and fast as for a plain file,
+costs one streaming pass (about the time of `gzip -dc`), and needs the decompressed size on the cache's
+disk, which is checked as it is written. `bgzip` is the way to skip the copy. Other compressions are
+refused by name, with the command that converts them.
 
 Copies live in `$RUN_SHARDS_CACHE/decompressed/` (see cache.py); for a cluster run, the cache must be on
 storage every node sees (it is under the home directory by default).
@@ -21,6 +24,7 @@ import zlib
 from pathlib import Path
 from typing import Sequence
 
+from .bgzf import NotBgzf, block_table, looks_like_bgzf
 from .errors import FastaError
 
 log = logging.getLogger(__name__)
@@ -28,32 +32,48 @@ log = logging.getLogger(__name__)
 GZIP_MAGIC = b"\x1f\x8b"
 # Magic bytes of compressions we do not read, with the command that turns them into gzip.
 OTHER_COMPRESSIONS = {
-    b"\xfd7zXZ\x00": ("xz", "xz -dc FILE | gzip > FILE.fasta.gz   (or: xz -dk FILE)"),
-    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dc FILE | gzip > FILE.fasta.gz   (or: zstd -d FILE)"),
-    b"BZh": ("bzip2", "bzip2 -dc FILE | gzip > FILE.fasta.gz   (or: bunzip2 -k FILE)"),
+    b"\xfd7zXZ\x00": ("xz", "xz -dc FILE | bgzip > FILE.fasta.gz   (or: xz -dk FILE)"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dc FILE | bgzip > FILE.fasta.gz   (or: zstd -d FILE)"),
+    b"BZh": ("bzip2", "bzip2 -dc FILE | bgzip > FILE.fasta.gz   (or: bunzip2 -k FILE)"),
 }
 CHUNK = 1 << 22
 
 
 def kind(path: str | os.PathLike) -> str | None:
-    """'gzip' (BGZF included), None for an uncompressed file; FastaError for a compression we do not read."""
+    """'bgzf', 'gzip' (another gzip file), None for an uncompressed file; FastaError for a compression we
+    do not read."""
     try:
         with open(path, "rb") as f:
-            head = f.read(6)
+            head = f.read(1 << 10)
     except OSError:
         return None   # the scanner names unreadable files
     if head[:2] == GZIP_MAGIC:
-        return "gzip"
+        return "bgzf" if looks_like_bgzf(head) else "gzip"
     for magic, (name, command) in OTHER_COMPRESSIONS.items():
         if head.startswith(magic):
             raise FastaError(str(path), f"file is {name}-compressed, which run_shards does not read",
-                             hint=f"Convert it to gzip or plain text: {command}")
+                             hint=f"Convert it to BGZF (bgzip, from htslib; read in place), gzip or plain text: "
+                                  f"{command}")
     return None
 
 
 def readable_paths(paths: Sequence[str | os.PathLike], cache: Path, progress: bool = True) -> list[str]:
-    """The paths to index: each gzip file replaced by its (made or reused) decompressed copy."""
-    return [copy_of(p, cache, progress) if kind(p) == "gzip" else os.fspath(p) for p in paths]
+    """The paths to index: BGZF and plain files as they are, each other gzip file replaced by its (made or
+    reused) decompressed copy."""
+    return [copy_of(p, cache, progress) if _needs_copy(p) else os.fspath(p) for p in paths]
+
+
+def _needs_copy(path: str | os.PathLike) -> bool:
+    found = kind(path)
+    if found == "bgzf":
+        try:
+            table = block_table(os.fspath(path))   # every member BGZF (kept for the scan that follows)
+            log.info("%s: BGZF, read in place through its %s blocks", path, f"{len(table) - 1:,}")
+            return False
+        except NotBgzf as e:               # e.g. a plain gzip member appended to a bgzip file
+            log.info("%s; reading the file through a decompressed copy", e)
+            return True
+    return found == "gzip"
 
 
 def _stat_key(path: str | os.PathLike) -> dict:

@@ -31,8 +31,9 @@ class InputChanged(FastaError):
 def line_number(path: str | os.PathLike, offset: int) -> int:
     """1-based line number of byte `offset` in `path`, lines ending at LF, CRLF or a lone CR (only used to
     word error messages)."""
+    from .source import open_stream   # (source.py reports errors of its own through this module)
     count, previous = 0, b""
-    with open(path, "rb") as fh:
+    with open_stream(path) as fh:
         remaining = offset
         while remaining > 0:
             chunk = fh.read(min(remaining, 1 << 24))

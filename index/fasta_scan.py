@@ -4,7 +4,8 @@ The file is read in fixed blocks, each with one positioned read, by a few thread
 GIL). Each block is scanned with a handful of vectorised passes over the positions of its bytes below 33
 (whitespace, line ends, control bytes). A record that crosses a block boundary is finished afterwards by
 streaming exactly that record through block-sized reads, so the result does not depend on where blocks
-fall and memory does not depend on any record's size.
+fall and memory does not depend on any record's size. Each record's checksum (record_checksum.py) is taken
+from the same block, while it is in cache. A BGZF file is read the same way, through its text (source.py).
 
 What a FASTA file is here (README "Sequence text" and "Bad input"):
 - A line ends at LF, CRLF or a lone CR, in any mix. A header is a '>' that starts a line.
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import FastaError, line_number
+from .record_checksum import add, block_checksums, checksum
+from .source import open_stream, open_text
 
 BLOCK_BYTES = 4 << 20
 _GT, _SEMI, _STAR, _LF, _CR = ord(">"), ord(";"), ord("*"), ord("\n"), ord("\r")
@@ -68,16 +71,19 @@ class FileScan:
     id_blob: np.ndarray     # uint8 [sum of id bytes] ids back to back
     id_lengths: np.ndarray  # int64 [N]
     nucleotides: np.ndarray | None = None   # int64 [N] residues that are A, C, G, T, U or N (when asked)
-    content_crc32: int | None = None        # whole-file checksum (see _FileScanner.scan); None after concat
+    checksums: np.ndarray | None = None     # uint64 [N] each record's checksum (record_checksum.py)
+    table: np.ndarray | None = None         # a BGZF file's block table (bgzf.py); None for a plain file
 
     @staticmethod
     def concat(parts: list["FileScan"]) -> "FileScan":
         if not parts:
             return FileScan(*(np.zeros(0, np.int64) for _ in range(3)), np.zeros(0, np.uint8),
-                            np.zeros(0, np.int64), np.zeros(0, np.int64))
+                            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint64))
         nuc = None if any(p.nucleotides is None for p in parts) else np.concatenate([p.nucleotides for p in parts])
+        sums = None if any(p.checksums is None for p in parts) else np.concatenate([p.checksums for p in parts])
         return FileScan(*(np.concatenate([getattr(p, f) for p in parts])
-                          for f in ("offsets", "nbytes", "lengths", "id_blob", "id_lengths")), nucleotides=nuc)
+                          for f in ("offsets", "nbytes", "lengths", "id_blob", "id_lengths")), nucleotides=nuc,
+                        checksums=sums)
 
 
 _UNKNOWN = -1
@@ -97,7 +103,6 @@ class _BlockScan:
     first_header: int | None   # absolute offset of the first header starting in this block
     open_header: int | None    # absolute offset of a header whose record runs past this block
     nonblank_before_header: int   # bytes owned by this block before its first header that are not blank
-    crc32: int = 0             # of the block's own bytes
 
 
 def _nucleotide_mask(a: np.ndarray) -> np.ndarray:
@@ -245,9 +250,11 @@ class _RecordStream:
     residues: int = 0
     nucleotides: int = 0
     last: int = -1               # last non-blank byte of the sequence data so far
+    checksum: int = 0            # of the bytes fed so far (the '>' is added by `result`)
 
     def feed(self, c: np.ndarray, at: int, count_nucleotides: bool) -> None:
         """Take the next piece `c` of the record, which starts at file offset `at`."""
+        self.checksum = add(self.checksum, checksum(c, at))
         if self.in_header:
             ends = np.flatnonzero((c == _LF) | (c == _CR))
             head = c if len(ends) == 0 else c[:int(ends[0])]
@@ -298,7 +305,8 @@ class _RecordStream:
         residues = self.residues - (self.last == _STAR)
         return FileScan(np.array([self.start], np.int64), np.array([stop - self.start], np.int64),
                         np.array([residues], np.int64), ident.astype(np.uint8, copy=False),
-                        np.array([len(ident)], np.int64), np.array([self.nucleotides], np.int64))
+                        np.array([len(ident)], np.int64), np.array([self.nucleotides], np.int64),
+                        np.array([add(self.checksum, checksum(b">", self.start))], np.uint64))
 
 
 class _FileScanner:
@@ -306,32 +314,46 @@ class _FileScanner:
         self.path = path
         self.threads = threads
         self.nucleotides = nucleotides
-        self.fd = os.open(path, os.O_RDONLY)
-        self.size = os.fstat(self.fd).st_size
+        self.text = open_text(path, verify=True)
+        self.size = self.text.size
         self._local = threading.local()
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.text.close()
 
     def _read(self, start: int, stop: int) -> np.ndarray:
         """Bytes [start, stop) into this thread's buffer (fresh large allocations would page-fault on every
-        block); stop - start is at most BLOCK_BYTES + 1."""
+        block); stop - start is at most BLOCK_BYTES + 8."""
+        return self._read_aligned(start, stop, start)[0]
+
+    def _read_aligned(self, start: int, stop: int, aligned: int) -> tuple[np.ndarray, np.ndarray]:
+        """`_read`, placing the byte at file offset `aligned` at an 8-byte boundary; also returns the bytes
+        from there on as little-endian 64-bit words (the last one padded with zeros), as the checksums
+        read them."""
         n = stop - start
+        lead = -(aligned - start) % 8
         buf = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < n:
-            buf = self._local.buf = np.empty(max(n, BLOCK_BYTES + 1), np.uint8)
-        buf = buf[:n]
-        if read_into(self.fd, buf, start) != n:
+        if buf is None or len(buf) < lead + n + 8:
+            buf = self._local.buf = np.empty(max(n, BLOCK_BYTES + 8) + 16, np.uint8)
+        buf[lead + n:lead + n + 8] = 0
+        data = buf[lead:lead + n]
+        if self.text.read_into(data, start) != n:
             raise FastaError(self.path, "file changed while it was being read; run again once it is complete")
-        return buf
+        first = lead + aligned - start
+        return data, buf[first:first + -(-(stop - aligned) // 8) * 8].view("<u8")
 
     def block(self, k: int) -> _BlockScan:
         start = k * BLOCK_BYTES
         stop = min(self.size, start + BLOCK_BYTES)
         lo = max(0, start - 1)  # one byte of look-behind tells whether a '>' starts a line
-        buf = self._read(lo, stop)
+        grid = start - start % 8   # checksum words sit at multiples of 8 in the file (only tests' blocks are odd)
+        data, words = self._read_aligned(min(lo, grid), stop, grid)
+        buf = data[lo - min(lo, grid):]
         scan = _scan_buffer(buf, lo, owned_from=start - lo, final=stop == self.size, nucleotides=self.nucleotides)
-        scan.crc32 = zlib.crc32(buf[start - lo:])   # while the block is in cache; zlib releases the GIL
+        records = scan.records
+        if len(records.offsets):   # while the block is in cache
+            rel = records.offsets - grid
+            records.checksums = block_checksums(words, grid // 8, rel, rel + records.nbytes)
         return scan
 
     def record(self, start: int, stop: int) -> FileScan:
@@ -342,7 +364,7 @@ class _FileScanner:
         return stream.result(stop)
 
     def scan(self) -> FileScan:
-        _sniff(self.path, os.pread(self.fd, 1 << 16, 0))
+        _sniff(self.path, self.text.pread(1 << 16, 0))
         nblocks = max(1, -(-self.size // BLOCK_BYTES))
         with ThreadPoolExecutor(self.threads) as pool:
             blocks = list(pool.map(self.block, range(nblocks)))
@@ -366,9 +388,7 @@ class _FileScanner:
             for slot, rec in zip(slots, pool.map(lambda s: self.record(*s), spans)):
                 pieces[slot] = rec
         scan = FileScan.concat(pieces)
-        # The file's content checksum: crc32 of the blocks' crc32s. It tells a rerun whether residues
-        # were edited in place (same lengths, same offsets), which the record layout alone cannot.
-        scan.content_crc32 = zlib.crc32(np.array([b.crc32 for b in blocks], "<u4").tobytes())
+        scan.table = self.text.table
         return scan
 
     def _check_prefix(self, blocks: list[_BlockScan]) -> None:
@@ -385,16 +405,14 @@ class _FileScanner:
                          hint="A record is a '>' header line followed by sequence lines")
 
 
-def read_into(fd: int, buf, offset: int) -> int:
-    """pread into the writable buffer `buf` until it is full or the file ends (one call returns at most
-    about 2 GiB); returns the bytes read."""
-    view, done = memoryview(buf).cast("B"), 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:done + (1 << 30)]], offset + done)
-        if got == 0:
-            break
-        done += got
-    return done
+def legacy_content_crc32(path: str | os.PathLike) -> int:
+    """The whole-file checksum that indexes of format 2 recorded (crc32 of each block's crc32), to compare
+    a file with a run started before records had their own checksums."""
+    crcs = []
+    with open_stream(path) as fh:
+        while block := fh.read(BLOCK_BYTES):
+            crcs.append(zlib.crc32(block))
+    return zlib.crc32(np.array(crcs or [0], "<u4").tobytes())
 
 
 def _sniff(path: str, head: bytes) -> None:
@@ -506,7 +524,7 @@ def _explain(path: str, p: _Problem) -> FastaError:
 
 def _id_at(path: str, offset: int) -> str:
     """Id of the record whose '>' is at `offset`, for error messages."""
-    with open(path, "rb") as fh:
+    with open_stream(path) as fh:
         fh.seek(offset + 1)
         head = fh.read(1 << 16)
     end = _LINE_END.search(head)
@@ -516,7 +534,7 @@ def _id_at(path: str, offset: int) -> str:
 def _first_nonblank(path: str) -> int:
     """Offset of the first byte that is not whitespace (the file size if there is none)."""
     at = 0
-    with open(path, "rb") as fh:
+    with open_stream(path) as fh:
         while chunk := fh.read(1 << 20):
             rest = chunk.lstrip(_WHITESPACE)
             if rest:
@@ -528,7 +546,7 @@ def _first_nonblank(path: str) -> int:
 def _record_before(path: str, offset: int) -> int | None:
     """Offset of the last header that starts before `offset` (None: there is none), read backwards."""
     header = re.compile(rb"[\r\n]>")
-    with open(path, "rb") as fh:
+    with open_stream(path) as fh:
         stop = offset
         while stop > 0:
             start = max(0, stop - (1 << 20))

@@ -1,9 +1,13 @@
 """The sequence index: one row per FASTA record, in binary, versioned, checksummed storage.
 
 Per record: byte offset (8 bytes), byte length (4), residue count (4), file number (2), id offset into the
-id blob (8) and its place in the length-descending order (4): 30 bytes plus the id itself. Byte length and
-residue count widen to 8 bytes when some record needs it (over 4 GiB, over 2**31 - 1 residues). The record's
-description is its header line, read back with positioned reads (`header`).
+id blob (8), its place in the length-descending order (4) and its checksum (8, record_checksum.py): 38 bytes
+plus the id itself. Byte length and residue count widen to 8 bytes when some record needs it (over 4 GiB,
+over 2**31 - 1 residues). The record's description is its header line, read back with positioned reads
+(`header`). Offsets are in the text: for a BGZF input (read in place), the index also keeps its block table.
+
+Every sequence read through `sequence` is checked against its record's checksum, so no result is computed
+from text other than the index describes (InputChanged otherwise).
 """
 from __future__ import annotations
 
@@ -17,17 +21,24 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .errors import FastaError, InputChanged, line_number
-from .fasta_scan import FileScan, read_into, scan_fasta, sequence_text
+from .fasta_scan import FileScan, legacy_content_crc32, scan_fasta, sequence_text
+from .record_checksum import add, checksum
+from .source import open_text
 
-# 2: records split at lone CRs, ids end at control bytes, 64-bit lengths when needed. Version 1 files hold
-# the same arrays, so a run directory's index of either version loads; caches of version 1 are rebuilt.
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# 2: records split at lone CRs, ids end at control bytes, 64-bit lengths when needed.
+# 3: a checksum per record (instead of one per file); BGZF inputs read in place, with their block tables.
+# Versions 1 and 2 hold the same required arrays, so a run directory's index of any version loads (its
+# sequences are then read unchecked); caches of older versions are rebuilt (their file names differ).
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 _READ_BYTES = 16 << 20   # sequence(): a record is read and cleaned piece by piece
 _ONE_READ = 1 << 30      # read_record(): larger reads go into a bytearray, a pread at a time
 MAGIC = b"RSIDX\x00\r\n"
 _ALIGN = 64
 _ARRAYS = ("offsets", "nbytes", "lengths", "file_no", "id_offsets", "id_blob", "order")
+# From version 3: checksums uint64 [N]; bgzf_blocks int64 [M, 2], the block tables of the BGZF inputs one
+# after another; bgzf_spans int64 [F + 1], where each input's table starts in it (empty for a plain file).
+_OPTIONAL = ("checksums", "bgzf_blocks", "bgzf_spans")
 
 
 class IndexCorrupt(Exception):
@@ -39,7 +50,7 @@ class InputFile:
     path: str       # absolute path
     size: int
     mtime_ns: int
-    content_crc32: int | None = None   # checksum of the whole file as indexed (None: not known)
+    content_crc32: int | None = None   # format 2's checksum of the whole file (None: not known)
 
     @property
     def state(self) -> tuple[str, int, int]:
@@ -71,7 +82,8 @@ class SequenceIndex:
 
     def __init__(self, inputs: Sequence[InputFile], offsets: np.ndarray, nbytes: np.ndarray,
                  lengths: np.ndarray, file_no: np.ndarray, id_offsets: np.ndarray, id_blob: np.ndarray,
-                 order: np.ndarray | None = None, meta: dict | None = None):
+                 order: np.ndarray | None = None, meta: dict | None = None, checksums: np.ndarray | None = None,
+                 bgzf_blocks: np.ndarray | None = None, bgzf_spans: np.ndarray | None = None):
         self.inputs = list(inputs)
         self.offsets = offsets
         self.nbytes = nbytes
@@ -81,7 +93,10 @@ class SequenceIndex:
         self.id_blob = id_blob
         self.order = order if order is not None else length_descending_order(lengths)
         self.meta = dict(meta or {})
-        self._fds: dict[int, int] = {}
+        self.checksums = checksums
+        self.bgzf_blocks = bgzf_blocks
+        self.bgzf_spans = bgzf_spans
+        self._texts: dict = {}
 
     # ----------------------------------------------------------------- building
     @classmethod
@@ -96,8 +111,12 @@ class SequenceIndex:
                                  hint="Pass each FASTA file once")
         for path in paths:
             scans.append(scan_fasta(path, threads))
-            inputs.append(InputFile.stat(path, scans[-1].content_crc32))
+            inputs.append(InputFile.stat(path))
         scan = FileScan.concat(scans)
+        assert scan.checksums is not None and len(scan.checksums) == len(scan.offsets), "every record has one"
+        tables = [s.table if s.table is not None else _no_tables() for s in scans]
+        spans = np.zeros(len(scans) + 1, np.int64)
+        np.cumsum([len(t) for t in tables], out=spans[1:])
         file_no = np.concatenate([np.full(len(s.offsets), k, np.uint16) for k, s in enumerate(scans)]) \
             if scans else np.zeros(0, np.uint16)
         if len(inputs) > np.iinfo(np.uint16).max:
@@ -105,7 +124,9 @@ class SequenceIndex:
         id_offsets = np.zeros(len(scan.id_lengths) + 1, np.int64)
         np.cumsum(scan.id_lengths, out=id_offsets[1:])
         index = cls(inputs, scan.offsets.astype(np.int64, copy=False), _narrowest(scan.nbytes, np.uint32),
-                    _narrowest(scan.lengths, np.int32), file_no, id_offsets, scan.id_blob.astype(np.uint8, copy=False))
+                    _narrowest(scan.lengths, np.int32), file_no, id_offsets, scan.id_blob.astype(np.uint8, copy=False),
+                    checksums=scan.checksums, bgzf_blocks=np.concatenate(tables) if tables else _no_tables(),
+                    bgzf_spans=spans)
         index._check_ids_utf8()
         index.meta["duplicate_groups"] = index._find_duplicate_ids()
         return index
@@ -151,42 +172,67 @@ class SequenceIndex:
         n = int(self.nbytes[i])
         stop = n if stop is None else min(stop, n)
         size, at = max(0, stop - start), int(self.offsets[i]) + start
-        if size <= _ONE_READ:
-            data = os.pread(self._fd(i), size, at)
-            got = len(data)
-        else:   # one pread returns at most about 2 GiB
-            data = bytearray(size)
-            got = read_into(self._fd(i), data, at)
+        try:
+            if size <= _ONE_READ:
+                data = self._text(i).pread(size, at)
+                got = len(data)
+            else:   # one pread returns at most about 2 GiB
+                data = bytearray(size)
+                got = self._text(i).read_into(data, at)
+        except FastaError:   # a BGZF file whose blocks are no longer where its table says: replaced since
+            if self.inputs[int(self.file_no[i])].state == InputFile.stat(self.path_of(i)).state:
+                raise
+            got, data = -1, b""
         if got != size or (start == 0 and data[:1] != b">"):
             raise InputChanged(self.path_of(i), "the file changed after it was indexed: record "
                                f"{i + 1:,} is no longer at byte {int(self.offsets[i]):,}", seq_id=self.id(i))
         return data
 
-    def _fd(self, i: int) -> int:
+    def _text(self, i: int):
         k = int(self.file_no[i])
-        fd = self._fds.get(k)
-        if fd is None:
-            fd = self._fds[k] = os.open(self.inputs[k].path, os.O_RDONLY)
-        return fd
+        text = self._texts.get(k)
+        if text is None:
+            text = self._texts[k] = open_text(self.inputs[k].path, self.block_table(k))
+        return text
+
+    def block_table(self, k: int) -> np.ndarray | None:
+        """The block table of input k when it is a BGZF file read in place (bgzf.py), else None."""
+        if self.bgzf_spans is None or self.bgzf_spans[k] == self.bgzf_spans[k + 1]:
+            return None
+        return self.bgzf_blocks[self.bgzf_spans[k]:self.bgzf_spans[k + 1]]
 
     def sequence(self, i: int) -> str:
         """The residues the model sees (see `index.fasta_scan.sequence_text`), read piece by piece, so a
-        record takes about twice its residue count in memory, whatever its size or whitespace."""
+        record takes about twice its residue count in memory, whatever its size or whitespace. The bytes
+        read are checked against the record's checksum (InputChanged when they differ)."""
         n = int(self.nbytes[i])
         if n <= _READ_BYTES:
-            return sequence_text(self.read_record(i))
-        text, in_header = bytearray(), True
+            data = self.read_record(i)
+            self._verify(i, checksum(data, int(self.offsets[i])))
+            return sequence_text(data)
+        text, in_header, total = bytearray(), True, 0
         for at in range(0, n, _READ_BYTES):
             piece = self.read_record(i, at, at + _READ_BYTES)
+            total = add(total, checksum(piece, int(self.offsets[i]) + at))
             if in_header:   # a header line may be longer than one piece
                 end = _line_end(piece)
                 if end < 0:
                     continue
                 piece, in_header = piece[end:], False
             text += piece.translate(None, _BLANKS).upper()
+        self._verify(i, total)
         if text.endswith(b"*"):
             del text[-1]
         return text.decode("ascii")
+
+    def _verify(self, i: int, found: int) -> None:
+        if self.checksums is None or int(self.checksums[i]) == found:
+            return   # (an index of format 1 or 2 has no checksums: runs started before them read unchecked)
+        raise InputChanged(self.path_of(i), f"the file changed after it was indexed: record {i + 1:,} (at byte "
+                           f"{int(self.offsets[i]):,}) no longer holds the text the index describes (an edit in "
+                           "place, same length)", seq_id=self.id(i),
+                           hint="No row was computed from it. Restore the file as it was when the run started, or "
+                                "start a new run on the file as it is now")
 
     def header(self, i: int) -> str:
         """The header line of record i without the '>' (id and description), read up to its line end."""
@@ -200,13 +246,13 @@ class SequenceIndex:
         return data[1:end if end >= 0 else len(data)].decode("utf-8", "replace")
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for text in self._texts.values():
+            text.close()
+        self._texts.clear()
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_fds"] = {}
+        state["_texts"] = {}
         return state
 
     # ----------------------------------------------------------------- sharding
@@ -271,7 +317,8 @@ class SequenceIndex:
         offs = np.zeros(len(self) + 1, np.int64)
         np.cumsum(lengths, out=offs[1:])
         copy = SequenceIndex(self.inputs, self.offsets, self.nbytes, self.lengths, self.file_no, offs,
-                             np.frombuffer(b"".join(parts), np.uint8).copy(), self.order, self.meta)
+                             np.frombuffer(b"".join(parts), np.uint8).copy(), self.order, self.meta,
+                             **{name: getattr(self, name) for name in _OPTIONAL})
         originals = {i: self.id(i) for i in renamed}
         copy.meta["renamed_ids"] = {str(i): originals[i] for i in sorted(originals)}
         copy.meta["duplicate_groups"] = []
@@ -281,8 +328,9 @@ class SequenceIndex:
     def fingerprint(self) -> str:
         """Checksum of the index arrays and the files' contents (what the run's manifest records)."""
         crc = 0
-        for name in _ARRAYS:
-            crc = zlib.crc32(memoryview(np.ascontiguousarray(getattr(self, name))).cast("B"), crc)
+        for name in _ARRAYS + _OPTIONAL:
+            if getattr(self, name) is not None:
+                crc = zlib.crc32(_raw(getattr(self, name)), crc)
         for f in self.inputs:
             if f.content_crc32 is not None:
                 crc = zlib.crc32(f.content_crc32.to_bytes(4, "little"), crc)
@@ -291,14 +339,15 @@ class SequenceIndex:
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temporary name, fsync, rename)."""
         path = os.fspath(path)
-        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in _ARRAYS}
+        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in _ARRAYS + _OPTIONAL
+                  if getattr(self, name) is not None}
         table, pos = {}, 0
         for name, arr in arrays.items():
             table[name] = [arr.dtype.str, list(arr.shape), pos, arr.nbytes]
             pos += -(-arr.nbytes // _ALIGN) * _ALIGN
         crc = 0
         for arr in arrays.values():
-            crc = zlib.crc32(memoryview(arr).cast("B"), crc)
+            crc = zlib.crc32(_raw(arr), crc)
         header = json.dumps({
             "version": FORMAT_VERSION, "count": len(self), "arrays": table, "crc32": crc, "data_bytes": pos,
             "inputs": [vars(f) for f in self.inputs], "meta": self.meta,
@@ -310,7 +359,7 @@ class SequenceIndex:
             with open(tmp, "wb") as fh:
                 fh.write(head)
                 for arr in arrays.values():
-                    fh.write(memoryview(arr).cast("B"))
+                    fh.write(_raw(arr))
                     fh.write(b"\0" * (-arr.nbytes % _ALIGN))
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -337,17 +386,29 @@ class SequenceIndex:
         if len(raw) != data_start + header.get("data_bytes", -1):
             raise IndexCorrupt(f"{path}: truncated or padded ({len(raw)} bytes)")
         arrays, crc = {}, 0
-        for name in _ARRAYS:
+        for name in _ARRAYS + _OPTIONAL:
+            if name not in header["arrays"] and name in _OPTIONAL:
+                continue
             dtype, shape, pos, nbytes = header["arrays"][name]
             start = data_start + pos
             if start + nbytes > len(raw):
                 raise IndexCorrupt(f"{path}: truncated")
             arrays[name] = raw[start:start + nbytes].view(np.dtype(dtype)).reshape(shape)
-            crc = zlib.crc32(memoryview(arrays[name]).cast("B"), crc)
+            crc = zlib.crc32(_raw(arrays[name]), crc)
         if crc != header["crc32"]:
             raise IndexCorrupt(f"{path}: checksum mismatch")
         inputs = [InputFile(**f) for f in header["inputs"]]
         return cls(inputs, meta=header.get("meta", {}), **arrays)
+
+    def edited_inputs(self, fresh: "SequenceIndex") -> list[str]:
+        """Inputs whose records hold other bytes in `fresh` (the same files indexed again, with the same
+        record layout) than in this index: by the records' checksums, or for an index of format 2, by its
+        whole-file checksums."""
+        if self.checksums is not None:
+            return [f.path for k, f in enumerate(self.inputs)
+                    if not np.array_equal(self.checksums[self.file_no == k], fresh.checksums[fresh.file_no == k])]
+        return [f.path for f in self.inputs
+                if f.content_crc32 is not None and f.content_crc32 != legacy_content_crc32(f.path)]
 
     def inputs_unchanged(self) -> list[str]:
         """Reasons the inputs no longer match this index (empty when they all still match)."""
@@ -363,6 +424,15 @@ class SequenceIndex:
             elif now.mtime_ns != f.mtime_ns:
                 changes.append(f"{f.path}: modified since it was indexed")
         return changes
+
+
+def _raw(arr: np.ndarray) -> memoryview:
+    """The bytes of an array (of any shape, empty ones included)."""
+    return memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
+
+
+def _no_tables() -> np.ndarray:
+    return np.zeros((0, 2), np.int64)
 
 
 def _narrowest(values: np.ndarray, dtype) -> np.ndarray:

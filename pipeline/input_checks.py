@@ -161,13 +161,12 @@ def input_changes(index: SequenceIndex) -> str | None:
         return f"{'; '.join(changes)}; it cannot be read now: {e}"
     same = (len(fresh) == len(index) and np.array_equal(fresh.offsets, index.offsets)
             and np.array_equal(fresh.lengths, index.lengths))
-    edited = [f.path for f, g in zip(index.inputs, fresh.inputs)
-              if f.content_crc32 is not None and f.content_crc32 != g.content_crc32]
+    edited = index.edited_inputs(fresh) if same else []
     if not same or edited:
         detail = (f"{len(index):,} records when the run started, {len(fresh):,} now" if not same else
                   f"same records and lengths, but the contents of {', '.join(edited)} differ")
         return f"{'; '.join(changes)}; {detail}"
-    if any(f.content_crc32 is None for f in index.inputs):
+    if index.checksums is None and any(f.content_crc32 is None for f in index.inputs):
         log.warning("input files were touched (%s); their records have the same layout, but this run's index "
                     "predates content checksums, so edits that keep every length cannot be ruled out",
                     "; ".join(changes))

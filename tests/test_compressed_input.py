@@ -1,6 +1,7 @@
-"""Compressed FASTA (#18 point 8): gzip and BGZF inputs run as their plain text does, through a decompressed
-copy in the cache made once and reused while the .gz is unchanged; other compressions and damaged gzip
-data are refused by name with a command that works."""
+"""Compressed FASTA (#18 point 8): gzip and BGZF inputs run as their plain text does. BGZF is read in place
+through its block table; other gzip through a decompressed copy in the cache, made once and reused while
+the .gz is unchanged. Other compressions and damaged gzip data are refused by name with a command that
+works."""
 from __future__ import annotations
 
 import bz2
@@ -11,7 +12,11 @@ import subprocess
 import numpy as np
 import pytest
 
+from index import SequenceIndex, load_or_build
+from index.bgzf import BgzfStream, BgzfText
+
 from .run_helpers import read
+from .test_fasta_formats import biopython_view
 from .tiny_models import REPO, run_cli
 
 
@@ -23,13 +28,44 @@ def plain(tmp_path):
     return path
 
 
-def _bgzip(src, dst) -> None:
+def _bgzip(src, dst, member: int = 1000) -> None:
+    """BGZF as bgzip writes it (Biopython's writer), with members of `member` text bytes at most."""
     from Bio import bgzf
     with bgzf.BgzfWriter(str(dst), "wb") as out:
         data = src.read_bytes()
-        for k in range(0, len(data), 1000):      # many small blocks: many gzip members
-            out.write(data[k:k + 1000])
+        for k in range(0, len(data), member):      # small members: records cross many member boundaries
+            out.write(data[k:k + member])
             out.flush()
+
+
+def test_compressed_files_index_as_biopython_reads_the_plain_text(plain, tmp_path):
+    """gzip and BGZF (small members, and bgzip's own 64 KiB) give the ids and lengths Biopython reads from
+    the plain file, the plain file's offsets and record checksums, and the same sequences read back; BGZF
+    is read where it lies (no copy; the index keeps its block table), gzip through a copy."""
+    cache = tmp_path / "cache"
+    with open(plain, "ab") as fh:                  # one record over several 64 KiB members
+        fh.write(b">long spans members\n" + b"MKVLAGHW\n" * 30000)
+    want = SequenceIndex.build([plain])
+    expected = biopython_view(plain)
+    assert [(want.id(i), int(want.lengths[i])) for i in range(len(want))] == expected
+    gz, small, large = tmp_path / "p.fasta.gz", tmp_path / "small.bgz.gz", tmp_path / "large.bgz.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    _bgzip(plain, small)
+    _bgzip(plain, large, 1 << 16)
+    for path in (gz, small, large):
+        index, _ = load_or_build([path], cache)
+        assert [(index.id(i), int(index.lengths[i])) for i in range(len(index))] == expected, path
+        for name in ("offsets", "nbytes", "checksums"):
+            assert np.array_equal(getattr(index, name), getattr(want, name)), (path, name)
+        assert [index.sequence(i) for i in range(len(index))] == [want.sequence(i) for i in range(len(want))]
+        in_place = path != gz
+        assert (index.inputs[0].path == str(path)) == in_place and (index.block_table(0) is not None) == in_place
+    assert [p.name.endswith("p.fasta") for p in (cache / "decompressed").iterdir() if p.suffix != ".json"] == [True]
+    text = BgzfText(str(small))
+    assert len(text.table) > 30 and text.size == plain.stat().st_size
+    with BgzfStream(text) as stream:               # the sequential view (error messages) agrees
+        stream.seek(12345)
+        assert stream.read(5000) == plain.read_bytes()[12345:17345]
 
 
 @pytest.mark.slow
@@ -53,6 +89,9 @@ def test_gzip_and_bgzf_inputs_give_the_plain_files_result(plain, common, tmp_pat
 
     again = run_cli("index", str(gz), env=cache)                     # the copy is reused while the .gz is the same
     assert again.returncode == 0 and "reusing its decompressed copy" in again.stderr, again.stderr
+    bgz.write_bytes(gzip.compress(b">only\nMKV\n"))                  # an edited BGZF file, read in place
+    res = run_cli("merge", str(tmp_path / f"out_{bgz.name}"), env=cache)
+    assert res.returncode == 2 and "the input FASTA no longer matches this run" in res.stderr, res.stderr
     gz.write_bytes(gzip.compress(b">only\nMKV\n"))                   # a new .gz: decompressed again
     fresh = run_cli("index", str(gz), env=cache)
     assert fresh.returncode == 0 and "records: 1\n" in fresh.stdout and "decompressed into" in fresh.stderr
@@ -67,17 +106,25 @@ def test_gzip_and_bgzf_inputs_give_the_plain_files_result(plain, common, tmp_pat
 def test_other_compressions_and_damaged_gzip_are_refused_by_name(plain, tmp_path):
     cache = {"RUN_SHARDS_CACHE": str(tmp_path / "cache")}
     data = plain.read_bytes()
+    _bgzip(plain, tmp_path / "bgzf")
+    bgzf = (tmp_path / "bgzf").read_bytes()
+    flipped = bytearray(bgzf)
+    flipped[len(bgzf) // 2] ^= 0x55                   # inside some member's deflate data
     cases = {
         "in.fasta.xz": (lzma.compress(data), "xz-compressed", "xz -dc"),
         "in.fasta.bz2": (bz2.compress(data), "bzip2-compressed", "bzip2 -dc"),
         "in.fasta.zst": (b"\x28\xb5\x2f\xfd" + b"\0" * 32, "zstd-compressed", "zstd -dc"),
         "cut.fasta.gz": (gzip.compress(data)[:-40], "the gzip data ends early (the file is truncated)", "gzip -t"),
         "bad.fasta.gz": (gzip.compress(data)[:30] + b"\xff" * 200, "the gzip data is damaged", "gzip -t"),
+        "cut.bgz.gz": (bgzf[:-100], "the gzip data ends early (the file is truncated)", "gzip -t"),
+        "bad.bgz.gz": (bytes(flipped), "the gzip data is damaged", "gzip -t"),
     }
     for name, (content, message, command) in cases.items():
         path = tmp_path / name
         path.write_bytes(content)
         res = run_cli("index", str(path), env=cache)
         assert res.returncode == 2 and message in res.stderr and command in res.stderr, (name, res.stderr)
+        if "-compressed" in message:
+            assert "| bgzip >" in res.stderr
         assert str(path) in res.stderr and "Traceback" not in res.stderr
         assert not [p for p in (tmp_path / "cache").rglob("*.tmp*")], name    # no half-written copy left

@@ -6,8 +6,9 @@ import re
 import numpy as np
 import pytest
 
-from index import FastaError, SequenceIndex, load_or_build, scan_fasta, sequence_text
-from index import fasta_scan
+from index import FastaError, InputChanged, SequenceIndex, load_or_build, scan_fasta, sequence_text
+from index import fasta_scan, sequence_index
+from index.record_checksum import checksum
 from index.sequence_index import IndexCorrupt, id_hashes
 
 from .conftest import SHARED_DATA
@@ -48,6 +49,8 @@ def check_against_reference(path, data):
         assert scan.lengths[k] == len(r["residues"]), (k, r["id"])
         record = data[r["offset"]:r["offset"] + r["nbytes"]]
         assert sequence_text(record) == r["residues"]
+        # the scanner's vectorised checksum equals the one a worker takes of the record it reads
+        assert int(scan.checksums[k]) == checksum(record, r["offset"]), (k, r["id"])
     return scan
 
 
@@ -126,17 +129,41 @@ def test_block_boundaries_do_not_matter(tmp_path, monkeypatch, block, mix):
     check_against_reference(path, data)
 
 
+def _reference_checksum(record: bytes, offset: int) -> int:
+    """record_checksum.py's definition in plain Python integers: sum over the 64-bit words k that hold the
+    record's bytes (little-endian, other bytes zero) of word * W(k) mod 2**64, W(k) = (SplitMix64(k mod 2**19)
+    | 1) * (SplitMix64(k >> 19) | 1, or 1 for the first 2**19 words)."""
+    def mix(k):
+        m = 2**64 - 1
+        z = (k * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return z ^ (z >> 31)
+    lead = offset % 8
+    padded = bytes(lead) + record + bytes(-(lead + len(record)) % 8)
+    total = 0
+    for j in range(0, len(padded), 8):
+        k = offset // 8 + j // 8
+        weight = (mix(k % 2**19) | 1) * ((mix(k >> 19) | 1) if k >> 19 else 1)
+        total += int.from_bytes(padded[j:j + 8], "little") * weight
+    return total % 2**64
+
+
 @pytest.mark.parametrize("block", [64, 4096, 4 << 20])
-def test_content_checksum_sees_every_byte(tmp_path, monkeypatch, block):
-    """The per-file checksum (block crc32s folded together) is fixed by the bytes alone, and a one-residue
-    edit anywhere (same lengths, same offsets) changes it, including the last byte of a block."""
+def test_record_checksums_see_every_byte(tmp_path, monkeypatch, block):
+    """Each record's checksum is fixed by its bytes and place alone, whatever the block size; a one-residue
+    edit (same lengths, same offsets) changes that record's checksum and no other, including at the last
+    byte of a block; reading the edited record through the old index is refused, naming it."""
     monkeypatch.setattr(fasta_scan, "BLOCK_BYTES", block)
-    data = random_fasta(random.Random(5), 400)
+    data = random_fasta(random.Random(5), 100)
     a, b = tmp_path / "a.fa", tmp_path / "b.fa"
     a.write_bytes(data)
     b.write_bytes(data)
     ia, ib = SequenceIndex.build([a]), SequenceIndex.build([b])
-    assert ia.inputs[0].content_crc32 is not None and ia.inputs[0].content_crc32 == ib.inputs[0].content_crc32
+    assert ia.checksums.dtype == np.uint64 and np.array_equal(ia.checksums, ib.checksums)
+    for i in (0, 1, len(ia) // 2, len(ia) - 1):
+        record = data[int(ia.offsets[i]):int(ia.offsets[i] + ia.nbytes[i])]
+        assert int(ia.checksums[i]) == _reference_checksum(record, int(ia.offsets[i]))
     residues = [i for i, c in enumerate(data) if 65 <= c <= 90 and data.rfind(b">", 0, i) < data.rfind(b"\n", 0, i)]
     for pos in (residues[0], residues[-1], max(i for i in residues if i < block) if block < len(data) else residues[5]):
         edited = bytearray(data)
@@ -144,8 +171,48 @@ def test_content_checksum_sees_every_byte(tmp_path, monkeypatch, block):
         b.write_bytes(bytes(edited))
         ib = SequenceIndex.build([b])
         assert np.array_equal(ib.lengths, ia.lengths) and np.array_equal(ib.offsets, ia.offsets)
-        assert ib.inputs[0].content_crc32 != ia.inputs[0].content_crc32
-        assert ib.fingerprint() != ia.fingerprint()
+        record = int(np.searchsorted(ia.offsets, pos, "right")) - 1
+        assert np.flatnonzero(ib.checksums != ia.checksums).tolist() == [record]
+        assert ia.edited_inputs(ib) == [str(a)] and ib.fingerprint() != ia.fingerprint()
+        stale = SequenceIndex(ib.inputs, ia.offsets, ia.nbytes, ia.lengths, ia.file_no, ia.id_offsets, ia.id_blob,
+                              checksums=ia.checksums)       # the index as it was, reading the edited file
+        with pytest.raises(InputChanged, match=f"record {record + 1:,} .*no longer holds the text") as e:
+            stale.sequence(record)
+        assert e.value.seq_id == ia.id(record) and e.value.path == str(b)
+        other = record - 1 if record else record + 1
+        assert stale.sequence(other) == ia.sequence(other)               # the others read as before
+
+
+def test_checksum_catches_every_single_byte_change():
+    rng = random.Random(3)
+    record = b">x y\n" + bytes(rng.choice(b"ACDEFGHIKLMNPQRSTVWY") for _ in range(70)) + b"\n"
+    for offset in (0, 5, (1 << 22) - 20):            # any alignment, and across a 4 MiB segment's end
+        want = checksum(record, offset)
+        assert want == _reference_checksum(record, offset)
+        for pos in range(len(record)):
+            for delta in (1, 2, 32, 128, 255):
+                edited = bytearray(record)
+                edited[pos] = (edited[pos] + delta) % 256
+                assert checksum(bytes(edited), offset) != want, (offset, pos, delta)
+
+
+def test_index_of_format_2_still_loads_and_compares(tmp_path, monkeypatch):
+    """A run started before record checksums keeps working: its index loads, reads unchecked, and an edit
+    in place is still told by format 2's whole-file checksum."""
+    path = tmp_path / "a.fa"
+    path.write_bytes(b">a\nMKVL\n>b\nACDEFG\n")
+    new = SequenceIndex.build([path])
+    old = SequenceIndex(new.inputs, new.offsets, new.nbytes, new.lengths, new.file_no, new.id_offsets, new.id_blob)
+    old.inputs = [sequence_index.InputFile.stat(path, fasta_scan.legacy_content_crc32(path))]
+    monkeypatch.setattr(sequence_index, "FORMAT_VERSION", 2)
+    old.save(tmp_path / "v2.rsidx")
+    monkeypatch.undo()
+    loaded = SequenceIndex.load(tmp_path / "v2.rsidx")
+    assert loaded.checksums is None and loaded.sequence(1) == "ACDEFG"
+    assert loaded.edited_inputs(SequenceIndex.build([path])) == []
+    path.write_bytes(b">a\nMKVL\n>b\nACDEFW\n")
+    assert loaded.sequence(1) == "ACDEFW"                      # unchecked, as before
+    assert loaded.edited_inputs(SequenceIndex.build([path])) == [str(path)]
 
 
 def test_real_files_match_reference():
