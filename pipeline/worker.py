@@ -142,8 +142,9 @@ class ShardRun:
     def run(self) -> int:
         import torch
 
-        from index import SequenceIndex
+        from index import InputChanged, SequenceIndex
         from . import engines, faults
+        from .errors import UserError
         from .batching import plan_batches
         from .config import RunConfig
         from .rows import Schema
@@ -191,7 +192,6 @@ class ShardRun:
             if isinstance(e, torch.OutOfMemoryError):
                 raise
             log.exception("loading the model failed")   # the traceback stays in the log
-            from .errors import UserError
             raise UserError(f"cannot load the model from {model['path']} ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''}); its files may be damaged: replace them "
                             f"with an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
@@ -229,7 +229,11 @@ class ShardRun:
                 continue
             faults.before_batch(self.rank, k)
             tc = time.time()
-            block, ntokens = computer.rows(todo)
+            try:
+                block, ntokens = computer.rows(todo)
+            except InputChanged as e:   # a record read differs from its checksum: nothing of it is kept
+                raise UserError(f"shard {self.rank} stopped: {e}. Its rows up to its last checkpoint, each checked "
+                                "when it was read, are kept; none computed since") from None
             stats["compute_seconds"] += time.time() - tc
             writer.add(block)
             stats["sequences"] += len(todo)
@@ -381,11 +385,12 @@ _BASE = {"ids", "index", "lengths", "num_tokens", "truncated", "status"}
 
 
 def _inputs_still_match(index) -> None:
-    """Before rows become durable: the FASTA files still hold what the index describes (a stat of each
-    file; on a change, a re-read and its checksum), else the shard stops without keeping the rows computed
-    since its last checkpoint, which may come from the edited text. Rows made durable earlier were computed
-    before the last check passed."""
-    if not index.inputs_unchanged():
+    """For a run whose index predates record checksums (format 2 and older), before rows become durable:
+    the FASTA files still hold what the index describes (a stat of each file; on a change, a re-read and its
+    checksum), else the shard stops without keeping the rows computed since its last checkpoint, which may
+    come from the edited text. With record checksums, every sequence is checked as it is read instead
+    (`SequenceIndex.sequence`), which also catches an edit undone before the next checkpoint."""
+    if index.checksums is not None or not index.inputs_unchanged():
         return
     from .errors import UserError
     from .input_checks import input_changes

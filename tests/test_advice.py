@@ -5,6 +5,8 @@ The FASTA changing under a run once sent users in circles (the worker said "run 
 """
 import shutil
 
+from index import SequenceIndex
+
 from .run_helpers import (assert_same, log_text, read, rerun_matches, start, suggested_commands,
                           undocumented_files, wait_for)
 from .tiny_models import run_cli
@@ -45,27 +47,61 @@ def test_fasta_changed_during_the_run_leads_to_commands_that_work(fasta, common,
     rerun_matches(out, reference)
 
 
+def _edit_shortest_record(path) -> tuple[int, str, int]:
+    """Change one residue of the shortest record (the last its worker reads), keeping every length: its
+    position, its id, and the shard that reads it (2 workers)."""
+    index = SequenceIndex.build([path])
+    position = int(index.order[-1])
+    data = bytearray(path.read_bytes())
+    residue = data.index(b"\n", int(index.offsets[position])) + 1
+    data[residue] = ord("W") if data[residue] != ord("W") else ord("C")
+    path.write_bytes(bytes(data))
+    return position, index.id(position), (len(index) - 1) % 2
+
+
+def _rows_of_shards(out) -> set[int]:
+    return {int(i) for shard in (out / "shards").glob("shard_*.h5") for i in read(shard)["index"]}
+
+
 def test_one_residue_edited_during_the_run_is_caught_and_nothing_is_merged(fasta, common, reference, tmp_path):
-    """The same length, every record where it was: only the content changed. Each worker checks the files
-    before rows become durable, so no row from the edited text is kept and no result is written; the
-    advice leads back to the clean result once the file is restored."""
+    """The same length, every record where it was: only the content changed. The worker that reads the
+    edited record finds that its checksum differs, names it and stops; no row computed from the edited
+    text is kept in any shard and no result is written; the advice leads back to the clean result once the
+    file is restored."""
     original = tmp_path / "in.fasta"
     shutil.copy(fasta, original)
     saved = original.read_bytes()
     out = tmp_path / "out"
     proc = start(str(original), "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3"})
     wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)), what="first checkpoints")
-    edited = bytearray(saved)
-    first_residue = edited.index(b"\n", edited.rindex(b">")) + 1     # of the last record
-    edited[first_residue] = ord("W") if edited[first_residue] != ord("W") else ord("C")
-    original.write_bytes(bytes(edited))
+    position, seq_id, shard = _edit_shortest_record(original)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in stderr, stderr
-    assert "the input FASTA changed while this shard was computed" in stderr, stderr
+    assert (f"shard {shard} stopped: {original}: the file changed after it was indexed: record {position + 1:,} "
+            in stderr and "no longer holds the text the index describes" in stderr and f"(record '{seq_id}')" in stderr)
     assert f"same records and lengths, but the contents of {original} differ" in stderr
-    assert not (out / "result.h5").exists()
+    assert not (out / "result.h5").exists() and position not in _rows_of_shards(out)
     assert [c[0] for c in suggested_commands(stderr)] == ["rerun", "run"]
     original.write_bytes(saved)
+    rerun_matches(out, reference)
+
+
+def test_an_edit_undone_before_the_next_checkpoint_is_still_caught(fasta, common, reference, tmp_path):
+    """Edited, read by a worker, then restored at once: a check of the files at checkpoints would find them
+    as indexed and keep the row computed from the edited text; the record's checksum, taken as it is read,
+    does not. The rerun then finishes the run with the clean result."""
+    original = tmp_path / "in.fasta"
+    shutil.copy(fasta, original)
+    saved = original.read_bytes()
+    out = tmp_path / "out"
+    proc = start(str(original), "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.2"})
+    wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)), what="first checkpoints")
+    position, seq_id, shard = _edit_shortest_record(original)
+    wait_for(lambda: "no longer holds the text" in log_text(out, shard), what="the worker's check")
+    original.write_bytes(saved)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and f"(record '{seq_id}')" in stderr and "Traceback" not in stderr, stderr
+    assert not (out / "result.h5").exists() and position not in _rows_of_shards(out)
     rerun_matches(out, reference)
 
 
