@@ -351,9 +351,9 @@ class _FileScanner:
         buf = data[lo - min(lo, grid):]
         scan = _scan_buffer(buf, lo, owned_from=start - lo, final=stop == self.size, nucleotides=self.nucleotides)
         records = scan.records
-        if len(records.offsets):   # while the block is in cache
+        if len(records.offsets):   # while the block is in cache (the buffer is scratch space after this)
             rel = records.offsets - grid
-            records.checksums = block_checksums(words, grid // 8, rel, rel + records.nbytes)
+            records.checksums = block_checksums(words, grid // 8, rel, rel + records.nbytes, overwrite=True)
         return scan
 
     def record(self, start: int, stop: int) -> FileScan:

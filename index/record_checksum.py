@@ -84,13 +84,18 @@ def add(*checksums: int) -> int:
     return sum(checksums) % (1 << 64)
 
 
-def block_checksums(words: np.ndarray, k0: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Checksums of records [starts, ends) (byte positions relative to words[0], ends > starts) that lie in
-    `words`, the text from word index k0 on as little-endian uint64 (zero past the end of the text), all
-    best within one 4 MiB segment (a scan block).
+_BELOW = np.array([(1 << (8 * j)) - 1 for j in range(8)], np.uint64)   # a word's bytes below place j
 
-    One multiply and one prefix sum over the words; per record, its whole words come from the prefix sum
-    and its first and last words, masked to its own bytes, are added apart.
+
+def block_checksums(words: np.ndarray, k0: int, starts: np.ndarray, ends: np.ndarray,
+                    overwrite: bool = False) -> np.ndarray:
+    """Checksums of records [starts, ends) (byte positions relative to words[0], in increasing order) that
+    lie in `words`, the text from word index k0 on as little-endian uint64 (zero past the end of the text),
+    best within one 4 MiB segment (a scan block). `overwrite`: `words` may be used as scratch space.
+
+    With G(t) the checksum of the bytes before position t (whole words from a prefix sum of words times
+    weights, plus t's own word masked to the bytes below t), a record's checksum is G(end) - G(start); when
+    records tile the range (the scan's do), one G per boundary serves two records.
     """
     if len(starts) == 0:
         return np.zeros(0, np.uint64)
@@ -99,19 +104,29 @@ def block_checksums(words: np.ndarray, k0: int, starts: np.ndarray, ends: np.nda
         w, salt = _table()[at:at + len(words)], _salt(segment)
     else:                             # (blocks of other sizes, as tests use)
         w, salt = weights(k0, len(words)), np.uint64(1)
-    scratch = getattr(_scratch, "words", None)
-    if scratch is None:   # reused: a fresh 4 MiB array page-faults on every block
-        scratch = _scratch.words = np.empty(_SEGMENT, np.uint64)
-    product = np.multiply(words, w, out=scratch[:len(words)])
-    starts, last = starts.astype(np.int64), ends.astype(np.int64) - 1
-    first_word, last_word = starts >> 3, last >> 3
-    low = _ALL << ((starts & 7) * 8).astype(np.uint64)             # bytes from the record's first on
-    high = _ALL >> ((7 - (last & 7)) * 8).astype(np.uint64)         # bytes up to the record's last
-    single = first_word == last_word
-    first = (words[first_word] & low & np.where(single, high, _ALL)) * w[first_word]
-    tail = np.where(single, np.uint64(0), (words[last_word] & high) * w[last_word])
-    # The words strictly between the first and the last: sums over [first + 1, last) of each record.
-    inner = last_word > first_word + 1
-    bounds = np.stack((np.minimum(first_word + 1, len(words) - 1), last_word), axis=1).ravel()
-    middle = np.where(inner, np.add.reduceat(product, bounds)[::2], np.uint64(0))
-    return (first + middle + tail) * salt
+    tiled = np.array_equal(starts[1:], ends[:-1])
+    points = [np.append(starts, ends[-1])] if tiled else [starts, ends]
+    places, partial = [], []
+    for t in points:                  # each word holding a boundary, masked, before `words` is overwritten
+        t = t.astype(np.int64)
+        k = t >> 3
+        mask = _BELOW[t & 7]
+        over = k >= len(words)        # a boundary at the very end: all of the last word is below it
+        if over.any():
+            k, mask = np.where(over, len(words) - 1, k), np.where(over, _ALL, mask)
+        places.append(k)
+        partial.append((words[k] & mask) * w[k])
+    if overwrite:
+        product = np.multiply(words, w, out=words)
+    else:
+        scratch = getattr(_scratch, "words", None)
+        if scratch is None or len(scratch) < len(words):   # reused: a fresh 4 MiB array page-faults each time
+            scratch = _scratch.words = np.empty(max(len(words), _SEGMENT), np.uint64)
+        product = np.multiply(words, w, out=scratch[:len(words)])
+    g = []
+    for k, part in zip(places, partial):   # sum of product[:k] for each (non-decreasing) k
+        idx = np.concatenate((np.zeros(1, np.int64), k))
+        between = np.add.reduceat(product, idx)[:-1]
+        between[idx[:-1] == idx[1:]] = 0
+        g.append(np.cumsum(between) + part)
+    return (np.diff(g[0]) if tiled else g[1] - g[0]) * salt
