@@ -9,7 +9,7 @@ engine refuses float32 on a GPU (pipeline/engine/config.py); the kernels accept 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from ._launch import GpuTarget
 
@@ -49,24 +49,44 @@ class AttentionKnobs:
 
 
 @dataclass(frozen=True)
+class CausalConvKnobs:
+    """Causal conv of the delta-rule layers: block_t tokens x block_c channels per program of the conv,
+    block_c channels per program of the window update, num_warps of both (powers of two, block_t >= 1,
+    block_c >= 16). No num_stages: neither kernel has a loop to pipeline (the taps are unrolled, the
+    binary search's loads depend on each other), so both launch with one stage."""
+
+    block_t: int
+    block_c: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
 class LaunchRow:
     chunk: DeltaRuleChunkKnobs
     decode: DeltaRuleDecodeKnobs
     attention: AttentionKnobs
+    conv: CausalConvKnobs
 
 
 TABLE: dict[int, LaunchRow] = {
     # A100: the sm_90 walk (block_v 64, 4 warps, 2 stages) spills 656 B here; 32 columns in one stage
     # compile clean at 236-247 registers (and double the walk's programs). Head dim 256 prefill
     # attention (64 rows) spills 120 B in 4 warps, none in 8 (187 registers).
+    # The causal conv, on both: a memory-bound stream over [T, C], a program takes 32 tokens x 128
+    # channels (rows of 256 bytes in 16-bit), 16 elements per thread in 8 warps, and reads each input row
+    # once from memory (the other taps hit L1): 1,024 x 48 programs for a 32k-token step of Qwen3.5-0.8B
+    # (6,144 channels), 8 x 48 for 256 decoding sequences. 64 x 128 in 4 warps (64 elements per thread)
+    # spilled 72-160 B on sm_90 where sequences read stored windows.
     80: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=32, num_warps=4, num_stages=1, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
-                                           rows_for_8_warps_wide=64)),
+                                           rows_for_8_warps_wide=64),
+                  conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8)),
     90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
-                                           rows_for_8_warps_wide=128)),
+                                           rows_for_8_warps_wide=128),
+                  conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8)),
 }
 
 # Rows that differ on older Triton versions: {(major, minor): {arch: {part: {knob: value}}}}; versions up
@@ -101,6 +121,6 @@ def launch_row(target: GpuTarget, triton_version: tuple[int, int] | None = None)
     for upto in sorted(TRITON_OVERRIDES):
         if version <= upto and arch in TRITON_OVERRIDES[upto]:
             changes = TRITON_OVERRIDES[upto][arch]
-            return LaunchRow(**{part: replace(getattr(row, part), **changes.get(part, {}))
-                                for part in ("chunk", "decode", "attention")})
+            return LaunchRow(**{part.name: replace(getattr(row, part.name), **changes.get(part.name, {}))
+                                for part in fields(LaunchRow)})
     return row

@@ -51,18 +51,22 @@ class ModelRunner:
         self._allocated = True
 
     def _delta_rule_knobs(self) -> dict:
-        """Launch knobs of the delta-rule kernels, by function: with Triton, the launch table's row for
-        this GPU (triton_kernels/launch_config.py) under the config's explicit ones; else just those."""
+        """Launch knobs of the delta-rule layers' kernels (the causal conv's too), by function: with Triton,
+        the launch table's row for this GPU (triton_kernels/launch_config.py) under the config's explicit
+        ones; else just those."""
         c = self.config
         chunk = dict(c.gdn_launch.get("chunk_gated_delta_rule", {}))
         decode = dict(c.gdn_launch.get("fused_recurrent_gated_delta_rule", {}))
+        conv = dict(c.gdn_launch.get("causal_conv1d", {}))
         if self.triton:
+            from triton_kernels.causal_conv import conv_knobs
             from triton_kernels.gated_delta_rule.chunk import chunk_knobs
             from triton_kernels.gated_delta_rule.fused_recurrent import decode_knobs
             chunk = dict(vars(chunk_knobs(self.device, **chunk)))
             decode = dict(vars(decode_knobs(self.device, **decode)))
+            conv = dict(vars(conv_knobs(self.device, **conv)))
         return {"chunk_gated_delta_rule": dict(chunk_size=c.gdn_chunk_size, **chunk),
-                "fused_recurrent_gated_delta_rule": decode}
+                "fused_recurrent_gated_delta_rule": decode, "causal_conv1d": conv}
 
     def prepare(self, step: list[ScheduledSeq], blocks: BlockManager) -> StepContext:
         """Host-side tensors of one step, each copied to the device without waiting for it.

@@ -15,16 +15,18 @@ small, with explicit blocks of 16 tokens x 32 channels so that sequences straddl
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 from transformers import Qwen3_5TextConfig
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
-from triton_kernels import causal_conv1d
+from triton_kernels import causal_conv1d, launch_config
 from triton_kernels._launch import A100, H100, dry_run
-from triton_kernels.causal_conv import naive_causal_conv1d
-from triton_kernels.causal_conv.launch import CONV_TABLE, conv_knobs
+from triton_kernels.causal_conv import conv_knobs, naive_causal_conv1d
+from triton_kernels.launch_config import CausalConvKnobs, launch_row
 
 from tests.float64_reference import FLOOR, assert_as_accurate, relative_error
 
@@ -182,17 +184,38 @@ def test_the_values_the_kernels_trust_are_checked_on_cpu():
         causal_conv1d(x, WEIGHT, cu_seqlens=cu, conv_state=torch.zeros(3, 4, C), state_indices=torch.tensor([0, 1]))
 
 
-def test_launch_knobs_come_from_the_table_for_the_gpu_and_explicit_ones_win():
+def _planned_conv(target):
+    """The two launches of a 4k-token bf16 step of 8 sequences with windows, planned for `target`."""
     meta = torch.device("meta")
     x, w = torch.empty(4096, 6144, dtype=torch.bfloat16, device=meta), torch.empty(6144, 4, dtype=torch.bfloat16, device=meta)
+    with dry_run(target) as launches:
+        causal_conv1d(x, w, cu_seqlens=torch.empty(9, dtype=torch.int32, device=meta),
+                      conv_state=torch.empty(8, 3, 6144, dtype=torch.bfloat16, device=meta),
+                      state_indices=torch.empty(8, dtype=torch.int64, device=meta))
+    return launches
+
+
+def test_launch_knobs_come_from_the_table_for_the_gpu_and_explicit_ones_win():
+    meta = torch.device("meta")
     for target in (A100, H100):
-        row = CONV_TABLE[target.arch]
-        with dry_run(target) as launches:
-            causal_conv1d(x, w, cu_seqlens=torch.empty(9, dtype=torch.int32, device=meta),
-                          conv_state=torch.empty(8, 3, 6144, dtype=torch.bfloat16, device=meta),
-                          state_indices=torch.empty(8, dtype=torch.int64, device=meta))
-        conv, window = launches
+        row = launch_row(target).conv
+        conv, window = _planned_conv(target)
         assert conv.grid == (4096 // row.block_t, 6144 // row.block_c) and window.grid == (8, 6144 // row.block_c)
-        assert conv.constexprs["BT"] == row.block_t and conv.num_warps == row.num_warps
+        assert (conv.constexprs["BT"], conv.constexprs["BC"], window.constexprs["BC"]) == (row.block_t, row.block_c,
+                                                                                         row.block_c)
+        assert conv.num_warps == window.num_warps == row.num_warps and conv.num_stages == window.num_stages == 1
         with dry_run(target):
-            assert conv_knobs(meta, block_t=16, num_warps=None) == type(row)(16, row.block_c, row.num_warps)
+            assert conv_knobs(meta, block_t=16, num_warps=None) == CausalConvKnobs(16, row.block_c, row.num_warps)
+
+
+def test_launch_knobs_are_read_from_the_launch_table(monkeypatch):
+    """A change to launch_config.TABLE's conv part reaches the launches (the table is their only source)."""
+    changed = CausalConvKnobs(block_t=64, block_c=256, num_warps=4)
+    table = dict(launch_config.TABLE)
+    table[80] = replace(table[80], conv=changed)
+    monkeypatch.setattr(launch_config, "TABLE", table)
+    conv, window = _planned_conv(A100)
+    assert (conv.grid, conv.constexprs["BT"], conv.constexprs["BC"], conv.num_warps) == ((64, 24), 64, 256, 4)
+    assert (window.grid, window.constexprs["BC"], window.num_warps) == ((8, 24), 256, 4)
+    conv, _ = _planned_conv(H100)   # the sm_90 row is untouched
+    assert conv.constexprs["BT"] == launch_config.TABLE[90].conv.block_t

@@ -2,7 +2,7 @@
 
 The matrix itself is tests/kernels/compile_matrix.py; it runs in a subprocess because this one has
 TRITON_INTERPRET=1 (set by conftest.py), under which triton.jit builds interpreted functions that cannot
-be compiled. Through Triton's cache a second run takes seconds; a cold one compiles about 80 kernels
+be compiled. Through Triton's cache a second run takes seconds; a cold one compiles about 100 kernels
 (see docs/BENCHMARKS.md, "Kernel compile matrix").
 """
 import json
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from triton_kernels._launch import A100, H100
+from triton_kernels.launch_config import launch_row
 from triton_kernels.paged_attention.launch import KV_SPLIT_COUNTS, default_launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +48,13 @@ def test_every_kernel_compiles_for_a100_and_h100_without_spills(tmp_path):
     assert all(r["spill_bytes"] == 0 and 0 < r["registers"] <= 255 for r in rows)
     limits = {80: 163 * 1024, 90: 227 * 1024}
     assert all(r["shared_bytes"] <= limits[r["arch"]] for r in rows)
+    # The conv compiled with its launch-table row for each GPU, with and without windows.
+    for arch, target in ((80, A100), (90, H100)):
+        conv = launch_row(target).conv
+        knobs = {r["knobs"] for r in rows if r["arch"] == arch and r["kernel"] == "causal_conv_kernel"}
+        assert knobs == {f"BT={conv.block_t} BC={conv.block_c} w{conv.num_warps} s1"}
+        knobs = {r["knobs"] for r in rows if r["arch"] == arch and r["kernel"] == "conv_window_kernel"}
+        assert knobs == {f"BC={conv.block_c} w{conv.num_warps} s1"}
 
 
 def test_decode_split_counts_come_from_a_fixed_set():

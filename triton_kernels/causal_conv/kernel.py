@@ -12,15 +12,17 @@ slot. Two launches:
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
 
-from triton_kernels._device import use_triton
+from triton_kernels._device import target_of, use_triton
 from triton_kernels._launch import launch
-from triton_kernels.causal_conv.launch import conv_knobs
 from triton_kernels.causal_conv.layout import ConvDims, check_inputs, host_layout
 from triton_kernels.causal_conv.naive import naive_causal_conv1d
+from triton_kernels.launch_config import CausalConvKnobs, launch_row
 
 
 @triton.jit
@@ -115,8 +117,8 @@ def causal_conv1d(
     in place. Slots must be distinct. Products and sums in float32.
 
     Tensors on CPU run `naive_causal_conv1d` unless TRITON_INTERPRET=1. Launch knobs (Triton only):
-    block_t tokens x block_c channels per program, num_warps; None takes the row of
-    triton_kernels/causal_conv/launch.py for the tensors' GPU.
+    block_t tokens x block_c channels per program, num_warps; None takes the launch table's row for the
+    tensors' GPU (triton_kernels/launch_config.py).
     """
     dims = check_inputs(x, weight, cu_seqlens, conv_state, state_indices, has_initial_state, activation)
     if x.device.type == "cpu":   # free to read here: check the values the kernels trust
@@ -128,6 +130,12 @@ def causal_conv1d(
     knobs = conv_knobs(x.device, block_t=block_t, block_c=block_c, num_warps=num_warps)
     return causal_conv1d_triton(x, weight, dims, cu_seqlens, conv_state, state_indices, has_initial_state,
                                 activation is not None, **vars(knobs))
+
+
+def conv_knobs(device: torch.device, **given: int | None) -> CausalConvKnobs:
+    """The conv kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
+    row = launch_row(target_of(device)).conv
+    return replace(row, **{name: value for name, value in given.items() if value is not None})
 
 
 def _power_of_two(name: str, value: int, least: int) -> int:
