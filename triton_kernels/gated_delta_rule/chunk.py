@@ -103,21 +103,20 @@ def _inv_norms(x, USE_L2NORM: tl.constexpr):
 
 
 @triton.jit
-def _prep_block(k, g, beta, gamma, row0, eos, i_h, i_hv, gamma_before,
+def _prep_block(k, g, gamma, row0, eos, i_h, i_hv, gamma_before,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                 USE_L2NORM: tl.constexpr):
-    """Raw keys, their inverse norms (l2norm), gamma and beta of one BC-row block of a chunk; gamma
-    continues from `gamma_before`. Returns (k, 1/|k|, gamma, beta, gamma at the block's end)."""
+    """Raw keys, their inverse norms (l2norm) and gamma of one BC-row block of a chunk; gamma continues
+    from `gamma_before` and is stored. Returns (k, 1/|k|, gamma, gamma at the block's end)."""
     b_k = _load_rows(k, row0, eos, i_h, H, K, BC, BK)
     rows = row0 + tl.arange(0, BC).to(tl.int64)
     in_seq = rows < eos
     b_g = tl.load(g + rows * HV + i_hv, mask=in_seq, other=0.0).to(tl.float32)
     b_gamma = tl.cumsum(b_g, axis=0) + gamma_before
     tl.store(gamma + rows * HV + i_hv, b_gamma, mask=in_seq)
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=in_seq, other=0.0).to(tl.float32)
     # Rows past the end have g = 0, so the last entry is the gamma of the last real row.
     gamma_end = tl.sum(tl.where(tl.arange(0, BC) == BC - 1, b_gamma, 0.0), axis=0)
-    return b_k, _inv_norms(b_k, USE_L2NORM), b_gamma, b_beta, gamma_end
+    return b_k, _inv_norms(b_k, USE_L2NORM), b_gamma, gamma_end
 
 
 @triton.jit
@@ -187,6 +186,13 @@ def _store_row_scales(q_scale, k_scale, row0, eos, i_hv, rq, rk, gamma_rows, gam
 
 
 @triton.jit
+def _load_vec(ptr, row0, eos, i_hv, HV: tl.constexpr, BC: tl.constexpr):
+    """[BC] float32 of a [tokens, HV] tensor at rows row0.. of head i_hv, zero from eos on."""
+    rows = row0 + tl.arange(0, BC).to(tl.int64)
+    return tl.load(ptr + rows * HV + i_hv, mask=rows < eos, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _chunk_prep_kernel(
     q, k, v, g, beta,  # inputs: q, k [tokens, H, K], v [tokens, HV, V], g and beta [tokens, HV]
     w, u, p,  # outputs in the input dtype: w [tokens, HV, K], u [tokens, HV, V], p [tokens, HV, BT]
@@ -204,51 +210,56 @@ def _chunk_prep_kernel(
     BC: tl.constexpr = BT // 4
     r0, r1, r2, r3 = bos, bos + BC, bos + 2 * BC, bos + 3 * BC
 
-    k0, rk0, gam0, beta0, end0 = _prep_block(k, g, beta, gamma, r0, eos, i_h, i_hv, 0.0, H, HV, K, BC, BK, USE_L2NORM)
-    k1, rk1, gam1, beta1, end1 = _prep_block(k, g, beta, gamma, r1, eos, i_h, i_hv, end0, H, HV, K, BC, BK, USE_L2NORM)
-    k2, rk2, gam2, beta2, end2 = _prep_block(k, g, beta, gamma, r2, eos, i_h, i_hv, end1, H, HV, K, BC, BK, USE_L2NORM)
-    k3, rk3, gam3, beta3, g_last = _prep_block(k, g, beta, gamma, r3, eos, i_h, i_hv, end2, H, HV, K, BC, BK,
-                                               USE_L2NORM)
+    k0, rk0, gam0, end0 = _prep_block(k, g, gamma, r0, eos, i_h, i_hv, 0.0, H, HV, K, BC, BK, USE_L2NORM)
+    k1, rk1, gam1, end1 = _prep_block(k, g, gamma, r1, eos, i_h, i_hv, end0, H, HV, K, BC, BK, USE_L2NORM)
+    k2, rk2, gam2, end2 = _prep_block(k, g, gamma, r2, eos, i_h, i_hv, end1, H, HV, K, BC, BK, USE_L2NORM)
+    k3, rk3, gam3, g_last = _prep_block(k, g, gamma, r3, eos, i_h, i_hv, end2, H, HV, K, BC, BK, USE_L2NORM)
 
     # P = lower(diag(scale / |q|) Q K^T diag(1 / |k|) * decay), written whole (zeros above the diagonal
     # blocks) so the walk loads it as a plain [BT, BT] tile; and the walk's row scales. First, so that
-    # the q blocks are dead before the triangular solve needs the registers.
-    q0 = _load_rows(q, r0, eos, i_h, H, K, BC, BK)
-    q1 = _load_rows(q, r1, eos, i_h, H, K, BC, BK)
-    q2 = _load_rows(q, r2, eos, i_h, H, K, BC, BK)
-    q3 = _load_rows(q, r3, eos, i_h, H, K, BC, BK)
-    rq0 = _inv_norms(q0, USE_L2NORM) * scale
-    rq1 = _inv_norms(q1, USE_L2NORM) * scale
-    rq2 = _inv_norms(q2, USE_L2NORM) * scale
-    rq3 = _inv_norms(q3, USE_L2NORM) * scale
+    # the q blocks are dead before the triangular solve needs the registers; one row block at a time, so
+    # that one q block is live, not four (Triton 3.6 spilled here).
     zero = tl.zeros([BC, BC], dtype=tl.float32)
+    q0 = _load_rows(q, r0, eos, i_h, H, K, BC, BK)
+    rq0 = _inv_norms(q0, USE_L2NORM) * scale
     _store_rows(p, _decayed_gram(q0, k0, rq0, rk0, gam0, gam0, 2, BC, DOT_PREC), r0, eos, i_hv, HV, BT, BC, BC, 0)
     _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, BC)
     _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, 2 * BC)
     _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, 3 * BC)
+    _store_row_scales(q_scale, k_scale, r0, eos, i_hv, rq0, rk0, gam0, g_last, HV, BC)
+    q1 = _load_rows(q, r1, eos, i_h, H, K, BC, BK)
+    rq1 = _inv_norms(q1, USE_L2NORM) * scale
     _store_rows(p, _decayed_gram(q1, k0, rq1, rk0, gam1, gam0, 0, BC, DOT_PREC), r1, eos, i_hv, HV, BT, BC, BC, 0)
     _store_rows(p, _decayed_gram(q1, k1, rq1, rk1, gam1, gam1, 2, BC, DOT_PREC), r1, eos, i_hv, HV, BT, BC, BC, BC)
     _store_rows(p, zero, r1, eos, i_hv, HV, BT, BC, BC, 2 * BC)
     _store_rows(p, zero, r1, eos, i_hv, HV, BT, BC, BC, 3 * BC)
+    _store_row_scales(q_scale, k_scale, r1, eos, i_hv, rq1, rk1, gam1, g_last, HV, BC)
+    q2 = _load_rows(q, r2, eos, i_h, H, K, BC, BK)
+    rq2 = _inv_norms(q2, USE_L2NORM) * scale
     _store_rows(p, _decayed_gram(q2, k0, rq2, rk0, gam2, gam0, 0, BC, DOT_PREC), r2, eos, i_hv, HV, BT, BC, BC, 0)
     _store_rows(p, _decayed_gram(q2, k1, rq2, rk1, gam2, gam1, 0, BC, DOT_PREC), r2, eos, i_hv, HV, BT, BC, BC, BC)
     _store_rows(p, _decayed_gram(q2, k2, rq2, rk2, gam2, gam2, 2, BC, DOT_PREC), r2, eos, i_hv, HV, BT, BC, BC,
                 2 * BC)
     _store_rows(p, zero, r2, eos, i_hv, HV, BT, BC, BC, 3 * BC)
+    _store_row_scales(q_scale, k_scale, r2, eos, i_hv, rq2, rk2, gam2, g_last, HV, BC)
+    q3 = _load_rows(q, r3, eos, i_h, H, K, BC, BK)
+    rq3 = _inv_norms(q3, USE_L2NORM) * scale
     _store_rows(p, _decayed_gram(q3, k0, rq3, rk0, gam3, gam0, 0, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC, 0)
     _store_rows(p, _decayed_gram(q3, k1, rq3, rk1, gam3, gam1, 0, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC, BC)
     _store_rows(p, _decayed_gram(q3, k2, rq3, rk2, gam3, gam2, 0, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC,
                 2 * BC)
     _store_rows(p, _decayed_gram(q3, k3, rq3, rk3, gam3, gam3, 2, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC,
                 3 * BC)
-    _store_row_scales(q_scale, k_scale, r0, eos, i_hv, rq0, rk0, gam0, g_last, HV, BC)
-    _store_row_scales(q_scale, k_scale, r1, eos, i_hv, rq1, rk1, gam1, g_last, HV, BC)
-    _store_row_scales(q_scale, k_scale, r2, eos, i_hv, rq2, rk2, gam2, g_last, HV, BC)
     _store_row_scales(q_scale, k_scale, r3, eos, i_hv, rq3, rk3, gam3, g_last, HV, BC)
 
     # T = (I + A)^-1 block by block: invert the diagonal blocks, then T_ij = -T_ii sum_{j<=m<i} A_im T_mj
     # (full fp32 products, see _invert_unit_lower). A = diag(beta / |k|) K K^T diag(1 / |k|) * decay.
-    # Every A block first, so the key tiles are dead before the solve's loops need the registers.
+    # Every A block first, so the key tiles are dead before the solve's loops need the registers. beta is
+    # loaded here, not with the keys, so that it is not live across P.
+    beta0 = _load_vec(beta, r0, eos, i_hv, HV, BC)
+    beta1 = _load_vec(beta, r1, eos, i_hv, HV, BC)
+    beta2 = _load_vec(beta, r2, eos, i_hv, HV, BC)
+    beta3 = _load_vec(beta, r3, eos, i_hv, HV, BC)
     A00 = _decayed_gram(k0, k0, beta0 * rk0, rk0, gam0, gam0, 1, BC, DOT_PREC)
     A11 = _decayed_gram(k1, k1, beta1 * rk1, rk1, gam1, gam1, 1, BC, DOT_PREC)
     A22 = _decayed_gram(k2, k2, beta2 * rk2, rk2, gam2, gam2, 1, BC, DOT_PREC)
@@ -272,24 +283,43 @@ def _chunk_prep_kernel(
 
     # W = T (K * beta * exp(gamma) / |k|), U = T (V * beta), one BC-row block at a time. The right-hand
     # sides stay float32 (tf32 tensor cores for 16-bit inputs); W and U are stored in the input dtype.
-    # The key tiles are loaded again (from L2) rather than kept live across the solve.
-    x0 = _load_rows(k, r0, eos, i_h, H, K, BC, BK).to(tl.float32) * (rk0 * beta0 * tl.exp(gam0))[:, None]
-    x1 = _load_rows(k, r1, eos, i_h, H, K, BC, BK).to(tl.float32) * (rk1 * beta1 * tl.exp(gam1))[:, None]
-    x2 = _load_rows(k, r2, eos, i_h, H, K, BC, BK).to(tl.float32) * (rk2 * beta2 * tl.exp(gam2))[:, None]
-    x3 = _load_rows(k, r3, eos, i_h, H, K, BC, BK).to(tl.float32) * (rk3 * beta3 * tl.exp(gam3))[:, None]
-    _store_rows(w, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, K, BC, BK)
-    _store_rows(w, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, K, BC, BK)
-    _store_rows(w, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, K, BC, BK)
-    _store_rows(w, _lower_row4(T30, T31, T32, T33, x0, x1, x2, x3, DOT_PREC), r3, eos, i_hv, HV, K, BC, BK)
+    # The key tiles are loaded again (from L2) rather than kept live across the solve, and so are beta,
+    # gamma (this program's own stores: hence the barrier) and the chunk's bounds: the barrier keeps the
+    # compiler from reusing the addresses and values of the first loads, which Triton 3.6 then kept
+    # live across the solve and spilled. Half the columns at a time: four [BC, BK / 2] tiles live.
+    tl.debug_barrier()
+    bos = tl.load(chunk_bounds + 2 * i_c).to(tl.int64)
+    r0, r1, r2, r3 = bos, bos + BC, bos + 2 * BC, bos + 3 * BC
+    beta0 = _load_vec(beta, r0, eos, i_hv, HV, BC)
+    beta1 = _load_vec(beta, r1, eos, i_hv, HV, BC)
+    beta2 = _load_vec(beta, r2, eos, i_hv, HV, BC)
+    beta3 = _load_vec(beta, r3, eos, i_hv, HV, BC)
+    gam0 = _load_vec(gamma, r0, eos, i_hv, HV, BC)
+    gam1 = _load_vec(gamma, r1, eos, i_hv, HV, BC)
+    gam2 = _load_vec(gamma, r2, eos, i_hv, HV, BC)
+    gam3 = _load_vec(gamma, r3, eos, i_hv, HV, BC)
+    HK: tl.constexpr = BK // 2 if BK >= 32 else BK   # tl.dot takes no fewer than 16 columns
+    for c0 in tl.static_range(0, BK, HK):
+        x0 = _load_rows(k, r0, eos, i_h, H, K, BC, HK, c0).to(tl.float32) * (rk0 * beta0 * tl.exp(gam0))[:, None]
+        x1 = _load_rows(k, r1, eos, i_h, H, K, BC, HK, c0).to(tl.float32) * (rk1 * beta1 * tl.exp(gam1))[:, None]
+        x2 = _load_rows(k, r2, eos, i_h, H, K, BC, HK, c0).to(tl.float32) * (rk2 * beta2 * tl.exp(gam2))[:, None]
+        x3 = _load_rows(k, r3, eos, i_h, H, K, BC, HK, c0).to(tl.float32) * (rk3 * beta3 * tl.exp(gam3))[:, None]
+        _store_rows(w, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, K, BC, HK, c0)
+        _store_rows(w, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, K, BC, HK, c0)
+        _store_rows(w, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, K, BC, HK, c0)
+        _store_rows(w, _lower_row4(T30, T31, T32, T33, x0, x1, x2, x3, DOT_PREC), r3, eos, i_hv, HV, K, BC, HK, c0)
 
-    x0 = _load_rows(v, r0, eos, i_hv, HV, V, BC, BVALL).to(tl.float32) * beta0[:, None]
-    x1 = _load_rows(v, r1, eos, i_hv, HV, V, BC, BVALL).to(tl.float32) * beta1[:, None]
-    x2 = _load_rows(v, r2, eos, i_hv, HV, V, BC, BVALL).to(tl.float32) * beta2[:, None]
-    x3 = _load_rows(v, r3, eos, i_hv, HV, V, BC, BVALL).to(tl.float32) * beta3[:, None]
-    _store_rows(u, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, V, BC, BVALL)
-    _store_rows(u, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, V, BC, BVALL)
-    _store_rows(u, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, V, BC, BVALL)
-    _store_rows(u, _lower_row4(T30, T31, T32, T33, x0, x1, x2, x3, DOT_PREC), r3, eos, i_hv, HV, V, BC, BVALL)
+    HVH: tl.constexpr = BVALL // 2 if BVALL >= 32 else BVALL
+    for c0 in tl.static_range(0, BVALL, HVH):
+        x0 = _load_rows(v, r0, eos, i_hv, HV, V, BC, HVH, c0).to(tl.float32) * beta0[:, None]
+        x1 = _load_rows(v, r1, eos, i_hv, HV, V, BC, HVH, c0).to(tl.float32) * beta1[:, None]
+        x2 = _load_rows(v, r2, eos, i_hv, HV, V, BC, HVH, c0).to(tl.float32) * beta2[:, None]
+        x3 = _load_rows(v, r3, eos, i_hv, HV, V, BC, HVH, c0).to(tl.float32) * beta3[:, None]
+        _store_rows(u, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, V, BC, HVH, c0)
+        _store_rows(u, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, V, BC, HVH, c0)
+        _store_rows(u, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, V, BC, HVH, c0)
+        _store_rows(u, _lower_row4(T30, T31, T32, T33, x0, x1, x2, x3, DOT_PREC), r3, eos, i_hv, HV, V, BC, HVH, c0)
+
 
 @triton.jit
 def _chunk_walk_kernel(
