@@ -186,6 +186,16 @@ def _store_row_scales(q_scale, k_scale, row0, eos, i_hv, rq, rk, gamma_rows, gam
 
 
 @triton.jit
+def _row_blocks_again(chunk_bounds, i_c, BC: tl.constexpr):
+    """The chunk's four row-block starts, loaded again after a barrier (which also makes this program's
+    earlier stores visible to all its threads). The compiler cannot then reuse the addresses and masks
+    it derived from the first load, which Triton 3.6 kept live across the triangular solve and spilled."""
+    tl.debug_barrier()
+    bos = tl.load(chunk_bounds + 2 * i_c).to(tl.int64)
+    return bos, bos + BC, bos + 2 * BC, bos + 3 * BC
+
+
+@triton.jit
 def _load_vec(ptr, row0, eos, i_hv, HV: tl.constexpr, BC: tl.constexpr):
     """[BC] float32 of a [tokens, HV] tensor at rows row0.. of head i_hv, zero from eos on."""
     rows = row0 + tl.arange(0, BC).to(tl.int64)
@@ -256,6 +266,7 @@ def _chunk_prep_kernel(
     # (full fp32 products, see _invert_unit_lower). A = diag(beta / |k|) K K^T diag(1 / |k|) * decay.
     # Every A block first, so the key tiles are dead before the solve's loops need the registers. beta is
     # loaded here, not with the keys, so that it is not live across P.
+    r0, r1, r2, r3 = _row_blocks_again(chunk_bounds, i_c, BC)
     beta0 = _load_vec(beta, r0, eos, i_hv, HV, BC)
     beta1 = _load_vec(beta, r1, eos, i_hv, HV, BC)
     beta2 = _load_vec(beta, r2, eos, i_hv, HV, BC)
@@ -283,13 +294,10 @@ def _chunk_prep_kernel(
 
     # W = T (K * beta * exp(gamma) / |k|), U = T (V * beta), one BC-row block at a time. The right-hand
     # sides stay float32 (tf32 tensor cores for 16-bit inputs); W and U are stored in the input dtype.
-    # The key tiles are loaded again (from L2) rather than kept live across the solve, and so are beta,
-    # gamma (this program's own stores: hence the barrier) and the chunk's bounds: the barrier keeps the
-    # compiler from reusing the addresses and values of the first loads, which Triton 3.6 then kept
-    # live across the solve and spilled. Half the columns at a time: four [BC, BK / 2] tiles live.
-    tl.debug_barrier()
-    bos = tl.load(chunk_bounds + 2 * i_c).to(tl.int64)
-    r0, r1, r2, r3 = bos, bos + BC, bos + 2 * BC, bos + 3 * BC
+    # The key tiles are loaded again (from L2) rather than kept live across the solve, and so are beta
+    # and gamma (this program's own stores, visible after the barrier). Half the columns at a time: four
+    # [BC, BK / 2] tiles live, not four [BC, BK].
+    r0, r1, r2, r3 = _row_blocks_again(chunk_bounds, i_c, BC)
     beta0 = _load_vec(beta, r0, eos, i_hv, HV, BC)
     beta1 = _load_vec(beta, r1, eos, i_hv, HV, BC)
     beta2 = _load_vec(beta, r2, eos, i_hv, HV, BC)
