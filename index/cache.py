@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .compressed import readable_paths
+from .compressed import kind as compression, readable_paths
+from .errors import FastaError
 from .sequence_index import FORMAT_VERSION, IndexCorrupt, InputFile, SequenceIndex
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ def cache_path(paths: Sequence[str | os.PathLike], directory: Path | None = None
 def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = None,
                   threads: int | None = None) -> tuple[SequenceIndex, bool]:
     """The index of `paths` and whether it came from the cache. BGZF files are indexed in place; other gzip
-    files through their decompressed copies (compressed.py), which the index then names."""
+    files through their decompressed copies (compressed.py), which the index then names; an error in the text
+    of either names the compressed file."""
+    sources = [os.fspath(p) for p in paths]
     paths = readable_paths(paths, directory or cache_dir())
     path = cache_path(paths, directory)
     if path.exists():
@@ -52,7 +55,13 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
             log.warning("index cache is corrupt (%s); rebuilding", e)
         except (OSError, ValueError, KeyError) as e:
             log.warning("index cache %s unreadable (%s); rebuilding", path, e)
-    index = SequenceIndex.build(paths, threads)
+    try:
+        index = SequenceIndex.build(paths, threads)
+    except FastaError as e:   # found in the text of a compressed file: name the file the user gave
+        source = dict(zip(paths, sources)).get(e.path)
+        if source is not None and compression(source) is not None:
+            raise e.in_text_of(source) from None
+        raise
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         index.save(path)

@@ -422,20 +422,20 @@ def _sniff(path: str, head: bytes) -> None:
                          hint="Pass it to `run_shards run` or `run_shards index`, which decompress it into the cache")
     if head[:3] == b"\xef\xbb\xbf":
         raise FastaError(path, "file starts with a UTF-8 byte-order mark (BOM)", line=1,
-                         hint="Save it without the BOM, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' FILE")
+                         hint="Save it without the BOM, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' TEXT")
     encoding = _wide_encoding(head)
     if encoding:
         name, source = encoding
         raise FastaError(path, f"file is {name} text, not ASCII or UTF-8",
-                         hint=f"Convert it: iconv -f {source} -t UTF-8 FILE > FILE.utf8.fasta")
+                         hint=f"Convert it: iconv -f {source} -t UTF-8 TEXT > TEXT.utf8.fasta")
     text = head.lstrip(_WHITESPACE)
     if not text or text[:1] == b">":
         return
     lines = re.split(rb"\r\n|\r|\n", text, maxsplit=4)
     if text[:1] == b"@" and len(lines) > 3 and lines[2][:1] == b"+":
         raise FastaError(path, "this is a FASTQ file (reads with quality lines), not FASTA", line=1,
-                         hint="Convert it, e.g. sed -n '1~4s/^@/>/p;2~4p' FILE > FILE.fasta "
-                              "(or seqtk seq -a FILE > FILE.fasta)")
+                         hint="Convert it, e.g. sed -n '1~4s/^@/>/p;2~4p' TEXT > TEXT.fasta "
+                              "(or seqtk seq -a TEXT > TEXT.fasta)")
     if text[:1] == b"<" and re.search(rb"<!doctype html|<html", text[:4096], re.IGNORECASE):
         raise FastaError(path, "this is an HTML page, not a FASTA file", line=1,
                          hint="A download probably saved a web page (an error, login or redirect page): download "
@@ -507,7 +507,7 @@ def _explain(path: str, p: _Problem) -> FastaError:
         where = "before the first header" if p.record is None else "among the sequence lines"
         return FastaError(path, f"comment line (starting with ';') {where}", line=line, seq_id=seq_id,
                           hint="FASTA comment lines are not supported (they would be read as residues); remove "
-                               "them, e.g. sed '/^;/d' FILE > FILE.nocomments.fasta")
+                               "them, e.g. sed '/^;/d' TEXT > TEXT.nocomments.fasta")
     if p.kind == "empty_id":
         return FastaError(path, "header has no id (nothing after '>')", line=line,
                           hint="Give every record an id: '>my_id optional description'")

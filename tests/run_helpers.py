@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -64,6 +66,14 @@ def env_with(**extra) -> dict:
     env.pop("TRITON_INTERPRET", None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def file_size_limit(limit: int):
+    """A preexec_fn for a child whose writes past `limit` bytes fail with EFBIG, as on a full disk."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # writes past the limit fail with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
 
 
 def start(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:

@@ -1,13 +1,14 @@
 """Compressed FASTA (#18 point 8): gzip and BGZF inputs run as their plain text does. BGZF is read in place
 through its block table; other gzip through a decompressed copy in the cache, made once and reused while
 the .gz is unchanged. Other compressions and damaged gzip data are refused by name with a command that
-works."""
+works; refused text names the compressed file and the line; a copy that does not fit is refused."""
 from __future__ import annotations
 
 import bz2
 import gzip
 import lzma
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from index import SequenceIndex, load_or_build
 from index.bgzf import BgzfStream, BgzfText
 
-from .run_helpers import read
+from .run_helpers import env_with, file_size_limit, read
 from .test_fasta_formats import biopython_view
 from .tiny_models import REPO, run_cli
 
@@ -104,6 +105,7 @@ def test_gzip_and_bgzf_inputs_give_the_plain_files_result(plain, common, tmp_pat
 
 
 def test_other_compressions_and_damaged_gzip_are_refused_by_name(plain, tmp_path):
+    """By `run_shards index` and by a run alike: exit code 2, the file, what it is and the command to run."""
     cache = {"RUN_SHARDS_CACHE": str(tmp_path / "cache")}
     data = plain.read_bytes()
     _bgzip(plain, tmp_path / "bgzf")
@@ -122,9 +124,62 @@ def test_other_compressions_and_damaged_gzip_are_refused_by_name(plain, tmp_path
     for name, (content, message, command) in cases.items():
         path = tmp_path / name
         path.write_bytes(content)
-        res = run_cli("index", str(path), env=cache)
-        assert res.returncode == 2 and message in res.stderr and command in res.stderr, (name, res.stderr)
-        if "-compressed" in message:
-            assert "| bgzip >" in res.stderr
-        assert str(path) in res.stderr and "Traceback" not in res.stderr
-        assert not [p for p in (tmp_path / "cache").rglob("*.tmp*")], name    # no half-written copy left
+        out = tmp_path / f"out_{name}"
+        for args in (["index", str(path)], [str(path), "--out", str(out), "--gpus", "0", "--no-progress"]):
+            res = run_cli(*args, env=cache)
+            assert res.returncode == 2 and message in res.stderr and command in res.stderr, (name, res.stderr)
+            if "-compressed" in message:
+                assert "| bgzip >" in res.stderr
+            assert f"error: {path}: " in res.stderr and "Traceback" not in res.stderr
+            assert not [p for p in (tmp_path / "cache").rglob("*.tmp*")], name    # no half-written copy left
+        assert not out.exists()
+
+
+# name: (text, message, line): refused text, compressed
+REFUSED_INSIDE = {
+    "control_byte": (b">a\nMK\n>b x\nMK\x01V\n", "binary or control byte 0x01 in the sequence data (record 'b')", 4),
+    "comment": (b">a\rMK\r;note\rVL\r", "comment line (starting with ';') among the sequence lines (record 'a')", 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_INSIDE))
+@pytest.mark.parametrize("compression", ["gzip", "bgzf"])
+def test_refused_text_inside_a_compressed_file_names_it_and_the_line(tmp_path, compression, name):
+    """A .gz (indexed through its copy) or BGZF file (read in place) whose text is refused: `run_shards index`
+    and a run stop with exit code 2, naming the file the user gave and the line in its text; no traceback,
+    no output directory."""
+    text, message, line = REFUSED_INSIDE[name]
+    plain = tmp_path / f"{name}.fasta"
+    plain.write_bytes(text)
+    path = tmp_path / f"{name}.fasta.gz"
+    if compression == "gzip":
+        path.write_bytes(gzip.compress(text))
+    else:
+        _bgzip(plain, path)
+    plain.unlink()
+    cache = {"RUN_SHARDS_CACHE": str(tmp_path / "cache")}
+    for args in (["index", str(path)], [str(path), "--out", str(tmp_path / "out"), "--gpus", "0", "--no-progress"]):
+        res = run_cli(*args, env=cache)
+        assert res.returncode == 2, (args, res.stderr)
+        assert f"error: {path}:{line}: " in res.stderr and message in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr + res.stdout and "error: " + str(tmp_path / "cache") not in res.stderr
+        if name == "comment":   # the suggested command runs on the text, once decompressed
+            plain_name = str(tmp_path / f"{name}.fasta")
+            assert (f"sed '/^;/d' {plain_name} > {plain_name}.nocomments.fasta (first decompress it: gzip -dc "
+                    f"{path} > {plain_name})") in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_gzip_copy_that_does_not_fit_is_refused_and_leaves_nothing(plain, tmp_path):
+    """The decompressed copy meets a full disk (here a file size limit, which fails writes the same way):
+    exit code 2, a message naming the .gz, the cache and what to do; no half-written copy left."""
+    gz = tmp_path / "p.fasta.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    cache = tmp_path / "cache"
+    res = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), "index", str(gz)], capture_output=True,
+                         text=True, env=env_with(RUN_SHARDS_CACHE=cache), cwd=REPO, timeout=300,
+                         preexec_fn=file_size_limit(plain.stat().st_size // 2))
+    assert res.returncode == 2, res.stderr
+    assert f"error: {gz}: no space to decompress it into {cache / 'decompressed'}" in res.stderr, res.stderr
+    assert "RUN_SHARDS_CACHE" in res.stderr and "Traceback" not in res.stderr
+    assert [p.name for p in (cache / "decompressed").iterdir()] == []

@@ -5,28 +5,19 @@ Each run must end with a clear message and the command that continues (no traceb
 durable, leave nothing in the run directory but what the layout documents, and after the suggested command
 give the same result as a clean run. A write that fits must never be refused by an estimate.
 """
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 
 
-from .run_helpers import (assert_same, env_with, log_text, read, rerun_matches, start, status_rows,
-                          suggested_commands, undocumented_files, wait_for)
+from .run_helpers import (assert_same, env_with, file_size_limit, log_text, read, rerun_matches, start,
+                          status_rows, suggested_commands, undocumented_files, wait_for)
 from .tiny_models import REPO, run_cli
-
-
-def _file_size_limit(limit):
-    def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # writes past the limit fail with EFBIG instead
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply
 
 
 def _run_limited(args, limit):
     return subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), *args], capture_output=True, text=True,
-                          env=env_with(), cwd=REPO, preexec_fn=_file_size_limit(limit), timeout=300)
+                          env=env_with(), cwd=REPO, preexec_fn=file_size_limit(limit), timeout=300)
 
 
 def test_disk_fills_mid_run_then_rerun_after_freeing_space(fasta, common, reference, tmpfs):
