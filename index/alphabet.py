@@ -86,7 +86,7 @@ def alphabet_mismatch(index: SequenceIndex, vocab: Iterable[str]) -> str | None:
     if len(odd) == 0:
         return None
     several = len(index.inputs) > 1
-    examples = ", ".join(f"'{index.id(int(i))}'" + (f" ({index.path_of(int(i))})" if several else "")
+    examples = ", ".join(f"'{index.id(int(i))}'" + (f" ({index.given_path_of(int(i))})" if several else "")
                          for i in odd[:MAX_EXAMPLES])
     more = f" and {len(odd) - MAX_EXAMPLES:,} more" if len(odd) > MAX_EXAMPLES else ""
     return (f"{len(odd):,} of {len(index):,} record(s) look like {looks}, but the model reads {alphabet} "

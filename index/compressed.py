@@ -98,6 +98,17 @@ def copy_is_current(path: str | os.PathLike, cache: Path) -> bool:
         return False
 
 
+def given_path(indexed: str) -> str:
+    """The file the user gave for an indexed path: the .gz whose decompressed copy it is (its sidecar names
+    it), else the path itself. Messages name this one."""
+    if Path(indexed).parent.name != "decompressed":
+        return indexed   # a plain or BGZF file, read where it is
+    try:
+        return json.loads(Path(indexed + ".json").read_text())["source"]
+    except (OSError, ValueError, KeyError):
+        return indexed
+
+
 def source_changes(indexed: Sequence[str]) -> list[str]:
     """For indexed paths that are decompressed copies: the .gz files that changed since (or are gone)."""
     changes = []

@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .compressed import given_path
 from .errors import FastaError, InputChanged, line_number
 from .fasta_scan import FileScan, legacy_content_crc32, scan_fasta, sequence_text
 from .record_checksum import add, checksum
@@ -165,6 +166,14 @@ class SequenceIndex:
 
     def line_of(self, i: int) -> int:
         return line_number(self.path_of(i), int(self.offsets[i]))
+
+    def given_path_of(self, i: int) -> str:
+        """The file of record i as the user gave it (a .gz rather than its decompressed copy), for messages."""
+        return given_path(self.path_of(i))
+
+    def where(self, i: int) -> str:
+        """'FILE:LINE' of record i, for messages."""
+        return f"{self.given_path_of(i)}:{self.line_of(i)}"
 
     def read_record(self, i: int, start: int = 0, stop: int | None = None) -> bytes:
         """Raw bytes of record i (header line included), or bytes [start, stop) of it, with one positioned

@@ -34,7 +34,7 @@ def listing(items: list[str], total: int | None = None) -> str:
 
 
 def where_in_input(index: SequenceIndex, i: int) -> str:
-    return f"{index.path_of(i)}:{index.line_of(i)} '{index.id(i)}'"
+    return f"{index.where(i)} '{index.id(i)}'"
 
 
 def apply_input_policies(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
@@ -51,7 +51,7 @@ def apply_input_policies(index: SequenceIndex, config: RunConfig) -> SequenceInd
     if groups:
         if config.on_duplicate_id == "error":
             total = sum(len(g) - 1 for g in groups)
-            shown = "; ".join(f"'{index.id(g[0])}' at " + ", ".join(f"{index.path_of(i)}:{index.line_of(i)}" for i in g)
+            shown = "; ".join(f"'{index.id(g[0])}' at " + ", ".join(index.where(i) for i in g)
                               for g in groups[:MAX_LISTED])
             more = f" (and {len(groups) - MAX_LISTED:,} more ids)" if len(groups) > MAX_LISTED else ""
             raise UserError(f"{total} duplicate sequence id(s) in the input: {shown}{more}. Output rows are "

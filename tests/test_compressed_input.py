@@ -183,3 +183,19 @@ def test_gzip_copy_that_does_not_fit_is_refused_and_leaves_nothing(plain, tmp_pa
     assert f"error: {gz}: no space to decompress it into {cache / 'decompressed'}" in res.stderr, res.stderr
     assert "RUN_SHARDS_CACHE" in res.stderr and "Traceback" not in res.stderr
     assert [p.name for p in (cache / "decompressed").iterdir()] == []
+
+
+def test_run_refusals_name_the_gz_not_its_copy(tmp_path):
+    """Duplicate ids and empty records found in a .gz (read through its copy in the cache) are listed at
+    FILE.gz:LINE, the file the user gave."""
+    gz = tmp_path / "d.fasta.gz"
+    gz.write_bytes(gzip.compress(b">a\nMK\n>a\nVL\n>e\n\n>f\nMK\n"))
+    cache = {"RUN_SHARDS_CACHE": str(tmp_path / "cache")}
+    run = [str(gz), "--out", str(tmp_path / "out"), "--gpus", "0", "--no-progress"]
+    res = run_cli(*run, env=cache)
+    assert res.returncode == 2 and f"duplicate sequence id(s) in the input: 'a' at {gz}:1, {gz}:3." in res.stderr, \
+        res.stderr
+    res = run_cli(*run, "--on-duplicate-id", "rename", env=cache)
+    assert res.returncode == 2 and f"1 record(s) have no residues: {gz}:5 'e'." in res.stderr, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and str(tmp_path / "cache") not in errors[0] and "Traceback" not in res.stderr
