@@ -5,6 +5,9 @@
     python bench/bench_engine.py gpu                     # Qwen3.5-0.8B-shaped and ESM-2-650M-shaped, bf16, 50k
                                                          # sequences, plus one 32k-token sequence (native)
 
+`--engines hf,native,native-variant` also times the native engine without batch invariance
+(--no-batch-invariant), the engines taking turns as below.
+
 Sequences come from tools/make_fasta.py (UniRef-like lengths, seed 1). Each engine runs them the way a
 worker does: length-descending order, batches planned by pipeline.batching.plan_batches under the same
 token budget (padded batches for hf, ragged for native), the embed task (mean of the final hidden
@@ -86,7 +89,8 @@ def load_engine(kind: str, path: Path, device: torch.device, dtype: torch.dtype,
         from pipeline.hf_engine import HFEngine
         return HFEngine(str(path), device, dtype, logprobs=False)
     from pipeline.engine.engine import NativeEngine
-    return NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget, max_seqs=max_seqs)
+    return NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget, max_seqs=max_seqs,
+                             batch_invariant=kind != "native-variant")
 
 
 def embed(engine, batch_ids, kind: str, budget: int, max_seqs: int, device: torch.device) -> float:
@@ -142,7 +146,9 @@ def main() -> None:
     parser.add_argument("device", choices=["cpu", "gpu"])
     parser.add_argument("--n", type=int, default=None, help="sequences (default 20000 on CPU, 50000 on GPU)")
     parser.add_argument("--models", default=None, help="comma-separated: demo, qwen35-eighth, esm2-8m (CPU); qwen35-0.8b, esm2-650m (GPU)")
-    parser.add_argument("--engines", default="hf,native")
+    parser.add_argument("--engines", default="hf,native",
+                        help="comma-separated: hf, native (batch-invariant, the default), native-variant "
+                             "(--no-batch-invariant: what the property costs)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (a CPU worker runs 1 by default)")
     parser.add_argument("--max-tokens-per-batch", type=int, default=None, help="default: the pipeline's (4096 CPU, 32768 GPU)")
     parser.add_argument("--max-seqs", type=int, default=256)
@@ -213,6 +219,9 @@ def main() -> None:
                 notes.append(f"{name} native, one long sequence: {long_sequence(engine, args.long, device)}")
             if hasattr(engine, "stats_line"):
                 notes.append(f"{name} {kind}: {engine.stats_line()}")
+        if "native" in seconds and "native-variant" in seconds:
+            notes.append(f"{name}: batch invariance costs {seconds['native'] / seconds['native-variant'] - 1:+.1%} "
+                         "of native's time (native vs native-variant)")
         del engines
         gc.collect()
         if gpu:

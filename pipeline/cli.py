@@ -191,6 +191,10 @@ def main():
 @click.option("--on-duplicate-id", type=click.Choice(["error", "rename"]), default="error", show_default=True,
               help="rename: suffix repeated ids ('x.dup2') and keep the originals in the output.")
 @click.option("--skip-empty", is_flag=True, help="Keep records without residues as rows with status 3.")
+@click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
+              help="native engine on CPU: every stored value the same bits whatever the number of workers, the "
+                   "token budget and the other sequences of a batch (docs/engine.md); off: up to a few percent "
+                   "faster, values may differ in the last bits.")
 @click.option("--checkpoint-every", "checkpoint_sequences", type=click.IntRange(min=1), default=20000,
               show_default=True,
               help="Checkpoint at least every N sequences per worker.")
@@ -227,7 +231,7 @@ def main():
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
 def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tokens_per_batch, max_seqs, dtype, pools,
                 layers, per_residue, per_residue_dtype, on_long, window, overlap, max_length, on_duplicate_id,
-                skip_empty, checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
+                skip_empty, batch_invariant, checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
                 temperature, top_p, seed, launcher, shards, sbatch, shards_per_task, array_throttle, dry_run, wait,
                 ray_address, no_progress, quiet):
     """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
@@ -255,7 +259,7 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
                    layers=_int_list(layers, "--layers") or [-1], per_residue=per_residue,
                    per_residue_dtype=per_residue_dtype, on_long=on_long, window=window or 0,
                    overlap=-1 if overlap is None else overlap, max_length=max_length or 0,
-                   on_duplicate_id=on_duplicate_id, skip_empty=skip_empty,
+                   on_duplicate_id=on_duplicate_id, skip_empty=skip_empty, batch_invariant=batch_invariant,
                    checkpoint_sequences=checkpoint_sequences, checkpoint_seconds=checkpoint_seconds,
                    worker_timeout=worker_timeout, summary_seconds=summary_seconds,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,

@@ -44,6 +44,7 @@ class RunConfig:
     max_length: int = 0                                  # 0 = the model's own limit (if any)
     on_duplicate_id: str = "error"
     skip_empty: bool = False
+    batch_invariant: bool = True                         # native engine: the same bits whatever the batch
     checkpoint_sequences: int = 20000
     checkpoint_seconds: float = 60.0
     worker_timeout: float = 1800.0
@@ -133,7 +134,7 @@ class RunConfig:
     # What must be equal between the run that wrote shards and the run that resumes or merges them.
     RESULT_FIELDS = ("fasta", "model", "task", "engine", "dtype", "pools", "layers", "per_residue",
                      "per_residue_dtype", "on_long", "window", "overlap", "max_length", "on_duplicate_id", "skip_empty",
-                     "max_new_tokens", "temperature", "top_p", "seed")
+                     "batch_invariant", "max_new_tokens", "temperature", "top_p", "seed")
 
     # How the shards are run, not what they compute: a later `run` of the same run may change these.
     LAUNCH_FIELDS = ("workers", "threads_per_worker", "checkpoint_sequences", "checkpoint_seconds",
@@ -179,6 +180,7 @@ _OPTIONS = {
     "max_seqs": "--max-seqs", "dtype": "--dtype", "pools": "--pool", "layers": "--layers",
     "per_residue": "--per-residue", "per_residue_dtype": "--per-residue-dtype", "on_long": "--on-long",
     "window": "--window", "overlap": "--overlap", "max_length": "--max-length", "on_duplicate_id": "--on-duplicate-id", "skip_empty": "--skip-empty",
+    "batch_invariant": "--no-batch-invariant",   # on by default: as_command writes the flag only when it is off
     "checkpoint_sequences": "--checkpoint-every", "checkpoint_seconds": "--checkpoint-seconds",
     "worker_timeout": "--worker-timeout", "summary_seconds": "--summary-seconds",
     "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed",

@@ -36,6 +36,7 @@ def _file_attrs(config: RunConfig, source, engine: str, index: SequenceIndex) ->
     return {
         "task": config.task, "model": config.model, "model_fingerprint": source.fingerprint,
         "model_type": source.model_type, "dtype": config.torch_dtype_name, "engine": engine,
+        "batch_invariant": engines.batch_invariant(engine, config),
         "config": json.loads(config.to_json()), "software_version": __version__,
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "index_fingerprint": index.fingerprint(), "fasta_files": config.fasta,

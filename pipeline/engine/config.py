@@ -17,6 +17,10 @@ from ..models.base import ModelSpec
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 16
+# Batch-invariant runs cut a prefill that spans steps at multiples of this many tokens, and causal
+# attention on CPU runs in blocks ending there (a multiple of every delta-rule chunk size: 16 on CPU, 64
+# with the kernels). Budgets below it cannot keep the property.
+INVARIANT_SPLIT = 64
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class EngineConfig:
     gdn_launch: dict = field(default_factory=dict)   # extra knobs for the delta-rule kernels, by function name
     kernels: str = "auto"               # auto: Triton on CUDA, the kernels' torch code on CPU; "triton":
                                         # Triton everywhere (CPU only under TRITON_INTERPRET=1: tests)
+    batch_invariant: bool = True        # every stored value the same bits whatever the batch (see `resolve`)
 
     def triton_kernels(self, device: torch.device) -> bool:
         return self.kernels == "triton" or (self.kernels == "auto" and device.type == "cuda")
@@ -62,7 +67,16 @@ class EngineConfig:
         # The Triton kernels take chunks of 64 or 128; on CPU 0 leaves the choice to the layer
         # (models/layers/gated_deltanet.py: CPU_CHUNK_SIZE).
         chunk = self.gdn_chunk_size or (64 if self.triton_kernels(device) else 0)
-        resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk)
+        # On a GPU the matmuls (cuBLAS) choose their algorithm by shape, so the property cannot hold there:
+        # the kernels' own batch-invariant modes (no walk segments) would only cost parallelism.
+        on_cpu = not self.triton_kernels(device) and device.type == "cpu"
+        invariant = self.batch_invariant and on_cpu and self.max_tokens_per_step >= INVARIANT_SPLIT
+        if self.batch_invariant and on_cpu and not invariant:
+            log.warning("a step budget of %d tokens is below %d: outputs are not batch-invariant (they may change "
+                        "in the last bits with the batch); raise --max-tokens-per-batch to keep them so",
+                        self.max_tokens_per_step, INVARIANT_SPLIT)
+        resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk,
+                           batch_invariant=invariant)
         resolved._check_memory(spec, device, dtype)
         return resolved
 

@@ -28,6 +28,8 @@ class StepContext:
     state_write: tuple[np.ndarray, np.ndarray] | None   # sequences whose state is kept after the step
     triton_kernels: bool = False       # run the kernels' Triton implementations (else their torch ones)
     attention_launch: dict = field(default_factory=dict)  # explicit paged-attention launch knobs
+    invariant_block: int = 0           # batch-invariant: prefills are cut at multiples of this (0: not)
+    decoding: np.ndarray | None = None  # bool [S] (host): the sequence feeds back a generated token
     memo: dict = field(default_factory=dict)
 
     @property

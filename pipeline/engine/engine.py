@@ -17,7 +17,7 @@ import torch
 
 from ..engine_api import EngineInfo, ForwardOutput, OutOfMemory
 from .block_manager import BlockManager
-from .config import EngineConfig
+from .config import INVARIANT_SPLIT, EngineConfig
 from .model_runner import ModelRunner
 from .sampler import Sampler, uniforms
 from .scheduler import ScheduledSeq, Scheduler
@@ -83,7 +83,8 @@ def _budgets(run_config, info: EngineInfo, spec, text_config) -> dict:
     limit = limit or spec.max_tokens or getattr(text_config, "max_position_embeddings", None) or budget
     generate = run_config is not None and run_config.task == "generate"
     return dict(max_tokens_per_step=budget, max_seqs=run_config.max_seqs if run_config is not None else 256,
-                max_model_len=int(limit), max_new_tokens=run_config.max_new_tokens if generate else 0)
+                max_model_len=int(limit), max_new_tokens=run_config.max_new_tokens if generate else 0,
+                batch_invariant=run_config.batch_invariant if run_config is not None else True)
 
 
 class NativeEngine:
@@ -126,7 +127,8 @@ class NativeEngine:
         c = self.config
         blocks = BlockManager(c.num_pages, c.page_size)
         slots = StateSlots(c.num_state_slots) if self.spec.delta is not None else None
-        return Scheduler(c.max_tokens_per_step, c.max_seqs, self.spec.is_causal, blocks, slots)
+        return Scheduler(c.max_tokens_per_step, c.max_seqs, self.spec.is_causal, blocks, slots,
+                         split_unit=INVARIANT_SPLIT if c.batch_invariant else 1)
 
     def _check_fits(self, seqs: list[Sequence]) -> None:
         capacity = self.config.num_pages * self.config.page_size

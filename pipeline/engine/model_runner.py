@@ -11,12 +11,13 @@ import contextlib
 import numpy as np
 import torch
 
+from triton_kernels import pointwise
 from triton_kernels._device import target_of, torch_path_on_cpu
 
 from ..models.base import NativeModel
 from ..models.layers.attention import cache_head_dim
 from .block_manager import BlockManager
-from .config import EngineConfig
+from .config import INVARIANT_SPLIT, EngineConfig
 from .context import StepContext
 from .scheduler import ScheduledSeq
 
@@ -65,17 +66,18 @@ class ModelRunner:
             chunk = dict(vars(chunk_knobs(self.device, **chunk)))
             decode = dict(vars(decode_knobs(self.device, **decode)))
             conv = dict(vars(conv_knobs(self.device, **conv)))
-        return {"chunk_gated_delta_rule": dict(chunk_size=c.gdn_chunk_size, **chunk),
+        return {"chunk_gated_delta_rule": dict(chunk_size=c.gdn_chunk_size, batch_invariant=c.batch_invariant, **chunk),
                 "fused_recurrent_gated_delta_rule": decode, "causal_conv1d": conv}
 
     def prepare(self, step: list[ScheduledSeq], blocks: BlockManager) -> StepContext:
         """Host-side tensors of one step, each copied to the device without waiting for it.
 
-        One pass over the step's sequences reads four numbers each; everything else is vectorised: the
+        One pass over the step's sequences reads five numbers each; everything else is vectorised: the
         block table is a gather of the sequences' rows of blocks.tables (written once at admission)."""
         page, S = self.config.page_size, len(step)
-        info = np.array([(s.start, s.num_tokens, s.seq.row, s.seq.slot) for s in step], np.int64).reshape(S, 4)
-        prior, q_lens, rows, slots = info.T
+        info = np.array([(s.start, s.num_tokens, s.seq.row, s.seq.slot, s.seq.num_prompt) for s in step],
+                        np.int64).reshape(S, 5)
+        prior, q_lens, rows, slots, prompts = info.T
         T = int(q_lens.sum())
         if T == S:   # decode steps (and one-token prefills): the token at each sequence's position
             ids = np.array([s.seq.token_ids[s.start] for s in step], np.int64)
@@ -101,7 +103,9 @@ class ModelRunner:
             input_ids=to(ids), positions=to(positions), cu_seqlens=to(cu), kv_lens=to((prior + q_lens).astype(np.int32)),
             block_tables=to(tables), slot_mapping=to(slot_mapping), q_lens=q_lens, prior_lens=prior,
             state_read=state_read, state_write=state_write, triton_kernels=self.triton,
-            attention_launch=self._launch(step, q_lens, tables.shape[1]))
+            attention_launch=self._launch(step, q_lens, tables.shape[1]),
+            invariant_block=INVARIANT_SPLIT if self.config.batch_invariant else 0,
+            decoding=prior >= prompts)
         ctx.memo["segment_ids"] = to(seg)
         return ctx
 
@@ -123,5 +127,5 @@ class ModelRunner:
         """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens."""
         self.allocate()
         on_cpu = torch_path_on_cpu() if not self.triton else contextlib.nullcontext()
-        with on_cpu, torch.inference_mode():
+        with on_cpu, torch.inference_mode(), pointwise.batch_invariant(self.config.batch_invariant):
             return self.model(ctx, capture)

@@ -2,7 +2,9 @@
 token budget (`max_tokens_per_step`) and the sequence budget (`max_seqs`).
 
 Causal models prefill a sequence longer than the remaining budget in chunks, its KV pages and delta-rule
-state carrying it from one step to the next. Encoders (bidirectional) need a whole sequence per step:
+state carrying it from one step to the next. With `split_unit` > 1 (batch-invariant runs) a chunk that
+leaves part of its sequence for a later step ends at a multiple of that many tokens, so every sequence is
+cut at the same places whatever the budget and its neighbours. Encoders (bidirectional) need a whole sequence per step:
 one that does not fit what is left waits for the next step, and one longer than the whole budget runs
 alone in a step of its own.
 """
@@ -34,8 +36,9 @@ class ScheduledSeq:
 
 class Scheduler:
     def __init__(self, max_tokens_per_step: int, max_seqs: int, causal: bool, blocks: BlockManager,
-                 slots: StateSlots | None):
+                 slots: StateSlots | None, split_unit: int = 1):
         self.max_tokens, self.max_seqs, self.causal = max_tokens_per_step, max_seqs, causal
+        self.split_unit = split_unit
         self.blocks, self.slots = blocks, slots
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -58,8 +61,8 @@ class Scheduler:
         for seq in decoding + prefilling:
             if len(step) == self.max_seqs or budget == 0:
                 break
-            n = seq.num_pending if seq.is_decoding else min(seq.num_pending, budget)
-            if n > budget:
+            n = seq.num_pending if seq.is_decoding else self._chunk(seq, budget)
+            if n > budget or n == 0:
                 continue
             # A running sequence that continues after this step already holds its slot (taken at admission).
             assert not self._needs_slot(seq, n) or seq.slot >= 0, f"{seq} continues without a state slot"
@@ -68,7 +71,9 @@ class Scheduler:
         while self.waiting and len(step) < self.max_seqs and budget > 0:
             seq = self.waiting[0]
             if self.causal:
-                n = min(seq.num_pending, budget)
+                n = self._chunk(seq, budget)
+                if n == 0:
+                    break   # its first chunk would end off the split grid: the next step starts it
             else:
                 n = seq.num_pending
                 if n > budget and step:
@@ -92,6 +97,13 @@ class Scheduler:
             f"nothing schedulable: {len(self.waiting)} waiting, {len(self.running)} running, "
             f"{self.blocks.num_free} free pages")
         return step
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Prefill tokens of `seq` in this step: all it has pending if they fit, else as many as fit, cut
+        down to a multiple of split_unit tokens (maybe none)."""
+        if seq.num_pending <= budget:
+            return seq.num_pending
+        return budget - budget % self.split_unit
 
     def after_step(self, step: list[ScheduledSeq]) -> None:
         """Advance the computed counts; release whatever a finished sequence holds."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .layers.linear import linear
+
 
 @dataclass(frozen=True)
 class DeltaStateSpec:
@@ -103,7 +105,7 @@ class RotaryDecoder(NativeModel):
 
     def logits(self, hidden):
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return hidden @ weight.T
+        return linear(hidden, weight)
 
 
 def eos_ids(config, checkpoint_dir) -> tuple[int, ...]:

@@ -8,12 +8,14 @@ exact (erf) form; the final `emb_layer_norm_after` output is hidden state num_la
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from triton_kernels import pointwise
 
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
 from .layers.attention import PagedAttention
+from .layers.linear import Linear
 from .layers.loader import CheckpointTensors, check_loaded, embedding, materialize
 from .layers.rotary import Rotary
 
@@ -22,7 +24,7 @@ MASK_RATIO_TRAIN = 0.15 * 0.8   # fixed in every ESM training run; transformers 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
     """The erf GELU, x * 0.5 * (1 + erf(x / sqrt 2)), as one fused op (transformers spells it out)."""
-    return F.gelu(x, approximate="none")
+    return pointwise.gelu(x)
 
 
 class EsmLayer(nn.Module):
@@ -32,11 +34,11 @@ class EsmLayer(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = d // self.num_heads
         self.attn_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.attn_out = nn.Linear(d, d)
+        self.qkv = Linear(d, 3 * d)
+        self.attn_out = Linear(d, d)
         self.mlp_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-        self.fc1 = nn.Linear(d, config.intermediate_size)
-        self.fc2 = nn.Linear(config.intermediate_size, d)
+        self.fc1 = Linear(d, config.intermediate_size)
+        self.fc2 = Linear(config.intermediate_size, d)
         # q is pre-scaled (as transformers does, before the rotary), so the kernel's scale is 1.
         self.attn = PagedAttention(self.num_heads, self.num_heads, self.head_dim, 1.0, causal=False)
 

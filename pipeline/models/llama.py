@@ -11,6 +11,7 @@ from torch import nn
 from ..errors import UserError
 from .base import ModelSpec, RotaryDecoder
 from .layers.attention import PagedAttention
+from .layers.linear import Linear
 from .layers.loader import decoder_from_checkpoint, embedding
 from .layers.mlp import GatedMLP
 from .layers.norms import RMSNorm
@@ -24,8 +25,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         bias = bool(getattr(config, "attention_bias", False))
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.qkv = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
@@ -77,7 +78,7 @@ class LlamaModel(RotaryDecoder):
         self.layers = nn.ModuleList(LlamaLayer(config, qk_norm) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if self.tied else Linear(config.hidden_size, config.vocab_size, bias=False)
         head_dim = self.layers[0].self_attn.head_dim
         inv_freq, scaling, _ = rope_frequencies(config, head_dim)
         self.rotary = Rotary(inv_freq, scaling)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from triton_kernels import pointwise
+
 from ..errors import UserError
 from .base import DeltaStateSpec, ModelSpec, RotaryDecoder
 from .layers.attention import PagedAttention
 from .layers.gated_deltanet import GatedDeltaNet
+from .layers.linear import Linear
 from .layers.loader import decoder_from_checkpoint, embedding
 from .layers.mlp import GatedMLP
 from .layers.norms import RMSNorm
@@ -29,8 +32,8 @@ class GatedAttention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))
         # [query and gate interleaved per head (2 * q_size) | k | v]
-        self.qkv = nn.Linear(config.hidden_size, 2 * self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.qkv = Linear(config.hidden_size, 2 * self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centred=True)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centred=True)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, causal=True)
@@ -43,7 +46,7 @@ class GatedAttention(nn.Module):
         k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
         q, k = rotary.apply(q, cos, sin, in_place=True), rotary.apply(k, cos, sin, in_place=True)   # norm outputs
         o = self.attn(q, k, v.view(T, self.num_kv_heads, self.head_dim), ctx).reshape(T, self.q_size)
-        return self.o_proj(o * torch.sigmoid(gate.reshape(T, self.q_size)))
+        return self.o_proj(o * pointwise.sigmoid(gate.reshape(T, self.q_size)))
 
     def load(self, t, p: str) -> None:
         names = ("q_proj", "k_proj", "v_proj")
@@ -83,7 +86,7 @@ class Qwen3_5Model(RotaryDecoder):
         self.layers = nn.ModuleList(Qwen3_5Layer(config, kind) for kind in types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centred=True)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if self.tied else Linear(config.hidden_size, config.vocab_size, bias=False)
         inv_freq, scaling, _ = rope_frequencies(config, config.head_dim)
         self.rotary = Rotary(inv_freq, scaling)
         linear = [layer.mixer for layer in self.layers if layer.is_linear]

@@ -406,6 +406,7 @@ def chunk_gated_delta_rule(
     num_warps: int | None = None,
     num_stages: int | None = None,
     prep_num_warps: int | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule over whole sequences, chunk by chunk (prefill). fla-compatible arguments.
 
@@ -418,6 +419,11 @@ def chunk_gated_delta_rule(
         cu_seqlens: [N+1] int32/int64 token offsets of N sequences packed in a B == 1 batch.
         use_qk_l2norm_in_kernel: normalise q and k rows: x * rsqrt(sum(x^2) + 1e-6).
         chunk_size: tokens per chunk; the Triton kernels take 64 or 128, the torch path any size.
+        batch_invariant: every sequence's outputs and final state bitwise the same whatever the other
+            sequences of the call: chunks of exactly chunk_size from each sequence's first token (the
+            torch path otherwise shrinks them to a group's longest sequence), and the Triton walk never
+            cut into segments (their number follows the batch). A sequence continued from its state in
+            a later call computes what one call over it would when it was cut at a multiple of chunk_size.
     Launch knobs (Triton only; explicit, never tuned behind the caller's back):
         block_v: V columns per walk program (power of two >= 16; capped at V rounded up to a power of two).
         num_warps, num_stages: of the sequential walk kernel (num_stages pipelines its chunk loop).
@@ -434,7 +440,8 @@ def chunk_gated_delta_rule(
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     scale = dims.head_k_dim**-0.5 if scale is None else float(scale)
     args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                layout=layout, dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel, chunk_size=chunk_size)
+                layout=layout, dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel, chunk_size=chunk_size,
+                batch_invariant=batch_invariant)
     if not use_triton(q):
         return chunk_fwd_torch(q, k, v, g, beta, **args)
     knobs = chunk_knobs(q.device, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
@@ -503,7 +510,8 @@ def walk_segment_tokens(lengths: list[int], programs_per_sequence: int, chunk_si
 
 def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
                      layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool, chunk_size: int,
-                     block_v: int, num_warps: int, num_stages: int, prep_num_warps: int):
+                     block_v: int, num_warps: int, num_stages: int, prep_num_warps: int,
+                     batch_invariant: bool = False):
     """Launch the prep and walk kernels; arguments already validated by `chunk_gated_delta_rule`."""
     if chunk_size not in TRITON_CHUNK_SIZES:
         raise ValueError(f"the Triton kernels take chunk_size in {TRITON_CHUNK_SIZES}, got {chunk_size}")
@@ -539,7 +547,8 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
     NV = triton.cdiv(V, BV)
     walk = functools.partial(_walk, q, k, w, u, p, gamma, q_scale, k_scale, H=H, HV=HV, K=K, BT=chunk_size, BK=BK,
                              BV=BV, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
-    segment = walk_segment_tokens(layout.lengths, HV * NV, chunk_size, target_of(device).num_sms)
+    segment = None if batch_invariant else walk_segment_tokens(layout.lengths, HV * NV, chunk_size,
+                                                                 target_of(device).num_sms)
     if segment is None:
         walk(seq_ranges, seq_order, o, h0, final)
     else:

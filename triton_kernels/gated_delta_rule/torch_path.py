@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from triton_kernels import pointwise
 from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout
 
 
@@ -64,8 +65,8 @@ EXP_RANGE = (-87.0, 88.0)
 
 
 def _exp_(x: torch.Tensor) -> torch.Tensor:
-    """exp of x, in place, with x clamped to EXP_RANGE."""
-    return x.clamp_(*EXP_RANGE).exp_()
+    """exp of x, in place, with x clamped to EXP_RANGE (position-independent under pointwise.batch_invariant)."""
+    return pointwise.exp_(x.clamp_(*EXP_RANGE))
 
 
 # Sequences are processed in groups: enough chunks to batch the matmuls, few enough that the in-chunk
@@ -98,8 +99,18 @@ def _sequence_groups(lengths: list[int], order: list[int], C: int, d: Dims) -> l
 
 
 def chunk_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
-                    layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool, chunk_size: int):
-    """Chunked form (see REFERENCE.md); returns o [B, T, HV, V] in q's dtype and the final states or None."""
+                    layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool, chunk_size: int,
+                    batch_invariant: bool = False):
+    """Chunked form (see REFERENCE.md); returns o [B, T, HV, V] in q's dtype and the final states or None.
+    batch_invariant: chunks of exactly chunk_size (see chunk_gated_delta_rule)."""
+    with pointwise.batch_invariant(batch_invariant or pointwise.enabled()):
+        return _chunk_fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, layout=layout, dims=dims,
+                          use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, batch_invariant=batch_invariant)
+
+
+def _chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, layout, dims, use_qk_l2norm,
+               chunk_size, batch_invariant):
     d = dims
     out_dtype, device = q.dtype, q.device
     q, k, v, g, beta = _flat_inputs(q, k, v, g, beta, d)
@@ -111,9 +122,10 @@ def chunk_fwd_torch(q, k, v, g, beta, *, scale: float, initial_state, output_fin
     lengths = layout.lengths
     for start, stop in _sequence_groups(lengths, order, chunk_size, d):
         members = order[start:stop]
-        # The result does not depend on the chunk size: groups of short sequences use a smaller one.
-        C = min(chunk_size, lengths[members[0]])
-        if C > 0:
+        # The result does not depend on the chunk size (up to rounding): groups of short sequences use a
+        # smaller one, unless the rounding must not depend on the group.
+        C = chunk_size if batch_invariant else min(chunk_size, lengths[members[0]])
+        if lengths[members[0]] > 0:
             _chunk_group(q, k, v, g, beta, rq, rk, o, S[start:stop], layout, members, C, d)
     o = o[:tokens].reshape(d.batch, d.seq_len, d.num_v_heads, d.head_v_dim).to(out_dtype)
     return o, (_unsort(S, order) if output_final_state else None)

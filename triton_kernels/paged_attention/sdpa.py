@@ -5,6 +5,8 @@ the sequence's pages, GQA without copies of K/V per query head (enable_gqa, or h
 decode), and a mask only where one is needed (causal with 1 < q_len < kv_len: chunked-prefill
 continuations).
 """
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -30,17 +32,92 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
     return o[0].transpose(0, 1)
 
 
+# Batch-invariant attention pads its products to at least this many query rows: CPU sgemm takes another
+# path for fewer (see pipeline/models/layers/linear.py).
+MIN_ROWS = 16
+
+
+def _attend_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int, scale: float) -> torch.Tensor:
+    """Causal attention of one sequence's step rows q `[n, Hq, D]` (its last n positions) over k/v
+    `[kv_len, Hkv, D]`, in blocks of rows that end at multiples of `block` (or at kv_len), each attending
+    over the keys up to its end as two batched matmuls and a softmax in float32. A row's bits depend only
+    on its block, never on n: the same whether a prefill runs whole or cut at multiples of `block`.
+
+    The products are padded to at least MIN_ROWS rows, and callers run this on one thread
+    (`_one_thread`): SDPA's CPU kernel splits the keys among threads when it has few query rows (a decode
+    step, a block of one or two rows), and MKL splits a product's rows among threads in ways that change
+    the last bits of some rows with their count (seen at 3 threads on [140, 32] x [32, 35]; torch 2.13,
+    MKL 2024.2): either would make a row depend on torch's thread count."""
+    n, num_q_heads, head_dim = q.shape
+    kv_len, num_kv_heads = k.shape[0], k.shape[1]
+    group = num_q_heads // num_kv_heads
+    qh = q.float().view(n, num_kv_heads, group, head_dim).permute(1, 0, 2, 3).reshape(num_kv_heads, n * group, head_dim)
+    kt = k.float().permute(1, 2, 0).contiguous()      # [Hkv, D, kv_len]: a block reads its first columns
+    vh = v.float().permute(1, 0, 2).contiguous()      # [Hkv, kv_len, D]
+    out = torch.empty_like(qh)
+    prior = first = kv_len - n
+    while first < kv_len:
+        last = min(kv_len, (first // block + 1) * block)
+        r0, r1 = (first - prior) * group, (last - prior) * group
+        rows = r1 - r0
+        qb = qh[:, r0:r1]
+        if rows < MIN_ROWS:
+            qb = torch.cat([qb, qb.new_zeros(num_kv_heads, MIN_ROWS - rows, head_dim)], dim=1)
+        scores = torch.bmm(qb, kt[:, :, :last]).mul_(scale)                 # [Hkv, rows, last]
+        if last - first > 1:   # row r is position first + r // group: later keys, all in the block, masked
+            scores[:, :rows, first:].masked_fill_(_causal_tail(last - first, group, q.device), float("-inf"))
+        out[:, r0:r1] = torch.bmm(torch.softmax(scores, dim=-1), vh[:, :last])[:, :rows]
+        first = last
+    return out.view(num_kv_heads, n, group, head_dim).permute(1, 0, 2, 3).reshape(n, num_q_heads, head_dim).to(q.dtype)
+
+
+_tails: dict = {}
+
+
+def _causal_tail(n: int, group: int, device) -> torch.Tensor:
+    """[n * group, n]: True where key j comes after the row's position (row r is position r // group)."""
+    key = (n, group, str(device))
+    if key not in _tails:
+        pos = torch.arange(n, device=device)
+        _tails[key] = (pos[None, :] > pos[:, None]).repeat_interleave(group, dim=0)
+    return _tails[key]
+
+
+@contextlib.contextmanager
+def _one_thread():
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)   # about 1 us there and back
+    try:
+        yield
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
+
+
 def paged_attention_sdpa(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, out: torch.Tensor, *, causal: bool, scale: float,
-    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None, block: int = 0,
 ) -> torch.Tensor:
     """Same contract as paged_attention on CPU tensors; fills and returns out `[T_total, Hq, D]`.
 
     new_kv: the step's own keys and values `[T_total, Hkv, D]`, already written to the cache. A sequence
     with no earlier tokens (kv_len == its q_len) then attends over its rows of them directly instead of
     reading its pages back: the same values, one gather fewer (all of ESM-2's steps, and every fresh
-    sequence of a causal model's prefill)."""
+    sequence of a causal model's prefill).
+
+    block: with causal attention, a sequence's rows go in blocks that end at multiples of `block` positions
+    (or at its last token), each attending over the keys up to the block's end (`_attend_blocks`). A row's
+    value then depends only on its block, not on how many rows the step holds (SDPA's own blocking
+    follows q_len): the same bits whether a prefill runs in one step or is cut at multiples of `block`
+    over several, and for any thread count."""
+    with _one_thread() if causal and block else contextlib.nullcontext():
+        return _paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, out, causal=causal,
+                                scale=scale, new_kv=new_kv, block=block)
+
+
+def _paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, out, *, causal, scale, new_kv, block):
     page_size = k_cache.shape[1]
     starts = cu_seqlens_q.tolist()
     for s, kv_len in enumerate(kv_lens.tolist()):
@@ -53,5 +130,8 @@ def paged_attention_sdpa(
             pages = block_tables[s, : -(-kv_len // page_size)]
             k = k_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
             v = v_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
-        out[begin:end] = _attend(q[begin:end], k, v, causal=causal, scale=scale)
+        if not (causal and block):
+            out[begin:end] = _attend(q[begin:end], k, v, causal=causal, scale=scale)
+            continue
+        out[begin:end] = _attend_blocks(q[begin:end], k, v, block=block, scale=scale)
     return out

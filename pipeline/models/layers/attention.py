@@ -45,7 +45,8 @@ class PagedAttention:
             write_kv_cache_torch(k, v, k_cache, v_cache, ctx.slot_mapping)
             out = torch.empty_like(q)
             return paged_attention_sdpa(q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.kv_lens, out,
-                                        causal=self.causal, scale=self.scale, new_kv=(k, v))
+                                        causal=self.causal, scale=self.scale, new_kv=(k, v),
+                                        block=ctx.invariant_block)
         pad = k_cache.shape[-1] - self.head_dim
         if pad:
             q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))

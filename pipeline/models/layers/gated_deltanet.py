@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, pointwise
 
 from ...engine.context import StepContext
+from .linear import Linear
 from .norms import GatedRMSNorm
 
 
@@ -57,6 +57,17 @@ def conv_fixups(ctx: StepContext, width: int):
         wseq = ctx.state_write[0][:, None]
         window = source(wseq, q_lens[wseq] - width + np.arange(width)[None, :])
     return rows[differ], j[differ], wrong[differ], right[differ], window
+
+
+def direct_conv_sources(rows: np.ndarray, shifts: np.ndarray, right: np.ndarray, width: int):
+    """For the batch-invariant conv: the distinct rows of conv_fixups' pairs (ascending) and, per row, the
+    source code (conv_fixups' codes) of every tap, codes[:, j] the input j rows back: the row's own
+    sequence (or its stored window, or zero) where a pair corrects it, the shifted row elsewhere."""
+    fixed, at = np.unique(rows, return_inverse=True)
+    codes = fixed[:, None] - np.arange(width + 1)[None, :]
+    codes[codes < 0] = -1
+    codes[at, shifts] = right
+    return fixed, codes
 
 
 def conv_slots(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -103,12 +114,12 @@ class GatedDeltaNet(nn.Module):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.kernel = config.linear_conv_kernel_dim
         # One matmul for the four input projections: [q k v | z | b | a].
-        self.in_proj = nn.Linear(config.hidden_size, self.conv_dim + self.value_dim + 2 * self.num_v_heads, bias=False)
+        self.in_proj = Linear(config.hidden_size, self.conv_dim + self.value_dim + 2 * self.num_v_heads, bias=False)
         self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, self.kernel), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(self.num_v_heads), requires_grad=False)
         self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, config.hidden_size, bias=False)
+        self.out_proj = Linear(self.value_dim, config.hidden_size, bias=False)
         # Set by the model runner: conv windows [slots, kernel - 1, conv_dim], recurrent [slots, HV, K, V] fp32.
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kernel_args: dict = {}
@@ -122,34 +133,83 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(1, T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(1, T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(1, T, self.num_v_heads, self.head_v_dim)
-        beta = b.sigmoid()[None]
-        g = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias))[None]
+        beta = pointwise.sigmoid(b)[None]
+        g = (-self.A_log.float().exp() * pointwise.softplus(a.float() + self.dt_bias))[None]
 
-        if ctx.all_decode:   # every sequence reads and keeps its state: updated in place in its slot
+        if ctx.invariant_block and ctx.decoding is not None and ctx.decoding.any() and not ctx.decoding.all():
+            o = self._mixed(q, k, v, g, beta, recurrent, ctx)
+        elif ctx.all_decode if not ctx.invariant_block or ctx.decoding is None else ctx.decoding.all():
+            # every sequence reads and keeps its state: updated in place in its slot
             assert ctx.state_read is not None and ctx.state_write is not None and len(ctx.state_write[0]) == T
-            o, _ = fused_recurrent_gated_delta_rule(
-                q, k, v, g, beta, initial_state=recurrent, state_indices=ctx.on_device("write_slots", ctx.state_write[1]),
-                cu_seqlens=ctx.cu_seqlens, use_qk_l2norm_in_kernel=True,
-                **self.kernel_args.get("fused_recurrent_gated_delta_rule", {}))
-            return self._output(o, z, T)
+            o = self._recurrent(q, k, v, g, beta, recurrent, ctx.cu_seqlens,
+                                ctx.on_device("write_slots", ctx.state_write[1]))
+        else:
+            o = self._chunked(q, k, v, g, beta, recurrent, ctx.cu_seqlens, ctx.num_seqs,
+                              ctx.state_read, ctx.state_write, ctx, "")
+        return self._output(o, z, T)
+
+    def _recurrent(self, q, k, v, g, beta, recurrent, cu_seqlens, slots):
+        """One token per sequence (decode), each state updated in place in its slot."""
+        o, _ = fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, initial_state=recurrent, state_indices=slots, cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=True, **self.kernel_args.get("fused_recurrent_gated_delta_rule", {}))
+        return o
+
+    def _chunked(self, q, k, v, g, beta, recurrent, cu_seqlens, num_seqs, state_read, state_write, ctx, key: str):
+        """Sequences of any length from their stored state (state_read: rows, slots) or from zero, the
+        final states of state_write's rows stored in their slots. `key` names the step's index tensors
+        (built once per step, for every layer)."""
         initial = None
-        if ctx.state_read is not None:
-            rows, slots = ctx.on_device("read_rows", ctx.state_read[0]), ctx.on_device("read_slots", ctx.state_read[1])
-            if len(ctx.state_read[0]) == ctx.num_seqs:
+        if state_read is not None:
+            rows = ctx.on_device(key + "read_rows", state_read[0])
+            slots = ctx.on_device(key + "read_slots", state_read[1])
+            if len(state_read[0]) == num_seqs:
                 initial = recurrent[slots]
             else:
-                initial = recurrent.new_zeros(ctx.num_seqs, *recurrent.shape[1:])
+                initial = recurrent.new_zeros(num_seqs, *recurrent.shape[1:])
                 initial[rows] = recurrent[slots]
-        keep = ctx.state_write is not None
+        keep = state_write is not None
         knobs = self.kernel_args.get("chunk_gated_delta_rule", {})
         if not knobs.get("chunk_size"):
             knobs = dict(knobs, chunk_size=CPU_CHUNK_SIZE)
         o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=keep,
-                                          cu_seqlens=ctx.cu_seqlens, use_qk_l2norm_in_kernel=True, **knobs)
+                                          cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True, **knobs)
         if keep:
-            rows = ctx.on_device("write_rows", ctx.state_write[0])
-            recurrent[ctx.on_device("write_slots", ctx.state_write[1])] = final[rows]
-        return self._output(o, z, T)
+            recurrent[ctx.on_device(key + "write_slots", state_write[1])] = final[
+                ctx.on_device(key + "write_rows", state_write[0])]
+        return o
+
+    def _mixed(self, q, k, v, g, beta, recurrent, ctx: StepContext):
+        """Batch-invariant steps that mix generated tokens with prefill: the decoding sequences through the
+        recurrent form, the rest chunked, so each token takes the path it takes in any other step (the
+        one-token prefill continuation included, which the chunked form computes)."""
+        decoding = ctx.decoding
+        starts = np.zeros(ctx.num_seqs + 1, np.int64)
+        np.cumsum(ctx.q_lens, out=starts[1:])
+        slot_of = np.full(ctx.num_seqs, -1, np.int64)
+        slot_of[ctx.state_write[0]] = ctx.state_write[1]
+        reads = np.zeros(ctx.num_seqs, bool)
+        if ctx.state_read is not None:
+            reads[ctx.state_read[0]] = True
+        o = q.new_empty(1, q.shape[1], self.num_v_heads, self.head_v_dim)
+        dec = np.flatnonzero(decoding)
+        rows = ctx.on_device("dec_rows", starts[dec])
+        cu = ctx.on_device("dec_cu", np.arange(len(dec) + 1))
+        part = [x[:, rows] for x in (q, k, v, g, beta)]
+        o[:, rows] = self._recurrent(*part, recurrent, cu, ctx.on_device("dec_slots", slot_of[dec])).to(o.dtype)
+        pre = np.flatnonzero(~decoding)
+        lens = ctx.q_lens[pre].astype(np.int64)
+        token_rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in pre])
+        rows = ctx.on_device("pre_token_rows", token_rows)
+        cu = np.zeros(len(pre) + 1, np.int64)
+        np.cumsum(lens, out=cu[1:])
+        read = np.flatnonzero(reads[pre])
+        write = np.flatnonzero(slot_of[pre] >= 0)
+        part = [x[:, rows] for x in (q, k, v, g, beta)]
+        o[:, rows] = self._chunked(*part, recurrent, ctx.on_device("pre_cu", cu), len(pre),
+                                   (read, slot_of[pre][read]) if len(read) else None,
+                                   (write, slot_of[pre][write]) if len(write) else None, ctx, "pre_").to(o.dtype)
+        return o
 
     def _output(self, o: torch.Tensor, z: torch.Tensor, T: int) -> torch.Tensor:
         o = self.norm(o.reshape(T, self.num_v_heads, self.head_v_dim), z.reshape(T, self.num_v_heads, self.head_v_dim))
@@ -185,7 +245,17 @@ class GatedDeltaNet(nn.Module):
         # Taps as contiguous rows [kernel, C]: a strided weight column made each tap ~3x slower.
         w = self.conv_weight.float().T.contiguous()
         fix_rows = fix = None
-        if len(rows):   # out[row] += w[shift] * (right - wrong), added block by block before the SiLU
+        if len(rows) and ctx.invariant_block:
+            # Batch-invariant: the rows next to sequence starts are computed again from their own inputs,
+            # with the main loop's operations in its order, and replace the shifted ones: the same bits
+            # whatever sequence came before in the step (a correction would add its rounding).
+            fix_rows_np, codes = direct_conv_sources(rows, shifts, right, width)
+            fix_rows = ctx.on_device(f"conv_rows_{width}", fix_rows_np)
+            fix = gather(ctx.on_device(f"conv_direct_{width}", codes[:, 0])).float().mul_(w[width])
+            for j in range(1, width + 1):
+                fix.addcmul_(gather(ctx.on_device(f"conv_direct_{width}_{j}", codes[:, j])).float(), w[width - j])
+            rows = fix_rows_np
+        elif len(rows):   # out[row] += w[shift] * (right - wrong), added block by block before the SiLU
             right_rows = gather(ctx.on_device(f"conv_right_{width}", right)).float()
             wrong_rows = gather(ctx.on_device(f"conv_wrong_{width}", wrong)).float()
             fix = (right_rows - wrong_rows).mul_(w[width - ctx.on_device(f"conv_shifts_{width}", shifts)])
@@ -206,9 +276,11 @@ class GatedDeltaNet(nn.Module):
                     out[a:r1].addcmul_(src[a - j - s0:r1 - j - s0], w[width - j])
             if fix is not None:
                 lo, hi = np.searchsorted(rows, (r0, r1))
-                if hi > lo:
+                if hi > lo and ctx.invariant_block:
+                    out.index_copy_(0, fix_rows[lo:hi], fix[lo:hi])
+                elif hi > lo:
                     out.index_add_(0, fix_rows[lo:hi], fix[lo:hi])
-            F.silu(out[r0:r1], inplace=True)
+            pointwise.silu_(out[r0:r1])
         # On CPU the delta rule computes in float32, so a 16-bit model's activations go to it as they are.
         return out if on_cpu else out.to(x.dtype)
 

@@ -6,6 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from triton_kernels import pointwise
+
+from .linear import Linear, linear
+
 # On CPU, run gate and up as two matmuls over views of the fused weight. In bfloat16 the 1/8 Qwen3.5's MLPs
 # took 207-233 ms per pass of 2,500-2,900 tokens this way against 275-296 fused (whose [T, 2I] output and
 # strided halves fall out of cache), and about the same at 4,000 tokens; in float32 they are GEMM-bound
@@ -19,17 +23,17 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=bias)
-        self.down = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up = Linear(hidden, 2 * intermediate, bias=bias)
+        self.down = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or not CPU_SPLIT_GATE_UP:
             gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
             return self.down(F.silu(gate, inplace=True).mul_(up))   # in place in gate_up's output: no new tensors
         w, b, n = self.gate_up.weight, self.gate_up.bias, self.intermediate
-        gate = F.linear(x, w[:n], None if b is None else b[:n])   # row slices of the weight: contiguous views
-        up = F.linear(x, w[n:], None if b is None else b[n:])
-        return self.down(F.silu(gate) * up)
+        gate = linear(x, w[:n], None if b is None else b[:n])   # row slices of the weight: contiguous views
+        up = linear(x, w[n:], None if b is None else b[n:])
+        return self.down(pointwise.silu(gate) * up)
 
     def load(self, tensors, prefix: str) -> None:
         """Weights from a checkpoint's `{prefix}gate_proj`, `up_proj`, `down_proj`."""

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from triton_kernels import pointwise
+
 
 def rms_normalise(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """`x * rsqrt(mean(x^2) + eps) [* weight]` over the last dim, in float32 (a new tensor).
@@ -96,5 +98,5 @@ class GatedRMSNorm(nn.Module):
     def _norm(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """float32, to be cast back to gate's dtype."""
         h = rms_normalise(x, self.eps, self.weight.float())
-        silu = F.silu(gate.float(), inplace=True) if gate.dtype != torch.float32 else F.silu(gate)
+        silu = pointwise.silu_(gate.float()) if gate.dtype != torch.float32 else pointwise.silu(gate)
         return h.mul_(silu)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from triton_kernels import pointwise
+
 from ...errors import UserError
 
 # Rope types whose frequencies depend on the sequence length at run time: not supported natively.
@@ -49,7 +51,7 @@ class Rotary:
         """[T, 1, rotary_dim] each, in `dtype` (as transformers hands them to the attention layers)."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        cos, sin = pointwise.cos(emb), pointwise.sin(emb)
         if self.scaling != 1.0:
             cos, sin = cos * self.scaling, sin * self.scaling
         return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]

@@ -1,0 +1,127 @@
+"""Element-wise functions on CPU whose every output element is the same bits wherever it sits in its tensor.
+
+torch's CPU element-wise kernels run a tensor's elements in SIMD vectors, except the last few of each
+thread's share, which go through a scalar loop; for exp, sigmoid, silu, softplus, erf, cos and sin the
+vector and scalar code differ in the last bit for some inputs (Sleef's vector functions beside libm).
+Which elements fall in a scalar tail depends on the tensor's size and the thread count, so a token's
+activations would change with how many tokens share its step and with torch's threads.
+
+Under `batch_invariant(True)` (the native engine sets it for batch-invariant runs) these functions run
+over a tensor's elements in calls whose every thread's share is a whole number of vectors: with one
+thread, one call over all but the last few elements; with k threads, calls of k x 32,768 elements
+(torch gives each thread 32,768 of them); the last few elements are padded to whole vectors apart. So
+every element takes the vector code. Outside it they are the plain torch calls.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+GRAIN = 1 << 15    # torch's element-wise grain size: a call splits among threads in shares of at least this
+VECTOR = 64        # two 512-bit vectors of float32 (the unrolled loop's step); a multiple of every ISA's
+
+_state = {"on": False}
+
+
+@contextlib.contextmanager
+def batch_invariant(on: bool = True):
+    """Within the block, the functions here run position-independently (on CPU tensors)."""
+    before = _state["on"]
+    _state["on"] = on
+    try:
+        yield
+    finally:
+        _state["on"] = before
+
+
+def enabled() -> bool:
+    return _state["on"]
+
+
+def _pieces(n: int) -> list[tuple[int, int]]:
+    """[start, stop) calls over n elements, each a whole number of vectors per thread, and the rest (under
+    VECTOR elements) last."""
+    threads = torch.get_num_threads()
+    step = n if threads == 1 else GRAIN * threads
+    whole = n - n % VECTOR
+    pieces = [(a, min(a + step, whole)) for a in range(0, whole, step)] if step else []
+    if threads > 1 and pieces and (pieces[-1][1] - pieces[-1][0]) % (GRAIN * threads):
+        # A short last call splits among fewer threads in shares that need not be whole vectors: its
+        # whole vectors go one GRAIN at a time (one thread each).
+        a, b = pieces.pop()
+        pieces += [(c, min(c + GRAIN, b)) for c in range(a, b, GRAIN)]
+    if whole < n:
+        pieces.append((whole, n))
+    return pieces
+
+
+def _run(fn_out: Callable, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """fn_out(input, out) over flat contiguous x into flat out (may be x), piece by piece."""
+    for a, b in _pieces(x.numel()):
+        if (b - a) % VECTOR == 0:
+            fn_out(x[a:b], out[a:b])
+        else:   # the last few: padded to one whole vector
+            padded = x.new_zeros(VECTOR)
+            padded[:b - a] = x[a:b]
+            fn_out(padded, padded)
+            out[a:b] = padded[:b - a]
+    return out
+
+
+def apply(fn_out: Callable, x: torch.Tensor) -> torch.Tensor:
+    """fn_out(x, out) for an element-wise op with an out= form; under batch_invariant on CPU, position-
+    independent. Returns a new tensor."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if not _state["on"] or x.device.type != "cpu" or x.numel() == 0:
+        fn_out(x, out)
+        return out
+    _run(fn_out, x.contiguous().view(-1), out.view(-1))
+    return out
+
+
+def apply_(fn_out: Callable, x: torch.Tensor) -> torch.Tensor:
+    """The same op in place on x (returned); x must be contiguous under batch_invariant on CPU."""
+    if not _state["on"] or x.device.type != "cpu" or x.numel() == 0:
+        fn_out(x, x)
+        return x
+    flat = x.view(-1)
+    _run(fn_out, flat, flat)
+    return x
+
+
+_aten = torch.ops.aten
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return apply(lambda t, out: _aten.silu.out(t, out=out), x)
+
+
+def silu_(x: torch.Tensor) -> torch.Tensor:
+    return apply_(lambda t, out: _aten.silu.out(t, out=out), x)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return apply(lambda t, out: _aten.sigmoid.out(t, out=out), x)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    return apply(lambda t, out: _aten.softplus.out(t, 1, 20, out=out), x)
+
+
+def exp_(x: torch.Tensor) -> torch.Tensor:
+    return apply_(lambda t, out: _aten.exp.out(t, out=out), x)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """The erf GELU."""
+    return apply(lambda t, out: _aten.gelu.out(t, approximate="none", out=out), x)
+
+
+def cos(x: torch.Tensor) -> torch.Tensor:
+    return apply(lambda t, out: _aten.cos.out(t, out=out), x)
+
+
+def sin(x: torch.Tensor) -> torch.Tensor:
+    return apply(lambda t, out: _aten.sin.out(t, out=out), x)
