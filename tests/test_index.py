@@ -424,3 +424,17 @@ def test_stride_shards_cover_everything_once(tmp_path, world):
     assert stats.sequences.sum() == len(index)
     assert stats.tokens.sum() == index.total_residues
     assert stats.imbalance >= 1.0
+
+
+def test_duplicate_ids_found_in_large_indexes_in_both_halves_of_the_hash_range():
+    """Over 65,536 ids the hashes are computed and sorted in parts on threads: repeats in either half of
+    the hash range, and ids split across the parts, are all found."""
+    from index.sequence_index import _repeated_values, id_hashes
+    ids = [f"id{i}".encode() for i in range(70000)] + [b"id5", b"id69999", b"id35000", b"id35000"]
+    blob = np.frombuffer(b"".join(ids), np.uint8)
+    offsets = np.zeros(len(ids) + 1, np.int64)
+    np.cumsum([len(x) for x in ids], out=offsets[1:])
+    h = id_hashes(blob, offsets)
+    assert np.array_equal(h, id_hashes(blob, offsets, chunk_bytes=64))   # chunking changes nothing
+    repeated = set(_repeated_values(h).tolist())
+    assert repeated == {int(h[5]), int(h[69999]), int(h[35000])}
