@@ -70,9 +70,9 @@ def test_cpu_matmul_rows_do_not_depend_on_the_row_count_or_threads(restore_threa
                 assert torch.equal(linear(x[:m], w), reference[:m]), (k, n, threads, m)
 
 
-def _forward_rows(path, kind, budget, threads, batches, batch, layers, logprobs):
+def _forward_rows(path, dtype, budget, threads, batches, batch, layers, logprobs):
     torch.set_num_threads(threads)
-    engine = NativeEngine.load(str(path), CPU, torch.float32, "", max_tokens_per_step=budget, max_seqs=256)
+    engine = NativeEngine.load(str(path), CPU, dtype, "", max_tokens_per_step=budget, max_seqs=256)
     assert engine.config.batch_invariant
     rows = {}
     for members in batches:
@@ -80,25 +80,26 @@ def _forward_rows(path, kind, budget, threads, batches, batch, layers, logprobs)
         cu = out.cu_seqlens.tolist()
         for j, i in enumerate(members):
             a, b = cu[j], cu[j + 1]
-            rows[i] = [out.hidden[k][a:b].numpy().tobytes() for k in layers]
+            rows[i] = [out.hidden[k][a:b].float().numpy().tobytes() for k in layers]
             if logprobs:
                 rows[i].append(out.token_logprobs[a:b].numpy().tobytes())
     return rows
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_hidden_states_and_logprobs_are_bitwise_batch_invariant(checkpoints, kind, restore_threads):
+@pytest.mark.parametrize("kind,dtype", [(kind, torch.float32) for kind in KINDS]
+                         + [("llama", torch.bfloat16), ("qwen3_5", torch.bfloat16)])
+def test_hidden_states_and_logprobs_are_bitwise_batch_invariant(checkpoints, kind, dtype, restore_threads):
     causal = not kind.startswith("esm")
     lengths = [n for n in LENGTHS if n <= 1000]
     batch = random_sequences(lengths, seed=3)
     layers = [0, 1, 3 if kind != "llama-bias" else 2]
     orders = _orders(len(batch))
-    results = {cfg: _forward_rows(checkpoints[kind], kind, cfg[0], cfg[1], orders[cfg[2]], batch, layers, causal)
+    results = {cfg: _forward_rows(checkpoints[kind], dtype, cfg[0], cfg[1], orders[cfg[2]], batch, layers, causal)
                for cfg in CONFIGS}
     reference = results[CONFIGS[0]]
     for cfg, rows in results.items():
         differ = [lengths[i] for i in range(len(batch)) if rows[i] != reference[i]]
-        assert not differ, f"{kind}: budget {cfg[0]}, {cfg[1]} thread(s), {cfg[2]}: sequences of {differ} residues differ"
+        assert not differ, f"{kind} {dtype}: budget {cfg[0]}, {cfg[1]} thread(s), {cfg[2]}: sequences of {differ} residues differ"
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_5"])

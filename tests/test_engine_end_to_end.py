@@ -80,7 +80,7 @@ def test_demo_model_runs_on_native_by_default_and_scores_like_hf(models, tmp_pat
     assert_as_accurate(native["score/logprob_sum"], hf["score/logprob_sum"], exact["score/logprob_sum"], "logprob_sum")
 
 
-def test_generate_columns_greedy_reference_and_worker_count_independence(models, tmp_path):
+def test_generate_columns_greedy_reference_and_sampling(models, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     common = ("--model", models["demo"], "--task", "generate", "--max-new-tokens", "6")
@@ -102,11 +102,10 @@ def test_generate_columns_greedy_reference_and_worker_count_independence(models,
         assert greedy["generate/text"][i].decode() == "".join(
             t for t in tok.convert_ids_to_tokens(got) if t not in tok.all_special_tokens)
 
+    # Sampling: tokens follow the seed, not greedy search (that they do not depend on the worker count or
+    # the budget is tests/test_batch_invariance.py's).
     sampled = ("--temperature", "1.5", "--top-p", "0.95", "--seed", "7")
     one, _, _ = run(tmp_path, "one", *common, *sampled, "--workers", "1")
-    two, _, _ = run(tmp_path, "two", *common, *sampled, "--workers", "2", "--max-tokens-per-batch", "64")
-    assert np.array_equal(one["generate/token_ids"], two["generate/token_ids"])
-    assert np.array_equal(one["generate/offsets"], two["generate/offsets"])
     assert not np.array_equal(one["generate/token_ids"], greedy["generate/token_ids"])
 
 
