@@ -153,11 +153,12 @@ def test_start_over_command_covers_every_setting():
     written_apart = {"fasta", "out", "devices", "workers", "threads_per_worker"}
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     assert fields - written_apart == set(_OPTIONS), "a RunConfig field without its option in as_command"
-    options = {o for p in run_command.params for o in p.opts}
+    options = {o for p in run_command.params for o in (*p.opts, *p.secondary_opts)}   # --no-X of --X/--no-X
     assert set(_OPTIONS.values()) <= options
     config = RunConfig(fasta=["/data/a b.fasta"], out="o", workers=3, threads_per_worker=2, model="/m",
                        pools=["mean", "cls"], layers=[-1, 2], per_residue=True, on_long="truncate",
-                       max_length=500, checkpoint_seconds=2.5, seed=7, task="generate", temperature=0.5)
+                       max_length=500, checkpoint_seconds=2.5, seed=7, task="generate", temperature=0.5,
+                       batch_invariant=False)
     words = shlex.split(config.as_command("new"))
     assert words[:4] == ["run_shards", "run", "/data/a b.fasta", "--out"]
     ctx = run_command.make_context("run", words[2:])
@@ -166,3 +167,4 @@ def test_start_over_command_covers_every_setting():
         ("new", 3, 2, "/m", "mean,cls", "-1,2")
     assert (p["per_residue"], p["on_long"], p["max_length"], p["checkpoint_seconds"], p["seed"],
             p["task"], p["temperature"], p["gpus"]) == (True, "truncate", 500, 2.5, 7, "generate", 0.5, "0")
+    assert p["batch_invariant"] is False
