@@ -161,15 +161,24 @@ TASKS = {
 }
 
 
-@pytest.mark.parametrize("task", list(TASKS))
-def test_result_files_are_byte_identical_across_workers_and_budgets(models, demo_subset, tmp_path, task):
+# The other native model types through the CLI, a task each (the engine tests above run every task's
+# inputs for every type): ESM-2 with long sequences as windows, Llama scoring, Qwen3 generating.
+OTHER_TYPES = {
+    "esm": ("--pool", "mean,cls", "--per-residue", "--on-long", "window", "--window", "300"),
+    "llama": ("--task", "score"),
+    "qwen3": ("--task", "generate", "--max-new-tokens", "4"),
+}
+
+
+@pytest.mark.parametrize("model,task", [("demo", task) for task in TASKS] + [(m, m) for m in OTHER_TYPES])
+def test_result_files_are_byte_identical_across_workers_and_budgets(models, demo_subset, tmp_path, model, task):
     """1 worker (both cores) with a 4,096-token budget, 2 workers with 1,024, 3 with 256 (chunked prefill)."""
     results = []
     for workers, budget in ((1, 4096), (2, 1024), (3, 256)):
         out = tmp_path / f"w{workers}"
-        res = run_cli(str(demo_subset), "--out", str(out), "--model", models["demo"], "--gpus", "0",
+        res = run_cli(str(demo_subset), "--out", str(out), "--model", models[model], "--gpus", "0",
                       "--workers", str(workers), "--max-tokens-per-batch", str(budget), "--no-progress", "-q",
-                      *TASKS[task])
+                      *(TASKS[task] if model == "demo" else OTHER_TYPES[model]))
         assert res.returncode == 0, res.stderr
         results.append(_datasets(out / "result.h5"))
     (reference, attrs), others = results[0], results[1:]
@@ -179,7 +188,7 @@ def test_result_files_are_byte_identical_across_workers_and_budgets(models, demo
         assert other_attrs["batch_invariant"]
         assert data.keys() == reference.keys()
         differ = [name for name in reference if data[name] != reference[name]]
-        assert not differ, f"{task}: datasets differ: {differ}"
+        assert not differ, f"{model} {task}: datasets differ: {differ}"
 
 
 def test_the_result_says_when_a_run_is_not_batch_invariant(models, demo_subset, tmp_path):
