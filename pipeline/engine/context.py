@@ -49,6 +49,15 @@ class StepContext:
         """Every sequence adds one token to a context it already has (a pure decode step)."""
         return bool((self.q_lens == 1).all() and (self.prior_lens > 0).all())
 
+    def delta_rule_form(self) -> str:
+        """How the delta-rule layers run this step: "recurrent" (one token per sequence onto its state),
+        "chunked", or "mixed". Batch-invariant steps choose per token, so that a token takes the same form
+        in any step: recurrent for generated tokens, chunked for prompt tokens, mixed when a step has both;
+        other steps run recurrent whenever every sequence adds one token to a state it has."""
+        if not self.invariant_block or self.decoding is None:
+            return "recurrent" if self.all_decode else "chunked"
+        return "recurrent" if self.decoding.all() else "mixed" if self.decoding.any() else "chunked"
+
     def cached(self, key: str, build: Callable[[], object]):
         if key not in self.memo:
             self.memo[key] = build()

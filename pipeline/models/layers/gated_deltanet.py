@@ -136,10 +136,10 @@ class GatedDeltaNet(nn.Module):
         beta = pointwise.sigmoid(b)[None]
         g = (-self.A_log.float().exp() * pointwise.softplus(a.float() + self.dt_bias))[None]
 
-        if ctx.invariant_block and ctx.decoding is not None and ctx.decoding.any() and not ctx.decoding.all():
+        form = ctx.delta_rule_form()
+        if form == "mixed":
             o = self._mixed(q, k, v, g, beta, recurrent, ctx)
-        elif ctx.all_decode if not ctx.invariant_block or ctx.decoding is None else ctx.decoding.all():
-            # every sequence reads and keeps its state: updated in place in its slot
+        elif form == "recurrent":   # every sequence reads and keeps its state: updated in place in its slot
             assert ctx.state_read is not None and ctx.state_write is not None and len(ctx.state_write[0]) == T
             o = self._recurrent(q, k, v, g, beta, recurrent, ctx.cu_seqlens,
                                 ctx.on_device("write_slots", ctx.state_write[1]))
