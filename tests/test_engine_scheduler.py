@@ -86,6 +86,26 @@ def test_causal_prefill_is_chunked_under_the_token_budget():
     assert s.blocks.num_free == 64 and s.slots.num_free == 4
 
 
+@pytest.mark.parametrize("budget", [64, 100, 256, 1000])
+def test_batch_invariant_prefill_is_cut_only_at_multiples_of_the_split_unit(budget):
+    """split_unit 64 (batch-invariant runs): a sequence continued in a later step is cut only at multiples
+    of 64 tokens whatever the budget; sequences that fit whole run whole; every step makes progress."""
+    s = Scheduler(budget, 4, True, BlockManager(512, 16), StateSlots(4), split_unit=64)
+    lengths = [300, 5, 130, 64, 65, 1]
+    seqs = [seq(i, n) for i, n in enumerate(lengths)]
+    for x in seqs:
+        s.add(x)
+    cuts = {i: [] for i in range(len(seqs))}
+    for step in run_all(s):
+        assert step, "a step with nothing scheduled"
+        for i, start, n in step:
+            assert start % 64 == 0, (i, start)
+            cuts[i].append(start + n)
+    for i, n in enumerate(lengths):
+        assert cuts[i][-1] == n and all(c % 64 == 0 for c in cuts[i][:-1]), (i, cuts[i])
+    assert all(x.status == Status.FINISHED for x in seqs)
+
+
 def test_encoder_sequences_run_whole_and_alone_when_over_budget():
     s = make_scheduler(budget=10, max_seqs=4, causal=False, slots=0)
     for i, n in enumerate((25, 6, 6, 3)):

@@ -4,9 +4,9 @@ token budget (`max_tokens_per_step`) and the sequence budget (`max_seqs`).
 Causal models prefill a sequence longer than the remaining budget in chunks, its KV pages and delta-rule
 state carrying it from one step to the next. With `split_unit` > 1 (batch-invariant runs) a chunk that
 leaves part of its sequence for a later step ends at a multiple of that many tokens, so every sequence is
-cut at the same places whatever the budget and its neighbours. Encoders (bidirectional) need a whole sequence per step:
-one that does not fit what is left waits for the next step, and one longer than the whole budget runs
-alone in a step of its own.
+cut at the same places whatever the budget and its neighbours. Encoders (bidirectional) need a whole
+sequence per step: one that does not fit what is left waits for the next step, and one longer than the
+whole budget runs alone in a step of its own.
 """
 from __future__ import annotations
 
