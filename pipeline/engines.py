@@ -25,13 +25,12 @@ def choose(engine: str, model_type: str, task: str) -> str:
 
 def batch_invariant(engine: str, config) -> bool:
     """Whether a run's stored values are the same bits whatever its number of workers, token budget and
-    the other sequences of each batch: the native engine on CPU with --batch-invariant (the default) and a
-    budget of at least INVARIANT_SPLIT tokens (docs/engine.md). Not the hf engine (transformers pads a
-    batch to its longest sequence and runs each shape's own kernels), and not on a GPU, where cuBLAS picks
-    its matmul algorithm by shape."""
-    from .engine.config import INVARIANT_SPLIT
-    return (engine == "native" and config.batch_invariant and not config.on_gpu
-            and config.tokens_per_batch >= INVARIANT_SPLIT)
+    the other sequences of each batch: the native engine with --batch-invariant (the default) where
+    batch_invariance_holds (on CPU, a budget of at least 64 tokens; docs/engine.md). Not the hf engine
+    (transformers pads a batch to its longest sequence and runs each shape's own kernels)."""
+    from .engine.config import batch_invariance_holds
+    return (engine == "native" and config.batch_invariant
+            and batch_invariance_holds(config.tokens_per_batch, on_cpu=not config.on_gpu))
 
 
 def check_dtype(engine: str, dtype: str, on_gpu: bool) -> None:

@@ -15,6 +15,7 @@ every element takes the vector code. Outside it they are the plain torch calls.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Callable
 
 import torch
@@ -22,22 +23,22 @@ import torch
 GRAIN = 1 << 15    # torch's element-wise grain size: a call splits among threads in shares of at least this
 VECTOR = 64        # two 512-bit vectors of float32 (the unrolled loop's step); a multiple of every ISA's
 
-_state = {"on": False}
+# Set per step by the engine's model runner, as _device.torch_path_on_cpu is.
+_BATCH_INVARIANT = contextvars.ContextVar("triton_kernels_batch_invariant_pointwise", default=False)
 
 
 @contextlib.contextmanager
 def batch_invariant(on: bool = True):
     """Within the block, the functions here run position-independently (on CPU tensors)."""
-    before = _state["on"]
-    _state["on"] = on
+    token = _BATCH_INVARIANT.set(on)
     try:
         yield
     finally:
-        _state["on"] = before
+        _BATCH_INVARIANT.reset(token)
 
 
 def enabled() -> bool:
-    return _state["on"]
+    return _BATCH_INVARIANT.get()
 
 
 def _pieces(n: int) -> list[tuple[int, int]]:
@@ -46,7 +47,7 @@ def _pieces(n: int) -> list[tuple[int, int]]:
     threads = torch.get_num_threads()
     step = n if threads == 1 else GRAIN * threads
     whole = n - n % VECTOR
-    pieces = [(a, min(a + step, whole)) for a in range(0, whole, step)] if step else []
+    pieces = [(a, min(a + step, whole)) for a in range(0, whole, step)]
     if threads > 1 and pieces and (pieces[-1][1] - pieces[-1][0]) % (GRAIN * threads):
         # A short last call splits among fewer threads in shares that need not be whole vectors: its
         # whole vectors go one GRAIN at a time (one thread each).
@@ -74,7 +75,7 @@ def apply(fn_out: Callable, x: torch.Tensor) -> torch.Tensor:
     """fn_out(x, out) for an element-wise op with an out= form; under batch_invariant on CPU, position-
     independent. Returns a new tensor."""
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if not _state["on"] or x.device.type != "cpu" or x.numel() == 0:
+    if not enabled() or x.device.type != "cpu" or x.numel() == 0:
         fn_out(x, out)
         return out
     _run(fn_out, x.contiguous().view(-1), out.view(-1))
@@ -83,7 +84,7 @@ def apply(fn_out: Callable, x: torch.Tensor) -> torch.Tensor:
 
 def apply_(fn_out: Callable, x: torch.Tensor) -> torch.Tensor:
     """The same op in place on x (returned); x must be contiguous under batch_invariant on CPU."""
-    if not _state["on"] or x.device.type != "cpu" or x.numel() == 0:
+    if not enabled() or x.device.type != "cpu" or x.numel() == 0:
         fn_out(x, x)
         return x
     flat = x.view(-1)

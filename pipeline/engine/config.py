@@ -23,6 +23,13 @@ PAGE_SIZE = 16
 INVARIANT_SPLIT = 64
 
 
+def batch_invariance_holds(budget: int, on_cpu: bool) -> bool:
+    """Whether a batch-invariant run keeps the property: on CPU (on a GPU cuBLAS picks a matmul's
+    algorithm by its shape) with a step budget of at least INVARIANT_SPLIT tokens. The engine and the
+    result's attribute (pipeline/engines.py) both ask here."""
+    return on_cpu and budget >= INVARIANT_SPLIT
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_tokens_per_step: int            # --max-tokens-per-batch: tokens run through the model per step
@@ -67,10 +74,10 @@ class EngineConfig:
         # The Triton kernels take chunks of 64 or 128; on CPU 0 leaves the choice to the layer
         # (models/layers/gated_deltanet.py: CPU_CHUNK_SIZE).
         chunk = self.gdn_chunk_size or (64 if self.triton_kernels(device) else 0)
-        # On a GPU the matmuls (cuBLAS) choose their algorithm by shape, so the property cannot hold there:
-        # the kernels' own batch-invariant modes (no walk segments) would only cost parallelism.
+        # Not asked for on a GPU, where it cannot hold: the kernels' own batch-invariant modes (no walk
+        # segments) would only cost parallelism.
         on_cpu = not self.triton_kernels(device) and device.type == "cpu"
-        invariant = self.batch_invariant and on_cpu and self.max_tokens_per_step >= INVARIANT_SPLIT
+        invariant = self.batch_invariant and batch_invariance_holds(self.max_tokens_per_step, on_cpu)
         if self.batch_invariant and on_cpu and not invariant:
             log.warning("a step budget of %d tokens is below %d: outputs are not batch-invariant (they may change "
                         "in the last bits with the batch); raise --max-tokens-per-batch to keep them so",

@@ -130,8 +130,8 @@ def _paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, o
             pages = block_tables[s, : -(-kv_len // page_size)]
             k = k_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
             v = v_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
-        if not (causal and block):
+        if causal and block:
+            out[begin:end] = _attend_blocks(q[begin:end], k, v, block=block, scale=scale)
+        else:
             out[begin:end] = _attend(q[begin:end], k, v, causal=causal, scale=scale)
-            continue
-        out[begin:end] = _attend_blocks(q[begin:end], k, v, block=block, scale=scale)
     return out

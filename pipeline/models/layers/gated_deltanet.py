@@ -249,7 +249,8 @@ class GatedDeltaNet(nn.Module):
             # Batch-invariant: the rows next to sequence starts are computed again from their own inputs,
             # with the main loop's operations in its order, and replace the shifted ones: the same bits
             # whatever sequence came before in the step (a correction would add its rounding).
-            fix_rows_np, codes = direct_conv_sources(rows, shifts, right, width)
+            fix_rows_np, codes = ctx.cached(f"conv_direct_sources_{width}",
+                                            lambda: direct_conv_sources(rows, shifts, right, width))
             fix_rows = ctx.on_device(f"conv_rows_{width}", fix_rows_np)
             fix = gather(ctx.on_device(f"conv_direct_{width}", codes[:, 0])).float().mul_(w[width])
             for j in range(1, width + 1):
