@@ -159,3 +159,16 @@ class Tmpfs:
     def unmount_all(self) -> None:
         for path in self.mounted:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def triton_test_device():
+    """The device where tests run the engine's Triton path: a GPU with compiled Triton, else the CPU
+    under TRITON_INTERPRET=1 (tests/kernels/conftest.py sets it); otherwise the calling module skips."""
+    import pytest
+    import torch
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if torch.cuda.is_available() and not interpret:
+        return torch.device("cuda")
+    if interpret:
+        return torch.device("cpu")
+    pytest.skip("needs a GPU, or TRITON_INTERPRET=1 for the interpreter", allow_module_level=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import h5py
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F

@@ -7,22 +7,16 @@ tests/conftest.py without a GPU).
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from pipeline.engine.engine import NativeEngine
 from triton_kernels._device import target_of
 from triton_kernels.launch_config import launch_row
+from tests.run_helpers import triton_test_device
 from tests.tiny_checkpoints import random_sequences, write_tiny
 
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    DEVICE = torch.device("cuda")
-elif os.environ.get("TRITON_INTERPRET") == "1":
-    DEVICE = torch.device("cpu")
-else:
-    pytest.skip("needs a GPU, or TRITON_INTERPRET=1 for the interpreter", allow_module_level=True)
+DEVICE = triton_test_device()
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

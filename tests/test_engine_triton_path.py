@@ -9,8 +9,6 @@ in test_models_parity.py (the two paths round differently, by amounts that depen
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -18,14 +16,10 @@ from pipeline.engine.engine import NativeEngine, SamplingParams
 from pipeline.hf_engine import HFEngine
 from triton_kernels import causal_conv1d
 from tests.float64_reference import Float64Transformers, assert_rows_as_accurate
+from tests.run_helpers import triton_test_device
 from tests.tiny_checkpoints import random_sequences, write_tiny
 
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    DEVICE = torch.device("cuda")
-elif os.environ.get("TRITON_INTERPRET") == "1":
-    DEVICE = torch.device("cpu")
-else:
-    pytest.skip("needs a GPU, or TRITON_INTERPRET=1 for the interpreter", allow_module_level=True)
+DEVICE = triton_test_device()
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

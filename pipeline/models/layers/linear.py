@@ -2,8 +2,9 @@
 
 On CPU, MKL's sgemm takes another path for products of few rows: on the 2-core AMD EPYC this project
 develops on (MKL 2024.2, AVX-512), row results of F.linear differ in the last bits between M = 1..3 rows
-and more (1..11 with 2 threads), and agree for every M from 12 up to 4,096 at 1, 2, 3, 4 and 8 threads
-(tests/test_batch_invariance.py checks this on the machine that runs it). Steps of few tokens (a decode
+and more (1..11 with 2 threads), and agree for every M from 12 to 79 and sampled M up to 3,000 (1, 2, 3,
+4 and 8 threads for weights of 256 x 1,024 to 2,304 x 960; 1 to 3 threads down to 32 x 64).
+tests/test_batch_invariance.py checks this on the machine that runs it. Steps of few tokens (a decode
 step of a few sequences, a prefill's last few tokens alone in a step) would otherwise give those tokens
 other bits than a full step does. Padding such products to MIN_ROWS rows costs next to nothing.
 """
