@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeline.engine.context import StepContext  # noqa: E402
+from pipeline.models.step import StepContext  # noqa: E402
 from pipeline.models.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from triton_kernels import causal_conv1d  # noqa: E402
 from triton_kernels._device import use_triton  # noqa: E402

@@ -30,8 +30,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import demo_model  # noqa: E402
-from pipeline.engine.engine import NativeEngine, SamplingParams  # noqa: E402
+from pipeline.models import demo as demo_model  # noqa: E402
+from pipeline.engine.native import NativeEngine, SamplingParams  # noqa: E402
 
 SYNC_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.item.default"}
 

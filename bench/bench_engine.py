@@ -32,8 +32,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import demo_model  # noqa: E402
-from pipeline.batching import plan_batches  # noqa: E402
+from pipeline.models import demo as demo_model  # noqa: E402
+from pipeline.worker.batching import plan_batches  # noqa: E402
 
 # Qwen3.5-0.8B's text model (hidden 1024, 24 layers, every 4th gated attention with 8 query / 2 KV heads
 # of 256, 16 delta-rule heads of 128) and a version at about 1/8 of its non-embedding parameters.
@@ -86,9 +86,9 @@ def sequences(n: int, tokenizer, max_len: int) -> list[list[int]]:
 
 def load_engine(kind: str, path: Path, device: torch.device, dtype: torch.dtype, budget: int, max_seqs: int):
     if kind == "hf":
-        from pipeline.hf_engine import HFEngine
+        from pipeline.engine.hf import HFEngine
         return HFEngine(str(path), device, dtype, logprobs=False)
-    from pipeline.engine.engine import NativeEngine
+    from pipeline.engine.native import NativeEngine
     return NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget, max_seqs=max_seqs,
                              batch_invariant=kind != "native-variant")
 
@@ -171,7 +171,7 @@ def main() -> None:
         raise SystemExit("gpu benchmark: no CUDA device visible")
     device = torch.device("cuda:0" if gpu else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
-    from pipeline.devices import keep_freed_memory, set_cpu_threads
+    from pipeline.planning.devices import keep_freed_memory, set_cpu_threads
     flushing = set_cpu_threads(args.threads, not args.keep_denormals)   # as a worker does, for every engine
     keeping = not gpu and not args.default_malloc and keep_freed_memory()
     if args.delta_chunk_size:
@@ -182,7 +182,7 @@ def main() -> None:
     budget = args.max_tokens_per_batch or (32768 if gpu else 4096)
     models = (args.models or ("qwen35-0.8b,esm2-650m" if gpu else "demo,qwen35-eighth")).split(",")
     kinds = args.engines.split(",")
-    from pipeline.hf_engine import quiet_transformers
+    from pipeline.engine.hf import quiet_transformers
     quiet_transformers()
 
     lines = [f"device: {torch.cuda.get_device_name(0) if gpu else f'CPU, {args.threads} thread(s)'}; "

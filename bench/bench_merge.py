@@ -29,10 +29,10 @@ sys.path.insert(0, str(REPO))
 
 from index import SequenceIndex  # noqa: E402
 from pipeline.config import RunConfig  # noqa: E402
-from pipeline.h5io import Writer, fsync_path  # noqa: E402
-from pipeline.rows import BASE_COLUMNS, Column, RowBlock, Schema  # noqa: E402
-from pipeline.run_dir import RunDir  # noqa: E402
-from pipeline.runner import merge  # noqa: E402
+from pipeline.output.h5io import Writer, fsync_path  # noqa: E402
+from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema  # noqa: E402
+from pipeline.rundir.layout import RunDir  # noqa: E402
+from pipeline.api import merge  # noqa: E402
 
 
 def build_run(root: Path, rows: int, dim: int, shards: int) -> RunDir:

@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--conv-block-rows", type=int, default=None,
                         help="rows per block of the CPU conv (default: pipeline's CPU_CONV_BLOCK_ROWS; 100000: unblocked)")
     args = parser.parse_args()
-    from pipeline.devices import keep_freed_memory, set_cpu_threads
+    from pipeline.planning.devices import keep_freed_memory, set_cpu_threads
     set_cpu_threads(1, not args.keep_denormals)
     keeping = not args.default_malloc and keep_freed_memory()
     if args.mlp_fused:
@@ -99,7 +99,7 @@ def main() -> None:
     if args.delta_chunk_size:
         gdn.CPU_CHUNK_SIZE = args.delta_chunk_size
     dtype = getattr(torch, args.dtype)
-    from pipeline.hf_engine import quiet_transformers
+    from pipeline.engine.hf import quiet_transformers
     from transformers import AutoTokenizer
     quiet_transformers()
     path = bench_engine.write_checkpoint(args.model, Path(tempfile.mkdtemp()) / args.model, dtype, torch.device("cpu"))

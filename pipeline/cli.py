@@ -237,9 +237,9 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
     """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
     import os
 
-    from . import devices
+    from .planning import devices
     from .config import RunConfig
-    from .runner import run
+    from .api import run
 
     ctx = click.get_current_context()
     _check_owned_options(ctx, TASK_OPTIONS, task, "task")
@@ -286,7 +286,7 @@ def _finish(outcome) -> None:
               help="Worker count for the imbalance figures.")
 def index_command(fasta, workers):
     """Build (or reuse) the index of FASTA file(s) and print its statistics."""
-    from .index_report import index_report
+    from .planning.index_stats import index_report
     _setup_logging(False)
     click.echo(_call(index_report, list(fasta), workers))
 
@@ -300,7 +300,7 @@ def index_command(fasta, workers):
               help="A row for every shard (by default, above 40 shards, only those not complete and not pending).")
 def status_command(out, verify, every_shard):
     """Per-shard state, progress and failures of the run in OUT."""
-    from .status_report import status
+    from .rundir.status import status
     click.echo(_call(status, out, verify, every_shard))
 
 
@@ -318,7 +318,7 @@ def status_command(out, verify, every_shard):
 def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, sbatch, no_progress, quiet):
     """Re-run failed or unfinished shards of OUT from their checkpoints, then merge (for a SLURM run:
     resubmit them, and a new merge job)."""
-    from .runner import rerun
+    from .api import rerun
     _setup_logging(quiet)
     _finish(_call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
                   worker_timeout=worker_timeout, options={"dry_run": dry_run, "wait": wait},
@@ -333,8 +333,8 @@ def report_command(out):
     model's limit, shard balance, each worker's throughput over time, where the time went, row statuses
     with example ids, failed attempts and restarts with their reasons, config and model. Every run, rerun
     and merge writes it at its end; this writes it again (e.g. after SLURM tasks failed)."""
-    from .report import write
-    from .run_dir import RunDir
+    from .rundir.report import write
+    from .rundir.layout import RunDir
     _call(RunDir(out).read_manifest)   # a clear error for a directory that holds no run
     click.echo(f"report: {_call(write, out)}")
 
@@ -345,7 +345,7 @@ def report_command(out):
               help="Write the rows that exist plus the list of missing ids, marked incomplete.")
 def merge_command(out, allow_partial):
     """Merge the shards of OUT into OUT/result.h5 in FASTA order, with strict validation."""
-    from .runner import merge
+    from .api import merge
     _setup_logging(False)
     path = _call(merge, out, allow_partial=allow_partial)
     _result_is_durable()
@@ -361,7 +361,7 @@ def merge_command(out, allow_partial):
 def work_command(out, shard, shards_per_task):
     """Compute shard(s) of the planned run in OUT with this node's devices; never merges. This is what SLURM
     array tasks and Ray tasks run; a complete shard is skipped, and SIGTERM makes it checkpoint and stop."""
-    from .work import work
+    from .worker.work import work
     _setup_logging(False)
     summary = _call(work, out, shard, shards_per_task)
     _result_is_durable()

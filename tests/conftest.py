@@ -44,7 +44,7 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def models(tmp_path_factory):
     """Tiny checkpoints of real architectures, saved as a hub download would be."""
-    from pipeline import demo_model
+    from pipeline.models import demo as demo_model
 
     from .tiny_models import save_esm, save_llama, save_qwen3
     root = tmp_path_factory.mktemp("models")

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from pipeline.engine_api import ForwardOutput
-from pipeline.hf_engine import HFEngine
+from pipeline.engine.interface import ForwardOutput
+from pipeline.engine.hf import HFEngine
 
 FACTOR = 4.0
 FLOOR = 1e-6     # of the tensor's scale: 8 float32 ulps (2^-23 = 1.2e-7)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.engine.engine import NativeEngine, SamplingParams
+from pipeline.engine.native import NativeEngine, SamplingParams
 from pipeline.models.layers.linear import MIN_ROWS, linear
 
 from .tiny_checkpoints import random_sequences, write_tiny

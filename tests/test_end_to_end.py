@@ -339,8 +339,8 @@ def test_unknown_hub_model_is_a_clear_error(tmp_path):
 def test_model_limits_read_from_checkpoints(models, tmp_path):
     """Hard limits (a learned position table, the tokenizer's maximum) and the soft trained context of
     rotary models, as the parent reads them from config and tokenizer alone."""
-    from pipeline import model_source
-    from pipeline.runner import cache_dir
+    from pipeline.models import checkpoint as model_source
+    from pipeline.api import cache_dir
 
     def describe(path):
         return model_source.describe(model_source.resolve(str(path), cache_dir()), "hf")[0]

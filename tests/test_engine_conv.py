@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.engine.context import StepContext
+from pipeline.models.step import StepContext
 from pipeline.models.layers.gated_deltanet import GatedDeltaNet
 from tests.float64_reference import assert_as_accurate
 

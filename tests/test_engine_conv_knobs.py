@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.engine.engine import NativeEngine
+from pipeline.engine.native import NativeEngine
 from triton_kernels._device import target_of
 from triton_kernels.launch_config import launch_row
 from tests.run_helpers import triton_test_device

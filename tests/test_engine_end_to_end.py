@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from index import SequenceIndex
-from pipeline import engines
+from pipeline.engine import selection as engines
 from pipeline.config import RunConfig
 from pipeline.errors import UserError
 from pipeline.tasks import make_task
-from pipeline.tokenization import SequenceTokenizer
+from pipeline.tasks.tokenization import SequenceTokenizer
 
 from .conftest import SHARED_DATA
 from .float64_reference import Float64Transformers, assert_as_accurate, float64_everywhere

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.engine.engine import NativeEngine, SamplingParams
+from pipeline.engine.native import NativeEngine, SamplingParams
 from tests.tiny_checkpoints import random_sequences, write_tiny
 
 CPU = torch.device("cpu")
@@ -83,7 +83,7 @@ def test_never_samples_ids_past_the_tokenizer(tmp_path):
     """The demo model's embedding has 32 rows and its tokenizer 29 tokens (padded vocabularies are common
     in real checkpoints too): at a temperature that makes the distribution nearly uniform, 128 draws
     would pick one of the 3 padding rows with probability 1 - (29/32)^128 > 0.99999 if they were allowed."""
-    from pipeline import demo_model
+    from pipeline.models import demo as demo_model
     path = demo_model.write(tmp_path / "demo")
     engine = NativeEngine.load(str(path), CPU, torch.float32, "", max_new_tokens=16)
     assert engine.spec.vocab_size > len(engine.tokenizer)
@@ -95,9 +95,9 @@ def test_never_samples_ids_past_the_tokenizer(tmp_path):
 
 def test_text_of_ids_without_a_token(tmp_path):
     """Greedy search (exactly transformers') may pick a padded vocabulary row: its text is the unknown token."""
-    from pipeline import demo_model
+    from pipeline.models import demo as demo_model
     from pipeline.config import RunConfig
-    from pipeline.generation import GenerateTask
+    from pipeline.tasks.generate import GenerateTask
     path = demo_model.write(tmp_path / "demo")
     engine = NativeEngine.load(str(path), CPU, torch.float32, "", max_new_tokens=4)
     tok = engine.tokenizer

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.engine.engine import NativeEngine, SamplingParams
-from pipeline.hf_engine import HFEngine
+from pipeline.engine.native import NativeEngine, SamplingParams
+from pipeline.engine.hf import HFEngine
 from triton_kernels import causal_conv1d
 from tests.float64_reference import Float64Transformers, assert_rows_as_accurate
 from tests.run_helpers import triton_test_device

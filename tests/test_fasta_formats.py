@@ -19,7 +19,7 @@ from index import SequenceIndex, fasta_scan, sequence_index
 from index.alphabet import alphabet_mismatch, model_alphabet, nucleotide_like
 from pipeline.config import RunConfig
 from pipeline.errors import UserError
-from pipeline.input_checks import apply_input_policies
+from pipeline.planning.input_checks import apply_input_policies
 
 from .conftest import SHARED_DATA
 from .test_index import MIXES, ODD, random_fasta
@@ -239,7 +239,7 @@ def test_lengths_over_int32_are_kept_sorted_first_and_refused_by_a_run(tmp_path,
 
 
 def test_model_alphabet_from_the_vocabulary():
-    from pipeline import demo_model
+    from pipeline.models import demo as demo_model
     assert model_alphabet(ESM_VOCAB) == "protein"
     assert model_alphabet(demo_model.VOCAB) == "protein"
     assert model_alphabet(["[PAD]", "[UNK]", "A", "C", "G", "T", "N"]) == "nucleotide"

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.input_checks import check_storage, estimate_result_bytes
+from pipeline.planning.input_checks import check_storage, estimate_result_bytes
 
 from .run_helpers import env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
 from .tiny_models import REPO, run_cli
@@ -260,9 +260,9 @@ def test_hung_worker_is_killed_and_reported(fasta, common, reference, tmp_path):
 
 def test_storage_estimate_warns_when_it_will_not_fit(caplog, tmp_path):
     from index import SequenceIndex
-    from pipeline.rows import BASE_COLUMNS, Column, Schema
-    from pipeline import demo_model
-    from pipeline.tokenization import SequenceTokenizer
+    from pipeline.output.schema import BASE_COLUMNS, Column, Schema
+    from pipeline.models import demo as demo_model
+    from pipeline.tasks.tokenization import SequenceTokenizer
     path = tmp_path / "x.fasta"
     path.write_bytes(b">a\n" + b"A" * 1000 + b"\n>b\n" + b"C" * 3000 + b"\n")
     index = SequenceIndex.build([path])

@@ -10,9 +10,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.h5io import Reader, Writer
-from pipeline.merge import merge_sorted_runs
-from pipeline.rows import BASE_COLUMNS, Column, RowBlock, Schema
+from pipeline.output.h5io import Reader, Writer
+from pipeline.output.sorted_merge import merge_sorted_runs
+from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
 
 from .conftest import SHARED_DATA
 from .tiny_models import run_cli

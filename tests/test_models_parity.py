@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.engine.engine import NativeEngine
-from pipeline.hf_engine import HFEngine
+from pipeline.engine.native import NativeEngine
+from pipeline.engine.hf import HFEngine
 from tests.float64_reference import (Float64Transformers, assert_as_accurate, assert_rows_as_accurate,
                                      float64_everywhere)
 from tests.tiny_checkpoints import random_sequences, write_tiny
@@ -129,7 +129,7 @@ def test_tasks_give_the_same_rows_on_both_engines(checkpoints):
     """embed (mean/cls/last pools) and score through pipeline.tasks, row by row."""
     from pipeline.config import RunConfig
     from pipeline.tasks import EmbedTask, ScoreTask
-    from pipeline.tokenization import Tokenized
+    from pipeline.tasks.tokenization import Tokenized
 
     native, hf, exact = engines(checkpoints["qwen3_5"], logprobs=True, max_tokens_per_step=64)
     batch = random_sequences([150, 9, 60], seed=5)

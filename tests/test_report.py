@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.run_facts import attempts
+from pipeline.rundir.facts import attempts
 
 from .run_helpers import read, skip_or_fail, status_rows, undocumented_files
 from .tiny_models import run_cli

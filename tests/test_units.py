@@ -5,14 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import demo_model, devices
-from pipeline.batching import plan_batches
+from pipeline.models import demo as demo_model
+from pipeline.planning import devices
+from pipeline.worker.batching import plan_batches
 from pipeline.config import RunConfig
-from pipeline.engine_api import EngineInfo, ForwardOutput, resolve_layers
+from pipeline.engine.interface import EngineInfo, ForwardOutput, resolve_layers
 from pipeline.errors import UserError
-from pipeline.rows import ragged_gather_index
+from pipeline.output.schema import ragged_gather_index
 from pipeline.tasks import EmbedTask, ScoreTask
-from pipeline.tokenization import SequenceTokenizer
+from pipeline.tasks.tokenization import SequenceTokenizer
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -218,7 +219,7 @@ def test_cli_rejects_option_mistakes_before_any_work(tmp_path, args, message):
 
 def test_run_directory_never_overwrites_foreign_files(tmp_path):
     from pipeline.errors import RunDirError
-    from pipeline.run_dir import RunDir
+    from pipeline.rundir.layout import RunDir
 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(RunDirError, match="is a file, not a directory"):
@@ -294,7 +295,7 @@ def test_rotary_only_model_types_have_no_position_table_when_built():
     the model) agrees with building each family on the meta device; and a learned table is still found."""
     from transformers import AutoModel, GPT2Config, LlamaConfig, Qwen3_5TextConfig, Qwen3Config
 
-    from pipeline import hf_engine
+    from pipeline.engine import hf as hf_engine
     small = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2)
     configs = {"llama": LlamaConfig(**small), "qwen3": Qwen3Config(head_dim=8, **small),

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.hf_engine import HFEngine
-from pipeline.windows import Windows, window_starts
+from pipeline.engine.hf import HFEngine
+from pipeline.engine.windowed import Windows, window_starts
 
 from .float64_reference import Float64Transformers, assert_as_accurate
 from .tiny_models import run_cli
@@ -141,10 +141,10 @@ def test_window_options_are_checked(models, tmp_path):
     """Through the CLI where the check needs the model (planning), directly where it does not."""
     from transformers import AutoTokenizer
 
-    from pipeline import windows
+    from pipeline.engine import windowed as windows
     from pipeline.config import RunConfig
     from pipeline.errors import UserError
-    from pipeline.tokenization import SequenceTokenizer
+    from pipeline.tasks.tokenization import SequenceTokenizer
     fasta = _fasta(tmp_path, "ACDEFGHIKLMNPQRSTVWY")
     for args, message in [
         (["--window", "20"], "--window and --overlap apply to --on-long window"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline import demo_model
+from pipeline.models import demo as demo_model
 
 INIT = 0.1
 

@@ -18,7 +18,7 @@ ESM_VOCAB = ["<cls>", "<pad>", "<eos>", "<unk>", "L", "A", "G", "V", "S", "E", "
 
 
 def _char_tokenizer(model_max_length: int = 100000):
-    from pipeline import demo_model
+    from pipeline.models import demo as demo_model
     tok = demo_model.build_tokenizer()
     tok.model_max_length = model_max_length
     return tok

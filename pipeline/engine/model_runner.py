@@ -18,7 +18,7 @@ from ..models.base import NativeModel
 from ..models.layers.attention import cache_head_dim
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
-from .context import StepContext
+from ..models.step import StepContext
 from .scheduler import ScheduledSeq
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from index import SequenceIndex
 
-from ..run_dir import RunDir
+from ..rundir.layout import RunDir
 
 NAMES = ("local", "slurm", "ray")
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import logging
 
-from .. import devices, shard_state
+from ..planning import devices
+from ..rundir import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
-from ..input_checks import input_changes, start_over_advice
-from ..progress import ProgressBoard
-from ..supervisor import Supervisor
+from ..planning.input_checks import input_changes, start_over_advice
+from .progress import ProgressBoard
+from .supervisor import Supervisor
 from . import ShardJob
 
 log = logging.getLogger("run_shards")

@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import shard_state
+from ..rundir import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..exits import signal_name
-from ..input_checks import input_changes, start_over_advice
-from ..progress import ProgressBoard
-from ..run_dir import RunLock
+from ..planning.input_checks import input_changes, start_over_advice
+from .progress import ProgressBoard
+from ..rundir.layout import RunLock
 from . import ShardJob, self_command
 
 log = logging.getLogger("run_shards")

@@ -17,11 +17,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from .. import shard_state
+from ..rundir import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
-from ..progress import ProgressBoard
-from ..run_dir import RunDir, RunLock, write_atomic
+from .progress import ProgressBoard
+from ..rundir.layout import RunDir, RunLock, write_atomic
 from . import ShardJob, Submitted, self_command
 from .sbatch_scripts import array_ranges, merge_script, shard_script, split_arrays
 

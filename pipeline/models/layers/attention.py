@@ -14,7 +14,7 @@ from triton_kernels import paged_attention, write_kv_cache
 from triton_kernels.paged_attention.kv_cache import write_kv_cache_torch
 from triton_kernels.paged_attention.sdpa import paged_attention_sdpa
 
-from ...engine.context import StepContext
+from ..step import StepContext
 
 KERNEL_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 

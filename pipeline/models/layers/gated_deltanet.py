@@ -13,7 +13,7 @@ from torch import nn
 
 from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, pointwise
 
-from ...engine.context import StepContext
+from ..step import StepContext
 from .linear import Linear
 from .norms import GatedRMSNorm
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batching import plan_batches
-from .config import RunConfig
-from .engine_api import EngineInfo
-from .errors import UserError
-from .rows import STR, Column
+from ..worker.batching import plan_batches
+from ..config import RunConfig
+from ..engine.interface import EngineInfo
+from ..errors import UserError
+from ..output.schema import STR, Column
 from .tokenization import Tokenized
 
 # A generate call gets this many times --max-seqs sequences, so that as sequences finish others take
@@ -57,8 +57,8 @@ class GenerateTask:
                 Column("generate/finish_reason", STR)]
 
     def run(self, engine, toks: list[Tokenized], positions: np.ndarray):
-        from .engine.engine import SamplingParams
-        from .tasks import TaskOutput
+        from ..engine.native import SamplingParams
+        from . import TaskOutput
 
         c = self.config
         params = SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, seed=c.seed)

@@ -15,7 +15,7 @@ from typing import Sequence as Seq
 import numpy as np
 import torch
 
-from ..engine_api import EngineInfo, ForwardOutput, OutOfMemory
+from .interface import EngineInfo, ForwardOutput, OutOfMemory
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
 from .model_runner import ModelRunner
@@ -103,7 +103,7 @@ class NativeEngine:
         the model's token limit when already known (None: none), else found here."""
         from transformers import AutoConfig, AutoTokenizer
 
-        from ..hf_engine import model_max_tokens, quiet_transformers
+        from .hf import model_max_tokens, quiet_transformers
         from ..models import load_model, text_config
 
         quiet_transformers()

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import RunConfig
-from .engine_api import EngineInfo, ForwardOutput, resolve_layers
-from .errors import UserError
-from .rows import Column, Schema, BASE_COLUMNS
+from ..config import RunConfig
+from ..engine.interface import EngineInfo, ForwardOutput, resolve_layers
+from ..errors import UserError
+from ..output.schema import Column, Schema, BASE_COLUMNS
 from .tokenization import Tokenized
 
 
@@ -134,7 +134,7 @@ def make_task(config: RunConfig, info: EngineInfo):
     if config.task == "score":
         return ScoreTask(config, info)
     if config.task == "generate":
-        from .generation import GenerateTask
+        from .generate import GenerateTask
         return GenerateTask(config, info)
     raise UserError(f"unknown task {config.task!r}")
 

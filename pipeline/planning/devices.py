@@ -4,7 +4,7 @@ from __future__ import annotations
 import glob
 import os
 
-from .errors import UserError
+from ..errors import UserError
 
 
 DEFAULT_MAX_CPU_WORKERS = 4

@@ -13,11 +13,11 @@ import json
 import logging
 import os
 
-from .config import RunConfig
-from .errors import RunFailed, UserError
-from .exits import EXIT_USER_ERROR
-from .input_checks import load_run_index
-from .run_dir import RunDir
+from ..config import RunConfig
+from ..errors import RunFailed, UserError
+from ..exits import EXIT_USER_ERROR
+from ..planning.input_checks import load_run_index
+from ..rundir.layout import RunDir
 
 log = logging.getLogger("run_shards")
 
@@ -51,8 +51,8 @@ def shards_of_task(task: int, per_task: int, world: int) -> list[int]:
 
 def work(out: str, shard: int | None = None, shards_per_task: int | None = None, show_progress: bool = False) -> str:
     """Compute the shard(s) of this task; returns a one-line summary. RunFailed when some did not finish."""
-    from . import shard_state
-    from .launchers import ShardJob, local
+    from ..rundir import shard_state
+    from ..launchers import ShardJob, local
     run = RunDir(out)
     manifest = run.read_manifest()
     config = RunConfig.from_json(json.dumps(manifest["config"]))
@@ -105,7 +105,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
 def _node_devices(config: RunConfig, shards: int) -> dict:
     """Where this node's workers run: its visible GPUs (as SLURM or Ray set CUDA_VISIBLE_DEVICES) for a GPU
     run, else CPU workers sharing the CPUs this process may use."""
-    from .devices import visible_gpus
+    from ..planning.devices import visible_gpus
     if config.on_gpu:
         gpus = visible_gpus()
         if not gpus:

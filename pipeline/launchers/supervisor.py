@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch.multiprocessing
 
-from .exits import EXIT_INTERRUPTED, explain_exit, signal_name
+from ..exits import EXIT_INTERRUPTED, explain_exit, signal_name
 from .progress import ProgressBoard
-from .run_dir import RunDir, RunLock
-from .worker import worker_entry
+from ..rundir.layout import RunDir, RunLock
+from ..worker.shard_run import worker_entry
 
 log = logging.getLogger("run_shards")
 

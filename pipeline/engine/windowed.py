@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .engine_api import ForwardOutput
+from .interface import ForwardOutput
 
 
 def window_starts(n: int, size: int, overlap: int) -> list[int]:
@@ -123,7 +123,7 @@ class WindowedEngine:
 
 def plan(config, limit: int | None, tokenizer) -> Windows:
     """Fix the run's window size and overlap (written to its config, so workers and reruns use the same)."""
-    from .errors import UserError
+    from ..errors import UserError
     window = config.window or limit
     if not window:
         raise UserError("--on-long window needs a window size: this model has no token limit, so pass "

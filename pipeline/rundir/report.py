@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import status_codes
-from .errors import UserError
-from .run_dir import RunDir, write_atomic
-from .run_facts import Attempt, RunFacts, gather
+from ..output import status_codes
+from ..errors import UserError
+from .layout import RunDir, write_atomic
+from .facts import Attempt, RunFacts, gather
 
 # Above this many shards the table lists only those that are not complete (the charts show them all).
 FULL_TABLE_SHARDS = 40

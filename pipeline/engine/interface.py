@@ -49,7 +49,7 @@ def resolve_layers(layers: Sequence[int], num_layers: int) -> list[int]:
     for layer in layers:
         k = layer + num_layers + 1 if layer < 0 else layer
         if not 0 <= k <= num_layers:
-            from .errors import UserError
+            from ..errors import UserError
             raise UserError(f"--layers {layer} is out of range: the model has hidden states 0..{num_layers} "
                             f"(or -1..-{num_layers + 1})")
         if k not in out:

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from .exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR, explain_exit
+from ..exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR, explain_exit
 
 log = logging.getLogger("run_shards.worker")
 
@@ -53,7 +53,7 @@ def worker_entry(i: int, root: str, ranks: list[int], conns: list, devices: list
     the process that started it, which the worker watches)."""
     rank = ranks[i]
     os.environ["CUDA_VISIBLE_DEVICES"] = devices[i] if devices else ""   # before anything touches CUDA
-    from .run_dir import RunDir
+    from ..rundir.layout import RunDir
     run = RunDir(root)
     _setup_logging(run.worker_log(rank))
     stop = StopFlag()
@@ -65,7 +65,7 @@ def worker_entry(i: int, root: str, ranks: list[int], conns: list, devices: list
              f"GPU {devices[i]}" if devices else "CPU", threads)
     code, message = EXIT_ERROR, ""
     try:
-        from .errors import UserError
+        from ..errors import UserError
         from index import FastaError
         try:
             code = ShardRun(run, rank, reporter, stop, threads, parent).run()
@@ -143,14 +143,15 @@ class ShardRun:
         import torch
 
         from index import InputChanged, SequenceIndex
-        from . import engines, faults
-        from .errors import UserError
+        from ..engine import selection as engines
+        from . import faults
+        from ..errors import UserError
         from .batching import plan_batches
-        from .config import RunConfig
-        from .rows import Schema
-        from .shard_writer import ShardWriter
-        from .tasks import make_task, schema_for
-        from .tokenization import SequenceTokenizer
+        from ..config import RunConfig
+        from ..output.schema import Schema
+        from ..output.shard_writer import ShardWriter
+        from ..tasks import make_task, schema_for
+        from ..tasks.tokenization import SequenceTokenizer
 
         manifest = self.run_dir.read_manifest()
         config = RunConfig.from_json(json.dumps(manifest["config"]))
@@ -172,7 +173,7 @@ class ShardRun:
                  int((~done_mask).sum()), todo_tokens)
 
         t0 = time.time()
-        from .devices import keep_freed_memory, set_cpu_threads
+        from ..planning.devices import keep_freed_memory, set_cpu_threads
         flushing = set_cpu_threads(self.threads)
         log.info("%d CPU thread(s); float denormals %s", self.threads,
                  "flushed to zero" if flushing else
@@ -208,13 +209,13 @@ class ShardRun:
         tokens = tokenizer.tokens_for_residues(index.lengths[positions])
         cut = None
         if config.on_long == "window":   # long sequences run as windows: the engine sees (and budgets) those
-            from .windows import Windows, WindowedEngine
+            from ..engine.windowed import Windows, WindowedEngine
             cut = Windows(config.window, config.overlap, tokenizer.head, tokenizer.tail)
             engine = WindowedEngine(engine, cut)
             tokens = np.array([t if t <= cut.limit else cut.count(int(t)) * cut.limit for t in tokens], np.int64)
         computer = BatchComputer(index, engine, task, tokenizer, schema, config, limit, cut)
         if config.task == "generate":
-            from .generation import plan_generate_batches
+            from ..tasks.generate import plan_generate_batches
             batches = plan_generate_batches(tokens, config)
         else:
             batches = plan_batches(tokens, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf")
@@ -269,8 +270,8 @@ class ShardRun:
         import fcntl
         import socket
 
-        from .errors import RunDirError
-        from .run_dir import try_flock
+        from ..errors import RunDirError
+        from ..rundir.layout import try_flock
         path = self.run_dir.shards_dir / f"shard_{self.rank}.lock"
         self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         end = time.time() + wait_seconds
@@ -310,9 +311,9 @@ class BatchComputer:
         return fixed + per_token * self.tokenizer.tokens_for_residues(self.index.lengths[positions])
 
     def rows(self, todo: np.ndarray):
-        from . import status_codes as sc
-        from .errors import UserError
-        from .rows import RowBlock
+        from ..output import status_codes as sc
+        from ..errors import UserError
+        from ..output.schema import RowBlock
 
         n = len(todo)
         lengths = self.index.lengths[todo].astype(np.int32)
@@ -364,7 +365,7 @@ class BatchComputer:
 
     def _run(self, items: list, todo: np.ndarray):
         """[(items, TaskOutput or None)] in item order; an out-of-memory batch is halved until it fits."""
-        from .engine_api import OutOfMemory
+        from ..engine.interface import OutOfMemory
         from . import faults
         try:
             batch = [t.ids for _, t in items]
@@ -392,8 +393,8 @@ def _inputs_still_match(index) -> None:
     (`SequenceIndex.sequence`), which also catches an edit undone before the next checkpoint."""
     if index.checksums is not None or not index.inputs_unchanged():
         return
-    from .errors import UserError
-    from .input_checks import input_changes
+    from ..errors import UserError
+    from ..planning.input_checks import input_changes
     changed = input_changes(index)
     if changed:
         raise UserError(f"the input FASTA changed while this shard was computed ({changed}); the rows computed "

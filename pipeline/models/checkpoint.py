@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import demo_model
-from .errors import UserError
+from . import demo as demo_model
+from ..errors import UserError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
@@ -133,8 +133,8 @@ def describe(source: ModelSource, engine: str):
     """EngineInfo from the checkpoint's config and tokenizer alone (no weights, no device), and the tokenizer."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from .engine_api import EngineInfo
-    from .hf_engine import model_max_tokens, quiet_transformers
+    from ..engine.interface import EngineInfo
+    from ..engine.hf import model_max_tokens, quiet_transformers
 
     quiet_transformers()
     try:

@@ -108,7 +108,7 @@ MARKER = "run_shards_demo.json"
 def write(path: str | os.PathLike) -> Path:
     """Write the demo checkpoint (config.json, model.safetensors, tokenizer files) to `path`; its marker file,
     written last, holds the sha256 of every other file."""
-    from .hf_engine import quiet_transformers
+    from ..engine.hf import quiet_transformers
     quiet_transformers()   # no "Writing model shards" bar on the user's terminal
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -151,7 +151,7 @@ def ensure(cache_root: Path) -> Path:
     A new copy is built under a temporary name and renamed into place, so a process that is loading the
     old copy (another run) keeps reading whole files; a failed build leaves nothing behind.
     """
-    from .errors import UserError, disk_full_reason
+    from ..errors import UserError, disk_full_reason
     target = Path(cache_root) / "models" / f"{NAME}-v{VERSION}"
     problem = damage(target) if target.exists() else "not built yet"
     if problem is None:

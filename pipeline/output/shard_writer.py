@@ -17,12 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import faults, shard_state
-from .errors import DiskFull, disk_full_reason, ensure_space
+from ..worker import faults
+from ..rundir import shard_state
+from ..errors import DiskFull, disk_full_reason, ensure_space
 from .h5io import Reader, Writer
-from .merge import merge_sorted_runs
-from .rows import RowBlock, Schema
-from .run_dir import RunDir, fsync_dir
+from .sorted_merge import merge_sorted_runs
+from .schema import RowBlock, Schema
+from ..rundir.layout import RunDir, fsync_dir
 
 log = logging.getLogger(__name__)
 

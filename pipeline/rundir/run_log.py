@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from .errors import disk_full_reason
-from .run_dir import RunDir
+from ..errors import disk_full_reason
+from .layout import RunDir
 
 log = logging.getLogger("run_shards")
 

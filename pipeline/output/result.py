@@ -17,12 +17,12 @@ import numpy as np
 
 from index import SequenceIndex
 
-from .errors import DiskFull, MergeError, disk_full_reason, ensure_space
+from ..errors import DiskFull, MergeError, disk_full_reason, ensure_space
 from .h5io import CorruptFile, Reader, Writer
-from .merge import describe_problems, merge_sorted_runs
-from .rows import Schema
-from .run_dir import RunDir, fsync_dir
-from .shard_state import set_aside
+from .sorted_merge import describe_problems, merge_sorted_runs
+from .schema import Schema
+from ..rundir.layout import RunDir, fsync_dir
+from ..rundir.shard_state import set_aside
 
 log = logging.getLogger("run_shards")
 

@@ -20,8 +20,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
-from .errors import RunDirError
+from .. import __version__
+from ..errors import RunDirError
 
 MANIFEST_FORMAT = 1
 

@@ -15,9 +15,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import MergeError
+from ..errors import MergeError
 from .h5io import CorruptFile, Reader, Writer
-from .rows import RowBlock
+from .schema import RowBlock
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import shard_state
-from .h5io import CorruptFile, Reader
-from .errors import RunDirError
-from .run_dir import RunDir, RunLock
+from ..output.h5io import CorruptFile, Reader
+from ..errors import RunDirError
+from .layout import RunDir, RunLock
 
 # Worker log lines (written by worker.py, shard_writer.py, and supervisor.py for a killed worker):
 # "2026-11-24 05:42:14,675 INFO pipeline.shard_writer: checkpoint part_000000.h5: 22 rows, 6600 tokens (...)"
@@ -87,7 +87,7 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
     from index import SequenceIndex
     from index.sequence_index import IndexCorrupt
 
-    from .config import RunConfig
+    from ..config import RunConfig
     manifest = run.read_manifest()
     world = manifest["world"]
     try:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .errors import UserError
-from .models import SUPPORTED_MODEL_TYPES
+from ..errors import UserError
+from ..models import SUPPORTED_MODEL_TYPES
 
 # Model types --engine native runs (pipeline.models); --engine auto picks native for these.
 NATIVE_MODEL_TYPES: frozenset[str] = frozenset(SUPPORTED_MODEL_TYPES)
@@ -28,7 +28,7 @@ def batch_invariant(engine: str, config) -> bool:
     the other sequences of each batch: the native engine with --batch-invariant (the default) where
     batch_invariance_holds (on CPU, a budget of at least 64 tokens; docs/engine.md). Not the hf engine
     (transformers pads a batch to its longest sequence and runs each shape's own kernels)."""
-    from .engine.config import batch_invariance_holds
+    from .config import batch_invariance_holds
     return (engine == "native" and config.batch_invariant
             and batch_invariance_holds(config.tokens_per_batch, on_cpu=not config.on_gpu))
 
@@ -51,9 +51,9 @@ def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, l
     that workers need not find it again (that builds the transformers model on the meta device, about
     1.5 s); `...` finds it here."""
     if name == "hf":
-        from .hf_engine import HFEngine
+        from .hf import HFEngine
         return HFEngine(model_path, device, dtype, logprobs, fingerprint, max_tokens=max_tokens)
     if name == "native":
-        from .engine.engine import NativeEngine
+        from .native import NativeEngine
         return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config, max_tokens=max_tokens)
     raise UserError(f"engine {name!r} is not available in this build")

@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .rows import STR, Column, RowBlock, Schema
+from .schema import STR, Column, RowBlock, Schema
 
 CHUNK_BYTES = 1 << 20
 

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import torch
 
-from .engine_api import EngineInfo, ForwardOutput, OutOfMemory
-from .errors import UserError
+from .interface import EngineInfo, ForwardOutput, OutOfMemory
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class HFEngine:
                  fingerprint: str = "", max_tokens=...):
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-        from .model_source import is_causal_lm
+        from ..models.checkpoint import is_causal_lm
         quiet_transformers()
         self.device = device
         config = AutoConfig.from_pretrained(model_path)

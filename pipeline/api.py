@@ -17,16 +17,18 @@ from index import FastaError, SequenceIndex, load_or_build
 from index.alphabet import alphabet_mismatch
 from index.cache import cache_dir
 
-from . import (__version__, engines, launchers, model_source, result_merge, run_log, shard_state, status_codes,
-               windows)
+from . import __version__, launchers
+from .engine import selection as engines, windowed as windows
+from .models import checkpoint as model_source
+from .output import result as result_merge, status_codes
+from .rundir import run_log, shard_state
 from .config import RunConfig
 from .errors import RunDirError, UserError
-from .input_checks import (apply_input_policies, check_long, check_storage, free_out, input_changes,
-                           load_run_index, start_over_advice)
+from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, input_changes, load_run_index, start_over_advice)
 from .launchers import ShardJob, Submitted
-from .run_dir import RunDir, RunLock
+from .rundir.layout import RunDir, RunLock
 from .tasks import make_task, schema_for
-from .tokenization import SequenceTokenizer
+from .tasks.tokenization import SequenceTokenizer
 
 log = logging.getLogger("run_shards")
 
@@ -302,7 +304,7 @@ def _reported(run_dir: RunDir, work):
 def write_report(run_dir: RunDir, error: str | None = None) -> None:
     """OUT/report.html; a failure to write it is a warning, never the run's failure."""
     try:
-        from . import report
+        from .rundir import report
         log.info("report: %s", report.write(run_dir.root, error))
     except Exception as e:   # noqa: BLE001 - the run's outcome stands whatever the report does
         log.warning("could not write %s (%s: %s); `run_shards report %s` tries again", run_dir.root / "report.html",

@@ -13,11 +13,11 @@ import socket
 from index import SequenceIndex
 
 from . import shard_state
-from .errors import UserError
-from .h5io import CorruptFile, Reader
-from .input_checks import human_bytes, load_run_index
-from .rows import Schema
-from .run_dir import RunDir, RunLock
+from ..errors import UserError
+from ..output.h5io import CorruptFile, Reader
+from ..planning.input_checks import human_bytes, load_run_index
+from ..output.schema import Schema
+from .layout import RunDir, RunLock
 
 
 # Above this many shards the table lists only those that need a look (not complete, not pending), after
@@ -69,7 +69,7 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
                  f"`run_shards status {run.root} --verify` reads every byte")
     lines.append(_disk_line(run, manifest, index, states))
     if config.get("launcher") == "slurm":
-        from .launchers import slurm
+        from ..launchers import slurm
         lines += slurm.status_lines(run, states)
     if run.result_path.exists():
         try:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .h5io import CorruptFile, Reader
-from .run_dir import RunDir
+from ..output.h5io import CorruptFile, Reader
+from .layout import RunDir
 
 log = logging.getLogger(__name__)
 

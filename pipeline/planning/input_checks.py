@@ -14,12 +14,12 @@ import numpy as np
 
 from index import SequenceIndex
 
-from . import status_codes
-from .config import RunConfig
-from .errors import RunDirError, UserError
-from .run_dir import RunDir
-from .rows import Schema
-from .tokenization import SequenceTokenizer
+from ..output import status_codes
+from ..config import RunConfig
+from ..errors import RunDirError, UserError
+from ..rundir.layout import RunDir
+from ..output.schema import Schema
+from ..tasks.tokenization import SequenceTokenizer
 
 log = logging.getLogger("run_shards")
 
