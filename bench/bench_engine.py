@@ -182,7 +182,7 @@ def main() -> None:
     budget = args.max_tokens_per_batch or (32768 if gpu else 4096)
     models = (args.models or ("qwen35-0.8b,esm2-650m" if gpu else "demo,qwen35-eighth")).split(",")
     kinds = args.engines.split(",")
-    from pipeline.engine.hf import quiet_transformers
+    from pipeline.models.hf_config import quiet_transformers
     quiet_transformers()
 
     lines = [f"device: {torch.cuda.get_device_name(0) if gpu else f'CPU, {args.threads} thread(s)'}; "

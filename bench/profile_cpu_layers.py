@@ -99,7 +99,7 @@ def main() -> None:
     if args.delta_chunk_size:
         gdn.CPU_CHUNK_SIZE = args.delta_chunk_size
     dtype = getattr(torch, args.dtype)
-    from pipeline.engine.hf import quiet_transformers
+    from pipeline.models.hf_config import quiet_transformers
     from transformers import AutoTokenizer
     quiet_transformers()
     path = bench_engine.write_checkpoint(args.model, Path(tempfile.mkdtemp()) / args.model, dtype, torch.device("cpu"))

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import FastaError, line_number
+from .errors import FastaError
 from .record_checksum import add, block_checksums, checksum
-from .source import open_stream, open_text
+from .source import line_number, open_stream, open_text
 
 BLOCK_BYTES = 4 << 20
 _GT, _SEMI, _STAR, _LF, _CR = ord(">"), ord(";"), ord("*"), ord("\n"), ord("\r")

@@ -22,10 +22,10 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .compressed import given_path
-from .errors import FastaError, InputChanged, line_number
+from .errors import FastaError, InputChanged
 from .fasta_scan import FileScan, legacy_content_crc32, scan_fasta, sequence_text
 from .record_checksum import add, checksum
-from .source import open_text
+from .source import line_number, open_text
 
 # 2: records split at lone CRs, ids end at control bytes, 64-bit lengths when needed.
 # 3: a checksum per record (instead of one per file); BGZF inputs read in place, with their block tables.

@@ -67,3 +67,21 @@ def open_stream(path: str | os.PathLike) -> io.BufferedIOBase:
     if is_bgzf(path):
         return io.BufferedReader(BgzfStream(BgzfText(path)), 1 << 20)
     return open(path, "rb")
+
+
+def line_number(path: str | os.PathLike, offset: int) -> int:
+    """1-based line number of byte `offset` in `path`, lines ending at LF, CRLF or a lone CR (only used to
+    word error messages)."""
+    count, previous = 0, b""
+    with open_stream(path) as fh:
+        remaining = offset
+        while remaining > 0:
+            chunk = fh.read(min(remaining, 1 << 24))
+            if not chunk:
+                break
+            count += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            if previous == b"\r" and chunk[:1] == b"\n":   # a CRLF split between two reads
+                count -= 1
+            previous = chunk[-1:]
+            remaining -= len(chunk)
+    return count + 1

@@ -25,7 +25,7 @@ from .rundir import run_log, shard_state
 from .config import RunConfig
 from .errors import RunDirError, UserError
 from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, input_changes, load_run_index, start_over_advice)
-from .launchers import ShardJob, Submitted
+from .launchers.job import ShardJob, Submitted
 from .rundir.layout import RunDir, RunLock
 from .tasks import make_task, schema_for
 from .tasks.tokenization import SequenceTokenizer

@@ -270,7 +270,7 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
 
 def _finish(outcome) -> None:
     """Print a command's outcome: the merged result, or what a scheduler was handed (then follow it)."""
-    from .launchers import Submitted
+    from .launchers.job import Submitted
     if isinstance(outcome, Submitted):
         click.echo(outcome.text)
         if outcome.follow is None:
@@ -361,7 +361,7 @@ def merge_command(out, allow_partial):
 def work_command(out, shard, shards_per_task):
     """Compute shard(s) of the planned run in OUT with this node's devices; never merges. This is what SLURM
     array tasks and Ray tasks run; a complete shard is skipped, and SIGTERM makes it checkpoint and stop."""
-    from .worker.work import work
+    from .launchers.work import work
     _setup_logging(False)
     summary = _call(work, out, shard, shards_per_task)
     _result_is_durable()

@@ -16,7 +16,7 @@ from pipeline.errors import UserError
 from pipeline.launchers.sbatch_scripts import (SIGNAL_SECONDS, array_ranges, merge_script, option_groups,
                                                shard_script, split_arrays)
 from pipeline.launchers.slurm import warn_if_node_local
-from pipeline.worker.work import shards_of_task, task_number
+from pipeline.launchers.work import shards_of_task, task_number
 
 COMMAND = ["/opt/py env/bin/python", "/opt/run_shards/bin/run_shards"]
 

@@ -291,22 +291,22 @@ def test_partial_rotary_in_place_equals_the_concatenated_form(dtype):
 
 
 def test_rotary_only_model_types_have_no_position_table_when_built():
-    """The planning shortcut (hf_engine.ROTARY_ONLY_MODEL_TYPES answers 'no position table' without building
+    """The planning shortcut (hf_config.ROTARY_ONLY_MODEL_TYPES answers 'no position table' without building
     the model) agrees with building each family on the meta device; and a learned table is still found."""
     from transformers import AutoModel, GPT2Config, LlamaConfig, Qwen3_5TextConfig, Qwen3Config
 
-    from pipeline.engine import hf as hf_engine
+    from pipeline.models import hf_config
     small = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2)
     configs = {"llama": LlamaConfig(**small), "qwen3": Qwen3Config(head_dim=8, **small),
                "qwen3_5_text": Qwen3_5TextConfig(head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2,
                                                  linear_key_head_dim=8, linear_value_head_dim=8, **small)}
-    assert set(configs) | {"qwen3_5"} == set(hf_engine.ROTARY_ONLY_MODEL_TYPES)
+    assert set(configs) | {"qwen3_5"} == set(hf_config.ROTARY_ONLY_MODEL_TYPES)
     for name, config in configs.items():
         assert config.model_type == name
-        assert hf_engine.position_table_tokens(config) is None
+        assert hf_config.position_table_tokens(config) is None
         with torch.device("meta"):
             model = AutoModel.from_config(config)
         assert not [n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)
                     and ("position" in n.rsplit(".", 1)[-1] or n.endswith("wpe"))], name
-    assert hf_engine.position_table_tokens(GPT2Config(n_positions=64, n_embd=32, n_layer=1, n_head=4)) == 64
+    assert hf_config.position_table_tokens(GPT2Config(n_positions=64, n_embd=32, n_layer=1, n_head=4)) == 64

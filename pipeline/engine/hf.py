@@ -6,7 +6,6 @@ unpadded into the ragged form the tasks expect.
 """
 from __future__ import annotations
 
-import logging
 from typing import Sequence
 
 import torch
@@ -14,62 +13,7 @@ import torch
 from .interface import EngineInfo, ForwardOutput, OutOfMemory
 from ..errors import UserError
 
-log = logging.getLogger(__name__)
-
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # bound the float32 logits computed at once (256 MiB)
-
-
-def quiet_transformers() -> None:
-    import transformers
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
-def model_max_tokens(config, tokenizer) -> int | None:
-    """The hard per-sequence token limit: a learned position table, or the tokenizer's trained maximum."""
-    limits = [n for n in (position_table_tokens(config),) if n]
-    mml = getattr(tokenizer, "model_max_length", None)
-    if isinstance(mml, int) and 0 < mml < 10**7:
-        limits.append(mml)
-    return min(limits) if limits else None
-
-
-# Families whose positions are rotary only, by design: answered without building them, which would import
-# their transformers modeling code (about 2 s of every run's planning). tests/test_units.py holds this list
-# to what building them finds.
-ROTARY_ONLY_MODEL_TYPES = ("llama", "qwen3", "qwen3_5", "qwen3_5_text")
-
-
-def position_table_tokens(config) -> int | None:
-    """Positions a learned absolute position table holds (GPT-2's `wpe`, BERT's, RoBERTa's, OPT's, ESM-1b's),
-    found by building the model on the meta device (no weights, no memory); None without one (rotary).
-
-    Config fields alone do not say it: transformers 5 dropped `position_embedding_type` from most configs,
-    and GPT-2 calls the size `n_positions`. Tables indexed from padding_idx + 1 (RoBERTa, ESM) or with an
-    `offset` (OPT) hold that many fewer tokens.
-    """
-    import torch.nn as nn
-    from transformers import AutoModel
-
-    if config.model_type in ROTARY_ONLY_MODEL_TYPES:
-        return None
-    try:
-        with torch.device("meta"):
-            model = AutoModel.from_config(config)
-    except Exception as e:   # an architecture AutoModel cannot build: fall back to the config's word
-        log.debug("could not build %s on the meta device (%s)", config.model_type, e)
-        if getattr(config, "position_embedding_type", None) == "absolute" and getattr(config, "max_position_embeddings", 0):
-            return config.max_position_embeddings
-        return None
-    limits = []
-    for name, module in model.named_modules():
-        last = name.rsplit(".", 1)[-1]
-        if isinstance(module, nn.Embedding) and ("position" in last or last == "wpe"):
-            offset = getattr(module, "offset", None)
-            if offset is None:
-                offset = module.padding_idx + 1 if module.padding_idx is not None else 0
-            limits.append(module.num_embeddings - offset)
-    return min(limits) if limits else None
 
 
 class HFEngine:
@@ -77,11 +21,11 @@ class HFEngine:
                  fingerprint: str = "", max_tokens=...):
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-        from ..models.checkpoint import is_causal_lm
+        from ..models.hf_config import is_causal_lm, model_max_tokens, quiet_transformers, text_config as text_of
         quiet_transformers()
         self.device = device
         config = AutoConfig.from_pretrained(model_path)
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        text_config = text_of(config)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         archs = list(getattr(config, "architectures", None) or [])
         is_causal = is_causal_lm(config.model_type, archs)

@@ -103,8 +103,8 @@ class NativeEngine:
         the model's token limit when already known (None: none), else found here."""
         from transformers import AutoConfig, AutoTokenizer
 
-        from .hf import model_max_tokens, quiet_transformers
-        from ..models import load_model, text_config
+        from ..models import load_model
+        from ..models.hf_config import model_max_tokens, quiet_transformers, text_config
 
         quiet_transformers()
         model = load_model(model_path, device, dtype)

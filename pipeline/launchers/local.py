@@ -15,7 +15,7 @@ from ..exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
 from ..planning.input_checks import input_changes, start_over_advice
 from .progress import ProgressBoard
 from .supervisor import Supervisor
-from . import ShardJob
+from .job import ShardJob
 
 log = logging.getLogger("run_shards")
 

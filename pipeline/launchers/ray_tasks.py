@@ -28,7 +28,7 @@ from ..exits import signal_name
 from ..planning.input_checks import input_changes, start_over_advice
 from .progress import ProgressBoard
 from ..rundir.layout import RunLock
-from . import ShardJob, self_command
+from .job import ShardJob, self_command
 
 log = logging.getLogger("run_shards")
 

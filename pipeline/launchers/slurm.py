@@ -22,7 +22,7 @@ from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from .progress import ProgressBoard
 from ..rundir.layout import RunDir, RunLock, write_atomic
-from . import ShardJob, Submitted, self_command
+from .job import ShardJob, Submitted, self_command
 from .sbatch_scripts import array_ranges, merge_script, shard_script, split_arrays
 
 log = logging.getLogger("run_shards")

@@ -6,13 +6,10 @@ import torch
 
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
+from .hf_config import text_config
 
 # model_type in config.json -> family. Anything else runs on --engine hf.
 SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "esm", "llama", "qwen3")
-
-
-def text_config(config):
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def load_model(path: str, device: torch.device, dtype: torch.dtype) -> NativeModel:

@@ -14,18 +14,9 @@ from pathlib import Path
 
 from . import demo as demo_model
 from ..errors import UserError
+from .hf_config import is_causal_lm
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-
-
-def is_causal_lm(model_type: str, architectures: list[str]) -> bool:
-    """A causal LM by its checkpoint's architecture names (any of transformers' causal-LM classes, e.g. GPT-2's
-    GPT2LMHeadModel, not only *ForCausalLM), or by its model type when the config names none."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-    if architectures:
-        return any(a in causal or a.endswith("ForCausalLM") for a in architectures)
-    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 @dataclass
@@ -134,7 +125,7 @@ def describe(source: ModelSource, engine: str):
     from transformers import AutoConfig, AutoTokenizer
 
     from ..engine.interface import EngineInfo
-    from ..engine.hf import model_max_tokens, quiet_transformers
+    from .hf_config import model_max_tokens, quiet_transformers, text_config
 
     quiet_transformers()
     try:
@@ -143,7 +134,7 @@ def describe(source: ModelSource, engine: str):
     except Exception as e:
         raise UserError(f"--model {source.name}: cannot read the checkpoint's config or tokenizer "
                         f"({type(e).__name__}: {e})") from None
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     info = EngineInfo(name=engine, hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
                       is_causal=source.is_causal, max_tokens=model_max_tokens(text, tokenizer),
                       architecture=(source.architectures[0] if source.architectures else source.model_type),

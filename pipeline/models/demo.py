@@ -108,7 +108,7 @@ MARKER = "run_shards_demo.json"
 def write(path: str | os.PathLike) -> Path:
     """Write the demo checkpoint (config.json, model.safetensors, tokenizer files) to `path`; its marker file,
     written last, holds the sha256 of every other file."""
-    from ..engine.hf import quiet_transformers
+    from .hf_config import quiet_transformers
     quiet_transformers()   # no "Writing model shards" bar on the user's terminal
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..worker.batching import plan_batches
 from ..config import RunConfig
 from ..engine.interface import EngineInfo
 from ..errors import UserError
 from ..output.schema import STR, Column
-from .tokenization import Tokenized
-
-# A generate call gets this many times --max-seqs sequences, so that as sequences finish others take
-# their place (continuous batching) instead of the step emptying out at the end of every call.
-QUEUE_FACTOR = 4
+from .task import TaskOutput
+from .tokenization import SequenceTokenizer, Tokenized
 
 
 def prompt_ids(tok: Tokenized) -> list[int]:
@@ -31,12 +27,6 @@ def prompt_ids(tok: Tokenized) -> list[int]:
     while n > 1 and tok.special[n - 1]:
         n -= 1
     return list(tok.ids[:n])
-
-
-def plan_generate_batches(tokens: np.ndarray, config: RunConfig) -> list[tuple[int, int]]:
-    """Engine calls of QUEUE_FACTOR x --max-seqs sequences each (prompt tokens are not the limit here: the
-    engine's own step budget and KV pages bound what runs at once)."""
-    return plan_batches(tokens, int(np.sum(tokens)) + 1, QUEUE_FACTOR * config.max_seqs, padded=False)
 
 
 class GenerateTask:
@@ -58,7 +48,6 @@ class GenerateTask:
 
     def run(self, engine, toks: list[Tokenized], positions: np.ndarray):
         from ..engine.native import SamplingParams
-        from . import TaskOutput
 
         c = self.config
         params = SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, seed=c.seed)
@@ -73,7 +62,6 @@ class GenerateTask:
 
     def _decode(self, tokenizer, ids: list[int]) -> str:
         if self._char_level is None:
-            from .tokenization import SequenceTokenizer
             self._char_level = SequenceTokenizer(tokenizer).char_level
         if not self._char_level:
             return tokenizer.decode(ids, skip_special_tokens=True)

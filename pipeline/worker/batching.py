@@ -27,3 +27,14 @@ def plan_batches(tokens: np.ndarray, budget: int, max_seqs: int, padded: bool) -
         out.append((start, stop))
         start = stop
     return out
+
+
+# A generate call gets this many times --max-seqs sequences, so that as sequences finish others take
+# their place (continuous batching) instead of the step emptying out at the end of every call.
+GENERATE_QUEUE_FACTOR = 4
+
+
+def plan_generate_batches(tokens: np.ndarray, max_seqs: int) -> list[tuple[int, int]]:
+    """Engine calls of GENERATE_QUEUE_FACTOR x --max-seqs sequences each (prompt tokens are not the limit
+    here: the engine's own step budget and KV pages bound what runs at once)."""
+    return plan_batches(tokens, int(np.sum(tokens)) + 1, GENERATE_QUEUE_FACTOR * max_seqs, padded=False)

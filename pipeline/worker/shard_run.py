@@ -215,8 +215,8 @@ class ShardRun:
             tokens = np.array([t if t <= cut.limit else cut.count(int(t)) * cut.limit for t in tokens], np.int64)
         computer = BatchComputer(index, engine, task, tokenizer, schema, config, limit, cut)
         if config.task == "generate":
-            from ..tasks.generate import plan_generate_batches
-            batches = plan_generate_batches(tokens, config)
+            from .batching import plan_generate_batches
+            batches = plan_generate_batches(tokens, config.max_seqs)
         else:
             batches = plan_batches(tokens, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf")
         stats = {"sequences": 0, "tokens": 0, "compute_seconds": 0.0}

@@ -52,7 +52,8 @@ def shards_of_task(task: int, per_task: int, world: int) -> list[int]:
 def work(out: str, shard: int | None = None, shards_per_task: int | None = None, show_progress: bool = False) -> str:
     """Compute the shard(s) of this task; returns a one-line summary. RunFailed when some did not finish."""
     from ..rundir import shard_state
-    from ..launchers import ShardJob, local
+    from . import local
+    from .job import ShardJob
     run = RunDir(out)
     manifest = run.read_manifest()
     config = RunConfig.from_json(json.dumps(manifest["config"]))

@@ -1,0 +1,55 @@
+"""What every task gives the worker: a TaskOutput of per-row columns and ragged values, and the ragged layout
+of an engine's output (which token belongs to which sequence, which tokens are special)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..engine.interface import ForwardOutput
+from ..output.schema import Column
+from .tokenization import Tokenized
+
+# --on-long window: how many windows each row ran as (1 for a sequence within the limit; 0 for a row
+# that was not computed).
+WINDOWS_COLUMN = Column("windows", "int32")
+
+
+def layer_suffix(layer: int, num_layers: int) -> str:
+    return "" if layer == num_layers else f"_layer{layer}"
+
+
+@dataclass
+class TaskOutput:
+    columns: dict[str, np.ndarray]          # per-row arrays for the computed sequences
+    values: dict[str, np.ndarray]           # ragged values
+    lengths: dict[str, np.ndarray]          # per-row lengths of each ragged group
+
+
+@dataclass
+class Segments:
+    """Which sequence each token of a ragged engine output belongs to, and whether it is special."""
+    special: torch.Tensor    # bool [sum T]
+    seg: torch.Tensor        # int64 [sum T]: the token's sequence
+    lengths: torch.Tensor    # int64 [B]
+
+    @classmethod
+    def of(cls, out: ForwardOutput, toks: list[Tokenized]) -> "Segments":
+        device = out.cu_seqlens.device
+        special = torch.from_numpy(np.concatenate([t.special for t in toks])).to(device)
+        lengths = out.cu_seqlens[1:] - out.cu_seqlens[:-1]
+        seg = torch.repeat_interleave(torch.arange(len(toks), device=device), lengths)
+        return cls(special, seg, lengths)
+
+
+class ForwardTask:
+    """A task computed from one engine forward over the batch (embed, score)."""
+    layers: list[int]
+    logprobs: bool
+
+    def run(self, engine, toks: list[Tokenized], positions: np.ndarray) -> TaskOutput:
+        return self.compute(engine.forward([t.ids for t in toks], self.layers, self.logprobs), toks)
+
+    def compute(self, out: ForwardOutput, toks: list[Tokenized]) -> TaskOutput:
+        raise NotImplementedError
