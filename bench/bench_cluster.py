@@ -119,7 +119,7 @@ def planning(work: Path, shard_counts: list[int], slurm_root: Path) -> list[str]
 
 def status_seconds(out: Path, verify: bool) -> float:
     """`status` itself, timed inside a fresh process (without Python's and h5py's start-up)."""
-    code = ("import sys, time; from pipeline.status_report import status; t = time.perf_counter(); "
+    code = ("import sys, time; from pipeline.reporting.status import status; t = time.perf_counter(); "
             f"status({str(out)!r}, {verify}); print(time.perf_counter() - t)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     return float(done.stdout.split()[-1])

@@ -9,7 +9,7 @@
 (--no-batch-invariant), the engines taking turns as below.
 
 Sequences come from tools/make_fasta.py (UniRef-like lengths, seed 1). Each engine runs them the way a
-worker does: length-descending order, batches planned by pipeline.batching.plan_batches under the same
+worker does: length-descending order, batches planned by pipeline.worker.batching.plan_batches under the same
 token budget (padded batches for hf, ragged for native), the embed task (mean of the final hidden
 state) applied to every batch. The engines take turns on (up to 40) consecutive slices of the sorted sequences,
 so a shared machine's changing load affects both alike. Model loading and a warm-up batch are not
@@ -171,7 +171,7 @@ def main() -> None:
         raise SystemExit("gpu benchmark: no CUDA device visible")
     device = torch.device("cuda:0" if gpu else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
-    from pipeline.planning.devices import keep_freed_memory, set_cpu_threads
+    from pipeline.worker.cpu_setup import keep_freed_memory, set_cpu_threads
     flushing = set_cpu_threads(args.threads, not args.keep_denormals)   # as a worker does, for every engine
     keeping = not gpu and not args.default_malloc and keep_freed_memory()
     if args.delta_chunk_size:

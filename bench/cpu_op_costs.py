@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.planning.devices import keep_freed_memory, set_cpu_threads  # noqa: E402
+from pipeline.worker.cpu_setup import keep_freed_memory, set_cpu_threads  # noqa: E402
 from pipeline.models.layers.norms import rms_normalise  # noqa: E402
 
 

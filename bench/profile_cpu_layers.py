@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--conv-block-rows", type=int, default=None,
                         help="rows per block of the CPU conv (default: pipeline's CPU_CONV_BLOCK_ROWS; 100000: unblocked)")
     args = parser.parse_args()
-    from pipeline.planning.devices import keep_freed_memory, set_cpu_threads
+    from pipeline.worker.cpu_setup import keep_freed_memory, set_cpu_threads
     set_cpu_threads(1, not args.keep_denormals)
     keeping = not args.default_malloc and keep_freed_memory()
     if args.mlp_fused:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,8 @@ from .errors import FastaError, InputChanged
 from .fasta_scan import FileScan, legacy_content_crc32, scan_fasta, sequence_text
 from .record_checksum import add, checksum
 from .source import line_number, open_text
+
+log = logging.getLogger(__name__)
 
 # 2: records split at lone CRs, ids end at control bytes, 64-bit lengths when needed.
 # 3: a checksum per record (instead of one per file); BGZF inputs read in place, with their block tables.
@@ -419,8 +422,9 @@ class SequenceIndex:
         return [f.path for f in self.inputs
                 if f.content_crc32 is not None and f.content_crc32 != legacy_content_crc32(f.path)]
 
-    def inputs_unchanged(self) -> list[str]:
-        """Reasons the inputs no longer match this index (empty when they all still match)."""
+    def stat_changes(self) -> list[str]:
+        """Inputs whose size or modification time moved since indexing, each with what moved (empty when
+        every file still has the recorded size and mtime)."""
         changes = []
         for f in self.inputs:
             try:
@@ -433,6 +437,31 @@ class SequenceIndex:
             elif now.mtime_ns != f.mtime_ns:
                 changes.append(f"{f.path}: modified since it was indexed")
         return changes
+
+    def records_changed(self) -> str | None:
+        """What changed in the FASTA files since this index was built, or None when their records and bytes
+        are the same (a file only touched, same bytes, is accepted)."""
+        changes = self.stat_changes()
+        if not changes:
+            return None
+        try:   # mtime or size moved: only the records themselves matter
+            fresh = SequenceIndex.build([f.path for f in self.inputs])
+        except (OSError, FastaError) as e:
+            return f"{'; '.join(changes)}; it cannot be read now: {e}"
+        same = (len(fresh) == len(self) and np.array_equal(fresh.offsets, self.offsets)
+                and np.array_equal(fresh.lengths, self.lengths))
+        edited = self.edited_inputs(fresh) if same else []
+        if not same or edited:
+            detail = (f"{len(self):,} records when the run started, {len(fresh):,} now" if not same else
+                      f"same records and lengths, but the contents of {', '.join(edited)} differ")
+            return f"{'; '.join(changes)}; {detail}"
+        if self.checksums is None and any(f.content_crc32 is None for f in self.inputs):
+            log.warning("input files were touched (%s); their records have the same layout, but this run's "
+                        "index predates content checksums, so edits that keep every length cannot be ruled out",
+                        "; ".join(changes))
+        else:
+            log.info("input files were touched (%s) but their contents are unchanged", "; ".join(changes))
+        return None
 
 
 def _raw(arr: np.ndarray) -> memoryview:

@@ -21,10 +21,11 @@ from . import __version__, launchers
 from .engine import selection as engines, windowed as windows
 from .models import checkpoint as model_source
 from .output import result as result_merge, status_codes
-from .rundir import run_log, shard_state
+from .rundir import run_log
+from .output import shard_state
 from .config import RunConfig
 from .errors import RunDirError, UserError
-from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, input_changes, load_run_index, start_over_advice)
+from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index, start_over_advice)
 from .launchers.job import ShardJob, Submitted
 from .rundir.layout import RunDir, RunLock
 from .tasks import make_task, schema_for
@@ -247,7 +248,7 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         if outcome is not None:
             return outcome
         timings = job.options.get("timings")
-    changed = input_changes(index)   # edited after the last shard's last check: the result would not describe it
+    changed = index.records_changed()   # edited after the last shard's last check: the result would not describe it
     if changed:
         raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "
                         f"{start_over_advice(run, manifest)}")
@@ -304,7 +305,7 @@ def _reported(run_dir: RunDir, work):
 def write_report(run_dir: RunDir, error: str | None = None) -> None:
     """OUT/report.html; a failure to write it is a warning, never the run's failure."""
     try:
-        from .rundir import report
+        from .reporting import report
         log.info("report: %s", report.write(run_dir.root, error))
     except Exception as e:   # noqa: BLE001 - the run's outcome stands whatever the report does
         log.warning("could not write %s (%s: %s); `run_shards report %s` tries again", run_dir.root / "report.html",

@@ -1,4 +1,4 @@
-"""The `run_shards` command line: parse options, call one function in `pipeline.runner`, print.
+"""The `run_shards` command line: parse options, call one function of `pipeline.api` (or of a room for index, status, work and report), print.
 
     run_shards [run] FASTA... [options]     embed or score every sequence, merged into OUT/result.h5
     run_shards index FASTA...              build or refresh the index, print statistics
@@ -300,7 +300,7 @@ def index_command(fasta, workers):
               help="A row for every shard (by default, above 40 shards, only those not complete and not pending).")
 def status_command(out, verify, every_shard):
     """Per-shard state, progress and failures of the run in OUT."""
-    from .rundir.status import status
+    from .reporting.status import status
     click.echo(_call(status, out, verify, every_shard))
 
 
@@ -333,7 +333,7 @@ def report_command(out):
     model's limit, shard balance, each worker's throughput over time, where the time went, row statuses
     with example ids, failed attempts and restarts with their reasons, config and model. Every run, rerun
     and merge writes it at its end; this writes it again (e.g. after SLURM tasks failed)."""
-    from .rundir.report import write
+    from .reporting.report import write
     from .rundir.layout import RunDir
     _call(RunDir(out).read_manifest)   # a clear error for a directory that holds no run
     click.echo(f"report: {_call(write, out)}")

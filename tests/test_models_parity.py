@@ -128,7 +128,8 @@ def test_sharded_checkpoint_loads_the_same_model(checkpoints, tmp_path):
 def test_tasks_give_the_same_rows_on_both_engines(checkpoints):
     """embed (mean/cls/last pools) and score through pipeline.tasks, row by row."""
     from pipeline.config import RunConfig
-    from pipeline.tasks import EmbedTask, ScoreTask
+    from pipeline.tasks.embed import EmbedTask
+    from pipeline.tasks.score import ScoreTask
     from pipeline.tasks.tokenization import Tokenized
 
     native, hf, exact = engines(checkpoints["qwen3_5"], logprobs=True, max_tokens_per_step=64)

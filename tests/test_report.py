@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.rundir.facts import attempts
+from pipeline.reporting.facts import attempts
 
 from .run_helpers import read, skip_or_fail, status_rows, undocumented_files
 from .tiny_models import run_cli
 
 REPORT_ON = {"RUN_SHARDS_REPORT": "1"}
-CHART_BLUE = (0x4c, 0x72, 0xb0)   # the length histogram's bars (pipeline/report.py)
+CHART_BLUE = (0x4c, 0x72, 0xb0)   # the length histogram's bars (pipeline/reporting/report.py)
 
 
 def chromium() -> str:

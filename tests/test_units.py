@@ -9,10 +9,12 @@ from pipeline.models import demo as demo_model
 from pipeline.planning import devices
 from pipeline.worker.batching import plan_batches
 from pipeline.config import RunConfig
-from pipeline.engine.interface import EngineInfo, ForwardOutput, resolve_layers
+from pipeline.engine.interface import ForwardOutput, resolve_layers
+from pipeline.models.checkpoint import EngineInfo
 from pipeline.errors import UserError
 from pipeline.output.schema import ragged_gather_index
-from pipeline.tasks import EmbedTask, ScoreTask
+from pipeline.tasks.embed import EmbedTask
+from pipeline.tasks.score import ScoreTask
 from pipeline.tasks.tokenization import SequenceTokenizer
 
 
@@ -55,7 +57,7 @@ def test_devices_honour_cuda_visible_devices(monkeypatch):
 FLUSH_PROBE = """
 import sys, torch
 sys.path.insert(0, {repo!r})
-from pipeline.devices import set_cpu_threads
+from pipeline.worker.cpu_setup import set_cpu_threads
 {before}
 ok = set_cpu_threads(2, {flush})
 # a denormal result computed on every thread: 1e-30 * 1e-10 is below float32's smallest normal (1.2e-38)
@@ -82,7 +84,7 @@ def test_cpu_threads_flush_denormals_on_every_thread(before, flush, flushed):
 MALLOC_PROBE = """
 import ctypes, sys
 sys.path.insert(0, {repo!r})
-from pipeline.devices import keep_freed_memory
+from pipeline.worker.cpu_setup import keep_freed_memory
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]

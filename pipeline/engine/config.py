@@ -26,7 +26,7 @@ INVARIANT_SPLIT = 64
 def batch_invariance_holds(budget: int, on_cpu: bool) -> bool:
     """Whether a batch-invariant run keeps the property: on CPU (on a GPU cuBLAS picks a matmul's
     algorithm by its shape) with a step budget of at least INVARIANT_SPLIT tokens. The engine and the
-    result's attribute (pipeline/engines.py) both ask here."""
+    result's attribute (pipeline/engine/selection.py) both ask here."""
     return on_cpu and budget >= INVARIANT_SPLIT
 
 

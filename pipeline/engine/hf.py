@@ -10,7 +10,8 @@ from typing import Sequence
 
 import torch
 
-from .interface import EngineInfo, ForwardOutput, OutOfMemory
+from ..models.checkpoint import EngineInfo
+from .interface import ForwardOutput, OutOfMemory
 from ..errors import UserError
 
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # bound the float32 logits computed at once (256 MiB)

@@ -6,22 +6,12 @@ log-probability given all tokens before it. Tasks (pooling, scoring) only ever s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
-
-@dataclass
-class EngineInfo:
-    name: str                 # "hf" or "native"
-    hidden_size: int
-    num_layers: int           # hidden_states has num_layers + 1 entries; index num_layers = final norm output
-    is_causal: bool
-    max_tokens: int | None    # hard limit on tokens per sequence (absolute positions), None if none
-    architecture: str = ""
-    model_fingerprint: str = ""
-    extra: dict = field(default_factory=dict)
+from ..models.checkpoint import EngineInfo
 
 
 @dataclass

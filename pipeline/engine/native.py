@@ -1,4 +1,4 @@
-"""The native engine as the pipeline sees it (pipeline.engine_api.Engine), plus `generate`.
+"""The native engine as the pipeline sees it (pipeline.engine.interface.Engine), plus `generate`.
 
 `forward` runs a batch to completion step by step (chunked prefill where a sequence exceeds the step
 budget) and returns the ragged hidden states and token log-probabilities in batch order. `generate`
@@ -15,7 +15,8 @@ from typing import Sequence as Seq
 import numpy as np
 import torch
 
-from .interface import EngineInfo, ForwardOutput, OutOfMemory
+from ..models.checkpoint import EngineInfo
+from .interface import ForwardOutput, OutOfMemory
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
 from .model_runner import ModelRunner
@@ -103,7 +104,7 @@ class NativeEngine:
         the model's token limit when already known (None: none), else found here."""
         from transformers import AutoConfig, AutoTokenizer
 
-        from ..models import load_model
+        from ..models.registry import load_model
         from ..models.hf_config import model_max_tokens, quiet_transformers, text_config
 
         quiet_transformers()

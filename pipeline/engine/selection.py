@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
-from ..models import SUPPORTED_MODEL_TYPES
+from ..models.registry import SUPPORTED_MODEL_TYPES
 
 # Model types --engine native runs (pipeline.models); --engine auto picks native for these.
 NATIVE_MODEL_TYPES: frozenset[str] = frozenset(SUPPORTED_MODEL_TYPES)

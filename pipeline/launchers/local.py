@@ -8,11 +8,11 @@ import json
 import logging
 
 from ..planning import devices
-from ..rundir import shard_state
+from ..output import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
-from ..planning.input_checks import input_changes, start_over_advice
+from ..planning.input_checks import start_over_advice
 from .progress import ProgressBoard
 from .supervisor import Supervisor
 from .job import ShardJob
@@ -99,7 +99,7 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list) -> str:
     done = sum(1 for r in range(world) if run.shard_path(r).exists())
     lines.append(f"{done} of {world} shards complete. No merged file was written; all finished and "
                  "checkpointed rows are kept.")
-    changed = input_changes(job.index)
+    changed = job.index.records_changed()
     if changed:
         lines.append(f"The input FASTA changed since this run started ({changed}). "
                      f"{start_over_advice(run, job.manifest)}")

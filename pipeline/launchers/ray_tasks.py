@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir import shard_state
+from ..output import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..exits import signal_name
-from ..planning.input_checks import input_changes, start_over_advice
+from ..planning.input_checks import start_over_advice
 from .progress import ProgressBoard
 from ..rundir.layout import RunLock
 from .job import ShardJob, self_command
@@ -268,7 +268,7 @@ def _failure_report(job: ShardJob, failed: list[Outcome]) -> str:
     done = sum(1 for r in range(world) if run.shard_path(r).exists())
     lines.append(f"{done} of {world} shards complete. No merged file was written; all finished and "
                  "checkpointed rows are kept.")
-    changed = input_changes(job.index)
+    changed = job.index.records_changed()
     if changed:
         lines.append(f"The input FASTA changed since this run started ({changed}). "
                      f"{start_over_advice(run, job.manifest)}")

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..rundir import shard_state
+from ..output import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from .progress import ProgressBoard

@@ -51,7 +51,7 @@ def shards_of_task(task: int, per_task: int, world: int) -> list[int]:
 
 def work(out: str, shard: int | None = None, shards_per_task: int | None = None, show_progress: bool = False) -> str:
     """Compute the shard(s) of this task; returns a one-line summary. RunFailed when some did not finish."""
-    from ..rundir import shard_state
+    from ..output import shard_state
     from . import local
     from .job import ShardJob
     run = RunDir(out)

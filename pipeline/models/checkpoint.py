@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import demo as demo_model
@@ -17,6 +17,19 @@ from ..errors import UserError
 from .hf_config import is_causal_lm
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+@dataclass
+class EngineInfo:
+    """What the tasks and planning need to know of a model, whichever engine runs it."""
+    name: str                 # "hf" or "native"
+    hidden_size: int
+    num_layers: int           # hidden_states has num_layers + 1 entries; index num_layers = final norm output
+    is_causal: bool
+    max_tokens: int | None    # hard limit on tokens per sequence (absolute positions), None if none
+    architecture: str = ""
+    model_fingerprint: str = ""
+    extra: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -124,7 +137,6 @@ def describe(source: ModelSource, engine: str):
     """EngineInfo from the checkpoint's config and tokenizer alone (no weights, no device), and the tokenizer."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from ..engine.interface import EngineInfo
     from .hf_config import model_max_tokens, quiet_transformers, text_config
 
     quiet_transformers()

@@ -22,7 +22,7 @@ from .h5io import CorruptFile, Reader, Writer
 from .sorted_merge import describe_problems, merge_sorted_runs
 from .schema import Schema
 from ..rundir.layout import RunDir, fsync_dir
-from ..rundir.shard_state import set_aside
+from .shard_state import set_aside
 
 log = logging.getLogger("run_shards")
 

@@ -149,32 +149,6 @@ def free_out(root: Path) -> str:
     return f"{root}-{k}"
 
 
-def input_changes(index: SequenceIndex) -> str | None:
-    """What changed in the FASTA files since `index` was built, or None when their records and bytes are the
-    same (a file only touched, same bytes, is accepted)."""
-    changes = index.inputs_unchanged()
-    if not changes:
-        return None
-    try:   # mtime or size moved: only the records themselves matter
-        fresh = SequenceIndex.build([f.path for f in index.inputs])
-    except Exception as e:
-        return f"{'; '.join(changes)}; it cannot be read now: {e}"
-    same = (len(fresh) == len(index) and np.array_equal(fresh.offsets, index.offsets)
-            and np.array_equal(fresh.lengths, index.lengths))
-    edited = index.edited_inputs(fresh) if same else []
-    if not same or edited:
-        detail = (f"{len(index):,} records when the run started, {len(fresh):,} now" if not same else
-                  f"same records and lengths, but the contents of {', '.join(edited)} differ")
-        return f"{'; '.join(changes)}; {detail}"
-    if index.checksums is None and any(f.content_crc32 is None for f in index.inputs):
-        log.warning("input files were touched (%s); their records have the same layout, but this run's index "
-                    "predates content checksums, so edits that keep every length cannot be ruled out",
-                    "; ".join(changes))
-    else:
-        log.info("input files were touched (%s) but their contents are unchanged", "; ".join(changes))
-    return None
-
-
 def start_over_advice(run: RunDir, manifest: dict) -> str:
     """Advice when a run's inputs changed: both ways out, each with a command that works."""
     config = RunConfig.from_json(json.dumps(manifest["config"]))
@@ -195,7 +169,7 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False) ->
     if refresh_copies:
         from index.compressed import refresh
         refresh([f.path for f in index.inputs])
-    changed = input_changes(index)
+    changed = index.records_changed()
     if not changed:   # a .gz whose decompressed copy the run reads
         from index.compressed import source_changes
         changed = "; ".join(source_changes([f.path for f in index.inputs])) or None

@@ -1,2 +1,2 @@
-"""The run directory OUT/: its layout and locks, shard states, logs, and what status and report read
-from it. Never torch at import."""
+"""The run directory OUT/: where each file lives, its locks, the run's copy of the index and the parent's
+log. Never torch at import."""

@@ -5,24 +5,28 @@
   (a trailing special token such as <eos> included, when the tokenizer adds one).
 - score: sum over non-special tokens with at least one token before them of log p(token | all tokens
   before it, special ones included), accumulated in float64; `num_scored` counts those tokens.
+
+embed.py, score.py and generate.py hold one task each; task.py what they share.
 """
 from __future__ import annotations
 
 from ..config import RunConfig
-from ..engine.interface import EngineInfo
 from ..errors import UserError
+from ..models.checkpoint import EngineInfo
 from ..output.schema import BASE_COLUMNS, Schema
-from .embed import EmbedTask
-from .generate import GenerateTask
-from .score import ScoreTask
 
 
 def make_task(config: RunConfig, info: EngineInfo):
+    """The task of a run. Its module is imported here, not at the top: they import torch, and the parent
+    imports this package for the tokenizer and the schema."""
     if config.task == "embed":
+        from .embed import EmbedTask
         return EmbedTask(config, info)
     if config.task == "score":
+        from .score import ScoreTask
         return ScoreTask(config, info)
     if config.task == "generate":
+        from .generate import GenerateTask
         return GenerateTask(config, info)
     raise UserError(f"unknown task {config.task!r}")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..config import RunConfig
-from ..engine.interface import EngineInfo, ForwardOutput, resolve_layers
+from ..engine.interface import ForwardOutput, resolve_layers
+from ..models.checkpoint import EngineInfo
 from ..output.schema import Column
 from .task import WINDOWS_COLUMN, ForwardTask, Segments, TaskOutput, layer_suffix
 from .tokenization import Tokenized

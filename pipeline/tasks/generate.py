@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import RunConfig
-from ..engine.interface import EngineInfo
+from ..models.checkpoint import EngineInfo
 from ..errors import UserError
 from ..output.schema import STR, Column
 from .task import TaskOutput

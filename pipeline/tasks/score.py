@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..config import RunConfig
-from ..engine.interface import EngineInfo, ForwardOutput
+from ..engine.interface import ForwardOutput
+from ..models.checkpoint import EngineInfo
 from ..errors import UserError
 from ..output.schema import Column
 from .task import WINDOWS_COLUMN, ForwardTask, Segments, TaskOutput

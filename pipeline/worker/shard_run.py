@@ -144,7 +144,7 @@ class ShardRun:
 
         from index import InputChanged, SequenceIndex
         from ..engine import selection as engines
-        from . import faults
+        from .. import faults
         from ..errors import UserError
         from .batching import plan_batches
         from ..config import RunConfig
@@ -173,7 +173,7 @@ class ShardRun:
                  int((~done_mask).sum()), todo_tokens)
 
         t0 = time.time()
-        from ..planning.devices import keep_freed_memory, set_cpu_threads
+        from .cpu_setup import keep_freed_memory, set_cpu_threads
         flushing = set_cpu_threads(self.threads)
         log.info("%d CPU thread(s); float denormals %s", self.threads,
                  "flushed to zero" if flushing else
@@ -365,13 +365,15 @@ class BatchComputer:
 
     def _run(self, items: list, todo: np.ndarray):
         """[(items, TaskOutput or None)] in item order; an out-of-memory batch is halved until it fits."""
+        import torch
+
         from ..engine.interface import OutOfMemory
-        from . import faults
+        from .. import faults
         try:
             batch = [t.ids for _, t in items]
             faults.maybe_out_of_memory(batch, padded=self.engine.info.name == "hf")
             return [(items, self.task.run(self.engine, [t for _, t in items], todo[[i for i, _ in items]]))]
-        except (OutOfMemory, faults.torch_oom_type()) as e:
+        except (OutOfMemory, torch.OutOfMemoryError) as e:
             _release_memory()
             if len(items) == 1:
                 log.warning("out of memory on a single sequence of %d tokens (%s); marking it",
@@ -391,11 +393,10 @@ def _inputs_still_match(index) -> None:
     checksum), else the shard stops without keeping the rows computed since its last checkpoint, which may
     come from the edited text. With record checksums, every sequence is checked as it is read instead
     (`SequenceIndex.sequence`), which also catches an edit undone before the next checkpoint."""
-    if index.checksums is not None or not index.inputs_unchanged():
+    if index.checksums is not None or not index.stat_changes():
         return
     from ..errors import UserError
-    from ..planning.input_checks import input_changes
-    changed = input_changes(index)
+    changed = index.records_changed()
     if changed:
         raise UserError(f"the input FASTA changed while this shard was computed ({changed}); the rows computed "
                         "since its last checkpoint were not kept, as they may come from the edited text")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..output.h5io import CorruptFile, Reader
-from .layout import RunDir
+from .h5io import CorruptFile, Reader
+from ..rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..output import status_codes
 from ..errors import UserError
-from .layout import RunDir, write_atomic
+from ..rundir.layout import RunDir, write_atomic
 from .facts import Attempt, RunFacts, gather
 
 # Above this many shards the table lists only those that are not complete (the charts show them all).

@@ -18,12 +18,6 @@ import os
 import signal
 import time
 
-import torch
-
-
-def torch_oom_type() -> type:
-    return torch.OutOfMemoryError
-
 
 def maybe_out_of_memory(batch: list[list[int]], padded: bool) -> None:
     limit = int(os.environ.get("RUN_SHARDS_FAULT_OOM_TOKENS", "0") or 0)
@@ -31,6 +25,7 @@ def maybe_out_of_memory(batch: list[list[int]], padded: bool) -> None:
         return
     cost = len(batch) * max(len(x) for x in batch) if padded else sum(len(x) for x in batch)
     if cost > limit:
+        import torch   # (this module is imported by the torch-free output room)
         raise torch.OutOfMemoryError(f"injected out of memory: batch of {cost} tokens > {limit}")
 
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import shard_state
+from ..output import shard_state
 from ..output.h5io import CorruptFile, Reader
 from ..errors import RunDirError
-from .layout import RunDir, RunLock
+from ..rundir.layout import RunDir, RunLock
 
-# Worker log lines (written by worker.py, shard_writer.py, and supervisor.py for a killed worker):
-# "2026-11-24 05:42:14,675 INFO pipeline.shard_writer: checkpoint part_000000.h5: 22 rows, 6600 tokens (...)"
+# Worker log lines (written by worker/shard_run.py, output/shard_writer.py and launchers/supervisor.py for a killed worker):
+# "2026-11-24 05:42:14,675 INFO pipeline.output.shard_writer: checkpoint part_000000.h5: 22 rows, 6600 tokens (...)"
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:,(\d{3}))? (\w+) (\S+(?: \(parent\))?): (.*)$")
 _STARTED = re.compile(r"worker for shard \d+ started \(pid \d+, ([^,]+),")
 _LOADED = re.compile(r"model loaded on ")

@@ -12,12 +12,12 @@ import socket
 
 from index import SequenceIndex
 
-from . import shard_state
+from ..output import shard_state
 from ..errors import UserError
 from ..output.h5io import CorruptFile, Reader
 from ..planning.input_checks import human_bytes, load_run_index
 from ..output.schema import Schema
-from .layout import RunDir, RunLock
+from ..rundir.layout import RunDir, RunLock
 
 
 # Above this many shards the table lists only those that need a look (not complete, not pending), after

@@ -1,0 +1,56 @@
+"""How a CPU worker process tunes itself before its first op: torch threads that flush float denormals, and
+a malloc that keeps freed memory (docs/BENCHMARKS.md has what each is worth)."""
+from __future__ import annotations
+
+
+def set_cpu_threads(threads: int, flush_denormals: bool = True) -> bool:
+    """Give this process `threads` torch CPU threads that flush float denormals to zero (unless
+    `flush_denormals` is False, which benchmarks use to measure the difference); True when the flush
+    holds on every thread.
+
+    Why: float32 values below 1.2e-38 (denormals) cost a microcode assist per operation on x86 CPUs. The
+    delta rule's decays exp(gamma_i - gamma_j) pass through that range whenever a chunk's gates are
+    strongly negative: on one batch of a 1/8-size Qwen3.5 the native delta rule ran twice as fast with
+    the flush, and end to end the demo model ran 1.15x (hf) and 1.32x (native) faster (docs/BENCHMARKS.md).
+    Flushed values are below anything float32 or bfloat16 outputs can resolve next to O(1) ones; float16
+    storage of small values is not affected.
+
+    The flush is a per-thread CPU flag that threads inherit when they are created, so it must be set
+    before torch starts its OpenMP pool, i.e. before the process's first multi-threaded op. The check
+    runs one op across all threads and reports whether every one of them flushed.
+    """
+    import torch
+    supported = flush_denormals and torch.set_flush_denormal(True)
+    torch.set_num_threads(threads)
+    if not supported:
+        return False
+    probe = torch.full((max(1, threads) * (1 << 16),), 1e-30)
+    return bool(((probe * 1e-10) == 0).all())
+
+
+# glibc mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed blocks for reuse instead of handing them back to the OS; True if set.
+
+    Why: a CPU forward pass allocates and frees the same tens of MiB of activations every layer. By
+    default glibc serves blocks over its mmap threshold (at most 32 MiB) with fresh mmaps and returns
+    freed heap tops to the OS, so each new tensor's pages fault in again: one forward pass of the
+    1/8-size Qwen3.5 took 429k page faults and 4.3 s instead of 3.5 s (the count varies from run to run
+    with glibc's history), and about a thousand faults with this setting (docs/BENCHMARKS.md). The cost is that the process keeps its peak heap; a worker's batches all have
+    the same token budget, so its peak is reached in the first batches anyway. Blocks over 32 MiB still
+    come from mmap (glibc's upper limit for the threshold). No-op off glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # A fixed mmap threshold also stops glibc's dynamic adjustment of the trim threshold.
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))

@@ -1,0 +1,48 @@
+"""The tree is the architecture diagram (docs/DESIGN.md, "Rooms"): no import cycles between modules or
+between rooms, and the parent-side rooms never import torch at module level, so `index`, `status`,
+`report` and planning stay fast on a login node."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .import_graph import REPO, cycles, graph, modules
+
+# Rooms of pipeline/ that run in the parent (or on a login node): importing any of their modules must not
+# import torch (or transformers, which imports torch).
+TORCH_FREE_ROOMS = ("planning", "rundir", "output", "reporting")
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "pipeline" and len(parts) > 1 else parts[0]
+
+
+def test_no_module_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_rooms_import_one_way():
+    """Module-level and function-level imports between rooms form no cycle (e.g. output never imports the
+    worker, models never import the engine)."""
+    rooms: dict[str, set[str]] = {}
+    for a, targets in graph().items():
+        for b in targets:
+            if _room(a) != _room(b):
+                rooms.setdefault(_room(a), set()).add(_room(b))
+                rooms.setdefault(_room(b), set())
+    assert cycles(rooms) == []
+
+
+def test_parent_rooms_do_not_import_torch():
+    names = sorted(m for m in modules() if m.split(".")[0] == "pipeline" and _room(m) in TORCH_FREE_ROOMS)
+    assert len(names) > 15, names
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('torch', 'transformers', 'triton'):\n"
+            "            raise ImportError(f'{name} imported at module level')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            f"import importlib\nfor m in {names!r}:\n    importlib.import_module(m)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
