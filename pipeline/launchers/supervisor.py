@@ -19,7 +19,7 @@ import torch.multiprocessing
 from ..exits import EXIT_INTERRUPTED, explain_exit, signal_name
 from .progress import ProgressBoard
 from ..rundir.layout import RunDir, RunLock
-from ..worker.shard_run import worker_entry
+from ..worker.entry import worker_entry
 
 log = logging.getLogger("run_shards")
 
@@ -65,7 +65,7 @@ class Supervisor:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             context = torch.multiprocessing.start_processes(
-                worker_entry, args=(str(self.run.root), [rank], [send], [slot] if self.gpu else [], self.threads,
+                worker_entry, args=(str(self.run.root), rank, send, slot if self.gpu else None, self.threads,
                                     os.getpid()),
                 nprocs=1, join=False, daemon=False, start_method="spawn")
         finally:

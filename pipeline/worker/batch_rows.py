@@ -1,0 +1,101 @@
+"""The rows of one batch: statuses (empty, too long, unknown residues), tokenization, the engine run (an
+out-of-memory batch split in two until it fits) and the task's columns, assembled into a RowBlock."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from .. import faults
+from ..engine.interface import OutOfMemory
+from ..errors import UserError
+from ..output import status_codes as sc
+from ..output.schema import BASE_COLUMNS, RowBlock
+
+log = logging.getLogger("run_shards.worker")
+
+_BASE = {c.path for c in BASE_COLUMNS}
+
+
+class BatchComputer:
+    """Rows for a batch of positions: statuses, tokenization, the engine (split on OOM), the task."""
+
+    def __init__(self, index, engine, task, tokenizer, schema, config, limit: int | None, windows=None):
+        self.index, self.engine, self.task, self.tokenizer = index, engine, task, tokenizer
+        self.schema, self.config, self.limit, self.windows = schema, config, limit, windows
+
+    def row_bytes(self, positions: np.ndarray) -> np.ndarray:
+        fixed = sum(c.row_bytes() for c in self.schema.row_columns)
+        per_token = sum(c.row_bytes() for c in self.schema.ragged_columns)
+        return fixed + per_token * self.tokenizer.tokens_for_residues(self.index.lengths[positions])
+
+    def rows(self, todo: np.ndarray):
+        n = len(todo)
+        lengths = self.index.lengths[todo].astype(np.int32)
+        status = np.zeros(n, np.int8)
+        truncated = np.zeros(n, bool)
+        num_tokens = np.zeros(n, np.int32)
+        status[lengths == 0] = sc.EMPTY
+        candidates = np.flatnonzero(lengths > 0)
+        # (A batch of empty records only has nothing to tokenize: tokenizers fail on an empty list.)
+        toks = self.tokenizer.encode([self.index.sequence(int(todo[i])) for i in candidates]) if len(candidates) else []
+        compute = []
+        for i, t in zip(candidates, toks):
+            if self.limit and len(t.ids) > self.limit and not self.windows:   # only when not truncating
+                if self.config.on_long == "skip":
+                    status[i] = sc.SKIPPED_TOO_LONG
+                    continue
+                raise UserError(f"sequence '{self.index.id(int(todo[i]))}' has {len(t.ids)} tokens, over the "
+                                f"model's limit of {self.limit}; choose --on-long truncate or skip")
+            truncated[i] = t.truncated
+            if t.unknown:
+                status[i] = sc.UNKNOWN_RESIDUES
+            compute.append((int(i), t))
+        results = self._run(compute, todo) if compute else []
+        columns = {c.path: c.empty(n) for c in self.schema.row_columns if c.path not in _BASE}
+        ragged_lengths = {g: np.zeros(n, np.int64) for g in self.schema.ragged_groups}
+        values = {c.path: [] for c in self.schema.ragged_columns}
+        for items, out in results:
+            rows = np.array([i for i, _ in items])
+            if out is None:
+                status[rows] = sc.OUT_OF_MEMORY
+                continue
+            num_tokens[rows] = [len(t.ids) for _, t in items]
+            if self.windows:
+                columns["windows"][rows] = [self.windows.count(len(t.ids)) for _, t in items]
+            for k, v in out.columns.items():
+                columns[k][rows] = v
+            for g, lens in out.lengths.items():
+                ragged_lengths[g][rows] = lens
+            for k, v in out.values.items():
+                values[k].append(v)
+        columns.update({
+            "ids": np.array([self.index.id_bytes(int(p)) for p in todo], dtype=object),
+            "index": todo.astype(np.int64), "lengths": lengths, "num_tokens": num_tokens,
+            "truncated": truncated, "status": status,
+        })
+        values = {c.path: np.concatenate(values[c.path]) if values[c.path] else c.empty(0)
+                  for c in self.schema.ragged_columns}
+        return RowBlock(self.schema, columns, values, ragged_lengths), int(num_tokens.sum())
+
+    def _run(self, items: list, todo: np.ndarray):
+        """[(items, TaskOutput or None)] in item order; an out-of-memory batch is halved until it fits."""
+        try:
+            batch = [t.ids for _, t in items]
+            faults.maybe_out_of_memory(batch, padded=self.engine.info.name == "hf")
+            return [(items, self.task.run(self.engine, [t for _, t in items], todo[[i for i, _ in items]]))]
+        except (OutOfMemory, torch.OutOfMemoryError) as e:
+            _release_memory()
+            if len(items) == 1:
+                log.warning("out of memory on a single sequence of %d tokens (%s); marking it",
+                            len(items[0][1].ids), str(e).splitlines()[0] if str(e) else "OOM")
+                return [(items, None)]
+            half = len(items) // 2
+            log.info("out of memory on a batch of %d sequences; splitting it in two", len(items))
+            return self._run(items[:half], todo) + self._run(items[half:], todo)
+
+
+def _release_memory() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
