@@ -21,13 +21,16 @@ from . import __version__, launchers
 from .engine import selection as engines, windowed as windows
 from .models import checkpoint as model_source
 from .output import result as result_merge, status_codes
+from .output.h5io import CorruptFile, Reader
 from .rundir import run_log
 from .output import shard_state
 from .config import RunConfig
-from .errors import RunDirError, UserError
+from .errors import RunDirError, RunFailed, UserError
 from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index, start_over_advice)
 from .launchers.job import ShardJob, Submitted
-from .rundir.layout import RunDir, RunLock
+from .rundir import events
+from .rundir.layout import RunDir
+from .rundir.locks import RunLock, ShardLock, describe_holder
 from .tasks import make_task, schema_for
 from .tasks.tokenization import SequenceTokenizer
 
@@ -114,6 +117,9 @@ def _check_same_run(run: RunDir, config: RunConfig, manifest: dict) -> None:
         inputs.append("FASTA content")
     if old["world"] != manifest["world"]:
         changed.append(f"number of shards ({old['world']} -> {manifest['world']})")
+    if old_config.torch_dtype_name != config.torch_dtype_name and "dtype" not in changed:   # --dtype auto
+        changed.append(f"dtype {old_config.torch_dtype_name} -> {config.torch_dtype_name}, which --dtype auto takes "
+                       f"from --gpus: bfloat16 with a GPU per worker, float32 without")
     if inputs:   # `rerun` would refuse too: say how to get either run
         raise RunDirError(
             f"{run.root} already holds a run with other inputs (changed: {', '.join(inputs + changed)}). To run on "
@@ -155,7 +161,7 @@ def run(config: RunConfig, show_progress: bool = True, options: dict | None = No
                 started = time.time()
                 manifest, index = _prepare(config, run_dir)
                 return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, None, show_progress,
-                                                              started, options))
+                                                              started, options), "run")
             except (UserError, FastaError) as e:   # the terminal shows it (cli.py); run.log keeps it too
                 handler.write_only_here(logging.ERROR, f"error: {e}")
                 raise
@@ -169,7 +175,8 @@ def run(config: RunConfig, show_progress: bool = True, options: dict | None = No
 
 def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
           worker_timeout: float | None = None, options: dict | None = None,
-          ray_address: str | None = None, sbatch: str | None = None) -> Path | Submitted:
+          ray_address: str | None = None, sbatch: str | None = None,
+          merge_sbatch: str | None = None) -> Path | Submitted:
     """Re-run failed or unfinished shards from their checkpoints (locally, or resubmitted to the run's
     scheduler), then merge."""
     run_dir = RunDir(out)
@@ -193,20 +200,22 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             if ray_address is not None and launcher != "ray":
                 raise UserError(f"--ray-address applies only to runs with --launcher ray (this run's launcher is "
                                 f"{launcher})")
-            if sbatch is not None and launcher != "slurm":
-                raise UserError(f"--sbatch applies only to runs with --launcher slurm (this run's launcher is "
-                                f"{launcher})")
-            if sbatch is not None and sbatch != manifest["config"].get("sbatch", ""):
-                log.info("--sbatch %r from now on (was %r)", sbatch, manifest["config"].get("sbatch", ""))
-                manifest["config"]["sbatch"] = sbatch     # kept: a later rerun submits with it too
-                run_dir.write_manifest(manifest)
-                manifest = run_dir.read_manifest()
+            for option, value in (("sbatch", sbatch), ("merge_sbatch", merge_sbatch)):
+                if value is not None and launcher != "slurm":
+                    raise UserError(f"{RunConfig.option_name(option)} applies only to runs with --launcher slurm "
+                                    f"(this run's launcher is {launcher})")
+                if value is not None and value != manifest["config"].get(option, ""):
+                    log.info("%s %r from now on (was %r)", RunConfig.option_name(option), value,
+                             manifest["config"].get(option, ""))
+                    manifest["config"][option] = value     # kept: a later rerun submits with it too
+                    run_dir.write_manifest(manifest)
+                    manifest = run_dir.read_manifest()
             if ray_address is not None:
                 manifest["config"]["ray_address"] = ray_address
             if worker_timeout:
                 manifest["config"]["worker_timeout"] = worker_timeout
             return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, shards, show_progress,
-                                                          time.time(), options))
+                                                          time.time(), options), "rerun")
         except (UserError, FastaError) as e:
             handler.write_only_here(logging.ERROR, f"error: {e}")
             raise
@@ -223,31 +232,22 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
               for r in range(config.world)}
     for s in states.values():
         if s.state == "corrupt":   # found before any work, so one `rerun` computes every damaged shard
-            aside = shard_state.set_aside(run.shard_path(s.rank))
-            log.warning("shard %d cannot be used (%s); set aside as %s and computed again", s.rank,
-                        s.detail.split(";")[0], aside.name)
+            ShardLock(run, s.rank).if_free(lambda s=s: _set_aside(run, s))   # never under a worker finishing it
     ranks = [r for r in (only if only else range(config.world)) if states[r].state != "complete"]
     for r in (only or []):
         if states[r].state == "complete":
             log.info("shard %d is already complete", r)
-    if ranks and config.launcher == "slurm":
-        running = [r for r in ranks if RunLock.shard_running(run, r)]
-        if running:   # a task still holds them; submitting them again would only queue a refusal
-            # (Ray's launcher waits for its tasks and then merges, so it keeps them: their tasks wait for
-            # the shard's lock to be free.)
-            log.info("shard(s) %s are being computed now; not submitted again", ", ".join(map(str, running)))
-            ranks = [r for r in ranks if r not in running]
-            if not ranks:
-                return Submitted(f"every unfinished shard is being computed now; follow with `run_shards status "
-                                 f"{run.root}`")
     timings = None
     if ranks:
+        opts = options or {}
         job = ShardJob(run, manifest, index, ranks, {r: states[r].expected - states[r].durable for r in ranks},
-                       show_progress, options=dict(options or {}))
+                       show_progress, dry_run=bool(opts.get("dry_run")), wait=bool(opts.get("wait")))
         outcome = launchers.launch(job)
-        if outcome is not None:
+        if isinstance(outcome, Submitted):
             return outcome
-        timings = job.options.get("timings")
+        if outcome.busy:   # another process computes them: nothing to merge yet, nothing failed
+            raise RunFailed("\n".join(outcome.busy_lines(run)))
+        timings = outcome.timings
     changed = index.records_changed()   # edited after the last shard's last check: the result would not describe it
     if changed:
         raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "
@@ -256,23 +256,37 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     if timings and timings[1]:
         spawned, (first, last) = timings
         end = time.time()
+        split = {"prepare": spawned - started, "start_and_load": first - spawned, "compute": last - first,
+                 "finish_and_merge": end - last}
         log.info("timings: prepare %.1f s, start workers and load model %.1f s, compute %.1f s, finish shards and "
-                 "merge %.1f s; total %.1f s, %.1f%% outside model compute", spawned - started, first - spawned,
-                 last - first, end - last, end - started, 100.0 * (1 - (last - first) / max(end - started, 1e-9)))
+                 "merge %.1f s; total %.1f s, %.1f%% outside model compute", *split.values(), end - started,
+                 100.0 * (1 - (last - first) / max(end - started, 1e-9)))
+        events.append(run.run_events_path, "timings", **{k: round(v, 3) for k, v in split.items()})
     return path
 
 
-def merge(out: str, allow_partial: bool = False) -> Path:
-    """`run_shards merge`: merge and validate the shards of OUT into OUT/result.h5."""
+def _set_aside(run: RunDir, s) -> None:
+    aside = shard_state.set_aside(run.shard_path(s.rank))
+    log.warning("shard %d cannot be used (%s); set aside as %s and computed again", s.rank, s.detail.split(";")[0],
+                aside.name)
+
+
+def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path:
+    """`run_shards merge`: merge and validate the shards of OUT into OUT/result.h5. `lock_wait`: how long to
+    wait for another command working in OUT and for shards being computed (a SLURM merge job waits)."""
     run_dir = RunDir(out)
     run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
-    with RunLock(run_dir, "merge"):
+    with RunLock(run_dir, "merge", wait_seconds=lock_wait) as lock:
         handler = run_log.attach(run_dir)   # run.log keeps what the merge says (a SLURM merge job's too)
         try:
             run_dir.remove_stale_temporaries()
             manifest = run_dir.read_manifest()
+            if lock.waited and _merged(run_dir):
+                log.info("%s was merged meanwhile by the command this one waited for", run_dir.result_path)
+                return run_dir.result_path
+            _wait_for_running_shards(run_dir, manifest["world"], lock_wait)
             return _reported(run_dir, lambda: result_merge.merge_result(
-                run_dir, manifest, load_run_index(run_dir, manifest), allow_partial))
+                run_dir, manifest, load_run_index(run_dir, manifest), allow_partial), "merge")
         except (UserError, FastaError) as e:
             handler.write_only_here(logging.ERROR, f"error: {e}")
             raise
@@ -280,11 +294,41 @@ def merge(out: str, allow_partial: bool = False) -> Path:
             run_log.detach(handler)
 
 
-def _reported(run_dir: RunDir, work):
-    """Run `work`, then write OUT/report.html however it ended, with the error that ended it (not for a
-    submission to a scheduler, whose jobs have not run yet). RUN_SHARDS_REPORT=0 leaves it out (about a
-    second: scripted runs, the tests)."""
-    outcome, error = None, None
+def _merged(run: RunDir) -> bool:
+    try:
+        with Reader(run.result_path) as r:
+            return bool(r.attrs.get("complete"))
+    except (OSError, CorruptFile):
+        return False
+
+
+def _wait_for_running_shards(run: RunDir, world: int, seconds: float) -> None:
+    """Unfinished shards whose lock a worker holds are being computed: wait up to `seconds` for them, then
+    refuse to merge, naming them (a rerun would only step aside for them)."""
+    end, said = time.time() + seconds, 0.0
+    while True:
+        running = {r: ShardLock(run, r) for r in range(world) if not run.shard_path(r).exists()}
+        running = {r: lock.holder() for r, lock in running.items() if lock.held_elsewhere()}
+        if not running:
+            return
+        if time.time() >= end:
+            who = "; ".join(f"shard {r} by {describe_holder(h)}" for r, h in sorted(running.items()))
+            raise UserError(f"cannot merge yet: {len(running)} shard(s) are being computed now ({who}). Merge once "
+                            f"they have finished (`run_shards status {run.root}` shows them):  "
+                            f"run_shards merge {run.root}")
+        if time.time() - said >= 60:
+            log.info("waiting for shard(s) %s, being computed now, before merging (up to %.0f s more)",
+                     ", ".join(map(str, sorted(running))), end - time.time())
+            said = time.time()
+        time.sleep(2.0)
+
+
+def _reported(run_dir: RunDir, work, command: str = ""):
+    """Run `work`, then record how the command ended (an `ended` event: its error, its seconds) and write
+    OUT/report.html however it ended, with the error that ended it (not for a submission to a scheduler,
+    whose jobs have not run yet). RUN_SHARDS_REPORT=0 leaves the page out (about a second: scripted runs,
+    the tests)."""
+    outcome, error, began = None, None, time.time()
     try:
         outcome = work()
         return outcome
@@ -298,8 +342,12 @@ def _reported(run_dir: RunDir, work):
         error = f"{type(e).__name__}: {e}"
         raise
     finally:
-        if not isinstance(outcome, Submitted) and os.environ.get("RUN_SHARDS_REPORT", "1") != "0":
-            write_report(run_dir, error)
+        if not isinstance(outcome, Submitted):
+            slurm = os.environ.get("SLURM_JOB_ID", "")
+            events.append(run_dir.run_events_path, "ended", command=command, error=error,
+                          seconds=round(time.time() - began, 3), slurm_job=slurm)
+            if os.environ.get("RUN_SHARDS_REPORT", "1") != "0":
+                write_report(run_dir, error)
 
 
 def write_report(run_dir: RunDir, error: str | None = None) -> None:

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
@@ -49,11 +50,13 @@ def _setup_logging(quiet: bool) -> None:
         logger.setLevel(logging.INFO)
 
 
-def _fail(error: Exception | str, code: int = 2, label: str = "error") -> None:
+def _fail(error: Exception | str, code: int | None = None, label: str = "error") -> None:
     import os
 
     from .errors import DiskFull
+    from .exits import EXIT_COMMAND_USER_ERROR
     click.echo(f"{label}: {error}", err=True)
+    code = EXIT_COMMAND_USER_ERROR if code is None else code
     if isinstance(error, DiskFull):   # HDF5 may be left damaged by the failed write: skip its teardown
         sys.stdout.flush()
         sys.stderr.flush()
@@ -62,7 +65,8 @@ def _fail(error: Exception | str, code: int = 2, label: str = "error") -> None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP outside the supervisor (which handles them while workers run), raised like Ctrl-C."""
+    """SIGTERM, SIGHUP or SIGUSR1 (the SLURM batch script's word that the time limit is near) outside the
+    supervisor (which handles them while workers run), raised like Ctrl-C."""
 
 
 def _raise_interrupted(signum, frame):
@@ -78,24 +82,30 @@ def _call(fn, *args, **kwargs):
     from index import FastaError
 
     from .errors import RunFailed, UserError, disk_full_reason
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    from .exits import EXIT_CLI_INTERRUPTED, EXIT_COMMAND_FAILED
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, _raise_interrupted)
     try:
         result = fn(*args, **kwargs)
     except RunFailed as e:
-        _fail(e, e.exit_code, e.label)
+        _fail(e, EXIT_CLI_INTERRUPTED if e.interrupted else EXIT_COMMAND_FAILED, e.label)
     except (UserError, FastaError) as e:
         _fail(e)
     except KeyboardInterrupt as e:
         name = str(e) if isinstance(e, Interrupted) else "SIGINT"
         _fail(f"by {name}; nothing written was lost (unfinished files are removed): run the same command "
-              "again to continue", 130, "interrupted")
+              "again to continue", EXIT_CLI_INTERRUPTED, "interrupted")
     except OSError as e:
         reason = disk_full_reason(e)
-        if not reason:
+        if reason:
+            _fail(f"cannot write {e.filename or 'a file'}: {reason}. Nothing partial was kept; free space and run "
+                  "the same command again")
+        if e.filename is None or e.errno not in UNREACHABLE_FILE_ERRNOS:
             raise
-        _fail(f"cannot write {e.filename or 'a file'}: {reason}. Nothing partial was kept; free space and run "
-              "the same command again")
+        # A run directory that vanished or turned read-only under the command (an unmounted or remounted
+        # shared file system): the path and the cause, not a traceback.
+        _fail(f"cannot use {e.filename}: {e.strerror}. Run the command where the run directory is mounted "
+              "read-write")
     return result
 
 
@@ -103,9 +113,12 @@ def _result_is_durable() -> None:
     """Called once a command's result is on disk: from then on stop signals are ignored, so a SIGTERM during
     the interpreter's teardown cannot turn a finished run into exit code 143."""
     import signal
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
 
+
+# errnos of a file the command can no longer reach: gone, read-only, not permitted, a stale NFS handle.
+UNREACHABLE_FILE_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EROFS, errno.ESTALE, errno.EIO}
 
 POSITIVE = click.FloatRange(min=0, min_open=True)
 
@@ -113,7 +126,7 @@ POSITIVE = click.FloatRange(min=0, min_open=True)
 # (e.g. --temperature without --task generate), not something to ignore.
 TASK_OPTIONS = {"generate": ("max_new_tokens", "temperature", "top_p", "seed"),
                 "embed": ("pools", "layers", "per_residue", "per_residue_dtype")}
-LAUNCHER_OPTIONS = {"slurm": ("sbatch", "shards_per_task", "array_throttle", "dry_run", "wait"),
+LAUNCHER_OPTIONS = {"slurm": ("sbatch", "merge_sbatch", "shards_per_task", "array_throttle", "dry_run", "wait"),
                     "ray": ("ray_address",)}
 
 
@@ -218,6 +231,9 @@ def main():
 @click.option("--shards", type=click.IntRange(min=1), default=None,
               help="Number of shards W (default: one per GPU or CPU worker; required with slurm and ray).")
 @click.option("--sbatch", default="", help="slurm: more sbatch options, e.g. \"--partition=gpu --time=12:00:00\".")
+@click.option("--merge-sbatch", default="",
+              help="slurm: the merge job's sbatch options (it keeps only --sbatch's account and QOS), e.g. "
+                   "\"--partition=cpu --mem=8G\"; its time limit, unless given, follows the data's size.")
 @click.option("--shards-per-task", type=click.IntRange(min=1), default=1, show_default=True,
               help="slurm: shards per array task, one worker per GPU of the task (for whole-node allocations).")
 @click.option("--array-throttle", type=click.IntRange(min=0), default=0,
@@ -232,8 +248,8 @@ def main():
 def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tokens_per_batch, max_seqs, dtype, pools,
                 layers, per_residue, per_residue_dtype, on_long, window, overlap, max_length, on_duplicate_id,
                 skip_empty, batch_invariant, checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
-                temperature, top_p, seed, launcher, shards, sbatch, shards_per_task, array_throttle, dry_run, wait,
-                ray_address, no_progress, quiet):
+                temperature, top_p, seed, launcher, shards, sbatch, merge_sbatch, shards_per_task, array_throttle, dry_run,
+                wait, ray_address, no_progress, quiet):
     """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
     import os
 
@@ -264,7 +280,7 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
                    worker_timeout=worker_timeout, summary_seconds=summary_seconds,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                    launcher=launcher, shards=shards or 0, shards_per_task=shards_per_task, sbatch=sbatch,
-                   array_throttle=array_throttle, ray_address=ray_address)
+                   merge_sbatch=merge_sbatch, array_throttle=array_throttle, ray_address=ray_address)
     _finish(_call(run, config, show_progress=not no_progress, options={"dry_run": dry_run, "wait": wait}))
 
 
@@ -313,16 +329,19 @@ def status_command(out, verify, every_shard):
 @click.option("--ray-address", default=None, help="ray runs: another address for the Ray cluster than the run's.")
 @click.option("--sbatch", default=None,
               help="slurm runs: sbatch options replacing the run's (e.g. a longer --time), kept for later reruns.")
+@click.option("--merge-sbatch", default=None,
+              help="slurm runs: the merge job's sbatch options, replacing the run's, kept for later reruns.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
-def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, sbatch, no_progress, quiet):
+def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, sbatch, merge_sbatch, no_progress,
+                  quiet):
     """Re-run failed or unfinished shards of OUT from their checkpoints, then merge (for a SLURM run:
     resubmit them, and a new merge job)."""
     from .api import rerun
     _setup_logging(quiet)
     _finish(_call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
                   worker_timeout=worker_timeout, options={"dry_run": dry_run, "wait": wait},
-                  ray_address=ray_address, sbatch=sbatch))
+                  ray_address=ray_address, sbatch=sbatch, merge_sbatch=merge_sbatch))
 
 
 @main.command("report")
@@ -343,11 +362,14 @@ def report_command(out):
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--allow-partial", is_flag=True,
               help="Write the rows that exist plus the list of missing ids, marked incomplete.")
-def merge_command(out, allow_partial):
+@click.option("--lock-wait", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+              help="Wait up to this long for another command working in OUT and for shards still being computed, "
+                   "instead of refusing at once (the SLURM merge job waits).")
+def merge_command(out, allow_partial, lock_wait):
     """Merge the shards of OUT into OUT/result.h5 in FASTA order, with strict validation."""
     from .api import merge
     _setup_logging(False)
-    path = _call(merge, out, allow_partial=allow_partial)
+    path = _call(merge, out, allow_partial=allow_partial, lock_wait=lock_wait)
     _result_is_durable()
     click.echo(f"result: {path}")
 

@@ -57,6 +57,7 @@ class RunConfig:
     shards: int = 0                                      # W; 0 = one shard per GPU or CPU worker
     shards_per_task: int = 1                             # slurm: shards per array task, one worker per GPU
     sbatch: str = ""                                     # slurm: more sbatch options
+    merge_sbatch: str = ""                               # slurm: the merge job's sbatch options
     array_throttle: int = 0                              # slurm: at most N array tasks at once (0 = no limit)
     ray_address: str = ""                                # ray: the cluster's address ("" = a local Ray)
 
@@ -137,9 +138,9 @@ class RunConfig:
                      "batch_invariant", "max_new_tokens", "temperature", "top_p", "seed")
 
     # How the shards are run, not what they compute: a later `run` of the same run may change these.
-    LAUNCH_FIELDS = ("workers", "threads_per_worker", "checkpoint_sequences", "checkpoint_seconds",
-                     "worker_timeout", "summary_seconds", "launcher", "shards_per_task", "sbatch", "array_throttle",
-                     "ray_address")
+    LAUNCH_FIELDS = ("devices", "workers", "threads_per_worker", "checkpoint_sequences", "checkpoint_seconds",
+                     "worker_timeout", "summary_seconds", "launcher", "shards_per_task", "sbatch", "merge_sbatch",
+                     "array_throttle", "ray_address")
 
     @staticmethod
     def option_name(field_name: str) -> str:
@@ -185,5 +186,5 @@ _OPTIONS = {
     "worker_timeout": "--worker-timeout", "summary_seconds": "--summary-seconds",
     "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed",
     "launcher": "--launcher", "shards": "--shards", "shards_per_task": "--shards-per-task", "sbatch": "--sbatch",
-    "array_throttle": "--array-throttle", "ray_address": "--ray-address",
+    "merge_sbatch": "--merge-sbatch", "array_throttle": "--array-throttle", "ray_address": "--ray-address",
 }

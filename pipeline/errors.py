@@ -14,15 +14,16 @@ class RunDirError(UserError):
 
 
 class RunFailed(UserError):
-    """Some shards did not finish (failed, or the run was interrupted: exit code 130); nothing was merged."""
+    """Some shards did not finish (failed, or the run was interrupted); nothing was merged. The CLI exits
+    with exits.EXIT_CLI_INTERRUPTED for an interruption, else exits.EXIT_COMMAND_FAILED."""
 
-    def __init__(self, message: str, exit_code: int = 1):
+    def __init__(self, message: str, interrupted: bool = False):
         super().__init__(message)
-        self.exit_code = exit_code
+        self.interrupted = interrupted
 
     @property
     def label(self) -> str:
-        return "interrupted" if self.exit_code == 130 else "error"
+        return "interrupted" if self.interrupted else "error"
 
 
 class DiskFull(UserError):

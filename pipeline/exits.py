@@ -1,9 +1,24 @@
-"""A worker's exit codes, and how the parent and `status` put one into words."""
+"""Every exit code run_shards gives, in one table, and how the parent, `status` and the launchers put one
+into words.
+
+A worker process (one shard, started by the local launcher) and a command (`run`, `rerun`, `merge`, `work`,
+as a shell, SLURM or Ray sees it) have codes of their own; they never overlap, so one function words both.
+"""
 from __future__ import annotations
 
 import signal
 
-EXIT_OK, EXIT_ERROR, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 75
+# A worker process (pipeline/worker/entry.py).
+EXIT_OK = 0
+EXIT_ERROR = 1            # it raised an error (the traceback is in its log)
+EXIT_USER_ERROR = 2       # it stopped with a clear message (bad input, a damaged model): a retry stops the same way
+EXIT_SHARD_BUSY = 3       # another process holds the shard's lock: it stepped aside, computing nothing
+EXIT_INTERRUPTED = 75     # a stop signal: it wrote a final checkpoint (sysexits' EX_TEMPFAIL: try again later)
+
+# A command (pipeline/cli.py). `work` exits EXIT_OK when its shards are complete or another task computes them.
+EXIT_COMMAND_FAILED = 1           # shards did not finish (RunFailed), or the merge found a problem
+EXIT_COMMAND_USER_ERROR = 2       # one clear message, no traceback (UserError)
+EXIT_CLI_INTERRUPTED = 130        # a stop signal (128 + SIGINT); everything checkpointed is kept
 
 
 def signal_name(number: int) -> str:
@@ -14,17 +29,19 @@ def signal_name(number: int) -> str:
 
 
 def explain_exit(code: int | None, killed_for: str = "") -> str:
-    """Words for a worker's exit code; `killed_for` is why run_shards itself signalled it, if it did."""
+    """Words for a worker's or a command's exit code; `killed_for` is why run_shards itself signalled it."""
     if code is None:
         return "still running"
     if code == EXIT_OK:
         return "finished"
     if code == EXIT_ERROR:
-        return "exit code 1 (the worker raised an error; see its log)"
+        return "exit code 1 (it raised an error; see its log)"
     if code == EXIT_USER_ERROR:
         return "exit code 2 (stopped with an error message)"
-    if code == EXIT_INTERRUPTED:
-        return f"exit code {EXIT_INTERRUPTED} (interrupted; it wrote a final checkpoint)"
+    if code == EXIT_SHARD_BUSY:
+        return f"exit code {EXIT_SHARD_BUSY} (another process computes this shard; it stepped aside)"
+    if code in (EXIT_INTERRUPTED, EXIT_CLI_INTERRUPTED):
+        return f"exit code {code} (interrupted; it wrote a final checkpoint)"
     if code < 0:
         name = signal_name(-code)
         if killed_for:

@@ -252,10 +252,24 @@ def test_hung_worker_is_killed_and_reported(fasta, common, reference, tmp_path):
     assert "shard 1: no progress for" in res.stderr and "killed as hung" in res.stderr
     # run_shards killed it, and says so: not "out of host memory, or killed by hand"
     assert "shard 1 failed: killed by SIGKILL from run_shards (no progress for" in res.stderr, res.stderr
+    failed_line = next(line for line in res.stderr.splitlines() if "shard 1 failed:" in line)
+    assert failed_line.count("killed as hung") == 1, failed_line          # the reason said once
     assert "not by run_shards" not in res.stderr and "out of host memory" not in res.stderr
     assert "ERROR run_shards (parent): the worker (pid" in log_text(out, 1)   # its own log tells the end too
     assert (out / "shards" / "shard_0.h5").exists()
     rerun_matches(out, reference)
+
+
+def test_a_long_batch_is_not_taken_for_a_hang(common, tmp_path):
+    """A batch of one sequence five times the token budget (computed in chunks) may take five times
+    --worker-timeout without a word from its worker: the hang detector allows a batch time for its tokens."""
+    fasta = tmp_path / "long.fasta"
+    fasta.write_text("".join(f">long{k}\n{'ACDEFGHIKLMNPQRSTVWY' * 50}\n" for k in range(2)))   # 1,000 residues
+    out = tmp_path / "out"
+    res = run_cli(str(fasta), "--out", str(out), *common, "--max-tokens-per-batch", "200", "--worker-timeout", "2",
+                  env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "4"})    # (the later option wins over common's budget)
+    assert res.returncode == 0, res.stderr
+    assert "killed as hung" not in res.stderr and (out / "result.h5").exists()
 
 
 def test_storage_estimate_warns_when_it_will_not_fit(caplog, tmp_path):

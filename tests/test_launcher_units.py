@@ -5,6 +5,7 @@ tests are in test_slurm_launcher.py."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import shlex
 import subprocess
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.launchers.sbatch_scripts import (SIGNAL_SECONDS, array_ranges, merge_script, option_groups,
-                                               shard_script, split_arrays)
+from pipeline.launchers.sbatch_scripts import (SIGNAL_SECONDS, array_ranges, expand_ranges, merge_options,
+                                               merge_script, option_groups, option_value, parse_time, shard_script,
+                                               signal_seconds, split_arrays)
 from pipeline.launchers.slurm import warn_if_node_local
 from pipeline.launchers.work import shards_of_task, task_number
 
@@ -45,7 +47,7 @@ def test_array_ranges_names_exactly_the_tasks():
     rng = random.Random(3)
     for _ in range(200):
         tasks = sorted(rng.sample(range(300), rng.randint(1, 60)))
-        assert _expand(array_ranges(tasks)) == tasks
+        assert _expand(array_ranges(tasks)) == tasks == expand_ranges(array_ranges(tasks))
 
 
 def test_split_arrays_over_max_array_size():
@@ -142,7 +144,8 @@ def test_shard_script_is_bash_with_the_directives_the_readme_explains(tmp_path):
     # Every directive comes before the first command, or sbatch ignores it.
     first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
     assert max(i for i, line in enumerate(lines) if line.startswith("#SBATCH")) < first_command
-    assert "trap checkpoint_and_requeue USR1" in text
+    assert """trap 'checkpoint_and_requeue USR1 "the time limit is near"' USR1""" in text
+    assert """trap 'checkpoint_and_requeue TERM "the job is being stopped"' TERM""" in text
     assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text
     assert f"shard_command=({shlex.join(COMMAND)} work {shlex.quote(str(out))})" in text
 
@@ -165,19 +168,42 @@ def test_shard_script_asks_for_gpus_unless_the_user_did(tmp_path, user, gres):
     assert "task t computes shards 4t .. 4t+3" in text
 
 
-def test_merge_script_keeps_the_users_options_but_no_gpu_or_array(tmp_path):
+def test_merge_script_keeps_only_who_pays_and_what_merge_sbatch_says(tmp_path):
+    """The merge job is one GPU-less process: of --sbatch it keeps the account and QOS only (no --exclusive, no
+    GPU, no partition or time limit meant for the shards); --merge-sbatch gives its own; its time limit
+    follows the data unless --merge-sbatch sets one."""
     user = shlex.split("--partition gpu --gres gpu:1 -G 1 --cpus-per-gpu=4 --mem-per-gpu 10G --gres=nvme:1 "
-                       "--array=0-3 --time 1:00:00 --account=abc --exclusive")
-    text = merge_script(tmp_path, COMMAND, user)
+                       "--array=0-3 --time 1:00:00 --account=abc --exclusive -q high")
+    text = merge_script(tmp_path, COMMAND, merge_options(user, shlex.split("-p cpu --mem=8G"), 42), 1800)
     _bash_syntax_ok(text, tmp_path)
     directives = _directives(text)
-    assert ["--partition", "gpu"] in directives and ["--time", "1:00:00"] in directives
-    assert ["--account=abc"] in directives and ["--exclusive"] in directives
+    assert ["--account=abc"] in directives and ["-q", "high"] in directives
+    assert ["-p", "cpu"] in directives and ["--mem=8G"] in directives and ["--time=42"] in directives
     words = [w for d in directives for w in d]
-    for left_out in ("gpu:1", "-G", "--cpus-per-gpu=4", "--mem-per-gpu", "10G", "--gres=nvme:1", "--array=0-3"):
+    for left_out in ("gpu", "--exclusive", "gpu:1", "-G", "--cpus-per-gpu=4", "--mem-per-gpu", "10G",
+                     "--gres=nvme:1", "--array=0-3", "1:00:00"):
         assert left_out not in words, (left_out, directives)
     assert [f"--output={tmp_path}/logs/slurm_merge_%j.out"] in directives
-    assert text.rstrip().endswith(f"merge {shlex.quote(str(tmp_path))}")
+    assert text.rstrip().endswith(f"merge {shlex.quote(str(tmp_path))} --lock-wait 1800")
+    own_time = merge_options(user, ["--time=5:00"], 42)
+    assert ["--time=5:00"] in own_time and ["--time=42"] not in own_time
+
+
+@pytest.mark.parametrize("sbatch,seconds", [
+    ("--time=1", 60), ("-t 90", 5400), ("--time 1:30", 90), ("--time=2:00:00", 7200), ("-t1-0", 86400),
+    ("--time=1-2:03:04", 93784), ("--time=UNLIMITED", None), ("-p gpu", None)])
+def test_time_limits_as_sbatch_reads_them(sbatch, seconds):
+    given = option_value(shlex.split(sbatch), ("--time", "-t"))
+    assert (parse_time(given) if given is not None else None) == seconds
+
+
+def test_usr1_comes_a_tenth_of_a_short_limit_before_it(tmp_path):
+    """USR1 120 s before a one-minute limit would fire at once and requeue every task: the lead follows the
+    limit (a tenth of it, at least 10 s) and the script asks for exactly that."""
+    assert signal_seconds(None) == SIGNAL_SECONDS == 120
+    assert signal_seconds(24 * 3600) == 120 and signal_seconds(600) == 60 and signal_seconds(60) == 10
+    text = shard_script(tmp_path, COMMAND, ["--time=1"], 1, 0, signal_seconds(60))
+    assert ["--signal=B:USR1@10"] in _directives(text)
 
 
 def test_option_groups_keep_each_option_with_its_value():
@@ -203,3 +229,79 @@ def test_out_on_a_disk_file_system_does_not_warn(caplog):
     caplog.set_level(logging.WARNING, logger="run_shards")
     warn_if_node_local(Path(shared[0]) / "project" / "out")
     assert caplog.records == []
+
+
+# ------------------------------------------------------------------------------ locks, records, events, signals
+def _planned(tmp_path: Path):
+    from pipeline.rundir.layout import RunDir
+    run = RunDir(tmp_path / "out")
+    run.create()
+    return run
+
+
+def test_a_second_claim_on_a_shard_steps_aside_at_once_and_waits_only_for_a_stopping_holder(tmp_path):
+    """One writer per shard: a second claim gets the holder's record back (the caller steps aside) within
+    a couple of seconds, unless the holder is writing its final checkpoint: then it waits and takes over."""
+    import threading
+    import time
+
+    from pipeline.rundir.locks import BUSY_RETRY_SECONDS, ShardLock
+    run = _planned(tmp_path)
+    holder = ShardLock(run, 3)
+    assert holder.acquire() is None
+    assert ShardLock(run, 3).held_elsewhere()
+    began = time.monotonic()
+    record = ShardLock(run, 3).acquire()
+    assert record is not None and record["pid"] == os.getpid() and time.monotonic() - began < BUSY_RETRY_SECONDS + 2
+    holder.mark_stopping()
+    threading.Timer(3.0, holder.release).start()
+    second = ShardLock(run, 3)
+    assert second.acquire() is None          # waited for the stopping holder, then took the lock
+    assert not second.holder().get("stopping") and second.holder()["pid"] == os.getpid()
+    second.release()
+    assert not ShardLock(run, 3).held_elsewhere()
+
+
+def test_the_failure_record_says_the_reason_once(tmp_path):
+    from pipeline.rundir.failure import FailureRecord
+    hung = "no progress for 3 s (--worker-timeout 2); killed as hung"
+    record = FailureRecord.of_exit(-9, reason=hung, killed_for=hung)
+    assert record.summary().count("killed as hung") == 1
+    assert record.summary() == f"killed by SIGKILL from run_shards ({hung})"
+    assert FailureRecord.of_exit(75).interrupted and not FailureRecord.of_exit(1, "boom").interrupted
+    assert FailureRecord.of_exit(1, "boom").summary().endswith(" - boom")
+    run = _planned(tmp_path)
+    run.record_failure(2, record)
+    assert run.failure(2) == record
+    run.failed_path(4).write_text("[1, 2]")             # damaged: read as no record, not a crash
+    assert run.failure(4) is None
+
+
+def test_events_survive_a_torn_last_line(tmp_path):
+    from pipeline.rundir import events
+    path = tmp_path / "events_0.jsonl"
+    assert events.read(path) == []
+    events.append(path, "start", durable=3)
+    events.append(path, "checkpoint", rows=5, tokens=50, durable=8)
+    with open(path, "a") as fh:
+        fh.write('{"t": 1, "event": "end", "co')         # a writer killed mid-line
+    got = events.read(path)
+    assert [e["event"] for e in got] == ["start", "checkpoint"] and got[1]["durable"] == 8
+    assert events.last(got, "start")["durable"] == 3 and events.last(got, "end") is None
+
+
+def test_a_stop_signal_during_a_worker_spawn_is_deferred_not_lost():
+    """The parent blocks the stop signals while it spawns a worker (it used to ignore SIGINT, dropping a
+    Ctrl-C pressed then): one that arrives meanwhile reaches the handler when the spawn is over."""
+    import signal
+
+    from pipeline.launchers.supervisor import signals_deferred
+    got = []
+    previous = signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+    try:
+        with signals_deferred((signal.SIGUSR1,)):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert got == []
+        assert got == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -7,7 +7,9 @@ CI=true, whose install (the Makefile's) includes it.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -137,10 +139,14 @@ def test_a_killed_ray_worker_is_retried_from_the_checkpoints(ray_head, ray_auth,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stderr
-    assert "shard 1: Ray started it again (try 2)" in stderr
     text = log_text(out, 1)
-    assert "received SIGTERM" in text                        # the killed try checkpointed and stopped
-    assert text.count("started (pid ") == 2 and "resuming: " in text
+    stopped = re.search(r"interrupted \(received SIGTERM\): (\d+) of 60 sequences durable", text)
+    assert stopped, text                                      # one SIGTERM: a final checkpoint, not a kill
+    assert (f"shard 1: Ray started it again (try 2); it resumes from its checkpoints: {int(stopped[1]):,} of 60 "
+            "sequences durable") in stderr                    # the count the retry resumed from
+    assert text.count("started (pid ") == 2 and f"resuming: {stopped[1]} of 60" in text
+    ends = [json.loads(line) for line in (out / "logs" / "events_1.jsonl").read_text().splitlines()]
+    assert [e["code"] for e in ends if e["event"] == "end"] == [75, 0]
     assert stdout.strip() == f"result: {out / 'result.h5'}"    # no retry notice from Ray itself
     assert all(line[:2] in ("I ", "W ") for line in stderr.splitlines()), stderr
     assert_same(read(out / "result.h5"), local_four)

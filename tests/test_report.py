@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from pipeline.reporting.facts import attempts
+from pipeline.rundir import events
 
 from .run_helpers import read, skip_or_fail, status_rows, undocumented_files
 from .tiny_models import run_cli
@@ -114,8 +115,8 @@ def test_the_report_of_a_finished_run_renders_with_the_runs_numbers(fasta, commo
         assert (number(row[3]), number(row[4])) == planned[r]                       # sequences, residues
         assert (number(row[2]), number(row[5])) == summary[r]                       # rows, tokens computed
         assert number(row[5]) == int(result["num_tokens"][_shard_rows(result, r)].sum())
-        # the throughput chart's data: every token of the shard passed through a checkpoint line
-        checkpoints = attempts(out / "logs" / f"worker_{r}.log")[0].checkpoints
+        # the throughput chart's data: every token of the shard passed through a checkpoint event
+        checkpoints = attempts(events.read(out / "logs" / f"events_{r}.jsonl"))[0].checkpoints
         assert sum(tokens for _, _, tokens in checkpoints) == summary[r][1]
     timings = re.search(r"timings: (prepare .*? s, start workers .*? s, compute .*? s, finish shards and merge .*? s)",
                         run_log)
@@ -179,3 +180,24 @@ def test_report_refuses_a_directory_that_holds_no_run(tmp_path):
                           (tmp_path, "not a run_shards output directory (no manifest.json)")):
         res = run_cli("report", str(path))
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_the_time_charts_legend_is_clear_of_the_axis_label():
+    """The legend of "Where the time went" used to sit below the chart, over its x-axis label."""
+    from pipeline.reporting.facts import Attempt, RunFacts, ShardFacts
+    from pipeline.reporting.report import time_figure
+    for shards in (1, 3, 6, 12):   # a run of 28 s; its shards' attempts from 1 s in to its end
+        attempts_ = [[Attempt(start=113.0 + r / 5, end=139.0, loaded=118.0 + r, completed=139.0,
+                              checkpoints=[(130.0 + r, 10, 100)])] for r in range(shards)]
+        facts = RunFacts(root="/x", manifest={}, lengths=np.ones(3), budget=10,
+                         shards=[ShardFacts(r, "complete", 10, 10, 30, 100, a, None) for r, a in enumerate(attempts_)],
+                         statuses={}, rows=0, result="complete", timings=[1.0, 5.0, 20.0, 2.0], timings_end=140.0,
+                         error="", written="")
+        fig = time_figure(facts)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        legend = ax.get_legend().get_window_extent(renderer)
+        for item in [ax.xaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()]:
+            assert not legend.overlaps(item.get_window_extent(renderer)), (shards, item.get_text())
+        assert not legend.overlaps(ax.get_window_extent(renderer)), shards

@@ -9,124 +9,27 @@ Without SLURM (or root) these tests skip with the reason; under CI=true they fai
 """
 from __future__ import annotations
 
-import datetime
-import fcntl
 import json
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from .run_helpers import read, start, status_rows, suggested_commands, undocumented_files, wait_for
-from .slurm_cluster import FINISHED_STATES, LocalSlurm, poll_until, require_slurm
+from pipeline.rundir.layout import RunDir
+from pipeline.rundir.locks import RunLock, ShardLock
+
+from .run_helpers import read, start, status_rows, suggested_commands, wait_for
+from .slurm_cluster import LocalSlurm, require_slurm
+from .slurm_helpers import (SLEEPY, assert_identical, checkpoints, html_cells, job_ids, jobs_json, no_traceback, queue,
+                            shard_events, show_job, slurm_states, small_fasta, small_local_four,  # noqa: F401
+                            stray_files, wait_finished)
 from .tiny_models import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
-# What a SLURM run adds to the run directory (README "On a cluster").
-SLURM_LAYOUT = re.compile(r"slurm|slurm/(shards|merge)\.sbatch|slurm/jobs\.json|logs/slurm_\d+_\d+\.out|"
-                          r"logs/slurm_merge_\d+\.out")
-SLEEPY = {"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3"}   # slow enough to interrupt mid-shard
-
-
-# ------------------------------------------------------------------------------------------------ helpers
-def assert_identical(got: dict, want: dict) -> None:
-    """The same datasets with the same bits (the same shards run the same batches, whatever the thread count)."""
-    assert sorted(got) == sorted(want)
-    for key, value in want.items():
-        assert np.array_equal(got[key], value, equal_nan=value.dtype.kind == "f"), key
-
-
-def stray_files(out: Path) -> list[str]:
-    return [p for p in undocumented_files(out) if not SLURM_LAYOUT.fullmatch(p)]
-
-
-def job_ids(stdout: str) -> tuple[list[str], str]:
-    """The array job ids and the merge job id a submission printed."""
-    m = re.search(r"as job array\(s\) ([\d, ]+) \(\d+ task\(s\)\); merge job (\d+)", stdout)
-    assert m, stdout
-    return m[1].replace(" ", "").split(","), m[2]
-
-
-def queue(cluster: LocalSlurm, job: str) -> dict[str, tuple[str, str]]:
-    """{job or task id: (state, node)}, finished ones too."""
-    out = cluster.run("squeue", "--noheader", "--array", "--states=all", f"--jobs={job}", "--format=%i %T %N")
-    return {w[0]: (w[1], w[2] if len(w) > 2 else "") for w in (line.split() for line in out.splitlines()) if w}
-
-
-def wait_finished(cluster: LocalSlurm, job: str, timeout: float = 180) -> dict[str, tuple[str, str]]:
-    return poll_until(lambda: (q := queue(cluster, job)) and all(s in FINISHED_STATES for s, _ in q.values()) and q,
-                      timeout, f"job {job} finished", interval=0.3)
-
-
-def show_job(cluster: LocalSlurm, job: str) -> str:
-    return cluster.run("scontrol", "show", "job", job)
-
-
-def jobs_json(out: Path) -> list[dict]:
-    return json.loads((out / "slurm" / "jobs.json").read_text())
-
-
-def checkpoints(log: str) -> list[int]:
-    """Rows of every checkpoint a shard's log records, in order."""
-    return [int(n) for n in re.findall(r"checkpoint part_\d+\.h5: (\d+) rows", log)]
-
-
-def no_traceback(res) -> None:
-    assert "Traceback" not in res.stdout + res.stderr, res.stderr
-
-
-# ------------------------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module")
-def small_fasta(tmp_path_factory) -> str:
-    """40 short sequences: enough for 4 shards, cheap enough to run as many array tasks."""
-    path = tmp_path_factory.mktemp("small") / "small.fasta"
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "40", "--seed", "4",
-                    "--max-len", "300", str(path)], check=True, capture_output=True)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def small_local_four(small_fasta, common, tmp_path_factory) -> dict:
-    """The local result of small_fasta in 4 shards (a shard's rows depend on its batches, hence on W)."""
-    out = tmp_path_factory.mktemp("local4") / "out"
-    res = run_cli(small_fasta, "--out", str(out), *common, "--shards", "4")
-    assert res.returncode == 0, res.stderr
-    return read(out / "result.h5")
-
-
-@pytest.fixture(scope="module")
-def busy_shard(small_fasta, common, tmp_path_factory):
-    """A planned run whose shard 1 is held by 'another task' (this process holds its lock, with the record a
-    SLURM task writes), and a `run_shards work OUT --shard 1` started against it. The worker waits a minute for
-    the lock before it refuses, so it is started here, first, and collected by the test at the end of the
-    module: the minute passes while the other tests run."""
-    require_slurm()
-    out = tmp_path_factory.mktemp("busy") / "out"
-    res = run_cli(small_fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "2", "--dry-run")
-    assert res.returncode == 0, res.stderr
-    fd = os.open(out / "shards" / "shard_1.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    holder = {"pid": 4242, "host": "n2", "since": datetime.datetime.now().isoformat(timespec="seconds"),
-              "slurm": "77_1"}
-    os.pwrite(fd, json.dumps(holder).encode(), 0)
-    duplicate = start("work", str(out), "--shard", "1", env={"SLURM_ARRAY_JOB_ID": "78", "SLURM_ARRAY_TASK_ID": "1"})
-    yield out, duplicate
-    if duplicate.poll() is None:
-        duplicate.kill()
-        duplicate.wait()
-    os.close(fd)
-
 
 # ------------------------------------------------------------------------------------------------ tests
-def test_a_second_task_for_a_shard_waits_for_its_lock_then_stops_without_computing(busy_shard):
-    """Started first (see busy_shard); asserted last, below, once its minute is up."""
-
-
 def test_four_shards_on_two_nodes_and_a_cancelled_merge_job(slurm_cluster, small_fasta, common, small_local_four,
                                                             tmp_path):
     """4 shards, 2 per task (--shards-per-task 2): one task on each node, 1 CPU thread each (the node's one
@@ -163,11 +66,12 @@ def test_four_shards_on_two_nodes_and_a_cancelled_merge_job(slurm_cluster, small
     assert stray_files(out) == []
 
 
-def test_work_takes_its_shard_from_each_scheduler_and_skips_complete_shards(slurm_cluster, small_fasta, common,
-                                                                             tmp_path):
+def test_work_takes_its_shard_from_each_scheduler_and_the_merge_job_waits_for_a_merge_by_hand(
+        slurm_cluster, small_fasta, common, small_local_four, tmp_path):
     """`run_shards work OUT` with no --shard: the shard(s) of SLURM_ARRAY_TASK_ID (plus RUN_SHARDS_OFFSET),
     PBS_ARRAY_INDEX or LSB_JOBINDEX (from 1), with --shards-per-task G; complete shards are skipped without
-    starting a worker."""
+    starting a worker. `merge` refuses while a shard is being computed, naming it; the SLURM merge job waits
+    for a command holding the run (`status` says that one merges) and then merges."""
     out = tmp_path / "out"
     res = run_cli(small_fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "4", "--dry-run")
     assert res.returncode == 0, res.stderr
@@ -196,6 +100,34 @@ def test_work_takes_its_shard_from_each_scheduler_and_skips_complete_shards(slur
         res = run_cli("work", str(out), *shard, env=env)
         assert res.returncode == 2 and message in res.stderr, (env, res.stderr)
         no_traceback(res)
+
+    # Shard 0 being computed (its lock held, as a worker holds it): `merge` names it and suggests no rerun.
+    run = RunDir(out)
+    busy = ShardLock(run, 0)
+    assert busy.acquire() is None
+    try:
+        res = run_cli("merge", str(out))
+        assert res.returncode == 2 and "cannot merge yet: 1 shard(s) are being computed now (shard 0 by pid" \
+            in res.stderr and "rerun" not in res.stderr, res.stderr
+        assert suggested_commands(res.stderr) == [["status", str(out)]] and f"run_shards merge {out}" in res.stderr
+    finally:
+        busy.release()
+    res = run_cli("work", str(out), "--shards-per-task", "2", env={"SLURM_ARRAY_TASK_ID": "0"})
+    assert res.returncode == 0 and res.stdout.strip() == "shard(s) 0, 1 complete", res.stderr
+
+    # The merge job finds a merge by hand holding the run: it waits for it, saying so, instead of failing.
+    by_hand = RunLock(run, "merge").acquire()
+    try:
+        status = run_cli("status", str(out)).stdout
+        assert "holds this run; it is merging the shards now" in status and "may be running" not in status
+        merge = slurm_cluster.sbatch([str(out / "slurm" / "merge.sbatch")])
+        merge_log = out / "logs" / f"slurm_merge_{merge}.out"
+        wait_for(lambda: merge_log.exists() and "waiting for it" in merge_log.read_text(), 120, "the merge job waiting")
+    finally:
+        by_hand.release()
+    assert wait_finished(slurm_cluster, merge)[merge][0] == "COMPLETED"
+    assert "is in use by another run_shards command (pid" in merge_log.read_text()
+    assert_identical(read(out / "result.h5"), small_local_four)
 
 
 def test_a_cancelled_task_then_a_failed_one_status_names_them_and_rerun_resubmits_only_that_shard(
@@ -257,19 +189,24 @@ def test_a_cancelled_task_then_a_failed_one_status_names_them_and_rerun_resubmit
     assert stray_files(out) == []
 
 
-def test_usr1_before_the_time_limit_checkpoints_requeues_and_the_task_continues(slurm_cluster, fasta, common,
-                                                                                 reference, tmp_path):
-    """USR1 to the batch shell (what --signal=B:USR1@120 sends before the time limit): the trap asks run_shards
-    for a final checkpoint and requeues the task, which continues from there; --wait follows it to the
-    merged result. Every row is written once: nothing computed before the signal is computed again."""
+def test_usr1_and_term_to_the_batch_scripts_checkpoint_requeue_and_the_report_says_why(slurm_cluster, fasta, common,
+                                                                                      reference, tmp_path):
+    """USR1 to shard 0's batch shell (what --signal=B:USR1@N sends before the time limit) and TERM to shard 1's
+    (`scancel --signal=TERM --batch`; preemption): each trap passes the signal on, waits for run_shards' final
+    checkpoint and requeues the task, which continues from there, so the merge job runs and --wait ends with
+    the result. `status` says `running` while the tasks compute and `requeued` while SLURM holds them again;
+    the report names each requeue and its cause. Every row is written once."""
     out = tmp_path / "out"
     run = start(fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "2", "--wait",
                 env={**slurm_cluster.env, **SLEEPY})
     try:
-        wait_for(lambda: (out / "shards" / "shard_0.parts" / "part_000000.h5").exists(), 150,
-                 "shard 0's first checkpoint")
+        wait_for(lambda: all((out / "shards" / f"shard_{r}.parts" / "part_000000.h5").exists() for r in (0, 1)),
+                 150, "both shards' first checkpoints")
+        assert {r: row["state"] for r, row in status_rows(out).items()} == {0: "running", 1: "running"}
         array = jobs_json(out)[0]["arrays"][0]["job_id"]
         slurm_cluster.run("scancel", "--batch", "--signal=USR1", f"{array}_0")
+        slurm_cluster.run("scancel", "--batch", "--signal=TERM", f"{array}_1")
+        wait_for(lambda: "requeued" in slurm_states(slurm_cluster, out).values(), 60, "a task requeued")
         stdout, stderr = run.communicate(timeout=240)
     finally:
         if run.poll() is None:
@@ -278,15 +215,28 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_the_task_continues(
     assert stdout.strip().endswith(f"result: {out / 'result.h5'}")
     assert "Traceback" not in stderr
     assert_identical(read(out / "result.h5"), reference)
-    assert "Restarts=1 " in show_job(slurm_cluster, f"{array}_0")
-    task_out = (out / "logs" / f"slurm_{array}_0.out").read_text()
-    assert "USR1 from SLURM" in task_out and task_out.count("started shard 0") == 2   # appended, not overwritten
-    log = (out / "logs" / "worker_0.log").read_text()
-    interrupted = re.search(r"interrupted \(received SIGTERM\): (\d+) of 120 sequences durable", log)
-    assert interrupted, log
-    assert f"120 sequences, {120 - int(interrupted[1])} to do" in log
-    assert sum(checkpoints(log)) == 120, checkpoints(log)
+    for rank, signal_name in ((0, "USR1"), (1, "TERM")):
+        assert "Restarts=1 " in show_job(slurm_cluster, f"{array}_{rank}")
+        task_out = (out / "logs" / f"slurm_{array}_{rank}.out").read_text()
+        assert f"{signal_name} from SLURM" in task_out and task_out.count(f"started shard {rank}") == 2   # appended
+        assert "Ctrl-C" not in task_out                              # no word of a terminal in a batch log
+        ends = shard_events(out, rank, "end")
+        assert [e["code"] for e in ends] == [75, 0], ends          # stopped at a final checkpoint, then finished
+        assert sum(checkpoints(out, rank)) == 120                   # nothing computed twice
+        before = [e for e in shard_events(out, rank, "checkpoint") if e["t"] <= ends[0]["t"]]
+        assert shard_events(out, rank, "start")[1]["durable"] == before[-1]["durable"] > 0   # resumed from there
     assert stray_files(out) == []
+
+    report = run_cli("report", str(out), env=slurm_cluster.env)
+    assert report.returncode == 0, report.stderr
+    page = (out / "report.html").read_text()
+    tasks = {int(row[0]): row for row in html_cells(page, "slurm_tasks")}
+    assert tasks[0][1] == f"{array}_0" and tasks[1][1] == f"{array}_1" and {tasks[0][2], tasks[1][2]} <= {"n1", "n2"}
+    assert tasks[0][4] == tasks[1][4] == "1"                                            # one requeue each
+    assert "the time limit was near" in tasks[0][5] and "stopped by a SIGTERM" in tasks[1][5]
+    (sub,) = html_cells(page, "slurm_jobs")
+    assert sub[2] == jobs_json(out)[0]["merge_job_id"] and sub[3].startswith("merged in ")
+    assert "run.log has no time split" not in page and "1 restart(s)" not in page and "2 restart(s) in all" in page
 
 
 def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_size(
@@ -360,6 +310,9 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     assert "error: sbatch refused the job" in message and "invalid partition" in message.lower()
     assert slurm_cluster.run("squeue", "--noheader").strip() == ""        # nothing left queued
     assert not (tmp_path / "out" / "slurm" / "jobs.json").exists()
+    status = run_cli("status", str(tmp_path / "out"), env=slurm_cluster.env).stdout
+    assert "slurm: nothing submitted: sbatch refused the job" in status and "--dry-run" not in status
+    assert ["rerun", str(tmp_path / "out")] in suggested_commands(status)
     # The same command with the options fixed continues the planned run with the new options (held here).
     fixed = run_cli(small_fasta, "--out", str(tmp_path / "out"), *common, "--launcher", "slurm", "--shards", "2",
                     "--sbatch", "--hold", env=slurm_cluster.env)
@@ -368,6 +321,18 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     (array,), merge = job_ids(fixed.stdout)
     assert "Reason=JobHeldUser" in show_job(slurm_cluster, array)
     slurm_cluster.cancel_all()
+
+    # A GPU request run_shards added (--gpus 1, two shards per task: gres gpu:2, more than a node has) is no
+    # option of the user's to fix; --gpus 0 on that plan would change its dtype: refused, saying so.
+    assert common[2:4] == ["--gpus", "0"]
+    gpus = [small_fasta, "--out", str(tmp_path / "gpu"), *common[:2], *common[4:], "--launcher", "slurm", "--shards",
+            "2", "--shards-per-task", "2"]
+    res = run_cli(*gpus, "--gpus", "1", env=slurm_cluster.env)
+    assert res.returncode == 2 and "sbatch refused the job" in res.stderr, res.stderr
+    assert "Fix the --sbatch options" not in res.stderr and "run_shards asked for a GPU per shard" in res.stderr
+    res = run_cli(*gpus, "--gpus", "0", env=slurm_cluster.env)
+    assert res.returncode == 2, res.stderr
+    assert "dtype bfloat16 -> float32, which --dtype auto takes from --gpus" in res.stderr
 
     bare = tmp_path / "no_slurm"     # a PATH without SLURM's commands (this machine has them in /usr/bin)
     bare.mkdir()
@@ -381,57 +346,71 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     assert "--array=0-1" in res.stdout
 
 
-def test_status_while_the_jobs_wait_and_after_they_were_cancelled_before_starting(slurm_cluster, small_fasta,
-                                                                                  common, tmp_path):
-    """Held jobs (`--sbatch --hold`): status says the merge job writes the result once every shard is
-    complete, and does not suggest a rerun that would submit the queued shards twice. Cancelled before any
-    task started: status names the merge job as gone and gives the rerun (and the same sbatch by hand)."""
+def test_queued_shards_are_never_submitted_twice_and_a_run_has_one_merge_job(slurm_cluster, small_fasta, common,
+                                                                             tmp_path):
+    """Held jobs (`--sbatch --hold`): the same `run` again, and a `rerun`, submit nothing and say where things
+    stand; status shows each shard `pending` with SLURM's reason, says the merge job writes the result once
+    every shard is complete, and suggests no rerun. One queued task cancelled: `rerun` submits that shard
+    alone and one new merge job, which also waits for the tasks still queued, and the old merge job is gone.
+    All cancelled: status names the merge job as gone and gives the rerun (and the same sbatch by hand)."""
     out = tmp_path / "out"
-    res = run_cli(small_fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "3",
-                  "--sbatch", "--hold", env=slurm_cluster.env)
+    args = [small_fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "3", "--sbatch", "--hold"]
+    res = run_cli(*args, env=slurm_cluster.env)
     assert res.returncode == 0, res.stderr
     (array,), merge = job_ids(res.stdout)
+    for again in (run_cli(*args, env=slurm_cluster.env), run_cli("rerun", str(out), env=slurm_cluster.env)):
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.startswith(f"nothing submitted: shard(s) 0-2 pending in SLURM already (tasks {array}); "
+                                       "not submitted again\n"), again.stdout
+        assert f"merge job {merge} (PENDING (Dependency)) writes the result once they succeed" in again.stdout
+        assert f"follow with:  run_shards status {out}" in again.stdout
+    assert len(jobs_json(out)) == 1 and sorted(queue(slurm_cluster, f"{array},{merge}")) == sorted(
+        [f"{array}_0", f"{array}_1", f"{array}_2", merge])
     waiting = run_cli("status", str(out), env=slurm_cluster.env)
     assert waiting.returncode == 0, waiting.stderr
+    assert slurm_states(slurm_cluster, out) == {0: "pending", 1: "pending", 2: "pending"}
+    assert f"SLURM task {array}_1: PENDING (JobHeldUser)" in waiting.stdout
     assert f"3 shard(s) to go; merge job {merge} writes the result once every shard is complete" in waiting.stdout
     assert "rerun" not in waiting.stdout and "\nresult: not merged yet\n" in waiting.stdout
-    slurm_cluster.run("scancel", array, merge)
-    wait_finished(slurm_cluster, merge)
+
+    slurm_cluster.run("scancel", f"{array}_1")
+    again = run_cli("rerun", str(out), env=slurm_cluster.env)
+    assert again.returncode == 0, again.stderr
+    (second,), new_merge = job_ids(again.stdout)
+    assert "shard(s) 0,2 pending in SLURM already" in again.stdout
+    assert [r["shards"] for r in jobs_json(out)] == [[0, 1, 2], [1]]
+    live = [job for job, (state, _) in queue(slurm_cluster, f"{merge},{new_merge}").items() if state == "PENDING"]
+    assert live == [new_merge]                                          # one merge job per run
+    dependency = re.search(r"Dependency=(\S+)", show_job(slurm_cluster, new_merge))[1]
+    assert f"afterok:{second}_*" in dependency and f"afterany:{array}_*" in dependency, dependency
+
+    slurm_cluster.cancel_all()
     gone = run_cli("status", str(out), env=slurm_cluster.env)
-    assert f"merge job {merge} is no longer queued, and shard(s) 0-2 are not complete" in gone.stdout
+    assert f"merge job {new_merge} is no longer queued, and shard(s) 0-2 are not complete" in gone.stdout
     assert f"Continue with:  run_shards rerun {out}" in gone.stdout
     assert f"sbatch --parsable --array=0-2 --export=ALL,RUN_SHARDS_OFFSET=0 {out}/slurm/shards.sbatch" in gone.stdout
     assert ["rerun", str(out)] in suggested_commands(gone.stdout)
 
 
-def test_status_of_many_shards_counts_them_and_lists_those_that_need_a_look(fasta, common, tmp_path):
+def test_status_of_many_shards_counts_them_and_lists_those_that_need_a_look(common, tmp_path):
     """Above 40 shards the table keeps the shards that are not complete and not pending, after a count per
-    state; --all lists every shard. (A planned run of 60 shards, one computed, one failed.)"""
+    state; --all lists every shard. (A planned run of 1,200 shards, one computed, one failed; numbers with
+    thousands separators throughout.)"""
+    fasta = tmp_path / "many.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "1200", "--seed", "5",
+                    "--max-len", "40", str(fasta)], check=True, capture_output=True)
     out = tmp_path / "out"
-    res = run_cli(fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "60", "--dry-run")
+    res = run_cli(str(fasta), "--out", str(out), *common, "--launcher", "slurm", "--shards", "1200", "--dry-run")
     assert res.returncode == 0, res.stderr
     assert run_cli("work", str(out), "--shard", "7").returncode == 0
     died = run_cli("work", str(out), "--shard", "5", env={"RUN_SHARDS_FAULT_DIE_AT": "part-written"})
     assert died.returncode != 0
     status = run_cli("status", str(out))
     assert status.returncode == 0, status.stderr
-    assert (f"shards: 1 complete, 1 failed, 58 pending. Below: the 1 not complete and not pending; every shard: "
+    assert "sequences: 1,200 in 1,200 shard(s)" in status.stdout
+    assert (f"shards: 1 complete, 1 failed, 1,198 pending. Below: the 1 not complete and not pending; every shard: "
             f"`run_shards status {out} --all`") in status.stdout
     assert {r: row["state"] for r, row in status_rows(out).items()} == {5: "failed"}
     every = status_rows(out, "--all")
-    assert sorted(every) == list(range(60)) and every[7]["state"] == "complete" and every[0]["state"] == "pending"
+    assert sorted(every) == list(range(1200)) and every[7]["state"] == "complete" and every[0]["state"] == "pending"
     assert ["status", str(out), "--all"] in suggested_commands(status.stdout)
-
-
-def test_the_second_task_stopped_without_computing_the_busy_shard(busy_shard):
-    """The other half of the first test: `work --shard 1` waited a minute for the lock that 'SLURM task 77_1'
-    holds, then stopped with a message naming that holder, computing nothing."""
-    out, duplicate = busy_shard
-    stdout, stderr = duplicate.communicate(timeout=150)
-    assert duplicate.returncode == 2, stderr
-    assert "shard 1 is being computed by pid 4242 on n2, SLURM task 77_1" in stderr
-    assert "it is not computed twice" in stderr
-    assert "Traceback" not in stderr
-    assert not (out / "shards" / "shard_1.h5").exists()
-    assert not list((out / "shards").glob("shard_1.parts/part_*.h5"))
-    assert "to do" not in (out / "logs" / "worker_1.log").read_text()   # it never got to planning batches

@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import logging
 
-from ..planning import devices
-from ..output import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
-from ..exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
-from ..planning.input_checks import start_over_advice
+from ..exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SHARD_BUSY, EXIT_USER_ERROR
+from ..planning import devices
+from .job import Launched, ShardJob, shards_summary
 from .progress import ProgressBoard
-from .supervisor import Supervisor
-from .job import ShardJob
+from .supervisor import ShardProcess, Supervisor
 
 log = logging.getLogger("run_shards")
 
@@ -34,8 +32,9 @@ def slots_for(config: RunConfig) -> list[str]:
     return slots
 
 
-def launch(job: ShardJob) -> None:
-    """Run the shards here; RunFailed (after recording why) when some did not finish."""
+def launch(job: ShardJob) -> Launched:
+    """Run the shards here. RunFailed (after recording why) when some did not finish; shards another process
+    computes (it holds their locks) are left to it, and named in what it returns."""
     run, config = job.run, RunConfig.from_json(json.dumps(job.manifest["config"]))
     slots = slots_for(config)
     running = min(len(slots), len(job.ranks))
@@ -44,32 +43,37 @@ def launch(job: ShardJob) -> None:
                           show_bar=job.show_progress)
     for r in job.ranks:
         board.expect(r, job.remaining[r])
-        run.clear_failure(r)
     supervisor = Supervisor(run, job.ranks, slots, config.on_gpu, config.threads_per_worker, board,
                             config.worker_timeout)
     try:
         results = supervisor.wait()
     finally:
         board.close()
-    log.info("per-shard summary:\n%s", board.table())
-    stopped = [p for p in results if p.exitcode != EXIT_OK]
+    if board.workers:
+        log.info("per-shard summary:\n%s", board.table())
+    launched = Launched(timings=(supervisor.started_at, board.compute_window()),
+                        busy={p.rank: p.holder for p in results if p.exitcode == EXIT_SHARD_BUSY})
+    for line in launched.busy_lines(run)[:-1]:
+        log.info("%s", line)
+    stopped = [p for p in results if p.exitcode not in (EXIT_OK, EXIT_SHARD_BUSY)]
     for p in stopped:
-        run.record_failure(p.rank, {"exit_code": p.exitcode, "explanation": p.explanation, "reason": p.reason,
-                                    "interrupted": p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted),
-                                    "log": str(run.worker_log(p.rank)), "log_tail": run.log_tail(p.rank)})
+        run.record_failure(p.rank, run.new_failure(
+            p.rank, p.exitcode, p.reason, p.killed_for if (p.exitcode or 0) < 0 else "",
+            interrupted=p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted)))
     if stopped or supervisor.interrupted:
-        raise RunFailed(failure_report(job, supervisor, stopped), exit_code=130 if supervisor.interrupted else 1)
-    board.note(board.summary_line())
-    job.options["timings"] = (supervisor.started_at, board.compute_window())
+        raise RunFailed(failure_report(job, supervisor, stopped, launched), interrupted=bool(supervisor.interrupted))
+    if board.workers:
+        board.note(board.summary_line())
+    return launched
 
 
-def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list) -> str:
+def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardProcess], launched: Launched) -> str:
     """What happened to every shard that did not finish, and the one command that continues the run."""
-    run, world = job.run, job.manifest["world"]
+    run = job.run
     lines, failed = [], []
     for p in stopped:
         if p.exitcode == EXIT_INTERRUPTED:
-            s = shard_state.inspect(run, job.index.stride_shard(p.rank, world), p.rank, verify_shard=False)
+            s = job.state(p.rank)
             # A worker may finish its final checkpoint between the two signals: then it was not killed.
             if p.rank in supervisor.killed_at_once:
                 why = f" (run_shards received {supervisor.interrupted} and asked it to stop)"
@@ -81,13 +85,14 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list) -> str:
         if not supervisor.interrupted or p.rank in supervisor.killed_at_once:
             failed.append(p.rank)
         verb = "stopped" if supervisor.interrupted else "failed"
-        lines.append(f"shard {p.rank} {verb}: {p.explanation}" + (f" - {p.reason}" if p.reason else ""))
+        lines.append(f"shard {p.rank} {verb}: {p.summary}")
         tail = run.log_tail(p.rank, 8)
         if (p.exitcode == EXIT_USER_ERROR and p.reason) or supervisor.interrupted:   # the message says it all
             lines.append(f"  log: {run.worker_log(p.rank)}")
         elif tail:
             lines.append(f"  last lines of {run.worker_log(p.rank)}:")
             lines += [f"    {t}" for t in tail]
+    lines += launched.busy_lines(job.run)[:-1]
     if supervisor.pending:
         lines.append(f"shard(s) {', '.join(map(str, supervisor.pending))} were not started")
     if supervisor.interrupted:
@@ -96,16 +101,4 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list) -> str:
             f"shard(s) {', '.join(map(str, killed))} were killed at once by the second signal, losing the rows "
             "since their last checkpoint; everything checkpointed is kept." if killed else
             "every running worker wrote a final checkpoint."))
-    done = sum(1 for r in range(world) if run.shard_path(r).exists())
-    lines.append(f"{done} of {world} shards complete. No merged file was written; all finished and "
-                 "checkpointed rows are kept.")
-    changed = job.index.records_changed()
-    if changed:
-        lines.append(f"The input FASTA changed since this run started ({changed}). "
-                     f"{start_over_advice(run, job.manifest)}")
-    elif job.options.get("continue_with"):
-        lines.append(job.options["continue_with"])
-    else:
-        only = f" --shards {','.join(map(str, failed))}" if failed and not supervisor.interrupted else ""
-        lines.append(f"Continue with:  run_shards rerun {run.root}{only}")
-    return "\n".join(lines)
+    return "\n".join(lines + shards_summary(job, bool(supervisor.interrupted), failed))

@@ -31,6 +31,8 @@ class WorkerStats:
     last_event: float = field(default_factory=time.time)
     loaded_at: float | None = None
     last_batch_at: float | None = None
+    batch_tokens: int = 0        # tokens of the batch it computes now (0: between batches)
+    batch_budget: int = 1        # the run's tokens per batch, which a long sequence's batch exceeds
 
     @property
     def seconds(self) -> float:
@@ -63,7 +65,10 @@ class ProgressBoard:
             self.expected[rank] = data["sequences"]
             self.bar.total = max(sum(self.expected.values()), self.bar.n)
             self.bar.refresh()
+        elif kind == "batch":   # a batch begins: the hang detector allows it time for its tokens
+            w.batch_tokens, w.batch_budget = data["tokens"], max(1, data["budget"])
         elif kind == "progress":
+            w.batch_tokens = 0
             w.last_batch_at = w.last_event
             w.sequences += data["sequences"]
             w.tokens += data["tokens"]

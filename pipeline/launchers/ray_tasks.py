@@ -21,14 +21,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..output import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
-from ..exits import signal_name
-from ..planning.input_checks import start_over_advice
+from ..exits import EXIT_COMMAND_USER_ERROR, EXIT_OK, explain_exit
+from ..rundir import events
+from ..rundir.locks import ShardLock
+from .job import Launched, ShardJob, follow_run_dir, self_command, shards_summary
 from .progress import ProgressBoard
-from ..rundir.layout import RunLock
-from .job import ShardJob, self_command
 
 log = logging.getLogger("run_shards")
 
@@ -38,24 +37,34 @@ STOP_SECONDS = 120.0       # after Ctrl-C: how long to wait for the shards' fina
 # What a shard's computation reads from the environment, passed to its task as sbatch --export=ALL would;
 # never CUDA_VISIBLE_DEVICES or PATH, which belong to the node Ray picked.
 FORWARDED_ENV = ("RUN_SHARDS_", "HF_", "TRANSFORMERS_", "HDF5_")
-EXIT_USER_ERROR, EXIT_INTERRUPTED = 2, 130   # `run_shards work`'s exit codes (pipeline/cli.py)
-PR_SET_PDEATHSIG = 1
 
 
-def launch(job: ShardJob) -> None:
-    """Run every shard of `job` as a Ray task; None once all succeeded (the caller merges), else RunFailed."""
-    ray = _import_ray(job.run.root)
-    config = RunConfig.from_json(json.dumps(job.manifest["config"]))
-    connected_here = _connect(ray, config.ray_address)
-    try:
-        refs = _submit(ray, job, config)
-        outcomes = _follow(ray, job, config, refs)
-    finally:
-        if connected_here:   # stops a local Ray started here; a cluster's driver only disconnects
-            ray.shutdown()
-    failed = [o for o in outcomes if o.exit_code != 0]
+def launch(job: ShardJob) -> Launched:
+    """Run every shard of `job` as a Ray task; once all succeeded, what the caller needs to merge; else
+    RunFailed. Shards another process computes now (their locks are held) are not submitted again."""
+    running = [r for r in job.ranks if ShardLock(job.run, r).held_elsewhere()]
+    busy = {r: ShardLock(job.run, r).holder() for r in running}
+    if running:
+        log.info("shard(s) %s are being computed now (their lock is held); not submitted again",
+                 _ranges(running))
+        job.ranks = [r for r in job.ranks if r not in busy]
+    outcomes = []
+    if job.ranks:
+        ray = _import_ray(job.run.root)
+        config = RunConfig.from_json(json.dumps(job.manifest["config"]))
+        connected_here = _connect(ray, config.ray_address)
+        try:
+            outcomes = _follow(ray, job, config, _submit(ray, job, config))
+        finally:
+            if connected_here:   # stops a local Ray started here; a cluster's driver only disconnects
+                ray.shutdown()
+    failed = [o for o in outcomes if o.exit_code != EXIT_OK]
     if failed:
         raise RunFailed(_failure_report(job, failed))
+    for o in outcomes:   # `work` stepped aside: another process holds the shard
+        if job.state(o.rank).state != "complete":
+            busy[o.rank] = ShardLock(job.run, o.rank).holder()
+    return Launched(busy=busy)
 
 
 # ------------------------------------------------------------------------------------------ driver side
@@ -107,7 +116,7 @@ def _unreachable(address: str) -> str | None:
 
 def _quiet_ray_messages(ray) -> None:
     """Ray prints its task-retry notices (with the task's traceback) on the driver's stdout; our progress
-    loop reports retries from the workers' logs instead."""
+    loop reports retries from the shards' events instead."""
     worker = getattr(getattr(ray, "_private", None), "worker", None)
     if worker is not None and hasattr(worker, "_worker_logs_enabled"):
         worker._worker_logs_enabled = False
@@ -130,7 +139,6 @@ def _submit(ray, job: ShardJob, config: RunConfig) -> dict:
                         need, kind, most)
     refs = {}
     for r in job.ranks:
-        job.run.clear_failure(r)
         options = dict(num_gpus=gpus, num_cpus=cpus, max_retries=MAX_RETRIES, retry_exceptions=[ShardTaskFailed],
                        name=f"run_shards shard {r}")
         refs[task.options(**options).remote([*command, "work", str(job.run.root), "--shard", str(r)], env)] = r
@@ -150,72 +158,59 @@ class Outcome:
 
 
 def _follow(ray, job: ShardJob, config: RunConfig, refs: dict) -> list[Outcome]:
-    """Wait for every task, with a progress bar from the run directory; Ctrl-C cancels them (RunFailed, 130)."""
-    run, world = job.run, job.manifest["world"]
+    """Wait for every task, with a progress bar from the run directory and a line for every retry (with the
+    count it resumes from); Ctrl-C cancels them (RunFailed, interrupted)."""
     board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), f"Ray ({len(refs)} task(s))",
                           config.summary_seconds, show_bar=job.show_progress)
-    gained = dict.fromkeys(job.ranks, 0)
-    before = {r: _starts(run.worker_log(r)) for r in job.ranks}
-    noted = dict.fromkeys(job.ranks, 1)
+    seen = {r: len(_starts(job, r)) for r in job.ranks}   # attempts before this command's tasks
+    tries = dict.fromkeys(job.ranks, 0)
     pending, outcomes = list(refs), []
+
+    def wait():
+        nonlocal pending
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
+        outcomes.extend(_outcome(ray, ref, refs[ref]) for ref in ready)
+
     try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
-            outcomes += [_outcome(ray, ref, refs[ref]) for ref in ready]
+        for _ in follow_run_dir(job, board, wait):
             for r in job.ranks:
-                s = shard_state.inspect(run, job.index.stride_shard(r, world), r, verify_shard=False)
-                now = s.durable - (s.expected - job.remaining[r])
-                if now > gained[r]:
-                    board.bar.update(now - gained[r])
-                    gained[r] = now
-                tries = _starts(run.worker_log(r)) - before[r]
-                if tries > noted[r]:
-                    board.note(f"shard {r}: Ray started it again (try {tries}); it continues from its checkpoints "
-                               f"({s.durable:,} of {s.expected:,} sequences durable)")
-                    noted[r] = tries
+                for start in _starts(job, r)[seen[r]:]:
+                    tries[r] += 1
+                    if tries[r] > 1:
+                        board.note(f"shard {r}: Ray started it again (try {tries[r]}); it resumes from its "
+                                   f"checkpoints: {start.get('durable', 0):,} of {start.get('sequences', 0):,} "
+                                   "sequences durable")
+                seen[r] = len(_starts(job, r))
+            if not pending:
+                break
     except KeyboardInterrupt as e:
         board.close()
         _stop(ray, job, {ref: refs[ref] for ref in pending})
-        raise RunFailed(_interrupted_report(job, str(e) or "SIGINT"), exit_code=130) from None
+        raise RunFailed(_interrupted_report(job, str(e) or "SIGINT"), interrupted=True) from None
     finally:
         board.close()
-    done = sum(1 for o in outcomes if o.exit_code == 0)
+    done = sum(1 for o in outcomes if o.exit_code == EXIT_OK)
     board.note(f"{done} of {len(outcomes)} Ray task(s) finished their shard in {time.time() - board.start:.1f} s")
     return sorted(outcomes, key=lambda o: o.rank)
 
 
-def _starts(log_path: Path) -> int:
-    """How many times a worker started on this shard (each writes one `started (pid` line to its log)."""
-    try:
-        return log_path.read_bytes().count(b"started (pid ")
-    except OSError:
-        return 0
+def _starts(job: ShardJob, rank: int) -> list[dict]:
+    """Every attempt's `start` event of this shard (one per worker that took its lock)."""
+    return [e for e in events.read(job.run.events_path(rank)) if e["event"] == "start"]
 
 
 def _outcome(ray, ref, rank: int) -> Outcome:
     try:
         result = ray.get(ref)
-        return Outcome(rank, result["exit_code"], _explain(result["exit_code"]), result["output"])
+        return Outcome(rank, result["exit_code"], explain_exit(result["exit_code"]), result["output"])
     except ray.exceptions.RayTaskError as e:   # our task raised: the shard failed on its last try
         cause = getattr(e, "cause", None)
         code = getattr(cause, "exit_code", None)
         if code is None:
             return Outcome(rank, None, f"its Ray task raised {_first_line(cause or e)}", [], retried=True)
-        return Outcome(rank, code, _explain(code), list(getattr(cause, "output", [])), retried=True)
+        return Outcome(rank, code, explain_exit(code), list(getattr(cause, "output", [])), retried=True)
     except ray.exceptions.RayError as e:   # its worker or node died more often than Ray retries
         return Outcome(rank, None, f"its Ray task failed ({type(e).__name__}: {_first_line(e)})", [], retried=True)
-
-
-def _explain(code: int) -> str:
-    if code == 0:
-        return "finished"
-    if code == EXIT_USER_ERROR:
-        return "exit code 2 (stopped with an error message)"
-    if code == EXIT_INTERRUPTED:
-        return "interrupted (it wrote a final checkpoint)"
-    if code < 0:
-        return f"killed by {signal_name(-code)}"
-    return f"exit code {code} (see its log)"
 
 
 def _stop(ray, job: ShardJob, pending: dict) -> None:
@@ -236,7 +231,7 @@ def _stop(ray, job: ShardJob, pending: dict) -> None:
             ray.wait(list(pending), num_returns=len(pending), timeout=STOP_SECONDS)
         except Exception as e:
             log.info("Ray stopped before its tasks: %s", _first_line(e))
-        while time.time() < deadline and any(RunLock.shard_running(job.run, r) for r in ranks):
+        while time.time() < deadline and any(ShardLock(job.run, r).held_elsewhere() for r in ranks):
             time.sleep(0.2)
     except KeyboardInterrupt:
         log.warning("stopped waiting for the shards' final checkpoints")
@@ -245,19 +240,18 @@ def _stop(ray, job: ShardJob, pending: dict) -> None:
 def _failure_report(job: ShardJob, failed: list[Outcome]) -> str:
     """Each shard that did not finish, why (its failure record, written by `work` or else here), its log, and
     the command that continues the run."""
-    run, world = job.run, job.manifest["world"]
-    lines = []
+    run, lines = job.run, []
     for o in failed:
         record = run.failure(o.rank)
-        if not record or record.get("interrupted"):   # `work` could not say why (or was only stopped)
-            record = {"exit_code": o.exit_code, "explanation": o.explanation, "reason": _reason(o.output),
-                      "interrupted": False, "log": str(run.worker_log(o.rank)), "log_tail": o.output}
+        if not record or record.interrupted:   # `work` could not say why (or was only stopped)
+            record = run.new_failure(o.rank, o.exit_code, _reason(o.output), interrupted=False,
+                                     explanation=o.explanation)
+            record.log_tail = record.log_tail or o.output
             run.record_failure(o.rank, record)
         when = f" after {MAX_RETRIES} Ray retries" if o.retried else ""
-        lines.append(f"shard {o.rank} failed{when}: {record.get('explanation')}"
-                     + (f" - {record['reason']}" if record.get("reason") else ""))
+        lines.append(f"shard {o.rank} failed{when}: {record.summary()}")
         tail = run.log_tail(o.rank, 8)
-        if record.get("reason") or not (tail or o.output):
+        if record.reason or not (tail or o.output):
             lines.append(f"  log: {run.worker_log(o.rank)}")
         elif tail:
             lines.append(f"  last lines of {run.worker_log(o.rank)}:")
@@ -265,33 +259,20 @@ def _failure_report(job: ShardJob, failed: list[Outcome]) -> str:
         else:
             lines.append("  last lines `run_shards work` printed (it wrote no worker log):")
             lines += [f"    {t}" for t in o.output[-8:]]
-    done = sum(1 for r in range(world) if run.shard_path(r).exists())
-    lines.append(f"{done} of {world} shards complete. No merged file was written; all finished and "
-                 "checkpointed rows are kept.")
-    changed = job.index.records_changed()
-    if changed:
-        lines.append(f"The input FASTA changed since this run started ({changed}). "
-                     f"{start_over_advice(run, job.manifest)}")
-    else:
-        lines.append(f"Continue with:  run_shards rerun {run.root}")
-    return "\n".join(lines)
+    return "\n".join(lines + shards_summary(job))
 
 
 def _interrupted_report(job: ShardJob, name: str) -> str:
-    run, world = job.run, job.manifest["world"]
     lines = []
     for r in job.ranks:
-        s = shard_state.inspect(run, job.index.stride_shard(r, world), r, verify_shard=False)
+        s = job.state(r)
         if s.state == "pending":
             lines.append(f"shard {r} was not started")
         elif s.state != "complete":
             lines.append(f"shard {r} stopped at its final checkpoint: {s.durable:,} of {s.expected:,} sequences "
                          "durable")
-    done = sum(1 for r in range(world) if run.shard_path(r).exists())
-    lines.append(f"interrupted by {name}: the Ray tasks were cancelled. {done} of {world} shards complete. No "
-                 "merged file was written; all finished and checkpointed rows are kept.")
-    lines.append(f"Continue with:  run_shards rerun {run.root}")
-    return "\n".join(lines)
+    lines.append(f"interrupted by {name}: the Ray tasks were cancelled.")
+    return "\n".join(lines + shards_summary(job, interrupted=True))
 
 
 def _reason(output: list[str]) -> str:
@@ -325,20 +306,13 @@ class ShardTaskFailed(Exception):
 def run_shard(command: list[str], env: dict[str, str]) -> dict:
     """Run `command` (`run_shards work OUT --shard K`) to its end. Returns its exit code and last lines when
     it finished, stopped with a user error (a retry would stop the same way) or was cancelled; raises
-    ShardTaskFailed otherwise, for Ray to retry."""
-    import ctypes
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def die_with_parent():   # in the child, before exec: SIGTERM when this Ray worker dies, even by SIGKILL
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(1)
-
+    ShardTaskFailed otherwise, for Ray to retry. The command gets exactly one SIGTERM when this task is
+    cancelled, and (RUN_SHARDS_DIE_WITH: it asks the kernel itself) when this Ray worker dies."""
     with tempfile.TemporaryFile() as output:
         # A session of its own: a Ctrl-C in the driver's terminal reaches the shard only through ray.cancel.
-        proc = subprocess.Popen(command, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=output,
-                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent, start_new_session=True)
+        proc = subprocess.Popen(command, env={**os.environ, **env, "RUN_SHARDS_DIE_WITH": str(os.getpid())},
+                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         cancelled = False
         while True:
             try:
@@ -348,10 +322,10 @@ def run_shard(command: list[str], env: dict[str, str]) -> dict:
                 pass
             except KeyboardInterrupt:
                 if not cancelled:
-                    proc.send_signal(signal.SIGTERM)   # once: a second signal would kill its workers at once
+                    proc.send_signal(signal.SIGTERM)   # once: the shard writes its final checkpoint
                     cancelled = True
         output.seek(max(0, output.seek(0, os.SEEK_END) - 8192))
         lines = output.read().decode("utf-8", "replace").splitlines()[-20:]
-    if code == 0 or code == EXIT_USER_ERROR or cancelled:
+    if code in (EXIT_OK, EXIT_COMMAND_USER_ERROR) or cancelled:
         return {"exit_code": code, "output": lines}
     raise ShardTaskFailed(code, lines)

@@ -8,12 +8,53 @@ caps the index values: arrays of more tasks are split into several array jobs.
 """
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
-# SLURM sends USR1 to the batch shell this many seconds before the time limit: enough to finish a batch and
-# write a checkpoint.
+# SLURM sends USR1 to the batch shell this many seconds before the time limit (enough to finish a batch and
+# write a checkpoint), or a tenth of a shorter limit, at least MIN_SIGNAL_SECONDS: a 120 s warning under a
+# one-minute limit would requeue every task at once.
 SIGNAL_SECONDS = 120
+MIN_SIGNAL_SECONDS = 10
+# What the merge job keeps of the shard tasks' --sbatch options: who pays for it. Its partition, time limit
+# and anything else come from --merge-sbatch (a GPU partition may refuse a job that asks for no GPU).
+MERGE_KEEPS = ("--account", "-A", "--qos", "-q")
+
+
+def signal_seconds(time_limit: int | None) -> int:
+    """How long before the time limit (seconds, None: unknown) USR1 comes: SIGNAL_SECONDS, or a tenth of a
+    limit shorter than ten times that."""
+    if time_limit is None:
+        return SIGNAL_SECONDS
+    return max(MIN_SIGNAL_SECONDS, min(SIGNAL_SECONDS, time_limit // 10))
+
+
+def parse_time(value: str) -> int | None:
+    """Seconds of a SLURM time limit: `MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`; None for
+    `UNLIMITED`/`INFINITE`/`NONE` or anything else it cannot read."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
+    if not m:
+        return None
+    days, a, b, c = m.groups()
+    if days is not None:   # D-HH[:MM[:SS]]
+        return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    if c is not None:      # HH:MM:SS
+        return int(a) * 3600 + int(b) * 60 + int(c)
+    return int(a) * 60 + int(b or 0)   # MM[:SS]
+
+
+def option_value(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the last of these options among sbatch arguments (`--time=10`, `--time 10`, `-t10`,
+    `-t 10`), or None."""
+    found = None
+    for group in option_groups(args):
+        name = _option_name(group)
+        if name not in names:
+            continue
+        word = " ".join(group)
+        found = word.split("=", 1)[1] if "=" in group[0] else (" ".join(group[1:]) or word[len(name):])
+    return found
 
 
 def array_ranges(tasks: list[int]) -> str:
@@ -27,6 +68,16 @@ def array_ranges(tasks: list[int]) -> str:
             parts.append(str(start) if start == t else f"{start}-{t}")
             start = None
     return ",".join(parts)
+
+
+def expand_ranges(ranges: str) -> list[int]:
+    """The task indices of an --array list (`0-3,7` -> 0, 1, 2, 3, 7): array_ranges read back."""
+    found = []
+    for part in ranges.split("%")[0].split(","):
+        if part:
+            first, _, last = part.partition("-")
+            found += range(int(first), int(last or first) + 1)
+    return found
 
 
 def split_arrays(tasks: list[int], max_array_size: int) -> list[tuple[int, list[int]]]:
@@ -72,23 +123,17 @@ def asks_for_gpus(group: list[str]) -> bool:
     return name == "-G" or "gpu" in name or (name == "--gres" and "gpu" in value)
 
 
-def _for_merge(group: list[str]) -> bool:
-    """Whether the merge job, which needs no GPU (nor other generic resources) and is no array, keeps it."""
-    name = _option_name(group)
-    return not (asks_for_gpus(group) or name.startswith("--gres") or name in ("--array", "-a"))
-
-
 def _directives(groups: list[list[str]]) -> list[str]:
     # sbatch reads #SBATCH lines with shell-like quoting, so quoted words survive spaces (paths, --comment).
     return [f"#SBATCH {_quote(g)}" for g in groups]
 
 
 def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_per_task: int,
-                 gpus_per_task: int) -> str:
+                 gpus_per_task: int, lead: int = SIGNAL_SECONDS) -> str:
     """The array job's script: `run_shards work OUT` for this task's shard(s), checkpointing and requeueing
-    itself when SLURM warns of its time limit or preemption."""
+    itself when SLURM warns of its time limit (USR1, `lead` seconds before it) or stops it (TERM)."""
     directives = [[f"--job-name=run_shards:{out.name}"], [f"--output={out}/logs/slurm_%A_%a.out"],
-                  ["--open-mode=append"], ["--requeue"], [f"--signal=B:USR1@{SIGNAL_SECONDS}"]]
+                  ["--open-mode=append"], ["--requeue"], [f"--signal=B:USR1@{lead}"]]
     user = option_groups(sbatch_args)
     if gpus_per_task and not any(asks_for_gpus(g) for g in user):
         directives.append([f"--gres=gpu:{gpus_per_task}"])
@@ -100,11 +145,14 @@ def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_p
         ("# task t computes shard t." if shards_per_task == 1 else
          f"# task t computes shards {shards_per_task}t .. {shards_per_task}t+{shards_per_task - 1}, one worker per GPU."),
         "#",
-        "# --requeue          SLURM may requeue this task (node failure; preemption, which first sends SIGTERM:",
-        "#                    run_shards then writes a final checkpoint); it continues from its checkpoints",
+        "# --requeue          SLURM may requeue this task (node failure, preemption); it continues from its",
+        "#                    checkpoints",
         "# --open-mode=append a requeued task appends to its output file instead of overwriting it",
-        f"# --signal=B:USR1@{SIGNAL_SECONDS} USR1 to this script {SIGNAL_SECONDS} s before the time limit: the trap below",
-        "#                    asks run_shards to write a final checkpoint, then requeues the task",
+        f"# --signal=B:USR1@{lead} USR1 to this script {lead} s before the time limit (a tenth of a limit under",
+        f"#                    {10 * SIGNAL_SECONDS} s)",
+        "# On USR1 (the time limit is near) or TERM (preemption, `scancel --signal=TERM`), the trap below passes",
+        "# the signal on to run_shards, waits for its final checkpoint, and requeues this task, which continues",
+        "# from there (a cancelled task cannot be requeued: it ends, with its checkpoints kept).",
     ]
     lines += _directives(directives + user)
     lines += [
@@ -112,35 +160,53 @@ def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_p
         "set -u",
         f"shard_command=({_quote(command)} work {shlex.quote(str(out))})",
         "",
-        "checkpoint_and_requeue() {",
-        "    echo \"run_shards: USR1 from SLURM (the time limit is near): checkpointing, then requeueing\"",
-        "    kill -TERM \"$pid\" 2>/dev/null   # run_shards writes a final checkpoint and exits with 130",
+        "checkpoint_and_requeue() {   # $1: the signal, $2: why",
+        "    echo \"run_shards: $1 from SLURM ($2): asking for a final checkpoint, then requeueing this task\"",
+        "    trap '' USR1 TERM        # once: nothing more interrupts the wait for its checkpoint",
+        "    kill \"-$1\" \"$pid\" 2>/dev/null",
         "    wait \"$pid\"",
-        "    scontrol requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"",
-        "    exit 0",
+        "    code=$?",
+        "    [ \"$code\" = 0 ] && exit 0  # it finished its shards meanwhile",
+        "    scontrol requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" && exit 0",
+        "    exit \"$code\"              # not requeued (cancelled): the task ends, its checkpoints kept",
         "}",
-        "trap checkpoint_and_requeue USR1",
+        "trap 'checkpoint_and_requeue USR1 \"the time limit is near\"' USR1",
+        "trap 'checkpoint_and_requeue TERM \"the job is being stopped\"' TERM",
         "",
         "\"${shard_command[@]}\" &",
         "pid=$!",
-        "wait \"$pid\"   # returns early when USR1 arrives; the trap then runs",
+        "wait \"$pid\"   # returns early when a trapped signal arrives; the trap then runs",
         "exit $?",
         "",
     ]
     return "\n".join(lines)
 
 
-def merge_script(out: Path, command: list[str], sbatch_args: list[str]) -> str:
+def merge_options(sbatch_args: list[str], merge_args: list[str], time_minutes: int) -> list[list[str]]:
+    """The merge job's sbatch options: the account and QOS of --sbatch (who pays), then --merge-sbatch's
+    (partition, time, memory, ...); a time limit from the data's size unless --merge-sbatch sets one. Never
+    --exclusive, a GPU or an array: a merge is one process that reads the shards and writes one file."""
+    keep = [g for g in option_groups(sbatch_args) if _option_name(g) in MERGE_KEEPS]
+    own = option_groups(merge_args)
+    if option_value(merge_args, ("--time", "-t")) is None:
+        own.append([f"--time={time_minutes}"])
+    return keep + own
+
+
+def merge_script(out: Path, command: list[str], options: list[list[str]], lock_wait: int) -> str:
     """The merge job's script, submitted to start once every shard task has succeeded (afterok)."""
-    keep = [g for g in option_groups(sbatch_args) if _for_merge(g)]
     lines = [
         "#!/bin/bash",
         f"# run_shards: merge the shards of the run in {out} into {out}/result.h5",
         "# Submitted with --dependency=afterok:<shard array jobs> --kill-on-invalid-dep=yes: it starts once",
         "# every shard task has succeeded, and is cancelled if one failed (then `run_shards rerun` resubmits",
-        "# the failed shards and a new merge job). Needs no GPU.",
+        "# the failed shards and a new merge job). It is one process that needs no GPU: it keeps only the",
+        "# account and QOS of --sbatch, and takes its partition, time limit and other options from",
+        "# --merge-sbatch (its time limit, when not given, from the size of the data to merge).",
+        f"# --lock-wait {lock_wait}: it waits up to that many seconds for another command using the run (a merge",
+        "# by hand) and for shards still being computed, instead of failing at once.",
     ]
     lines += _directives([[f"--job-name=run_shards-merge:{out.name}"], [f"--output={out}/logs/slurm_merge_%j.out"],
-                          ["--open-mode=append"]] + keep)
-    lines += ["", f"exec {_quote(command)} merge {shlex.quote(str(out))}", ""]
+                          ["--open-mode=append"]] + options)
+    lines += ["", f"exec {_quote(command)} merge {shlex.quote(str(out))} --lock-wait {lock_wait}", ""]
     return "\n".join(lines)

@@ -1,10 +1,11 @@
 """The SLURM launcher: a job array computes the shards, a merge job runs once every task has succeeded.
 
-`run` and `rerun` write OUT/slurm/shards.sbatch and merge.sbatch (see sbatch_scripts), submit the array
-(split over MaxArraySize) and the merge job (afterok, --kill-on-invalid-dep=yes), record the job ids in
-OUT/slurm/jobs.json and return; `--dry-run` writes the scripts and prints the sbatch commands instead;
-`--wait` follows the run directory with a progress bar until the result is merged or a shard failed.
-SLURM places, retries and requeues; run_shards never asks sacct: the run directory says what is done.
+`run` and `rerun` write OUT/slurm/shards.sbatch and merge.sbatch (see sbatch_scripts), read the run's
+earlier submissions and the queue (slurm_queue), submit arrays only for shards no task is queued for or
+computing (split over MaxArraySize), keep one merge job per run (afterok, --kill-on-invalid-dep=yes; an
+older pending one is replaced), record the job ids in OUT/slurm/jobs.json and return; submitting a run whose
+tasks are all queued is a no-op that says where things stand. `--dry-run` writes the scripts and prints the
+sbatch commands instead; `--wait` follows the run until the result is merged or a shard failed.
 """
 from __future__ import annotations
 
@@ -17,111 +18,262 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..output import shard_state
+import numpy as np
+
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
+from ..output.schema import Schema
+from ..rundir import events
+from ..rundir.layout import RunDir, write_atomic
+from ..rundir.locks import ShardLock
+from .job import ShardJob, Submitted, follow_run_dir, self_command
 from .progress import ProgressBoard
-from ..rundir.layout import RunDir, RunLock, write_atomic
-from .job import ShardJob, Submitted, self_command
-from .sbatch_scripts import array_ranges, merge_script, shard_script, split_arrays
+from .sbatch_scripts import (array_ranges, asks_for_gpus, expand_ranges, merge_options, merge_script, option_groups,
+                             option_value, parse_time, shard_script, signal_seconds, split_arrays)
+from .slurm_queue import Queue, append_submission, slurm_dir, stopped_lines
 
 log = logging.getLogger("run_shards")
 
 DEFAULT_MAX_ARRAY_SIZE = 1001      # SLURM's default MaxArraySize
 NODE_LOCAL_FILE_SYSTEMS = {"tmpfs", "ramfs", "overlay"}
-
-
-def slurm_dir(run: RunDir) -> Path:
-    return run.root / "slurm"
+MERGE_LOCK_WAIT = 1800             # seconds the merge job waits for a command holding the run (a merge by hand)
+MERGE_BYTES_PER_SECOND = 50e6      # a slow client's rate (a merge reads and writes every byte once)
 
 
 def launch(job: ShardJob) -> Submitted:
-    run = job.run
-    config = RunConfig.from_json(json.dumps(job.manifest["config"]))
-    per_task = config.shards_per_task
-    tasks = sorted({r // per_task for r in job.ranks})
+    run, config = job.run, RunConfig.from_json(json.dumps(job.manifest["config"]))
     user_args = shlex.split(config.sbatch)
     folder = slurm_dir(run)
     folder.mkdir(exist_ok=True)
     shards_sbatch, merge_sbatch = folder / "shards.sbatch", folder / "merge.sbatch"
-    command = self_command()
-    gpus = per_task if config.on_gpu else 0
-    write_atomic(shards_sbatch, shard_script(run.root, command, user_args, per_task, gpus))
-    write_atomic(merge_sbatch, merge_script(run.root, command, user_args))
+    limit = time_limit(user_args, job.dry_run)
+    lead = signal_seconds(limit)
+    warn_if_short(limit, lead, config)
+    gpus = config.shards_per_task if config.on_gpu else 0
+    added_gres = bool(gpus) and not any(asks_for_gpus(g) for g in option_groups(user_args))
+    write_atomic(shards_sbatch, shard_script(run.root, self_command(), user_args, config.shards_per_task, gpus, lead))
+    write_atomic(merge_sbatch, merge_script(run.root, self_command(), merge_options(
+        user_args, shlex.split(config.merge_sbatch), merge_minutes(job)), MERGE_LOCK_WAIT))
     for script in (shards_sbatch, merge_sbatch):
         script.chmod(0o755)
     warn_if_node_local(run.root)
-    dry_run = job.options.get("dry_run", False)
-    if not dry_run and shutil.which("sbatch") is None:
+    if job.dry_run:
+        commands = array_commands(split_arrays(_tasks(job.ranks, config), max_array_size(True)),
+                                   config.array_throttle, shards_sbatch)
+        events.append(run.run_events_path, "dry_run")
+        return Submitted(f"wrote {shards_sbatch} and {merge_sbatch}; nothing was submitted. To submit:\n"
+                         + by_hand(commands, merge_sbatch, "  ", "\n  "))
+    if shutil.which("sbatch") is None:
         raise UserError("--launcher slurm needs SLURM's sbatch, which is not on PATH here: run on a login node of "
                         f"the cluster, or pass --dry-run to write the scripts ({folder}) and print the commands")
-    arrays = split_arrays(tasks, max_array_size(dry_run))
-    array_commands = _array_commands(arrays, config.array_throttle, shards_sbatch)
-    if not dry_run:
-        _check_job_count(len(tasks), per_task)
-    if dry_run:
-        return Submitted(f"wrote {shards_sbatch} and {merge_sbatch}; nothing was submitted. To submit:\n"
-                         + _by_hand(array_commands, merge_sbatch, "  ", "\n  "))
-    ids = []
     try:
-        for cmd in array_commands:
-            ids.append(_sbatch(cmd))
-        merge_id = _sbatch(_merge_command(ids, merge_sbatch))
+        return _submit(job, config, shards_sbatch, merge_sbatch, added_gres)
     except UserError as e:
-        if ids:   # never leave half a submission behind: arrays without their merge job would never merge
-            subprocess.run(["scancel", *ids], capture_output=True)
-            raise UserError(f"{e} (job array(s) {', '.join(ids)}, already submitted, were cancelled)") from None
+        events.append(run.run_events_path, "refused", error=str(e))
         raise
+
+
+def _tasks(ranks: list[int], config: RunConfig) -> list[int]:
+    return sorted({r // config.shards_per_task for r in ranks})
+
+
+def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch: Path, added_gres: bool
+            ) -> Submitted:
+    """Submit what no task is queued for or computing, and one merge job; or nothing, saying why."""
+    run = job.run
+    queue = Queue.read(run, job.world)
+    if queue.subs and not queue.answered:
+        raise UserError("squeue gave no answer here, so whether this run's earlier jobs are still queued is "
+                        f"unknown; nothing was submitted (never a shard twice). Run the command again where "
+                        f"SLURM's commands work (`run_shards status {run.root}` shows the shards)")
+    live = queue.live_shards(job.ranks)
+    elsewhere = [r for r in job.ranks if r not in live and ShardLock(run, r).held_elsewhere()]
+    todo = [r for r in job.ranks if r not in live and r not in elsewhere]
+    notes = _left_out_lines(live, elsewhere)
+    for line in notes:
+        log.info("%s", line)
+    merge = queue.merge
+    if not todo and merge is not None and merge.live:
+        return Submitted("\n".join(["nothing submitted: " + notes[0]] + notes[1:] + [
+            f"merge job {merge.job_id} ({merge.words()}) writes the result once they succeed",
+            f"follow with:  run_shards status {run.root}"]),
+            follow=(lambda: follow(job, queue.merge_id)) if job.wait else None)
+    tasks = _tasks(todo, config)
+    arrays = split_arrays(tasks, max_array_size(False))
+    if tasks:
+        _check_job_count(len(tasks), config.shards_per_task)
+    ids = [_sbatch(cmd, config.sbatch, added_gres) for cmd in array_commands(arrays, config.array_throttle,
+                                                                               shards_sbatch)]
+    try:
+        merge_id = _sbatch(_merge_command(_dependency(ids, queue), merge_sbatch), config.merge_sbatch, False,
+                           "--merge-sbatch")
+    except UserError as e:
+        raise UserError(f"{e}{_cancelled(ids)}") from None
+    if merge is not None and merge.live and merge.job_id != merge_id:   # one merge job per run
+        _scancel([merge.job_id], f"the earlier merge job {merge.job_id}, which merge job {merge_id} replaces")
     record = {"submitted": time.strftime("%Y-%m-%dT%H:%M:%S"), "arrays": [
         {"job_id": i, "offset": off, "array": array_ranges(idx)} for i, (off, idx) in zip(ids, arrays)],
-        "merge_job_id": merge_id, "shards": job.ranks, "shards_per_task": per_task}
-    _append_jobs(run, record)
-    log.info("submitted %d shard task(s) as job array(s) %s and merge job %s", len(tasks), ", ".join(ids), merge_id)
-    return Submitted("\n".join([
-        f"submitted shards {array_ranges(job.ranks)} as job array(s) {', '.join(ids)} ({len(tasks)} task(s)); merge "
-        f"job {merge_id} runs once they all succeed",
-        f"follow with:  run_shards status {run.root}",
-        f"result (once merged): {run.result_path}"]),
-        follow=(lambda: follow(job, record)) if job.options.get("wait") else None)
+        "merge_job_id": merge_id, "shards": todo, "shards_per_task": config.shards_per_task}
+    append_submission(run, record)
+    events.append(run.run_events_path, "submitted", arrays=ids, merge_job_id=merge_id, shards=len(todo))
+    what = (f"submitted shards {array_ranges(todo)} as job array(s) {', '.join(ids)} ({len(tasks)} task(s)); merge "
+            f"job {merge_id} runs once they all succeed" if ids else
+            f"submitted merge job {merge_id}, which runs once the queued tasks succeed")
+    log.info("%s", what)
+    return Submitted("\n".join([what] + notes + [f"follow with:  run_shards status {run.root}",
+                                                 f"result (once merged): {run.result_path}"]),
+                     follow=(lambda: follow(job, merge_id)) if job.wait else None)
 
 
-def _array_commands(arrays: list[tuple[int, list[int]]], throttle: int, shards_sbatch: Path) -> list[list[str]]:
+def _left_out_lines(live: dict, elsewhere: list[int]) -> list[str]:
+    lines = []
+    if live:
+        states: dict[str, list[int]] = {}
+        for r, t in live.items():
+            states.setdefault("running" if t.running else "requeued" if t.requeued else "pending", []).append(r)
+        lines.append("shard(s) " + "; ".join(f"{array_ranges(rs)} {s}" for s, rs in states.items())
+                     + " in SLURM already (tasks " + ", ".join(sorted({t.job_id.split("_")[0] for t in live.values()}))
+                     + "); not submitted again")
+    if elsewhere:
+        lines.append(f"shard(s) {array_ranges(elsewhere)} are being computed now by a process outside these jobs "
+                     "(their lock is held); not submitted again")
+    return lines
+
+
+def _dependency(new_arrays: list[str], queue: Queue) -> str:
+    """afterok on the new arrays; and on each earlier array whose tasks SLURM still runs, afterok when every
+    one of its tasks is queued, running or succeeded, else afterany (a task of it failed or was cancelled,
+    and is resubmitted now: afterok could never be met). The merge job checks every shard anyway, and waits
+    for those still being computed."""
+    parts = [f"afterok:{a}" for a in new_arrays]
+    for array in (a for sub in queue.subs for a in sub["arrays"]):
+        tasks = [(queue.tasks or {}).get(f"{array['job_id']}_{i}") for i in expand_ranges(array["array"])]
+        if any(t is not None and t.live for t in tasks):
+            fine = all(t is not None and (t.live or t.state == "COMPLETED") for t in tasks)
+            parts.append(f"{'afterok' if fine else 'afterany'}:{array['job_id']}")
+    return ",".join(dict.fromkeys(parts))
+
+
+def array_commands(arrays: list[tuple[int, list[int]]], throttle: int, shards_sbatch: Path) -> list[list[str]]:
     limit = f"%{throttle}" if throttle else ""
     return [["sbatch", "--parsable", f"--array={array_ranges(indices)}{limit}",
              f"--export=ALL,RUN_SHARDS_OFFSET={offset}", str(shards_sbatch)] for offset, indices in arrays]
 
 
-def _by_hand(array_commands: list[list[str]], merge_sbatch: Path, first: str, sep: str) -> str:
+def by_hand(commands: list[list[str]], merge_sbatch: Path, first: str, sep: str) -> str:
     """The shell lines that submit the arrays and the merge job after them, as --dry-run prints them."""
-    ids = [f"$ARRAY{k + 1}" for k in range(len(array_commands))]
-    lines = [f"ARRAY{k + 1}=$({_show(c)})" for k, c in enumerate(array_commands)]
-    return first + sep.join(lines + [_show(_merge_command(ids, merge_sbatch))])
+    ids = [f"$ARRAY{k + 1}" for k in range(len(commands))]
+    lines = [f"ARRAY{k + 1}=$({_show(c)})" for k, c in enumerate(commands)]
+    return first + sep.join(lines + [_show(_merge_command(",".join(f"afterok:{i}" for i in ids), merge_sbatch))])
 
 
-def _merge_command(array_ids: list[str], merge_sbatch: Path) -> list[str]:
-    return ["sbatch", "--parsable", "--dependency=afterok:" + ":".join(array_ids), "--kill-on-invalid-dep=yes",
-            str(merge_sbatch)]
+def _merge_command(dependency: str, merge_sbatch: Path) -> list[str]:
+    after = [f"--dependency={_compact(dependency)}", "--kill-on-invalid-dep=yes"] if dependency else []
+    return ["sbatch", "--parsable", *after, str(merge_sbatch)]
+
+
+def _compact(dependency: str) -> str:
+    """afterok:1,afterok:2 -> afterok:1:2 (the form sbatch's manual shows; both mean every one of them)."""
+    kinds: dict[str, list[str]] = {}
+    for part in dependency.split(","):
+        kind, _, job = part.partition(":")
+        kinds.setdefault(kind, []).append(job)
+    return ",".join(f"{kind}:{':'.join(jobs)}" for kind, jobs in kinds.items())
 
 
 def _show(cmd: list[str]) -> str:
     return " ".join(c if c.startswith("--dependency") else shlex.quote(c) for c in cmd)
 
 
-def _sbatch(cmd: list[str]) -> str:
+def _sbatch(cmd: list[str], user_options: str, added_gres: bool, option: str = "--sbatch") -> str:
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         said = res.stderr.strip() or res.stdout.strip()
-        if "temporarily unable to accept job" in said or "Resource temporarily unavailable" in said:
-            hint = ("The controller is full or busy: it holds at most MaxJobCount jobs, every array task "
-                    "counting as one, and keeps ended jobs for MinJobAge. Wait for the queue to drain, or put "
-                    "more shards in each task (--shards-per-task), and run the command again.")
-        else:
-            hint = "Fix the --sbatch options (or the cluster's limits it names) and run the command again."
-        raise UserError(f"sbatch refused the job ({_show(cmd)}): {said}. {hint}")
+        raise UserError(f"sbatch refused the job ({_show(cmd)}): {said}. {_refusal_hint(said, user_options, added_gres, option)}")
     job_id = res.stdout.strip().split(";")[0]
     if not re.fullmatch(r"\d+", job_id):
         raise UserError(f"sbatch printed no job id ({_show(cmd)}): {res.stdout.strip()} {res.stderr.strip()}")
     return job_id
+
+
+def _refusal_hint(said: str, user_options: str, added_gres: bool, option: str) -> str:
+    """What to change after sbatch refused: the queue's limits, the user's own options, or the GPU request
+    run_shards added for --gpus (a user who gave no options has none to fix)."""
+    if "temporarily unable to accept job" in said or "Resource temporarily unavailable" in said:
+        return ("The controller is full or busy: it holds at most MaxJobCount jobs, every array task counting as "
+                "one, and keeps ended jobs for MinJobAge. Wait for the queue to drain, or put more shards in each "
+                "task (--shards-per-task), and run the command again.")
+    gres = (" run_shards asked for a GPU per shard (--gres=gpu:N, from --gpus); if this cluster requests GPUs "
+            "another way, give that request in --sbatch (e.g. --sbatch \"--gpus-per-task=1\"), or plan a CPU run "
+            "(--gpus 0) in another --out.") if added_gres else ""
+    if user_options:
+        return (f"Fix the {option} options ({user_options!r}) or the cluster's limits it names, and run the "
+                f"command again with the new {option} \"...\".{gres}")
+    return (f"The cluster refused a job with only run_shards' own options: give the options it needs (a partition, "
+            f"an account, a time limit) with {option} \"...\" and run the command again.{gres}")
+
+
+def _scancel(ids: list[str], what: str) -> bool:
+    """Cancel these jobs; False (with a warning naming them) when scancel failed."""
+    res = subprocess.run(["scancel", *ids], capture_output=True, text=True)
+    if res.returncode != 0:
+        log.warning("could not cancel %s (scancel: %s); cancel it by hand: scancel %s", what,
+                    res.stderr.strip() or res.returncode, " ".join(ids))
+    return res.returncode == 0
+
+
+def _cancelled(ids: list[str]) -> str:
+    """Never leave half a submission behind: arrays without their merge job would never merge."""
+    if not ids:
+        return ""
+    if _scancel(ids, f"job array(s) {', '.join(ids)}"):
+        return f" (job array(s) {', '.join(ids)}, already submitted, were cancelled)"
+    return (f" (job array(s) {', '.join(ids)} were submitted and could NOT be cancelled: cancel them with "
+            f"`scancel {' '.join(ids)}` before running the command again)")
+
+
+def time_limit(user_args: list[str], dry_run: bool) -> int | None:
+    """The shard tasks' time limit in seconds: --time of --sbatch, else the partition's own (DefaultTime,
+    else MaxTime, from `scontrol show partition`); None when unlimited or unknown."""
+    given = option_value(user_args, ("--time", "-t"))
+    if given is not None:
+        return parse_time(given)
+    if dry_run or shutil.which("scontrol") is None:
+        return None
+    partition = option_value(user_args, ("--partition", "-p"))
+    try:
+        res = subprocess.run(["scontrol", "show", "partition", *([partition.split(",")[0]] if partition else [])],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.debug("scontrol show partition gave no answer: %s", e)
+        return None
+    blocks = [b for b in res.stdout.split("\n\n") if b.strip()]
+    chosen = blocks[0] if partition else next((b for b in blocks if re.search(r"\bDefault=YES\b", b)), "")
+    for key in ("DefaultTime", "MaxTime"):
+        m = re.search(rf"\b{key}=(\S+)", chosen)
+        if m and parse_time(m[1]) is not None:
+            return parse_time(m[1])
+    return None
+
+
+def warn_if_short(limit: int | None, lead: int, config: RunConfig) -> None:
+    """Planning's word on a time limit too short for the checkpoints: a task that reaches it before its
+    first checkpoint keeps nothing, and is requeued to start over."""
+    if limit is not None and limit < config.checkpoint_seconds + lead:
+        log.warning("the shard tasks' time limit (%d s) is shorter than one checkpoint interval "
+                    "(--checkpoint-seconds %g) plus the %d s warning before it: a task that reaches it keeps only "
+                    "what it checkpointed. Give a longer --time in --sbatch, or lower --checkpoint-seconds.",
+                    limit, config.checkpoint_seconds, lead)
+
+
+def merge_minutes(job: ShardJob) -> int:
+    """The merge job's time limit: reading the shards and writing result.h5 at MERGE_BYTES_PER_SECOND, the
+    wait for a command holding the run, and ten minutes to start; in minutes."""
+    schema = Schema.from_json(job.manifest["schema"])
+    fixed = sum(c.row_bytes() for c in schema.row_columns)
+    per_residue = sum(c.row_bytes() for c in schema.ragged_columns)
+    data = fixed * len(job.index) + per_residue * int(job.index.lengths.sum(dtype=np.int64))
+    return int(10 + (MERGE_LOCK_WAIT + 2 * data / MERGE_BYTES_PER_SECOND) // 60)
 
 
 def max_array_size(dry_run: bool) -> int:
@@ -141,7 +293,8 @@ def _config_value(name: str) -> int | None:
         return None
     try:
         res = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.debug("scontrol show config gave no answer: %s", e)
         return None
     m = re.search(rf"^{name}\s*=\s*(\d+)", res.stdout, re.M)
     return int(m.group(1)) if m else None
@@ -157,21 +310,6 @@ def _check_job_count(tasks: int, per_task: int) -> None:
                         f"task: --shards-per-task {-(-(tasks * per_task) // (limit // 2))} (or fewer --shards)")
 
 
-def _append_jobs(run: RunDir, record: dict) -> None:
-    path = slurm_dir(run) / "jobs.json"
-    history = json.loads(path.read_text()) if path.exists() else []
-    write_atomic(path, json.dumps(history + [record], indent=1))
-
-
-def submissions(run: RunDir) -> list[dict]:
-    """Every submission of this run, oldest first (OUT/slurm/jobs.json)."""
-    path = slurm_dir(run) / "jobs.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-
-
 def warn_if_node_local(root: Path) -> None:
     """Compute nodes must see OUT: warn when it lies on a file system private to this host."""
     fstype, mount = _file_system(root)
@@ -184,173 +322,76 @@ def warn_if_node_local(root: Path) -> None:
 def _file_system(path: Path) -> tuple[str, str]:
     best = ("", "")
     try:
-        for line in open("/proc/mounts"):
-            fields = line.split()
-            target = fields[1].replace("\\040", " ")
-            if (str(path) == target or str(path).startswith(target.rstrip("/") + "/")) and len(target) >= len(best[1]):
-                best = (fields[2], target)
-    except OSError:
-        pass
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                target = fields[1].replace("\\040", " ")
+                if (str(path) == target or str(path).startswith(target.rstrip("/") + "/")) \
+                        and len(target) >= len(best[1]):
+                    best = (fields[2], target)
+    except OSError as e:
+        log.debug("cannot read /proc/mounts (%s); the node-local check is skipped", e)
     return best
 
 
 # ---------------------------------------------------------------------------------------------- --wait
-def follow(job: ShardJob, record: dict, poll_seconds: float = 2.0) -> Path:
-    """Follow the run directory until the merge job has written the result (returns its path) or it cannot
-    run any more because a shard's task failed or was cancelled (RunFailed). A task that was interrupted and
-    requeued (preemption, the time limit's USR1) is waited for. The tasks keep running if the user stops
-    following."""
-    run, world, merge_id = job.run, job.manifest["world"], record["merge_job_id"]
-    submitted = time.time()
+def follow(job: ShardJob, merge_id: str, poll_seconds: float = 2.0) -> Path:
+    """Follow the run until merge job `merge_id` has written the result (returns its path) or cannot run any
+    more because a shard's task failed or was cancelled (RunFailed). A task that was interrupted and requeued
+    (preemption, the time limit's USR1) is waited for. The jobs keep running if the user stops following.
+    Whether the merge ran is read from its own `ended` event (never by comparing clocks of two hosts)."""
+    run = job.run
     config = RunConfig.from_json(json.dumps(job.manifest["config"]))
     board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), f"SLURM ({len(job.ranks)} shard(s))",
                           config.summary_seconds, show_bar=job.show_progress)
-    done = {r: 0 for r in job.ranks}
+    seen = len(events.read(run.run_events_path))
     try:
-        while True:
-            stopped, complete = {}, True
-            for r in job.ranks:
-                s = shard_state.inspect(run, job.index.stride_shard(r, world), r, verify_shard=False)
-                gained = s.durable - (s.expected - job.remaining[r])
-                if gained > done[r]:
-                    board.bar.update(gained - done[r])
-                    done[r] = gained
-                complete = complete and s.state == "complete"
-                # (A shard whose lock is held is being computed, whatever a refused duplicate task recorded.)
-                if s.state in ("failed", "interrupted") and _recorded_after(run, r, submitted) \
-                        and not RunLock.shard_running(run, r):
-                    stopped[r] = s.state
-            if _merged_since(run, submitted):
+        for states in follow_run_dir(job, board, lambda: time.sleep(poll_seconds)):
+            merged = _merge_ended(run, merge_id, seen)
+            queue = Queue.read(run, job.world)
+            merged = merged or _merge_ended(run, merge_id, seen)   # written while squeue answered
+            if merged is not None:
+                if merged.get("error"):
+                    raise RunFailed(f"the merge job {merge_id} failed: {merged['error']}\n"
+                                    f"Continue with:  run_shards merge {run.root}")
                 return run.result_path
-            merge = _queue_state(merge_id)
-            if _merged_since(run, submitted):   # written while squeue answered
-                return run.result_path
-            if "failed" in stopped.values() or (stopped and merge == "gone"):
-                raise RunFailed("\n".join(_stopped_lines(run, stopped) + [
-                    f"The merge job {merge_id} cannot run now (a shard task failed or was cancelled); SLURM cancels "
-                    "it. The other tasks go on.", f"Continue with:  run_shards rerun {run.root}"]))
-            if merge == "gone":
-                raise RunFailed(
-                    f"the merge job {merge_id} ended without writing the result (see "
-                    f"{run.logs_dir}/slurm_merge_{merge_id}.out).\nContinue with:  run_shards merge {run.root}"
-                    if complete else
-                    f"the merge job {merge_id} is no longer queued and not every shard is complete (were the jobs "
-                    f"cancelled?).\nContinue with:  run_shards rerun {run.root}")
-            time.sleep(poll_seconds)
+            if queue.answered:
+                _check_queue(job, states, queue, merge_id)
     except KeyboardInterrupt:
-        ids = [a["job_id"] for a in record["arrays"]] + [merge_id]
+        subs = Queue.read(run, job.world).subs
+        ids = [a["job_id"] for s in subs[-1:] for a in s["arrays"]] + [merge_id]
         raise RunFailed(f"stopped following; the jobs go on in SLURM. Follow them with `run_shards status {run.root}`, "
-                        f"or cancel them with `scancel {' '.join(ids)}`.", exit_code=130) from None
+                        f"or cancel them with `scancel {' '.join(ids)}`.", interrupted=True) from None
     finally:
         board.close()
+    raise AssertionError("follow_run_dir never ends by itself")
 
 
-def _merged_since(run: RunDir, since: float) -> bool:
-    try:
-        return run.result_path.stat().st_mtime >= since - 1
-    except OSError:
-        return False
+def _merge_ended(run: RunDir, merge_id: str, seen: int) -> dict | None:
+    return next((e for e in events.read(run.run_events_path)[seen:]
+                 if e["event"] == "ended" and e.get("command") == "merge" and e.get("slurm_job") == merge_id), None)
 
 
-def _recorded_after(run: RunDir, rank: int, since: float) -> bool:
-    try:
-        return run.failed_path(rank).stat().st_mtime >= since - 1
-    except OSError:
-        return False
-
-
-def _queue_state(job_id: str) -> str | None:
-    """Whether SLURM will still run the job: "waiting" (pending or running), "gone" (it ended, was cancelled,
-    or waits on a dependency that can never be met), or None when squeue cannot tell (not installed here, or
-    no answer from the controller, which must not read as the job being gone)."""
-    try:
-        res = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True,
-                             timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if res.returncode != 0:   # squeue forgets a job MinJobAge (300 s by default) after it ended
-        return "gone" if "Invalid job id" in res.stderr else None
-    words = res.stdout.split()
-    if not words or words[:2] == ["PENDING", "DependencyNeverSatisfied"] or words[0] not in LIVE_JOB_STATES:
-        return "gone"
-    return "waiting"
-
-
-# Job states in which SLURM will still run (or is running) the job; anything else (COMPLETING, COMPLETED,
-# CANCELLED, FAILED, TIMEOUT, NODE_FAIL, ...) means it ended, which squeue shows where ended jobs are kept.
-LIVE_JOB_STATES = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-                   "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
-
-
-def _stopped_lines(run: RunDir, stopped: dict[int, str]) -> list[str]:
-    """One line per shard that stopped: failed or interrupted, with the reason from its failure record (else
-    the last warning or error of its log), and its log."""
-    lines = []
-    for r, state in sorted(stopped.items()):
-        f = run.failure(r) or {}
-        why = f.get("reason") or next((line.split(": ", 1)[-1] for line in reversed(f.get("log_tail") or [])
-                                       if " ERROR " in line or " WARNING " in line), "")
-        verb = "failed" if state != "interrupted" else "was interrupted"
-        lines.append(f"shard {r} {verb}: {f.get('explanation', 'no record of why')}" + (f" - {why}" if why else "")
-                     + f"\n  log: {run.worker_log(r)}")
-    return lines
-
-
-def status_lines(run: RunDir, states: list) -> list[str]:
-    """What `status` adds for a SLURM run: its submissions, shards being computed now, and, when the merge
-    job cannot run, why and the commands that finish the run."""
-    subs = submissions(run)
-    if not subs:
-        return ["slurm: nothing submitted yet (a --dry-run?): the scripts are in " + str(slurm_dir(run))]
-    last = subs[-1]
-    merge_id = last["merge_job_id"]
-    lines = [f"slurm: last submitted {last['submitted']}: job array(s) "
-             f"{', '.join(a['job_id'] + ' [' + a['array'] + ']' for a in last['arrays'])}, merge job {merge_id}"]
-    if run.result_path.exists():
-        return lines
-    running = [s.rank for s in states if s.state != "complete" and RunLock.shard_running(run, s.rank)]
-    if running:
-        lines.append(f"  being computed now: shard(s) {array_ranges(running)}")
-    stopped = {s.rank: s.state for s in states
-               if s.state in ("failed", "corrupt", "interrupted") and s.rank not in running}
-    unfinished = [s.rank for s in states if s.state != "complete"]
-    merge = _queue_state(merge_id)
-    if stopped and ("failed" in stopped.values() or "corrupt" in stopped.values() or merge == "gone"):
-        lines += ["  " + line for line in _stopped_lines(run, stopped)]
-        lines += _rerun_lines(run, last, merge_id, merge, sorted(stopped))
-    elif stopped and merge is None:
-        lines += ["  " + line for line in _stopped_lines(run, stopped)]
-        lines.append(f"  squeue gave no answer here, so whether SLURM requeues them is unknown: a task that was "
-                     f"preempted or reached its time limit is requeued and continues from its checkpoints (merge "
-                     f"job {merge_id} waits for it); one that was cancelled is not: then continue with:  "
-                     f"run_shards rerun {run.root}")
-    elif stopped:
-        lines.append(f"  shard(s) {array_ranges(list(stopped))} were interrupted (preempted, or near their time "
-                     f"limit); SLURM requeues their tasks, which continue from their checkpoints, and merge job "
-                     f"{merge_id} waits for them")
-    elif unfinished and merge == "gone":
-        lines.append(f"  merge job {merge_id} is no longer queued, and shard(s) {array_ranges(unfinished)} are not "
-                     "complete: their tasks were cancelled, or ended without a trace here")
-        lines += _rerun_lines(run, last, merge_id, merge, unfinished)
-    elif unfinished and merge == "waiting":
-        lines.append(f"  {len(unfinished):,} shard(s) to go; merge job {merge_id} writes the result once every "
-                     "shard is complete")
-    elif unfinished:
-        lines.append(f"  {len(unfinished):,} shard(s) to go; squeue gave no answer here, so whether their tasks "
-                     f"and merge job {merge_id} are still queued is unknown (run status where SLURM's commands work)")
-    elif merge != "waiting":
-        lines.append(f"  every shard is complete; merge job {merge_id} has not written the result "
-                     f"({'it failed' if merge == 'gone' else 'still queued, or it failed'}: "
-                     f"{run.logs_dir}/slurm_merge_{merge_id}.out). Continue with:  run_shards merge {run.root}")
-    return lines
-
-
-def _rerun_lines(run: RunDir, last: dict, merge_id: str, merge: str | None, ranks: list[int]) -> list[str]:
-    """The command that finishes the run, and the same submission by hand."""
-    tasks = sorted({r // last.get("shards_per_task", 1) for r in ranks})
-    config = RunConfig.from_json(json.dumps(run.read_manifest()["config"]))
-    commands = _array_commands(split_arrays(tasks, max_array_size(True)), config.array_throttle,
-                               slurm_dir(run) / "shards.sbatch")
-    return [f"  so merge job {merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
-            + f". Continue with:  run_shards rerun {run.root}",
-            f"  (the same by hand: {_by_hand(commands, slurm_dir(run) / 'merge.sbatch', '', '; ')})"]
+def _check_queue(job: ShardJob, states: dict, queue: Queue, merge_id: str) -> None:
+    """RunFailed once the merge job cannot run: a shard's task ended without finishing it (failed, cancelled),
+    or the merge job itself is gone."""
+    run = job.run
+    stopped = {}
+    for r, s in states.items():
+        task = queue.task_of(r)
+        if s.state != "complete" and task is not None and not task.live and not ShardLock(run, r).held_elsewhere():
+            stopped[r] = task
+    merge = (queue.tasks or {}).get(merge_id)
+    if stopped:
+        raise RunFailed("\n".join(stopped_lines(run, {r: states[r].state for r in stopped}, stopped) + [
+            f"The merge job {merge_id} cannot run now (a shard task failed or was cancelled); SLURM cancels it. "
+            "The other tasks go on.", f"Continue with:  run_shards rerun {run.root}"]))
+    if merge is None or not merge.live:
+        complete = all(s.state == "complete" for s in states.values())
+        log_path = run.logs_dir / f"slurm_merge_{merge_id}.out"
+        raise RunFailed(
+            f"the merge job {merge_id} ended without writing the result"
+            + (f" (see {log_path})" if log_path.exists() else " (it never started: it left no log)")
+            + f".\nContinue with:  run_shards merge {run.root}" if complete else
+            f"the merge job {merge_id} is no longer queued and not every shard is complete (were the jobs "
+            f"cancelled?).\nContinue with:  run_shards rerun {run.root}")

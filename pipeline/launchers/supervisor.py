@@ -11,20 +11,23 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch.multiprocessing
 
-from ..exits import EXIT_INTERRUPTED, explain_exit, signal_name
+from ..exits import EXIT_INTERRUPTED, EXIT_SHARD_BUSY, explain_exit, signal_name
+from ..rundir import events
+from ..rundir.layout import RunDir
+from ..rundir.locks import ShardLock
+from ..worker.entry import STOP_SIGNALS, worker_entry
 from .progress import ProgressBoard
-from ..rundir.layout import RunDir, RunLock
-from ..worker.entry import worker_entry
 
 log = logging.getLogger("run_shards")
 
 KILL_GRACE_SECONDS = 10.0
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -37,6 +40,7 @@ class ShardProcess:
     reason: str = ""            # the worker's own error message, or why run_shards stopped it
     killed_for: str = ""        # why run_shards signalled it, if it did
     kill_at: float | None = None
+    holder: dict = field(default_factory=dict)   # EXIT_SHARD_BUSY: who holds the shard's lock
 
     @property
     def process(self):
@@ -46,12 +50,32 @@ class ShardProcess:
     def explanation(self) -> str:
         return explain_exit(self.exitcode, self.killed_for if (self.exitcode or 0) < 0 else "")
 
+    @property
+    def summary(self) -> str:
+        """How it ended and why, the reason left out where the explanation already says it."""
+        if not self.reason or self.reason in self.explanation:
+            return self.explanation
+        return f"{self.explanation} - {self.reason}"
+
+
+@contextmanager
+def signals_deferred(signals: tuple[int, ...]):
+    """Hold these signals back (blocked, not ignored) for the block's duration: one that arrives meanwhile is
+    delivered when it ends, instead of being lost. A process started inside inherits them blocked, and
+    unblocks them once its own handlers are in place (worker/entry.py)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
 
 class Supervisor:
     def __init__(self, run: RunDir, ranks: list[int], slots: list[str], gpu: bool, threads: int,
                  board: ProgressBoard, worker_timeout: float):
         self.run, self.pending, self.slots = run, list(ranks), list(slots)
         self.gpu, self.threads, self.board, self.worker_timeout = gpu, threads, board, worker_timeout
+        self.started_at = time.time()
         self.active: list[ShardProcess] = []
         self.finished: list[ShardProcess] = []
         self.interrupted: str | None = None     # the signal that interrupted the run
@@ -59,17 +83,14 @@ class Supervisor:
 
     def _start(self, rank: int, slot: str) -> None:
         recv, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
-        # The worker inherits SIGINT ignored (Python keeps an inherited SIG_IGN) until it installs its own
-        # handler, so a Ctrl-C while it imports torch cannot print a traceback on the terminal: the parent
-        # handles Ctrl-C and asks its workers to stop.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+        # The worker starts with the stop signals blocked, until it installs its own handlers, so a Ctrl-C
+        # while it imports torch cannot print a traceback on the terminal; here, one that arrives while it
+        # spawns is delivered after, to the parent's handler, which asks the workers to stop.
+        with signals_deferred(STOP_SIGNALS):
             context = torch.multiprocessing.start_processes(
                 worker_entry, args=(str(self.run.root), rank, send, slot if self.gpu else None, self.threads,
                                     os.getpid()),
                 nprocs=1, join=False, daemon=False, start_method="spawn")
-        finally:
-            signal.signal(signal.SIGINT, previous)
         send.close()   # the child holds the only write end: EOF here means it is gone
         self.active.append(ShardProcess(rank, slot, context, recv))
         self.board.add_worker(rank, f"GPU {slot}" if self.gpu else "CPU")
@@ -86,18 +107,23 @@ class Supervisor:
 
     def _interrupt(self, signum, frame) -> None:
         name = signal_name(signum)
-        if self.interrupted:
+        if self.interrupted and signum == signal.SIGINT:   # a person pressing Ctrl-C again
             self.board.note(f"{name} again: killing the workers now, without their final checkpoint")
             for p in self.active:
                 p.killed_for = f"a second stop signal ({name}): killed at once, without a final checkpoint"
                 self.killed_at_once.append(p.rank)
                 _kill(p.process.pid, signal.SIGKILL)
             return
+        if self.interrupted:   # schedulers repeat SIGTERM (to the batch script and to every process of the job)
+            log.info("%s again: the workers are already writing their final checkpoints", name)
+            return
         self.interrupted = name
-        self.board.note(f"{name} received: workers are writing a final checkpoint and stopping "
-                        "(press Ctrl-C again to kill them at once)", logging.WARNING)
+        again = " (press Ctrl-C again to kill them at once)" if sys.stdin is not None and sys.stdin.isatty() else ""
+        self.board.note(f"{name} received: workers are writing a final checkpoint and stopping{again}",
+                        logging.WARNING)
         for p in self.active:
             p.killed_for = f"run_shards received {name} and asked it to stop"
+            events.append(self.run.events_path(p.rank), "stop", signal=name, by="parent")
             self._append_to_worker_log(p, "WARNING", f"run_shards received {name}: asking this worker (SIGTERM) "
                                                      "to write a final checkpoint and stop")
             _kill(p.process.pid, signal.SIGTERM)
@@ -126,20 +152,26 @@ class Supervisor:
             time.sleep(timeout)
             return
         for conn in multiprocessing.connection.wait(conns, timeout=timeout):
-            p = next(p for p in self.active if p.conn is conn)
-            while not conn.closed and conn.poll():
-                try:
-                    kind, rank, _, data = conn.recv()
-                except (EOFError, OSError):
-                    conn.close()
-                    break
-                except Exception as e:  # a half-written message from a killed worker
-                    log.warning("unreadable message from shard %d (%s)", p.rank, e)
-                    conn.close()
-                    break
-                self.board.message(kind, rank, data)
-                if kind == "error":
-                    p.reason = data.get("message", "")
+            self._drain(next(p for p in self.active if p.conn is conn))
+
+    def _drain(self, p: ShardProcess) -> None:
+        """Every message the worker has sent: progress for the board, its error or its lock's holder here."""
+        while not p.conn.closed and p.conn.poll():
+            try:
+                kind, rank, _, data = p.conn.recv()
+            except (EOFError, OSError):
+                p.conn.close()
+                return
+            except Exception as e:  # a half-written message from a killed worker
+                log.warning("unreadable message from shard %d (%s)", p.rank, e)
+                p.conn.close()
+                return
+            if kind == "busy":
+                p.holder = data.get("holder") or {}
+                continue
+            self.board.message(kind, rank, data)
+            if kind == "error":
+                p.reason = data.get("message", "")
 
     def _reap(self) -> None:
         for p in list(self.active):
@@ -147,7 +179,7 @@ class Supervisor:
             if code is None:
                 continue
             p.process.join()
-            self._pump_rest(p)
+            self._drain(p)   # its last messages say why it ended
             p.exitcode = code
             p.conn.close()
             self.active.remove(p)
@@ -155,21 +187,23 @@ class Supervisor:
             if code == 0:
                 self.board.workers[p.rank].finished = self.board.workers[p.rank].finished or time.time()
                 log.info("shard %d finished", p.rank)
+            elif code == EXIT_SHARD_BUSY:   # not an attempt: another process computes the shard
+                self.board.workers.pop(p.rank, None)
+                self.board.expected.pop(p.rank, None)
             elif code == EXIT_INTERRUPTED:
                 self.board.note(f"shard {p.rank} stopped at its final checkpoint", logging.WARNING)
             else:
-                self.board.note(f"shard {p.rank} stopped: {p.explanation}"
-                                + (f": {p.reason}" if p.reason else ""), logging.ERROR)
+                self.board.note(f"shard {p.rank} stopped: {p.summary}", logging.ERROR)
                 if code < 0:   # killed: it could not say so itself, nor remove what it was writing
                     self._tell_worker_log(p)
-                    RunLock.if_shard_free(self.run, p.rank, lambda: self.run.remove_shard_temporaries(p.rank))
+                    ShardLock(self.run, p.rank).if_free(lambda: self.run.remove_shard_temporaries(p.rank))
 
     def _tell_worker_log(self, p: ShardProcess) -> None:
-        """A worker that was killed cannot say so in its own log (or, killed while starting, wrote none):
-        the parent appends how it ended, so `worker_N.log` always tells the whole story."""
-        text = f"the worker (pid {p.process.pid}) ended: {p.explanation}"
-        self._append_to_worker_log(p, "ERROR", text + (f" - {p.reason}" if p.reason and p.reason != p.killed_for
-                                                       else ""))
+        """A worker that was killed cannot say so in its own log and events (or, killed while starting, wrote
+        none): the parent appends how it ended, so `worker_N.log` and `events_N.jsonl` tell the whole story."""
+        self._append_to_worker_log(p, "ERROR", f"the worker (pid {p.process.pid}) ended: {p.summary}")
+        events.append(self.run.events_path(p.rank), "end", code=p.exitcode, explanation=p.explanation,
+                      reason=p.reason, by="parent", pid=p.process.pid)
 
     def _append_to_worker_log(self, p: ShardProcess, level: str, text: str) -> None:
         """One whole line (O_APPEND), so it never lands inside a line of the worker's own."""
@@ -177,25 +211,22 @@ class Supervisor:
         try:
             with open(self.run.worker_log(p.rank), "a") as fh:
                 fh.write(line)
-        except OSError:
-            pass   # a full disk: the terminal and run.log still say it
-
-    def _pump_rest(self, p: ShardProcess) -> None:
-        try:
-            while not p.conn.closed and p.conn.poll():
-                kind, rank, _, data = p.conn.recv()
-                self.board.message(kind, rank, data)
-                if kind == "error":
-                    p.reason = data.get("message", "")
-        except Exception:
-            pass
+        except OSError as e:
+            log.warning("could not write to %s (%s); the terminal and run.log say it", self.run.worker_log(p.rank),
+                        e.strerror or e)
 
     def _watch_timeouts(self) -> None:
+        """Kill a worker that has sent nothing for --worker-timeout seconds, or, within a batch, for that long
+        per budget's worth of the batch's tokens (a long sequence computed in chunks is slow, not hung)."""
         now = time.time()
         for p in self.active:
-            quiet = now - self.board.workers[p.rank].last_event
-            if p.kill_at is None and quiet > self.worker_timeout:
-                p.reason = f"no progress for {quiet:.0f} s (--worker-timeout {self.worker_timeout:g}); killed as hung"
+            stats = self.board.workers[p.rank]
+            quiet = now - stats.last_event
+            allowed = self.worker_timeout * max(1.0, stats.batch_tokens / max(1, stats.batch_budget))
+            if p.kill_at is None and quiet > allowed:
+                p.reason = f"no progress for {quiet:.0f} s (--worker-timeout {self.worker_timeout:g}"
+                p.reason += f", {allowed:.0f} s for this batch); killed as hung" if allowed > self.worker_timeout \
+                    else "); killed as hung"
                 p.killed_for = p.reason
                 self.board.note(f"shard {p.rank}: {p.reason}", logging.ERROR)
                 _kill(p.process.pid, signal.SIGTERM)

@@ -5,19 +5,25 @@ scheduler's array index (SLURM_ARRAY_TASK_ID, PBS_ARRAY_INDEX, LSB_JOBINDEX - 1)
 with `--shards-per-task G` task t computes shards tG .. tG+G-1, one worker per visible GPU (or CPU slot).
 The worker is the same as a local run's: same checkpoints, shard lock, log and failure record. A complete
 shard is skipped; SIGTERM (preemption, or the batch script before a time limit) makes every worker write
-a final checkpoint and the command exit with 130. It never merges: the merge job (or driver) does.
+a final checkpoint and the command exit with 130. A shard another process computes (it holds the shard's
+lock: a duplicate task) is left to it, and said so, with exit code 0. It never merges: the merge job (or
+driver) does.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import signal
 
 from ..config import RunConfig
-from ..errors import RunFailed, UserError
+from ..errors import RunDirError, RunFailed, UserError
 from ..exits import EXIT_USER_ERROR
 from ..planning.input_checks import load_run_index
-from ..rundir.layout import RunDir
+from ..rundir.failure import FailureRecord
+from ..rundir.layout import RunDir, unwritable_reason
+from ..rundir.locks import ShardLock
+from .job import Launched, ShardJob
 
 log = logging.getLogger("run_shards")
 
@@ -50,15 +56,64 @@ def shards_of_task(task: int, per_task: int, world: int) -> list[int]:
 
 
 def work(out: str, shard: int | None = None, shards_per_task: int | None = None, show_progress: bool = False) -> str:
-    """Compute the shard(s) of this task; returns a one-line summary. RunFailed when some did not finish."""
-    from ..output import shard_state
+    """Compute the shard(s) of this task; returns what became of them, one line each. RunFailed when some did
+    not finish; a shard another process computes is left to it (not a failure: exit code 0)."""
     from . import local
-    from .job import ShardJob
+    die_with_the_task()
     run = RunDir(out)
     manifest = run.read_manifest()
+    why = unwritable_reason(run.root)
+    if why:
+        raise RunDirError(f"cannot compute shards in {run.root}: {why}. A task must be able to write its run "
+                          "directory: run it on a node that mounts it read-write")
+    index = load_run_index(run, manifest)
+    ranks = _task_shards(manifest, shard, shards_per_task)
+    todo, remaining = [], {}
+    for k in ranks:
+        state = _prepare_shard(run, index, manifest["world"], k)
+        if state is not None:
+            todo.append(k)
+            remaining[k] = state.expected - state.durable
+    if not todo:
+        return f"shard(s) {', '.join(map(str, ranks))} already complete"
+    busy = _computed_elsewhere(run, todo)   # (a worker checks again, under the lock, for a race)
+    todo = [k for k in todo if k not in busy]
+    if not todo:
+        return "\n".join(Launched(busy=busy).busy_lines(run)[:-1])
     config = RunConfig.from_json(json.dumps(manifest["config"]))
+    job = ShardJob(run, dict(manifest, config=dict(manifest["config"], **_node_devices(config, len(todo)))),
+                   index, todo, remaining, show_progress,
+                   continue_with=f"Continue with:  run_shards rerun {run.root}  (or this task again)")
+    try:
+        launched = local.launch(job)
+    except RunFailed as e:
+        # Every shard stopped on a user error (bad input, a damaged model): retrying cannot help, so exit 2,
+        # which schedulers that retry (Ray) take as final.
+        codes = {(run.failure(k) or FailureRecord(None, "")).exit_code for k in todo}
+        if not e.interrupted and codes == {EXIT_USER_ERROR}:
+            raise UserError(str(e)) from None
+        raise
+    busy.update(launched.busy)
+    done = [k for k in todo if k not in busy]
+    return "\n".join(([f"shard(s) {', '.join(map(str, done))} complete"] if done else [])
+                     + Launched(busy=busy).busy_lines(run)[:-1])
+
+
+def _computed_elsewhere(run: RunDir, ranks: list[int]) -> dict[int, dict]:
+    """Shards a worker elsewhere holds now (and is not about to leave: see ShardLock), with its record:
+    left to it without starting a worker here."""
+    busy = {}
+    for k in ranks:
+        lock = ShardLock(run, k)
+        if lock.held_elsewhere() and not (holder := lock.holder()).get("stopping"):
+            busy[k] = holder
+    return busy
+
+
+def _task_shards(manifest: dict, shard: int | None, shards_per_task: int | None) -> list[int]:
+    """The shard(s) this process computes: --shard, else those of its array task."""
     world = manifest["world"]
-    per_task = shards_per_task or config.shards_per_task
+    per_task = shards_per_task or manifest["config"].get("shards_per_task", 1)
     if shard is not None:
         ranks = [shard]
     else:
@@ -74,33 +129,39 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
     bad = [k for k in ranks if not 0 <= k < world]
     if bad:
         raise UserError(f"shard {bad[0]}: this run has shards 0..{world - 1}")
-    index = load_run_index(run, manifest)
-    todo, remaining = [], {}
-    for k in ranks:
-        state = shard_state.inspect(run, index.stride_shard(k, world), k, verify_shard=True)
+    return ranks
+
+
+def _prepare_shard(run: RunDir, index, world: int, rank: int):
+    """Shard `rank`'s state, or None when it is complete. A damaged shard file is set aside first, under the
+    shard's lock (another task computing the shard may be finishing it this moment)."""
+    from ..output import shard_state
+    state = shard_state.inspect(run, index.stride_shard(rank, world), rank, verify_shard=True)
+    if state.state == "complete":
+        log.info("shard %d is already complete", rank)
+        return None
+    if state.state == "corrupt":
+        def set_aside():
+            again = shard_state.inspect(run, index.stride_shard(rank, world), rank, verify_shard=True)
+            if again.state == "corrupt":
+                log.warning("shard %d cannot be used (%s); set aside and computed again", rank, again.detail)
+                shard_state.set_aside(run.shard_path(rank))
+        ShardLock(run, rank).if_free(set_aside)   # else its worker steps aside, or its holder replaces it
+        state = shard_state.inspect(run, index.stride_shard(rank, world), rank, verify_shard=False)
         if state.state == "complete":
-            log.info("shard %d is already complete", k)
-            continue
-        if state.state == "corrupt":
-            log.warning("shard %d cannot be used (%s); set aside and computed again", k, state.detail)
-            shard_state.set_aside(run.shard_path(k))
-        todo.append(k)
-        remaining[k] = state.expected - state.durable
-    if not todo:
-        return f"shard(s) {', '.join(map(str, ranks))} already complete"
-    job = ShardJob(run, dict(manifest, config=dict(manifest["config"], **_node_devices(config, len(todo)))),
-                   index, todo, remaining, show_progress,
-                   options={"continue_with": f"Continue with:  run_shards rerun {run.root}  (or this task again)"})
-    try:
-        local.launch(job)
-    except RunFailed as e:
-        # Every shard stopped on a user error (bad input, a damaged model): retrying cannot help, so exit 2,
-        # which schedulers that retry (Ray) take as final.
-        codes = {(run.failure(k) or {}).get("exit_code") for k in todo}
-        if e.exit_code == 1 and codes == {EXIT_USER_ERROR}:
-            raise UserError(str(e)) from None
-        raise
-    return f"shard(s) {', '.join(map(str, todo))} complete"
+            return None
+    return state
+
+
+def die_with_the_task() -> None:
+    """Under Ray, stop (SIGTERM: a final checkpoint) when the Ray worker that started this process dies, even
+    by SIGKILL. Done here, after exec, because the task's worker has threads: a preexec_fn there may deadlock
+    (the subprocess module's documentation warns of it)."""
+    parent = os.environ.get("RUN_SHARDS_DIE_WITH")
+    if parent:
+        from ..worker.entry import on_parent_death
+        if not on_parent_death(int(parent), signal.SIGTERM):   # gone already: stop as its death would have
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _node_devices(config: RunConfig, shards: int) -> dict:

@@ -105,12 +105,11 @@ def inspect(run: RunDir, expected: np.ndarray, rank: int, verify_shard: bool, ve
     failure = run.failure(rank)
     details = []
     if failure:
-        details.append(f"last run: {failure.get('explanation')}"
-                       + (f" - {failure['reason']}" if failure.get("reason") else ""))
+        details.append(f"last run: {failure.summary()}")
     if bad:
         details.append(f"corrupt checkpoint(s) {', '.join(bad)} will be recomputed")
     if failure:
-        state = "interrupted" if failure.get("interrupted") else "failed"
+        state = "interrupted" if failure.interrupted else "failed"
     else:
         state = "partial" if durable else "pending"
     return ShardState(rank, state, len(expected), durable, "; ".join(details), verified=verify)

@@ -108,7 +108,6 @@ class ShardWriter:
         fsync_dir(self.parts)
         self.done = np.union1d(self.done, block.columns["index"])
         self.buffer, self.buffered_rows, self.buffered_bytes = [], 0, 0
-        # OUT/report.html draws each worker's throughput from these lines (pipeline/reporting/facts.py reads them)
         log.info("checkpoint %s: %d rows, %d tokens (%d of %d durable)", final.name, len(block),
                  int(block.columns["num_tokens"].sum(dtype=np.int64)), len(self.done), len(self.expected))
 

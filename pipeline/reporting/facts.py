@@ -1,51 +1,46 @@
-"""What OUT/report.html shows, gathered from the run directory alone, whichever launcher ran the shards
-(local workers, SLURM array tasks and Ray tasks write the same files).
+"""What OUT/report.html shows, gathered from the run directory, whichever launcher ran the shards (local
+workers, SLURM array tasks and Ray tasks write the same files), and for a SLURM run from squeue.
 
-Shard states come from `shard_state` (the reader `status` and `rerun` use) and rows from `h5io.Reader`;
-each worker's history comes from its own log, the one record every launcher keeps: every attempt's start,
-model load, checkpoints (rows and tokens, which give throughput over time), end and why it ended.
+Shard states come from `shard_state` (the reader `status` and `rerun` use) and rows from `h5io.Reader`; each
+shard's history comes from its events (OUT/logs/events_N.jsonl: every attempt's start, model load,
+checkpoints with their rows and tokens, end and why), the commands' from OUT/logs/events.jsonl. Logs are
+for people; nothing here reads them. (Runs written before events existed show no attempts.)
 """
 from __future__ import annotations
 
 import datetime
 import json
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import RunDirError
 from ..output import shard_state
 from ..output.h5io import CorruptFile, Reader
-from ..errors import RunDirError
-from ..rundir.layout import RunDir, RunLock
+from ..rundir import events
+from ..rundir.failure import FailureRecord
+from ..rundir.layout import RunDir
+from ..rundir.locks import ShardLock
 
-# Worker log lines (written by worker/shard_run.py, output/shard_writer.py and launchers/supervisor.py for a killed worker):
-# "2026-11-24 05:42:14,675 INFO pipeline.output.shard_writer: checkpoint part_000000.h5: 22 rows, 6600 tokens (...)"
-_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:,(\d{3}))? (\w+) (\S+(?: \(parent\))?): (.*)$")
-_STARTED = re.compile(r"worker for shard \d+ started \(pid \d+, ([^,]+),")
-_LOADED = re.compile(r"model loaded on ")
-_CHECKPOINT = re.compile(r"checkpoint part_\d+\.h5: (\d+) rows(?:, (\d+) tokens)? \((\d+) of \d+ durable\)")
-_COMPLETE = re.compile(r"shard complete: ")
-_EXITS = re.compile(r"worker for shard \d+ exits with code (-?\d+)")
-_ENDED = re.compile(r"the worker \(pid \d+\) ended: (.*)")
-_INTERRUPTED = re.compile(r"interrupted \((.*?)\): ")
-# run.log: the parent's time split (runner.py) and its final failure report (the lines after "error:").
-_TIMINGS_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO timings: prepare ([\d.]+) s, "
-                           r"start workers and load model ([\d.]+) s, compute ([\d.]+) s, "
-                           r"finish shards and merge ([\d.]+) s", re.M)
-_ERROR = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ERROR error: ", re.M)
-_STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", re.M)
+# Why a worker was asked to stop, by the signal its parent (`run`, `rerun`, `work`) received.
+STOP_CAUSES = {"SIGUSR1": "the time limit was near (SLURM's warning)",
+               "SIGTERM": "stopped by a SIGTERM (preemption, scancel, or by hand)",
+               "SIGINT": "interrupted (Ctrl-C)", "SIGHUP": "the terminal closed (SIGHUP)"}
 
 
 @dataclass
 class Attempt:
-    """One worker's go at a shard: from its start line to its last line."""
+    """One worker's go at a shard: from its `start` event to its last event."""
     start: float
     device: str = ""
+    host: str = ""
+    slurm: str = ""            # the SLURM array task that ran it (`123_4`), if one did
+    restarts: int = 0          # SLURM_RESTART_COUNT: how often SLURM had requeued that task before
     end: float = 0.0
     loaded: float | None = None
     checkpoints: list[tuple[float, int, int | None]] = field(default_factory=list)   # (time, rows, tokens)
     completed: float | None = None
+    stopped_by: str = ""       # the signal its parent received, when it was asked to stop
     outcome: str = ""          # "complete", or why it stopped
 
     @property
@@ -62,7 +57,17 @@ class ShardFacts:
     residues: int
     tokens: int                # tokens of the durable rows
     attempts: list[Attempt]
-    failure: dict | None       # shard_N.failed.json: why the last attempt did not finish
+    failure: FailureRecord | None   # shard_N.failed.json: why the last attempt did not finish
+
+
+@dataclass
+class SlurmFacts:
+    """A SLURM run's jobs: every submission (jobs.json), each shard's latest task as squeue sees it, and how
+    the merge jobs ended (their `ended` events)."""
+    submissions: list[dict]
+    tasks: dict[int, object]           # shard -> slurm_queue.Task (only those squeue still knows)
+    merge_state: str                   # squeue's word on the last merge job, "" when it cannot tell
+    merges: list[dict]                 # `ended` events of merge commands run as SLURM jobs
 
 
 @dataclass
@@ -75,15 +80,16 @@ class RunFacts:
     statuses: dict[int, tuple[int, list[str]]]   # status code -> (rows, the first few ids)
     rows: int                  # rows of result.h5, or durable rows so far
     result: str                # "complete", "partial" (a --allow-partial merge), or "" (no result.h5)
-    timings: list[float] | None   # prepare, start and load, compute, finish and merge (run.log's last)
-    timings_end: float | None     # when that line was written: the end of the run it describes
-    error: str                 # the last failure report in run.log ("" if none since the last result)
+    timings: list[float] | None   # prepare, start and load, compute, finish and merge (the last local split)
+    timings_end: float | None     # when that split was recorded: the end of the run it describes
+    error: str                 # what stopped the last command ("" if it finished, or once the result is complete)
     written: str
+    slurm: SlurmFacts | None = None
 
 
 def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFacts:
-    """Everything the report shows; reads files only (never a scheduler), so it works mid-run too.
-    `error`: what ended the command asking (by default the last failure report in run.log)."""
+    """Everything the report shows; reads files (and, for a SLURM run, squeue once), so it works mid-run
+    too. `error`: what ended the command asking (by default, the error of the last command recorded)."""
     from index import SequenceIndex
     from index.sequence_index import IndexCorrupt
 
@@ -98,7 +104,7 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
     for r in range(world):
         positions = index.stride_shard(r, world)
         state = shard_state.inspect(run, positions, r, verify_shard=False)
-        if state.state not in ("complete", "corrupt") and RunLock.shard_running(run, r):
+        if state.state not in ("complete", "corrupt") and ShardLock(run, r).held_elsewhere():
             state.state = "running"   # as `status` says; its durable rows are those checkpointed so far
         rows = durable_rows(run, r, state.state)
         rows_by_shard.append(rows)
@@ -106,7 +112,7 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
             rank=r, state=state.state, expected=state.expected, durable=state.durable,
             residues=int(index.lengths[positions].sum(dtype=np.int64)),
             tokens=int(rows["num_tokens"].sum(dtype=np.int64)),
-            attempts=attempts(run.worker_log(r)), failure=run.failure(r)))
+            attempts=attempts(events.read(run.events_path(r))), failure=run.failure(r)))
     result, statuses, nrows = _result_statuses(run, example_ids)
     if not result:   # no result yet: the rows the shards hold so far
         index_col = np.concatenate([x["index"] for x in rows_by_shard])
@@ -116,16 +122,27 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
         for code in np.unique(status_col):
             where = index_col[status_col == code]
             statuses[int(code)] = (len(where), index.ids(where[:example_ids].tolist()))
-    run_log = run.parent_log.read_text(errors="replace") if run.parent_log.exists() else ""
-    timings = list(_TIMINGS_LINE.finditer(run_log))
+    run_events = events.read(run.run_events_path)
+    timings = events.last(run_events, "timings")
+    ended = events.last(run_events, "ended")
     config = RunConfig.from_json(json.dumps(manifest["config"]))
     return RunFacts(
         root=str(run.root), manifest=manifest, lengths=index.lengths, budget=config.tokens_per_batch,
         shards=shards, statuses=statuses, rows=nrows, result=result,
-        timings=[float(x) for x in timings[-1].groups()[2:]] if timings else None,
-        timings_end=_time(timings[-1][1], timings[-1][2]) if timings else None,
-        error=error if error is not None else "" if result == "complete" else last_error(run_log),
-        written=datetime.datetime.now().isoformat(sep=" ", timespec="seconds"))
+        timings=[timings[k] for k in ("prepare", "start_and_load", "compute", "finish_and_merge")] if timings else None,
+        timings_end=timings["t"] if timings else None,
+        error=error if error is not None else "" if result == "complete" else ((ended or {}).get("error") or ""),
+        written=datetime.datetime.now().isoformat(sep=" ", timespec="seconds"),
+        slurm=_slurm_facts(run, world, run_events) if config.launcher == "slurm" else None)
+
+
+def _slurm_facts(run: RunDir, world: int, run_events: list[dict]) -> SlurmFacts:
+    from ..launchers.slurm_queue import Queue
+    queue = Queue.read(run, world)
+    tasks = {r: t for r in range(world) if (t := queue.task_of(r)) is not None}
+    merges = [e for e in run_events if e["event"] == "ended" and e.get("command") == "merge" and e.get("slurm_job")]
+    merge = queue.merge
+    return SlurmFacts(queue.subs, tasks, merge.words() if merge is not None else "", merges)
 
 
 def durable_rows(run: RunDir, rank: int, state: str) -> dict[str, np.ndarray]:
@@ -142,7 +159,7 @@ def durable_rows(run: RunDir, rank: int, state: str) -> dict[str, np.ndarray]:
                 for name, parts in found.items():
                     parts.append(r.file[name][:])
         except (CorruptFile, OSError, KeyError):
-            continue
+            continue   # as `status` counts it: a damaged or vanished checkpoint holds no rows
     return {name: np.concatenate(parts) for name, parts in found.items()}
 
 
@@ -162,61 +179,39 @@ def _result_statuses(run: RunDir, example_ids: int) -> tuple[str, dict, int]:
         return "", {}, 0   # the shards' rows stand in; `status` and `merge` name the damage
 
 
-def _time(stamp: str, millis: str | None) -> float:
-    when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
-    return when.timestamp() + int(millis or 0) / 1000
-
-
-def attempts(log_path) -> list[Attempt]:
-    """Every attempt recorded in a worker log, oldest first (one that found its shard already complete is
-    left out: it did no work)."""
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return []
+def attempts(shard_events: list[dict]) -> list[Attempt]:
+    """Every attempt a shard's events record, oldest first: each `start` opens one, and its `loaded`,
+    `checkpoint`, `stop` and `end` events (the worker's, or its parent's for a worker that was killed) fill it."""
     found: list[Attempt] = []
-    current: Attempt | None = None
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if not m:
+    for e in shard_events:
+        kind, t = e["event"], e["t"]
+        if kind == "start":
+            found.append(Attempt(start=t, end=t, device=e.get("device", ""), host=e.get("host", ""),
+                                 slurm=e.get("slurm", ""), restarts=int(e.get("restarts") or 0)))
             continue
-        t, level, message = _time(m[1], m[2]), m[3], m[5]
-        started = _STARTED.match(message)
-        if started:
-            current = Attempt(start=t, device=started[1], end=t)
-            found.append(current)
+        if not found:
             continue
-        if current is None:
-            continue
-        current.end = max(current.end, t)
-        if _LOADED.match(message):
-            current.loaded = t
-        elif (c := _CHECKPOINT.match(message)):
-            current.checkpoints.append((t, int(c[1]), int(c[2]) if c[2] else None))
-        elif _COMPLETE.match(message):
-            current.completed, current.outcome = t, "complete"
-        elif message.endswith("is already complete"):
-            found.remove(current)
-            current = None
-        elif (e := _ENDED.match(message)):
-            current.outcome = e[1]
-        elif (i := _INTERRUPTED.match(message)):
-            current.outcome = current.outcome or f"interrupted: {i[1]}"
-        elif level in ("ERROR", "CRITICAL") and not current.finished:
-            current.outcome = current.outcome or message
-        elif (x := _EXITS.match(message)) and not current.outcome:
-            current.outcome = "complete" if x[1] == "0" else f"exit code {x[1]}"
+        a = found[-1]
+        a.end = max(a.end, t)
+        if kind == "loaded":
+            a.loaded = t
+        elif kind == "checkpoint":
+            a.checkpoints.append((t, int(e["rows"]), e.get("tokens")))
+        elif kind == "stop":
+            a.stopped_by = a.stopped_by or e.get("signal", "")
+        elif kind == "end" and not a.outcome:
+            a.outcome = _outcome(e, a)
+            a.completed = t if e.get("code") == 0 else None
     for a in found:
         a.outcome = a.outcome or "no end recorded: still running, or stopped without a trace"
     return found
 
 
-def last_error(run_log: str) -> str:
-    """The last failure report in run.log: its "error:" line and the lines after it, up to the next
-    timestamped line (they name the failed shards and the command that continues)."""
-    starts = list(_ERROR.finditer(run_log))
-    if not starts:
-        return ""
-    body = run_log[starts[-1].end():]
-    end = _STAMPED.search(body)
-    return (body[:end.start()] if end else body).rstrip()
+def _outcome(end: dict, a: Attempt) -> str:
+    if end.get("code") == 0:
+        return "complete"
+    words = end.get("explanation") or f"exit code {end.get('code')}"
+    if a.stopped_by:
+        words = f"{words}: {STOP_CAUSES.get(a.stopped_by, a.stopped_by)}"
+    reason = end.get("reason") or ""
+    return f"{words} - {reason}" if reason and reason not in words else words

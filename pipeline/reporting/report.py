@@ -2,7 +2,8 @@
 matplotlib as inline PNG images; no script, no style sheet or font from elsewhere, nothing fetched).
 
 Every `run`, `rerun` and `merge` writes it at its end, and `run_shards report OUT` writes it again; the
-facts come from the run directory alone (run_facts.py), so a SLURM or Ray run gets the same page.
+facts come from the run directory (facts.py), so a SLURM or Ray run gets the same page, and a SLURM run a
+section on its jobs (ids, nodes, queue waits, requeues and why, the merge job).
 """
 from __future__ import annotations
 
@@ -137,9 +138,13 @@ def throughput_chart(f: RunFacts) -> str:
 
 
 def time_chart(f: RunFacts) -> str:
-    """The run's time split (run.log) above each shard's latest attempt: start and load, compute, finish.
-    With the split, shards are placed on the run's own clock, and those that ran in an earlier command
-    (before a `rerun`) are left out."""
+    return _png(time_figure(f), "time split of the run and of each shard")
+
+
+def time_figure(f: RunFacts):
+    """The run's time split (its last local run's) above each shard's latest attempt: start and load, compute,
+    finish. With the split, shards are placed on the run's own clock, and those that ran in an earlier
+    command (before a `rerun`) are left out. The legend sits above the chart, clear of the axis label."""
     latest = [(s.rank, s.attempts[-1]) for s in f.shards if s.attempts]
     origin = min((a.start for _, a in latest), default=0.0)
     if f.timings and f.timings_end:
@@ -147,7 +152,7 @@ def time_chart(f: RunFacts) -> str:
         latest = [(r, a) for r, a in latest if origin - 1 <= a.start <= f.timings_end]
     if len(latest) > GANTT_SHARDS:   # the stragglers are the ones to see
         latest = sorted(sorted(latest, key=lambda x: -x[1].end)[:GANTT_SHARDS])
-    fig = _figure(9, 0.9 + 0.28 * (len(latest) + 1))
+    fig = _figure(9, 1.4 + 0.28 * (len(latest) + 1))
     ax = fig.subplots()
     labels, y = [], 0
     if f.timings:
@@ -176,10 +181,10 @@ def time_chart(f: RunFacts) -> str:
     ax.set_xlabel(("seconds since the run started" if f.timings else "seconds since the first worker started")
                   + (f"; the {GANTT_SHARDS} shards that finished last" if len(latest) == GANTT_SHARDS else ""))
     if labels:
-        ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45 if len(labels) < 4 else -0.15))
+        ax.legend(fontsize=7, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.02), frameon=False)
     else:
         ax.text(0.5, 0.5, "no worker has started yet", ha="center", va="center", transform=ax.transAxes)
-    return _png(fig, "time split of the run and of each shard")
+    return fig
 
 
 def _when(t: float) -> str:
@@ -199,6 +204,89 @@ def _headline(f: RunFacts) -> str:
             + (f"running now ({running} shard(s) being computed): " if running else "not finished: ")
             + f"{done} of {len(f.shards)} shard(s) complete, {f.rows:,} of {total:,} rows durable; no result.h5 "
             "yet</p>")
+
+
+def _next_step(f: RunFacts) -> str:
+    """The one command that moves an unfinished run on (or where to follow it)."""
+    if f.result == "complete":
+        return ""
+    root = f.root
+    queued = f.slurm is not None and f.slurm.merge_state.split(" ")[0] in ("PENDING", "RUNNING", "REQUEUED")
+    if queued or any(s.state == "running" for s in f.shards):
+        text = f"shards are being computed or queued now: follow them with `run_shards status {root}`"
+    elif all(s.state == "complete" for s in f.shards):
+        text = f"every shard is complete: `run_shards merge {root}` writes the result"
+    else:
+        text = f"`run_shards rerun {root}` computes the unfinished shards (from their checkpoints) and merges"
+    return f"<p id='next'>Next: {html.escape(text)}</p>"
+
+
+def _timings(f: RunFacts) -> str:
+    if f.timings:
+        return '<p id="timings">' + ", ".join(f"{n} {v:.1f} s" for n, v in zip(PHASES, f.timings)) + "</p>"
+    if f.slurm is not None:
+        return ("<p id='timings'>a SLURM run: its tasks ran on the cluster's nodes (below: each shard's latest "
+                "attempt, and the jobs' queue waits in the SLURM section)</p>")
+    return ("<p id='timings'>no time split recorded: the run has not merged here yet (a Ray run, or one that "
+            "stopped); below, each shard's latest attempt</p>")
+
+
+def _seconds(t: float | None) -> str:
+    return "" if t is None else f"{t:,.0f} s"
+
+
+def _slurm_section(f: RunFacts) -> str:
+    """A SLURM run's jobs: each submission with its merge job and how that ended, and per shard its task(s),
+    node(s), queue wait and requeues with their causes."""
+    if f.slurm is None:
+        return ""
+    e, sl = html.escape, f.slurm
+    if not sl.submissions:
+        return "<h2>SLURM</h2><p id='slurm'>nothing submitted (a --dry-run, or sbatch refused: see above)</p>"
+    merged = {m["slurm_job"]: m for m in sl.merges}
+    subs = []
+    for k, sub in enumerate(sl.submissions):
+        mid = sub["merge_job_id"]
+        end = merged.get(mid)
+        state = (("merged in " + _seconds(end.get("seconds"))) if not end.get("error") else
+                 "FAILED: " + end["error"].splitlines()[0]) if end else \
+            (sl.merge_state or "not known to squeue now") if k == len(sl.submissions) - 1 else "replaced or ended"
+        arrays = ", ".join(f"{a['job_id']} [{a['array']}]" for a in sub["arrays"]) or "none"
+        subs.append(f"<tr><td>{e(sub['submitted'])}</td><td>{e(arrays)}</td><td>{e(mid)}</td><td>{e(state)}</td></tr>")
+    rows = []
+    for s in f.shards:
+        task = sl.tasks.get(s.rank)
+        runs = [a for a in s.attempts if a.slurm]
+        if not runs and task is None:
+            continue
+        ids = list(dict.fromkeys([a.slurm for a in runs] + ([task.job_id] if task is not None else [])))
+        nodes = ", ".join(dict.fromkeys(a.host for a in runs)) or (task.node if task is not None else "")
+        requeues = max([a.restarts for a in runs] + ([task.restarts] if task is not None else []))
+        causes = "; ".join(a.outcome for a in runs[:-1] if a.outcome != "complete")
+        now = task.words() if task is not None else ""
+        rows.append(f"<tr><td>{s.rank}</td><td>{e(', '.join(ids))}</td><td>{e(nodes)}</td>"
+                    f"<td>{_queue_wait(sl.submissions, runs)}</td><td>{requeues}</td><td>{e(causes)}</td>"
+                    f"<td>{e(now)}</td></tr>")
+    return ("<h2>SLURM</h2><table id='slurm_jobs'><tr><th>submitted</th><th>job array(s) [tasks]</th>"
+            f"<th>merge job</th><th>merge job state</th></tr>{''.join(subs)}</table>"
+            "<table id='slurm_tasks'><tr><th>shard</th><th>task(s)</th><th>node(s)</th><th>queue wait</th>"
+            "<th>requeues</th><th>why it was requeued or stopped</th><th>squeue now</th></tr>"
+            f"{''.join(rows)}</table>")
+
+
+def _queue_wait(submissions: list[dict], runs: list) -> str:
+    """From the latest submission before the shard's first attempt after it, to that attempt's start."""
+    if not runs:
+        return ""
+    for sub in reversed(submissions):
+        try:
+            when = datetime.datetime.strptime(sub["submitted"], "%Y-%m-%dT%H:%M:%S").timestamp()
+        except (KeyError, ValueError):
+            continue
+        after = [a.start for a in runs if a.start >= when - 1]
+        if after:
+            return _seconds(max(0.0, min(after) - when))
+    return ""
 
 
 def _shard_table(f: RunFacts) -> str:
@@ -226,9 +314,8 @@ def _failures(f: RunFacts) -> str:
                 rows.append(f"<tr><td>{s.rank}</td><td>{number} of {len(s.attempts)}</td><td>{_when(a.start)}</td>"
                             f"<td>{e(a.device)}</td><td>{e(a.outcome)}</td></tr>")
     records = "".join(
-        f"<details><summary>shard {s.rank}: {e(s.failure.get('explanation') or '')}"
-        f"{e(': ' + s.failure['reason']) if s.failure.get('reason') else ''}</summary>"
-        f"<pre>{e(chr(10).join(s.failure.get('log_tail') or []))}</pre></details>"
+        f"<details><summary>shard {s.rank}: {e(s.failure.summary())}</summary>"
+        f"<pre>{e(chr(10).join(s.failure.log_tail))}</pre></details>"
         for s in f.shards if s.failure)
     restarts = sum(max(0, len(s.attempts) - 1) for s in f.shards)
     if not rows and not records:
@@ -268,14 +355,13 @@ def render(f: RunFacts) -> str:
     e = html.escape
     m, config = f.manifest, f.manifest["config"]
     attrs = m.get("attrs", {})
-    timings = ('<p id="timings">' + ", ".join(f"{n} {v:.1f} s" for n, v in zip(PHASES, f.timings)) + "</p>"
-               if f.timings else "<p id='timings'>run.log has no time split: the run has not merged, or its shards "
-                                 "ran under a scheduler; below, each shard's latest attempt from its log</p>")
+    timings = _timings(f)
     error = f"<h2>What stopped it</h2><pre id='error'>{e(f.error)}</pre>" if f.error else ""
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>run_shards report: {e(f.root)}</title><style>{STYLE}</style></head><body>
 <h1>run_shards report</h1>
 {_headline(f)}
+{_next_step(f)}
 <p>{len(f.lengths):,} sequences in {len(f.shards)} shard(s); task {e(config['task'])}, model {e(config['model'])},
 engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))}; run directory {e(f.root)};
 report written {e(f.written)} (`run_shards report {e(f.root)}` writes it again).</p>
@@ -286,6 +372,7 @@ report written {e(f.written)} (`run_shards report {e(f.root)}` writes it again).
 <h2>Where the time went</h2>{timings}{time_chart(f)}
 <h2>Row statuses</h2>{_statuses(f)}
 <h2>Failures and restarts</h2>{_failures(f)}
+{_slurm_section(f)}
 <h2>Model</h2>{_pairs("model", dict(m["model"], engine=m["engine"], limit_tokens=m.get("max_tokens"),
                                     software_version=attrs.get("software_version", "")))}
 <h2>Configuration</h2>{_pairs("config", config)}

@@ -12,12 +12,14 @@ import socket
 
 from index import SequenceIndex
 
-from ..output import shard_state
 from ..errors import UserError
+from ..launchers.slurm_queue import Queue
+from ..output import shard_state
 from ..output.h5io import CorruptFile, Reader
-from ..planning.input_checks import human_bytes, load_run_index
 from ..output.schema import Schema
-from ..rundir.layout import RunDir, RunLock
+from ..planning.input_checks import human_bytes, load_run_index
+from ..rundir.layout import RunDir, unwritable_reason
+from ..rundir.locks import RunLock, ShardLock, describe_holder
 
 
 # Above this many shards the table lists only those that need a look (not complete, not pending), after
@@ -32,30 +34,68 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     manifest = run.read_manifest()
     config, world = manifest["config"], manifest["world"]
     lines = [f"run: {run.root}", f"task: {config['task']}  model: {config['model']}  engine: {manifest['engine']}"]
+    unwritable = unwritable_reason(run.root)
+    if unwritable:
+        lines.append(f"NOT WRITABLE here: {run.root} is on {unwritable}; rerun, merge and work must run where "
+                     "it is mounted read-write")
     try:
         index = load_run_index(run, manifest)
     except UserError as e:
         lines.append(f"inputs: CHANGED - {e}")
         index = SequenceIndex.load(run.index_path)
-    lines.append(f"sequences: {len(index):,} in {world} shard(s)")
+    lines.append(f"sequences: {len(index):,} in {world:,} shard(s)")
     holder = RunLock.active_holder(run)
     if holder:
         alive = "alive" if holder.get("host") == socket.gethostname() else "another host: not checked"
+        doing = ACTIVITY.get(holder.get("purpose"), "")
         lines.append(f"ACTIVE: `{holder.get('purpose')}` (pid {holder.get('pid')} on {holder.get('host')}, {alive}, "
-                     f"since {holder.get('since')}) holds this run; unfinished shards may be running now")
+                     f"since {holder.get('since')}) holds this run{doing}")
     stored = shard_state.stored_bytes(run, world) + (run.result_path.stat().st_size if run.result_path.exists() else 0)
     if verify is None:
         verify = stored <= shard_state.VERIFY_AUTO_BYTES
-    rows = [("shard", "state", "durable", "of", "progress", "detail")]
-    states, full = [], every_shard or world <= FULL_TABLE_SHARDS
+    states = _states(run, index, world, verify)
+    queue = None
+    if config.get("launcher") == "slurm":
+        from . import slurm_status
+        queue = Queue.read(run, world)
+        slurm_status.amend(states, queue)
+    lines += _table(run, states, every_shard or world <= FULL_TABLE_SHARDS)
+    lines.append(f"checksums: every finished file read back ({human_bytes(stored)})" if verify else
+                 f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
+                 f"`run_shards status {run.root} --verify` reads every byte")
+    lines.append(_disk_line(run, manifest, index, states))
+    if queue is not None:
+        lines += slurm_status.lines(run, states, queue, writable=not unwritable)
+    lines.append(_result_line(run, config, states, holder, verify, unwritable))
+    lines.append(_report_line(run))
+    return "\n".join(lines)
+
+
+# What a command holding the run's lock is doing there, as `status` says it.
+ACTIVITY = {"run": "; its shards are being computed or merged now", "rerun": "; its shards are being computed or "
+            "merged now", "merge": "; it is merging the shards now (no shard is being computed by it)"}
+
+
+def _states(run: RunDir, index: SequenceIndex, world: int, verify: bool) -> list[shard_state.ShardState]:
+    """Every shard's state from its files; `running` where a worker holds the shard's lock, whatever started it
+    (a local run, a scheduler's task, `work` by hand). Durable counts are the checkpointed rows."""
+    states = []
     for r in range(world):
         s = shard_state.inspect(run, index.stride_shard(r, world), r, verify_shard=verify, verify_parts=verify)
-        if holder and s.state not in ("complete", "corrupt") and RunLock.shard_running(run, r):
-            s.state = "running"   # durable counts checkpointed rows only
+        lock = ShardLock(run, r)
+        if s.state not in ("complete", "corrupt") and lock.held_elsewhere():
+            s.state, s.detail = "running", f"being computed by {describe_holder(lock.holder())}"
         states.append(s)
+    return states
+
+
+def _table(run: RunDir, states: list, full: bool) -> list[str]:
+    rows = [("shard", "state", "durable", "of", "progress", "detail")]
+    for s in states:
         if full or s.state not in ("complete", "pending"):
-            rows.append((str(r), s.state, f"{s.durable:,}", f"{s.expected:,}",
+            rows.append((str(s.rank), s.state, f"{s.durable:,}", f"{s.expected:,}",
                          f"{100.0 * s.durable / max(1, s.expected):.1f}%", s.detail))
+    lines = []
     if not full:
         lines.append(_state_counts(states, len(rows) - 1, run))
         if len(rows) - 1 > FULL_TABLE_SHARDS:
@@ -64,32 +104,30 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     if len(rows) > 1:
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in rows]
-    lines.append(f"checksums: every finished file read back ({human_bytes(stored)})" if verify else
-                 f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
-                 f"`run_shards status {run.root} --verify` reads every byte")
-    lines.append(_disk_line(run, manifest, index, states))
-    if config.get("launcher") == "slurm":
-        from ..launchers import slurm
-        lines += slurm.status_lines(run, states)
+    return lines
+
+
+def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, verify: bool,
+                 unwritable: str | None) -> str:
     if run.result_path.exists():
         try:
             with Reader(run.result_path) as r:
                 if verify:
                     r.verify()
                 complete = bool(r.attrs.get("complete"))
-                lines.append(f"result: {run.result_path} ({r.rows:,} rows{'' if complete else ', PARTIAL'}"
-                             f"{', checksums verified' if verify else ', checksums not verified'})")
+                return (f"result: {run.result_path} ({r.rows:,} rows{'' if complete else ', PARTIAL'}"
+                        f"{', checksums verified' if verify else ', checksums not verified'})")
         except CorruptFile as e:
-            lines.append(f"result: CORRUPT ({e}); run `run_shards merge {run.root}`")
-    elif config.get("launcher") == "slurm":
-        lines.append("result: not merged yet")   # what comes next is the scheduler's part, said above
-    else:
-        unfinished = [s.rank for s in states if s.state != "complete"]
-        lines.append("result: not merged yet" + (f"; `run_shards rerun {run.root}` computes the unfinished shards "
-                                                  "and merges" if unfinished and not holder else
-                                                  f"; `run_shards merge {run.root}` merges" if not holder else ""))
-    lines.append(_report_line(run))
-    return "\n".join(lines)
+            return f"result: CORRUPT ({e}); run `run_shards merge {run.root}`"
+    if config.get("launcher") == "slurm":
+        return "result: not merged yet"   # what comes next is the scheduler's part, said above
+    where = "" if not unwritable else " where the run directory is writable"
+    if holder or any(s.state == "running" for s in states):
+        return "result: not merged yet"
+    if any(s.state != "complete" for s in states):
+        return (f"result: not merged yet; `run_shards rerun {run.root}`{where} computes the unfinished shards and "
+                "merges")
+    return f"result: not merged yet; `run_shards merge {run.root}`{where} merges"
 
 
 def _report_line(run: RunDir) -> str:
@@ -106,7 +144,7 @@ def _state_counts(states: list, listed: int, run: RunDir) -> str:
     counts: dict[str, int] = {}
     for s in states:
         counts[s.state] = counts.get(s.state, 0) + 1
-    order = ["complete", "running", "partial", "interrupted", "failed", "corrupt", "pending"]
+    order = ["complete", "running", "requeued", "partial", "interrupted", "failed", "corrupt", "pending"]
     text = ", ".join(f"{counts[k]:,} {k}" for k in sorted(counts, key=lambda k: (order + [k]).index(k)))
     return (f"shards: {text}. " + (f"Below: the {listed:,} not complete and not pending; "
                                    if listed else "None needs a look; ")

@@ -5,23 +5,25 @@
     OUT/shards/shard_N.h5      finished shard N (rows sorted by FASTA position)
     OUT/shards/shard_N.parts/  checkpoints of an unfinished shard N (each a sorted, finished file)
     OUT/shards/shard_N.failed.json   why shard N failed last time (exit code, last log lines)
-    OUT/logs/worker_N.log, OUT/logs/run.log
+    OUT/shards/shard_N.lock    held by the worker computing shard N (locks.py); OUT/.lock by a command
+    OUT/logs/worker_N.log, OUT/logs/run.log       what the worker and the commands said, for people
+    OUT/logs/events_N.jsonl, OUT/logs/events.jsonl    the same history as data (events.py)
     OUT/result.h5              the merged, validated result
 """
 from __future__ import annotations
 
-import datetime
-import errno
-import fcntl
 import json
+import logging
 import os
 import shutil
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
 from ..errors import RunDirError
+from .failure import FailureRecord
+
+log = logging.getLogger("run_shards")
 
 MANIFEST_FORMAT = 1
 
@@ -32,6 +34,20 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def unwritable_reason(path: Path) -> str | None:
+    """Why run_shards cannot write in the directory `path` here (gone, a read-only mount, no permission), or
+    None when it can: a cluster node may lack the shared mount, or have it read-only."""
+    if not path.is_dir():
+        return "no such directory here (removed, or not mounted on this node)"
+    if os.access(path, os.W_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError as e:
+        return e.strerror or str(e)
+    return "a read-only file system here" if read_only else "permission denied"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -75,6 +91,15 @@ class RunDir:
 
     def worker_log(self, rank: int) -> Path:
         return self.logs_dir / f"worker_{rank}.log"
+
+    def events_path(self, rank: int) -> Path:
+        """Shard `rank`'s structured events (rundir/events.py): every attempt's start, load, checkpoints, end."""
+        return self.logs_dir / f"events_{rank}.jsonl"
+
+    @property
+    def run_events_path(self) -> Path:
+        """The commands' structured events: time splits, submissions, how each command ended."""
+        return self.logs_dir / "events.jsonl"
 
     @property
     def parent_log(self) -> Path:
@@ -168,22 +193,31 @@ class RunDir:
         return removed
 
     # ------------------------------------------------------------------ failures
-    def record_failure(self, rank: int, info: dict) -> bool:
+    def record_failure(self, rank: int, record: FailureRecord) -> bool:
         """Keep why shard `rank` did not finish (shown by `status`); False if it could not be written (a full
-        disk): the reason is then still on the terminal, and `status` reports the disk's free space."""
+        disk, a read-only mount): the reason is then still on the terminal and in the shard's events."""
         try:
-            write_atomic(self.failed_path(rank), json.dumps(info, indent=1))
+            write_atomic(self.failed_path(rank), record.to_json())
             return True
-        except OSError:
+        except OSError as e:
+            log.warning("could not record why shard %d stopped in %s: %s", rank, self.failed_path(rank),
+                        e.strerror or e)
             return False
 
+    def new_failure(self, rank: int, code: int | None, reason: str = "", killed_for: str = "",
+                    interrupted: bool | None = None, explanation: str = "") -> FailureRecord:
+        """Shard `rank`'s failure record for exit code `code`, with its worker log's path and last lines."""
+        return FailureRecord.of_exit(code, reason, killed_for, interrupted, str(self.worker_log(rank)),
+                                     self.log_tail(rank), explanation)
+
     def clear_failure(self, rank: int) -> None:
+        """Forget shard `rank`'s failure: an attempt finished it (its events keep the history)."""
         self.failed_path(rank).unlink(missing_ok=True)
 
-    def failure(self, rank: int) -> dict | None:
+    def failure(self, rank: int) -> FailureRecord | None:
         try:
-            return json.loads(self.failed_path(rank).read_text())
-        except (OSError, ValueError):
+            return FailureRecord.from_json(self.failed_path(rank).read_text())
+        except (OSError, ValueError, TypeError):
             return None
 
     def log_tail(self, rank: int, lines: int = 12) -> list[str]:
@@ -194,142 +228,3 @@ class RunDir:
                 return fh.read().decode("utf-8", "replace").splitlines()[-lines:]
         except OSError:
             return []
-
-
-NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
-
-
-def try_flock(fd: int, mode: int, path: Path) -> bool:
-    """flock without waiting: True when taken, False when another process holds it; a clear RunDirError
-    when the file system has no locks at all (Lustre mounted without -o flock, some NFS setups)."""
-    try:
-        fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    except OSError as e:
-        if e.errno in NO_LOCKS:
-            raise RunDirError(f"cannot lock {path}: the file system does not support file locks ({e.strerror}). "
-                              "run_shards needs them to keep one writer per run and per shard: on Lustre mount "
-                              "with -o flock; on NFS enable locking (NFSv4, or lockd for v3); or use another "
-                              "--out.") from None
-        raise
-
-
-class RunLock:
-    """An exclusive lock on a run directory for the life of a command.
-
-    flock is released by the kernel when its holder dies, even by kill -9, so a lock file left by a
-    dead run is recognised as stale and taken over; a live holder is named in the refusal.
-    """
-
-    def __init__(self, run: RunDir, purpose: str):
-        self.path = run.root / ".lock"
-        self.purpose = purpose
-        self.fd: int | None = None
-        self.took_over: dict | None = None
-
-    def acquire(self) -> "RunLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            taken = try_flock(fd, fcntl.LOCK_EX, self.path)
-        except RunDirError:
-            os.close(fd)
-            raise
-        if not taken:
-            holder = self._holder(fd)
-            os.close(fd)
-            who = f"pid {holder.get('pid')} on {holder.get('host')}, `{holder.get('purpose')}` since " \
-                  f"{holder.get('since')}" if holder else "another process"
-            raise RunDirError(f"{self.path.parent} is in use by another run_shards command ({who}). "
-                              "Wait for it to finish, or use another --out directory.") from None
-        self.took_over = self._holder(fd) or None
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
-                "since": datetime.datetime.now().isoformat(timespec="seconds")}
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(info).encode(), 0)
-        except OSError:
-            pass   # a full disk: the lock holds all the same; only the holder's name is missing from messages
-        self.fd = fd
-        return self
-
-    @staticmethod
-    def active_holder(run: RunDir) -> dict | None:
-        """Who holds the run's lock now, read without locking (so `status` never gets in a run's way):
-        the holder record, if its process is alive on this host or it runs on another host; else None."""
-        try:
-            holder = json.loads((run.root / ".lock").read_bytes() or b"{}")
-        except (OSError, ValueError):
-            return None
-        if not holder.get("pid"):
-            return None
-        if holder.get("host") != socket.gethostname():
-            return holder
-        try:
-            os.kill(int(holder["pid"]), 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return holder
-
-    @staticmethod
-    def if_shard_free(run: RunDir, rank: int, action) -> None:
-        """Call `action()` while holding shard `rank`'s lock, if no worker holds it now; else do nothing."""
-        path = run.shards_dir / f"shard_{rank}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            taken = try_flock(fd, fcntl.LOCK_EX, path)
-        except RunDirError:
-            os.close(fd)
-            raise
-        if not taken:
-            os.close(fd)
-            return
-        try:
-            action()
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-    @staticmethod
-    def shard_running(run: RunDir, rank: int) -> bool:
-        """Whether a worker holds shard `rank`'s lock now (a brief shared try-lock; a worker that wants the lock
-        at that instant retries)."""
-        try:
-            fd = os.open(run.shards_dir / f"shard_{rank}.lock", os.O_RDONLY)
-        except OSError:
-            return False
-        try:
-            if try_flock(fd, fcntl.LOCK_SH, run.shards_dir / f"shard_{rank}.lock"):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return False
-            return True
-        except RunDirError:
-            return False   # no locks on this file system: nothing can be seen running
-        finally:
-            os.close(fd)
-
-    @staticmethod
-    def _holder(fd: int) -> dict:
-        try:
-            return json.loads(os.pread(fd, 4096, 0) or b"{}")
-        except ValueError:
-            return {}
-
-    def release(self) -> None:
-        if self.fd is not None:
-            try:
-                os.ftruncate(self.fd, 0)
-            except OSError:
-                pass
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()

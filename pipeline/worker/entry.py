@@ -3,7 +3,9 @@
 Started by `torch.multiprocessing.spawn`; it pins itself to its GPU with CUDA_VISIBLE_DEVICES before
 anything touches CUDA (CPU workers hide every GPU), logs to its own `worker_N.log`, reports progress to
 the parent over its own pipe, and stops cleanly (final checkpoint, exit code 75) on SIGTERM / SIGINT /
-SIGHUP or when the parent goes away. The shard itself is computed by shard_run.ShardRun.
+SIGHUP / SIGUSR1 or when the parent goes away. It takes the shard's lock before it writes anything, so a
+second process for the same shard steps aside (exit code 3) without touching its log, record or events.
+The shard itself is computed by shard_run.ShardRun.
 """
 from __future__ import annotations
 
@@ -14,10 +16,16 @@ import sys
 
 from index import FastaError
 
-from ..errors import UserError
-from ..exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR, explain_exit
+from ..errors import RunDirError, UserError
+from ..exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_SHARD_BUSY, EXIT_USER_ERROR, explain_exit
+from ..rundir import events
 from ..rundir.layout import RunDir
+from ..rundir.locks import ShardLock
 from .shard_run import PARENT_GONE, Reporter, ShardRun, StopFlag
+
+# The signals that ask a worker to stop at its next batch with a final checkpoint (SIGUSR1: the SLURM batch
+# script's warning before the time limit, forwarded by `work`); the parent spawns workers with them blocked.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 log = logging.getLogger("run_shards.worker")
 
@@ -28,18 +36,26 @@ def worker_entry(_process: int, root: str, rank: int, conn, device: str | None, 
     the worker watches."""
     os.environ["CUDA_VISIBLE_DEVICES"] = device if device is not None else ""   # before anything touches CUDA
     run = RunDir(root)
-    _setup_logging(run.worker_log(rank))
     stop = StopFlag()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda s, f: stop.set(f"received {signal.Signals(s).name}"))
-    _on_parent_death(parent, lambda: stop.set(PARENT_GONE))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)   # held back by the parent while it spawned this
+    # torch's spawn asks for SIGINT on the parent's death, which reads like a Ctrl-C and arrives while the
+    # parent's other threads still hold its pid; SIGUSR2 says only this (the batch loop also checks getppid).
+    signal.signal(signal.SIGUSR2, lambda s, f: stop.set(PARENT_GONE))
+    if not on_parent_death(parent, signal.SIGUSR2):
+        stop.set(PARENT_GONE)
     reporter = Reporter(conn, rank, stop)
-    log.info("worker for shard %d started (pid %d, %s, %d threads)", rank, os.getpid(),
-             f"GPU {device}" if device is not None else "CPU", threads)
+    lock = _lock_or_leave(run, rank, reporter, stop)
+    _setup_logging(run.worker_log(rank))   # only the lock's holder writes the shard's log
+    where = f"GPU {device}" if device is not None else "CPU"
+    log.info("worker for shard %d started (pid %d, %s, %d threads)", rank, os.getpid(), where, threads)
+    run.clear_failure(rank)   # this attempt's outcome replaces the last one's (the events keep them all)
+    shard = ShardRun(run, rank, reporter, stop, threads, parent, lock, where)
     code, message = EXIT_ERROR, ""
     try:
         try:
-            code = ShardRun(run, rank, reporter, stop, threads, parent).run()
+            code = shard.run()
         except (UserError, FastaError) as e:
             log.error("%s", e)
             code, message = EXIT_USER_ERROR, str(e)
@@ -50,9 +66,9 @@ def worker_entry(_process: int, root: str, rank: int, conn, device: str | None, 
         reporter.send("error", message=message)
     finally:
         log.info("worker for shard %d exits with code %d", rank, code)
-        if code != EXIT_OK:
-            _record_outcome(run, rank, code, message or (stop.reason or ""))
+        _record_outcome(run, rank, code, message or (stop.reason or ""), shard.stats)
         logging.shutdown()
+        lock.release()
     # Leave without interpreter teardown: everything is durable or reported by now, and after a failed
     # write HDF5's exit-time cleanup can crash, which would turn a clear exit code into a segfault.
     sys.stdout.flush()
@@ -60,26 +76,43 @@ def worker_entry(_process: int, root: str, rank: int, conn, device: str | None, 
     os._exit(code)
 
 
-def _on_parent_death(parent: int, stop) -> None:
-    """Call `stop` when the parent dies. torch's spawn asks the kernel for SIGINT then (PR_SET_PDEATHSIG),
-    which reads like a Ctrl-C, and arrives while the parent's other threads still hold its pid; SIGUSR2 says
-    only this. The batch loop also compares getppid() with `parent`, for a death before this point."""
-    import ctypes
-    signal.signal(signal.SIGUSR2, lambda s, f: stop())
+def _lock_or_leave(run: RunDir, rank: int, reporter: Reporter, stop: StopFlag) -> ShardLock:
+    """The shard's lock, taken before anything is written for the shard; a process that cannot have it exits
+    at once, writing nothing: EXIT_SHARD_BUSY when another process computes the shard (the parent says who),
+    EXIT_USER_ERROR when the run directory cannot be written here."""
+    lock = ShardLock(run, rank)
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR2))   # PR_SET_PDEATHSIG (Linux)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        stop()
+        holder = lock.acquire(stop=lambda: bool(stop))
+    except RunDirError as e:
+        reporter.send("error", message=str(e))
+        os._exit(EXIT_USER_ERROR)
+    if holder is not None:
+        reporter.send("busy", holder=holder)
+        os._exit(EXIT_INTERRUPTED if stop else EXIT_SHARD_BUSY)
+    return lock
 
 
-def _record_outcome(run, rank: int, code: int, reason: str) -> None:
-    """Why this shard did not finish, in `shard_N.failed.json`, for `status` (the parent, when there is one,
-    adds what only it saw, such as a kill). Not fatal when the disk is full."""
-    run.record_failure(rank, {"exit_code": code, "explanation": explain_exit(code), "reason": reason,
-                              "interrupted": code == EXIT_INTERRUPTED, "log": str(run.worker_log(rank)),
-                              "log_tail": run.log_tail(rank)})
+def on_parent_death(parent: int, sig: int) -> bool:
+    """Ask the kernel for `sig` when the process that started this one dies (PR_SET_PDEATHSIG, Linux); False
+    when `parent` is gone already (a death before this call sends nothing). The caller handles `sig`."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError) as e:
+        log.debug("no parent-death signal on this system (%s); only getppid() checks remain", e)
+    return os.getppid() == parent
+
+
+def _record_outcome(run: RunDir, rank: int, code: int, reason: str, stats: dict) -> None:
+    """How this attempt ended, as the shard's `end` event; and, when it did not finish, why, in
+    `shard_N.failed.json` for `status` (the parent, when there is one, adds what only it saw, such as a
+    kill). Not fatal when the disk is full."""
+    events.append(run.events_path(rank), "end", code=code, explanation=explain_exit(code), reason=reason,
+                  by="worker", **stats)
+    if code == EXIT_OK:
+        run.clear_failure(rank)
+    else:
+        run.record_failure(rank, run.new_failure(rank, code, reason))
 
 
 def _setup_logging(path) -> None:

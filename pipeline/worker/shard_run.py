@@ -3,8 +3,6 @@ compute them with checkpoints, finish), wherever the process runs. StopFlag and 
 of a stop and tells the parent of its progress."""
 from __future__ import annotations
 
-import datetime
-import fcntl
 import json
 import logging
 import os
@@ -20,11 +18,13 @@ from index import InputChanged, SequenceIndex
 from .. import faults
 from ..config import RunConfig
 from ..engine import selection as engines
-from ..errors import RunDirError, UserError
+from ..errors import UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK
 from ..output.schema import Schema
 from ..output.shard_writer import ShardWriter
-from ..rundir.layout import RunDir, try_flock
+from ..rundir import events
+from ..rundir.layout import RunDir
+from ..rundir.locks import ShardLock
 from ..tasks import make_task, schema_for
 from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer
@@ -75,9 +75,13 @@ class Opened:
 
 
 class ShardRun:
-    def __init__(self, run: RunDir, rank: int, reporter: Reporter, stop: StopFlag, threads: int, parent: int):
+    """Shard `rank` of the run in `run`, computed by this process, which holds the shard's `lock`."""
+
+    def __init__(self, run: RunDir, rank: int, reporter: Reporter, stop: StopFlag, threads: int, parent: int,
+                 lock: ShardLock, device: str):
         self.run_dir, self.rank, self.reporter, self.stop, self.threads = run, rank, reporter, stop, threads
-        self.parent_pid = parent
+        self.parent_pid, self.lock, self.device = parent, lock, device
+        self.stats: dict = {}     # what `done` reports: sequences, tokens, seconds, compute_seconds
 
     def run(self) -> int:
         shard = self._open()
@@ -87,12 +91,12 @@ class ShardRun:
             return EXIT_OK
         t0 = time.time()
         engine, task, tokenizer = self._load_engine(shard)
-        engine, computer, batches = self._plan(shard, engine, task, tokenizer)
-        stats = self._compute(shard, computer, batches)
+        engine, computer, batches, tokens = self._plan(shard, engine, task, tokenizer)
+        stats = self._compute(shard, computer, batches, tokens)
         if self.stop:
+            self.lock.mark_stopping()   # a task that wants the shard now waits for this checkpoint
             _inputs_still_match(shard.index)
-            shard.writer.checkpoint()
-            self.reporter.send("checkpoint", durable=shard.writer.durable_rows)
+            self._checkpoint(shard)
             log.warning("interrupted (%s): %d of %d sequences durable; `run_shards rerun` continues",
                         self.stop.reason, shard.writer.durable_rows, len(shard.positions))
             return EXIT_INTERRUPTED
@@ -104,7 +108,6 @@ class ShardRun:
         config = RunConfig.from_json(json.dumps(manifest["config"]))
         schema = Schema.from_json(manifest["schema"])
         index = SequenceIndex.load(self.run_dir.index_path)
-        self._lock_shard()
         positions = index.stride_shard(self.rank, config.world)
         attrs = dict(manifest["attrs"], shard=self.rank, world=config.world)
         writer = ShardWriter(self.run_dir, self.rank, schema, attrs, positions,
@@ -113,10 +116,19 @@ class ShardRun:
         if not writer.complete:
             shard.done = writer.is_done(positions)
             todo_tokens = int(index.lengths[positions[~shard.done]].sum())
-            self.reporter.send("start", sequences=int((~shard.done).sum()), residues=todo_tokens)
-            log.info("shard %d: %d sequences, %d to do (%d residues)", self.rank, len(positions),
-                     int((~shard.done).sum()), todo_tokens)
+            todo = int((~shard.done).sum())
+            self.reporter.send("start", sequences=todo, residues=todo_tokens)
+            log.info("shard %d: %d sequences, %d to do (%d residues)", self.rank, len(positions), todo, todo_tokens)
+            events.append(self.run_dir.events_path(self.rank), "start", **self._who(),
+                          sequences=len(positions), durable=writer.durable_rows, todo=todo)
         return shard
+
+    def _who(self) -> dict:
+        """Where this attempt runs: process, host, device and the scheduler's task (for the report)."""
+        slurm = os.environ.get("SLURM_ARRAY_JOB_ID")
+        return {"pid": os.getpid(), "host": socket.gethostname(), "device": self.device, "threads": self.threads,
+                "slurm": f"{slurm}_{os.environ.get('SLURM_ARRAY_TASK_ID')}" if slurm else "",
+                "restarts": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
 
     def _load_engine(self, shard: Opened):
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
@@ -150,6 +162,7 @@ class ShardRun:
         tokenizer = SequenceTokenizer(engine.tokenizer, max_tokens=limit if config.on_long == "truncate" else None)
         load_seconds = time.time() - t0
         self.reporter.send("loaded", seconds=load_seconds)
+        events.append(self.run_dir.events_path(self.rank), "loaded", seconds=round(load_seconds, 3))
         log.info("model loaded on %s (%s, engine %s) in %.1f s", device, config.torch_dtype_name,
                  engine.info.name, load_seconds)
         return engine, task, tokenizer
@@ -171,9 +184,10 @@ class ShardRun:
             batches = plan_generate_batches(tokens, config.max_seqs)
         else:
             batches = plan_batches(tokens, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf")
-        return engine, computer, batches
+        return engine, computer, batches, tokens
 
-    def _compute(self, shard: Opened, computer: BatchComputer, batches: list[tuple[int, int]]) -> dict:
+    def _compute(self, shard: Opened, computer: BatchComputer, batches: list[tuple[int, int]],
+                 tokens: np.ndarray) -> dict:
         """Run the batches not yet durable, checkpointing when due, until done or told to stop."""
         stats = {"sequences": 0, "tokens": 0, "compute_seconds": 0.0}
         writer, positions, done = shard.writer, shard.positions, shard.done
@@ -185,6 +199,7 @@ class ShardRun:
             todo = positions[a:b][~done[a:b]]
             if len(todo) == 0:
                 continue
+            self.reporter.send("batch", tokens=int(tokens[a:b][~done[a:b]].sum()), budget=shard.config.tokens_per_batch)
             faults.before_batch(self.rank, k)
             tc = time.time()
             try:
@@ -199,48 +214,33 @@ class ShardRun:
             self.reporter.send("progress", sequences=len(todo), tokens=ntokens)
             if writer.due():
                 _inputs_still_match(shard.index)
-                writer.checkpoint()
-                self.reporter.send("checkpoint", durable=writer.durable_rows)
+                self._checkpoint(shard)
         return stats
+
+    def _checkpoint(self, shard: Opened) -> None:
+        """Make the buffered rows durable, and say so: to the parent, and as a `checkpoint` event with the
+        rows and tokens it holds (the report's throughput over time)."""
+        writer = shard.writer
+        rows = writer.buffered_rows
+        tokens = sum(int(b.columns["num_tokens"].sum(dtype=np.int64)) for b in writer.buffer)
+        writer.checkpoint()
+        self.reporter.send("checkpoint", durable=writer.durable_rows)
+        if rows:
+            events.append(self.run_dir.events_path(self.rank), "checkpoint", rows=rows, tokens=tokens,
+                          durable=writer.durable_rows)
 
     def _finish(self, shard: Opened, engine, computer: BatchComputer, stats: dict, t0: float) -> None:
         if hasattr(engine, "stats_line"):
             log.info("%s", engine.stats_line())
         row_bytes = computer.row_bytes(np.sort(shard.positions))
         _inputs_still_match(shard.index)
+        self._checkpoint(shard)   # the last rows, as an event too (finalize would checkpoint them silently)
         path = shard.writer.finalize(row_bytes)
         stats["seconds"] = time.time() - t0
+        self.stats = stats
         log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s)", path, stats["sequences"],
                  stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9))
         self.reporter.send("done", **stats)
-
-    def _lock_shard(self, wait_seconds: float = 60.0) -> None:
-        """One writer per shard, even if a worker of an earlier run (or a duplicate array task) still holds
-        it: wait a while for it to finish its last checkpoint, then refuse, naming the holder."""
-        path = self.run_dir.shards_dir / f"shard_{self.rank}.lock"
-        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        end = time.time() + wait_seconds
-        while not try_flock(self._lock_fd, fcntl.LOCK_EX, path):
-            if time.time() > end:
-                try:
-                    holder = json.loads(os.pread(self._lock_fd, 4096, 0) or b"{}")
-                except ValueError:
-                    holder = {}
-                who = (f"pid {holder.get('pid')} on {holder.get('host')}" + (f", SLURM task {holder['slurm']}"
-                       if holder.get("slurm") else "") + f", since {holder.get('since')}") if holder else "another process"
-                raise RunDirError(f"shard {self.rank} is being computed by {who}, still after {wait_seconds:.0f} s; "
-                                  "it is not computed twice. If that process is gone or hung, stop it, then "
-                                  f"`run_shards rerun {self.run_dir.root}`") from None
-            time.sleep(0.5)
-        task = os.environ.get("SLURM_ARRAY_JOB_ID")
-        holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "since": datetime.datetime.now().isoformat(timespec="seconds"),
-                  "slurm": f"{task}_{os.environ.get('SLURM_ARRAY_TASK_ID')}" if task else ""}
-        try:
-            os.ftruncate(self._lock_fd, 0)
-            os.pwrite(self._lock_fd, json.dumps(holder).encode(), 0)
-        except OSError:
-            pass   # a full disk: the lock holds all the same
 
 
 def _inputs_still_match(index) -> None:

@@ -1,0 +1,191 @@
+"""What SLURM says about a run's jobs: its submissions (OUT/slurm/jobs.json) and, from squeue, the state,
+reason, node and restarts of each array task and merge job, mapped back to the shards each task computes.
+
+`run` and `rerun` read it before submitting (never a shard twice, one merge job at a time), `--wait`
+follows it, and `status` and report.html show it. squeue forgets a job MinJobAge (300 s by default) after
+it ended; the run directory remains the record of what is done.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..rundir.layout import RunDir, write_atomic
+from .sbatch_scripts import expand_ranges
+
+log = logging.getLogger("run_shards")
+
+# Job states in which SLURM will still run (or is running) the job; anything else (COMPLETING, COMPLETED,
+# CANCELLED, FAILED, TIMEOUT, NODE_FAIL, ...) means it ended.
+LIVE_JOB_STATES = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                   "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+RUNNING_STATES = {"RUNNING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
+FIELDS = ("JobArrayID", "State", "Reason", "NodeList", "RestartCnt", "SubmitTime", "StartTime", "EndTime")
+
+
+@dataclass
+class Task:
+    """One array task (`123_4`) or job (`125`) as squeue shows it."""
+    job_id: str
+    state: str
+    reason: str = ""
+    node: str = ""
+    restarts: int = 0
+    submitted: str = ""
+    started: str = ""
+    ended: str = ""
+
+    @property
+    def live(self) -> bool:
+        """SLURM will still run it: pending (waiting for a node or a dependency) or running."""
+        return self.state in LIVE_JOB_STATES and self.reason != "DependencyNeverSatisfied"
+
+    @property
+    def running(self) -> bool:
+        return self.state in RUNNING_STATES
+
+    @property
+    def requeued(self) -> bool:
+        return self.state.startswith("REQUEUE") or (self.state == "PENDING" and self.restarts > 0)
+
+    def words(self) -> str:
+        """`RUNNING on n1`, `PENDING (Priority)`, `FAILED (JobLaunchFailure)`, `PENDING, requeued 2 time(s)`."""
+        text = self.state + (f" on {self.node}" if self.running and self.node else "")
+        if self.restarts:
+            text += f", requeued {self.restarts} time(s)"
+        if self.reason and self.reason != "None":
+            text += f" ({self.reason})"
+        return text
+
+
+def slurm_dir(run: RunDir) -> Path:
+    return run.root / "slurm"
+
+
+def submissions(run: RunDir) -> list[dict]:
+    """Every submission of this run, oldest first (OUT/slurm/jobs.json)."""
+    path = slurm_dir(run) / "jobs.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as e:
+        log.warning("cannot read %s (%s); earlier submissions are not known", path, e)
+        return []
+
+
+def append_submission(run: RunDir, record: dict) -> None:
+    write_atomic(slurm_dir(run) / "jobs.json", json.dumps(submissions(run) + [record], indent=1))
+
+
+def job_ids(subs: list[dict]) -> list[str]:
+    """Every array and merge job id of these submissions."""
+    ids = [a["job_id"] for s in subs for a in s["arrays"]] + [s["merge_job_id"] for s in subs]
+    return list(dict.fromkeys(i for i in ids if i))
+
+
+def query(ids: list[str]) -> dict[str, Task] | None:
+    """{task or job id: Task} of these jobs (every array task apart, ended ones squeue still keeps); None
+    when squeue cannot answer (not installed here, or no word from the controller, which must not read as
+    every job being gone)."""
+    if not ids:
+        return {}
+    try:
+        res = subprocess.run(["squeue", "--noheader", "--array", "--states=all", "--jobs=" + ",".join(ids),
+                              "--Format=" + ",".join(f"{f}:|" for f in FIELDS)],
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.debug("squeue gave no answer: %s", e)
+        return None
+    if res.returncode != 0:   # one id squeue has forgotten (ended over MinJobAge ago) is an error
+        if "Invalid job id" in res.stderr:
+            return {}
+        log.debug("squeue failed: %s", res.stderr.strip())
+        return None
+    tasks = {}
+    for line in res.stdout.splitlines():
+        words = line.split("|")
+        if len(words) < len(FIELDS):
+            continue
+        job, state, reason, node, restarts, submitted, started, ended = (w.strip() for w in words[:len(FIELDS)])
+        tasks[job] = Task(job, state, reason, node, int(restarts) if restarts.isdigit() else 0, submitted,
+                          started, ended)
+    return tasks
+
+
+def shard_task_ids(run: RunDir, subs: list[dict], world: int) -> dict[int, str]:
+    """{shard: id of the array task that computes it in the latest submission that holds it}."""
+    found: dict[int, str] = {}
+    for sub in subs:
+        per_task = sub.get("shards_per_task", 1)
+        for array in sub["arrays"]:
+            for index in expand_ranges(array["array"]):
+                task = array["offset"] + index
+                for rank in range(task * per_task, min((task + 1) * per_task, world)):
+                    found[rank] = f"{array['job_id']}_{index}"
+    return found
+
+
+@dataclass
+class Queue:
+    """A run's jobs as SLURM sees them now."""
+    subs: list[dict]
+    tasks: dict[str, Task] | None        # None: squeue gave no answer
+    by_shard: dict[int, str]             # shard -> its latest task id
+
+    @classmethod
+    def read(cls, run: RunDir, world: int) -> "Queue":
+        subs = submissions(run)
+        return cls(subs, query(job_ids(subs)), shard_task_ids(run, subs, world))
+
+    @property
+    def answered(self) -> bool:
+        return self.tasks is not None
+
+    def task_of(self, rank: int) -> Task | None:
+        """The task computing shard `rank` (None: never submitted, forgotten by squeue, or no answer)."""
+        task_id = self.by_shard.get(rank)
+        return (self.tasks or {}).get(task_id) if task_id else None
+
+    def live_shards(self, ranks: list[int]) -> dict[int, Task]:
+        return {r: t for r in ranks if (t := self.task_of(r)) is not None and t.live}
+
+    @property
+    def merge_id(self) -> str | None:
+        return self.subs[-1]["merge_job_id"] if self.subs else None
+
+    @property
+    def merge(self) -> Task | None:
+        return (self.tasks or {}).get(self.merge_id) if self.merge_id else None
+
+    def merge_state(self) -> str | None:
+        """"waiting" (pending or running), "gone" (it ended, was cancelled, or waits on a dependency that can
+        never be met), or None when squeue cannot tell."""
+        if self.tasks is None:
+            return None
+        merge = self.merge
+        return "waiting" if merge is not None and merge.live else "gone"
+
+
+def stopped_lines(run: RunDir, stopped: dict[int, str], tasks: dict[int, Task] | None = None) -> list[str]:
+    """One line per shard that stopped (failed or interrupted): the reason from its failure record (else the
+    last warning or error of its log), what SLURM says of its task, and its log."""
+    lines = []
+    for r, state in sorted(stopped.items()):
+        record = run.failure(r)
+        why = record.summary() if record else "no record of why"
+        if record and not record.reason:
+            last = next((line.split(": ", 1)[-1] for line in reversed(record.log_tail)
+                         if " ERROR " in line or " WARNING " in line), "")
+            why += f" - {last}" if last else ""
+        task = (tasks or {}).get(r)
+        slurm = f" (SLURM: task {task.job_id} {task.words()})" if task is not None else ""
+        if task is not None and task.reason == "JobLaunchFailure":
+            slurm += (f"; SLURM could not start it, often because the node cannot write {run.logs_dir}: is the "
+                      f"run directory mounted read-write on {task.node or 'that node'}?")
+        verb = "was interrupted" if state == "interrupted" else "failed"
+        lines.append(f"shard {r} {verb}: {why}{slurm}\n  log: {run.worker_log(r)}")
+    return lines

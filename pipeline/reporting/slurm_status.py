@@ -1,0 +1,118 @@
+"""What `status` adds for a SLURM run: each shard's task as the scheduler sees it (running, pending,
+requeued, or ended, with SLURM's own reason), the last submission and its merge job, and, when the merge job
+cannot run, why and the command that finishes the run."""
+from __future__ import annotations
+
+import json
+
+from ..config import RunConfig
+from ..launchers.sbatch_scripts import array_ranges, split_arrays
+from ..launchers.slurm import array_commands, by_hand, max_array_size
+from ..launchers.slurm_queue import Queue, slurm_dir, stopped_lines
+from ..output.shard_state import ShardState
+from ..rundir import events
+from ..rundir.layout import RunDir
+
+UNFINISHED = ("failed", "corrupt", "interrupted")
+
+
+def amend(states: list[ShardState], queue: Queue) -> None:
+    """Shard states as the scheduler knows them: `running`, `pending` or `requeued` while SLURM runs or holds
+    the shard's task (the run directory alone cannot tell), and SLURM's word on a task that ended."""
+    for s in states:
+        task = queue.task_of(s.rank)
+        if task is None or s.state in ("complete", "corrupt"):
+            continue
+        said = f"SLURM task {task.job_id}: {task.words()}"
+        if task.running or s.state == "running":
+            s.state, s.detail = "running", said
+        elif task.live:
+            s.state = "requeued" if task.requeued else "pending"
+            s.detail = "; ".join(d for d in (said, s.detail) if d)
+        elif task.state != "COMPLETED":
+            s.detail = "; ".join(d for d in (s.detail, said) if d)
+            if task.state != "CANCELLED" and s.state in ("pending", "partial"):
+                s.state = "failed"   # it ended without a word of its own (failed to launch, its node died)
+
+
+def lines(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -> list[str]:
+    """The slurm section of `status`."""
+    if not queue.subs:
+        return [_nothing_submitted(run)]
+    last, merge_id = queue.subs[-1], queue.merge_id
+    merge = queue.merge
+    shown = f" ({merge.words()})" if merge is not None else ""
+    out = [f"slurm: last submitted {last['submitted']}: job array(s) "
+           f"{', '.join(a['job_id'] + ' [' + a['array'] + ']' for a in last['arrays']) or 'none'}, merge job "
+           f"{merge_id}{shown}"]
+    if run.result_path.exists():
+        return out
+    by_state: dict[str, list[int]] = {}
+    for s in states:
+        by_state.setdefault(s.state, []).append(s.rank)
+    now = [f"{array_ranges(by_state[k])} {k}" for k in ("running", "requeued", "pending") if by_state.get(k)]
+    if now and queue.answered:
+        out.append(f"  shard(s) {'; '.join(now)} in SLURM now")
+    return out + ["  " + line for line in _next(run, states, queue, writable)]
+
+
+def _nothing_submitted(run: RunDir) -> str:
+    """Why no job was submitted: a --dry-run, or sbatch refused (the run's events say which)."""
+    last = next((e for e in reversed(events.read(run.run_events_path)) if e["event"] in ("dry_run", "refused")), None)
+    if last is not None and last["event"] == "refused":
+        return (f"slurm: nothing submitted: {last['error'].splitlines()[0]}\n  Continue with:  run_shards rerun "
+                f"{run.root}  (--sbatch \"...\" gives other options)")
+    why = "a --dry-run wrote the scripts" if last is not None else "the scripts are written"
+    return (f"slurm: nothing submitted yet ({why}: {slurm_dir(run)}); `run_shards rerun {run.root}` submits "
+            "them")
+
+
+def _next(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -> list[str]:
+    """What happens next, and what to run when the merge job cannot run."""
+    merge_id, merge = queue.merge_id, queue.merge_state()
+    stopped = {s.rank: s.state for s in states if s.state in UNFINISHED}
+    unfinished = [s.rank for s in states if s.state != "complete"]
+    tasks = {r: t for r in stopped if (t := queue.task_of(r)) is not None}
+    if stopped and ("failed" in stopped.values() or "corrupt" in stopped.values() or merge == "gone"):
+        return stopped_lines(run, stopped, tasks) + _rerun_lines(run, queue, merge, sorted(stopped), writable)
+    if stopped and merge is None:
+        return stopped_lines(run, stopped, tasks) + [
+            f"squeue gave no answer here, so whether SLURM requeues them is unknown: a task that was preempted "
+            f"or reached its time limit is requeued and continues from its checkpoints (merge job {merge_id} "
+            f"waits for it); one that was cancelled is not: then continue with:  run_shards rerun {run.root}"]
+    if stopped:
+        return [f"shard(s) {array_ranges(list(stopped))} were interrupted (preempted, or near their time limit); "
+                f"SLURM requeues their tasks, which continue from their checkpoints, and merge job {merge_id} "
+                "waits for them"]
+    if unfinished and merge == "gone":
+        return [f"merge job {merge_id} is no longer queued, and shard(s) {array_ranges(unfinished)} are not "
+                "complete: their tasks were cancelled, or ended without a trace here"] + _rerun_lines(
+                    run, queue, merge, unfinished, writable)
+    if unfinished and merge == "waiting":
+        return [f"{len(unfinished):,} shard(s) to go; merge job {merge_id} writes the result once every shard "
+                "is complete"]
+    if unfinished:
+        return [f"{len(unfinished):,} shard(s) to go; squeue gave no answer here, so whether their tasks and "
+                f"merge job {merge_id} are still queued is unknown (run status where SLURM's commands work)"]
+    if merge == "waiting":
+        return [f"every shard is complete; merge job {merge_id} is queued or running and writes the result"]
+    log = run.logs_dir / f"slurm_merge_{merge_id}.out"
+    how = (f"it failed: {log}" if log.exists() else "it never started: it left no log") if merge == "gone" else \
+        (f"still queued, or it failed: {log}" if log.exists() else "still queued, or gone without a log")
+    return [f"every shard is complete; merge job {merge_id} has not written the result ({how}). "
+            f"{_where(writable)}Continue with:  run_shards merge {run.root}"]
+
+
+def _where(writable: bool) -> str:
+    return "" if writable else "Where the run directory is writable (it is not here): "
+
+
+def _rerun_lines(run: RunDir, queue: Queue, merge: str | None, ranks: list[int], writable: bool) -> list[str]:
+    """The command that finishes the run, and the same submission by hand."""
+    per_task = queue.subs[-1].get("shards_per_task", 1)
+    config = RunConfig.from_json(json.dumps(run.read_manifest()["config"]))
+    commands = array_commands(split_arrays(sorted({r // per_task for r in ranks}), max_array_size(True)),
+                               config.array_throttle, slurm_dir(run) / "shards.sbatch")
+    return [f"so merge job {queue.merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
+            + f". {_where(writable)}Continue with:  run_shards rerun {run.root}",
+            f"(the same by hand: {by_hand(commands, slurm_dir(run) / 'merge.sbatch', '', '; ')})"]
