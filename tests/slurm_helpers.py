@@ -89,7 +89,7 @@ def no_traceback(res) -> None:
     assert "Traceback" not in res.stdout + res.stderr, res.stderr
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def small_fasta(tmp_path_factory) -> str:
     """40 short sequences: enough for 4 shards, cheap enough to run as many array tasks."""
     path = tmp_path_factory.mktemp("small") / "small.fasta"
@@ -98,7 +98,7 @@ def small_fasta(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def small_local_four(small_fasta, common, tmp_path_factory) -> dict:
     """The local result of small_fasta in 4 shards (a shard's rows depend on its batches, hence on W)."""
     out = tmp_path_factory.mktemp("local4") / "out"

@@ -146,7 +146,7 @@ def test_shard_script_is_bash_with_the_directives_the_readme_explains(tmp_path):
     assert max(i for i, line in enumerate(lines) if line.startswith("#SBATCH")) < first_command
     assert """trap 'checkpoint_and_requeue USR1 "the time limit is near"' USR1""" in text
     assert """trap 'checkpoint_and_requeue TERM "the job is being stopped"' TERM""" in text
-    assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text
+    assert 'task="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text and 'scontrol requeue "$task"' in text
     assert f"shard_command=({shlex.join(COMMAND)} work {shlex.quote(str(out))})" in text
 
 
@@ -290,9 +290,10 @@ def test_events_survive_a_torn_last_line(tmp_path):
     assert events.last(got, "start")["durable"] == 3 and events.last(got, "end") is None
 
 
-def test_a_stop_signal_during_a_worker_spawn_is_deferred_not_lost():
+def test_a_stop_signal_during_a_worker_spawn_is_not_lost():
     """The parent blocks the stop signals while it spawns a worker (it used to ignore SIGINT, dropping a
-    Ctrl-C pressed then): one that arrives meanwhile reaches the handler when the spawn is over."""
+    Ctrl-C pressed then): one that arrives meanwhile reaches the handler, once, by the end of the spawn (at
+    once, when another thread of the process takes it)."""
     import signal
 
     from pipeline.launchers.supervisor import signals_deferred
@@ -301,7 +302,6 @@ def test_a_stop_signal_during_a_worker_spawn_is_deferred_not_lost():
     try:
         with signals_deferred((signal.SIGUSR1,)):
             os.kill(os.getpid(), signal.SIGUSR1)
-            assert got == []
         assert got == [signal.SIGUSR1]
     finally:
         signal.signal(signal.SIGUSR1, previous)

@@ -273,7 +273,8 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         assert re.search(r"gres[:/]gpu:1", shown), shown          # TresPerNode=gres:gpu:1 (gres/gpu:1 in newer SLURM)
         assert "ArrayTaskId=0-2" in show_job(cluster, first) and "ArrayTaskId=0" in show_job(cluster, second)
         shown = show_job(cluster, merge)
-        assert f"Dependency=afterok:{first}_*" in shown and "gpu" not in shown and "TimeLimit=00:10:00" in shown
+        assert f"Dependency=afterok:{first}_*" in shown and "TimeLimit=00:40:00" in shown, shown
+        assert not re.search(r"gres|gpu:|Comment=two", shown), shown   # the merge job keeps no shard option
         cluster.cancel_all()
 
         res = run_cli(*args, "--wait", env=cluster.env)

@@ -152,7 +152,8 @@ def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_p
         f"#                    {10 * SIGNAL_SECONDS} s)",
         "# On USR1 (the time limit is near) or TERM (preemption, `scancel --signal=TERM`), the trap below passes",
         "# the signal on to run_shards, waits for its final checkpoint, and requeues this task, which continues",
-        "# from there (a cancelled task cannot be requeued: it ends, with its checkpoints kept).",
+        "# from there; a task SLURM itself is ending (scancel, the time limit) is not requeued: it ends, its",
+        "# checkpoints kept.",
     ]
     lines += _directives(directives + user)
     lines += [
@@ -167,8 +168,15 @@ def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_p
         "    wait \"$pid\"",
         "    code=$?",
         "    [ \"$code\" = 0 ] && exit 0  # it finished its shards meanwhile",
-        "    scontrol requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" && exit 0",
-        "    exit \"$code\"              # not requeued (cancelled): the task ends, its checkpoints kept",
+        "    # TERM from SLURM ending the job itself (scancel, the time limit) leaves it COMPLETING: no requeue",
+        "    task=\"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"",
+        "    state=$(scontrol show job \"$task\" -o 2>/dev/null | grep -o 'JobState=[A-Z_]*')",
+        "    if [ \"$1\" = TERM ] && [ \"$state\" != JobState=RUNNING ]; then",
+        "        echo \"run_shards: not requeued: SLURM is ending this task (${state:-its state unknown})\"",
+        "        exit \"$code\"",
+        "    fi",
+        "    scontrol requeue \"$task\" && exit 0",
+        "    exit \"$code\"              # not requeued: the task ends, its checkpoints kept",
         "}",
         "trap 'checkpoint_and_requeue USR1 \"the time limit is near\"' USR1",
         "trap 'checkpoint_and_requeue TERM \"the job is being stopped\"' TERM",

@@ -85,7 +85,7 @@ class Supervisor:
         recv, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
         # The worker starts with the stop signals blocked, until it installs its own handlers, so a Ctrl-C
         # while it imports torch cannot print a traceback on the terminal; here, one that arrives while it
-        # spawns is delivered after, to the parent's handler, which asks the workers to stop.
+        # spawns reaches the parent's handler (after, or at once through another thread), never lost.
         with signals_deferred(STOP_SIGNALS):
             context = torch.multiprocessing.start_processes(
                 worker_entry, args=(str(self.run.root), rank, send, slot if self.gpu else None, self.threads,
@@ -93,6 +93,9 @@ class Supervisor:
                 nprocs=1, join=False, daemon=False, start_method="spawn")
         send.close()   # the child holds the only write end: EOF here means it is gone
         self.active.append(ShardProcess(rank, slot, context, recv))
+        if self.interrupted:   # a stop signal came while it spawned: it stops too
+            self.active[-1].killed_for = f"run_shards received {self.interrupted} and asked it to stop"
+            _kill(context.processes[0].pid, signal.SIGTERM)
         self.board.add_worker(rank, f"GPU {slot}" if self.gpu else "CPU")
         log.info("started shard %d on %s (pid %d)", rank, f"GPU {slot}" if self.gpu else "CPU",
                  context.processes[0].pid)

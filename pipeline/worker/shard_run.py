@@ -126,7 +126,8 @@ class ShardRun:
     def _who(self) -> dict:
         """Where this attempt runs: process, host, device and the scheduler's task (for the report)."""
         slurm = os.environ.get("SLURM_ARRAY_JOB_ID")
-        return {"pid": os.getpid(), "host": socket.gethostname(), "device": self.device, "threads": self.threads,
+        host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()   # the node as the scheduler names it
+        return {"pid": os.getpid(), "host": host, "device": self.device, "threads": self.threads,
                 "slurm": f"{slurm}_{os.environ.get('SLURM_ARRAY_TASK_ID')}" if slurm else "",
                 "restarts": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
 
