@@ -14,6 +14,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -194,14 +195,17 @@ def stop(*_):
     open(sys.argv[1], "a").write("SIGTERM\\n")
     sys.exit(130)
 signal.signal(signal.SIGTERM, stop)
+from pipeline.launchers.work import die_with_the_task   # what `run_shards work` does first
+die_with_the_task()
 open(sys.argv[1], "a").write(f"{os.getpid()}\\n")
 time.sleep(120)
 """
 
 
-def test_the_shard_process_gets_sigterm_when_its_task_process_is_killed(tmp_path):
-    """What a killed Ray worker does to its shard: the `work` process gets SIGTERM (to checkpoint and free the
-    shard lock), even though nothing could run in the SIGKILLed worker."""
+def test_the_shard_process_gets_one_sigterm_when_its_task_process_is_killed(tmp_path):
+    """What a killed Ray worker does to its shard: the `work` process gets SIGTERM, once (to checkpoint and
+    free the shard lock), even though nothing could run in the SIGKILLed worker: it asked the kernel for it
+    itself, from the task's pid in RUN_SHARDS_DIE_WITH (no preexec_fn in the task's threaded worker)."""
     from .tiny_models import REPO
     record = tmp_path / "shard.txt"
     task = subprocess.Popen([sys.executable, "-c", "import sys; from pipeline.launchers.ray_tasks import run_shard; "
@@ -212,6 +216,8 @@ def test_the_shard_process_gets_sigterm_when_its_task_process_is_killed(tmp_path
         assert parent_of(shard) == task.pid
         task.kill()
         wait_for(lambda: "SIGTERM" in record.read_text(), timeout=10, what="SIGTERM to the shard process")
+        time.sleep(1)
+        assert record.read_text().count("SIGTERM") == 1
     finally:
         task.kill()
         task.wait()

@@ -29,12 +29,12 @@ from ..rundir.locks import ShardLock
 from .job import ShardJob, Submitted, follow_run_dir, self_command
 from .progress import ProgressBoard
 from .sbatch_scripts import (array_ranges, asks_for_gpus, expand_ranges, merge_options, merge_script, option_groups,
-                             option_value, parse_time, shard_script, signal_seconds, split_arrays)
+                             shard_script, signal_seconds, split_arrays)
+from .slurm_limits import check_job_count, max_array_size, time_limit, warn_if_short
 from .slurm_queue import Queue, append_submission, slurm_dir, stopped_lines
 
 log = logging.getLogger("run_shards")
 
-DEFAULT_MAX_ARRAY_SIZE = 1001      # SLURM's default MaxArraySize
 NODE_LOCAL_FILE_SYSTEMS = {"tmpfs", "ramfs", "overlay"}
 MERGE_LOCK_WAIT = 1800             # seconds the merge job waits for a command holding the run (a merge by hand)
 MERGE_BYTES_PER_SECOND = 50e6      # a slow client's rate (a merge reads and writes every byte once)
@@ -101,7 +101,7 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
     tasks = _tasks(todo, config)
     arrays = split_arrays(tasks, max_array_size(False))
     if tasks:
-        _check_job_count(len(tasks), config.shards_per_task)
+        check_job_count(len(tasks), config.shards_per_task)
     ids = [_sbatch(cmd, config.sbatch, added_gres) for cmd in array_commands(arrays, config.array_throttle,
                                                                                shards_sbatch)]
     try:
@@ -232,40 +232,6 @@ def _cancelled(ids: list[str]) -> str:
             f"`scancel {' '.join(ids)}` before running the command again)")
 
 
-def time_limit(user_args: list[str], dry_run: bool) -> int | None:
-    """The shard tasks' time limit in seconds: --time of --sbatch, else the partition's own (DefaultTime,
-    else MaxTime, from `scontrol show partition`); None when unlimited or unknown."""
-    given = option_value(user_args, ("--time", "-t"))
-    if given is not None:
-        return parse_time(given)
-    if dry_run or shutil.which("scontrol") is None:
-        return None
-    partition = option_value(user_args, ("--partition", "-p"))
-    try:
-        res = subprocess.run(["scontrol", "show", "partition", *([partition.split(",")[0]] if partition else [])],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        log.debug("scontrol show partition gave no answer: %s", e)
-        return None
-    blocks = [b for b in res.stdout.split("\n\n") if b.strip()]
-    chosen = blocks[0] if partition else next((b for b in blocks if re.search(r"\bDefault=YES\b", b)), "")
-    for key in ("DefaultTime", "MaxTime"):
-        m = re.search(rf"\b{key}=(\S+)", chosen)
-        if m and parse_time(m[1]) is not None:
-            return parse_time(m[1])
-    return None
-
-
-def warn_if_short(limit: int | None, lead: int, config: RunConfig) -> None:
-    """Planning's word on a time limit too short for the checkpoints: a task that reaches it before its
-    first checkpoint keeps nothing, and is requeued to start over."""
-    if limit is not None and limit < config.checkpoint_seconds + lead:
-        log.warning("the shard tasks' time limit (%d s) is shorter than one checkpoint interval "
-                    "(--checkpoint-seconds %g) plus the %d s warning before it: a task that reaches it keeps only "
-                    "what it checkpointed. Give a longer --time in --sbatch, or lower --checkpoint-seconds.",
-                    limit, config.checkpoint_seconds, lead)
-
-
 def merge_minutes(job: ShardJob) -> int:
     """The merge job's time limit: reading the shards and writing result.h5 at MERGE_BYTES_PER_SECOND, the
     wait for a command holding the run, and ten minutes to start; in minutes."""
@@ -274,40 +240,6 @@ def merge_minutes(job: ShardJob) -> int:
     per_residue = sum(c.row_bytes() for c in schema.ragged_columns)
     data = fixed * len(job.index) + per_residue * int(job.index.lengths.sum(dtype=np.int64))
     return int(10 + (MERGE_LOCK_WAIT + 2 * data / MERGE_BYTES_PER_SECOND) // 60)
-
-
-def max_array_size(dry_run: bool) -> int:
-    """The cluster's MaxArraySize (array indices must stay below it), from `scontrol show config`."""
-    value = _config_value("MaxArraySize")
-    if value is None:
-        if not dry_run and shutil.which("scontrol") is not None:
-            log.warning("could not read MaxArraySize from `scontrol show config`; assuming %d",
-                        DEFAULT_MAX_ARRAY_SIZE)
-        return DEFAULT_MAX_ARRAY_SIZE
-    return max(1, value)
-
-
-def _config_value(name: str) -> int | None:
-    """An integer setting of the cluster's slurm.conf, from `scontrol show config`; None when unknown."""
-    if shutil.which("scontrol") is None:
-        return None
-    try:
-        res = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        log.debug("scontrol show config gave no answer: %s", e)
-        return None
-    m = re.search(rf"^{name}\s*=\s*(\d+)", res.stdout, re.M)
-    return int(m.group(1)) if m else None
-
-
-def _check_job_count(tasks: int, per_task: int) -> None:
-    """SLURM's controller holds at most MaxJobCount jobs, and every array task counts as one (pending ones
-    too): a submission above it would be refused after sbatch's retries, with a vaguer message."""
-    limit = _config_value("MaxJobCount")
-    if limit is not None and tasks + 1 > limit:
-        raise UserError(f"{tasks:,} array tasks and a merge job are more than this cluster's controller holds "
-                        f"(MaxJobCount = {limit:,}; every array task counts as one job). Put more shards in each "
-                        f"task: --shards-per-task {-(-(tasks * per_task) // (limit // 2))} (or fewer --shards)")
 
 
 def warn_if_node_local(root: Path) -> None:

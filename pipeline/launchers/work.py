@@ -23,6 +23,7 @@ from ..planning.input_checks import load_run_index
 from ..rundir.failure import FailureRecord
 from ..rundir.layout import RunDir, unwritable_reason
 from ..rundir.locks import ShardLock
+from ..worker.parent_death import on_parent_death
 from .job import Launched, ShardJob
 
 log = logging.getLogger("run_shards")
@@ -159,7 +160,6 @@ def die_with_the_task() -> None:
     (the subprocess module's documentation warns of it)."""
     parent = os.environ.get("RUN_SHARDS_DIE_WITH")
     if parent:
-        from ..worker.entry import on_parent_death
         if not on_parent_death(int(parent), signal.SIGTERM):   # gone already: stop as its death would have
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -7,7 +7,8 @@ import json
 
 from ..config import RunConfig
 from ..launchers.sbatch_scripts import array_ranges, split_arrays
-from ..launchers.slurm import array_commands, by_hand, max_array_size
+from ..launchers.slurm import array_commands, by_hand
+from ..launchers.slurm_limits import max_array_size
 from ..launchers.slurm_queue import Queue, slurm_dir, stopped_lines
 from ..output.shard_state import ShardState
 from ..rundir import events

@@ -21,6 +21,7 @@ from ..exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_SHARD_BUSY, EXIT
 from ..rundir import events
 from ..rundir.layout import RunDir
 from ..rundir.locks import ShardLock
+from .parent_death import on_parent_death
 from .shard_run import PARENT_GONE, Reporter, ShardRun, StopFlag
 
 # The signals that ask a worker to stop at its next batch with a final checkpoint (SIGUSR1: the SLURM batch
@@ -90,17 +91,6 @@ def _lock_or_leave(run: RunDir, rank: int, reporter: Reporter, stop: StopFlag) -
         reporter.send("busy", holder=holder)
         os._exit(EXIT_INTERRUPTED if stop else EXIT_SHARD_BUSY)
     return lock
-
-
-def on_parent_death(parent: int, sig: int) -> bool:
-    """Ask the kernel for `sig` when the process that started this one dies (PR_SET_PDEATHSIG, Linux); False
-    when `parent` is gone already (a death before this call sends nothing). The caller handles `sig`."""
-    import ctypes
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError) as e:
-        log.debug("no parent-death signal on this system (%s); only getppid() checks remain", e)
-    return os.getppid() == parent
 
 
 def _record_outcome(run: RunDir, rank: int, code: int, reason: str, stats: dict) -> None:
