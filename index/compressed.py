@@ -133,7 +133,8 @@ def refresh(indexed: Sequence[str], progress: bool = True) -> None:
             key = json.loads(Path(copy + ".json").read_text())
             if os.path.exists(key["source"]) and _stat_key(key["source"]) != key:
                 copy_of(key["source"], Path(copy).parent.parent, progress)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError) as e:   # no usable key: the copy is checked as it is
+            log.debug("not refreshing %s (%s: %s)", copy, type(e).__name__, e)
             continue
 
 

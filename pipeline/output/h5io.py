@@ -8,6 +8,7 @@ still verify counts and checksums, so a truncated or altered file is never trust
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zlib
 from pathlib import Path
@@ -16,6 +17,8 @@ import h5py
 import numpy as np
 
 from .schema import STR, Column, RowBlock, Schema
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
 
@@ -213,8 +216,8 @@ class Reader:
         if f is not None:
             try:
                 f.close()
-            except Exception:
-                pass
+            except Exception as e:   # h5py after a failed write: the error that matters was raised already
+                log.debug("closing %s: %s: %s", self.path, type(e).__name__, e)
 
     def __enter__(self):
         return self

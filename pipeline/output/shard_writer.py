@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -118,15 +118,12 @@ class ShardWriter:
         assert len(missing) == 0, f"finalize with {len(missing)} rows not computed"
         path = self.run.shard_path(self.rank)
         tmp = path.with_name(f".{path.name}.tmp")
-        readers = [Reader(p) for p in shard_state.part_files(self.parts)]
-        try:
+        with ExitStack() as opened:   # a part that fails to open closes those opened before it
+            readers = [opened.enter_context(Reader(p)) for p in shard_state.part_files(self.parts)]
             ensure_space(path.parent, sum(r.data_bytes() for r in readers), f"shard {path}", self._remedy())
             with self._new_file(tmp, self.attrs, rows_hint=len(self.expected)) as writer:
                 problems = merge_sorted_runs(readers, writer, self.expected, row_bytes)
                 assert not problems, f"checkpoints of shard {self.rank} do not add up: {problems.counts()}"
-        finally:
-            for r in readers:
-                r.close()
         faults.maybe_die("shard-written", self.rank, 0)
         os.replace(tmp, path)
         fsync_dir(path.parent)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 
 from ..errors import UserError
+
+log = logging.getLogger("run_shards")
 
 
 DEFAULT_MAX_CPU_WORKERS = 4
@@ -17,8 +20,8 @@ def physical_gpu_count() -> int:
         count = torch.cuda._device_count_nvml()
         if count >= 0:
             return count
-    except Exception:
-        pass
+    except Exception as e:   # a private torch API: any failure means "ask /proc instead", said at debug level
+        log.debug("torch.cuda._device_count_nvml failed (%s: %s); counting /proc/driver/nvidia/gpus", type(e).__name__, e)
     return len(glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
