@@ -146,6 +146,7 @@ def test_the_report_of_a_failed_run_shows_why_and_the_rerun_its_restart(fasta, c
     shards = {number(row[0]): row for row in cells(page, "shards")}
     assert {r: (row[1], number(row[2])) for r, row in shards.items()} == {
         r: (s["state"], s["durable"]) for r, s in status.items()} == {0: ("complete", 120), 1: ("failed", 22)}
+    assert shows(page, f"Next: `run_shards rerun {out}` computes the unfinished shards")
     error = html.unescape(re.search(r"""<pre id=["']error["']>(.*?)</pre>""", page, re.S)[1])
     assert "shard 1 failed: killed by SIGKILL" in error and f"run_shards rerun {out} --shards 1" in error
     assert [row[0] for row in cells(page, "failures")] == ["1"] and "killed by SIGKILL" in cells(page, "failures")[0][4]

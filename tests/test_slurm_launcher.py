@@ -9,6 +9,7 @@ Without SLURM (or root) these tests skip with the reason; under CI=true they fai
 """
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -58,8 +59,14 @@ def test_four_shards_on_two_nodes_and_a_cancelled_merge_job(slurm_cluster, small
     status = run_cli("status", str(out), env=slurm_cluster.env)
     assert status.returncode == 0, status.stderr
     assert {r: row["state"] for r, row in status_rows(out).items()} == {r: "complete" for r in range(4)}
-    assert f"merge job {merge} has not written the result" in status.stdout
+    assert f"merge job {merge} has not written the result (it never started: it left no log)" in status.stdout
     assert ["merge", str(out)] in suggested_commands(status.stdout)
+    assert run_cli("report", str(out), env=slurm_cluster.env).returncode == 0     # the page says the same
+    page = (out / "report.html").read_text()
+    (job,) = html_cells(page, "slurm_jobs")
+    assert job[2] == merge and job[3].startswith("CANCELLED"), job
+    assert {row[2] for row in html_cells(page, "slurm_tasks")} == {"n1", "n2"}
+    assert f"Next: every shard is complete: `run_shards merge {out}` writes the result" in html.unescape(page)
     merged = run_cli("merge", str(out))
     assert merged.returncode == 0, merged.stderr
     assert_identical(read(out / "result.h5"), small_local_four)
