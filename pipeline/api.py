@@ -30,7 +30,7 @@ from .planning.input_checks import (apply_input_policies, check_long, check_stor
 from .launchers.job import ShardJob, Submitted
 from .rundir import events
 from .rundir.layout import RunDir
-from .rundir.locks import RunLock, ShardLock, describe_holder
+from .rundir.locks import RunLock, ShardLock, wait_for_running_shards
 from .tasks import make_task, schema_for
 from .tasks.tokenization import SequenceTokenizer
 
@@ -261,7 +261,7 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         log.info("timings: prepare %.1f s, start workers and load model %.1f s, compute %.1f s, finish shards and "
                  "merge %.1f s; total %.1f s, %.1f%% outside model compute", *split.values(), end - started,
                  100.0 * (1 - (last - first) / max(end - started, 1e-9)))
-        events.append(run.run_events_path, "timings", **{k: round(v, 3) for k, v in split.items()})
+        events.append(run.run_events_path, "timings", **split)   # unrounded: the page rounds as this line
     return path
 
 
@@ -284,7 +284,7 @@ def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path
             if lock.waited and _merged(run_dir):
                 log.info("%s was merged meanwhile by the command this one waited for", run_dir.result_path)
                 return run_dir.result_path
-            _wait_for_running_shards(run_dir, manifest["world"], lock_wait)
+            wait_for_running_shards(run_dir, manifest["world"], lock_wait)
             return _reported(run_dir, lambda: result_merge.merge_result(
                 run_dir, manifest, load_run_index(run_dir, manifest), allow_partial), "merge")
         except (UserError, FastaError) as e:
@@ -300,27 +300,6 @@ def _merged(run: RunDir) -> bool:
             return bool(r.attrs.get("complete"))
     except (OSError, CorruptFile):
         return False
-
-
-def _wait_for_running_shards(run: RunDir, world: int, seconds: float) -> None:
-    """Unfinished shards whose lock a worker holds are being computed: wait up to `seconds` for them, then
-    refuse to merge, naming them (a rerun would only step aside for them)."""
-    end, said = time.time() + seconds, 0.0
-    while True:
-        running = {r: ShardLock(run, r) for r in range(world) if not run.shard_path(r).exists()}
-        running = {r: lock.holder() for r, lock in running.items() if lock.held_elsewhere()}
-        if not running:
-            return
-        if time.time() >= end:
-            who = "; ".join(f"shard {r} by {describe_holder(h)}" for r, h in sorted(running.items()))
-            raise UserError(f"cannot merge yet: {len(running)} shard(s) are being computed now ({who}). Merge once "
-                            f"they have finished (`run_shards status {run.root}` shows them):  "
-                            f"run_shards merge {run.root}")
-        if time.time() - said >= 60:
-            log.info("waiting for shard(s) %s, being computed now, before merging (up to %.0f s more)",
-                     ", ".join(map(str, sorted(running))), end - time.time())
-            said = time.time()
-        time.sleep(2.0)
 
 
 def _reported(run_dir: RunDir, work, command: str = ""):

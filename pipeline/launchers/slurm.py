@@ -38,6 +38,7 @@ log = logging.getLogger("run_shards")
 NODE_LOCAL_FILE_SYSTEMS = {"tmpfs", "ramfs", "overlay"}
 MERGE_LOCK_WAIT = 1800             # seconds the merge job waits for a command holding the run (a merge by hand)
 MERGE_BYTES_PER_SECOND = 50e6      # a slow client's rate (a merge reads and writes every byte once)
+QUEUE_POLL_SECONDS = 10.0          # --wait asks squeue about the run's jobs at most this often
 
 
 def launch(job: ShardJob) -> Submitted:
@@ -276,18 +277,20 @@ def follow(job: ShardJob, merge_id: str, poll_seconds: float = 2.0) -> Path:
     config = RunConfig.from_json(json.dumps(job.manifest["config"]))
     board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), f"SLURM ({len(job.ranks)} shard(s))",
                           config.summary_seconds, show_bar=job.show_progress)
-    seen = len(events.read(run.run_events_path))
+    seen, asked = len(events.read(run.run_events_path)), 0.0
     try:
         for states in follow_run_dir(job, board, lambda: time.sleep(poll_seconds)):
             merged = _merge_ended(run, merge_id, seen)
-            queue = Queue.read(run, job.world)
-            merged = merged or _merge_ended(run, merge_id, seen)   # written while squeue answered
+            queue = None
+            if merged is None and time.time() - asked >= QUEUE_POLL_SECONDS:   # spare the controller
+                queue, asked = Queue.read(run, job.world), time.time()
+                merged = _merge_ended(run, merge_id, seen)   # written while squeue answered
             if merged is not None:
                 if merged.get("error"):
                     raise RunFailed(f"the merge job {merge_id} failed: {merged['error']}\n"
                                     f"Continue with:  run_shards merge {run.root}")
                 return run.result_path
-            if queue.answered:
+            if queue is not None and queue.answered:
                 _check_queue(job, states, queue, merge_id)
     except KeyboardInterrupt:
         subs = Queue.read(run, job.world).subs

@@ -242,3 +242,24 @@ class ShardLock:
             return True
         finally:
             os.close(fd)
+
+
+def wait_for_running_shards(run: RunDir, world: int, seconds: float) -> None:
+    """Unfinished shards whose lock a worker holds are being computed: wait up to `seconds` for them, then
+    refuse to merge, naming them (a rerun would only step aside for them)."""
+    end, said = time.time() + seconds, 0.0
+    while True:
+        running = {r: ShardLock(run, r) for r in range(world) if not run.shard_path(r).exists()}
+        running = {r: lock.holder() for r, lock in running.items() if lock.held_elsewhere()}
+        if not running:
+            return
+        if time.time() >= end:
+            who = "; ".join(f"shard {r} by {describe_holder(h)}" for r, h in sorted(running.items()))
+            raise RunDirError(f"cannot merge yet: {len(running)} shard(s) are being computed now ({who}). Merge once "
+                            f"they have finished (`run_shards status {run.root}` shows them):  "
+                            f"run_shards merge {run.root}")
+        if time.time() - said >= 60:
+            log.info("waiting for shard(s) %s, being computed now, before merging (up to %.0f s more)",
+                     ", ".join(map(str, sorted(running))), end - time.time())
+            said = time.time()
+        time.sleep(2.0)
