@@ -382,7 +382,8 @@ def merge_command(out, allow_partial, lock_wait):
               help="Shards per array task (default: the run's).")
 def work_command(out, shard, shards_per_task):
     """Compute shard(s) of the planned run in OUT with this node's devices; never merges. This is what SLURM
-    array tasks and Ray tasks run; a complete shard is skipped, and SIGTERM makes it checkpoint and stop."""
+    array tasks and Ray tasks run; a complete shard is skipped, one another process computes is left to it
+    (exit 0, saying so), and SIGTERM (or SIGUSR1) makes it checkpoint and stop."""
     from .launchers.work import work
     _setup_logging(False)
     summary = _call(work, out, shard, shards_per_task)

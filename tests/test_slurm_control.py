@@ -99,7 +99,8 @@ def test_a_run_directory_read_only_here_gives_each_command_one_clear_error(slurm
 
         status = run_cli("status", str(out), env=slurm_cluster.env)
         assert status.returncode == 0, status.stderr
-        assert f"NOT WRITABLE here: {out} is on a read-only file system here" in status.stdout
+        assert (f"NOT WRITABLE here (a read-only file system here): rerun, merge and work must run where {out} is "
+                "mounted read-write") in status.stdout
         assert f"SLURM task {array}_0: FAILED (JobLaunchFailure)" in status.stdout
         assert slurm_states(slurm_cluster, out) == {0: "failed", 1: "failed"}
         assert f"Where the run directory is writable (it is not here): Continue with:  run_shards rerun {out}" \

@@ -10,15 +10,13 @@ them and says which did not finish. The run directory is all it shares with them
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-from .job import ShardJob, Submitted
+from .job import Launched, ShardJob, Submitted
 
 
-def launch(job: ShardJob) -> Path | Submitted | None:
-    """Compute or submit the shards. None: every shard is computed and the caller merges now; a Path:
-    the result is already merged (by a scheduler's merge job); Submitted: a scheduler holds them. Raises
-    RunFailed when shards did not finish."""
+def launch(job: ShardJob) -> Launched | Submitted:
+    """Compute or submit the shards. Launched: the shards are computed here (except those another process
+    holds, which it names) and the caller merges; Submitted: a scheduler holds them. Raises RunFailed when
+    shards did not finish."""
     name = job.manifest["config"].get("launcher", "local")
     if name == "local":
         from . import local

@@ -36,8 +36,8 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     lines = [f"run: {run.root}", f"task: {config['task']}  model: {config['model']}  engine: {manifest['engine']}"]
     unwritable = unwritable_reason(run.root)
     if unwritable:
-        lines.append(f"NOT WRITABLE here: {run.root} is on {unwritable}; rerun, merge and work must run where "
-                     "it is mounted read-write")
+        lines.append(f"NOT WRITABLE here ({unwritable}): rerun, merge and work must run where {run.root} is "
+                     "mounted read-write")
     try:
         index = load_run_index(run, manifest)
     except UserError as e:
