@@ -21,6 +21,7 @@ import pathlib  # noqa: E402
 import pytest  # noqa: E402
 
 from .slurm_cluster import slurm_cluster, slurm_session  # noqa: E402,F401  (fixtures: a local SLURM cluster)
+from .slurm_helpers import small_fasta, small_local_four  # noqa: E402,F401  (one small input for every SLURM test)
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
 

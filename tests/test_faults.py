@@ -12,6 +12,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -67,13 +68,24 @@ def test_parent_killed_workers_stop_then_rerun(fasta, common, reference, tmp_pat
 
 
 def test_sigterm_to_parent_checkpoints_and_exits_nonzero(fasta, common, reference, tmp_path):
+    """SIGTERM, twice, as schedulers send it (SLURM to the batch script and to every process of the job; a
+    dying Ray worker): every worker still writes its final checkpoint (only a second Ctrl-C kills at once),
+    and nothing offers a Ctrl-C to a process without a terminal."""
     out = tmp_path / "out"
-    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"))
+    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"),
+                 stdin=subprocess.DEVNULL)
     wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert "interrupted by SIGTERM: every running worker wrote a final checkpoint" in stderr
+    assert "killed" not in stderr and "Ctrl-C" not in stderr, stderr
+    for r in (0, 1):
+        events = [json.loads(line) for line in (out / "logs" / f"events_{r}.jsonl").read_text().splitlines()]
+        assert [e["code"] for e in events if e["event"] == "end"] == [75]
+        assert [e["signal"] for e in events if e["event"] == "stop"] == ["SIGTERM"]
     assert f"Continue with:  run_shards rerun {out}\n" in stderr and "failed" not in stderr, stderr
     assert stderr.count("stopped at its final checkpoint (run_shards received SIGTERM and asked it to stop)") == 2
     for r in (0, 1):

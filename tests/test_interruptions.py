@@ -1,14 +1,11 @@
 """Signals to the parent and to workers, with real processes: each ends with the right words, in the
 terminal, in run.log and in the worker's own log, and `rerun` then gives the clean run's result.
 """
-import json
 import os
 import signal
-import subprocess
 import time
 
 from .run_helpers import log_text, rerun_matches, start, status_rows, suggested_commands, wait_for
-from .tiny_models import run_cli
 
 
 def _workers_of(pid: int) -> list[int]:
@@ -113,26 +110,3 @@ def test_sigterm_after_the_result_line_keeps_exit_code_0(fasta, common, tmp_path
     proc.communicate(timeout=120)
     assert proc.returncode == 0
     assert (out / "result.h5").exists()
-
-
-def test_a_repeated_sigterm_still_ends_at_a_final_checkpoint(fasta, common, tmp_path):
-    """Schedulers repeat SIGTERM (SLURM to the batch script and to every process of the job, a dying Ray
-    worker and its raylet): only a second Ctrl-C kills the workers at once; `work` given two SIGTERMs still
-    ends with every worker's final checkpoint, and its log does not offer a Ctrl-C to a batch job."""
-    out = tmp_path / "out"
-    res = run_cli(fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "2", "--dry-run")
-    assert res.returncode == 0, res.stderr
-    proc = start("work", str(out), "--shard", "0", env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.5"},
-                 stdin=subprocess.DEVNULL)
-    wait_for(lambda: "checkpoint part_000000" in log_text(out, 0), what="the first checkpoint")
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    assert "killed" not in stderr and "Ctrl-C" not in stderr, stderr
-    assert "shard 0 stopped at its final checkpoint" in stderr
-    ends = [json.loads(line) for line in (out / "logs" / "events_0.jsonl").read_text().splitlines()]
-    assert [e["code"] for e in ends if e["event"] == "end"] == [75]
-    assert [e["signal"] for e in ends if e["event"] == "stop"] == ["SIGTERM"]
-    assert "interrupted (received SIGTERM)" in log_text(out, 0)

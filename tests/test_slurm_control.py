@@ -16,7 +16,7 @@ import pytest
 
 from .run_helpers import read, skip_or_fail, start, wait_for
 from .slurm_helpers import (assert_identical, html_cells, job_ids, jobs_json, no_traceback, shard_events, show_job,
-                            slurm_states, small_fasta, small_local_four, stray_files, wait_finished)  # noqa: F401
+                            slurm_states, stray_files, wait_finished)
 from .tiny_models import run_cli
 
 pytestmark = pytest.mark.slow

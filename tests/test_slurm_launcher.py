@@ -23,7 +23,7 @@ from pipeline.rundir.locks import RunLock, ShardLock
 from .run_helpers import read, start, status_rows, suggested_commands, wait_for
 from .slurm_cluster import LocalSlurm, require_slurm
 from .slurm_helpers import (SLEEPY, assert_identical, checkpoints, html_cells, job_ids, jobs_json, no_traceback, queue,
-                            shard_events, show_job, slurm_states, small_fasta, small_local_four,  # noqa: F401
+                            shard_events, show_job, slurm_states,
                             stray_files, wait_finished)
 from .tiny_models import REPO, run_cli
 
