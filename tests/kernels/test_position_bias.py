@@ -1,5 +1,5 @@
 """T5's relative-position bias in paged_attention (rel_bias_table, rel_max_distance) against the float64
-reference, whose buckets are T5's formula written out in float64 (naive.t5_bucket).
+reference, whose buckets are T5's formula written out in float64 (naive.t5_buckets).
 
 Encoder-shaped ragged batches: whole sequences (q_len == kv_len) on and off page boundaries and over
 several pages, one of one token, one with no tokens this step, and a continuation, so the bias's query
@@ -15,14 +15,17 @@ import pytest
 import torch
 
 from triton_kernels import paged_attention
-from triton_kernels.paged_attention.naive import naive_paged_attention, t5_bucket
-from triton_kernels.paged_attention.position_bias import log_bucket_thresholds, relative_buckets
+from triton_kernels.paged_attention.naive import naive_paged_attention, t5_buckets
+from triton_kernels.paged_attention.position_bias import distance_buckets, relative_buckets
 from triton_kernels.paged_attention.sdpa import paged_attention_sdpa
 
 from tests.kernels.test_paged_attention import TOLERANCE, RecordingKernel, make_batch
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not INTERPRETED, reason="Triton on CPU needs TRITON_INTERPRET=1 (conftest.py)")
+# The Triton kernel runs compiled on a GPU, else interpreted on the CPU (tests/kernels/conftest.py).
+TRITON_DEVICE = "cpu" if INTERPRETED else "cuda" if torch.cuda.is_available() else None
+triton_runs = pytest.mark.skipif(TRITON_DEVICE is None, reason="needs a GPU or TRITON_INTERPRET=1 (conftest.py)")
+gpu = pytest.mark.skipif(TRITON_DEVICE != "cuda", reason="bfloat16 and long sequences: GPU only")
 
 # (q_len, kv_len): whole sequences (one over 9 pages of 16), one token, nothing this step, a continuation.
 ENCODER = [(37, 37), (150, 150), (1, 1), (0, 20), (16, 16), (7, 50), (64, 64)]
@@ -30,11 +33,11 @@ ENCODER = [(37, 37), (150, 150), (1, 1), (0, 20), (16, 16), (7, 50), (64, 64)]
 BUCKETS = [(32, 128), (64, 128), (16, 12), (33, 20), (4, 9)]
 
 
-def biased_batch(seqs, num_q_heads, num_kv_heads, head_dim, page_size, dtype, num_buckets, seed=0):
-    batch = make_batch(seqs, num_q_heads, num_kv_heads, head_dim, page_size, dtype, seed=seed)
+def biased_batch(seqs, num_q_heads, num_kv_heads, head_dim, page_size, dtype, num_buckets, seed=0, device="cpu"):
+    batch = make_batch(seqs, num_q_heads, num_kv_heads, head_dim, page_size, dtype, device=device, seed=seed)
     q = (batch[0].float() * head_dim ** -0.5).to(dtype)
-    table = (2 * torch.randn(num_buckets, num_q_heads, generator=torch.Generator().manual_seed(seed + 1))).to(dtype)
-    return (q,) + batch[1:], table
+    table = 2 * torch.randn(num_buckets, num_q_heads, generator=torch.Generator().manual_seed(seed + 1))
+    return (q,) + batch[1:], table.to(device=device, dtype=dtype)
 
 
 def assert_biased_matches_reference(batch, table, max_distance, dtype, **knobs):
@@ -49,16 +52,16 @@ def assert_biased_matches_reference(batch, table, max_distance, dtype, **knobs):
 
 @pytest.mark.parametrize("num_buckets,max_distance", BUCKETS + [(32, 1024), (128, 128), (6, 5)])
 def test_buckets_are_transformers_buckets(num_buckets, max_distance):
-    """Ours (integer thresholds), the reference's (T5's formula in float64) and transformers' own (its
-    formula in float32) agree for every offset up to +-3,000."""
+    """Ours (the lookup by distance), the reference's (T5's formula in float64 per offset) and transformers'
+    own (its formula in float32) agree for every offset up to +-3,000."""
     from transformers.models.t5.modeling_t5 import T5Attention
 
     offsets = torch.arange(-3000, 3001)
     theirs = T5Attention._relative_position_bucket(offsets, True, num_buckets, max_distance)
     assert torch.equal(relative_buckets(offsets, num_buckets, max_distance), theirs)
-    assert [t5_bucket(r, num_buckets, max_distance) for r in range(-300, 301)] == theirs[2700:3301].tolist()
+    assert torch.equal(t5_buckets(offsets, num_buckets, max_distance), theirs)
     half = num_buckets // 2
-    assert theirs.max() == 2 * half - 1 and len(log_bucket_thresholds(num_buckets, max_distance)) == half - half // 2 - 1
+    assert theirs.max() == 2 * half - 1 and distance_buckets(num_buckets, max_distance)[-1] == half - 1
 
 
 # (Hq, Hkv, D, page_size, dtype, knobs, (num_buckets, max_distance)).
@@ -72,20 +75,42 @@ KERNEL_CASES = [
 ]
 
 
-@interpreted
-@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-d{c[2]}-p{c[3]}-{c[4]}-"
-                         + "-".join(f"{k}{v}" for k, v in c[5].items()) + f"-b{c[6][0]}-m{c[6][1]}")
+def case_id(c):
+    return (f"hq{c[0]}-hkv{c[1]}-d{c[2]}-p{c[3]}-" + "-".join(f"{k}{v}" for k, v in c[5].items())
+            + f"-b{c[6][0]}-m{c[6][1]}")
+
+
+@triton_runs
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"{case_id(c)}-{c[4]}")
 def test_triton_bias_matches_reference(case):
     num_q_heads, num_kv_heads, head_dim, page_size, dtype, knobs, (num_buckets, max_distance) = case
-    batch, table = biased_batch(ENCODER, num_q_heads, num_kv_heads, head_dim, page_size, dtype, num_buckets)
+    batch, table = biased_batch(ENCODER, num_q_heads, num_kv_heads, head_dim, page_size, dtype, num_buckets,
+                                device=TRITON_DEVICE)
     assert_biased_matches_reference(batch, table, max_distance, dtype, **knobs)
 
 
-@interpreted
+@triton_runs
 def test_triton_bias_default_knobs_and_a_float32_table_beside_float16_inputs():
     """The table is read in its own dtype (here float32 beside float16 q, k, v) and added in float32."""
-    batch, table = biased_batch(ENCODER[:4], 4, 2, 64, 16, torch.float16, 32, seed=3)
+    batch, table = biased_batch(ENCODER[:4], 4, 2, 64, 16, torch.float16, 32, seed=3, device=TRITON_DEVICE)
     assert_biased_matches_reference(batch, table.float(), 128, torch.float16)
+
+
+@gpu
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=case_id)
+def test_gpu_bias_bfloat16(case):
+    num_q_heads, num_kv_heads, head_dim, page_size, _, knobs, (num_buckets, max_distance) = case
+    batch, table = biased_batch(ENCODER, num_q_heads, num_kv_heads, head_dim, page_size, torch.bfloat16,
+                                num_buckets, device="cuda")
+    assert_biased_matches_reference(batch, table, max_distance, torch.bfloat16, **knobs)
+
+
+@gpu
+def test_gpu_bias_long_sequences_at_prott5_shape():
+    """ProtT5-XL's heads (32 of 128, 32 buckets to 128) on 2k- and 1.5k-token sequences, default knobs."""
+    batch, table = biased_batch([(2048, 2048), (1500, 1500), (3, 3)], 32, 32, 128, 16, torch.bfloat16, 32,
+                                seed=6, device="cuda")
+    assert_biased_matches_reference(batch, table, 128, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -123,8 +148,7 @@ def test_bias_reaches_the_launch(monkeypatch):
     paged_attention(*batch, causal=False, scale=1.0, rel_bias_table=table, rel_max_distance=128)
     paged_attention(*batch, causal=False, scale=1.0)
     [(_, with_bias), (_, without)] = fwd.launches
-    assert (with_bias["HAS_BIAS"], with_bias["HALF"], with_bias["MAX_EXACT"], with_bias["THRESHOLDS"]) == (
-        True, 16, 8, (12, 16, 23, 32, 46, 64, 91))
+    assert (with_bias["HAS_BIAS"], with_bias["HALF"], with_bias["MAX_DISTANCE"]) == (True, 16, 128)
     assert not without["HAS_BIAS"]
     # The default rule's tiles with the bias: the launch table's bias_tile_keys (32), not 64.
     assert (with_bias["TILE"], without["TILE"]) == (32, 64)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from .._launch import launch
 from .launch import PagedAttentionLaunch
-from .position_bias import bucket_shape, log_bucket_thresholds
+from .position_bias import bucket_shape, bucket_table
 
 LOG2E = 1.4426950408889634
 
@@ -36,17 +36,14 @@ def _find_sequence(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _relative_bias(q_pos, offs_n, head, bias_ptr, stride_bias,
-                   HALF: tl.constexpr, MAX_EXACT: tl.constexpr, THRESHOLDS: tl.constexpr):
-    """T5's bidirectional relative-position bias of the tile `[BLOCK_M, TILE]`, float32 (position_bias.py):
-    offsets below MAX_EXACT in magnitude have a bucket each, larger ones MAX_EXACT plus the number of
-    log-bucket thresholds they reach; keys after the query take the upper HALF of the buckets."""
+def _relative_bias(q_pos, offs_n, head, bias_ptr, buckets_ptr, stride_bias,
+                   HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr):
+    """T5's bidirectional relative-position bias of the tile `[BLOCK_M, TILE]`, float32: each key's offset
+    from its row's query, its bucket from the lookup by distance (position_bias.bucket_table, distances past
+    MAX_DISTANCE share the last entry's bucket), the upper HALF of the buckets for keys after the query,
+    and the table's entry for the row's head."""
     offset = offs_n[None, :] - q_pos[:, None]
-    dist = tl.abs(offset)
-    # Every threshold exceeds MAX_EXACT, so below it the count adds nothing: min(dist, MAX_EXACT) + count.
-    bucket = tl.where(offset > 0, HALF, 0) + tl.minimum(dist, MAX_EXACT)
-    for j in tl.static_range(len(THRESHOLDS)):
-        bucket += (dist >= THRESHOLDS[j]).to(tl.int32)
+    bucket = tl.load(buckets_ptr + tl.minimum(tl.abs(offset), MAX_DISTANCE)) + tl.where(offset > 0, HALF, 0)
     return tl.load(bias_ptr + bucket * stride_bias + head[:, None]).to(tl.float32)
 
 
@@ -54,10 +51,10 @@ def _relative_bias(q_pos, offs_n, head, bias_ptr, stride_bias,
 def _attend_tile(
     acc, m_i, l_i, q, tile, bt_row_ptr, k_cache_ptr, v_cache_ptr, kv_head, kv_len, q_pos, offs_d,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, qk_scale,
-    head, bias_ptr, stride_bias,
+    head, bias_ptr, buckets_ptr, stride_bias,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, TILE: tl.constexpr,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_EXACT: tl.constexpr, THRESHOLDS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr,
 ):
     """One online-softmax step over keys [tile * TILE, (tile + 1) * TILE) of one sequence.
 
@@ -67,8 +64,8 @@ def _attend_tile(
     offs_n = tile * TILE + tl.arange(0, TILE)
     key_ok = offs_n < kv_len
     if HAS_BIAS:   # before the scores exist: its integer temporaries and the scores are never live together
-        bias = _relative_bias(q_pos, offs_n, head, bias_ptr, stride_bias, HALF, MAX_EXACT,
-                              THRESHOLDS) * 1.4426950408889634   # log2(e)
+        bias = _relative_bias(q_pos, offs_n, head, bias_ptr, buckets_ptr, stride_bias, HALF,
+                              MAX_DISTANCE) * 1.4426950408889634   # log2(e)
     if MASKED:
         page = tl.load(bt_row_ptr + offs_n // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
     else:
@@ -116,14 +113,14 @@ def _attend_tile(
 @triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_q_programs"])
 def _paged_attention_fwd(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_ml_ptr,
-    block_tables_ptr, cu_seqlens_q_ptr, kv_lens_ptr, bias_ptr,
+    block_tables_ptr, cu_seqlens_q_ptr, kv_lens_ptr, bias_ptr, buckets_ptr,
     num_seqs, num_tokens, num_q_programs, qk_scale,
     stride_qt, stride_qh, stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
     stride_ot, stride_oh, stride_bt, stride_bias,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_EXACT: tl.constexpr, THRESHOLDS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr,
 ):
     # Axis 0 is (query block, KV head) with the head fastest and the query blocks in reverse, so the
     # longest causal walks (a sequence's last blocks) start first and short ones fill the tail.
@@ -172,16 +169,16 @@ def _paged_attention_fwd(
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, tile, bt_row_ptr, k_cache_ptr, v_cache_ptr, kv_head, kv_len, q_pos, offs_d,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, qk_scale,
-            head, bias_ptr, stride_bias,
+            head, bias_ptr, buckets_ptr, stride_bias,
             HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE, CAUSAL, False, DOT_PRECISION,
-            HAS_BIAS, HALF, MAX_EXACT, THRESHOLDS)
+            HAS_BIAS, HALF, MAX_DISTANCE)
     for tile in range(tile_mid, tile_hi):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, tile, bt_row_ptr, k_cache_ptr, v_cache_ptr, kv_head, kv_len, q_pos, offs_d,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, qk_scale,
-            head, bias_ptr, stride_bias,
+            head, bias_ptr, buckets_ptr, stride_bias,
             HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE, CAUSAL, True, DOT_PRECISION,
-            HAS_BIAS, HALF, MAX_EXACT, THRESHOLDS)
+            HAS_BIAS, HALF, MAX_DISTANCE)
 
     # Rows of an empty split (l = 0) store 0 with weight 0 for the reduce.
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -249,12 +246,13 @@ def paged_attention_triton(
     num_q_programs = num_tokens // knobs.block_q + num_seqs
     grid = (num_q_programs * num_kv_heads, splits)
     if rel_bias_table is None:
-        bias, half, max_exact, thresholds = kv_lens, 0, 0, ()   # bias unused by the kernel without HAS_BIAS
+        bias = buckets = kv_lens   # unused by the kernel without HAS_BIAS
+        half = max_distance = 0
     else:
-        bias, (half, max_exact) = rel_bias_table, bucket_shape(rel_bias_table.shape[0])
-        thresholds = log_bucket_thresholds(rel_bias_table.shape[0], rel_max_distance)
+        bias, half, max_distance = rel_bias_table, bucket_shape(rel_bias_table.shape[0])[0], rel_max_distance
+        buckets = bucket_table(rel_bias_table.shape[0], rel_max_distance, q.device)
     launch(_paged_attention_fwd, grid,
-           q, k_cache, v_cache, out, part_o, part_ml, block_tables, cu_seqlens_q, kv_lens, bias,
+           q, k_cache, v_cache, out, part_o, part_ml, block_tables, cu_seqlens_q, kv_lens, bias, buckets,
            num_seqs, num_tokens, num_q_programs, scale * LOG2E,
            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
@@ -262,7 +260,7 @@ def paged_attention_triton(
            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
            BLOCK_Q=knobs.block_q, BLOCK_M=block_m, PAGE_SIZE=page_size, TILE=knobs.pages_per_tile * page_size,
            NUM_SPLITS=splits, CAUSAL=causal, DOT_PRECISION=precision,
-           HAS_BIAS=rel_bias_table is not None, HALF=half, MAX_EXACT=max_exact, THRESHOLDS=thresholds,
+           HAS_BIAS=rel_bias_table is not None, HALF=half, MAX_DISTANCE=max_distance,
            num_warps=knobs.num_warps, num_stages=knobs.num_stages)
     if splits > 1:
         launch(_combine_splits, (num_tokens, num_q_heads),

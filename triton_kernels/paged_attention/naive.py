@@ -11,16 +11,14 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, kv_len: int) -> to
     return torch.cat(pages)[:kv_len]
 
 
-def t5_bucket(offset: int, num_buckets: int, max_distance: int) -> int:
-    """T5's bidirectional bucket of one key-minus-query offset, its formula in float64 as written."""
+def t5_buckets(offsets: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's bidirectional bucket of each key-minus-query offset, its formula in float64 as written."""
     half = num_buckets // 2
     exact = half // 2
-    bucket = half if offset > 0 else 0
-    a = abs(offset)
-    if a < exact:
-        return bucket + a
-    large = exact + math.floor(math.log(a / exact) / math.log(max_distance / exact) * (half - exact))
-    return bucket + min(large, half - 1)
+    a = offsets.abs()
+    ratio = torch.log(a.clamp(min=exact).double() / exact) / math.log(max_distance / exact)
+    large = (exact + torch.floor(ratio * (half - exact)).long()).clamp(max=half - 1)
+    return (offsets > 0).long() * half + torch.where(a < exact, a, large)
 
 
 def naive_paged_attention(
@@ -32,7 +30,7 @@ def naive_paged_attention(
 
     Query i of sequence s sits at position kv_lens[s] - q_len + i and, when causal, sees keys at
     positions <= its own; otherwise all kv_lens[s] keys. With rel_bias_table `[num_buckets, Hq]`, the
-    score of a key at offset r from the query gains rel_bias_table[t5_bucket(r), head].
+    score of a key at offset r from the query gains rel_bias_table[t5_buckets(r), head].
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k_cache.shape[2]
@@ -49,8 +47,7 @@ def naive_paged_attention(
         q_pos = torch.arange(kv_len - (end - begin), kv_len, device=q.device)
         k_pos = torch.arange(kv_len, device=q.device)
         if rel_bias_table is not None:
-            buckets = torch.tensor([[t5_bucket(kp - qp, rel_bias_table.shape[0], rel_max_distance)
-                                     for kp in k_pos.tolist()] for qp in q_pos.tolist()], device=q.device)
+            buckets = t5_buckets(k_pos[None, :] - q_pos[:, None], rel_bias_table.shape[0], rel_max_distance)
             scores = scores + rel_bias_table.double()[buckets].permute(2, 0, 1)
         if causal:
             scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))

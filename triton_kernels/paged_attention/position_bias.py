@@ -1,13 +1,14 @@
 """T5's bucketed relative-position bias (bidirectional, for encoders): which bucket a key at offset
-`key position - query position` falls in, as integer thresholds that the kernel and the torch path share.
+`key position - query position` falls in, as one lookup table by distance that the kernel and the torch
+path share.
 
 T5 gives offsets of magnitude below `max_exact = num_buckets // 4` a bucket each, and larger ones
 `max_exact + floor(log(|r| / max_exact) / log(max_distance / max_exact) * (num_buckets // 2 - max_exact))`,
-capped at `num_buckets // 2 - 1`; positive offsets (keys after the query) take the upper half of the
-buckets. The logarithm's value is an integer exactly at some offsets (16, 32 and 64 for ProtT5's 32 buckets
-and distance 128), where a float log's last bit would decide the bucket; so the log buckets are counted
-against thresholds computed once in float64 here, which the kernel gets as compile-time constants (on
-CPU, transformers' float32 formula gives the same buckets: tests/kernels/test_position_bias.py).
+capped at `num_buckets // 2 - 1` (reached by max_distance); positive offsets (keys after the query) take
+the upper half of the buckets. The logarithm's value is an integer exactly at some distances (16, 32 and
+64 for ProtT5's 32 buckets and distance 128), where a float log's last bit would decide the bucket; so the
+buckets of distances 0..max_distance are computed once, in float64 on the host, and looked up (on CPU,
+transformers' float32 formula gives the same buckets: tests/kernels/test_position_bias.py).
 """
 from __future__ import annotations
 
@@ -34,32 +35,36 @@ def check_relative_bias(table: torch.Tensor, max_distance: int, num_q_heads: int
 
 
 def bucket_shape(num_buckets: int) -> tuple[int, int]:
-    """(buckets per direction, offsets below which each magnitude has its own bucket)."""
+    """(buckets per direction, distances below which each has its own bucket)."""
     half = num_buckets // 2
     return half, half // 2
 
 
 @functools.lru_cache(maxsize=None)
-def log_bucket_thresholds(num_buckets: int, max_distance: int) -> tuple[int, ...]:
-    """t_1 < ... < t_n: an offset of magnitude a >= max_exact has bucket max_exact + #{j : a >= t_j}
-    (n = half - max_exact - 1, so the count stops at the last bucket, as T5's cap does)."""
+def distance_buckets(num_buckets: int, max_distance: int) -> tuple[int, ...]:
+    """The bucket of a key at distance a = 0..max_distance before its query (T5's formula in float64, in
+    its order of operations); keys farther away share the last, keys after the query add num_buckets // 2."""
     half, exact = bucket_shape(num_buckets)
-    thresholds, a = [], exact
-    for j in range(1, half - exact):   # T5's formula, in its order of operations
-        while math.floor(math.log(a / exact) / math.log(max_distance / exact) * (half - exact)) < j:
-            a += 1   # reaches j by a = max_distance at the latest
-        thresholds.append(a)
-    return tuple(thresholds)
+    return tuple(a if a < exact else
+                 min(half - 1, exact + math.floor(math.log(a / exact) / math.log(max_distance / exact) * (half - exact)))
+                 for a in range(max_distance + 1))
+
+
+_tables: dict = {}
+
+
+def bucket_table(num_buckets: int, max_distance: int, device: torch.device) -> torch.Tensor:
+    """distance_buckets as an int32 tensor on `device`, built once per device (no copy per call)."""
+    key = (num_buckets, max_distance, str(device))
+    if key not in _tables:
+        _tables[key] = torch.tensor(distance_buckets(num_buckets, max_distance), dtype=torch.int32, device=device)
+    return _tables[key]
 
 
 def relative_buckets(offsets: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
     """The bucket (int64) of each key-minus-query offset in `offsets` (any integer tensor)."""
-    half, exact = bucket_shape(num_buckets)
-    dist = offsets.abs()
-    thresholds = torch.tensor(log_bucket_thresholds(num_buckets, max_distance), dtype=dist.dtype, device=dist.device)
-    # Every threshold exceeds max_exact, so below it the count adds nothing: min(dist, max_exact) + count.
-    count = torch.searchsorted(thresholds, dist, right=True)
-    return (dist.clamp(max=exact) + count).long() + (offsets > 0).long() * half
+    table = bucket_table(num_buckets, max_distance, offsets.device)
+    return table[offsets.abs().clamp(max=max_distance)].long() + (offsets > 0).long() * bucket_shape(num_buckets)[0]
 
 
 def bias_by_offset(table: torch.Tensor, max_distance: int, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
