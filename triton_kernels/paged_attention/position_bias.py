@@ -30,8 +30,8 @@ def check_relative_bias(table: torch.Tensor, max_distance: int, num_q_heads: int
     if num_buckets < 4:
         raise ValueError(f"rel_bias_table needs at least 4 buckets (2 per direction, 1 exact), got {num_buckets}")
     if not isinstance(max_distance, int) or max_distance <= num_buckets // 4:
-        raise ValueError(f"rel_max_distance must be an int above num_buckets // 4 = {num_buckets // 4} (the last "
-                         f"exact offset), got {max_distance!r}")
+        raise ValueError(f"rel_max_distance must be an int above num_buckets // 4 = {num_buckets // 4} (where T5's "
+                         f"logarithmic buckets start), got {max_distance!r}")
 
 
 def bucket_shape(num_buckets: int) -> tuple[int, int]:
