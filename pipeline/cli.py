@@ -213,8 +213,9 @@ def main():
 @click.argument("fasta", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @field_option("out", type=click.Path(file_okay=False), show_default=True)
 @click.option("--gpus", default="auto", show_default=True,
-              help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU. With --launcher slurm "
-                   "or ray: whether each shard gets a GPU (slurm auto: when --sbatch asks for GPUs; ray auto: CPU).")
+              help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU. With --launcher "
+                   "slurm or ray: whether each shard gets a GPU (slurm auto: when --sbatch asks for GPUs; ray auto: "
+                   "CPU).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="CPU workers when running on CPU (default: one per core, at most 4; each loads the model).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -242,7 +243,7 @@ def run_command(fasta, out, gpus, workers, threads, dry_run, wait, no_progress, 
     if settings["launcher"] == "local":
         gpu_ids, nworkers, threads = _run_step(devices.resolve, gpus, workers, threads)
     else:   # decided here for every shard; each task uses the devices its node gives it
-        gpu_ids, nworkers = (["0"] if _run_step(devices.resolve_for_tasks, gpus, settings["sbatch"]) else []), 1
+        gpu_ids, nworkers = (["0"] if _run_step(devices.tasks_get_gpu, gpus, settings["sbatch"]) else []), 1
         threads = threads or 1
     config = _run_step(RunConfig, fasta=[os.path.abspath(f) for f in fasta], out=out, devices=gpu_ids,
                        workers=nworkers, threads_per_worker=threads, **settings)

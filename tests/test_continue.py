@@ -4,12 +4,17 @@ before anything is touched, and a run directory that an older run_shards broke r
 advises. Every continued run's result is byte-identical to a clean run's (the native engine on CPU is
 batch-invariant: docs/engine.md).
 """
+import copy
+import dataclasses
 import json
 import shutil
 import subprocess
 import sys
 
 import pytest
+
+from pipeline.config import LAUNCH, PLAN, RESULT, RunConfig, option_of
+from pipeline.errors import RunDirError
 
 from .run_helpers import raw_datasets, status_rows, suggested_commands, undocumented_files
 from .tiny_models import REPO, run_cli
@@ -161,3 +166,49 @@ def test_rerun_of_some_shards_succeeds_and_says_what_is_left(stopped, clean, tmp
     (command,) = suggested_commands(res.stdout)
     assert run_cli(*command, "--no-progress").returncode == 0
     assert raw_datasets(out / "result.h5") == clean
+
+
+def test_every_setting_has_a_role():
+    """RESULT settings must match to continue a run, PLAN (the shard count) may only be repeated, LAUNCH
+    settings apply from the command that gives them: every RunConfig field is exactly one of them, and
+    the batch budget, the batch's sequences and the devices are launch settings (issue 29: they were
+    none, and a continued run kept the old ones without a word)."""
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    roles = {name: option_of(name).role for name in names}
+    assert set(roles.values()) == {RESULT, PLAN, LAUNCH}
+    assert sorted(RunConfig.fields_with_role(RESULT) + RunConfig.fields_with_role(PLAN)
+                  + RunConfig.fields_with_role(LAUNCH)) == sorted(names)
+    assert RunConfig.fields_with_role(PLAN) == ("shards",)
+    assert {"max_tokens_per_batch", "max_seqs", "devices", "workers"} <= set(RunConfig.fields_with_role(LAUNCH))
+
+
+def test_switching_between_cpu_and_gpu_is_refused_naming_the_option(tmp_path):
+    from pipeline.planning.continued import reconcile
+    from pipeline.rundir.layout import RunDir
+    cpu = RunConfig(fasta=["/x.fasta"], out=str(tmp_path), workers=2, shards=2)
+    gpu = dataclasses.replace(cpu, devices=["0", "1"])
+
+    def manifest(config):
+        stored = json.loads(config.to_json())
+        return {"config": stored, "world": 2, "model": {"fingerprint": "m"}, "index": {"fingerprint": "i"},
+                "attrs": {"config": stored, "batch_invariant": True}}
+    with pytest.raises(RunDirError, match="--gpus: .* holds a run computed on CPU workers"):
+        reconcile(RunDir(tmp_path), manifest(cpu), manifest(gpu), gpu)
+    kept = reconcile(RunDir(tmp_path), manifest(cpu), manifest(cpu), dataclasses.replace(cpu, workers=1))
+    assert kept["config"]["workers"] == 1 and kept["attrs"]["config"]["workers"] == 1
+
+
+def test_plan_decides_in_its_own_config(models, small_fasta, tmp_path):
+    """plan() fixes the shard count and the window in the Plan's RunConfig, never in the caller's, and
+    writes nothing until the Plan is recorded."""
+    from pipeline.planning.plan import plan
+    config = RunConfig(fasta=[small_fasta], out=str(tmp_path / "o"), model=models["demo"], workers=3,
+                       on_long="window", window=64)
+    before = copy.deepcopy(config)
+    planned = plan(config)
+    with planned.index:
+        assert config == before
+        assert planned.config.shards == 3 == planned.manifest["world"]
+        assert planned.config.window == 64 and planned.config.overlap is not None
+        assert planned.manifest["config"]["overlap"] == planned.config.overlap
+        assert not (tmp_path / "o").exists()

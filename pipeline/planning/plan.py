@@ -19,7 +19,7 @@ from .. import __version__
 from ..config import RunConfig
 from ..errors import UserError
 from ..output import status_codes
-from ..output.schema import Schema
+from ..output.schema import BASE_COLUMNS, Schema
 from ..rundir.layout import RunDir
 from .continued import reconcile, shard_count
 from .input_policies import apply_input_policies
@@ -27,6 +27,8 @@ from .length_limit import check_long, token_limit, warn_beyond_training
 from .storage import check_storage
 
 log = logging.getLogger("run_shards")
+
+_BASE = {c.path for c in BASE_COLUMNS}
 
 
 @dataclass
@@ -95,6 +97,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     planned = _fit_lengths(planned, index, model, limit)
     from ..tasks import make_task, schema_for
     schema = schema_for(make_task(planned, model.info))
+    log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
     check_storage(schema, index, shards, run.root)
     _log_shards(index, shards)
     manifest = _manifest(planned, model, schema, limit, index)

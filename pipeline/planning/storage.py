@@ -23,7 +23,8 @@ def check_storage(schema: Schema, index: SequenceIndex, world: int, where: Path,
     result = schema.result_bytes(index, index.lengths)
     peak = 2 * result + result // max(1, world)
     if free_bytes is None:
-        free_bytes = shutil.disk_usage(where).free
+        disk = next(p for p in (where, *where.parents) if p.exists())   # `where` may not be created yet
+        free_bytes = shutil.disk_usage(disk).free
     text = (f"storage estimate: result {human_bytes(result)}, about {human_bytes(peak)} on disk at the peak "
             f"(shards + merged result); {human_bytes(free_bytes)} free in {where}")
     if peak > free_bytes:
