@@ -101,9 +101,11 @@ def test_shards_that_contradict_the_plan_are_refused_and_nothing_is_touched(smal
     assert after == {k: v for k, v in before.items() if k.name != "run.log"}
     (command,) = suggested_commands(res.stderr)            # a run of 3 shards elsewhere: the same bytes
     assert command[command.index("--shards") + 1] == "3"
-    res = run_cli(*command, "-q")
+    res = run_cli(*command, "-q", env={"RUN_SHARDS_REPORT": "1"})
     assert res.returncode == 0, res.stderr
-    assert raw_datasets(command[command.index("--out") + 1] + "/result.h5") == clean
+    new = command[command.index("--out") + 1]
+    assert raw_datasets(new + "/result.h5") == clean
+    assert f"report: {new}/report.html" in res.stdout      # -q keeps the terminal quiet, not the outcome
 
 
 def test_a_changed_result_setting_is_refused_naming_the_option(small_fasta, args, stopped, tmp_path):
@@ -212,3 +214,12 @@ def test_plan_decides_in_its_own_config(models, small_fasta, tmp_path):
         assert planned.config.window == 64 and planned.config.overlap is not None
         assert planned.manifest["config"]["overlap"] == planned.config.overlap
         assert not (tmp_path / "o").exists()
+
+
+def test_a_cache_path_that_is_a_file_is_refused_and_out_is_left_as_it_was(small_fasta, args, tmp_path):
+    cache = tmp_path / "cache"
+    cache.write_text("")
+    res = run_cli(small_fasta, "--out", str(tmp_path / "o"), *args, env={"RUN_SHARDS_CACHE": str(cache)})
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"RUN_SHARDS_CACHE {cache} is a file, not a directory" in res.stderr
+    assert not (tmp_path / "o").exists()
