@@ -331,7 +331,7 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     slurm_cluster.cancel_all()
 
     # A GPU request run_shards added (--gpus 1, two shards per task: gres gpu:2, more than a node has) is no
-    # option of the user's to fix; --gpus 0 on that plan would change its dtype: refused, saying so.
+    # option of the user's to fix; --gpus 0 on that plan would change its device kind: refused, saying so.
     assert common[2:4] == ["--gpus", "0"]
     gpus = [small_fasta, "--out", str(tmp_path / "gpu"), *common[:2], *common[4:], "--launcher", "slurm", "--shards",
             "2", "--shards-per-task", "2"]
@@ -340,7 +340,7 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     assert "Fix the --sbatch options" not in res.stderr and "run_shards asked for a GPU per shard" in res.stderr
     res = run_cli(*gpus, "--gpus", "0", env=slurm_cluster.env)
     assert res.returncode == 2, res.stderr
-    assert "dtype bfloat16 -> float32, which --dtype auto takes from --gpus" in res.stderr
+    assert f"--gpus: {tmp_path / 'gpu'} holds a run computed on GPUs" in res.stderr
 
     bare = tmp_path / "no_slurm"     # a PATH without SLURM's commands (this machine has them in /usr/bin)
     bare.mkdir()

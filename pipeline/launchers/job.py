@@ -12,7 +12,7 @@ from pathlib import Path
 from index import SequenceIndex
 
 from ..output import shard_state
-from ..planning.input_checks import start_over_advice
+from ..planning.run_index import start_over_advice
 from ..rundir.layout import RunDir
 from ..rundir.locks import describe_holder
 from .progress import ProgressBoard

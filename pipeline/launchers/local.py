@@ -4,7 +4,6 @@ shard that did not finish, with the one command that continues the run.
 """
 from __future__ import annotations
 
-import json
 import logging
 
 from ..config import RunConfig
@@ -35,7 +34,7 @@ def slots_for(config: RunConfig) -> list[str]:
 def launch(job: ShardJob) -> Launched:
     """Run the shards here. RunFailed (after recording why) when some did not finish; shards another process
     computes (it holds their locks) are left to it, and named in what it returns."""
-    run, config = job.run, RunConfig.from_json(json.dumps(job.manifest["config"]))
+    run, config = job.run, RunConfig.from_manifest(job.manifest)
     slots = slots_for(config)
     running = min(len(slots), len(job.ranks))
     where = f"{running} GPU(s)" if config.on_gpu else f"{running} CPU worker(s)"

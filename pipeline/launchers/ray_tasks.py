@@ -8,7 +8,6 @@ submits the unfinished shards again as tasks. Ray is an optional extra: `pip ins
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -51,7 +50,7 @@ def launch(job: ShardJob) -> Launched:
     outcomes = []
     if job.ranks:
         ray = _import_ray(job.run.root)
-        config = RunConfig.from_json(json.dumps(job.manifest["config"]))
+        config = RunConfig.from_manifest(job.manifest)
         connected_here = _connect(ray, config.ray_address)
         try:
             outcomes = _follow(ray, job, config, _submit(ray, job, config))

@@ -9,7 +9,6 @@ sbatch commands instead; `--wait` follows the run until the result is merged or 
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shlex
@@ -17,8 +16,6 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-
-import numpy as np
 
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
@@ -42,7 +39,7 @@ QUEUE_POLL_SECONDS = 10.0          # --wait asks squeue about the run's jobs at 
 
 
 def launch(job: ShardJob) -> Submitted:
-    run, config = job.run, RunConfig.from_json(json.dumps(job.manifest["config"]))
+    run, config = job.run, RunConfig.from_manifest(job.manifest)
     user_args = shlex.split(config.sbatch)
     folder = slurm_dir(run)
     folder.mkdir(exist_ok=True)
@@ -236,10 +233,7 @@ def _cancelled(ids: list[str]) -> str:
 def merge_minutes(job: ShardJob) -> int:
     """The merge job's time limit: reading the shards and writing result.h5 at MERGE_BYTES_PER_SECOND, the
     wait for a command holding the run, and ten minutes to start; in minutes."""
-    schema = Schema.from_json(job.manifest["schema"])
-    fixed = sum(c.row_bytes() for c in schema.row_columns)
-    per_residue = sum(c.row_bytes() for c in schema.ragged_columns)
-    data = fixed * len(job.index) + per_residue * int(job.index.lengths.sum(dtype=np.int64))
+    data = Schema.from_json(job.manifest["schema"]).result_bytes(job.index, job.index.lengths)
     return int(10 + (MERGE_LOCK_WAIT + 2 * data / MERGE_BYTES_PER_SECOND) // 60)
 
 
@@ -274,7 +268,7 @@ def follow(job: ShardJob, merge_id: str, poll_seconds: float = 2.0) -> Path:
     (preemption, the time limit's USR1) is waited for. The jobs keep running if the user stops following.
     Whether the merge ran is read from its own `ended` event (never by comparing clocks of two hosts)."""
     run = job.run
-    config = RunConfig.from_json(json.dumps(job.manifest["config"]))
+    config = RunConfig.from_manifest(job.manifest)
     board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), f"SLURM ({len(job.ranks)} shard(s))",
                           config.summary_seconds, show_bar=job.show_progress)
     seen, asked = len(events.read(run.run_events_path)), 0.0

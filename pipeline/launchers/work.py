@@ -11,7 +11,6 @@ driver) does.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -19,7 +18,7 @@ import signal
 from ..config import RunConfig
 from ..errors import RunDirError, RunFailed, UserError
 from ..exits import EXIT_USER_ERROR
-from ..planning.input_checks import load_run_index
+from ..planning.run_index import load_run_index
 from ..rundir.failure import FailureRecord
 from ..rundir.layout import RunDir, unwritable_reason
 from ..rundir.locks import ShardLock
@@ -81,7 +80,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
     todo = [k for k in todo if k not in busy]
     if not todo:
         return "\n".join(Launched(busy=busy).busy_lines(run)[:-1])
-    config = RunConfig.from_json(json.dumps(manifest["config"]))
+    config = RunConfig.from_manifest(manifest)
     job = ShardJob(run, dict(manifest, config=dict(manifest["config"], **_node_devices(config, len(todo)))),
                    index, todo, remaining, show_progress,
                    continue_with=f"Continue with:  run_shards rerun {run.root}  (or this task again)")
@@ -167,7 +166,7 @@ def die_with_the_task() -> None:
 def _node_devices(config: RunConfig, shards: int) -> dict:
     """Where this node's workers run: its visible GPUs (as SLURM or Ray set CUDA_VISIBLE_DEVICES) for a GPU
     run, else CPU workers sharing the CPUs this process may use."""
-    from ..planning.devices import visible_gpus
+    from ..planning.devices import cpu_count, visible_gpus
     if config.on_gpu:
         gpus = visible_gpus()
         if not gpus:
@@ -175,7 +174,7 @@ def _node_devices(config: RunConfig, shards: int) -> dict:
                             f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}); request GPUs for its tasks "
                             "(e.g. --sbatch '--gres=gpu:1')")
         return {"devices": gpus[:shards], "workers": min(len(gpus), shards)}
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = cpu_count()
     # CPUs granted but not pinned: a Ray task's num_cpus, and a SLURM task's allocation on clusters that do
     # not bind tasks to their CPUs (TaskPlugin=task/none), where two 1-CPU tasks would otherwise both use
     # every core of the node.

@@ -9,7 +9,6 @@ for people; nothing here reads them. (Runs written before events existed show no
 from __future__ import annotations
 
 import datetime
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,7 +124,7 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
     run_events = events.read(run.run_events_path)
     timings = events.last(run_events, "timings")
     ended = events.last(run_events, "ended")
-    config = RunConfig.from_json(json.dumps(manifest["config"]))
+    config = RunConfig.from_manifest(manifest)
     return RunFacts(
         root=str(run.root), manifest=manifest, lengths=index.lengths, budget=config.tokens_per_batch,
         shards=shards, statuses=statuses, rows=nrows, result=result,

@@ -3,7 +3,6 @@ requeued, or ended, with SLURM's own reason), the last submission and its merge 
 cannot run, why and the command that finishes the run."""
 from __future__ import annotations
 
-import json
 
 from ..config import RunConfig
 from ..launchers.sbatch_scripts import array_ranges, split_arrays
@@ -111,7 +110,7 @@ def _where(writable: bool) -> str:
 def _rerun_lines(run: RunDir, queue: Queue, merge: str | None, ranks: list[int], writable: bool) -> list[str]:
     """The command that finishes the run, and the same submission by hand."""
     per_task = queue.subs[-1].get("shards_per_task", 1)
-    config = RunConfig.from_json(json.dumps(run.read_manifest()["config"]))
+    config = RunConfig.from_manifest(run.read_manifest())
     commands = array_commands(split_arrays(sorted({r // per_task for r in ranks}), max_array_size(True)),
                                config.array_throttle, slurm_dir(run) / "shards.sbatch")
     return [f"so merge job {queue.merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")

@@ -3,7 +3,6 @@ compute them with checkpoints, finish), wherever the process runs. StopFlag and 
 of a stop and tells the parent of its progress."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -105,7 +104,7 @@ class ShardRun:
 
     def _open(self) -> Opened:
         manifest = self.run_dir.read_manifest()
-        config = RunConfig.from_json(json.dumps(manifest["config"]))
+        config = RunConfig.from_manifest(manifest)
         schema = Schema.from_json(manifest["schema"])
         index = SequenceIndex.load(self.run_dir.index_path)
         positions = index.stride_shard(self.rank, config.world)
