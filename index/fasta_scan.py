@@ -25,6 +25,7 @@ import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -364,35 +365,43 @@ class _FileScanner:
         return stream.result(stop)
 
     def scan(self) -> FileScan:
-        _sniff(self.path, self.text.pread(1 << 16, 0))
-        nblocks = max(1, -(-self.size // BLOCK_BYTES))
-        with ThreadPoolExecutor(self.threads) as pool:
-            blocks = list(pool.map(self.block, range(nblocks)))
-            self._check_prefix(blocks)
-            # Records that cross a block boundary run from a block's last header to the next header.
-            spans, slots, pending = [], [], None
-            pieces: list[FileScan | None] = []
-            for b in blocks:
-                if b.first_header is not None and pending is not None:
-                    spans.append((pending, b.first_header))
-                    slots.append(len(pieces))
-                    pieces.append(None)
-                    pending = None
-                pieces.append(b.records)
-                if b.open_header is not None:
-                    pending = b.open_header
-            if pending is not None:
-                spans.append((pending, self.size))
-                slots.append(len(pieces))
-                pieces.append(None)
-            for slot, rec in zip(slots, pool.map(lambda s: self.record(*s), spans)):
-                pieces[slot] = rec
-        scan = FileScan.concat(pieces)
+        scan = FileScan.concat(list(self.pieces()))
         scan.table = self.text.table
         return scan
 
-    def _check_prefix(self, blocks: list[_BlockScan]) -> None:
-        """Everything before the first header must be blank; say so precisely when it is not."""
+    def pieces(self) -> Iterator[FileScan]:
+        """The records in file order, a window of blocks at a time (memory bounded by the window)."""
+        _sniff(self.path, self.text.pread(1 << 16, 0))
+        nblocks = max(1, -(-self.size // BLOCK_BYTES))
+        window = 4 * self.threads
+        pending, seen_header = None, False
+        with ThreadPoolExecutor(self.threads) as pool:
+            for w0 in range(0, nblocks, window):
+                blocks = list(pool.map(self.block, range(w0, min(nblocks, w0 + window))))
+                seen_header = seen_header or self._check_prefix(blocks)
+                # Records that cross a block boundary run from a block's last header to the next header.
+                spans, slots, pieces = [], [], []
+                for b in blocks:
+                    if b.first_header is not None and pending is not None:
+                        spans.append((pending, b.first_header))
+                        slots.append(len(pieces))
+                        pieces.append(None)
+                        pending = None
+                    pieces.append(b.records)
+                    if b.open_header is not None:
+                        pending = b.open_header
+                for slot, rec in zip(slots, pool.map(lambda s: self.record(*s), spans)):
+                    pieces[slot] = rec
+                yield from (p for p in pieces if len(p.offsets))
+            if not seen_header:
+                raise FastaError(self.path, "file is empty: no FASTA records",
+                                 hint="A record is a '>' header line followed by sequence lines")
+            if pending is not None:
+                yield self.record(pending, self.size)
+
+    def _check_prefix(self, blocks: list[_BlockScan]) -> bool:
+        """Everything before the first header must be blank; say so precisely when it is not. True once a
+        header was found in `blocks` (the caller passes the blocks up to the first header)."""
         for b in blocks:
             if b.nonblank_before_header:
                 raise FastaError(self.path, "sequence data before the first header",
@@ -400,9 +409,8 @@ class _FileScanner:
                                  hint="Every record must start with a '>' header line; add one or remove the "
                                       "stray lines")
             if b.first_header is not None:
-                return
-        raise FastaError(self.path, "file is empty: no FASTA records",
-                         hint="A record is a '>' header line followed by sequence lines")
+                return True
+        return False
 
 
 def legacy_content_crc32(path: str | os.PathLike) -> int:
@@ -475,12 +483,37 @@ def scan_fasta(path: str | os.PathLike, threads: int | None = None, nucleotides:
 
     `nucleotides`: also count, per record, the residues that are A, C, G, T, U or N (`FileScan.nucleotides`).
     """
-    path = os.fspath(path)
-    threads = threads or min(8, os.cpu_count() or 1)
+    stream = ScanStream(path, threads, nucleotides)
+    scan = FileScan.concat(list(stream))
+    scan.table = stream.table
+    return scan
+
+
+class ScanStream:
+    """The records of one FASTA file as FileScan pieces in file order, a few blocks at a time, so that
+    memory does not grow with the file; `table` (a BGZF file's block table, else None) once iterated."""
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None, nucleotides: bool = False):
+        self.path, self.nucleotides = os.fspath(path), nucleotides
+        self.threads = threads or min(8, os.cpu_count() or 1)
+        self.table: np.ndarray | None = None
+
+    def __iter__(self) -> Iterator[FileScan]:
+        scanner = _open_scanner(self.path, self.threads, self.nucleotides)
+        try:
+            yield from scanner.pieces()
+            self.table = scanner.text.table
+        except _Problem as p:
+            raise _explain(self.path, p) from None
+        finally:
+            scanner.close()
+
+
+def _open_scanner(path: str, threads: int, nucleotides: bool) -> "_FileScanner":
     if os.path.isdir(path):
         raise FastaError(path, "is a directory, not a FASTA file")
     try:
-        scanner = _FileScanner(path, threads, nucleotides)
+        return _FileScanner(path, threads, nucleotides)
     except FileNotFoundError:
         if os.path.basename(path) == "-":
             raise FastaError(path, "file not found", hint="Standard input is not read ('-'): the index needs a "
@@ -490,12 +523,6 @@ def scan_fasta(path: str | os.PathLike, threads: int | None = None, nucleotides:
         raise FastaError(path, "permission denied: cannot read the file") from None
     except OSError as e:
         raise FastaError(path, f"cannot open: {e.strerror or e}") from None
-    try:
-        return scanner.scan()
-    except _Problem as p:
-        raise _explain(path, p) from None
-    finally:
-        scanner.close()
 
 
 def _explain(path: str, p: _Problem) -> FastaError:

@@ -78,7 +78,7 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
     check_long(index, tokenizer, limit, config)
     trained = info.extra.get("trained_context")
     if trained and trained < (limit or float("inf")):
-        over = int((tokenizer.tokens_for_residues(index.lengths) > trained).sum())
+        over = int(index.length_counts[tokenizer.tokens_for_residues(index.length_values) > trained].sum())
         if over:
             log.warning("%d sequence(s) are longer than the model's trained context of %d tokens "
                         "(max_position_embeddings); they run, but the model was not trained on such lengths. "
@@ -87,7 +87,7 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
     stats = index.shard_stats(config.world)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", config.world,
              int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
-    for r in range(config.world):
+    for r in range(config.world) if config.world <= 40 else ():   # above 40 shards the line above says it
         log.info("  shard %d: %d sequences, %d residues", r, int(stats.sequences[r]), int(stats.tokens[r]))
     manifest = {
         "config": json.loads(config.to_json()), "model": source.identity(), "engine": engine,
@@ -97,8 +97,9 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
     }
     if run.exists():
         _check_same_run(run, config, manifest)
-    else:
-        index.save(run.index_path)
+    else:   # the run's copy holds the stride table its workers read (index/stride.py)
+        index.save(run.index_path, world=config.world)
+        index = SequenceIndex.load(run.index_path, verify=False)
         run.write_manifest(manifest)
     return run.read_manifest(), index
 

@@ -40,7 +40,8 @@ def where_in_input(index: SequenceIndex, i: int) -> str:
 def apply_input_policies(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
     """Duplicate ids and empty records: refuse with the list, or apply the chosen policy. Records over
     2**31 - 1 residues, more than the output's int32 `lengths` column holds, are refused."""
-    huge = np.flatnonzero(index.lengths > np.iinfo(np.int32).max)
+    limit = np.iinfo(np.int32).max
+    huge = index.positions_where(lambda lengths: lengths > limit) if index.max_length > limit else []
     if len(huge):
         shown = listing([f"{where_in_input(index, int(i))} ({int(index.lengths[i]):,} residues)"
                          for i in huge[:MAX_LISTED]], len(huge))
@@ -78,7 +79,9 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
         where = "--max-length" if config.max_length == limit else "the model's length limit"
         raise UserError(f"{where} of {limit} tokens leaves no room for residues: the model adds "
                         f"{tokenizer.num_special} special token(s) to every sequence. Give a larger --max-length.")
-    long = np.flatnonzero(tokenizer.tokens_for_residues(index.lengths) > limit)
+    if int(tokenizer.tokens_for_residues(np.array([index.max_length]))[0]) <= limit:
+        return   # (the longest record fits: nothing to read)
+    long = index.positions_where(lambda lengths: tokenizer.tokens_for_residues(lengths) > limit)
     if len(long) and not tokenizer.char_level:  # the residue estimate is an upper bound: count exactly
         exact = tokenizer.encode([index.sequence(int(i)) for i in long])
         long = long[[len(t.ids) > limit for t in exact]]
@@ -115,7 +118,7 @@ def estimate_result_bytes(schema: Schema, index: SequenceIndex, tokenizer: Seque
     fixed = sum(c.row_bytes() for c in schema.row_columns if c.path != "ids") * len(index)
     ids = int(index.id_offsets[-1]) + 16 * len(index)
     per_token = sum(c.row_bytes() for c in schema.ragged_columns)
-    ragged = per_token * int(index.lengths.sum(dtype=np.int64))
+    ragged = per_token * index.total_residues
     return fixed + ids + ragged + 8 * len(index) * len(schema.ragged_groups)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from index import InputChanged, SequenceIndex
+from index.shard_view import open_stride
 
 from .. import faults
 from ..config import RunConfig
@@ -103,9 +104,9 @@ class ShardRun:
         manifest = self.run_dir.read_manifest()
         config = RunConfig.from_json(json.dumps(manifest["config"]))
         schema = Schema.from_json(manifest["schema"])
-        index = SequenceIndex.load(self.run_dir.index_path)
+        index = open_stride(self.run_dir.index_path, self.rank, config.world)   # this shard's rows only
         self._lock_shard()
-        positions = index.stride_shard(self.rank, config.world)
+        positions = index.positions
         attrs = dict(manifest["attrs"], shard=self.rank, world=config.world)
         writer = ShardWriter(self.run_dir, self.rank, schema, attrs, positions,
                              config.checkpoint_sequences, config.checkpoint_seconds)
