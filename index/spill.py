@@ -161,3 +161,14 @@ def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     out_starts = np.cumsum(lengths) - lengths
     return np.repeat(np.asarray(starts, np.int64) - out_starts, lengths) + np.arange(total, dtype=np.int64)
+
+
+def sorted_pairs(buckets: HashBuckets) -> Iterator[np.ndarray]:
+    """Every (key, pos) record of `buckets`, sorted by key (ties by pos), a bucket at a time."""
+    try:
+        for k in range(len(buckets.buckets.paths)):
+            rec = buckets.buckets.read(k, buckets.dtype)
+            if len(rec):
+                yield rec[np.lexsort((rec["pos"], rec["key"]))]
+    finally:
+        buckets.buckets.close()
