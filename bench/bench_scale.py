@@ -39,7 +39,7 @@ world = json.loads(run.manifest_path.read_text())["world"]
 before = hwm()
 t = time.perf_counter()
 try:
-    from index.stride import open_stride            # the mapped index (issue 28)
+    from index.shard_view import open_stride           # the mapped index (issue 28)
     index = open_stride(run.index_path, rank, world)
     positions = index.positions
 except ImportError:                                  # before: the whole index in memory

@@ -180,12 +180,15 @@ def _length_order(lengths: Column, hist: _Histogram, n: int, root: str) -> Colum
     pos = 0
     for chunk in lengths.chunks():
         slot = len(desc_values) - 1 - np.searchsorted(hist.values, chunk)   # place of each length, longest first
+        if len(desc_values) <= 1 << 16:
+            slot = slot.astype(np.uint16)   # numpy sorts 16-bit keys by radix
         by = np.argsort(slot, kind="stable")
         s = slot[by]
         first = np.ones(len(s), bool)
         first[1:] = s[1:] != s[:-1]
         run_start = np.maximum.accumulate(np.where(first, np.arange(len(s)), 0))
         dest = np.empty(len(s), np.int64)
+        s = s.astype(np.int64)
         dest[by] = starts[s] + seen[s] + (np.arange(len(s)) - run_start)
         np.add.at(seen, s[first], np.diff(np.append(np.flatnonzero(first), len(s))))
         scatter.add(dest, np.arange(pos, pos + len(chunk), dtype=np.int64).astype(dtype))

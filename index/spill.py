@@ -58,51 +58,62 @@ class _Buckets:
 class Scatter:
     """Records of a fixed-width dtype, each with a destination in 0..n-1 (every destination once), read
     back in destination order, one window at a time. `blob` records may carry a variable-length byte
-    string each (ids): `add(..., blobs, blob_lengths)` and `chunks` then also yields them in order."""
+    string each (ids): `add(..., blobs, blob_offsets)` and `chunks` then also yields them in order."""
 
     def __init__(self, n: int, dtype, directory: str | None = None, window: int = WINDOW, blob: bool = False):
         self.n, self.window, self.blob = n, max(1, window), blob
-        self.dtype = np.dtype([("dest", "<i8"), ("value", np.dtype(dtype))] +
-                              ([("blob_len", "<i8")] if blob else []))
+        self.dtype = np.dtype(dtype)
+        self.raw = np.dtype(f"V{self.dtype.itemsize}")   # records moved as bytes (no per-field copies)
         count = max(1, -(-n // self.window))
         self.records = _Buckets(count, directory, "rs-scatter-")
+        self.dests = _Buckets(count, self.records.root, "d")
         self.blobs = _Buckets(count, self.records.root, "b") if blob else None
 
     def add(self, dest: np.ndarray, values: np.ndarray, blobs: np.ndarray | None = None,
             blob_offsets: np.ndarray | None = None) -> None:
         """Records with destinations `dest`; with blobs, record j's bytes are blobs[blob_offsets[j]:blob_offsets[j + 1]]."""
-        rec = np.empty(len(dest), self.dtype)
-        rec["dest"], rec["value"] = dest, values
-        bucket = np.asarray(dest, np.int64) // self.window
-        order = np.argsort(bucket, kind="stable")
-        bounds = np.searchsorted(bucket[order], np.arange(int(bucket.max(initial=-1)) + 2))
+        dest = np.asarray(dest, np.int64)
+        values = np.ascontiguousarray(values, self.dtype)
         if self.blob:
-            rec["blob_len"] = np.diff(blob_offsets)
+            lens = np.diff(blob_offsets).astype(np.int64)
+            dest_rec = np.empty(len(dest), [("dest", "<i8"), ("len", "<i8")])
+            dest_rec["dest"], dest_rec["len"] = dest, lens
+        else:
+            dest_rec = dest
+        if len(self.records.paths) == 1:
+            self.records.append(0, values.tobytes())
+            self.dests.append(0, dest_rec.tobytes())
+            if self.blob:
+                self.blobs.append(0, blobs[int(blob_offsets[0]):int(blob_offsets[-1])].tobytes())
+            return
+        order, bounds = _group(dest // self.window, len(self.records.paths))
+        raw = values.view(self.raw)
         for k in np.flatnonzero(np.diff(bounds)):
             rows = order[bounds[k]:bounds[k + 1]]
-            self.records.append(int(k), rec[rows].tobytes())
+            self.records.append(int(k), raw[rows].tobytes())
+            self.dests.append(int(k), dest_rec[rows].tobytes())
             if self.blob:
-                starts = blob_offsets[:-1][rows]
-                gather = _ragged(starts, rec["blob_len"][rows])
-                self.blobs.append(int(k), blobs[gather].tobytes())
+                self.blobs.append(int(k), blobs[_ragged(blob_offsets[:-1][rows], lens[rows])].tobytes())
 
     def chunks(self) -> Iterator[tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]]:
         """(first destination, values in destination order, blob bytes, blob offsets) per window."""
         try:
             for k in range(len(self.records.paths)):
-                rec = self.records.read(k, self.dtype)
                 lo = k * self.window
                 size = min(self.window, self.n - lo)
-                if len(rec) != size:
+                rec = self.records.read(k, self.raw)
+                dest = self.dests.read(k, [("dest", "<i8"), ("len", "<i8")] if self.blob else np.int64)
+                if len(rec) != size or len(dest) != size:
                     raise AssertionError(f"scatter window {k}: {len(rec)} records for {size} destinations")
-                place = rec["dest"] - lo
-                values = np.empty(size, self.dtype["value"])
-                values[place] = rec["value"]
+                place = (dest["dest"] if self.blob else dest) - lo
+                values = np.empty(size, self.raw)
+                values[place] = rec
+                values = values.view(self.dtype)
                 if not self.blob:
                     yield lo, values, None, None
                     continue
                 data = self.blobs.read(k, np.uint8)
-                lens = rec["blob_len"]
+                lens = dest["len"]
                 starts = np.cumsum(lens) - lens
                 inverse = np.empty(size, np.int64)
                 inverse[place] = np.arange(size)
@@ -129,9 +140,10 @@ class HashBuckets:
     def add(self, keys: np.ndarray, positions: np.ndarray) -> None:
         rec = np.empty(len(keys), self.dtype)
         rec["key"], rec["pos"] = keys, positions
-        bucket = (keys >> np.uint64(64 - self.bits)).astype(np.int64) if self.bits else np.zeros(len(keys), np.int64)
-        order = np.argsort(bucket, kind="stable")
-        bounds = np.searchsorted(bucket[order], np.arange((1 << self.bits) + 1))
+        if not self.bits:
+            self.buckets.append(0, rec.tobytes())
+            return
+        order, bounds = _group((keys >> np.uint64(64 - self.bits)).astype(np.int64), 1 << self.bits)
         for k in np.flatnonzero(np.diff(bounds)):
             self.buckets.append(int(k), rec[order[bounds[k]:bounds[k + 1]]].tobytes())
 
@@ -151,6 +163,13 @@ class HashBuckets:
                     yield np.sort(rec["pos"][mark])
         finally:
             self.buckets.close()
+
+
+def _group(bucket: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """A stable order of the items by bucket, and where each bucket's items start in it (count + 1)."""
+    key = bucket.astype(np.uint16) if count <= 1 << 16 else bucket   # numpy sorts 16-bit keys by radix
+    order = np.argsort(key, kind="stable")
+    return order, np.searchsorted(key[order], np.arange(count + 1))
 
 
 def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from .spill import Scatter
 
 FIELDS = ("offsets", "nbytes", "lengths", "file_no", "checksums")
 _WINDOW_BYTES = 128 << 20
+_FIXED_ID = 64   # ids up to this many bytes travel in the records themselves
 
 
 def shard_sizes(n: int, world: int) -> np.ndarray:
@@ -60,36 +61,62 @@ def _build(index, world: int, root: str) -> list[index_file.Part]:
         ranks = np.arange(k, k + len(chunk), dtype=np.int64)
         where.add(chunk.astype(np.int64), starts[ranks % world] + ranks // world)
         k += len(chunk)
-    # 2. every record to its place, with its id
+    # 2. every record to its place, with its id (a fixed-width field up to _FIXED_ID bytes, else a blob)
+    width = max((int(np.diff(c).max(initial=0)) for c in _chunks(index, "id_offsets", 1 << 22)), default=0)
+    fixed = width <= _FIXED_ID
     fields = [("position", "<i8")] + [(f, getattr(index, f).dtype) for f in FIELDS if getattr(index, f) is not None]
+    fields += [("id_len", "<i4")] + ([("id", f"V{max(1, width)}")] if fixed else [])
     record = np.dtype(fields)
-    place = Scatter(n, record, root, window=max(1, _WINDOW_BYTES // (record.itemsize + 40)), blob=True)
+    place = Scatter(n, record, root, window=max(1, _WINDOW_BYTES // (record.itemsize + 40)), blob=not fixed)
     for lo, dest, _, _ in where.chunks():
         hi = lo + len(dest)
         rec = np.empty(len(dest), record)
         rec["position"] = np.arange(lo, hi)
-        for f in record.names[1:]:
+        for f in record.names[1:-2 if fixed else -1]:
             rec[f] = getattr(index, f)[lo:hi]
         ids = np.array(index.id_offsets[lo:hi + 1], np.int64)
         blob = np.array(index.id_blob[int(ids[0]):int(ids[-1])])
-        place.add(dest, rec, blob, ids - ids[0])
+        lens = np.diff(ids)
+        rec["id_len"] = lens
+        if fixed:
+            rec["id"] = _padded(blob, lens, width).view(record["id"]).reshape(-1)
+            place.add(dest, rec)
+        else:
+            place.add(dest, rec, blob, ids - ids[0])
         index.release()
     # 3. the table, in shard order
-    cols = {f: Column(root, f"stride_{f}", record[f]) for f in record.names}
+    names = [f for f in record.names if f not in ("id_len", "id")]
+    cols = {f: Column(root, f"stride_{f}", record[f]) for f in names}
     id_offsets, id_blob = Column(root, "stride_id_offsets", np.int64), Column(root, "stride_id_blob", np.uint8)
     id_offsets.append(np.zeros(1, np.int64))
     end = 0
     for _, rec, blob, offsets in place.chunks():
-        for f in record.names:
+        for f in names:
             cols[f].append(rec[f])
+        if fixed:
+            lens = rec["id_len"].astype(np.int64)
+            blob = np.ascontiguousarray(rec["id"]).view(np.uint8).reshape(len(rec), -1)[np.arange(max(1, width)) < lens[:, None]]
+            offsets = np.concatenate(([0], np.cumsum(lens)))
         id_offsets.append(offsets[1:] + end)
         id_blob.append(blob)
         end += int(offsets[-1])
     out = [index_file.in_memory("stride_starts", starts, stride=True)]
-    for f in record.names:
+    for f in names:
         name = "stride_positions" if f == "position" else f"stride_{f}"
         out.append(_stride(cols[f].part(name)))
     return out + [_stride(id_offsets.part("stride_id_offsets")), _stride(id_blob.part("stride_id_blob"))]
+
+
+def _padded(blob: np.ndarray, lens: np.ndarray, width: int) -> np.ndarray:
+    """Ids back to back as a [len(lens), width] matrix of bytes, each padded with zeros (a column at a
+    time: ids are short, records many)."""
+    out = np.zeros((len(lens), max(1, width)), np.uint8)
+    starts = np.cumsum(lens) - lens
+    last = max(0, len(blob) - 1)
+    for j in range(width):
+        has = lens > j
+        out[:, j] = np.where(has, blob[np.minimum(starts + j, last)] if len(blob) else 0, 0)
+    return out
 
 
 def _stride(part: index_file.Part) -> index_file.Part:
