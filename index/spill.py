@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 WINDOW = 8 << 20          # records per bucket (and per chunk of a streaming pass)
-_BUFFER_BYTES = 64 << 20  # the write buffers of all buckets together; each is flushed at its share
+_BUFFER_BYTES = 32 << 20  # the write buffers of all buckets together; each is flushed at its share
 
 
 class _Buckets:

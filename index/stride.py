@@ -22,8 +22,9 @@ from .build import Column
 from .spill import Scatter
 
 FIELDS = ("offsets", "nbytes", "lengths", "file_no", "checksums")
-_WINDOW_BYTES = 128 << 20
+_WINDOW_BYTES = 64 << 20
 _FIXED_ID = 64   # ids up to this many bytes travel in the records themselves
+_STEP = 1 << 19  # records handled at once on their way into the scatter
 
 
 def shard_sizes(n: int, world: int) -> np.ndarray:
@@ -55,7 +56,7 @@ def _build(index, world: int, root: str) -> list[index_file.Part]:
     starts = np.zeros(world + 1, np.int64)
     np.cumsum(shard_sizes(n, world), out=starts[1:])
     # 1. where each position goes: rank k (order[k] = p) goes to starts[k % W] + k // W
-    where = Scatter(n, np.int64, root, window=_WINDOW_BYTES // 24)
+    where = Scatter(n, np.int64, root, window=_WINDOW_BYTES // 16)
     k = 0
     for chunk in _chunks(index, "order", where.window):
         ranks = np.arange(k, k + len(chunk), dtype=np.int64)
@@ -68,22 +69,9 @@ def _build(index, world: int, root: str) -> list[index_file.Part]:
     fields += [("id_len", "<i4")] + ([("id", f"V{max(1, width)}")] if fixed else [])
     record = np.dtype(fields)
     place = Scatter(n, record, root, window=max(1, _WINDOW_BYTES // (record.itemsize + 40)), blob=not fixed)
-    for lo, dest, _, _ in where.chunks():
-        hi = lo + len(dest)
-        rec = np.empty(len(dest), record)
-        rec["position"] = np.arange(lo, hi)
-        for f in record.names[1:-2 if fixed else -1]:
-            rec[f] = getattr(index, f)[lo:hi]
-        ids = np.array(index.id_offsets[lo:hi + 1], np.int64)
-        blob = np.array(index.id_blob[int(ids[0]):int(ids[-1])])
-        lens = np.diff(ids)
-        rec["id_len"] = lens
-        if fixed:
-            rec["id"] = _padded(blob, lens, width).view(record["id"]).reshape(-1)
-            place.add(dest, rec)
-        else:
-            place.add(dest, rec, blob, ids - ids[0])
-        index.release()
+    for start, dests, _, _ in where.chunks():
+        for a in range(0, len(dests), _STEP):   # a few MiB of records at a time
+            _place(index, place, record, fixed, width, start + a, dests[a:a + _STEP])
     # 3. the table, in shard order
     names = [f for f in record.names if f not in ("id_len", "id")]
     cols = {f: Column(root, f"stride_{f}", record[f]) for f in names}
@@ -105,6 +93,25 @@ def _build(index, world: int, root: str) -> list[index_file.Part]:
         name = "stride_positions" if f == "position" else f"stride_{f}"
         out.append(_stride(cols[f].part(name)))
     return out + [_stride(id_offsets.part("stride_id_offsets")), _stride(id_blob.part("stride_id_blob"))]
+
+
+def _place(index, place: Scatter, record: np.dtype, fixed: bool, width: int, lo: int, dest: np.ndarray) -> None:
+    """Records lo .. lo + len(dest) - 1 (input order) with their ids, to their places in the table."""
+    hi = lo + len(dest)
+    rec = np.empty(len(dest), record)
+    rec["position"] = np.arange(lo, hi)
+    for f in record.names[1:-2 if fixed else -1]:
+        rec[f] = getattr(index, f)[lo:hi]
+    ids = np.array(index.id_offsets[lo:hi + 1], np.int64)
+    blob = np.array(index.id_blob[int(ids[0]):int(ids[-1])])
+    lens = np.diff(ids)
+    rec["id_len"] = lens
+    if fixed:
+        rec["id"] = _padded(blob, lens, width).view(record["id"]).reshape(-1)
+        place.add(dest, rec)
+    else:
+        place.add(dest, rec, blob, ids - ids[0])
+    index.release()
 
 
 def _padded(blob: np.ndarray, lens: np.ndarray, width: int) -> np.ndarray:
