@@ -72,6 +72,7 @@ def write_shards(run: RunDir, index: SequenceIndex, shards: int, dim: int, rows_
                 "ids": np.array([index.id_bytes(int(i)) for i in p], dtype=object), "index": p,
                 "lengths": lengths, "num_tokens": lengths + 2, "truncated": np.zeros(len(p), bool),
                 "status": np.zeros(len(p), np.int8),
+                "sequence_digest": np.zeros((len(p), 16), np.uint8),
                 "embeddings/mean": rng.standard_normal((len(p), dim), dtype=np.float32)}))
             index.release()
         w.finish()

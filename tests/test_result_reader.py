@@ -4,6 +4,7 @@ end, a duplicated id renamed by the run, missing ids named in one clear error, e
 parquet and per-id HDF5; and `get` on a result merged by the local SLURM's merge job."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -14,6 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
+from index import SequenceIndex
 from pipeline.errors import UserError
 from pipeline.output import id_index
 from pipeline.output.get import read_ids
@@ -27,13 +29,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory, models):
-    """A per-residue run of 60 records (one id given twice, renamed 'dupe.dup2'), two CPU workers."""
+    """A per-residue run of 62 records (one id given twice, renamed 'dupe.dup2'; two records of the same
+    residues written differently), two CPU workers."""
     folder = tmp_path_factory.mktemp("reader")
     fasta = folder / "in.fasta"
     subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "60", "--seed", "9",
                     "--max-len", "120", str(fasta)], check=True, capture_output=True)
     text = fasta.read_text().replace(">SYN000000010 ", ">dupe ").replace(">SYN000000040 ", ">dupe ")
-    fasta.write_text(text)
+    fasta.write_text(text + ">same1\nMKVLA\nGW\n>same2 the same residues\nmkv\nlagw*\n")
     out = folder / "out"
     res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "2",
                   "--per-residue", "--on-duplicate-id", "rename", "--no-progress")
@@ -47,7 +50,7 @@ def result(tmp_path_factory, models):
 def row_of(data: dict, k: int) -> dict:
     off = data["per_residue/offsets"]
     return {"ids": data["ids"][k].decode(), **{c: data[c][k] for c in ("index", "lengths", "num_tokens", "truncated",
-                                                                       "status", "embeddings/mean")},
+                                                                       "status", "sequence_digest", "embeddings/mean")},
             "per_residue/values": data["per_residue/values"][off[k]:off[k + 1]]}
 
 
@@ -64,13 +67,13 @@ def picks(ids: list[str]) -> list[int]:
 def test_reader_returns_exactly_the_rows_of_the_result(result):
     out, data, ids = result
     with open_result(out) as res:
-        assert len(res) == len(ids) == 60
+        assert len(res) == len(ids) == 62
         assert res.ids is not None   # the merge wrote the id index
         for k in picks(ids):
             same(res.get(ids[k]), row_of(data, k))
             same(res.at_position(int(data["index"][k])), row_of(data, k))
             assert np.array_equal(res.per_residue(k, "per_residue/values"), row_of(data, k)["per_residue/values"])
-        assert res.rows([ids[-1], ids[0]]).tolist() == [59, 0]
+        assert res.rows([ids[-1], ids[0]]).tolist() == [61, 0]
         chunks = list(res.chunks(7, ["ids", "embeddings/mean", "per_residue/values"]))
         assert [i for c in chunks for i in c["ids"]] == ids
         assert np.array_equal(np.concatenate([c["embeddings/mean"] for c in chunks]), data["embeddings/mean"])
@@ -78,6 +81,18 @@ def test_reader_returns_exactly_the_rows_of_the_result(result):
         assert all(np.array_equal(flat[k], row_of(data, k)["per_residue/values"]) for k in range(len(ids)))
         with pytest.raises(MissingIds, match=r"2 id\(s\) not in .*result.h5: 'nope', 'SYN'\. "):
             res.rows(["nope", ids[3], "SYN"])
+
+
+def test_each_row_has_the_digest_of_its_residues(result):
+    """BLAKE2b-128 of the residues as the index reads them: the two records of the same residues (other
+    line breaks, lower case, a stop '*') share it, every other row has its own."""
+    out, data, ids = result
+    index = SequenceIndex.build([out.parent / "in.fasta"])
+    want = [hashlib.blake2b(index.sequence(i).encode(), digest_size=16).digest() for i in range(len(index))]
+    assert [bytes(d) for d in data["sequence_digest"][data["index"]]] == want
+    same1, same2 = ids.index("same1"), ids.index("same2")
+    assert bytes(data["sequence_digest"][same1]) == bytes(data["sequence_digest"][same2])
+    assert len({bytes(d) for d in data["sequence_digest"]}) == len(ids) - 1
 
 
 def test_the_id_index_is_sorted_hashes_with_their_rows(result):
@@ -108,13 +123,14 @@ def test_get_through_the_cli_in_each_format(result, tmp_path):
     tsv = run_cli("get", str(out), *chosen)
     assert tsv.returncode == 0, tsv.stderr
     lines = tsv.stdout.splitlines()
-    assert lines[0].split("\t") == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "embeddings/mean",
-                                    "per_residue/values"]
+    assert lines[0].split("\t") == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "sequence_digest",
+                                    "embeddings/mean", "per_residue/values"]
     for line, k in zip(lines[1:], picks(ids)):
         cells = line.split("\t")
         assert cells[0] == ids[k] and int(cells[1]) == data["index"][k]
-        assert np.array_equal(np.array(cells[6].split(","), np.float32), data["embeddings/mean"][k])
-        per_residue = np.array([t.split(",") for t in cells[7].split(";")], np.float16)
+        assert np.array_equal(np.array(cells[6].split(","), np.uint8), data["sequence_digest"][k])
+        assert np.array_equal(np.array(cells[7].split(","), np.float32), data["embeddings/mean"][k])
+        per_residue = np.array([t.split(",") for t in cells[8].split(";")], np.float16)
         assert np.array_equal(per_residue, row_of(data, k)["per_residue/values"])
 
     ids_file = tmp_path / "ids.txt"
@@ -164,18 +180,19 @@ def test_export_parquet_round_trips_every_column(result, tmp_path):
     assert done.returncode == 0, done.stderr
     table = pq.read_table(out / "result.parquet")
     (out / "result.parquet").unlink()
-    assert table.column_names == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "embeddings/mean",
-                                  "per_residue/values"]
+    assert table.column_names == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "sequence_digest",
+                                  "embeddings/mean", "per_residue/values"]
     assert table.column("ids").to_pylist() == ids
     for name in ("index", "lengths", "num_tokens", "truncated", "status"):
         assert np.array_equal(table.column(name).to_numpy(), data[name]), name
-    assert np.array_equal(np.array(table.column("embeddings/mean").to_pylist(), np.float32), data["embeddings/mean"])
+    for name, dtype in (("embeddings/mean", np.float32), ("sequence_digest", np.uint8)):
+        assert np.array_equal(np.array(table.column(name).to_pylist(), dtype), data[name]), name
     per_residue = table.column("per_residue/values").to_pylist()
     for k in range(len(ids)):
         assert np.array_equal(np.array(per_residue[k], np.float16).reshape(-1, 64),
                               row_of(data, k)["per_residue/values"]), k
     attrs = json.loads(table.schema.metadata[b"run_shards"])
-    assert attrs["task"] == "embed" and attrs["num_sequences"] == 60
+    assert attrs["task"] == "embed" and attrs["num_sequences"] == 62
 
 
 def test_export_per_id_h5_as_uniprot_per_protein(result, tmp_path):
