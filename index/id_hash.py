@@ -47,7 +47,10 @@ def id_hashes(blob: np.ndarray, offsets: np.ndarray, chunk_bytes: int = 1 << 20)
     inverse = np.full(span, _HASH_BASE_INV, np.uint64)
     inverse[0] = 1
     np.multiply.accumulate(inverse, out=inverse)
-    parts = np.linspace(0, n, _ID_THREADS + 1).astype(np.int64) if n > 1 << 16 else np.array([0, n])
+    if n <= 1 << 16:   # (a thread pool costs more than a few ids: `get` hashes one at a time)
+        return out if _hash_range(blob, offsets, 0, n, chunk_bytes, powers, inverse, out) \
+            else _slow_hashes(blob, offsets)
+    parts = np.linspace(0, n, _ID_THREADS + 1).astype(np.int64)
     with ThreadPoolExecutor(len(parts) - 1) as pool:
         done = list(pool.map(lambda ab: _hash_range(blob, offsets, ab[0], ab[1], chunk_bytes, powers, inverse, out),
                              zip(parts[:-1], parts[1:])))

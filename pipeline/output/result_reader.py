@@ -67,6 +67,7 @@ class ResultFile:
         except (OSError, KeyError, ValueError) as e:
             raise UserError(f"{self.path} is not a readable run_shards result ({type(e).__name__}: {e})") from None
         self.ids = IdIndex(self.file) if GROUP in self.file else None
+        self._data = {c.path: self.file[c.path] for c in self.schema.columns}   # opened once
         self._offsets: dict[str, h5py.Dataset] = {g: self.file[f"{g}/offsets"] for g in self.schema.ragged_groups}
 
     def __len__(self) -> int:
@@ -104,7 +105,7 @@ class ResultFile:
         out = np.full(len(ids), -1, np.int64)
         for k, (name, key) in enumerate(zip(ids, hashes_of(ids))):
             for row in self.ids.candidates(int(key)):
-                if _text(self.file["ids"][int(row)]) == name:   # hashes may collide: the id decides
+                if _text(self._data["ids"][int(row)]) == name:   # hashes may collide: the id decides
                     out[k] = int(row)
                     break
         return out
@@ -153,7 +154,7 @@ class ResultFile:
             raise UserError(f"row {i} is out of range: {self.path} has {self.n:,} rows")
         out = {}
         for c in self.schema.columns:
-            out[c.path] = self.per_residue(i, c.path) if c.ragged else _value(c, self.file[c.path][i])
+            out[c.path] = self.per_residue(i, c.path) if c.ragged else _value(c, self._data[c.path][i])
         return out
 
     def per_residue(self, i: int, path: str) -> np.ndarray:
@@ -162,7 +163,7 @@ class ResultFile:
         if not column.ragged:
             raise UserError(f"{path} holds one value per row, not per residue")
         a, b = (int(x) for x in self._offsets[column.group][i:i + 2])
-        return self.file[path][a:b]
+        return self._data[path][a:b]
 
     def chunks(self, size: int = 65536, columns: Iterable[str] | None = None) -> Iterator[dict]:
         """Rows `size` at a time, as {column: array} (ids as str; a ragged column as a list of arrays, one
