@@ -25,10 +25,15 @@ BLOCK = 4096   # rows of hashes per block and per HDF5 chunk
 
 def hashes_of(ids) -> np.ndarray:
     """The id hash of each id (str or bytes)."""
-    raw = [i.encode() if isinstance(i, str) else bytes(i) for i in ids]
+    try:
+        blob = b"".join(ids)   # the merge's ids are bytes already
+        raw = ids
+    except TypeError:
+        raw = [i.encode() if isinstance(i, str) else bytes(i) for i in ids]
+        blob = b"".join(raw)
     offsets = np.zeros(len(raw) + 1, np.int64)
-    np.cumsum([len(r) for r in raw], out=offsets[1:])
-    return id_hashes(np.frombuffer(b"".join(raw), np.uint8), offsets)
+    np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)), out=offsets[1:])
+    return id_hashes(np.frombuffer(blob, np.uint8), offsets)
 
 
 class IdIndexWriter:
