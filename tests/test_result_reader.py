@@ -229,3 +229,24 @@ def test_get_on_a_result_merged_by_slurm(slurm_cluster, models, tmp_path):
     for row, k in zip(rows, (11, 0)):
         assert row["ids"] == data["ids"][k].decode() and row["index"] == k
         assert np.array_equal(np.array(row["embeddings/mean"], np.float32), data["embeddings/mean"][k])
+
+
+def test_per_id_names_escape_slashes_and_leave_out_rows_without_values(tmp_path):
+    """A '/' would make HDF5 groups: written as '%2F' (and '%' as '%25'), said in an attribute; a row
+    skipped by its status has no values to write."""
+    from pipeline.output.export import export
+    from pipeline.output.h5io import Writer
+    from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
+    schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 3),))
+    rows = 3
+    w = Writer(tmp_path / "result.h5", schema, {"task": "embed"})
+    w.append(RowBlock(schema, {"ids": np.array([b"a/b", b"50%", b"c"], dtype=object), "index": np.arange(rows),
+                               "lengths": np.ones(rows, np.int32), "num_tokens": np.ones(rows, np.int32),
+                               "truncated": np.zeros(rows, bool), "status": np.array([0, 2, 1], np.int8),
+                               "sequence_digest": np.zeros((rows, 16), np.uint8),
+                               "embeddings/mean": np.arange(9, dtype=np.float32).reshape(3, 3)}))
+    w.finish()
+    target = export(tmp_path / "result.h5", "per-id-h5")
+    with h5py.File(target) as f:
+        assert sorted(f) == ["50%25", "a%2Fb"] and f.attrs["name_escaping"].startswith("2 id(s) hold")
+        assert f["a%2Fb"][:].tolist() == [0, 1, 2] and f["50%25"][:].tolist() == [3, 4, 5]
