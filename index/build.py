@@ -19,7 +19,6 @@ import numpy as np
 from . import index_file
 from .errors import FastaError
 from .fasta_scan import FileScan, ScanStream
-from .id_hash import id_hashes
 from .input_file import InputFile
 from .spill import WINDOW, HashBuckets, Scatter
 
@@ -60,17 +59,48 @@ class Column:
 
 
 class _Histogram:
-    """Distinct values and their counts, merged piece by piece."""
+    """Distinct values and their counts, merged piece by piece (counted densely while values are small)."""
+
+    _DENSE = 1 << 20
 
     def __init__(self):
-        self.values, self.counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self.dense = np.zeros(0, np.int64)
+        self.sparse_values, self.sparse_counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
 
     def add(self, values: np.ndarray) -> None:
+        if len(values) == 0:
+            return
+        if int(values.max()) < self._DENSE:
+            counts = np.bincount(values)
+            if len(counts) > len(self.dense):
+                self.dense = np.concatenate((self.dense, np.zeros(len(counts) - len(self.dense), np.int64)))
+            self.dense[:len(counts)] += counts
+            return
         v, c = np.unique(values.astype(np.int64), return_counts=True)
-        allv = np.concatenate((self.values, v))
-        allc = np.concatenate((self.counts, c))
-        self.values, inverse = np.unique(allv, return_inverse=True)
-        self.counts = np.bincount(inverse, weights=allc, minlength=len(self.values)).astype(np.int64)
+        allv = np.concatenate((self.sparse_values, v))
+        self.sparse_values, inverse = np.unique(allv, return_inverse=True)
+        self.sparse_counts = np.bincount(inverse, weights=np.concatenate((self.sparse_counts, c)),
+                                         minlength=len(self.sparse_values)).astype(np.int64)
+
+    @property
+    def values(self) -> np.ndarray:
+        """The distinct values, ascending (with `counts`)."""
+        self._merge()
+        return self.sparse_values
+
+    @property
+    def counts(self) -> np.ndarray:
+        self._merge()
+        return self.sparse_counts
+
+    def _merge(self) -> None:
+        if self.dense.any():
+            seen = np.flatnonzero(self.dense)
+            allv = np.concatenate((self.sparse_values, seen))
+            allc = np.concatenate((self.sparse_counts, self.dense[seen]))
+            self.sparse_values, inverse = np.unique(allv, return_inverse=True)
+            self.sparse_counts = np.bincount(inverse, weights=allc, minlength=len(self.sparse_values)).astype(np.int64)
+            self.dense = np.zeros(0, np.int64)
 
 
 def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, threads: int | None = None) -> None:
@@ -91,13 +121,13 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
         hashes, hist = HashBuckets(_estimate_records(paths), root), _Histogram()
         inputs, tables, n, id_end, widest = [], [], 0, 0, 0
         for k, path in enumerate(paths):
-            stream = ScanStream(path, threads)
+            stream = ScanStream(path, threads, hashes=True)
             for piece in stream:
                 m = len(piece.offsets)
                 ids = np.zeros(m + 1, np.int64)
                 np.cumsum(piece.id_lengths, out=ids[1:])
                 _check_utf8(piece, ids, path)
-                hashes.add(id_hashes(piece.id_blob, ids), np.arange(n, n + m, dtype=np.int64))
+                hashes.add(piece.id_hashes, np.arange(n, n + m, dtype=np.int64))
                 hist.add(piece.lengths)
                 widest = max(widest, int(piece.nbytes.max()))
                 for name in ("offsets", "nbytes", "lengths", "id_blob", "checksums"):

@@ -41,12 +41,7 @@ def id_hashes(blob: np.ndarray, offsets: np.ndarray, chunk_bytes: int = 1 << 20)
     n = len(offsets) - 1
     out = np.empty(n, np.uint64)
     span = min(int(offsets[-1]) if n else 0, chunk_bytes) + 1
-    powers = np.full(span, _HASH_BASE, np.uint64)
-    powers[0] = 1
-    np.multiply.accumulate(powers, out=powers)
-    inverse = np.full(span, _HASH_BASE_INV, np.uint64)
-    inverse[0] = 1
-    np.multiply.accumulate(inverse, out=inverse)
+    powers, inverse = _tables(span)
     if n <= 1 << 16:   # (a thread pool costs more than a few ids: `get` hashes one at a time)
         return out if _hash_range(blob, offsets, 0, n, chunk_bytes, powers, inverse, out) \
             else _slow_hashes(blob, offsets)
@@ -55,6 +50,23 @@ def id_hashes(blob: np.ndarray, offsets: np.ndarray, chunk_bytes: int = 1 << 20)
         done = list(pool.map(lambda ab: _hash_range(blob, offsets, ab[0], ab[1], chunk_bytes, powers, inverse, out),
                              zip(parts[:-1], parts[1:])))
     return out if all(done) else _slow_hashes(blob, offsets)
+
+
+_TABLES: list = []   # [powers, inverse] of the longest span asked so far (read-only, shared by threads)
+
+
+def _tables(span: int) -> tuple[np.ndarray, np.ndarray]:
+    """B**t and B**-t for t < span (computed once per process, then sliced)."""
+    if not _TABLES or len(_TABLES[0]) < span:
+        size = max(span, 1 << 20) + 1
+        powers = np.full(size, _HASH_BASE, np.uint64)
+        powers[0] = 1
+        np.multiply.accumulate(powers, out=powers)
+        inverse = np.full(size, _HASH_BASE_INV, np.uint64)
+        inverse[0] = 1
+        np.multiply.accumulate(inverse, out=inverse)
+        _TABLES[:] = [powers, inverse]
+    return _TABLES[0][:span], _TABLES[1][:span]
 
 
 def _hash_range(blob, offsets, a: int, n: int, chunk_bytes: int, powers, inverse, out) -> bool:

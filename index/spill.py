@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
@@ -148,21 +149,21 @@ class HashBuckets:
             self.buckets.append(int(k), rec[order[bounds[k]:bounds[k + 1]]].tobytes())
 
     def repeated(self) -> Iterator[np.ndarray]:
-        """Positions (in input order within each bucket) whose key occurs more than once."""
+        """Positions (in input order within each bucket) whose key occurs more than once; the buckets are
+        sorted two at a time on threads (numpy's sort releases the GIL)."""
         try:
-            for k in range(len(self.buckets.paths)):
-                rec = self.buckets.read(k, self.dtype)
-                if len(rec) < 2:
-                    continue
-                rec = rec[np.argsort(rec["key"], kind="stable")]
-                same = rec["key"][1:] == rec["key"][:-1]
-                if same.any():
-                    mark = np.zeros(len(rec), bool)
-                    mark[1:] |= same
-                    mark[:-1] |= same
-                    yield np.sort(rec["pos"][mark])
+            with ThreadPoolExecutor(2) as pool:
+                yield from (p for p in pool.map(self._repeated_in, range(len(self.buckets.paths))) if len(p))
         finally:
             self.buckets.close()
+
+    def _repeated_in(self, k: int) -> np.ndarray:
+        rec = self.buckets.read(k, self.dtype)
+        if len(rec) < 2:
+            return np.zeros(0, np.int64)
+        keys = np.sort(rec["key"])
+        again = np.unique(keys[1:][keys[1:] == keys[:-1]])
+        return np.sort(rec["pos"][np.isin(rec["key"], again)]) if len(again) else np.zeros(0, np.int64)
 
 
 def _group(bucket: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
