@@ -4,7 +4,12 @@ Per record: byte offset (8 bytes), byte length (4), residue count (4), file numb
 id blob (8), its place in the length-descending order (4) and its checksum (8, record_checksum.py): 38 bytes
 plus the id itself. Byte length and residue count widen to 8 bytes when some record needs it (over 4 GiB,
 over 2**31 - 1 residues). The record's description is its header line, read back with positioned reads
-(`header`). Offsets are in the text: for a BGZF input (read in place), the index also keeps its block table.
+(`header`). Offsets are in the text: for a BGZF input (read in place), the index also keeps its block table,
+and a histogram of the lengths (totals, percentiles and shard statistics without reading every length).
+
+The index is built on disk with bounded memory (build.py) and read memory-mapped (index_file.py): a reader
+touches only the pages of the rows it reads. A run's copy also holds the stride table its workers read
+(stride.py, shard_view.py).
 
 Every sequence read through `sequence` is checked against its record's checksum, so no result is computed
 from text other than the index describes (InputChanged otherwise).
@@ -91,6 +96,7 @@ class SequenceIndex:
         self._texts: dict = {}
         self._mapped: index_file.Mapped | None = None   # the file this index's arrays are views of
         self._crc: int | None = None                     # the header's checksum of those arrays
+        self._loaded: dict = {}                          # the arrays as mapped (a replaced one is not the file's)
         self.stride: dict | None = None                  # a run's stride table (stride.py), when it has one
 
     # ----------------------------------------------------------------- building
@@ -433,8 +439,6 @@ class SequenceIndex:
         if "stride" in mapped.header:
             index.stride = stride_table.table(mapped)
         return index
-
-    _loaded: dict = {}
 
     def edited_inputs(self, fresh: "SequenceIndex") -> list[str]:
         """Inputs whose records hold other bytes in `fresh` (the same files indexed again, with the same

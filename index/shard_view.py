@@ -52,7 +52,7 @@ def open_stride(path: str | os.PathLike, rank: int, world: int):
     index = SequenceIndex.__new__(SequenceIndex)
     small = {n: mapped.array(n) for n in ("bgzf_blocks", "bgzf_spans", "length_values", "length_counts")}
     index.__dict__.update(inputs=[InputFile(**f) for f in mapped.header["inputs"]], meta=mapped.header.get("meta", {}),
-                          order=None, id_offsets=None, id_blob=None, _texts={}, _mapped=mapped, _crc=None,
+                          order=None, id_offsets=None, id_blob=None, _texts={}, _mapped=mapped, _crc=None, _loaded={},
                           stride=None, positions=positions, _count=int(mapped.header["count"]), **small)
     for f in FIELDS:
         name = f"stride_{f}"
