@@ -1,6 +1,7 @@
 # Quickstart targets: `make demo` installs into .venv and runs the demo; `make test` runs the tests.
 # The install includes the `ray` extra (plain Ray core, about 20 s and 250 MB) so CI runs the Ray launcher's
-# tests; `pip install -e .` alone does without it.
+# tests, and the `parquet` extra (pyarrow) for `export --format parquet` and its tests; `pip install -e .`
+# alone does without them.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -13,7 +14,7 @@ TORCH  ?= torch==2.13.0
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e ".[test,ray]"
+	$(BIN)/python -m pip install -q -e ".[test,ray,parquet]"
 	touch $@
 
 install: $(VENV)/.installed
