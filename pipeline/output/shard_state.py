@@ -129,8 +129,9 @@ def inspect(run: RunDir, expected: np.ndarray | Callable[[], np.ndarray], rank: 
     """The state of shard `rank`, whose rows are the FASTA positions `expected` (or a function returning
     them, called only when a file must be compared with them; then `count` says how many there are);
     `verify_*` read back every byte of a finished shard file / of the checkpoints (their checksums) instead
-    of only their headers. `verify_shard` None: a shard file recorded as verified (`record_verified`) and
-    unchanged since is trusted without opening it; others are read back."""
+    of only their headers. `verify_shard` None or False: a shard file recorded as verified (`record_verified`)
+    and unchanged since is trusted without opening it; others are read back (None) or their headers read
+    (False). True reads every shard file back."""
     positions = None if callable(expected) else np.sort(np.asarray(expected, np.int64))
 
     def wanted() -> np.ndarray:
@@ -141,7 +142,7 @@ def inspect(run: RunDir, expected: np.ndarray | Callable[[], np.ndarray], rank: 
     n = len(positions) if positions is not None else int(count)
     path = run.shard_path(rank)
     if path.exists():
-        if verify_shard is None and recorded_verified(path, n):
+        if verify_shard is not True and recorded_verified(path, n):
             return ShardState(rank, "complete", n, n, verified=True)
         problem = complete_problem(path, wanted(), verify_shard is not False)
         if problem is None:
