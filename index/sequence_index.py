@@ -277,7 +277,9 @@ class SequenceIndex:
         assert 0 <= rank < world
         if self.stride is not None and self.stride["world"] == world:
             starts = self.stride["starts"]
-            return np.array(self.stride["positions"][int(starts[rank]):int(starts[rank + 1])], np.int64)
+            positions = np.array(self.stride["positions"][int(starts[rank]):int(starts[rank + 1])], np.int64)
+            self.release()   # (a caller going through every shard would otherwise keep every page it read)
+            return positions
         return self.order[rank::world].astype(np.int64)
 
     def shard_stats(self, world: int) -> ShardStats:
