@@ -244,6 +244,12 @@ class SequenceIndex:
             text.close()
         self._texts.clear()
 
+    def __enter__(self) -> "SequenceIndex":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_texts"] = {}
@@ -278,7 +284,7 @@ class SequenceIndex:
         if self.stride is not None and self.stride["world"] == world:
             starts = self.stride["starts"]
             positions = np.array(self.stride["positions"][int(starts[rank]):int(starts[rank + 1])], np.int64)
-            self.release()   # (a caller going through every shard would otherwise keep every page it read)
+            self.stride["mapped"].release()   # (going through every shard would otherwise keep every page read)
             return positions
         return self.order[rank::world].astype(np.int64)
 
@@ -305,6 +311,15 @@ class SequenceIndex:
                     toks[end - world] -= value
             a += count
         return ShardStats(seqs, np.cumsum(toks[:world]) + whole)
+
+    def adopt_stride(self, path: str | os.PathLike) -> None:
+        """Take the stride table of `path`, a run's copy of this very index (`save(path, world)`), so that
+        `stride_shard` reads each shard's positions from it instead of striding through the whole order."""
+        mapped = index_file.Mapped(path, READABLE_VERSIONS)
+        if "stride" not in mapped.header or int(mapped.header["count"]) != len(self):
+            mapped.close()
+            raise IndexCorrupt(f"{path}: no stride table for these {len(self):,} records")
+        self.stride = stride_table.table(mapped)
 
     def length_percentiles(self, qs: Sequence[float] = (0, 50, 90, 99, 100)) -> dict[float, int]:
         """As numpy's percentile with method 'nearest', from the length histogram."""

@@ -133,7 +133,6 @@ def _stride(part: index_file.Part) -> index_file.Part:
 
 def table(mapped: index_file.Mapped) -> dict:
     """The stride table of a mapped run index: its world and shard starts, and views of its arrays."""
-    out = {"world": int(mapped.header["stride"]["world"]), "starts": mapped.array("stride_starts")}
-    out["positions"] = mapped.array("stride_positions")
-    return out
+    return {"world": int(mapped.header["stride"]["world"]), "starts": mapped.array("stride_starts"),
+            "positions": mapped.array("stride_positions"), "mapped": mapped}
 

@@ -83,9 +83,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
     writer = Writer(tmp, schema, attrs, rows_hint=len(index))
     ids = IdIndexWriter(len(index), run.root)
     try:
-        ragged_bytes = sum(c.row_bytes() for c in schema.ragged_columns)
-        fixed = sum(c.row_bytes() for c in schema.row_columns)
-        row_bytes = fixed + ragged_bytes * (index.lengths.astype(np.int64) + 2)
+        row_bytes = schema.row_bytes(index.lengths)
         ids_at = lambda p: _ids_at(index, p)  # noqa: E731
         try:
             problems = merge_sorted_runs(readers, _Indexing(writer, ids), np.arange(len(index), dtype=np.int64),

@@ -8,14 +8,16 @@ shards and checkpoints are read back against their checksums when they are small
 from __future__ import annotations
 
 import shutil
+
+import numpy as np
 import socket
 
 from index import SequenceIndex
 
 from ..output import shard_state
-from ..errors import UserError
 from ..output.h5io import CorruptFile, Reader
-from ..planning.input_checks import human_bytes, load_run_index
+from ..errors import UserError, human_bytes
+from ..planning.run_index import load_run_index
 from ..output.schema import Schema
 from ..rundir.layout import RunDir, RunLock
 
@@ -120,14 +122,14 @@ def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) 
     """Free space beside what the unfinished shards and the merge still need (a full disk stops a run even
     where it could not record why)."""
     schema = Schema.from_json(manifest["schema"])
-    fixed = sum(c.row_bytes() for c in schema.row_columns)
-    per_residue = sum(c.row_bytes() for c in schema.ragged_columns)
     left = 0
     residues = index.shard_stats(manifest["world"]).tokens   # from the index's length histogram
+    empty, one = (int(b) for b in schema.row_bytes(np.array([0, 1])))   # a row's bytes: empty + per value
+    fixed, per_value = empty, one - empty
     for s in states:
         if s.state != "complete":
             share = 1 - s.durable / max(1, s.expected)
-            left += int(share * (fixed * s.expected + per_residue * int(residues[s.rank])))
+            left += int(share * (fixed * s.expected + per_value * int(residues[s.rank])))
     need = left * 2 if not run.result_path.exists() else left   # the shard, then the result (the merge)
     if not run.result_path.exists():
         need += sum(p.stat().st_size for p in run.shards_dir.glob("shard_*.h5"))

@@ -102,7 +102,7 @@ class ShardRun:
 
     def _open(self) -> Opened:
         manifest = self.run_dir.read_manifest()
-        config = RunConfig.from_json(json.dumps(manifest["config"]))
+        config = RunConfig.from_manifest(manifest)
         schema = Schema.from_json(manifest["schema"])
         index = open_stride(self.run_dir.index_path, self.rank, config.world)   # this shard's rows only
         self._lock_shard()
