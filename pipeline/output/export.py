@@ -47,9 +47,9 @@ def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None
 
 
 def _rows_per_chunk(res: ResultFile) -> int:
-    per_row = sum(c.row_bytes() for c in res.schema.row_columns)
+    per_row = sum(c.value_bytes() for c in res.schema.row_columns)
     for c in res.schema.ragged_columns:   # the mean values per row of each ragged column
-        per_row += c.row_bytes() * len(res.file[c.path]) // max(1, res.n)
+        per_row += c.value_bytes() * len(res.file[c.path]) // max(1, res.n)
     return max(1, ROW_GROUP_BYTES // max(1, per_row))
 
 
@@ -115,7 +115,7 @@ def _per_id_column(res: ResultFile, column: str | None) -> Column:
 
 def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
     escaped = 0
-    datatype = h5py.h5t.py_create(column.np_dtype)
+    datatype = h5py.h5t.py_create(np.dtype(column.dtype))
     spaces: dict[tuple, h5py.h5s.SpaceID] = {}
     with h5py.File(tmp, "w", libver="latest") as out:
         out.attrs["source"] = str(res.path)
@@ -127,7 +127,7 @@ def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
                     continue
                 name = seq_id.replace("%", "%25").replace("/", "%2F")
                 escaped += name != seq_id
-                value = np.ascontiguousarray(value, column.np_dtype)
+                value = np.ascontiguousarray(value, np.dtype(column.dtype))
                 space = spaces.get(value.shape) or spaces.setdefault(value.shape, h5py.h5s.create_simple(value.shape))
                 # (h5py's low-level calls: half the time of create_dataset per id, which is all this costs)
                 dataset = h5py.h5d.create(out.id, name.encode("utf-8"), datatype, space)

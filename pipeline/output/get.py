@@ -94,10 +94,10 @@ def _write_npz(target, columns: list[Column], records: list[dict]) -> None:
         if c.ragged:
             lengths = [len(v) for v in values]
             arrays[f"{c.path}.offsets"] = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-            arrays[c.path] = np.concatenate(values) if values else np.zeros((0,), c.np_dtype)
+            arrays[c.path] = np.concatenate(values) if values else np.zeros((0,), np.dtype(c.dtype))
         elif c.dtype == "str":
             arrays[c.path] = np.array(values, dtype=str)
         else:
-            arrays[c.path] = np.array(values, dtype=c.np_dtype)
+            arrays[c.path] = np.array(values, dtype=np.dtype(c.dtype))
     with open(target, "wb") as fh:
         np.savez(fh, **arrays)
