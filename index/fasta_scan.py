@@ -371,11 +371,6 @@ class _FileScanner:
             scan.id_hashes = _hashes_of(scan)
         return scan
 
-    def scan(self) -> FileScan:
-        scan = FileScan.concat(list(self.pieces()))
-        scan.table = self.text.table
-        return scan
-
     def pieces(self) -> Iterator[FileScan]:
         """The records in file order, a window of blocks at a time (memory bounded by two windows): the
         threads scan the next window while the caller takes this one's records."""
