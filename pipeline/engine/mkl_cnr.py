@@ -8,6 +8,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -22,7 +23,7 @@ _BRANCHES = {0: "OFF", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE
 # "Reproducibility Conditions": AVX2 and AVX-512; the MIC ones now run AVX2 code). On other branches MKL
 # records the flag but runs standard CNR, which changes results with the thread count.
 STRICT_BRANCHES = frozenset({10, 11, 12, 13, 14})
-FIX = "unset MKL_CBWR (workers then set AUTO,STRICT themselves) or set it to AUTO,STRICT"
+_FIX = "unset MKL_CBWR (workers then set AUTO,STRICT themselves) or set it to AUTO,STRICT"
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,10 @@ class MatmulMode:
 
 @dataclass(frozen=True)
 class _Mkl:
-    set: ctypes._CFuncPtr
-    get: ctypes._CFuncPtr
-    auto_branch: ctypes._CFuncPtr
+    """mkl_cbwr_set(setting) -> status, mkl_cbwr_get(option) -> setting, mkl_cbwr_get_auto_branch() -> branch."""
+    set: Callable[[int], int]
+    get: Callable[[int], int]
+    auto_branch: Callable[[], int]
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,7 +51,7 @@ def _mkl() -> _Mkl | None:
     for path in sorted((Path(torch.__file__).parent / "lib").glob("*torch_cpu.*")):
         try:
             lib = ctypes.CDLL(str(path))
-        except OSError:
+        except OSError:   # not loadable here: the next candidate, else `current` says MKL was not found
             continue
         for names in (("mkl_serv_cbwr_set", "mkl_serv_cbwr_get", "mkl_serv_cbwr_get_auto_branch"),
                       ("MKL_CBWR_Set", "MKL_CBWR_Get", "MKL_CBWR_Get_Auto_Branch")):
@@ -91,7 +93,7 @@ def current() -> MatmulMode:
     if user:
         return MatmulMode(False, f"MKL_CBWR={user} from the environment is kept, and is not MKL's strict CNR "
                                  f"mode on an AVX2 or AVX-512 code branch (this CPU's: {_name(auto)}): a matmul's "
-                                 f"row results may depend on its row and thread count; {FIX}")
+                                 f"row results may depend on its row and thread count; {_FIX}")
     if auto not in STRICT_BRANCHES and branch in (0, 1):
         return MatmulMode(True, f"MKL in its default mode: strict CNR mode does not apply to this CPU's code "
                                 f"branch ({_name(auto)}); in this mode products of {MIN_ROWS} rows or more "
