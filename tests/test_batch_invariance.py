@@ -198,7 +198,7 @@ print("mode:", mode.holds, mode.text)
 engine = NativeEngine.load({model!r}, torch.device("cpu"), torch.float32, "", max_tokens_per_step=4096, max_seqs=8)
 print("engine:", engine.config.batch_invariant)
 try:
-    set_strict_matmuls("OUT")
+    set_strict_matmuls(run_dir="OUT")
 except UserError as e:
     print("refused:", e)
 """

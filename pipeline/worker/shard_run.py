@@ -121,8 +121,8 @@ class ShardRun:
     def _load_engine(self, shard: Opened):
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
         config, manifest, t0 = shard.config, shard.manifest, time.time()
-        invariant = manifest["attrs"].get("batch_invariant")
-        matmuls = None if config.on_gpu else set_strict_matmuls(str(self.run_dir.root) if invariant else None)
+        invariant = bool(manifest["attrs"].get("batch_invariant"))
+        matmuls = None if config.on_gpu else set_strict_matmuls(invariant, str(self.run_dir.root))
         flushing = set_cpu_threads(self.threads)
         log.info("%d CPU thread(s); float denormals %s", self.threads,
                  "flushed to zero" if flushing else
