@@ -35,6 +35,12 @@ def batch_invariant(engine: str, config) -> bool:
             and batch_invariance_holds(config.tokens_per_batch, not config.on_gpu, dtype))
 
 
+def why_not_batch_invariant(config) -> str:
+    """Why `batch_invariant` says no for a native CPU run that asked for the property, and what keeps it."""
+    from .config import not_invariant_reason
+    return not_invariant_reason(config.tokens_per_batch, getattr(torch, config.torch_dtype_name))
+
+
 def check_dtype(engine: str, dtype: str, on_gpu: bool) -> None:
     """Refuse float32 for the native engine on a GPU, before any work.
 

@@ -9,7 +9,7 @@ from .base import NativeModel
 from .hf_config import text_config
 
 # model_type in config.json -> family. Anything else runs on --engine hf.
-SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "esm", "llama", "qwen3")
+SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "esm", "llama", "qwen3", "t5")
 
 
 def load_model(path: str, device: torch.device, dtype: torch.dtype) -> NativeModel:
@@ -26,6 +26,9 @@ def load_model(path: str, device: torch.device, dtype: torch.dtype) -> NativeMod
     if model_type == "esm":
         from .esm import EsmModel
         return EsmModel.from_checkpoint(path, config, device, dtype)
+    if model_type == "t5":   # the encoder (ProtT5, ProstT5, Ankh), of T5EncoderModel or whole T5 checkpoints
+        from .t5 import T5Encoder
+        return T5Encoder.from_checkpoint(path, config, device, dtype)
     from .llama import LlamaModel
     arch = (getattr(config, "architectures", None) or [model_type])[0]
     return LlamaModel.from_checkpoint(path, config, device, dtype, arch, qk_norm=model_type == "qwen3")
