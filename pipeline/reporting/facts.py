@@ -96,20 +96,21 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
     manifest = run.read_manifest()
     world = manifest["world"]
     try:
-        index = SequenceIndex.load(run.index_path)
+        index = SequenceIndex.load(run.index_path, verify=False)   # mapped: the report reads a few pages of it
     except (OSError, IndexCorrupt) as e:
         raise RunDirError(f"cannot read the run's index {run.index_path} ({e}); the run directory is damaged") from None
+    stats = index.shard_stats(world)   # sequences and residues per shard, from the length histogram
     shards, rows_by_shard = [], []
     for r in range(world):
-        positions = index.stride_shard(r, world)
-        state = shard_state.inspect(run, positions, r, verify_shard=False)
+        state = shard_state.inspect(run, lambda r=r: index.stride_shard(r, world), r, verify_shard=False,
+                                    count=int(stats.sequences[r]))
         if state.state not in ("complete", "corrupt") and ShardLock(run, r).held_elsewhere():
             state.state = "running"   # as `status` says; its durable rows are those checkpointed so far
         rows = durable_rows(run, r, state.state)
         rows_by_shard.append(rows)
         shards.append(ShardFacts(
             rank=r, state=state.state, expected=state.expected, durable=state.durable,
-            residues=int(index.lengths[positions].sum(dtype=np.int64)),
+            residues=int(stats.tokens[r]),
             tokens=int(rows["num_tokens"].sum(dtype=np.int64)),
             attempts=attempts(events.read(run.events_path(r))), failure=run.failure(r)))
     result, statuses, nrows = _result_statuses(run, example_ids)
