@@ -25,19 +25,22 @@ from .rundir import run_log
 from .output import shard_state
 from .config import RunConfig
 from .errors import RunDirError, UserError
+from .planning import tokenization_check
 from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index, start_over_advice)
 from .launchers.job import ShardJob, Submitted
 from .rundir.layout import RunDir, RunLock
 from .tasks import make_task, schema_for
+from .reporting.facts import unknown_residues_line
 from .tasks.tokenization import SequenceTokenizer
 
 log = logging.getLogger("run_shards")
 
 
 # --------------------------------------------------------------------------------------------- run
-def _file_attrs(config: RunConfig, source, engine: str, index: SequenceIndex) -> dict:
+def _file_attrs(config: RunConfig, source, engine: str, index: SequenceIndex, convention) -> dict:
     return {
         "task": config.task, "model": config.model, "model_fingerprint": source.fingerprint,
+        "model_family": source.family.key, "input_format": convention.words(),
         "model_type": source.model_type, "dtype": config.torch_dtype_name, "engine": engine,
         "batch_invariant": engines.batch_invariant(engine, config),
         "config": json.loads(config.to_json()), "software_version": __version__,
@@ -59,9 +62,16 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
         else:
             config.devices, config.workers = config.devices[:len(index)], min(config.workers, len(index))
     source = model_source.resolve(config.model, cache_dir())
-    engine = engines.choose(config.engine, source.model_type, config.task)
+    model_source.refuse_remote_code(source, config.trust_remote_code)
+    engine = engines.choose(config.engine, source, config.task)
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
-    info, hf_tokenizer = model_source.describe(source, engine)
+    hf_config = model_source.read_config(source, config.trust_remote_code)
+    hf_tokenizer = model_source.read_tokenizer(source, hf_config, config.trust_remote_code)
+    info = model_source.describe(source, engine, hf_tokenizer, config.trust_remote_code)
+    if source.facts.remote_code:
+        log.warning("--trust-remote-code: the hf engine runs this checkpoint's own Python code (%s)",
+                    "; ".join(source.facts.remote_code))
+    convention = tokenization_check.decide_and_check(index, source, hf_tokenizer, config.input_format)
     task = make_task(config, info)
     limit = info.max_tokens
     if config.max_length:
@@ -69,7 +79,7 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
             log.warning("--max-length %d is above the model's own limit of %d tokens; using %d", config.max_length,
                         limit, limit)
         limit = min(limit, config.max_length) if limit else config.max_length
-    tokenizer = SequenceTokenizer(hf_tokenizer)
+    tokenizer = SequenceTokenizer(hf_tokenizer, convention)
     mismatch = alphabet_mismatch(index, hf_tokenizer.get_vocab())   # DNA given to a protein model, or the reverse
     if mismatch:
         log.warning("%s", mismatch)
@@ -92,8 +102,9 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
     manifest = {
         "config": json.loads(config.to_json()), "model": source.identity(), "engine": engine,
         "schema": schema_for(task).to_json(), "max_tokens": limit, "world": config.world,
+        "info": info.to_json(), "input_format": convention.to_json(),
         "index": {"fingerprint": index.fingerprint(), "count": len(index)},
-        "attrs": _file_attrs(config, source, engine, index),
+        "attrs": _file_attrs(config, source, engine, index, convention),
     }
     if run.exists():
         _check_same_run(run, config, manifest)
@@ -253,6 +264,9 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "
                         f"{start_over_advice(run, manifest)}")
     path = result_merge.merge_result(run, manifest, index, allow_partial=False)
+    unknown = unknown_residues_line(run)
+    if unknown:
+        log.warning("%s", unknown)
     if timings and timings[1]:
         spawned, (first, last) = timings
         end = time.time()

@@ -15,6 +15,7 @@ import sys
 import click
 
 from . import __version__
+from .models.registry import families_help
 
 COMMANDS = ("run", "index", "status", "rerun", "merge", "work", "report")
 
@@ -165,8 +166,10 @@ def main():
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per worker (default: the CPU cores divided between the workers).")
 @click.option("--engine", type=click.Choice(["auto", "native", "hf"]), default="auto", show_default=True,
-              help="native: our engine (Qwen3.5, ESM-2, Llama, Qwen3); hf: transformers models (any "
-                   "architecture); auto: native where supported.")
+              help=families_help() + "; auto: native where it runs the checkpoint.")
+@click.option("--input-format", type=click.Choice(["auto", "plain", "spaced"]), default="auto", show_default=True,
+              help="How residues are written for the tokenizer: auto = the model family's card (docs/models.md).")
+@click.option("--trust-remote-code", is_flag=True, help="Let transformers run a checkpoint's own Python code (hf).")
 @click.option("--max-tokens-per-batch", type=click.IntRange(min=1), default=None,
               help="Token budget per batch (padded tokens for hf). Default 4096 on CPU, 32768 on GPU.")
 @click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True,
@@ -231,7 +234,8 @@ def main():
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
 def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tokens_per_batch, max_seqs, dtype, pools,
                 layers, per_residue, per_residue_dtype, on_long, window, overlap, max_length, on_duplicate_id,
-                skip_empty, batch_invariant, checkpoint_sequences, checkpoint_seconds, worker_timeout, summary_seconds, max_new_tokens,
+                skip_empty, batch_invariant, input_format, trust_remote_code, checkpoint_sequences, checkpoint_seconds,
+                worker_timeout, summary_seconds, max_new_tokens,
                 temperature, top_p, seed, launcher, shards, sbatch, shards_per_task, array_throttle, dry_run, wait,
                 ray_address, no_progress, quiet):
     """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
@@ -260,6 +264,7 @@ def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tok
                    per_residue_dtype=per_residue_dtype, on_long=on_long, window=window or 0,
                    overlap=-1 if overlap is None else overlap, max_length=max_length or 0,
                    on_duplicate_id=on_duplicate_id, skip_empty=skip_empty, batch_invariant=batch_invariant,
+                   input_format=input_format, trust_remote_code=trust_remote_code,
                    checkpoint_sequences=checkpoint_sequences, checkpoint_seconds=checkpoint_seconds,
                    worker_timeout=worker_timeout, summary_seconds=summary_seconds,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,

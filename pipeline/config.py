@@ -13,6 +13,7 @@ ENGINES = ("auto", "native", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ON_LONG = ("error", "truncate", "skip", "window")
 ON_DUPLICATE = ("error", "rename")
+INPUT_FORMATS = ("auto", "plain", "spaced")   # how residues are written for the tokenizer (docs/models.md)
 LAUNCHERS = ("local", "slurm", "ray")
 
 # Token budgets per batch when --max-tokens-per-batch is not given: CPU batches stay cache-friendly,
@@ -45,6 +46,8 @@ class RunConfig:
     on_duplicate_id: str = "error"
     skip_empty: bool = False
     batch_invariant: bool = True                         # native engine: the same bits whatever the batch
+    input_format: str = "auto"                           # auto: the model family's convention (models/registry.py)
+    trust_remote_code: bool = False                      # let transformers run a checkpoint's own Python code
     checkpoint_sequences: int = 20000
     checkpoint_seconds: float = 60.0
     worker_timeout: float = 1800.0
@@ -98,6 +101,7 @@ class RunConfig:
         if self.window < 0 or self.overlap < -1:
             raise UserError("--window and --overlap must not be negative")
         check(self.on_duplicate_id, ON_DUPLICATE, "--on-duplicate-id")
+        check(self.input_format, INPUT_FORMATS, "--input-format")
         check(self.per_residue_dtype, ("float16", "float32"), "--per-residue-dtype")
         for pool in self.pools:
             check(pool, POOLS, "--pool")
@@ -134,12 +138,12 @@ class RunConfig:
     # What must be equal between the run that wrote shards and the run that resumes or merges them.
     RESULT_FIELDS = ("fasta", "model", "task", "engine", "dtype", "pools", "layers", "per_residue",
                      "per_residue_dtype", "on_long", "window", "overlap", "max_length", "on_duplicate_id", "skip_empty",
-                     "batch_invariant", "max_new_tokens", "temperature", "top_p", "seed")
+                     "batch_invariant", "input_format", "max_new_tokens", "temperature", "top_p", "seed")
 
     # How the shards are run, not what they compute: a later `run` of the same run may change these.
     LAUNCH_FIELDS = ("workers", "threads_per_worker", "checkpoint_sequences", "checkpoint_seconds",
                      "worker_timeout", "summary_seconds", "launcher", "shards_per_task", "sbatch", "array_throttle",
-                     "ray_address")
+                     "ray_address", "trust_remote_code")
 
     @staticmethod
     def option_name(field_name: str) -> str:
@@ -181,6 +185,7 @@ _OPTIONS = {
     "per_residue": "--per-residue", "per_residue_dtype": "--per-residue-dtype", "on_long": "--on-long",
     "window": "--window", "overlap": "--overlap", "max_length": "--max-length", "on_duplicate_id": "--on-duplicate-id", "skip_empty": "--skip-empty",
     "batch_invariant": "--no-batch-invariant",   # on by default: as_command writes the flag only when it is off
+    "input_format": "--input-format", "trust_remote_code": "--trust-remote-code",
     "checkpoint_sequences": "--checkpoint-every", "checkpoint_seconds": "--checkpoint-seconds",
     "worker_timeout": "--worker-timeout", "summary_seconds": "--summary-seconds",
     "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed",
