@@ -26,7 +26,8 @@ from .output import shard_state
 from .config import RunConfig
 from .errors import RunDirError, UserError
 from .planning import tokenization_check
-from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index, start_over_advice)
+from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index,
+                                    start_over_advice)
 from .launchers.job import ShardJob, Submitted
 from .rundir.layout import RunDir, RunLock
 from .tasks import make_task, schema_for

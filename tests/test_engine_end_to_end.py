@@ -109,13 +109,16 @@ def test_generate_columns_greedy_reference_and_sampling(models, tmp_path):
     assert not np.array_equal(one["generate/token_ids"], greedy["generate/token_ids"])
 
 
-def test_engine_choice_and_unsupported_architectures():
-    assert engines.choose("auto", "qwen3_5_text", "embed") == "native"
-    assert engines.choose("auto", "bert", "embed") == "hf"
+def test_engine_choice_and_unsupported_architectures(models, tmp_path):
+    from pipeline.models.checkpoint import local_source
+    from .tiny_models import save_gpt2
+    demo, gpt2 = local_source(models["demo"]), local_source(str(save_gpt2(tmp_path / "gpt2")))
+    assert engines.choose("auto", demo, "embed") == "native"
+    assert engines.choose("auto", gpt2, "embed") == "hf"
     with pytest.raises(UserError, match="--engine hf"):
-        engines.choose("native", "bert", "embed")
+        engines.choose("native", gpt2, "embed")
     with pytest.raises(UserError, match="native engine"):
-        engines.choose("auto", "bert", "generate")
+        engines.choose("auto", gpt2, "generate")
 
 
 def test_float32_on_a_gpu_is_refused_for_the_native_engine_with_what_to_use():

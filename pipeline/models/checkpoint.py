@@ -56,6 +56,8 @@ class ModelSource:
 
     @property
     def is_causal(self) -> bool:
+        if self.family is not None and self.family.causal is not None:
+            return self.family.causal
         return is_causal_lm(self.model_type, self.architectures)
 
     def identity(self) -> dict:

@@ -149,7 +149,7 @@ def damage(path: Path) -> str | None:
 def ensure(cache_root: Path) -> Path:
     """The demo checkpoint under `cache_root`, verified, materialised on first use and rebuilt when damaged.
 
-    Builders take turns (a lock file beside it), and each checks again once it holds the lock, so a copy
+    Builders take turns (a lock on the folder that holds it), and each checks again once it holds the lock, so a copy
     another process just built is used, never moved aside; a new copy is built under a temporary name and
     renamed into place, so a process loading the old copy keeps reading whole files, and a failed build
     leaves nothing behind.
@@ -158,14 +158,17 @@ def ensure(cache_root: Path) -> Path:
     if target.exists() and damage(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(f"{target.name}.lock"), "a+") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)    # released when the file closes
+    lock = os.open(target.parent, os.O_RDONLY)   # the models folder itself: no lock file left behind
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         problem = damage(target) if target.exists() else "not built yet"
         if problem is None:
             return target
         if target.exists():
             log.warning("the demo model in %s is damaged (%s); building it again", target, problem)
         _build_into(target)
+    finally:
+        os.close(lock)   # releases the lock
     return target
 
 

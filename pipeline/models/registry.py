@@ -32,6 +32,8 @@ class Family:
     tokenizer_json: bool = False         # read tokenizer.json as written (AutoTokenizer would rebuild it)
     not_native: str = ""                 # why the native engine does not run it (hf-only families)
     rotary_only: bool = False            # positions only rotary (no learned table): planning need not build it
+    causal: bool | None = False          # a causal LM (its text model, for Qwen3.5's multimodal checkpoints);
+    #                                      None: told by its architecture names (hf_config.is_causal_lm)
     card: str = ""
 
     def supports_native(self, facts: CheckpointFacts) -> tuple[bool, str]:
@@ -51,81 +53,84 @@ def _is_kmer_vocab(facts: CheckpointFacts) -> bool:
     return sum(1 for t in facts.vocab if len(t) >= 3 and set(t) <= set("ACGTN")) >= 64
 
 
-def _esm_protein(f: CheckpointFacts) -> bool:
-    return f.model_type == "esm" and f.has_tokens("<cls>", "L", "A") and not _is_kmer_vocab(f)
-
-
 def _gpt2_protein(f: CheckpointFacts) -> bool:
     return f.model_type == "gpt2" and f.vocab.get("<|endoftext|>") == 0
 
 
+_T5_ON_HF = "T5 encoders run on the hf engine (T5EncoderModel) until the native T5 lands"
+_NO_POOLER = {"add_pooling_layer": False}   # embeddings are hidden states; the pooler head is never used
+
 FAMILIES: tuple[Family, ...] = (
-    Family("saprot", "SaProt", "model_type esm; vocabulary of residue+3Di pairs ('A#', 'Ap', ...)",
+    # Protein and DNA encoders: embed.
+    Family("saprot", "SaProt", "model_type esm; a vocabulary of residue+3Di pairs ('A#', 'Ap', ...)",
            lambda f: f.model_type == "esm" and f.has_tokens("A#", "L#"), native="esm",
-           convention=cv.SAPROT_NO_STRUCTURE, convention_source="sequence only: each 3Di letter is the '#' "
-           "placeholder (card: 'M#E#V#...')", hf_kwargs={"add_pooling_layer": False},
+           convention=cv.SAPROT_NO_STRUCTURE, hf_kwargs=_NO_POOLER,
+           convention_source="sequence only: each 3Di letter is the '#' placeholder (card: 'M#E#V#...')",
            card="https://huggingface.co/westlake-repl/SaProt_650M_AF2"),
     Family("nucleotide_transformer", "Nucleotide Transformer v1", "model_type esm; a DNA 6-mer vocabulary",
            lambda f: f.model_type == "esm" and _is_kmer_vocab(f), native="esm", convention=cv.PLAIN,
-           convention_source="the raw DNA string; the tokenizer cuts 6-mers (single nucleotides where it "
-           "cannot); one row per token, not per nucleotide", hf_kwargs={"add_pooling_layer": False},
+           hf_kwargs=_NO_POOLER, convention_source="the raw DNA string; the tokenizer cuts 6-mers (single "
+           "nucleotides where it cannot); one row per token, not per nucleotide",
            card="https://huggingface.co/InstaDeepAI/nucleotide-transformer-500m-human-ref"),
-    Family("esm", "ESM-2 / ESM-1b / ESM-1v", "model_type esm; single-residue vocabulary with <cls>",
-           _esm_protein, native="esm", convention=cv.PLAIN, convention_source="raw residues (card: "
-           "AutoTokenizer on the sequence)", hf_kwargs={"add_pooling_layer": False},
+    Family("esm", "ESM-2 / ESM-1b / ESM-1v", "model_type esm (after SaProt and Nucleotide Transformer)",
+           lambda f: f.model_type == "esm", native="esm", convention=cv.PLAIN, hf_kwargs=_NO_POOLER,
+           convention_source="raw residues (card: AutoTokenizer on the sequence)",
            card="https://huggingface.co/facebook/esm2_t33_650M_UR50D"),
-    Family("prostt5", "ProstT5 (amino-acid mode)", "model_type t5; vocabulary with '<AA2fold>'",
+    Family("prostt5", "ProstT5 (amino-acid mode)", "model_type t5; a vocabulary with '<AA2fold>'",
            lambda f: f.model_type == "t5" and f.has_tokens("<AA2fold>"), convention=cv.PROSTT5_AA,
+           hf_class="T5EncoderModel", not_native=_T5_ON_HF,
            convention_source="card: '<AA2fold>' + ' ' + residues upper-cased and spaced, U/Z/O/B as X; the "
-           "prefix token is not a residue", hf_class="T5EncoderModel", not_native="T5 encoders run on the hf "
-           "engine (T5EncoderModel) until the native T5 lands", card="https://huggingface.co/Rostlab/ProstT5"),
-    Family("prott5", "ProtT5", "model_type t5; SentencePiece vocabulary of word-initial residues ('▁A')",
+           "prefix token is not a residue", card="https://huggingface.co/Rostlab/ProstT5"),
+    Family("prott5", "ProtT5", "model_type t5; a SentencePiece vocabulary of word-initial residues ('▁A')",
            lambda f: f.model_type == "t5" and f.has_tokens("▁A", "▁L"), convention=cv.SPACED_RARE_AS_X,
+           hf_class="T5EncoderModel", not_native=_T5_ON_HF,
            convention_source="card: ' '.join(list(re.sub(r'[UZOB]', 'X', sequence)))",
-           hf_class="T5EncoderModel", not_native="T5 encoders run on the hf engine (T5EncoderModel) until "
-           "the native T5 lands", card="https://huggingface.co/Rostlab/prot_t5_xl_half_uniref50-enc"),
-    Family("ankh", "Ankh", "model_type t5; single-letter residue vocabulary without '▁'",
+           card="https://huggingface.co/Rostlab/prot_t5_xl_half_uniref50-enc"),
+    Family("ankh", "Ankh", "model_type t5; a single-letter residue vocabulary without '▁'",
            lambda f: f.model_type == "t5" and f.has_tokens("A", "L") and not f.has_tokens("▁A"),
-           convention=cv.PLAIN, convention_source="card: the residues as a list of single letters through the "
-           "checkpoint's own tokenizer.json (one token per residue)", hf_class="T5EncoderModel",
-           tokenizer_json=True, not_native="T5 encoders run on the hf engine (T5EncoderModel) until the native "
-           "T5 lands", card="https://github.com/agemagician/Ankh"),
-    Family("protbert", "ProtBert / ProtBert-BFD", "BERT (model_type or architecture); word-level vocabulary "
-           "of single residues with [CLS]", lambda f: f.model_type == "bert" and f.has_tokens("[CLS]", "L", "A")
-           and not f.remote_code, convention=cv.SPACED_RARE_AS_X,
-           convention_source="card: re.sub(r'[UZOB]', 'X', ' '.join(sequence))", hf_kwargs={"add_pooling_layer":
-           False}, not_native="BERT runs on the hf engine", card="https://huggingface.co/Rostlab/prot_bert"),
-    Family("protgpt2", "ProtGPT2", "model_type gpt2 with '<|endoftext|>' at id 0", _gpt2_protein,
-           convention=cv.PROTGPT2_FASTA, convention_source="card (perplexity): FASTA lines of 60 residues "
-           "between <|endoftext|> separators", not_native="GPT-2 runs on the hf engine",
+           convention=cv.PLAIN, hf_class="T5EncoderModel", tokenizer_json=True, not_native=_T5_ON_HF,
+           convention_source="card: the residues as single letters through the checkpoint's own tokenizer.json "
+           "(one token per residue)", card="https://github.com/agemagician/Ankh"),
+    Family("protbert", "ProtBert / ProtBert-BFD", "BERT (model_type or architecture); a word-level vocabulary "
+           "of single residues with [CLS]", lambda f: f.model_type == "bert" and f.has_tokens("[CLS]", "L", "A"),
+           convention=cv.SPACED_RARE_AS_X, hf_kwargs=_NO_POOLER, not_native="BERT runs on the hf engine",
+           convention_source="card: re.sub(r'[UZOB]', 'X', ' '.join(sequence))",
+           card="https://huggingface.co/Rostlab/prot_bert"),
+    # Causal language models: embed, score, and generate on the native engine.
+    Family("protgpt2", "ProtGPT2", "model_type gpt2 with '<|endoftext|>' at id 0", _gpt2_protein, causal=True,
+           convention=cv.PROTGPT2_FASTA, not_native="GPT-2 runs on the hf engine",
+           convention_source="card (perplexity): FASTA lines of 60 residues between <|endoftext|> separators",
            card="https://huggingface.co/nferruz/ProtGPT2"),
     Family("llama", "Llama 2 / 3.x", "model_type llama", lambda f: f.model_type == "llama", native="llama",
-           rotary_only=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
+           rotary_only=True, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
            card="https://huggingface.co/meta-llama/Llama-3.2-1B"),
     Family("qwen3", "Qwen3", "model_type qwen3", lambda f: f.model_type == "qwen3", native="qwen3",
-           rotary_only=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
+           rotary_only=True, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
            card="https://huggingface.co/Qwen/Qwen3-0.6B"),
     Family("qwen3_5", "Qwen3.5 (and the demo model)", "model_type qwen3_5 or qwen3_5_text",
            lambda f: f.model_type in ("qwen3_5", "qwen3_5_text"), native="qwen3_5", rotary_only=True,
-           convention=cv.PLAIN, convention_source=RAW_TEXT),
+           causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT),
     Family("mistral", "Mistral", "model_type mistral", lambda f: f.model_type == "mistral", rotary_only=True,
-           convention=cv.PLAIN, convention_source=RAW_TEXT, not_native="its sliding-window attention is not in "
-           "the native engine", card="https://huggingface.co/mistralai/Mistral-7B-v0.1"),
+           causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
+           not_native="its sliding-window attention is not in the native engine",
+           card="https://huggingface.co/mistralai/Mistral-7B-v0.1"),
     Family("qwen2", "Qwen2 / Qwen2.5", "model_type qwen2", lambda f: f.model_type == "qwen2", rotary_only=True,
-           convention=cv.PLAIN, convention_source=RAW_TEXT, not_native="Qwen2's attention biases are not in the "
-           "native engine", card="https://huggingface.co/Qwen/Qwen2.5-0.5B"),
-    Family("gpt2", "GPT-2", "model_type gpt2", lambda f: f.model_type == "gpt2", convention=cv.PLAIN,
+           causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
+           not_native="Qwen2's attention biases are not in the native engine",
+           card="https://huggingface.co/Qwen/Qwen2.5-0.5B"),
+    Family("gpt2", "GPT-2", "model_type gpt2", lambda f: f.model_type == "gpt2", causal=True, convention=cv.PLAIN,
            convention_source=RAW_TEXT, not_native="GPT-2 runs on the hf engine"),
 )
 # Checkpoints with their own Python code (config.json or tokenizer_config.json auto_map): DNABERT-2,
 # HyenaDNA, Caduceus, ProGen2's original code. Only with --trust-remote-code, on the hf engine.
 REMOTE_CODE = Family("remote_code", "remote code (DNABERT-2, HyenaDNA, Caduceus, ProGen2, ...)",
                      "an auto_map in config.json or tokenizer_config.json", lambda f: bool(f.remote_code),
-                     not_native="its model is the checkpoint's own Python code, which only transformers runs "
-                     "(--trust-remote-code)")
+                     causal=None, not_native="its model is the checkpoint's own Python code, which only "
+                     "transformers runs (--trust-remote-code)")
 # Any other architecture transformers knows: the hf engine, the convention told by its tokenizer.
 OTHER = Family("other", "any other transformers model", "none of the above; transformers knows its "
-               "model_type", lambda f: True, not_native="not one of the native engine's architectures")
+               "model_type", lambda f: True, causal=None,
+               not_native="not one of the native engine's architectures")
 BY_KEY = {f.key: f for f in FAMILIES + (REMOTE_CODE, OTHER)}
 
 
@@ -139,7 +144,7 @@ def recognise(facts: CheckpointFacts) -> Family:
     return OTHER
 
 
-def tasks(facts: CheckpointFacts, is_causal: bool, engine: str) -> tuple[str, ...]:
+def tasks(is_causal: bool, engine: str) -> tuple[str, ...]:
     """What a checkpoint can do on an engine: causal LMs embed and score, and generate on the native engine;
     encoders embed."""
     if not is_causal:

@@ -76,7 +76,8 @@ def decide_and_check(index: SequenceIndex, source, tokenizer, input_format: str)
             log.warning("--input-format %s for a %s checkpoint, whose card writes residues so: %s", input_format,
                         family.name, family.convention.words())
     elif family.convention is not None:
-        convention, why = family.convention, f"{family.name} (recognised by {family.recognised_by}): {family.convention_source}"
+        convention = family.convention
+        why = f"{family.name} (recognised by {family.recognised_by}): {family.convention_source}"
     else:
         convention, why = _told_by_tokenizer(source, look, longest)
     seen = look(convention)
@@ -98,7 +99,8 @@ def _told_by_tokenizer(source, look, longest: int) -> tuple[Convention, str]:
     plain, spaced = look(PLAIN), look(SPACED)
     name = source.family.name
     if plain.clean and (not spaced.clean or plain.content_ids == spaced.content_ids or longest > 1):
-        return PLAIN, f"{name}: its tokenizer reads the residues as written (no unknown tokens in {plain.rows} sampled sequences)"
+        return PLAIN, (f"{name}: its tokenizer reads the residues as written (no unknown tokens in {plain.rows} "
+                       "sampled sequences)")
     if spaced.clean and not plain.clean:
         return SPACED, (f"{name}: written as they are, residues become unknown tokens; space-separated, none do "
                         f"({spaced.rows} sampled sequences)")
