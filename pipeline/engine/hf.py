@@ -73,8 +73,10 @@ class HFEngine:
         final = self.info.num_layers
         need_all = any(k != final for k in layers)
         try:
-            out = self.base(input_ids=ids, attention_mask=mask, output_hidden_states=need_all)
             real = mask.bool()
+            if logprobs and self.head is None:   # no output embeddings to apply in chunks: the model's logits
+                return self._from_logits(ids, mask, lengths, real)
+            out = self.base(input_ids=ids, attention_mask=mask, output_hidden_states=need_all)
             hidden = {k: (out.last_hidden_state if k == final else out.hidden_states[k])[real] for k in layers}
             token_logprobs = self._token_logprobs(out.last_hidden_state, ids)[real] if logprobs else None
         except torch.OutOfMemoryError as e:
@@ -82,6 +84,16 @@ class HFEngine:
         cu = torch.zeros(len(batch) + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=cu[1:])
         return ForwardOutput(cu_seqlens=cu.to(self.device), hidden=hidden, token_logprobs=token_logprobs)
+
+    def _from_logits(self, ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, real: torch.Tensor):
+        """Token log-probabilities from the whole model's logits, for a causal LM whose head transformers
+        cannot hand out (get_output_embeddings is None: remote code with a head of its own name)."""
+        logits = self.lm(input_ids=ids, attention_mask=mask).logits
+        logp = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+        logp[:, 1:] = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=cu[1:])
+        return ForwardOutput(cu_seqlens=cu.to(self.device), hidden={}, token_logprobs=logp[real])
 
     def stats_line(self) -> str:
         return (f"hf engine: {self.real_tokens} tokens, packing efficiency "

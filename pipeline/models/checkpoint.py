@@ -193,14 +193,15 @@ def fingerprint(path: Path) -> str:
 def describe(source: ModelSource, engine: str, tokenizer=None, trust_remote_code: bool = False) -> EngineInfo:
     """EngineInfo from the checkpoint's config and tokenizer alone (no weights, no device); `tokenizer` the
     checkpoint's when already loaded (hf_config.load_tokenizer)."""
-    from .hf_config import model_max_tokens, quiet_transformers, text_config
+    from .hf_config import model_max_tokens, model_shape, quiet_transformers, text_config
 
     quiet_transformers()
     config = read_config(source, trust_remote_code)
     if tokenizer is None:
         tokenizer = read_tokenizer(source, config, trust_remote_code)
     text = text_config(config)
-    info = EngineInfo(name=engine, hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
+    hidden_size, num_layers = model_shape(text)
+    info = EngineInfo(name=engine, hidden_size=hidden_size, num_layers=num_layers,
                       is_causal=source.is_causal,
                       max_tokens=model_max_tokens(text, tokenizer, source.family.rotary_only),
                       architecture=source.facts.architecture, model_fingerprint=source.fingerprint,

@@ -24,6 +24,26 @@ def is_causal_lm(model_type: str, architectures: list[str]) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
+# Where configs keep the width and depth: transformers' own configs answer hidden_size/num_hidden_layers
+# (their attribute maps); remote-code ones use the names of their original code (HyenaDNA d_model/n_layer,
+# ProGen2 n_embd/n_layer).
+WIDTH_FIELDS = ("hidden_size", "d_model", "n_embd", "dim")
+DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def model_shape(config) -> tuple[int, int]:
+    """(hidden size, number of layers) of a text config; UserError naming the fields looked for."""
+    def first(fields):
+        return next((v for v in (getattr(config, f, None) for f in fields) if isinstance(v, int) and v > 0), None)
+    width, depth = first(WIDTH_FIELDS), first(DEPTH_FIELDS)
+    if width is None or depth is None:
+        from ..errors import UserError
+        raise UserError(f"config.json gives no {'hidden size' if width is None else 'number of layers'} under any "
+                        f"of {', '.join(WIDTH_FIELDS if width is None else DEPTH_FIELDS)}; run_shards cannot size "
+                        "its outputs for this model")
+    return width, depth
+
+
 def quiet_transformers() -> None:
     import transformers
     transformers.utils.logging.set_verbosity_error()
