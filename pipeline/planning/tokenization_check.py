@@ -88,7 +88,7 @@ def decide_and_check(index: SequenceIndex, source, tokenizer, input_format: str)
         chars = _unknown_characters(tokenizer, convention, [texts[list(positions).index(p)] for p in seen.unknown_rows])
         log.warning("%d of %d sampled sequences contain characters this model's tokenizer does not know (%s), e.g. "
                     "%s; such rows are computed with its unknown token and get status %d", len(seen.unknown_rows),
-                    seen.rows, chars, listing([f"'{index.id(int(p))}'" for p in seen.unknown_rows[:3]]),
+                    seen.rows, chars or "unknown in context", listing([f"'{index.id(int(p))}'" for p in seen.unknown_rows[:3]]),
                     status_codes.UNKNOWN_RESIDUES)
     return convention
 
@@ -146,7 +146,7 @@ def _unknown_characters(tokenizer, convention: Convention, texts: list[str]) -> 
     probe = SequenceTokenizer(tokenizer, convention)
     chars = sorted(set("".join(texts)))
     unknown = [c for c, t in zip(chars, probe.encode(chars)) if t.unknown]
-    return ", ".join(repr(c) for c in unknown[:10]) or "characters unknown in context"
+    return ", ".join(repr(c) for c in unknown[:10])
 
 
 def _refusal(source, seen: Seen, index, tokenizer, convention: Convention, why: str, look, input_format: str) -> str:
@@ -155,16 +155,17 @@ def _refusal(source, seen: Seen, index, tokenizer, convention: Convention, why: 
     if seen.unknown:
         chars = _unknown_characters(tokenizer, convention, [index.sequence(p)[:SAMPLE_RESIDUES]
                                                             for p in seen.unknown_rows[:20]])
-        what.append(f"{seen.unknown:,} of its {seen.tokens:,} tokens are the unknown token {tokenizer.unk_token!r} "
-                    f"(unknown on their own: {chars}), in {len(seen.unknown_rows)} of {seen.rows} sampled sequences")
+        alone = f" (unknown on their own: {chars})" if chars else ""
+        what.append(f"{seen.unknown:,} of its {seen.tokens:,} tokens are the unknown token {tokenizer.unk_token!r}"
+                    f"{alone}, in {len(seen.unknown_rows)} of {seen.rows} sampled sequences")
     if seen.impossible:
-        p, residues, tokens = seen.impossible[0]
+        p, residues, tokens = max(seen.impossible, key=lambda x: x[1])
         what.append(f"{len(seen.impossible)} sequence(s) became fewer tokens than their residues can make "
                     f"(e.g. '{index.id(p)}': {residues:,} residues as {tokens} token(s))")
     fixes = []
     for option, other in BY_OPTION.items():
-        if option != input_format and other != convention and look(other).clean:
-            fixes.append(f"--input-format {option} ({other.words()}) tokenizes the sample without "
+        if option != input_format and other != convention and not look(other).bulk:
+            fixes.append(f"--input-format {option} ({other.words()}) tokenizes the sample with no more than a few "
                          "unknown tokens")
     if input_format != "auto" and source.family.convention is not None:
         fixes.append(f"without --input-format the family's own convention applies ({source.family.convention.words()})")
