@@ -100,7 +100,7 @@ def test_t5_checkpoints_load_as_published(family_checkpoint):
     half = family_checkpoint("prot_t5_xl_half_enc")
     assert tf.T5EncoderModel.from_pretrained(half).dtype == torch.float16     # transformers 5 loads "auto"
     u50 = family_checkpoint("prot_t5_xl_u50")
-    assert json.loads((u50 / "config.json").read_text())["architectures"] == ["T5WithLMHeadModel"]
+    assert json.loads((u50 / "config.json").read_text())["architectures"] == ["T5ForConditionalGeneration"]
     tokens = tf.T5Tokenizer.from_pretrained(u50)("M K V", return_tensors="pt")
     with pytest.raises(ValueError, match="input_ids or inputs_embeds"):   # the U50 card's own call
         tf.T5Model.from_pretrained(u50)(**tokens, decoder_input_ids=None)
