@@ -38,13 +38,20 @@ def _rare_to_x(seq: str) -> str:
     return re.sub(r"[UZOB]", "X", seq)
 
 
-def _residues(out: torch.Tensor, start: int, length: int) -> Embedding:
+def _residues(out: torch.Tensor, start: int, length: int, end: int = 1) -> Embedding:
+    """Rows start..start+length of a [1, T, D] output whose T must be start + length + end (prefix, one token
+    per residue, end token): a tokenizer that merged or dropped residues (a run of unknown characters is one
+    <unk> for vocab.txt tokenizers) would otherwise misalign every later row without a word."""
+    if out.shape[1] != start + length + end:
+        raise ValueError(f"{out.shape[1]} tokens for {length} residues (expected {start} + {length} + {end}): "
+                         f"the tokenizer did not give one token per residue")
     per_residue = out[0, start:start + length]
     return per_residue, per_residue.mean(0)
 
 
 def _esm(ckpt: Path, seqs: Sequence[str], dtype: torch.dtype) -> list[Embedding]:
-    # https://huggingface.co/facebook/esm2_t33_650M_UR50D (AutoTokenizer + EsmModel, raw residues) and
+    # https://huggingface.co/docs/transformers/model_doc/esm, where the ESM-2 cards point (AutoTokenizer +
+    # EsmModel, raw residues) and
     # https://github.com/facebookresearch/esm#quickstart: per-protein = mean of token_representations[i, 1:L+1],
     # "token 0 is always a beginning-of-sequence token" and the <eos> after the last residue is left out.
     from transformers import AutoTokenizer, EsmModel
@@ -129,7 +136,7 @@ def _nucleotide_transformer(ckpt: Path, seqs: Sequence[str], dtype: torch.dtype)
     for s in seqs:
         ids = tokenizer(s, return_tensors="pt")
         hidden = model.esm(**ids).last_hidden_state
-        out.append(_residues(hidden, 1, ids.input_ids.shape[1] - 1))
+        out.append(_residues(hidden, 1, ids.input_ids.shape[1] - 1, end=0))
     return out
 
 

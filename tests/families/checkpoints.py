@@ -15,7 +15,7 @@ import torch
 
 from . import family_tokenizers as tok
 from .published_configs import tiny_config
-from .remote_code import SHAPES, load_remote_class, write_remote_code
+from .remote_code import load_remote_class, write_remote_code
 from .tokenizer_files import write_json
 from .weights import randomize, seed_of
 

@@ -1,5 +1,5 @@
 """The config.json of each family's published checkpoint, key for key as users download it (old key names
-such as rope_scaling/rope_theta and "T5WithLMHeadModel" included), and the size fields the tiny checkpoints
+such as rope_scaling and rope_theta included), and the size fields the tiny checkpoints
 shrink. Every value's source is in FAMILIES.md; `tiny_config` is the only place values change.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ PUBLISHED: dict[str, dict] = {
         "pad_token_id": 1, "position_embedding_type": "absolute", "tie_word_embeddings": False,
         "token_dropout": True, "torch_dtype": "float32", "transformers_version": "4.29.0.dev0", "use_cache": False,
         "vocab_list": None, "vocab_size": 4105},
-    "prot_t5_xl_u50": _T5_XL | {"architectures": ["T5WithLMHeadModel"]},
+    "prot_t5_xl_u50": _T5_XL | {"architectures": ["T5ForConditionalGeneration"]},
     "prot_t5_xl_half_enc": _T5_XL | {
         "architectures": ["T5EncoderModel"], "dense_act_fn": "relu", "feed_forward_proj": "relu",
         "is_gated_act": False, "num_decoder_layers": 24, "relative_attention_max_distance": 128,

@@ -26,7 +26,8 @@ class Block(nn.Module):
     def __init__(self, hidden, inner, eps):
         super().__init__()
         self.norm_mix, self.mix = nn.LayerNorm(hidden, eps=eps), nn.Linear(hidden, hidden)
-        self.norm_mlp, self.up, self.down = nn.LayerNorm(hidden, eps=eps), nn.Linear(hidden, inner), nn.Linear(inner, hidden)
+        self.norm_mlp = nn.LayerNorm(hidden, eps=eps)
+        self.up, self.down = nn.Linear(hidden, inner), nn.Linear(inner, hidden)
 
     def forward(self, x, mask):
         h = self.norm_mix(x) * mask
