@@ -123,6 +123,7 @@ def test_family_variants_and_every_rope_type_score_as_their_card(name, family_ch
     assert engine == SCORE_VARIANTS[name]
     if name in ("llama_rope_dynamic", "llama_rope_longrope"):
         assert "engine: hf, not native, for this Llama 2 / 3.x checkpoint: config.json rope_scaling.type is" in caplog.text
+        assert "once past 4096 positions, so rows of longer sequences depend on what ran with them" in caplog.text
     assert_scores_as_accurate(out.columns["score/logprob_sum"], out.columns["score/num_scored"],
                               card_usage.score(path, sequences, torch.float64),
                               card_usage.score(path, sequences, torch.float32))

@@ -158,8 +158,13 @@ def _native_blocker(family: Family, facts: CheckpointFacts) -> str | None:
     text = facts.text_config
     kind, where = facts.rope()
     if kind in DYNAMIC_ROPE_TYPES:
+        params = text.get(where.split(".")[0]) or {}
+        start = (params.get("original_max_position_embeddings") or text.get("original_max_position_embeddings")
+                 or text.get("max_position_embeddings"))
+        how = ("the batch's longest sequence" if kind == "longrope" else "the longest sequence run so far")
         return (f"config.json {where} is '{kind}': its rotary frequencies depend on each sequence's length at "
-                "run time, which the native engine does not compute")
+                f"run time, which the native engine does not compute (on hf, transformers computes them from "
+                f"{how} once past {start} positions, so rows of longer sequences depend on what ran with them)")
     if family.native == "esm":
         if text.get("is_decoder"):
             return "config.json is_decoder is true: ESM as a decoder is not in the native engine"
