@@ -7,8 +7,9 @@
 # Steps (each timed; its log's tail goes into the report):
 #   environment    nvidia-smi, torch / triton / CUDA versions, the visible GPUs
 #   cuda_tests     TRITON_INTERPRET=0 pytest tests/kernels tests/test_engine_triton_path.py: compiled kernels
-#                  against their torch and float64 references, the compile matrix, the engine's Triton path
-#                  against its torch path; a GPU-only test that skips counts as a failure here
+#                  against their torch and float64 references (T5's relative-position bias too), the compile
+#                  matrix, the engine's Triton path against its torch path (ProtT5 and Ankh included); a
+#                  GPU-only test that skips counts as a failure here
 #   gated_delta    bench/bench_gated_delta_rule.py beside fla-core's chunk_gated_delta_rule; fla-core (pure
 #                  Python) is installed by this script into $OUT/fla_site (--no-deps, with einops; step
 #                  fla_install) when $PYTHON cannot import it, so the project's environment is never changed;
@@ -18,6 +19,8 @@
 #                  transformers' conv, at Qwen3.5-0.8B's 6,144 channels
 #   engine         bench/bench_engine.py gpu: native beside the hf engine (fla-core on its path when installed
 #                  above), Qwen3.5-0.8B and ESM-2-650M shapes
+#   t5             bench/bench_t5.py gpu: a ProtT5-XL-shaped encoder (24 layers, bfloat16, T5's relative-position
+#                  bias in the attention kernel), native beside transformers' T5EncoderModel
 #   end_to_end     bin/run_shards on 20,000 generated sequences over every visible GPU, then `status`
 #
 # It fails loudly: no GPU visible is exit 3 before anything runs; a step that fails (or a GPU test that
@@ -101,6 +104,7 @@ if grep -q 'fla-core not importable' $OUT/gated_delta_rule.md; then echo 'no fla
 step paged_attn "$PYTHON" bench/bench_paged_attention.py --out "$OUT/paged_attention.md"
 step causal_conv "$PYTHON" bench/bench_causal_conv.py --out "$OUT/causal_conv.md"
 step engine env PYTHONPATH="$FLA_PATH" "$PYTHON" bench/bench_engine.py gpu --out "$OUT/engine_gpu.md"
+step t5 "$PYTHON" bench/bench_t5.py gpu --out "$OUT/t5_gpu.md"
 GPUS=$(nvidia-smi -L | wc -l)
 step end_to_end bash -c "set -e
 $PYTHON tools/make_fasta.py --n 20000 --seed 5 $OUT/gpu_e2e.fasta

@@ -85,7 +85,7 @@ def _told(source, engine, sequences: list[str]):
         return decide_and_check(index, source, engine.tokenizer, "auto")
 
 
-def in_process(path: Path, task: str, sequences: list[str], trust_remote_code: bool = False):
+def in_process(path: Path, task: str, sequences: list[str], trust_remote_code: bool = False, engine: str = "auto"):
     """The worker's own path without the CLI around it (describe, engine choice and load, the family's input
     convention, the task): (TaskOutput, engine name), for a variant of a family whose CLI run a test checks."""
     from pipeline.config import RunConfig
@@ -95,7 +95,7 @@ def in_process(path: Path, task: str, sequences: list[str], trust_remote_code: b
     from pipeline.tasks.tokenization import SequenceTokenizer
 
     source = checkpoint.local_source(str(path))
-    name = selection.choose("auto", source, task)
+    name = selection.choose(engine, source, task)
     config = RunConfig(fasta=["x.fa"], out="x", model=str(path), task=task, per_residue=task == "embed",
                        per_residue_dtype="float32", trust_remote_code=trust_remote_code)
     hf_config = checkpoint.read_config(source, trust_remote_code)

@@ -24,7 +24,8 @@ from .tiny_models import run_cli
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("esm2", "esm1b", "llama", "llama-bias", "qwen3", "qwen3_5")
+ENCODERS = ("esm2", "esm1b", "prott5", "ankh")
+KINDS = ENCODERS + ("llama", "llama-bias", "qwen3", "qwen3_5")
 # Lengths (residues; two special tokens are added) around the 64-token split grid, a few of one to three
 # residues, and sequences several budgets long.
 LENGTHS = [1, 2, 3, 13, 61, 62, 63, 64, 65, 126, 127, 128, 190, 255, 256, 300, 447, 511, 700, 900, 1000]
@@ -69,6 +70,21 @@ def test_cpu_matmul_rows_do_not_depend_on_the_row_count_or_threads(restore_threa
                 assert torch.equal(linear(x[:m], w), reference[:m]), (k, n, threads, m)
 
 
+def test_cpu_element_wise_functions_do_not_depend_on_the_slice_or_threads(restore_threads):
+    """triton_kernels/pointwise.py under batch_invariant: every element of a prefix of x is the bits it has
+    in x's whole result, at 1-3 threads (aten's tanh GELU splits calls over 16,384 elements its own way)."""
+    from triton_kernels import pointwise
+    x = 3 * torch.randn(70_001, generator=torch.Generator().manual_seed(1))
+    for fn in (pointwise.gelu_tanh, pointwise.gelu, pointwise.silu, pointwise.sigmoid):
+        with pointwise.batch_invariant():
+            torch.set_num_threads(1)
+            reference = fn(x)
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                for n in (63, 16_448, 33_000, 70_001):
+                    assert torch.equal(fn(x[:n]), reference[:n]), (fn.__name__, threads, n)
+
+
 def _forward_rows(path, dtype, budget, threads, batches, batch, layers, logprobs):
     torch.set_num_threads(threads)
     engine = NativeEngine.load(str(path), CPU, dtype, "", max_tokens_per_step=budget, max_seqs=256)
@@ -88,7 +104,7 @@ def _forward_rows(path, dtype, budget, threads, batches, batch, layers, logprobs
 @pytest.mark.parametrize("kind,dtype", [(kind, torch.float32) for kind in KINDS]
                          + [("llama", torch.bfloat16), ("qwen3_5", torch.bfloat16)])
 def test_hidden_states_and_logprobs_are_bitwise_batch_invariant(checkpoints, kind, dtype, restore_threads):
-    causal = not kind.startswith("esm")
+    causal = kind not in ENCODERS
     lengths = [n for n in LENGTHS if n <= 1000]
     batch = random_sequences(lengths, seed=3)
     layers = [0, 1, 3 if kind != "llama-bias" else 2]

@@ -1,7 +1,7 @@
 """The engine's GPU code path: the same tiny models through the Triton kernels (compiled on a GPU, else
 the Triton interpreter on CPU) agree with the kernels' torch paths the CPU engine runs.
 
-Covers what only that path does: head dims padded to a kernel size (ESM here has 16), launch knobs
+Covers what only that path does: head dims padded to a kernel size (ESM and T5 here have 16), launch knobs
 forwarded per step, chunk size 64 for the delta rule, the recurrent kernel for decode steps, the Triton
 causal conv of the delta-rule layers with its windows carried across chunked prefill and decode. float32:
 both paths are measured against transformers in float64 and held to transformers' own float32 error, as
@@ -42,6 +42,23 @@ def test_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
     for engine in (triton, torch_path):
         assert_rows_as_accurate(engine.forward(batch, layers, logprobs), hf, exact, layers, logprobs)
     assert (kind == "qwen3_5") == any(k["has_initial_state"] is not None for k in convs)
+
+
+@pytest.mark.parametrize("kind", ("prott5", "ankh"))
+def test_t5_triton_path_matches_torch_path(tmp_path, kind):
+    """T5 encoders: the relative-position bias in the kernel (head dim 16 padded to 32; a 150-token sequence
+    reaches offsets past max_distance 128), against transformers' T5EncoderModel like the torch path."""
+    from tests.t5_reference import T5EncoderReference
+    from tests.test_t5_native import t5_sequences
+    path = str(write_tiny(kind, tmp_path / kind))
+    triton = NativeEngine.load(path, DEVICE, torch.float32, "", max_tokens_per_step=256, kernels="triton")
+    torch_path = NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=256)
+    batch = t5_sequences([150, 9, 1, 40], seed=1)
+    layers = [1, triton.info.num_layers]
+    hf = T5EncoderReference(path, torch.float32).forward(batch, layers)
+    exact = T5EncoderReference(path, torch.float64).forward(batch, layers)
+    for engine in (triton, torch_path):
+        assert_rows_as_accurate(engine.forward(batch, layers, False), hf, exact, layers, False)
 
 
 def test_triton_path_generates_what_the_torch_path_generates(tmp_path):

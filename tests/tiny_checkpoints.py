@@ -15,6 +15,33 @@ from pipeline.models import demo as demo_model
 
 INIT = 0.1
 
+# T5 encoders with their published config values (ProtT5-XL-U50 and ProstT5: config.json of
+# Rostlab/prot_t5_xl_uniref50 and Rostlab/ProstT5; Ankh: ElnaggarLab/ankh-base), only the sizes shrunk.
+T5_SIZES = dict(d_model=64, d_kv=16, d_ff=128, num_layers=3, num_decoder_layers=2, num_heads=4)
+PROTT5 = dict(vocab_size=128, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+              feed_forward_proj="relu", dropout_rate=0.1, layer_norm_epsilon=1e-6, initializer_factor=1.0,
+              is_encoder_decoder=True, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+T5_FAMILIES = {"prott5": PROTT5, "prostt5": dict(PROTT5, vocab_size=150),
+               "ankh": dict(PROTT5, vocab_size=144, relative_attention_num_buckets=64, feed_forward_proj="gated-gelu",
+                            tie_word_embeddings=False)}
+T5_KINDS = ("prott5", "prostt5", "ankh", "prott5-half-enc")
+
+
+def _tiny_t5(kind: str):
+    """The whole T5ForConditionalGeneration as ProtT5, ProstT5 and Ankh are published; "prott5-half-enc" is
+    ProtT5's half-precision encoder-only checkpoint (T5EncoderModel saved in float16)."""
+    from transformers import T5Config, T5EncoderModel, T5ForConditionalGeneration
+    family = T5_FAMILIES[kind.removesuffix("-half-enc")]
+    model_class = T5EncoderModel if kind.endswith("-half-enc") else T5ForConditionalGeneration
+    model = model_class(T5Config(**T5_SIZES, **family))
+    with torch.no_grad():   # transformers' init leaves norms at 1 and the bias table small (d^-0.5)
+        for name, p in model.named_parameters():
+            if name.endswith("layer_norm.weight"):
+                p.normal_(1.0, 0.2)
+            elif name.endswith("relative_attention_bias.weight"):
+                p.normal_(0.0, 1.0)
+    return model.half() if kind.endswith("-half-enc") else model
+
 
 def _tiny(kind: str):
     from transformers import (EsmConfig, EsmForMaskedLM, LlamaConfig, LlamaForCausalLM, Qwen3Config,
@@ -49,6 +76,8 @@ def _tiny(kind: str):
         return Qwen3ForCausalLM(Qwen3Config(**common, num_hidden_layers=3, num_attention_heads=4,
                                             num_key_value_heads=1, head_dim=32, max_position_embeddings=8192,
                                             tie_word_embeddings=True))
+    if kind in T5_KINDS:
+        return _tiny_t5(kind)
     if kind in ("esm2", "esm1b"):
         rotary = kind == "esm2"
         return EsmForMaskedLM(EsmConfig(
@@ -60,7 +89,8 @@ def _tiny(kind: str):
 
 
 def write_tiny(kind: str, path: Path, max_shard_size: str | None = None) -> Path:
-    """A tiny random checkpoint of `kind` at `path` (float32, seeded), with the demo protein tokenizer."""
+    """A tiny random checkpoint of `kind` at `path` (float32 but for "*-half-enc", seeded), with the demo
+    protein tokenizer (engine-level tests pass token ids)."""
     torch.manual_seed(sum(map(ord, kind)))
     model = _tiny(kind).eval()
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}

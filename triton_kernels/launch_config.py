@@ -40,12 +40,15 @@ class AttentionKnobs:
     num_stages / num_stages_wide: pipeline depth of the KV walk for head dims <= 128 / > 128 (the wide
     tiles take twice the shared memory per stage and the registers that come with them).
     rows_for_8_warps / rows_for_8_warps_wide: a program of at least this many score rows (query tokens
-    x query heads per KV head) runs 8 warps, a smaller one 4."""
+    x query heads per KV head) runs 8 warps, a smaller one 4.
+    bias_tile_keys: tiles of at most this many keys when T5's relative-position bias is added (its
+    per-element offsets, buckets and gathered table values take registers beside the scores)."""
 
     num_stages: int
     num_stages_wide: int
     rows_for_8_warps: int
     rows_for_8_warps_wide: int
+    bias_tile_keys: int
 
 
 @dataclass(frozen=True)
@@ -77,15 +80,18 @@ TABLE: dict[int, LaunchRow] = {
     # once from memory (the other taps hit L1): 1,024 x 48 programs for a 32k-token step of Qwen3.5-0.8B
     # (6,144 channels), 8 x 48 for 256 decoding sequences. 64 x 128 in 4 warps (64 elements per thread)
     # spilled 72-160 B on sm_90 where sequences read stored windows.
+    # Attention with T5's relative-position bias (ProtT5-XL: 32 heads of 128, 128 rows, 8 warps, 3 stages):
+    # 64-key tiles spill 48 B (Triton 3.9) / 64 B (3.6) at 255 registers on sm_80 (200 on sm_90); 32-key
+    # tiles compile at 186 / 193 on sm_80, 175 / 162 on sm_90 (bias_tile_keys).
     80: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=32, num_warps=4, num_stages=1, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
-                                           rows_for_8_warps_wide=64),
+                                           rows_for_8_warps_wide=64, bias_tile_keys=32),
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8)),
     90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
-                                           rows_for_8_warps_wide=128),
+                                           rows_for_8_warps_wide=128, bias_tile_keys=32),
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8)),
 }
 

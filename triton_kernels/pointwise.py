@@ -1,7 +1,7 @@
 """Element-wise functions on CPU whose every output element is the same bits wherever it sits in its tensor.
 
 torch's CPU element-wise kernels run a tensor's elements in SIMD vectors, except the last few of each
-thread's share, which go through a scalar loop; for exp, sigmoid, silu, softplus, erf, cos and sin the
+thread's share, which go through a scalar loop; for exp, sigmoid, silu, softplus, erf, tanh, cos and sin the
 vector and scalar code differ in the last bit for some inputs (Sleef's vector functions beside libm).
 Which elements fall in a scalar tail depends on the tensor's size and the thread count, so a token's
 activations would change with how many tokens share its step and with torch's threads.
@@ -9,8 +9,9 @@ activations would change with how many tokens share its step and with torch's th
 Under `batch_invariant(True)` (the native engine sets it for batch-invariant runs) these functions run
 over a tensor's elements in calls whose every thread's share is a whole number of vectors: with one
 thread, one call over all but the last few elements; with k threads, calls of k x 32,768 elements
-(torch gives each thread 32,768 of them); the last few elements are padded to whole vectors apart. So
-every element takes the vector code. Outside it they are the plain torch calls.
+(torch gives each thread 32,768 of them), a shorter rest in one-thread calls of at most 16,384; the last
+few elements are padded to whole vectors apart. So every element takes the vector code. Outside it they
+are the plain torch calls.
 """
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ from typing import Callable
 import torch
 
 GRAIN = 1 << 15    # torch's element-wise grain size: a call splits among threads in shares of at least this
+# Calls of at most this many elements run on one thread in every kernel used here: aten's GELU splits a
+# larger call into one share per thread (numel / threads, not whole vectors: with 3 threads the tanh form
+# then differs from one thread's in the last bit from 16,448 elements on; torch 2.13).
+ONE_THREAD = 1 << 14
 VECTOR = 64        # two 512-bit vectors of float32 (the unrolled loop's step); a multiple of every ISA's
 
 # Set per step by the engine's model runner, as _device.torch_path_on_cpu is.
@@ -50,9 +55,9 @@ def _pieces(n: int) -> list[tuple[int, int]]:
     pieces = [(a, min(a + step, whole)) for a in range(0, whole, step)]
     if threads > 1 and pieces and (pieces[-1][1] - pieces[-1][0]) % (GRAIN * threads):
         # A short last call splits among fewer threads in shares that need not be whole vectors: its
-        # whole vectors go one GRAIN at a time (one thread each).
+        # whole vectors go ONE_THREAD at a time (one thread each).
         a, b = pieces.pop()
-        pieces += [(c, min(c + GRAIN, b)) for c in range(a, b, GRAIN)]
+        pieces += [(c, min(c + ONE_THREAD, b)) for c in range(a, b, ONE_THREAD)]
     if whole < n:
         pieces.append((whole, n))
     return pieces
@@ -118,6 +123,11 @@ def exp_(x: torch.Tensor) -> torch.Tensor:
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """The erf GELU."""
     return apply(lambda t, out: _aten.gelu.out(t, approximate="none", out=out), x)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """The tanh GELU, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (transformers' gelu_new)."""
+    return apply(lambda t, out: _aten.gelu.out(t, approximate="tanh", out=out), x)
 
 
 def cos(x: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,6 @@ def _gpt2_protein(f: CheckpointFacts) -> bool:
     return f.model_type == "gpt2" and f.vocab.get("<|endoftext|>") == 0
 
 
-_T5_ON_HF = "T5 encoders run on the hf engine (T5EncoderModel) until the native T5 lands"
 _NO_POOLER = {"add_pooling_layer": False}   # embeddings are hidden states; the pooler head is never used
 
 FAMILIES: tuple[Family, ...] = (
@@ -78,17 +77,17 @@ FAMILIES: tuple[Family, ...] = (
            card="https://huggingface.co/facebook/esm2_t33_650M_UR50D"),
     Family("prostt5", "ProstT5 (amino-acid mode)", "model_type t5; a vocabulary with '<AA2fold>'",
            lambda f: f.model_type == "t5" and f.has_tokens("<AA2fold>"), convention=cv.PROSTT5_AA,
-           hf_class="T5EncoderModel", not_native=_T5_ON_HF,
+           native="t5", hf_class="T5EncoderModel",
            convention_source="card: '<AA2fold>' + ' ' + residues upper-cased and spaced, U/Z/O/B as X; the "
            "prefix token is not a residue", card="https://huggingface.co/Rostlab/ProstT5"),
     Family("prott5", "ProtT5", "model_type t5; a SentencePiece vocabulary of word-initial residues ('▁A')",
            lambda f: f.model_type == "t5" and f.has_tokens("▁A", "▁L"), convention=cv.SPACED_RARE_AS_X,
-           hf_class="T5EncoderModel", not_native=_T5_ON_HF,
+           native="t5", hf_class="T5EncoderModel",
            convention_source="card: ' '.join(list(re.sub(r'[UZOB]', 'X', sequence)))",
            card="https://huggingface.co/Rostlab/prot_t5_xl_half_uniref50-enc"),
     Family("ankh", "Ankh", "model_type t5; a single-letter residue vocabulary without '▁'",
            lambda f: f.model_type == "t5" and f.has_tokens("A", "L") and not f.has_tokens("▁A"),
-           convention=cv.PLAIN, hf_class="T5EncoderModel", tokenizer_json=True, not_native=_T5_ON_HF,
+           convention=cv.PLAIN, native="t5", hf_class="T5EncoderModel", tokenizer_json=True,
            convention_source="card: the residues as single letters through the checkpoint's own tokenizer.json "
            "(one token per residue)", card="https://github.com/agemagician/Ankh"),
     Family("protbert", "ProtBert / ProtBert-BFD", "BERT (model_type or architecture); a word-level vocabulary "
@@ -196,6 +195,9 @@ def load_model(path: str, device, dtype, family: Family | None = None):
     if family.native == "esm":
         from .esm import EsmModel
         return EsmModel.from_checkpoint(path, config, device, dtype)
+    if family.native == "t5":   # the encoder, of T5EncoderModel or whole T5 checkpoints
+        from .t5 import T5Encoder
+        return T5Encoder.from_checkpoint(path, config, device, dtype)
     from .llama import LlamaModel
     return LlamaModel.from_checkpoint(path, config, device, dtype, facts.architecture,
                                       qk_norm=family.native == "qwen3")

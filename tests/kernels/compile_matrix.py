@@ -38,11 +38,14 @@ class Attention:
     num_kv_heads: int
     head_dim: int
     causal: bool
+    rel_bias: tuple[int, int] | None = None   # T5's relative-position bias: (num_buckets, max_distance)
 
 
 QWEN35_ATTENTION = Attention("Qwen3.5-0.8B attn", 8, 2, 256, True)
 ESM2 = Attention("ESM-2 650M", 20, 20, 64, False)
 LLAMA8B = Attention("Llama-8B", 32, 8, 128, True)
+PROTT5 = Attention("ProtT5-XL enc", 32, 32, 128, False, rel_bias=(32, 128))
+ANKH_LARGE = Attention("Ankh-large enc", 16, 16, 64, False, rel_bias=(64, 128))
 # Qwen3.5-0.8B's Gated DeltaNet layers: 16 key and 16 value heads of 128.
 DELTA_HEADS, DELTA_V_HEADS, DELTA_DIM = 16, 16, 128
 CONV_CHANNELS = (2 * DELTA_HEADS + DELTA_V_HEADS) * DELTA_DIM   # their causal conv runs over [q|k|v]
@@ -93,10 +96,14 @@ def attention_step(dtype, model: Attention, num_seqs: int, q_len: int, kv_len: i
     v_cache = _empty(pages, PAGE_SIZE, model.num_kv_heads, model.head_dim, dtype=dtype)
     k_new = _empty(tokens, model.num_kv_heads, model.head_dim, dtype=dtype)
     write_kv_cache(k_new, k_new, k_cache, v_cache, _empty(tokens, dtype=torch.int64))
+    bias = {}
+    if model.rel_bias is not None:   # T5: the table in the model's dtype, unscaled scores
+        bias = dict(rel_bias_table=_empty(model.rel_bias[0], model.num_q_heads, dtype=dtype),
+                    rel_max_distance=model.rel_bias[1])
     paged_attention(_empty(tokens, model.num_q_heads, model.head_dim, dtype=dtype), k_cache, v_cache,
                     _empty(num_seqs, -(-kv_len // PAGE_SIZE), dtype=torch.int32),
                     _empty(num_seqs + 1, dtype=torch.int32), _empty(num_seqs, dtype=torch.int32),
-                    causal=model.causal, scale=model.head_dim ** -0.5)
+                    causal=model.causal, scale=1.0 if bias else model.head_dim ** -0.5, **bias)
 
 
 def cases() -> list[tuple[str, object]]:
@@ -115,7 +122,7 @@ def cases() -> list[tuple[str, object]]:
         (f"... 1 x {LONG // 1024}k prefill", lambda dt: conv_step(dt, 1, LONG, windows=False)),
         ("... decode 256 sequences", lambda dt: conv_step(dt, 256, 1, windows=True)),
     ]
-    for model in (QWEN35_ATTENTION, ESM2, LLAMA8B):
+    for model in (QWEN35_ATTENTION, ESM2, LLAMA8B, PROTT5, ANKH_LARGE):
         label = f"{model.name} {model.num_q_heads}/{model.num_kv_heads} D={model.head_dim}"
         out.append((f"{label}: 8 x 4k prefill", lambda dt, m=model: attention_step(dt, m, 8, 4096, 4096)))
         if model.causal:
@@ -153,6 +160,8 @@ def plan() -> tuple[list[Row], list[CompileSpec]]:
 def _knobs(launch: Launch) -> str:
     names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK", "BT", "BC")
     shown = [f"{n}={launch.constexprs[n]}" for n in names if n in launch.constexprs]
+    if launch.constexprs.get("HAS_BIAS"):
+        shown.append(f"+bias/{2 * launch.constexprs['HALF']}")
     for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o")):
         if flag in launch.constexprs:
             shown.append(("+" if launch.constexprs[flag] else "-") + meaning)

@@ -3,6 +3,7 @@ import torch
 
 from .._device import target_of, use_triton
 from .launch import PagedAttentionLaunch, default_launch
+from .position_bias import check_relative_bias
 from .sdpa import paged_attention_sdpa
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
@@ -59,6 +60,8 @@ def paged_attention(
     causal: bool = True,
     scale: float | None = None,
     out: torch.Tensor | None = None,
+    rel_bias_table: torch.Tensor | None = None,
+    rel_max_distance: int | None = None,
     block_q: int | None = None,
     pages_per_tile: int | None = None,
     num_warps: int | None = None,
@@ -76,11 +79,25 @@ def paged_attention(
     Returns `[T_total, Hq, D]` in q's dtype (written into `out` when given; rows past cu_seqlens_q[-1] are
     left unspecified).
 
+    rel_bias_table `[num_buckets, Hq]` and rel_max_distance (both or neither; causal=False only): T5's
+    bidirectional relative-position bias. The score of a key at offset r = key position - query position
+    gains rel_bias_table[bucket(r), head], with T5's buckets (position_bias.py); the table is read in its
+    own dtype and added in float32. None (the default) adds nothing and costs nothing. T5 does not scale its
+    scores: pass scale=1.0.
+
     Launch knobs (used by the Triton kernel; the CPU torch path ignores them): block_q, pages_per_tile,
     num_warps, num_stages, num_kv_splits, see PagedAttentionLaunch. A knob left as None takes the value of
     `default_launch` for this batch's shapes; an engine should compute that once and pass it explicitly.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, out)
+    if (rel_bias_table is None) != (rel_max_distance is None):
+        raise ValueError("rel_bias_table and rel_max_distance go together: give both or neither")
+    if rel_bias_table is not None:
+        if causal:
+            raise ValueError("the relative-position bias is implemented for bidirectional attention (causal=False) only")
+        check_relative_bias(rel_bias_table, rel_max_distance, q.shape[1], q.device)
+        if rel_bias_table.stride(1) != 1:
+            rel_bias_table = rel_bias_table.contiguous()
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -88,7 +105,8 @@ def paged_attention(
         return out
     if not use_triton(q):
         return paged_attention_sdpa(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, out,
-                                    causal=causal, scale=scale)
+                                    causal=causal, scale=scale, rel_bias_table=rel_bias_table,
+                                    rel_max_distance=rel_max_distance)
 
     knobs = dict(block_q=block_q, pages_per_tile=pages_per_tile, num_warps=num_warps, num_stages=num_stages,
                  num_kv_splits=num_kv_splits)
@@ -97,6 +115,7 @@ def paged_attention(
             num_q_tokens=q.shape[0], num_seqs=block_tables.shape[0], num_q_heads=q.shape[1],
             num_kv_heads=k_cache.shape[2], head_dim=q.shape[2], page_size=k_cache.shape[1],
             max_kv_len=block_tables.shape[1] * k_cache.shape[1], target=target_of(q.device),
+            relative_bias=rel_bias_table is not None,
         )
         knobs = {name: getattr(rule, name) if v is None else v for name, v in knobs.items()}
     launch = PagedAttentionLaunch(**knobs)
@@ -109,4 +128,5 @@ def paged_attention(
     return paged_attention_triton(
         q, k_cache, v_cache, block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous(),
         cu_seqlens_q.contiguous(), kv_lens.contiguous(), out, causal=causal, scale=scale, knobs=launch,
+        rel_bias_table=rel_bias_table, rel_max_distance=rel_max_distance,
     )

@@ -2,7 +2,8 @@
 the KV-cache write.
 
 Program (q block, KV head, split): rows = block_q query tokens x the Hq/Hkv query heads of one KV head
-(GQA packing), walked over KV tiles of pages_per_tile pages with an online softmax in float32 (base 2).
+(GQA packing), walked over KV tiles of pages_per_tile pages with an online softmax in float32 (base 2),
+optionally with T5's relative-position bias added to the scores.
 """
 import torch
 import triton
@@ -10,6 +11,7 @@ import triton.language as tl
 
 from .._launch import launch
 from .launch import PagedAttentionLaunch
+from .position_bias import bucket_shape, bucket_table
 
 LOG2E = 1.4426950408889634
 
@@ -34,18 +36,36 @@ def _find_sequence(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _relative_bias(q_pos, offs_n, head, bias_ptr, buckets_ptr, stride_bias,
+                   HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr):
+    """T5's bidirectional relative-position bias of the tile `[BLOCK_M, TILE]`, float32: each key's offset
+    from its row's query, its bucket from the lookup by distance (position_bias.bucket_table, distances past
+    MAX_DISTANCE share the last entry's bucket), the upper HALF of the buckets for keys after the query,
+    and the table's entry for the row's head."""
+    offset = offs_n[None, :] - q_pos[:, None]
+    bucket = tl.load(buckets_ptr + tl.minimum(tl.abs(offset), MAX_DISTANCE)) + tl.where(offset > 0, HALF, 0)
+    return tl.load(bias_ptr + bucket * stride_bias + head[:, None]).to(tl.float32)
+
+
+@triton.jit
 def _attend_tile(
     acc, m_i, l_i, q, tile, bt_row_ptr, k_cache_ptr, v_cache_ptr, kv_head, kv_len, q_pos, offs_d,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, qk_scale,
+    head, bias_ptr, buckets_ptr, stride_bias,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, TILE: tl.constexpr,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr,
 ):
     """One online-softmax step over keys [tile * TILE, (tile + 1) * TILE) of one sequence.
 
     MASKED=False is for tiles every row sees whole (the bulk of the walk): no position masks at all.
+    HAS_BIAS adds T5's relative-position bias (in log2 units, as the scores are).
     """
     offs_n = tile * TILE + tl.arange(0, TILE)
     key_ok = offs_n < kv_len
+    if HAS_BIAS:   # before the scores exist: its integer temporaries and the scores are never live together
+        bias = _relative_bias(q_pos, offs_n, head, bias_ptr, buckets_ptr, stride_bias, HALF,
+                              MAX_DISTANCE) * 1.4426950408889634   # log2(e)
     if MASKED:
         page = tl.load(bt_row_ptr + offs_n // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
     else:
@@ -63,6 +83,8 @@ def _attend_tile(
         k = tl.load(k_ptrs)
 
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE], log2 units
+    if HAS_BIAS:
+        s += bias
     if MASKED:
         visible = key_ok[None, :]
         if CAUSAL:
@@ -91,13 +113,14 @@ def _attend_tile(
 @triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_q_programs"])
 def _paged_attention_fwd(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_ml_ptr,
-    block_tables_ptr, cu_seqlens_q_ptr, kv_lens_ptr,
+    block_tables_ptr, cu_seqlens_q_ptr, kv_lens_ptr, bias_ptr, buckets_ptr,
     num_seqs, num_tokens, num_q_programs, qk_scale,
     stride_qt, stride_qh, stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
-    stride_ot, stride_oh, stride_bt,
+    stride_ot, stride_oh, stride_bt, stride_bias,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr,
 ):
     # Axis 0 is (query block, KV head) with the head fastest and the query blocks in reverse, so the
     # longest causal walks (a sequence's last blocks) start first and short ones fill the tail.
@@ -146,12 +169,16 @@ def _paged_attention_fwd(
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, tile, bt_row_ptr, k_cache_ptr, v_cache_ptr, kv_head, kv_len, q_pos, offs_d,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, qk_scale,
-            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE, CAUSAL, False, DOT_PRECISION)
+            head, bias_ptr, buckets_ptr, stride_bias,
+            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE, CAUSAL, False, DOT_PRECISION,
+            HAS_BIAS, HALF, MAX_DISTANCE)
     for tile in range(tile_mid, tile_hi):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, tile, bt_row_ptr, k_cache_ptr, v_cache_ptr, kv_head, kv_len, q_pos, offs_d,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, qk_scale,
-            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE, CAUSAL, True, DOT_PRECISION)
+            head, bias_ptr, buckets_ptr, stride_bias,
+            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE, CAUSAL, True, DOT_PRECISION,
+            HAS_BIAS, HALF, MAX_DISTANCE)
 
     # Rows of an empty split (l = 0) store 0 with weight 0 for the reduce.
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -194,11 +221,12 @@ def _combine_splits(
 def paged_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, out: torch.Tensor, *, causal: bool, scale: float,
-    knobs: PagedAttentionLaunch,
+    knobs: PagedAttentionLaunch, rel_bias_table: torch.Tensor | None = None, rel_max_distance: int | None = None,
 ) -> torch.Tensor:
     """Launch the attention kernel (and the reduce when knobs.num_kv_splits > 1); fills and returns out.
 
-    Expects validated inputs with a unit stride on the head dim (see attention.paged_attention).
+    Expects validated inputs with a unit stride on the head dim (see attention.paged_attention), and a
+    relative-position bias table `[num_buckets, Hq]` with a unit stride on heads when one is given.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -217,15 +245,22 @@ def paged_attention_triton(
     # Sequence s owns q programs [cu[s] // block_q + s, cu[s + 1] // block_q + s + 1) (see _find_sequence).
     num_q_programs = num_tokens // knobs.block_q + num_seqs
     grid = (num_q_programs * num_kv_heads, splits)
+    if rel_bias_table is None:
+        bias = buckets = kv_lens   # unused by the kernel without HAS_BIAS
+        half = max_distance = 0
+    else:
+        bias, half, max_distance = rel_bias_table, bucket_shape(rel_bias_table.shape[0])[0], rel_max_distance
+        buckets = bucket_table(rel_bias_table.shape[0], rel_max_distance, q.device)
     launch(_paged_attention_fwd, grid,
-           q, k_cache, v_cache, out, part_o, part_ml, block_tables, cu_seqlens_q, kv_lens,
+           q, k_cache, v_cache, out, part_o, part_ml, block_tables, cu_seqlens_q, kv_lens, bias, buckets,
            num_seqs, num_tokens, num_q_programs, scale * LOG2E,
            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-           block_tables.stride(0),
+           block_tables.stride(0), bias.stride(0),
            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
            BLOCK_Q=knobs.block_q, BLOCK_M=block_m, PAGE_SIZE=page_size, TILE=knobs.pages_per_tile * page_size,
            NUM_SPLITS=splits, CAUSAL=causal, DOT_PRECISION=precision,
+           HAS_BIAS=rel_bias_table is not None, HALF=half, MAX_DISTANCE=max_distance,
            num_warps=knobs.num_warps, num_stages=knobs.num_stages)
     if splits > 1:
         launch(_combine_splits, (num_tokens, num_q_heads),

@@ -59,13 +59,15 @@ def default_launch(
     page_size: int,
     max_kv_len: int,
     target: GpuTarget = H100,
+    relative_bias: bool = False,
 ) -> PagedAttentionLaunch:
     """The documented default launch knobs for a batch of this shape.
 
     - block_q: as many query tokens as fill 128 rows (64 when head_dim > 128) with GQA packing, but no
       more than the mean query length rounded up to a power of two (decode batches get block_q = 1).
     - pages_per_tile: tiles of 64 keys for prefill-like batches, 128 for decode-like ones (mean query
-      length <= 4), halved when head_dim > 128; never less than one page.
+      length <= 4), halved when head_dim > 128, at most the launch table's bias_tile_keys with T5's
+      relative-position bias (`relative_bias`); never less than one page.
     - num_warps (8 from a number of rows, else 4) and num_stages: the launch table's row for `target`
       (launch_config.AttentionKnobs), by head dim.
     - num_kv_splits: 1 when the (query block, KV head) programs fill the target's SMs; otherwise enough
@@ -79,9 +81,11 @@ def default_launch(
     target_rows = 128 if head_dim <= 128 else 64
     block_q = max(1, min(_next_pow2(mean_q), target_rows // group))
     rows = max(16, _next_pow2(block_q * group))
-    tile_keys = (128 if decode_like else 64) // (2 if head_dim > 128 else 1)
-    pages_per_tile = max(1, tile_keys // page_size)
     knobs = launch_row(target).attention
+    tile_keys = (128 if decode_like else 64) // (2 if head_dim > 128 else 1)
+    if relative_bias:
+        tile_keys = min(tile_keys, knobs.bias_tile_keys)
+    pages_per_tile = max(1, tile_keys // page_size)
     wide = head_dim > 128
     num_warps = 8 if rows >= (knobs.rows_for_8_warps_wide if wide else knobs.rows_for_8_warps) else 4
     num_stages = knobs.num_stages_wide if wide else knobs.num_stages
