@@ -68,7 +68,7 @@ def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
     hf_config = model_source.read_config(source, config.trust_remote_code)
     hf_tokenizer = model_source.read_tokenizer(source, hf_config, config.trust_remote_code)
-    info = model_source.describe(source, engine, hf_tokenizer, config.trust_remote_code)
+    info = model_source.describe(source, engine, hf_tokenizer, config.trust_remote_code, hf_config)
     if source.facts.remote_code:
         log.warning("--trust-remote-code: the hf engine runs this checkpoint's own Python code (%s)",
                     "; ".join(source.facts.remote_code))

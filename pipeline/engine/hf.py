@@ -7,6 +7,7 @@ unpadded into the ragged form the tasks expect.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -30,8 +31,8 @@ class HFEngine:
         source = checkpoint.local_source(model_path, fingerprint)
         config = checkpoint.read_config(source, trust_remote_code)
         self.tokenizer = checkpoint.read_tokenizer(source, config, trust_remote_code)
-        self.info = info or checkpoint.describe(source, "hf", self.tokenizer, trust_remote_code)
-        self.info.name = "hf"
+        self.info = replace(info or checkpoint.describe(source, "hf", self.tokenizer, trust_remote_code, config),
+                            name="hf")
         text_config = text_of(config)
         if trust_remote_code and source.facts.remote_code:
             log.warning("running the checkpoint's own Python code (--trust-remote-code): %s",

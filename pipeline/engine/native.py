@@ -111,7 +111,7 @@ class NativeEngine:
         model = load_model(model_path, device, dtype, source.family)
         config = checkpoint.read_config(source)
         tokenizer = checkpoint.read_tokenizer(source, config)
-        info = replace(info or checkpoint.describe(source, "native", tokenizer), name="native")
+        info = replace(info or checkpoint.describe(source, "native", tokenizer, config=config), name="native")
         spec = model.spec
         if (info.hidden_size, info.num_layers, info.is_causal) != (spec.hidden_size, spec.num_layers, spec.is_causal):
             raise RuntimeError(f"the native model ({spec}) does not match the checkpoint's description ({info})")

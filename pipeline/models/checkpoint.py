@@ -190,13 +190,14 @@ def fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def describe(source: ModelSource, engine: str, tokenizer=None, trust_remote_code: bool = False) -> EngineInfo:
-    """EngineInfo from the checkpoint's config and tokenizer alone (no weights, no device); `tokenizer` the
-    checkpoint's when already loaded (hf_config.load_tokenizer)."""
+def describe(source: ModelSource, engine: str, tokenizer=None, trust_remote_code: bool = False,
+             config=None) -> EngineInfo:
+    """EngineInfo from the checkpoint's config and tokenizer alone (no weights, no device); `tokenizer` and
+    `config` the checkpoint's where already read (read_tokenizer, read_config)."""
     from .hf_config import model_max_tokens, model_shape, quiet_transformers, text_config
 
     quiet_transformers()
-    config = read_config(source, trust_remote_code)
+    config = config if config is not None else read_config(source, trust_remote_code)
     if tokenizer is None:
         tokenizer = read_tokenizer(source, config, trust_remote_code)
     text = text_config(config)
