@@ -9,8 +9,8 @@ One CLI run per way through the pipeline (engine, tokenizer kind, input conventi
 variants, which differ from one of those only in config values or tokenizer vocabulary (ESM-1b/1v and ESM-2 650M
 beside 8M, Ankh large, the half-precision ProtT5 encoder, ProtBert-BFD, Llama 2 beside 3.x, Qwen2 beside
 Mistral, Qwen3, the rope types), run the worker's own path in-process (family_runs.in_process), which keeps the
-added time down (each CLI run starts two workers: about 10 s on 2 cores). Each CLI run also holds the status-2 reporting:
-P6 holds a residue no family knows.
+added time down (each CLI run starts two workers: about 10 s on 2 cores). Each protein CLI run also checks the
+status-2 reporting: P6 holds a residue no family knows.
 """
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def test_family_variants_embed_as_their_card(name, family_checkpoint):
     out, _ = in_process(path, "embed", sequences)
     offsets = np.concatenate([[0], np.cumsum(out.lengths["per_residue"])])
     rows = [out.values["per_residue/values"][offsets[i]:offsets[i + 1]] for i in range(len(sequences))]
-    assert_embeddings_as_accurate(out.columns["embeddings/mean"], rows, card_usage.embed(path, sequences, torch.float64),
+    assert_embeddings_as_accurate(out.columns["embeddings/mean"], rows,
+                                  card_usage.embed(path, sequences, torch.float64),
                                   card_usage.embed(path, sequences, torch.float32))
 
 
@@ -109,7 +110,8 @@ def test_t5_encoders_on_the_hf_engine_are_the_encoder_model(name, family_checkpo
     assert engine == "hf"
     offsets = np.concatenate([[0], np.cumsum(out.lengths["per_residue"])])
     rows = [out.values["per_residue/values"][offsets[i]:offsets[i + 1]] for i in range(len(sequences))]
-    assert_embeddings_as_accurate(out.columns["embeddings/mean"], rows, card_usage.embed(path, sequences, torch.float64),
+    assert_embeddings_as_accurate(out.columns["embeddings/mean"], rows,
+                                  card_usage.embed(path, sequences, torch.float64),
                                   card_usage.embed(path, sequences, torch.float32))
 
 
@@ -136,7 +138,8 @@ def test_family_variants_and_every_rope_type_score_as_their_card(name, family_ch
         out, engine = in_process(path, "score", sequences)
     assert engine == SCORE_VARIANTS[name]
     if name in ("llama_rope_dynamic", "llama_rope_longrope"):
-        assert "engine: hf, not native, for this Llama 2 / 3.x checkpoint: config.json rope_scaling.type is" in caplog.text
+        assert ("engine: hf, not native, for this Llama 2 / 3.x checkpoint: config.json rope_scaling.type is"
+                in caplog.text)
         assert "once past 4096 positions, so rows of longer sequences depend on what ran with them" in caplog.text
     assert_scores_as_accurate(out.columns["score/logprob_sum"], out.columns["score/num_scored"],
                               card_usage.score(path, sequences, torch.float64),

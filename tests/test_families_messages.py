@@ -50,6 +50,30 @@ def test_an_input_the_model_does_not_read_is_refused(family_checkpoint, tmp_path
     assert "unknown on their own: 'D', 'E'" in err and "check that the input is what this model reads" in err
 
 
+def test_odd_rows_among_many_keep_status_2_and_most_rows_unreadable_refuse(tmp_path, caplog):
+    """The line between 'a few odd characters' (logged, status 2) and 'in bulk' (refused): more than half of
+    the sampled sequences with a quarter or more of their tokens unknown."""
+    from index import load_or_build
+    from pipeline.models import demo
+    from pipeline.planning.tokenization_check import decide_and_check
+
+    from .family_runs import write_fasta
+    path = demo.write(tmp_path / "demo")
+    source = checkpoint.local_source(str(path))
+    tokenizer = checkpoint.read_tokenizer(source, checkpoint.read_config(source))
+
+    def check(odd: int, name: str):
+        records = {f"s{i}": ("MKJJV" if i < odd else "MKTAYV") for i in range(10)}
+        index, _ = load_or_build([str(write_fasta(tmp_path / f"{name}.fa", records))])
+        return decide_and_check(index, source, tokenizer, "auto")
+
+    with caplog.at_level(logging.WARNING, logger="run_shards"):
+        assert check(5, "half").name == "plain"
+    assert "5 of 10 sampled sequences contain characters this model's tokenizer does not know ('J')" in caplog.text
+    with pytest.raises(UserError, match=r"6 of 10 sampled sequences\. No model ran"):
+        check(6, "most")
+
+
 def _dna_bert(path: Path) -> Path:
     """A BERT over single nucleotides with a word-level vocab.txt (no family of the registry: 'other')."""
     from transformers import BertConfig, BertForMaskedLM, BertTokenizer

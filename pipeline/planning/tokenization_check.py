@@ -23,9 +23,9 @@ from .input_checks import listing
 log = logging.getLogger("run_shards")
 
 SAMPLE = 300              # sequences besides the longest and the shortest
-SAMPLE_RESIDUES = 10000   # of each sampled sequence, from its start (enough to see how it tokenizes)
-BULK_TOKENS = 0.05        # unknown tokens among the sample's content tokens that refuse the run
-BULK_ROWS = 0.5           # sampled sequences with an unknown token that refuse the run
+SAMPLE_RESIDUES = 2000    # of each sampled sequence, from its start (enough to see how it tokenizes)
+UNREADABLE = 0.25        # a sampled sequence of which this share of content tokens is unknown is unreadable
+BULK_ROWS = 0.5           # more than this share of the sample unreadable refuses the run (a few odd rows do not)
 _MARKERS = re.compile(r"^(##|▁|Ġ)")
 
 
@@ -37,17 +37,14 @@ class Seen:
     tokens: int                    # content tokens
     unknown: int                   # content tokens that are the unknown token
     unknown_rows: list[int]        # sample positions (FASTA) with an unknown token
+    unreadable: int                # sampled sequences with UNREADABLE or more of their tokens unknown
     impossible: list[tuple[int, int, int]]   # (position, residues, content tokens) where too few tokens
     content_ids: list[list[int]]
 
     @property
-    def clean(self) -> bool:
-        return not self.unknown and not self.impossible
-
-    @property
     def bulk(self) -> bool:
-        return bool(self.impossible) or self.unknown >= BULK_TOKENS * max(self.tokens, 1) or \
-            len(self.unknown_rows) > BULK_ROWS * self.rows
+        """The tokenizer does not read this input: too few tokens anywhere, or most sequences mostly unknown."""
+        return bool(self.impossible) or self.unreadable > BULK_ROWS * self.rows
 
 
 def sample_positions(index: SequenceIndex) -> np.ndarray:
@@ -85,25 +82,28 @@ def decide_and_check(index: SequenceIndex, source, tokenizer, input_format: str)
         raise UserError(_refusal(source, seen, index, tokenizer, convention, why, look, input_format))
     log.info("input format: %s; %s", convention.words(), why)
     if seen.unknown_rows:
-        chars = _unknown_characters(tokenizer, convention, [texts[list(positions).index(p)] for p in seen.unknown_rows])
+        rows = seen.unknown_rows
+        chars = _unknown_characters(tokenizer, convention, [texts[list(positions).index(p)] for p in rows])
         log.warning("%d of %d sampled sequences contain characters this model's tokenizer does not know (%s), e.g. "
-                    "%s; such rows are computed with its unknown token and get status %d", len(seen.unknown_rows),
-                    seen.rows, chars or "unknown in context", listing([f"'{index.id(int(p))}'" for p in seen.unknown_rows[:3]]),
+                    "%s; such rows are computed with its unknown token and get status %d", len(rows), seen.rows,
+                    chars or "unknown in context", listing([f"'{index.id(p)}'" for p in rows[:3]]),
                     status_codes.UNKNOWN_RESIDUES)
     return convention
 
 
 def _told_by_tokenizer(source, look, longest: int) -> tuple[Convention, str]:
-    """For a family without a card convention: as written or space-separated, whichever the tokenizer reads;
-    a subword tokenizer reads text as written. Refuses where the tokenizer does not tell."""
+    """For a family without a card convention: as written or space-separated, whichever the tokenizer reads
+    (not in bulk as unknown tokens); a subword tokenizer reads text as written. Refuses where the tokenizer does
+    not tell: both read, differently, by a vocabulary of single letters; or neither reads."""
     plain, spaced = look(PLAIN), look(SPACED)
     name = source.family.name
-    if plain.clean and (not spaced.clean or plain.content_ids == spaced.content_ids or longest > 1):
-        return PLAIN, (f"{name}: its tokenizer reads the residues as written (no unknown tokens in {plain.rows} "
-                       "sampled sequences)")
-    if spaced.clean and not plain.clean:
-        return SPACED, (f"{name}: written as they are, residues become unknown tokens; space-separated, none do "
-                        f"({spaced.rows} sampled sequences)")
+    same = plain.content_ids == spaced.content_ids
+    if not plain.bulk and (spaced.bulk or same or longest > 1):
+        return PLAIN, (f"{name}: its tokenizer reads the residues as written ({plain.unknown} unknown tokens in "
+                       f"{plain.rows} sampled sequences)")
+    if not spaced.bulk and plain.bulk:
+        return SPACED, (f"{name}: written as they are, residues become unknown tokens; space-separated, they do "
+                        f"not ({spaced.unknown} unknown tokens in {spaced.rows} sampled sequences)")
     raise UserError(
         f"--model {source.name} ({name}): cannot tell how its tokenizer wants residues written: as written, "
         f"{_counts(plain)}; space-separated, {_counts(spaced)}. Pass --input-format plain or --input-format spaced "
@@ -116,7 +116,7 @@ def _counts(seen: Seen) -> str:
 
 def _seen(convention: Convention, tokenizer, positions: np.ndarray, texts: list[str], longest: int) -> Seen:
     toks = SequenceTokenizer(tokenizer, convention).encode(texts)
-    seen = Seen(convention, len(texts), 0, 0, [], [], [])
+    seen = Seen(convention, len(texts), 0, 0, [], 0, [], [])
     for p, text, t in zip(positions, texts, toks):
         content = [i for i, s in zip(t.ids, t.special) if not s]
         seen.tokens += len(content)
@@ -124,6 +124,7 @@ def _seen(convention: Convention, tokenizer, positions: np.ndarray, texts: list[
         seen.content_ids.append(content)
         if t.num_unknown:
             seen.unknown_rows.append(int(p))
+            seen.unreadable += t.num_unknown >= UNREADABLE * max(len(content), 1)
         if len(content) * longest < len(text):
             seen.impossible.append((int(p), len(text), len(content)))
     return seen
@@ -168,7 +169,8 @@ def _refusal(source, seen: Seen, index, tokenizer, convention: Convention, why: 
             fixes.append(f"--input-format {option} ({other.words()}) tokenizes the sample with no more than a few "
                          "unknown tokens")
     if input_format != "auto" and source.family.convention is not None:
-        fixes.append(f"without --input-format the family's own convention applies ({source.family.convention.words()})")
+        fixes.append("without --input-format the family's own convention applies "
+                     f"({source.family.convention.words()})")
     fixes.append("check that the input is what this model reads (protein or DNA, its alphabet), or replace the "
                  "characters it does not know")
     return (f"--model {source.name} ({source.family.name}): its tokenizer does not read this input written as "
