@@ -7,6 +7,7 @@ import logging
 import torch
 
 from ..errors import UserError
+from ..models.registry import tasks
 
 log = logging.getLogger("run_shards")
 
@@ -20,9 +21,14 @@ def choose(engine: str, source, task: str) -> str:
         raise UserError(f"--engine native does not run this checkpoint ({family.name}): {why}. Use --engine hf "
                         "(or auto).")
     chosen = "native" if engine == "native" or (engine == "auto" and native) else "hf"
-    if task == "generate" and chosen != "native":
+    supported = tasks(source.is_causal, chosen)
+    if task == "generate" and source.is_causal and chosen != "native":
         raise UserError(f"--task generate runs on the native engine, which does not run this checkpoint "
                         f"({family.name}): {why or '--engine hf was given'}. Use --task embed or score.")
+    if task not in supported:
+        raise UserError(f"--task {task} needs a causal language model; this {family.name} checkpoint "
+                        f"({source.facts.architecture}) is not one: it supports --task {' and '.join(supported)}. "
+                        "Pass a causal LM with --model for scores or continuations.")
     if engine == "auto" and family.native and not native:
         log.info("engine: hf, not native, for this %s checkpoint: %s", family.name, why)
     return chosen

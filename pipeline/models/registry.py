@@ -130,7 +130,6 @@ REMOTE_CODE = Family("remote_code", "remote code (DNABERT-2, HyenaDNA, Caduceus,
 OTHER = Family("other", "any other transformers model", "none of the above; transformers knows its "
                "model_type", lambda f: True, causal=None,
                not_native="not one of the native engine's architectures")
-BY_KEY = {f.key: f for f in FAMILIES + (REMOTE_CODE, OTHER)}
 
 
 def recognise(facts: CheckpointFacts) -> Family:
