@@ -4,15 +4,30 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The CPU build of torch where a local wheel provides it (this project's CI machines); on a GPU
-# machine install the torch build that matches its CUDA first, or override TORCH=...
-TORCH  ?= torch==2.13.0
+
+# Which torch build: the CUDA one (PyPI's default on Linux) on a machine with an NVIDIA GPU (nvidia-smi
+# answers, or the driver's /proc/driver/nvidia exists), else the CPU-only one (about a tenth of the size),
+# from the indexes pip is configured with (a local wheel, as on this project's CI machines) or else from
+# PyTorch's CPU index. Override with DEVICE=cpu|cuda, or TORCH=... (pip arguments), e.g.
+# TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" for another CUDA version; after
+# an install, `make clean` first.
+TORCH_VERSION ?= 2.13.0
+DEVICE ?= $(shell (nvidia-smi -L >/dev/null 2>&1 || test -d /proc/driver/nvidia) && echo cuda || echo cpu)
+ifeq ($(DEVICE),cuda)
+TORCH ?= torch==$(TORCH_VERSION)
+TORCH_INDEX ?=
+else
+TORCH ?= torch==$(TORCH_VERSION)+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+endif
 
 .PHONY: install demo test test-deps clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q $(TORCH)
+	@echo "installing $(TORCH) (this machine: $(DEVICE); override with TORCH=...)"
+	$(BIN)/python -m pip install -q $(TORCH) 2>/dev/null || \
+		$(BIN)/python -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q -e ".[test,ray]"
 	touch $@
 

@@ -263,6 +263,12 @@ class SequenceIndex:
             text.close()
         self._texts.clear()
 
+    def __enter__(self) -> "SequenceIndex":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_texts"] = {}

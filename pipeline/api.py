@@ -1,224 +1,52 @@
-"""The parent's work behind `run`, `rerun` and `merge`, and the index statistics of `run_shards index`.
+"""The parent's work behind `run`, `rerun` and `merge`, as Python functions with typed arguments.
 
-Every function here takes plain arguments and returns a result, so the CLI only parses and prints. The
-parent builds the index, checks the input and the options before any model runs, writes the run's
-manifest, supervises the workers and merges; it never initialises CUDA.
+Each takes plain arguments and returns a result, so the CLI only parses and prints. The parent plans the
+run (planning/plan.py), supervises or submits the shards (launchers/) and merges; it never initialises CUDA.
 """
 from __future__ import annotations
 
-import datetime
-import json
+import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from index import FastaError, SequenceIndex, load_or_build
-from index.alphabet import alphabet_mismatch
-from index.cache import cache_dir
+from index import FastaError, SequenceIndex
 
 from . import __version__, launchers
-from .engine import selection as engines, windowed as windows
-from .models import checkpoint as model_source
-from .output import result as result_merge, status_codes
-from .rundir import run_log
-from .output import shard_state
-from .config import RunConfig
-from .errors import RunDirError, UserError
-from .planning import tokenization_check
-from .planning.input_checks import (apply_input_policies, check_long, check_storage, free_out, load_run_index,
-                                    start_over_advice)
+from .config import RunConfig, misplaced
+from .errors import UserError
 from .launchers.job import ShardJob, Submitted
-from .rundir.layout import RunDir, RunLock
-from .tasks import make_task, schema_for
+from .output import result as result_merge, shard_state
+from .planning.continued import with_launch_settings
+from .planning.plan import plan
+from .planning.run_index import load_run_index, start_over_advice
 from .reporting.facts import unknown_residues_line
-from .tasks.tokenization import SequenceTokenizer
+from .rundir import run_log
+from .rundir.layout import RunDir, RunLock
 
 log = logging.getLogger("run_shards")
 
 
-# --------------------------------------------------------------------------------------------- run
-def _file_attrs(config: RunConfig, source, engine: str, index: SequenceIndex, convention) -> dict:
-    return {
-        "task": config.task, "model": config.model, "model_fingerprint": source.fingerprint,
-        "model_family": source.family.key, "input_format": convention.words(),
-        "model_type": source.model_type, "dtype": config.torch_dtype_name, "engine": engine,
-        "batch_invariant": engines.batch_invariant(engine, config),
-        "config": json.loads(config.to_json()), "software_version": __version__,
-        "created": datetime.datetime.now().isoformat(timespec="seconds"),
-        "index_fingerprint": index.fingerprint(), "fasta_files": config.fasta,
-        "status_codes": {str(k): v for k, v in status_codes.DESCRIPTIONS.items()},
-    }
+@dataclass
+class NotMerged:
+    """The shards a command was asked for are done, others are not: nothing was merged. `text` says which
+    are left and the command that finishes the run."""
+    text: str
 
 
-def _prepare(config: RunConfig, run: RunDir) -> tuple[dict, SequenceIndex]:
-    index, reused = load_or_build(config.fasta)
-    log.info("index %s: %d records, %d residues, %d file(s)", "reused from cache" if reused else "built",
-             len(index), index.total_residues, len(index.inputs))
-    index = apply_input_policies(index, config)
-    if config.world > len(index):   # a worker with an empty shard would load the model for nothing
-        log.info("%d record(s): using %d shard(s), not %d", len(index), len(index), config.world)
-        if config.shards:
-            config.shards = len(index)
-        else:
-            config.devices, config.workers = config.devices[:len(index)], min(config.workers, len(index))
-    source = model_source.resolve(config.model, cache_dir())
-    model_source.refuse_remote_code(source, config.trust_remote_code)
-    engine = engines.choose(config.engine, source, config.task)
-    engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
-    hf_config = model_source.read_config(source, config.trust_remote_code)
-    hf_tokenizer = model_source.read_tokenizer(source, hf_config, config.trust_remote_code)
-    info = model_source.describe(source, engine, hf_tokenizer, config.trust_remote_code, hf_config)
-    if source.facts.remote_code:
-        log.warning("--trust-remote-code: the hf engine runs this checkpoint's own Python code (%s)",
-                    "; ".join(source.facts.remote_code))
-    convention = tokenization_check.decide_and_check(index, source, hf_tokenizer, config.input_format)
-    task = make_task(config, info)
-    limit = info.max_tokens
-    if config.max_length:
-        if limit and config.max_length > limit:
-            log.warning("--max-length %d is above the model's own limit of %d tokens; using %d", config.max_length,
-                        limit, limit)
-        limit = min(limit, config.max_length) if limit else config.max_length
-    tokenizer = SequenceTokenizer(hf_tokenizer, convention)
-    mismatch = alphabet_mismatch(index, hf_tokenizer.get_vocab())   # DNA given to a protein model, or the reverse
-    if mismatch:
-        log.warning("%s", mismatch)
-    if config.on_long == "window":
-        windows.plan(config, limit, tokenizer)
-    check_long(index, tokenizer, limit, config)
-    trained = info.extra.get("trained_context")
-    if trained and trained < (limit or float("inf")):
-        over = int((tokenizer.tokens_for_residues(index.lengths) > trained).sum())
-        if over:
-            log.warning("%d sequence(s) are longer than the model's trained context of %d tokens "
-                        "(max_position_embeddings); they run, but the model was not trained on such lengths. "
-                        "--max-length %d with --on-long truncate or skip keeps within it.", over, trained, trained)
-    check_storage(schema_for(task), index, tokenizer, config.world, run.root)
-    stats = index.shard_stats(config.world)
-    log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", config.world,
-             int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
-    for r in range(config.world):
-        log.info("  shard %d: %d sequences, %d residues", r, int(stats.sequences[r]), int(stats.tokens[r]))
-    manifest = {
-        "config": json.loads(config.to_json()), "model": source.identity(), "engine": engine,
-        "schema": schema_for(task).to_json(), "max_tokens": limit, "world": config.world,
-        "info": info.to_json(), "input_format": convention.to_json(),
-        "index": {"fingerprint": index.fingerprint(), "count": len(index)},
-        "attrs": _file_attrs(config, source, engine, index, convention),
-    }
-    if run.exists():
-        _check_same_run(run, config, manifest)
-    else:
-        index.save(run.index_path)
-        run.write_manifest(manifest)
-    return run.read_manifest(), index
-
-
-def _check_same_run(run: RunDir, config: RunConfig, manifest: dict) -> None:
-    old = run.read_manifest()
-    old_config = RunConfig.from_json(json.dumps(old["config"]))
-    changed = [k for k, v in config.result_fields().items() if old_config.result_fields().get(k) != v]
-    inputs = []
-    if old["model"]["fingerprint"] != manifest["model"]["fingerprint"]:
-        inputs.append("model checkpoint")
-    if old["index"]["fingerprint"] != manifest["index"]["fingerprint"]:
-        inputs.append("FASTA content")
-    if old["world"] != manifest["world"]:
-        changed.append(f"number of shards ({old['world']} -> {manifest['world']})")
-    if inputs:   # `rerun` would refuse too: say how to get either run
-        raise RunDirError(
-            f"{run.root} already holds a run with other inputs (changed: {', '.join(inputs + changed)}). To run on "
-            f"the inputs as they are now, use another --out: `{config.as_command(free_out(run.root))}`. To finish "
-            f"the run that is there, restore its inputs as they were and run `run_shards rerun {run.root}`.")
-    if changed:
-        raise RunDirError(f"{run.root} already holds a run with other settings (changed: {', '.join(changed)}). "
-                          f"Use another --out (`{config.as_command(free_out(run.root))}`), or "
-                          f"`run_shards rerun {run.root}` to continue that run as it was.")
-    log.info("%s holds this same run: continuing from its checkpoints", run.root)
-    # How the shards are run may change between commands (a longer --time after a task ran out of it, a
-    # partition sbatch refused, fewer workers): the command's options apply, never silently the old ones.
-    new = {k: getattr(config, k) for k in RunConfig.LAUNCH_FIELDS if old["config"].get(k) != getattr(config, k)}
-    if new:
-        log.info("with this command's %s", ", ".join(f"{RunConfig.option_name(k)} {v!r} (was {old['config'].get(k)!r})"
-                                                    for k, v in new.items()))
-        old["config"].update(new)
-        run.write_manifest(old)
-
-
-def run(config: RunConfig, show_progress: bool = True, options: dict | None = None) -> Path | Submitted:
-    """Plan (index, input checks, manifest), launch the shards, merge. Returns the merged file's path, or
-    what a scheduler was handed (`options`: dry_run, wait for --launcher slurm).
-
-    When the input checks refuse (or the user interrupts them) before the run's manifest exists, the output
-    directory is left as it was found: removed if this command created it.
-    """
-    run_dir = RunDir(config.out)
-    existed = run_dir.root.exists()
-    run_dir.create()
-    try:
-        with RunLock(run_dir, "run") as lock:
-            handler = run_log.attach(run_dir)
-            try:
-                if lock.took_over:
-                    log.warning("took over a stale lock left by pid %s", lock.took_over.get("pid"))
-                run_dir.remove_stale_temporaries()
-                log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
-                started = time.time()
-                manifest, index = _prepare(config, run_dir)
-                return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, None, show_progress,
-                                                              started, options))
-            except (UserError, FastaError) as e:   # the terminal shows it (cli.py); run.log keeps it too
-                handler.write_only_here(logging.ERROR, f"error: {e}")
-                raise
-            finally:
-                run_log.detach(handler)
-    except (UserError, FastaError, KeyboardInterrupt):
-        if not run_dir.exists():
-            run_dir.discard_unstarted(remove_root=not existed)
-        raise
-
-
-def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
-          worker_timeout: float | None = None, options: dict | None = None,
-          ray_address: str | None = None, sbatch: str | None = None) -> Path | Submitted:
-    """Re-run failed or unfinished shards from their checkpoints (locally, or resubmitted to the run's
-    scheduler), then merge."""
-    run_dir = RunDir(out)
-    run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
-    with RunLock(run_dir, "rerun"):
-        manifest = run_dir.read_manifest()
-        handler = run_log.attach(run_dir)
+@contextlib.contextmanager
+def command_session(run: RunDir, purpose: str):
+    """What `run`, `rerun` and `merge` do around their work: hold the run's lock, keep the log in run.log,
+    remove what a killed command left, and record a user error in run.log (the terminal shows it: cli.py)."""
+    with RunLock(run, purpose) as lock:
+        handler = run_log.attach(run)
         try:
-            run_dir.remove_stale_temporaries()
-            index = load_run_index(run_dir, manifest, refresh_copies=True)
-            world = manifest["world"]
-            if shards:
-                bad = [s for s in shards if not 0 <= s < world]
-                if bad:
-                    raise UserError(f"--shards {','.join(map(str, bad))}: this run has shards 0..{world - 1}")
-            launcher = manifest["config"].get("launcher", "local")
-            asked = [f"--{k.replace('_', '-')}" for k, v in (options or {}).items() if v]
-            if asked and launcher != "slurm":
-                raise UserError(f"{' and '.join(asked)} apply only to runs with --launcher slurm (this run's "
-                                f"launcher is {launcher})")
-            if ray_address is not None and launcher != "ray":
-                raise UserError(f"--ray-address applies only to runs with --launcher ray (this run's launcher is "
-                                f"{launcher})")
-            if sbatch is not None and launcher != "slurm":
-                raise UserError(f"--sbatch applies only to runs with --launcher slurm (this run's launcher is "
-                                f"{launcher})")
-            if sbatch is not None and sbatch != manifest["config"].get("sbatch", ""):
-                log.info("--sbatch %r from now on (was %r)", sbatch, manifest["config"].get("sbatch", ""))
-                manifest["config"]["sbatch"] = sbatch     # kept: a later rerun submits with it too
-                run_dir.write_manifest(manifest)
-                manifest = run_dir.read_manifest()
-            if ray_address is not None:
-                manifest["config"]["ray_address"] = ray_address
-            if worker_timeout:
-                manifest["config"]["worker_timeout"] = worker_timeout
-            return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, shards, show_progress,
-                                                          time.time(), options))
+            if lock.took_over:
+                log.warning("took over a stale lock left by pid %s", lock.took_over.get("pid"))
+            run.remove_stale_temporaries()
+            yield lock
         except (UserError, FastaError) as e:
             handler.write_only_here(logging.ERROR, f"error: {e}")
             raise
@@ -226,19 +54,79 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             run_log.detach(handler)
 
 
+def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wait: bool = False
+        ) -> Path | Submitted | NotMerged:
+    """Plan (index, input checks, manifest), launch the shards, merge. Returns the merged file's path, or
+    what a scheduler was handed (`dry_run`, `wait`: --launcher slurm).
+
+    When planning refuses (or the user interrupts it) before the run's manifest exists, the output
+    directory is left as it was found: removed if this command created it. `config` is not changed.
+    """
+    run_dir = RunDir(config.out)
+    existed = run_dir.root.exists()
+    run_dir.create()
+    try:
+        with command_session(run_dir, "run"):
+            log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
+            started = time.time()
+            planned = plan(config)
+            with planned.index as index:
+                manifest = planned.record(run_dir)
+                return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, None, show_progress,
+                                                              started, dict(dry_run=dry_run, wait=wait)))
+    except (UserError, FastaError, KeyboardInterrupt):
+        if not run_dir.exists():
+            run_dir.discard_unstarted(remove_root=not existed)
+        raise
+
+
+def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True, dry_run: bool = False,
+          wait: bool = False, worker_timeout: float | None = None, ray_address: str | None = None,
+          sbatch: str | None = None) -> Path | Submitted | NotMerged:
+    """Re-run failed or unfinished shards (all, or those in `shards`) from their checkpoints, locally or
+    resubmitted to the run's scheduler, then merge. `worker_timeout`, `ray_address` and `sbatch` replace
+    the run's settings, for this command and later ones."""
+    run_dir = RunDir(out)
+    run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
+    with command_session(run_dir, "rerun"):
+        manifest = run_dir.read_manifest()
+        config = RunConfig.from_manifest(manifest)
+        launch = {k: v for k, v in (("worker_timeout", worker_timeout), ("ray_address", ray_address),
+                                    ("sbatch", sbatch)) if v is not None}
+        wrong = misplaced([*launch, *(k for k, v in (("dry_run", dry_run), ("wait", wait)) if v)],
+                          {"task": config.task, "launcher": config.launcher})
+        if wrong:
+            raise UserError(wrong)
+        bad = [s for s in shards or [] if not 0 <= s < manifest["world"]]
+        if bad:
+            raise UserError(f"--shards {','.join(map(str, bad))}: this run has shards 0..{manifest['world'] - 1}")
+        changed = with_launch_settings(manifest, launch, "this command's")
+        if changed is not manifest:
+            run_dir.write_manifest(changed)
+            manifest = run_dir.read_manifest()
+        with load_run_index(run_dir, manifest, refresh_copies=True) as index:
+            return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, shards, show_progress,
+                                                          time.time(), dict(dry_run=dry_run, wait=wait)))
+
+
+def merge(out: str, allow_partial: bool = False) -> Path:
+    """`run_shards merge`: merge and validate the shards of OUT into OUT/result.h5."""
+    run_dir = RunDir(out)
+    run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
+    with command_session(run_dir, "merge"):   # run.log keeps what the merge says (a SLURM merge job's too)
+        manifest = run_dir.read_manifest()
+        with load_run_index(run_dir, manifest) as index:
+            return _reported(run_dir, lambda: result_merge.merge_result(run_dir, manifest, index, allow_partial))
+
+
 def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[int] | None,
-                show_progress: bool, started: float, options: dict | None = None) -> Path | Submitted:
+                show_progress: bool, started: float, options: dict) -> Path | Submitted | NotMerged:
     """Verify what is on disk, hand the unfinished shards to the run's launcher, merge when they are done."""
-    config = RunConfig.from_json(json.dumps(manifest["config"]))
-    model_source.check_unchanged(manifest["model"])
-    states = {r: shard_state.inspect(run, index.stride_shard(r, config.world), r, verify_shard=True)
-              for r in range(config.world)}
-    for s in states.values():
-        if s.state == "corrupt":   # found before any work, so one `rerun` computes every damaged shard
-            aside = shard_state.set_aside(run.shard_path(s.rank))
-            log.warning("shard %d cannot be used (%s); set aside as %s and computed again", s.rank,
-                        s.detail.split(";")[0], aside.name)
-    ranks = [r for r in (only if only else range(config.world)) if states[r].state != "complete"]
+    from .models import checkpoint
+    config = RunConfig.from_manifest(manifest)
+    checkpoint.check_unchanged(manifest["model"])
+    states = _settled_states(run, index, config.world)
+    ranks = [r for r in (only or range(config.world)) if states[r].state != "complete"]
     for r in (only or []):
         if states[r].state == "complete":
             log.info("shard %d is already complete", r)
@@ -255,11 +143,15 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     timings = None
     if ranks:
         job = ShardJob(run, manifest, index, ranks, {r: states[r].expected - states[r].durable for r in ranks},
-                       show_progress, options=dict(options or {}))
+                       show_progress, options=dict(options))
         outcome = launchers.launch(job)
         if outcome is not None:
             return outcome
         timings = job.options.get("timings")
+    left = [r for r in range(config.world) if r not in ranks and states[r].state != "complete"]
+    if only and left:   # what was asked is done; the merge needs the rest
+        return NotMerged(f"shard(s) {', '.join(map(str, only))} complete; shard(s) {', '.join(map(str, left))} not "
+                         f"finished, so nothing was merged: `run_shards rerun {run.root}` computes them and merges")
     changed = index.records_changed()   # edited after the last shard's last check: the result would not describe it
     if changed:
         raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "
@@ -268,31 +160,40 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     unknown = unknown_residues_line(run)
     if unknown:
         log.warning("%s", unknown)
-    if timings and timings[1]:
-        spawned, (first, last) = timings
-        end = time.time()
-        log.info("timings: prepare %.1f s, start workers and load model %.1f s, compute %.1f s, finish shards and "
-                 "merge %.1f s; total %.1f s, %.1f%% outside model compute", spawned - started, first - spawned,
-                 last - first, end - last, end - started, 100.0 * (1 - (last - first) / max(end - started, 1e-9)))
+    _log_timings(timings, started)
     return path
 
 
-def merge(out: str, allow_partial: bool = False) -> Path:
-    """`run_shards merge`: merge and validate the shards of OUT into OUT/result.h5."""
-    run_dir = RunDir(out)
-    run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
-    with RunLock(run_dir, "merge"):
-        handler = run_log.attach(run_dir)   # run.log keeps what the merge says (a SLURM merge job's too)
-        try:
-            run_dir.remove_stale_temporaries()
-            manifest = run_dir.read_manifest()
-            return _reported(run_dir, lambda: result_merge.merge_result(
-                run_dir, manifest, load_run_index(run_dir, manifest), allow_partial))
-        except (UserError, FastaError) as e:
-            handler.write_only_here(logging.ERROR, f"error: {e}")
-            raise
-        finally:
-            run_log.detach(handler)
+def _settled_states(run: RunDir, index: SequenceIndex, world: int) -> dict:
+    """Each shard's state, found before any work, after setting aside every shard file that cannot be used
+    (so one `rerun` computes every damaged shard) and putting back any set aside earlier that holds exactly
+    its shard's rows and reads back intact."""
+    states = {}
+    for r in range(world):
+        expected = index.stride_shard(r, world)
+        s = shard_state.inspect(run, expected, r, verify_shard=True)
+        aside = shard_state.set_aside(run.shard_path(r)) if s.state == "corrupt" else None
+        restored = shard_state.restore_set_aside(run, expected, r) if s.state != "complete" else None
+        if aside:
+            log.warning("shard %d cannot be used (%s); set aside as %s%s", r, s.detail.split(";")[0], aside.name,
+                        "" if restored else " and computed again")
+        if restored:
+            log.info("shard %d: %s holds exactly this shard's rows and reads back intact: put back in place", r,
+                     restored.name)
+        if aside or restored:
+            s = shard_state.inspect(run, expected, r, verify_shard=False)
+        states[r] = s
+    return states
+
+
+def _log_timings(timings, started: float) -> None:
+    if not timings or not timings[1]:
+        return
+    spawned, (first, last) = timings
+    end = time.time()
+    log.info("timings: prepare %.1f s, start workers and load model %.1f s, compute %.1f s, finish shards and "
+             "merge %.1f s; total %.1f s, %.1f%% outside model compute", spawned - started, first - spawned,
+             last - first, end - last, end - started, 100.0 * (1 - (last - first) / max(end - started, 1e-9)))
 
 
 def _reported(run_dir: RunDir, work):
@@ -325,3 +226,9 @@ def write_report(run_dir: RunDir, error: str | None = None) -> None:
     except Exception as e:   # noqa: BLE001 - the run's outcome stands whatever the report does
         log.warning("could not write %s (%s: %s); `run_shards report %s` tries again", run_dir.root / "report.html",
                     type(e).__name__, e, run_dir.root)
+
+
+def report_path(result: Path) -> Path | None:
+    """The report beside a merged result, when one was written."""
+    path = Path(result).parent / "report.html"
+    return path if path.exists() else None

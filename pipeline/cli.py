@@ -1,10 +1,12 @@
-"""The `run_shards` command line: parse options, call one function of `pipeline.api` (or of a room for index, status, work and report), print.
+"""The `run_shards` command line: parse options, call one function (run, rerun and merge in `pipeline.api`;
+index, status, report and work in their rooms), print. `run`'s settings are RunConfig's fields (config.py).
 
-    run_shards [run] FASTA... [options]     embed or score every sequence, merged into OUT/result.h5
+    run_shards [run] FASTA... [options]     embed, score or generate for every sequence, into OUT/result.h5
     run_shards index FASTA...              build or refresh the index, print statistics
     run_shards status OUT                  per-shard state, progress and failures
     run_shards rerun OUT [--shards 1,3]    re-run failed or unfinished shards from their checkpoints
     run_shards merge OUT                   merge and validate (run automatically at the end of `run`)
+    run_shards report OUT                  write OUT/report.html again
     run_shards work OUT [--shard K]        compute one shard of a planned run (what a SLURM / Ray task runs)
 """
 from __future__ import annotations
@@ -15,16 +17,14 @@ import sys
 import click
 
 from . import __version__
-from .models.registry import families_help
-
-COMMANDS = ("run", "index", "status", "rerun", "merge", "work", "report")
+from .config import RunConfig, default_of, field_type, misplaced, option_of
 
 
 class DefaultRunGroup(click.Group):
     """`run_shards input.fasta ...` means `run_shards run input.fasta ...`."""
 
     def parse_args(self, ctx, args):
-        if args and args[0] not in COMMANDS and args[0] not in ("--help", "-h", "--version"):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["run"] + list(args)
         return super().parse_args(ctx, args)
 
@@ -71,9 +71,9 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _call(fn, *args, **kwargs):
-    """Run one step of a command: user errors, interruptions and a full disk become one clear line (no
-    traceback)."""
+def _run_step(fn, *args, **kwargs):
+    """Run one step of a command with SIGTERM and SIGHUP raised like Ctrl-C: user errors, interruptions and
+    a full disk become one clear line (no traceback)."""
     import signal
 
     from index import FastaError
@@ -108,25 +108,87 @@ def _result_is_durable() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-POSITIVE = click.FloatRange(min=0, min_open=True)
+class CommaList(click.ParamType):
+    """A comma-separated list option (`--pool mean,cls`, `--layers -1,2`), repeats kept once."""
+    name = "list"
 
-# Options that only mean something for some tasks: given explicitly with another task they are a mistake
-# (e.g. --temperature without --task generate), not something to ignore.
-TASK_OPTIONS = {"generate": ("max_new_tokens", "temperature", "top_p", "seed"),
-                "embed": ("pools", "layers", "per_residue", "per_residue_dtype")}
-LAUNCHER_OPTIONS = {"slurm": ("sbatch", "shards_per_task", "array_throttle", "dry_run", "wait"),
-                    "ray": ("ray_address",)}
+    def __init__(self, item: type, choices: tuple[str, ...] = ()):
+        self.item, self.choices = item, choices
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            items = [self.item(v) for v in str(value).replace(" ", "").split(",") if v]
+        except ValueError:
+            self.fail(f"expected comma-separated {self.item.__name__}s, got {value!r}", param, ctx)
+        wrong = [v for v in items if self.choices and v not in self.choices]
+        if wrong:
+            self.fail(f"{wrong[0]!r} is not one of {', '.join(self.choices)}", param, ctx)
+        return list(dict.fromkeys(items))
 
 
-def _check_owned_options(ctx: click.Context, owners: dict, value: str, what: str) -> None:
-    """Options that only mean something for one task (or launcher) are a mistake with another one."""
+def _click_type(name: str):
+    """The click type of RunConfig field `name`, from its type, choices and bounds."""
+    opt, kind = option_of(name), field_type(name)
+    if isinstance(default_of(name), list):
+        return CommaList(kind, opt.choices)
+    if opt.choices:
+        return click.Choice(opt.choices)
+    if kind in (int, float) and (opt.minimum is not None or opt.maximum is not None):
+        ranged = click.IntRange if kind is int else click.FloatRange
+        extra = {"min_open": True} if opt.above_minimum else {}
+        return ranged(min=opt.minimum, max=opt.maximum, **extra)
+    return kind
+
+
+def field_option(name: str, **overrides):
+    """The click option that sets RunConfig field `name`: flags, type, default and help from the field
+    (config.py); `overrides` for a command that uses it otherwise (`rerun`'s default None: keep the run's)."""
+    opt = option_of(name)
+    default = default_of(name)
+    flags = [f"{opt.flags[0]}/{opt.off_flag}" if opt.off_flag else opt.flags[0], *opt.flags[1:]]
+    if isinstance(default, list):
+        default = ",".join(map(str, default))   # as typed: CommaList reads it
+    kwargs = dict(default=default, help=opt.help, show_default=default not in (None, ""))
+    if isinstance(default, bool):
+        if not opt.off_flag:
+            kwargs["is_flag"] = True
+    else:
+        kwargs["type"] = _click_type(name)
+    kwargs.update(overrides)
+    return click.option(*flags, name, **kwargs)
+
+
+def config_options(command):
+    """Every RunConfig setting the CLI does not set itself, as an option of `command`, in field order."""
+    import dataclasses
+    from .models.registry import families_help
+    engine_help = families_help() + "; auto: native where it runs the checkpoint."   # the registry's families
+    for f in reversed(dataclasses.fields(RunConfig)):
+        if not f.metadata["option"].apart:
+            command = field_option(f.name, **({"help": engine_help} if f.name == "engine" else {}))(command)
+    return command
+
+
+def progress_options(command):
+    """--no-progress and --quiet, for commands that compute shards here."""
+    command = click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")(command)
+    return click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")(command)
+
+
+def scheduler_options(command):
+    """--dry-run and --wait, for commands that may hand shards to SLURM."""
+    command = click.option("--wait", is_flag=True,
+                           help="slurm: after submitting, follow until merged (or a shard failed).")(command)
+    return click.option("--dry-run", is_flag=True,
+                        help="slurm: write OUT/slurm/*.sbatch and print the sbatch commands only.")(command)
+
+
+def _given(ctx: click.Context) -> list[str]:
+    """The parameters given on the command line (not defaults)."""
     from click.core import ParameterSource
-    for owner, names in owners.items():
-        given = [n for n in names if owner != value and ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
-        if given:
-            opts = ", ".join(next(p.opts[0] for p in ctx.command.params if p.name == n) for n in given)
-            verb = "applies" if len(given) == 1 else "apply"
-            raise click.UsageError(f"{opts} {verb} only to --{what} {owner} (this run's {what} is {value})")
+    return [name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
 
 
 def _int_list(value: str | None, option: str) -> list[int]:
@@ -151,138 +213,63 @@ def main():
 
 @main.command("run")
 @click.argument("fasta", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--out", "-o", default="run_shards_out", show_default=True, type=click.Path(file_okay=False),
-              help="Run directory: shards, logs, manifest and the merged result.h5.")
-@click.option("--model", "-m", default="demo", show_default=True,
-              help="Checkpoint directory, Hugging Face hub id, or 'demo' (bundled; random weights).")
-@click.option("--task", type=click.Choice(["embed", "score", "generate"]), default="embed", show_default=True,
-              help="embed: pooled hidden states; score: log-likelihood under a causal LM; generate: continue "
-                   "each sequence (native engine).")
+@field_option("out", type=click.Path(file_okay=False), show_default=True)
 @click.option("--gpus", default="auto", show_default=True,
-              help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU. With --launcher slurm "
-                   "or ray: whether each shard gets a GPU (slurm auto: when --sbatch asks for GPUs; ray auto: CPU).")
+              help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU. With --launcher "
+                   "slurm or ray: whether each shard gets a GPU (slurm auto: when --sbatch asks for GPUs; ray auto: "
+                   "CPU).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="CPU workers when running on CPU (default: one per core, at most 4; each loads the model).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per worker (default: the CPU cores divided between the workers).")
-@click.option("--engine", type=click.Choice(["auto", "native", "hf"]), default="auto", show_default=True,
-              help=families_help() + "; auto: native where it runs the checkpoint.")
-@click.option("--input-format", type=click.Choice(["auto", "plain", "spaced"]), default="auto", show_default=True,
-              help="How residues are written for the tokenizer: auto = the model family's card (docs/models.md).")
-@click.option("--trust-remote-code", is_flag=True, help="Let transformers run a checkpoint's own Python code (hf).")
-@click.option("--max-tokens-per-batch", type=click.IntRange(min=1), default=None,
-              help="Token budget per batch (padded tokens for hf). Default 4096 on CPU, 32768 on GPU.")
-@click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Most sequences per batch.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-              show_default=True, help="Model dtype; auto = float32 on CPU, bfloat16 on GPU.")
-@click.option("--pool", "pools", default="mean", show_default=True, help="Pooled embeddings: mean,cls,last.")
-@click.option("--layers", default="-1", show_default=True,
-              help="Hidden states to pool, comma-separated: 0 = token embeddings, -1 = final norm output.")
-@click.option("--per-residue", is_flag=True, help="Also store every residue's hidden state (CSR layout).")
-@click.option("--per-residue-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
-@click.option("--on-long", type=click.Choice(["error", "truncate", "skip", "window"]), default="error",
-              show_default=True,
-              help="Sequences over the model's length limit: stop before any work, cut, keep as skipped rows, or "
-                   "run as overlapping windows stitched into one row (embed, score).")
-@click.option("--window", type=click.IntRange(min=2), default=None,
-              help="--on-long window: tokens per window, special tokens included (default: the model's limit).")
-@click.option("--overlap", type=click.IntRange(min=0), default=None,
-              help="--on-long window: residue tokens neighbouring windows share (default: a quarter of a window).")
-@click.option("--max-length", type=click.IntRange(min=1), default=None,
-              help="Per-sequence token limit (special tokens included; default: the model's own limit, if any).")
-@click.option("--on-duplicate-id", type=click.Choice(["error", "rename"]), default="error", show_default=True,
-              help="rename: suffix repeated ids ('x.dup2') and keep the originals in the output.")
-@click.option("--skip-empty", is_flag=True, help="Keep records without residues as rows with status 3.")
-@click.option("--batch-invariant/--no-batch-invariant", default=True, show_default=True,
-              help="native engine on CPU: every stored value the same bits whatever the number of workers, the "
-                   "token budget and the other sequences of a batch (docs/engine.md); off: up to a few percent "
-                   "faster, values may differ in the last bits.")
-@click.option("--checkpoint-every", "checkpoint_sequences", type=click.IntRange(min=1), default=20000,
-              show_default=True,
-              help="Checkpoint at least every N sequences per worker.")
-@click.option("--checkpoint-seconds", type=POSITIVE, default=60.0, show_default=True,
-              help="...and at least every S seconds (bounds what a crash can lose).")
-@click.option("--worker-timeout", type=POSITIVE, default=1800.0, show_default=True,
-              help="Kill a worker that reports no progress for this many seconds.")
-@click.option("--summary-seconds", type=POSITIVE, default=30.0, show_default=True,
-              help="Summary line interval.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
-              help="generate: new tokens per sequence.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="generate: 0 = greedy.")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
-              help="generate: nucleus sampling mass.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="generate: run seed; with the sequence's FASTA position it fixes what each sequence samples.")
-@click.option("--launcher", type=click.Choice(["local", "slurm", "ray"]), default="local", show_default=True,
-              help="local: workers on this machine; slurm: a job array plus a merge job; ray: one task per shard "
-                   "on a Ray cluster.")
-@click.option("--shards", type=click.IntRange(min=1), default=None,
-              help="Number of shards W (default: one per GPU or CPU worker; required with slurm and ray).")
-@click.option("--sbatch", default="", help="slurm: more sbatch options, e.g. \"--partition=gpu --time=12:00:00\".")
-@click.option("--shards-per-task", type=click.IntRange(min=1), default=1, show_default=True,
-              help="slurm: shards per array task, one worker per GPU of the task (for whole-node allocations).")
-@click.option("--array-throttle", type=click.IntRange(min=0), default=0,
-              help="slurm: at most N array tasks at once (sbatch --array=...%N).")
-@click.option("--dry-run", is_flag=True, help="slurm: write OUT/slurm/*.sbatch and print the sbatch commands only.")
-@click.option("--wait", is_flag=True, help="slurm: after submitting, follow until merged (or a shard failed).")
-@click.option("--ray-address", default="",
-              help="ray: the cluster's address (e.g. auto, or HOST:PORT); default: RAY_ADDRESS, a `ray start` "
-                   "cluster on this machine, else a new local Ray. GPUs: pass --gpus 1 (one per shard).")
-@click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
-@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
-def run_command(fasta, out, model, task, gpus, workers, threads, engine, max_tokens_per_batch, max_seqs, dtype, pools,
-                layers, per_residue, per_residue_dtype, on_long, window, overlap, max_length, on_duplicate_id,
-                skip_empty, batch_invariant, input_format, trust_remote_code, checkpoint_sequences, checkpoint_seconds,
-                worker_timeout, summary_seconds, max_new_tokens,
-                temperature, top_p, seed, launcher, shards, sbatch, shards_per_task, array_throttle, dry_run, wait,
-                ray_address, no_progress, quiet):
-    """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5."""
+@config_options
+@scheduler_options
+@progress_options
+def run_command(fasta, out, gpus, workers, threads, dry_run, wait, no_progress, quiet, **settings):
+    """Run a model over every sequence of FASTA file(s) and merge the result into OUT/result.h5.
+
+    \b
+    Example:
+        run_shards run proteins.fasta --out emb --model facebook/esm2_t33_650M_UR50D --pool mean,cls
+    """
     import os
 
-    from .planning import devices
-    from .config import RunConfig
     from .api import run
+    from .planning import devices
 
     ctx = click.get_current_context()
-    _check_owned_options(ctx, TASK_OPTIONS, task, "task")
-    _check_owned_options(ctx, LAUNCHER_OPTIONS, launcher, "launcher")
-    if (window is not None or overlap is not None) and on_long != "window":
-        raise click.UsageError("--window and --overlap apply to --on-long window")
-    pools = list(dict.fromkeys(p for p in pools.replace(" ", "").split(",") if p))   # repeats once
+    wrong = misplaced(_given(ctx), {"task": settings["task"], "launcher": settings["launcher"]})
+    if wrong:
+        raise click.UsageError(wrong)
     _setup_logging(quiet)
-    if launcher == "local":
-        gpu_ids, nworkers, threads = _call(devices.resolve, gpus, workers, threads)
+    if settings["launcher"] == "local":
+        gpu_ids, nworkers, threads = _run_step(devices.resolve, gpus, workers, threads)
     else:   # decided here for every shard; each task uses the devices its node gives it
-        gpu_ids, nworkers = (["0"] if _call(devices.resolve_for_tasks, gpus, sbatch) else []), 1
+        gpu_ids, nworkers = (["0"] if _run_step(devices.tasks_get_gpu, gpus, settings["sbatch"]) else []), 1
         threads = threads or 1
-    config = _call(RunConfig, fasta=[os.path.abspath(f) for f in fasta], out=out, model=model, task=task,
-                   engine=engine, devices=gpu_ids, workers=nworkers, threads_per_worker=threads,
-                   max_tokens_per_batch=max_tokens_per_batch or 0, max_seqs=max_seqs, dtype=dtype, pools=pools,
-                   layers=_int_list(layers, "--layers") or [-1], per_residue=per_residue,
-                   per_residue_dtype=per_residue_dtype, on_long=on_long, window=window or 0,
-                   overlap=-1 if overlap is None else overlap, max_length=max_length or 0,
-                   on_duplicate_id=on_duplicate_id, skip_empty=skip_empty, batch_invariant=batch_invariant,
-                   input_format=input_format, trust_remote_code=trust_remote_code,
-                   checkpoint_sequences=checkpoint_sequences, checkpoint_seconds=checkpoint_seconds,
-                   worker_timeout=worker_timeout, summary_seconds=summary_seconds,
-                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                   launcher=launcher, shards=shards or 0, shards_per_task=shards_per_task, sbatch=sbatch,
-                   array_throttle=array_throttle, ray_address=ray_address)
-    _finish(_call(run, config, show_progress=not no_progress, options={"dry_run": dry_run, "wait": wait}))
+    config = _run_step(RunConfig, fasta=[os.path.abspath(f) for f in fasta], out=out, devices=gpu_ids,
+                       workers=nworkers, threads_per_worker=threads, **settings)
+    _finish(_run_step(run, config, show_progress=not no_progress, dry_run=dry_run, wait=wait), quiet)
 
 
-def _finish(outcome) -> None:
-    """Print a command's outcome: the merged result, or what a scheduler was handed (then follow it)."""
+def _finish(outcome, quiet: bool = False) -> None:
+    """Print a command's outcome: the merged result (and, with -q, where its report is), what is left
+    unmerged, or what a scheduler was handed (then follow it)."""
+    from .api import NotMerged, report_path
     from .launchers.job import Submitted
+    if isinstance(outcome, NotMerged):
+        click.echo(outcome.text)
+        return
     if isinstance(outcome, Submitted):
         click.echo(outcome.text)
         if outcome.follow is None:
             return
-        outcome = _call(outcome.follow)
+        outcome = _run_step(outcome.follow)
     _result_is_durable()
     click.echo(f"result: {outcome}")
+    report = report_path(outcome)
+    if quiet and report is not None:   # otherwise the log line said it
+        click.echo(f"report: {report}")
 
 
 @main.command("index")
@@ -293,7 +280,7 @@ def index_command(fasta, workers):
     """Build (or reuse) the index of FASTA file(s) and print its statistics."""
     from .planning.index_stats import index_report
     _setup_logging(False)
-    click.echo(_call(index_report, list(fasta), workers))
+    click.echo(_run_step(index_report, list(fasta), workers))
 
 
 @main.command("status")
@@ -306,28 +293,33 @@ def index_command(fasta, workers):
 def status_command(out, verify, every_shard):
     """Per-shard state, progress and failures of the run in OUT."""
     from .reporting.status import status
-    click.echo(_call(status, out, verify, every_shard))
+    click.echo(_run_step(status, out, verify, every_shard))
 
 
 @main.command("rerun")
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--shards", default=None, help="Comma-separated shard numbers (default: every unfinished shard).")
-@click.option("--worker-timeout", type=POSITIVE, default=None, help="Override the run's --worker-timeout.")
-@click.option("--dry-run", is_flag=True, help="slurm runs: write the scripts and print the sbatch commands only.")
-@click.option("--wait", is_flag=True, help="slurm runs: after resubmitting, follow until merged (or a shard failed).")
-@click.option("--ray-address", default=None, help="ray runs: another address for the Ray cluster than the run's.")
-@click.option("--sbatch", default=None,
+@field_option("worker_timeout", default=None, show_default=False,
+              help="Replace the run's --worker-timeout (kept for later commands).")
+@field_option("ray_address", default=None, help="ray runs: another address for the Ray cluster than the run's "
+                                                "(kept for later commands).")
+@field_option("sbatch", default=None,
               help="slurm runs: sbatch options replacing the run's (e.g. a longer --time), kept for later reruns.")
-@click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
-@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")
-def rerun_command(out, shards, worker_timeout, dry_run, wait, ray_address, sbatch, no_progress, quiet):
+@scheduler_options
+@progress_options
+def rerun_command(out, shards, worker_timeout, ray_address, sbatch, dry_run, wait, no_progress, quiet):
     """Re-run failed or unfinished shards of OUT from their checkpoints, then merge (for a SLURM run:
-    resubmit them, and a new merge job)."""
+    resubmit them, and a new merge job).
+
+    \b
+    Example:
+        run_shards rerun emb --shards 3     # only shard 3; `run_shards rerun emb` then merges
+    """
     from .api import rerun
     _setup_logging(quiet)
-    _finish(_call(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
-                  worker_timeout=worker_timeout, options={"dry_run": dry_run, "wait": wait},
-                  ray_address=ray_address, sbatch=sbatch))
+    _finish(_run_step(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
+                      dry_run=dry_run, wait=wait, worker_timeout=worker_timeout, ray_address=ray_address,
+                      sbatch=sbatch), quiet)
 
 
 @main.command("report")
@@ -340,8 +332,8 @@ def report_command(out):
     and merge writes it at its end; this writes it again (e.g. after SLURM tasks failed)."""
     from .reporting.report import write
     from .rundir.layout import RunDir
-    _call(RunDir(out).read_manifest)   # a clear error for a directory that holds no run
-    click.echo(f"report: {_call(write, out)}")
+    _run_step(RunDir(out).read_manifest)   # a clear error for a directory that holds no run
+    click.echo(f"report: {_run_step(write, out)}")
 
 
 @main.command("merge")
@@ -352,7 +344,7 @@ def merge_command(out, allow_partial):
     """Merge the shards of OUT into OUT/result.h5 in FASTA order, with strict validation."""
     from .api import merge
     _setup_logging(False)
-    path = _call(merge, out, allow_partial=allow_partial)
+    path = _run_step(merge, out, allow_partial=allow_partial)
     _result_is_durable()
     click.echo(f"result: {path}")
 
@@ -368,7 +360,7 @@ def work_command(out, shard, shards_per_task):
     array tasks and Ray tasks run; a complete shard is skipped, and SIGTERM makes it checkpoint and stop."""
     from .launchers.work import work
     _setup_logging(False)
-    summary = _call(work, out, shard, shards_per_task)
+    summary = _run_step(work, out, shard, shards_per_task)
     _result_is_durable()
     click.echo(summary)
 

@@ -1,8 +1,14 @@
-"""The one run configuration that flows from the CLI to the parent, the workers and the output files."""
+"""The one run configuration that flows from the CLI to the parent, the workers and the output files.
+
+Each field says, in its metadata (`Option`), which `run` option sets it, its help, choices and bounds, and
+what a later command on the same run may do with it (its role); the CLI builds its options from that.
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
+import typing
 from dataclasses import dataclass, field
 
 from .errors import UserError
@@ -11,6 +17,7 @@ TASKS = ("embed", "score", "generate")
 POOLS = ("mean", "cls", "last")
 ENGINES = ("auto", "native", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+PER_RESIDUE_DTYPES = ("float16", "float32")
 ON_LONG = ("error", "truncate", "skip", "window")
 ON_DUPLICATE = ("error", "rename")
 INPUT_FORMATS = ("auto", "plain", "spaced")   # how residues are written for the tokenizer (docs/models.md)
@@ -21,47 +28,136 @@ LAUNCHERS = ("local", "slurm", "ray")
 DEFAULT_TOKENS_CPU = 4096
 DEFAULT_TOKENS_GPU = 32768
 
+# What a later command on the same run may do with a setting (every field has one role; tests hold it):
+RESULT = "result"   # it shapes what is computed: a later command must give the same, or is refused
+PLAN = "plan"       # fixed when the run is planned (the shard geometry): a later command may only repeat it
+LAUNCH = "launch"   # how the shards are run: a later command's value applies from then on, and is logged
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a RunConfig field is set on the `run` command line, and its role in a continued run."""
+    role: str
+    flags: tuple[str, ...] = ()     # the option, then its short form; () for none
+    help: str = ""
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    above_minimum: bool = False     # the value must be above `minimum`, not equal to it
+    maximum: float | None = None
+    off_flag: str = ""              # a flag on by default: the option that turns it off
+    only_with: tuple[str, str] | None = None   # ("task", "generate"): meaningful only with that value
+    apart: bool = False             # the CLI sets it itself (the FASTA argument, --out, --gpus, --workers, --threads)
+
+
+def setting(role: str, *flags: str, default=dataclasses.MISSING, **option) -> typing.Any:
+    """A RunConfig field with its Option (a list default is copied for every instance)."""
+    meta = {"option": Option(role, flags, **option)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_EMBED, _GENERATE = ("task", "embed"), ("task", "generate")
+_SLURM, _RAY = ("launcher", "slurm"), ("launcher", "ray")
+
+# Options of `run` and `rerun` that are not settings of the run, and the launcher they belong to.
+COMMAND_ONLY_WITH = {"dry_run": _SLURM, "wait": _SLURM}
+
 
 @dataclass
 class RunConfig:
-    fasta: list[str]
-    out: str
-    model: str = "demo"
-    task: str = "embed"
-    engine: str = "auto"
-    devices: list[str] = field(default_factory=list)   # GPU ids, one worker each; empty = CPU workers
-    workers: int = 1
-    threads_per_worker: int = 1
-    max_tokens_per_batch: int = 0                        # 0 = default for the device
-    max_seqs: int = 256
-    dtype: str = "auto"
-    pools: list[str] = field(default_factory=lambda: ["mean"])
-    layers: list[int] = field(default_factory=lambda: [-1])
-    per_residue: bool = False
-    per_residue_dtype: str = "float16"
-    on_long: str = "error"
-    window: int = 0                                      # --on-long window: tokens per window (0 = the limit)
-    overlap: int = -1                                    # content tokens shared by neighbours (-1 = window/4)
-    max_length: int = 0                                  # 0 = the model's own limit (if any)
-    on_duplicate_id: str = "error"
-    skip_empty: bool = False
-    batch_invariant: bool = True                         # native engine: the same bits whatever the batch
-    input_format: str = "auto"                           # auto: the model family's convention (models/registry.py)
-    trust_remote_code: bool = False                      # let transformers run a checkpoint's own Python code
-    checkpoint_sequences: int = 20000
-    checkpoint_seconds: float = 60.0
-    worker_timeout: float = 1800.0
-    summary_seconds: float = 30.0
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    launcher: str = "local"                              # local, slurm or ray (pipeline/launchers)
-    shards: int = 0                                      # W; 0 = one shard per GPU or CPU worker
-    shards_per_task: int = 1                             # slurm: shards per array task, one worker per GPU
-    sbatch: str = ""                                     # slurm: more sbatch options
-    array_throttle: int = 0                              # slurm: at most N array tasks at once (0 = no limit)
-    ray_address: str = ""                                # ray: the cluster's address ("" = a local Ray)
+    fasta: list[str] = setting(RESULT, apart=True)
+    out: str = setting(LAUNCH, "--out", "-o", default="run_shards_out", apart=True,
+                       help="Run directory: shards, logs, manifest and the merged result.h5.")
+    model: str = setting(RESULT, "--model", "-m", default="demo",
+                         help="Checkpoint directory, Hugging Face hub id, or 'demo' (bundled; random weights).")
+    task: str = setting(RESULT, "--task", default="embed", choices=TASKS,
+                        help="embed: pooled hidden states; score: log-likelihood under a causal LM; generate: "
+                             "continue each sequence (native engine).")
+    engine: str = setting(RESULT, "--engine", default="auto", choices=ENGINES,
+                          help="native: our engine (Qwen3.5, ESM-2, Llama, Qwen3); hf: transformers models (any "
+                               "architecture); auto: native where supported.")
+    devices: list[str] = setting(LAUNCH, "--gpus", default=[], apart=True)   # GPU ids, one worker each; [] = CPU
+    workers: int = setting(LAUNCH, "--workers", default=1, minimum=1, apart=True)
+    threads_per_worker: int = setting(LAUNCH, "--threads", default=1, minimum=1, apart=True)
+    max_tokens_per_batch: int | None = setting(
+        LAUNCH, "--max-tokens-per-batch", default=None, minimum=1,
+        help=f"Token budget per batch (padded tokens for hf). Default {DEFAULT_TOKENS_CPU} on CPU, "
+             f"{DEFAULT_TOKENS_GPU} on GPU.")
+    max_seqs: int = setting(LAUNCH, "--max-seqs", default=256, minimum=1, help="Most sequences per batch.")
+    dtype: str = setting(RESULT, "--dtype", default="auto", choices=DTYPES,
+                         help="Model dtype; auto = float32 on CPU, bfloat16 on GPU.")
+    pools: list[str] = setting(RESULT, "--pool", default=["mean"], choices=POOLS, only_with=_EMBED,
+                               help="Pooled embeddings, comma-separated: mean,cls,last.")
+    layers: list[int] = setting(RESULT, "--layers", default=[-1], only_with=_EMBED,
+                                help="Hidden states to pool, comma-separated: 0 = token embeddings, -1 = final "
+                                     "norm output; a negative layer is stored under its number from the start.")
+    per_residue: bool = setting(RESULT, "--per-residue", default=False, only_with=_EMBED,
+                                help="Also store every residue's hidden state (CSR layout).")
+    per_residue_dtype: str = setting(RESULT, "--per-residue-dtype", default="float16", choices=PER_RESIDUE_DTYPES,
+                                     only_with=_EMBED)
+    on_long: str = setting(RESULT, "--on-long", default="error", choices=ON_LONG,
+                           help="Sequences over the model's length limit: stop before any work, cut, keep as "
+                                "skipped rows, or run as overlapping windows stitched into one row (embed, score).")
+    window: int | None = setting(RESULT, "--window", default=None, minimum=2,
+                                 help="--on-long window: tokens per window, special tokens included (default: the "
+                                      "model's limit).")
+    overlap: int | None = setting(RESULT, "--overlap", default=None, minimum=0,
+                                  help="--on-long window: residue tokens neighbouring windows share (default: a "
+                                       "quarter of a window).")
+    max_length: int | None = setting(RESULT, "--max-length", default=None, minimum=1,
+                                     help="Per-sequence token limit (special tokens included; default: the model's "
+                                          "own limit, if any).")
+    on_duplicate_id: str = setting(RESULT, "--on-duplicate-id", default="error", choices=ON_DUPLICATE,
+                                   help="rename: suffix repeated ids ('x.dup2') and keep the originals in the output.")
+    skip_empty: bool = setting(RESULT, "--skip-empty", default=False,
+                               help="Keep records without residues as rows with status 3.")
+    batch_invariant: bool = setting(
+        RESULT, "--batch-invariant", default=True, off_flag="--no-batch-invariant",
+        help="native engine on CPU: every stored value the same bits whatever the number of workers, the token "
+             "budget (64 or more) and the other sequences of a batch (docs/engine.md); off: up to a few percent "
+             "faster, values may differ in the last bits.")
+    input_format: str = setting(RESULT, "--input-format", default="auto", choices=INPUT_FORMATS,
+                                help="How residues are written for the tokenizer: auto = the model family's card "
+                                     "(docs/models.md); plain = as written; spaced = space-separated.")
+    trust_remote_code: bool = setting(LAUNCH, "--trust-remote-code", default=False,
+                                      help="Let transformers run a checkpoint's own Python code (hf engine).")
+    checkpoint_sequences: int = setting(LAUNCH, "--checkpoint-every", default=20000, minimum=1,
+                                        help="Checkpoint at least every N sequences per worker.")
+    checkpoint_seconds: float = setting(LAUNCH, "--checkpoint-seconds", default=60.0, minimum=0, above_minimum=True,
+                                        help="...and at least every S seconds (bounds what a crash can lose).")
+    worker_timeout: float = setting(LAUNCH, "--worker-timeout", default=1800.0, minimum=0, above_minimum=True,
+                                    help="Stop a worker that reports no progress for this many seconds (SIGTERM, "
+                                         "then SIGKILL 10 s later).")
+    summary_seconds: float = setting(LAUNCH, "--summary-seconds", default=30.0, minimum=0, above_minimum=True,
+                                     help="Summary line interval.")
+    max_new_tokens: int = setting(RESULT, "--max-new-tokens", default=64, minimum=1, only_with=_GENERATE,
+                                  help="generate: new tokens per sequence.")
+    temperature: float = setting(RESULT, "--temperature", default=0.0, minimum=0, only_with=_GENERATE,
+                                 help="generate: 0 = greedy.")
+    top_p: float = setting(RESULT, "--top-p", default=1.0, minimum=0, above_minimum=True, maximum=1,
+                           only_with=_GENERATE, help="generate: nucleus sampling mass.")
+    seed: int = setting(RESULT, "--seed", default=0, only_with=_GENERATE,
+                        help="generate: run seed; with the sequence's FASTA position it fixes what each sequence "
+                             "samples.")
+    launcher: str = setting(LAUNCH, "--launcher", default="local", choices=LAUNCHERS,
+                            help="local: workers on this machine; slurm: a job array plus a merge job; ray: one "
+                                 "task per shard on a Ray cluster.")
+    shards: int | None = setting(PLAN, "--shards", default=None, minimum=1,
+                                 help="Number of shards W, fixed when the run is planned (default: one per GPU or "
+                                      "CPU worker; required with slurm and ray). A later command runs the same W "
+                                      "shards with however many workers it has.")
+    shards_per_task: int = setting(LAUNCH, "--shards-per-task", default=1, minimum=1, only_with=_SLURM,
+                                   help="slurm: shards per array task, one worker per GPU of the task (for "
+                                        "whole-node allocations).")
+    sbatch: str = setting(LAUNCH, "--sbatch", default="", only_with=_SLURM,
+                          help="slurm: more sbatch options, e.g. \"--partition=gpu --time=12:00:00\".")
+    array_throttle: int = setting(LAUNCH, "--array-throttle", default=0, minimum=0, only_with=_SLURM,
+                                  help="slurm: at most N array tasks at once (sbatch --array=...%N).")
+    ray_address: str = setting(LAUNCH, "--ray-address", default="", only_with=_RAY,
+                               help="ray: the cluster's address (e.g. auto, or HOST:PORT); default: RAY_ADDRESS, a "
+                                    "`ray start` cluster on this machine, else a new local Ray. GPUs: pass --gpus 1 "
+                                    "(one per shard).")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -88,107 +184,141 @@ class RunConfig:
         return "bfloat16" if self.on_gpu else "float32"
 
     def validate(self) -> None:
-        def check(value, allowed, option):
-            if value not in allowed:
-                raise UserError(f"{option} must be one of {', '.join(allowed)} (got {value!r})")
-        check(self.task, TASKS, "--task")
-        check(self.engine, ENGINES, "--engine")
-        check(self.dtype, DTYPES, "--dtype")
-        check(self.on_long, ON_LONG, "--on-long")
+        """What the CLI's option types cannot say (and the same checks for Python callers)."""
+        for f in dataclasses.fields(self):
+            _check_bounds(f.metadata["option"], getattr(self, f.name), option_name(f.name))
+        if (self.window is not None or self.overlap is not None) and self.on_long != "window":
+            raise UserError("--window and --overlap apply to --on-long window")
         if self.on_long == "window" and self.task == "generate":
             raise UserError("--on-long window is for embed and score; generation continues a whole sequence: "
                             "use --on-long truncate, skip or error with --task generate")
-        if self.window < 0 or self.overlap < -1:
-            raise UserError("--window and --overlap must not be negative")
-        check(self.on_duplicate_id, ON_DUPLICATE, "--on-duplicate-id")
-        check(self.input_format, INPUT_FORMATS, "--input-format")
-        check(self.per_residue_dtype, ("float16", "float32"), "--per-residue-dtype")
-        for pool in self.pools:
-            check(pool, POOLS, "--pool")
-        if not self.pools:
-            raise UserError("--pool needs at least one of mean, cls, last")
-        if self.workers < 1:
-            raise UserError("--workers must be at least 1")
-        check(self.launcher, LAUNCHERS, "--launcher")
-        if self.shards < 0 or self.shards_per_task < 1 or self.array_throttle < 0:
-            raise UserError("--shards and --shards-per-task must be at least 1, --array-throttle 0 or more")
+        if not self.pools or not self.layers:
+            raise UserError("--pool needs at least one of mean, cls, last, and --layers at least one layer")
         if self.launcher != "local" and not self.shards:
             raise UserError(f"--launcher {self.launcher} needs --shards W: the number of shards, fixed now, "
                             "whatever number of nodes later runs them (e.g. --shards 64)")
-        if self.max_tokens_per_batch < 0 or self.max_seqs < 1:
-            raise UserError("--max-tokens-per-batch must be positive and --max-seqs at least 1")
-        if self.checkpoint_sequences < 1 or self.checkpoint_seconds <= 0:
-            raise UserError("--checkpoint-every and --checkpoint-seconds must be positive")
-        if self.max_length < 0:
-            raise UserError("--max-length must be positive")
-        if self.task == "generate" and self.max_new_tokens < 1:
-            raise UserError("--max-new-tokens must be at least 1")
-        if not 0 < self.top_p <= 1 or self.temperature < 0:
-            raise UserError("--top-p must be in (0, 1] and --temperature >= 0")
 
+    # ------------------------------------------------------------------ the run directory's copy
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        """A configuration as stored; fields that earlier versions wrote as 0 or -1 for "the default" read
+        as None, and fields they did not know take their defaults."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        for name, unset in _OLD_UNSET.items():
+            if values.get(name) == unset:
+                values[name] = None
+        return cls(**values)
 
-    # What must be equal between the run that wrote shards and the run that resumes or merges them.
-    RESULT_FIELDS = ("fasta", "model", "task", "engine", "dtype", "pools", "layers", "per_residue",
-                     "per_residue_dtype", "on_long", "window", "overlap", "max_length", "on_duplicate_id", "skip_empty",
-                     "batch_invariant", "input_format", "max_new_tokens", "temperature", "top_p", "seed")
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "RunConfig":
+        """The run's configuration as planned. Its shard count is the manifest's: runs planned before the
+        count was kept in the configuration derived it from --workers, which a continued run may change."""
+        config = cls.from_dict(manifest["config"])
+        config.shards = manifest["world"]
+        return config
 
-    # How the shards are run, not what they compute: a later `run` of the same run may change these.
-    LAUNCH_FIELDS = ("workers", "threads_per_worker", "checkpoint_sequences", "checkpoint_seconds",
-                     "worker_timeout", "summary_seconds", "launcher", "shards_per_task", "sbatch", "array_throttle",
-                     "ray_address", "trust_remote_code")
-
-    @staticmethod
-    def option_name(field_name: str) -> str:
-        """The `run` option that sets a field."""
-        return {"workers": "--workers", "threads_per_worker": "--threads", "devices": "--gpus"}.get(
-            field_name, _OPTIONS.get(field_name, field_name))
+    # ------------------------------------------------------------------ roles and options
+    @classmethod
+    def fields_with_role(cls, role: str) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["option"].role == role)
 
     def result_fields(self) -> dict:
-        return {k: getattr(self, k) for k in self.RESULT_FIELDS}
+        return {k: getattr(self, k) for k in self.fields_with_role(RESULT)}
 
     def as_command(self, out: str | None = None) -> str:
         """The `run_shards run` command line for this configuration (options left at their defaults are
         omitted), into `out` when given: what messages tell a user to run to start a run over."""
-        import shlex
-        defaults = RunConfig(fasta=["x"], out="x")
         words = ["run_shards", "run", *self.fasta, "--out", out or self.out]
         if self.devices:
             words += ["--gpus", str(len(self.devices)) if self.launcher == "local" else "1"]
         else:
             words += ["--gpus", "0", "--workers", str(self.workers)]
         words += ["--threads", str(self.threads_per_worker)]
-        for name, option in _OPTIONS.items():
-            value = getattr(self, name)
-            if value == getattr(defaults, name):
+        for f in dataclasses.fields(self):
+            opt, value = f.metadata["option"], getattr(self, f.name)
+            if opt.apart or value == _default(f):
                 continue
             if isinstance(value, bool):
-                words.append(option)
+                words.append(opt.flags[0] if value else opt.off_flag)
             elif isinstance(value, list):
-                words += [option, ",".join(map(str, value))]
+                words += [opt.flags[0], ",".join(map(str, value))]
             else:
-                words += [option, f"{value:g}" if isinstance(value, float) else str(value)]
+                words += [opt.flags[0], f"{value:g}" if isinstance(value, float) else str(value)]
         return " ".join(shlex.quote(w) for w in words)
 
 
-# RunConfig fields and the `run` options that set them (devices, workers and threads are written apart).
-_OPTIONS = {
-    "model": "--model", "task": "--task", "engine": "--engine", "max_tokens_per_batch": "--max-tokens-per-batch",
-    "max_seqs": "--max-seqs", "dtype": "--dtype", "pools": "--pool", "layers": "--layers",
-    "per_residue": "--per-residue", "per_residue_dtype": "--per-residue-dtype", "on_long": "--on-long",
-    "window": "--window", "overlap": "--overlap", "max_length": "--max-length", "on_duplicate_id": "--on-duplicate-id", "skip_empty": "--skip-empty",
-    "batch_invariant": "--no-batch-invariant",   # on by default: as_command writes the flag only when it is off
-    "input_format": "--input-format", "trust_remote_code": "--trust-remote-code",
-    "checkpoint_sequences": "--checkpoint-every", "checkpoint_seconds": "--checkpoint-seconds",
-    "worker_timeout": "--worker-timeout", "summary_seconds": "--summary-seconds",
-    "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed",
-    "launcher": "--launcher", "shards": "--shards", "shards_per_task": "--shards-per-task", "sbatch": "--sbatch",
-    "array_throttle": "--array-throttle", "ray_address": "--ray-address",
-}
+# Fields that earlier versions stored as a number meaning "the default", now None.
+_OLD_UNSET = {"max_tokens_per_batch": 0, "window": 0, "overlap": -1, "max_length": 0, "shards": 0}
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _check_bounds(opt: Option, value, name: str) -> None:
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if v is None:
+            continue
+        if opt.choices and v not in opt.choices:
+            raise UserError(f"{name} must be one of {', '.join(opt.choices)} (got {v!r})")
+        if opt.minimum is not None and (v < opt.minimum or (opt.above_minimum and v == opt.minimum)):
+            bound = "positive" if opt.above_minimum and opt.minimum == 0 else \
+                f"{'above' if opt.above_minimum else 'at least'} {opt.minimum:g}"
+            raise UserError(f"{name} must be {bound} (got {v!r})")
+        if opt.maximum is not None and v > opt.maximum:
+            raise UserError(f"{name} must be at most {opt.maximum:g} (got {v!r})")
+
+
+def option_of(name: str) -> Option:
+    """The Option of RunConfig field `name`."""
+    return _FIELDS[name].metadata["option"]
+
+
+def option_name(name: str) -> str:
+    """The `run` option that sets RunConfig field `name` (the field's name where no option does)."""
+    flags = option_of(name).flags
+    return flags[0] if flags else name
+
+
+def default_of(name: str):
+    return _default(_FIELDS[name])
+
+
+def field_type(name: str) -> type:
+    """The field's value type: int for `int | None`, int for `list[int]`, and so on."""
+    hint = _HINTS[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is list:
+        return args[0]
+    return args[0] if args else hint
+
+
+def misplaced(given: typing.Iterable[str], values: typing.Mapping[str, str]) -> str | None:
+    """Options given that only mean something with another task or launcher (e.g. --temperature without
+    --task generate): the refusal, or None. `given` are field names (or COMMAND_ONLY_WITH's); `values` the
+    run's task and launcher."""
+    owners = {n: option_of(n).only_with for n in _FIELDS if option_of(n).only_with}
+    owners.update(COMMAND_ONLY_WITH)
+    wrong: dict[tuple[str, str], list[str]] = {}
+    for name in given:
+        owner = owners.get(name)
+        if owner and values.get(owner[0]) != owner[1]:
+            wrong.setdefault(owner, []).append(option_name(name) if name in _FIELDS else f"--{name.replace('_', '-')}")
+    for (what, value), names in wrong.items():
+        verb = "applies" if len(names) == 1 else "apply"
+        return (f"{', '.join(names)} {verb} only to {option_name(what)} {value} (this run's "
+                f"{option_name(what)[2:]} is {values.get(what)})")
+    return None
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+_HINTS = typing.get_type_hints(RunConfig)

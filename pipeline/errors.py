@@ -60,15 +60,18 @@ def ensure_space(directory, nbytes: int, what: str, remedy: str) -> None:
     stat = os.statvfs(directory)
     free = stat.f_bavail * stat.f_frsize
     if nbytes > free:
-        raise DiskFull(f"cannot write {what}: its data alone takes {_size(nbytes)} and {directory} has "
-                       f"{_size(free)} free (no space left on the device). {remedy}")
+        raise DiskFull(f"cannot write {what}: its data alone takes {human_bytes(nbytes)} and {directory} has "
+                       f"{human_bytes(free)} free (no space left on the device). {remedy}")
     soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if soft != resource.RLIM_INFINITY and nbytes > soft:
-        raise DiskFull(f"cannot write {what}: its data alone takes {_size(nbytes)}, over this process's file "
-                       f"size limit of {_size(soft)} (the file size limit was reached; see ulimit -f). {remedy}")
+        raise DiskFull(f"cannot write {what}: its data alone takes {human_bytes(nbytes)}, over this process's file "
+                       f"size limit of {human_bytes(soft)} (the file size limit was reached; see ulimit -f). {remedy}")
 
 
-def _size(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """A byte count as messages write it: 950 B, 1.2 KB, 3.4 GB (powers of 1000)."""
+    if n < 1000:
+        return f"{n:.0f} B"
     for unit in ("KB", "MB", "GB"):
         n /= 1000
         if n < 1000:

@@ -26,8 +26,8 @@ from .tiny_models import REPO, run_cli
 LAYOUT = [r"manifest\.json", r"index\.rsidx", r"result\.h5", r"report\.html", r"\.lock", r"merge_problems\.tsv",
           r"logs", r"logs/run\.log", r"logs/worker_\d+\.log",
           r"shards", r"shards/shard_\d+\.h5", r"shards/shard_\d+\.lock", r"shards/shard_\d+\.failed\.json",
-          r"shards/shard_\d+\.h5\.corrupt", r"shards/shard_\d+\.parts",
-          r"shards/shard_\d+\.parts/part_\d{6}\.h5", r"shards/shard_\d+\.parts/part_\d{6}\.h5\.corrupt"]
+          r"shards/shard_\d+\.h5\.corrupt(\.\d+)?", r"shards/shard_\d+\.parts",
+          r"shards/shard_\d+\.parts/part_\d{6}\.h5", r"shards/shard_\d+\.parts/part_\d{6}\.h5\.corrupt(\.\d+)?"]
 
 
 def skip_or_fail(reason: str) -> None:
@@ -49,6 +49,16 @@ def read(path) -> dict:
         names = []
         f.visit(lambda n: names.append(n) if isinstance(f[n], h5py.Dataset) else None)
         return {k: f[k][:] for k in names}
+
+
+def raw_datasets(path) -> dict[str, bytes]:
+    """Every dataset of an HDF5 file as its raw bytes (strings as their repr): equal means byte-identical."""
+    with h5py.File(path) as f:
+        data = {}
+        f.visititems(lambda name, obj: data.__setitem__(name, obj[()].tobytes() if obj.dtype.kind != "O"
+                                                        else repr(obj[()].tolist()).encode())
+                     if isinstance(obj, h5py.Dataset) else None)
+        return data
 
 
 def assert_same(got: dict, want: dict) -> None:

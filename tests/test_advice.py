@@ -149,22 +149,26 @@ def test_start_over_command_covers_every_setting():
     import shlex
 
     from pipeline.cli import run_command
-    from pipeline.config import _OPTIONS, RunConfig
+    from pipeline.config import RunConfig, option_of
     written_apart = {"fasta", "out", "devices", "workers", "threads_per_worker"}
     fields = {f.name for f in dataclasses.fields(RunConfig)}
-    assert fields - written_apart == set(_OPTIONS), "a RunConfig field without its option in as_command"
+    assert {n for n in fields if option_of(n).apart} == written_apart
+    assert all(option_of(n).flags for n in fields - {"fasta"}), "a RunConfig field without its option"
     options = {o for p in run_command.params for o in (*p.opts, *p.secondary_opts)}   # --no-X of --X/--no-X
-    assert set(_OPTIONS.values()) <= options
+    assert {option_of(n).flags[0] for n in fields - {"fasta"}} <= options
     config = RunConfig(fasta=["/data/a b.fasta"], out="o", workers=3, threads_per_worker=2, model="/m",
                        pools=["mean", "cls"], layers=[-1, 2], per_residue=True, on_long="truncate",
                        max_length=500, checkpoint_seconds=2.5, seed=7, task="generate", temperature=0.5,
-                       batch_invariant=False)
+                       batch_invariant=False, shards=4, max_tokens_per_batch=1000)
     words = shlex.split(config.as_command("new"))
     assert words[:4] == ["run_shards", "run", "/data/a b.fasta", "--out"]
     ctx = run_command.make_context("run", words[2:])
     p = ctx.params
     assert (p["out"], p["workers"], p["threads"], p["model"], p["pools"], p["layers"]) == \
-        ("new", 3, 2, "/m", "mean,cls", "-1,2")
+        ("new", 3, 2, "/m", ["mean", "cls"], [-1, 2])
     assert (p["per_residue"], p["on_long"], p["max_length"], p["checkpoint_seconds"], p["seed"],
             p["task"], p["temperature"], p["gpus"]) == (True, "truncate", 500, 2.5, 7, "generate", 0.5, "0")
     assert p["batch_invariant"] is False
+    settings = {k: v for k, v in p.items() if k in fields}
+    assert RunConfig(**dict(settings, fasta=["/data/a b.fasta"], out="o", devices=[], workers=3,
+                            threads_per_worker=2)) == config   # every setting parses back

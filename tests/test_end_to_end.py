@@ -316,13 +316,13 @@ def test_readme_example_reads_what_the_run_wrote(models, tmp_path):
                   "--no-progress")
     assert res.returncode == 0, res.stderr
     readme = (REPO / "README.md").read_text()
-    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    assert 'h5py.File("run_shards_out/result.h5")' in snippet and "sp|P69905|HBA_HUMAN" in snippet
+    (snippet,) = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:] if "np.flatnonzero(ids ==" in b]
+    assert 'h5py.File("demo_out/result.h5")' in snippet and '"SYN000000042"' in snippet
+    assert ">SYN000000042 " in (REPO / "examples" / "demo.fasta").read_text()   # make demo's output has it
     index = SequenceIndex.build([FASTA[0]])
     wanted = index.id(5)
     scope = {}
-    exec(snippet.replace("run_shards_out/result.h5", str(out / "result.h5")).replace("sp|P69905|HBA_HUMAN", wanted),
-         scope)
+    exec(snippet.replace("demo_out/result.h5", str(out / "result.h5")).replace("SYN000000042", wanted), scope)
     data, _ = read(out / "result.h5")
     assert scope["row"] == 5
     assert np.array_equal(scope["vector"], data["embeddings/mean"][5])
@@ -340,7 +340,7 @@ def test_model_limits_read_from_checkpoints(models, tmp_path):
     """Hard limits (a learned position table, the tokenizer's maximum) and the soft trained context of
     rotary models, as the parent reads them from config and tokenizer alone."""
     from pipeline.models import checkpoint as model_source
-    from pipeline.api import cache_dir
+    from index.cache import cache_dir
 
     def describe(path):
         return model_source.describe(model_source.resolve(str(path), cache_dir()), "hf")

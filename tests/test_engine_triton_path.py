@@ -14,7 +14,7 @@ import torch
 
 from pipeline.engine.native import NativeEngine, SamplingParams
 from pipeline.engine.hf import HFEngine
-from triton_kernels import causal_conv1d
+from triton_kernels import causal_conv1d, paged_attention
 from tests.float64_reference import Float64Transformers, assert_rows_as_accurate
 from tests.run_helpers import triton_test_device
 from tests.tiny_checkpoints import random_sequences, write_tiny
@@ -45,11 +45,18 @@ def test_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
 
 
 @pytest.mark.parametrize("kind", ("prott5", "ankh"))
-def test_t5_triton_path_matches_torch_path(tmp_path, kind):
+def test_t5_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
     """T5 encoders: the relative-position bias in the kernel (head dim 16 padded to 32; a 150-token sequence
-    reaches offsets past max_distance 128), against transformers' T5EncoderModel like the torch path."""
+    reaches offsets past max_distance 128), against transformers' T5EncoderModel like the torch path. The
+    engine launches it with the launch table's bias tiles (wider ones spill registers on sm_80)."""
+    import pipeline.models.layers.attention as attention
     from tests.t5_reference import T5EncoderReference
     from tests.test_t5_native import t5_sequences
+    from triton_kernels._device import target_of
+    from triton_kernels.launch_config import launch_row
+    launches = []
+    monkeypatch.setattr(attention, "paged_attention",
+                        lambda *a, **k: launches.append(k) or paged_attention(*a, **k))
     path = str(write_tiny(kind, tmp_path / kind))
     triton = NativeEngine.load(path, DEVICE, torch.float32, "", max_tokens_per_step=256, kernels="triton")
     torch_path = NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=256)
@@ -59,6 +66,9 @@ def test_t5_triton_path_matches_torch_path(tmp_path, kind):
     exact = T5EncoderReference(path, torch.float64).forward(batch, layers)
     for engine in (triton, torch_path):
         assert_rows_as_accurate(engine.forward(batch, layers, False), hf, exact, layers, False)
+    page = triton.config.page_size
+    tile_keys = launch_row(target_of(DEVICE)).attention.bias_tile_keys
+    assert launches and all(k["pages_per_tile"] * page <= tile_keys for k in launches)
 
 
 def test_triton_path_generates_what_the_torch_path_generates(tmp_path):

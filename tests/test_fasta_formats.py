@@ -19,7 +19,7 @@ from index import SequenceIndex, fasta_scan, sequence_index
 from index.alphabet import alphabet_mismatch, model_alphabet, nucleotide_like
 from pipeline.config import RunConfig
 from pipeline.errors import UserError
-from pipeline.planning.input_checks import apply_input_policies
+from pipeline.planning.input_policies import apply_input_policies
 
 from .conftest import SHARED_DATA
 from .test_index import MIXES, ODD, random_fasta

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.planning.input_checks import check_storage, estimate_result_bytes
+from pipeline.planning.storage import check_storage
 
 from .run_helpers import env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
 from .tiny_models import REPO, run_cli
@@ -261,17 +261,14 @@ def test_hung_worker_is_killed_and_reported(fasta, common, reference, tmp_path):
 def test_storage_estimate_warns_when_it_will_not_fit(caplog, tmp_path):
     from index import SequenceIndex
     from pipeline.output.schema import BASE_COLUMNS, Column, Schema
-    from pipeline.models import demo as demo_model
-    from pipeline.tasks.tokenization import SequenceTokenizer
     path = tmp_path / "x.fasta"
     path.write_bytes(b">a\n" + b"A" * 1000 + b"\n>b\n" + b"C" * 3000 + b"\n")
     index = SequenceIndex.build([path])
     schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 64),
                                     Column("per_residue/values", "float16", 1280, ragged=True)))
-    tok = SequenceTokenizer(demo_model.build_tokenizer())
-    assert estimate_result_bytes(schema, index, tok) >= 4000 * 1280 * 2
+    assert schema.result_bytes(index, index.lengths) >= 4000 * 1280 * 2
     with caplog.at_level("INFO", logger="run_shards"):
-        check_storage(schema, index, tok, 2, tmp_path, free_bytes=10**12)
+        check_storage(schema, index, 2, tmp_path, free_bytes=10**12)
         assert "will NOT fit" not in caplog.text and "storage estimate: result 10.2 MB" in caplog.text
-        check_storage(schema, index, tok, 2, tmp_path, free_bytes=1000)
+        check_storage(schema, index, 2, tmp_path, free_bytes=1000)
         assert "This will NOT fit" in caplog.text

@@ -23,7 +23,7 @@ from pipeline.tasks.tokenization import SequenceTokenizer
     ({"pools": ["max"]}, "--pool must be one of"),
     ({"on_long": "ignore"}, "--on-long must be one of"),
     ({"workers": 0}, "--workers must be at least 1"),
-    ({"checkpoint_seconds": 0}, "--checkpoint-every and --checkpoint-seconds must be positive"),
+    ({"checkpoint_seconds": 0}, "--checkpoint-seconds must be positive"),
 ])
 def test_config_rejects_bad_options(kwargs, message):
     with pytest.raises(UserError, match=message):

@@ -119,7 +119,7 @@ class ModelRunner:
         rule = default_launch(num_q_tokens=int(q_lens.sum()), num_seqs=len(step), num_q_heads=attn.num_heads,
                               num_kv_heads=attn.num_kv_heads, head_dim=cache_head_dim(attn.head_dim, True),
                               page_size=self.config.page_size, max_kv_len=width * self.config.page_size,
-                              target=target_of(self.device))
+                              target=target_of(self.device), relative_bias=attn.relative_bias)
         return dict(block_q=rule.block_q, pages_per_tile=rule.pages_per_tile, num_warps=rule.num_warps,
                     num_stages=rule.num_stages, num_kv_splits=rule.num_kv_splits)
 

@@ -134,7 +134,7 @@ def plan(config, limit: int | None, tokenizer) -> Windows:
     if size < 2:
         raise UserError(f"--window {window} leaves {size} residue token(s) per window beside the "
                         f"{tokenizer.head + tokenizer.tail} special token(s); use a larger --window")
-    overlap = size // 4 if config.overlap < 0 else config.overlap
+    overlap = size // 4 if config.overlap is None else config.overlap
     if overlap >= size:
         raise UserError(f"--overlap {overlap} must be below the {size} residue tokens of a window "
                         f"(--window {window} less {tokenizer.head + tokenizer.tail} special token(s))")

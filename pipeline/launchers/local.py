@@ -4,7 +4,6 @@ shard that did not finish, with the one command that continues the run.
 """
 from __future__ import annotations
 
-import json
 import logging
 
 from ..planning import devices
@@ -12,7 +11,7 @@ from ..output import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
-from ..planning.input_checks import start_over_advice
+from ..planning.run_index import start_over_advice
 from .progress import ProgressBoard
 from .supervisor import Supervisor
 from .job import ShardJob
@@ -36,7 +35,7 @@ def slots_for(config: RunConfig) -> list[str]:
 
 def launch(job: ShardJob) -> None:
     """Run the shards here; RunFailed (after recording why) when some did not finish."""
-    run, config = job.run, RunConfig.from_json(json.dumps(job.manifest["config"]))
+    run, config = job.run, RunConfig.from_manifest(job.manifest)
     slots = slots_for(config)
     running = min(len(slots), len(job.ranks))
     where = f"{running} GPU(s)" if config.on_gpu else f"{running} CPU worker(s)"

@@ -8,7 +8,6 @@ submits the unfinished shards again as tasks. Ray is an optional extra: `pip ins
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -25,7 +24,7 @@ from ..output import shard_state
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..exits import signal_name
-from ..planning.input_checks import start_over_advice
+from ..planning.run_index import start_over_advice
 from .progress import ProgressBoard
 from ..rundir.layout import RunLock
 from .job import ShardJob, self_command
@@ -45,7 +44,7 @@ PR_SET_PDEATHSIG = 1
 def launch(job: ShardJob) -> None:
     """Run every shard of `job` as a Ray task; None once all succeeded (the caller merges), else RunFailed."""
     ray = _import_ray(job.run.root)
-    config = RunConfig.from_json(json.dumps(job.manifest["config"]))
+    config = RunConfig.from_manifest(job.manifest)
     connected_here = _connect(ray, config.ray_address)
     try:
         refs = _submit(ray, job, config)

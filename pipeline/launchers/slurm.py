@@ -37,7 +37,7 @@ def slurm_dir(run: RunDir) -> Path:
 
 def launch(job: ShardJob) -> Submitted:
     run = job.run
-    config = RunConfig.from_json(json.dumps(job.manifest["config"]))
+    config = RunConfig.from_manifest(job.manifest)
     per_task = config.shards_per_task
     tasks = sorted({r // per_task for r in job.ranks})
     user_args = shlex.split(config.sbatch)
@@ -202,7 +202,7 @@ def follow(job: ShardJob, record: dict, poll_seconds: float = 2.0) -> Path:
     following."""
     run, world, merge_id = job.run, job.manifest["world"], record["merge_job_id"]
     submitted = time.time()
-    config = RunConfig.from_json(json.dumps(job.manifest["config"]))
+    config = RunConfig.from_manifest(job.manifest)
     board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), f"SLURM ({len(job.ranks)} shard(s))",
                           config.summary_seconds, show_bar=job.show_progress)
     done = {r: 0 for r in job.ranks}
@@ -348,7 +348,7 @@ def status_lines(run: RunDir, states: list) -> list[str]:
 def _rerun_lines(run: RunDir, last: dict, merge_id: str, merge: str | None, ranks: list[int]) -> list[str]:
     """The command that finishes the run, and the same submission by hand."""
     tasks = sorted({r // last.get("shards_per_task", 1) for r in ranks})
-    config = RunConfig.from_json(json.dumps(run.read_manifest()["config"]))
+    config = RunConfig.from_manifest(run.read_manifest())
     commands = _array_commands(split_arrays(tasks, max_array_size(True)), config.array_throttle,
                                slurm_dir(run) / "shards.sbatch")
     return [f"  so merge job {merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")

@@ -9,14 +9,13 @@ a final checkpoint and the command exit with 130. It never merges: the merge job
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..exits import EXIT_USER_ERROR
-from ..planning.input_checks import load_run_index
+from ..planning.run_index import load_run_index
 from ..rundir.layout import RunDir
 
 log = logging.getLogger("run_shards")
@@ -56,7 +55,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
     from .job import ShardJob
     run = RunDir(out)
     manifest = run.read_manifest()
-    config = RunConfig.from_json(json.dumps(manifest["config"]))
+    config = RunConfig.from_manifest(manifest)
     world = manifest["world"]
     per_task = shards_per_task or config.shards_per_task
     if shard is not None:
@@ -106,7 +105,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
 def _node_devices(config: RunConfig, shards: int) -> dict:
     """Where this node's workers run: its visible GPUs (as SLURM or Ray set CUDA_VISIBLE_DEVICES) for a GPU
     run, else CPU workers sharing the CPUs this process may use."""
-    from ..planning.devices import visible_gpus
+    from ..planning.devices import cpu_count, visible_gpus
     if config.on_gpu:
         gpus = visible_gpus()
         if not gpus:
@@ -114,7 +113,7 @@ def _node_devices(config: RunConfig, shards: int) -> dict:
                             f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}); request GPUs for its tasks "
                             "(e.g. --sbatch '--gres=gpu:1')")
         return {"devices": gpus[:shards], "workers": min(len(gpus), shards)}
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = cpu_count()
     # CPUs granted but not pinned: a Ray task's num_cpus, and a SLURM task's allocation on clusters that do
     # not bind tasks to their CPUs (TaskPlugin=task/none), where two 1-CPU tasks would otherwise both use
     # every core of the node.

@@ -35,7 +35,7 @@ def _h5_dtype(c: Column):
 
 def _chunk_rows(c: Column, rows_hint: int | None) -> int:
     """About 1 MiB per chunk, but no bigger than the data expected (HDF5 allocates whole chunks)."""
-    rows = max(64, min(65536, CHUNK_BYTES // c.row_bytes()))
+    rows = max(64, min(65536, CHUNK_BYTES // c.value_bytes()))
     return int(max(1, min(rows, rows_hint))) if rows_hint else int(rows)
 
 
@@ -202,7 +202,7 @@ class Reader:
 
     def verify(self) -> None:
         """Read the whole file in row windows and check its checksums."""
-        step = max(1, (64 << 20) // max(1, sum(c.row_bytes() for c in self.schema.columns)))
+        step = max(1, (64 << 20) // max(1, sum(c.value_bytes() for c in self.schema.columns)))
         offsets = {g: self.offsets(g) for g in self.schema.ragged_groups}
         for r0 in range(0, self.rows, step):
             self.read(r0, min(self.rows, r0 + step), offsets)

@@ -81,9 +81,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
     ensure_space(run.root, sum(r.data_bytes() for r in readers), f"the result {run.result_path}", remedy)
     writer = Writer(tmp, schema, attrs, rows_hint=len(index))
     try:
-        ragged_bytes = sum(c.row_bytes() for c in schema.ragged_columns)
-        fixed = sum(c.row_bytes() for c in schema.row_columns)
-        row_bytes = fixed + ragged_bytes * (index.lengths.astype(np.int64) + 2)
+        row_bytes = schema.row_bytes(index.lengths)
         blob, offs = index.id_blob.tobytes(), index.id_offsets
         ids_at = lambda p: np.array([blob[offs[i]:offs[i + 1]] for i in p], dtype=object)  # noqa: E731
         try:

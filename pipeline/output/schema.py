@@ -25,11 +25,8 @@ class Column:
         """Ragged columns of the same HDF5 group share one offsets dataset."""
         return self.path.rsplit("/", 1)[0]
 
-    @property
-    def np_dtype(self) -> np.dtype:
-        return np.dtype(object) if self.dtype == STR else np.dtype(self.dtype)
-
-    def row_bytes(self) -> int:
+    def value_bytes(self) -> int:
+        """Bytes of one value: a row's, or one of a ragged row's values (a string counts 16, its text apart)."""
         return 16 if self.dtype == STR else np.dtype(self.dtype).itemsize * max(1, self.width)
 
     def empty(self, n: int) -> np.ndarray:
@@ -68,6 +65,19 @@ class Schema:
     @property
     def ragged_groups(self) -> list[str]:
         return sorted({c.group for c in self.ragged_columns})
+
+    def row_bytes(self, values_per_row: np.ndarray) -> np.ndarray:
+        """Bytes each row takes in an output file, given how many values each row holds in the ragged
+        columns (for per-residue values, its residues): the one estimate the planner, the workers, the merge
+        and `status` size memory and disk by."""
+        fixed = sum(c.value_bytes() for c in self.row_columns) + 8 * len(self.ragged_groups)   # + offsets
+        per_value = sum(c.value_bytes() for c in self.ragged_columns)
+        return fixed + per_value * np.asarray(values_per_row, np.int64)
+
+    def result_bytes(self, index, values_per_row: np.ndarray) -> int:
+        """Bytes of a whole file of this schema with a row for every record of `index` (a SequenceIndex):
+        row_bytes, plus the ids' text."""
+        return int(self.row_bytes(values_per_row).sum()) + int(index.id_offsets[-1])
 
     def to_json(self) -> list:
         return [[c.path, c.dtype, c.width, c.ragged] for c in self.columns]

@@ -38,10 +38,28 @@ def part_files(parts_dir: Path) -> list[Path]:
 
 
 def set_aside(path: Path) -> Path:
-    """Rename a damaged file to `NAME.corrupt` (kept for inspection, never read again)."""
-    aside = path.with_name(path.name + ".corrupt")
+    """Rename a damaged file to `NAME.corrupt` (kept for inspection, never read again), or to
+    `NAME.corrupt.2`, `.3`, ... when earlier ones are there: none is overwritten."""
+    aside, k = path.with_name(path.name + ".corrupt"), 2
+    while aside.exists():
+        aside, k = path.with_name(f"{path.name}.corrupt.{k}"), k + 1
     path.rename(aside)
     return aside
+
+
+def restore_set_aside(run: RunDir, expected: np.ndarray, rank: int) -> Path | None:
+    """Put back a shard file set aside earlier that holds exactly shard `rank`'s rows (the FASTA positions
+    `expected`) and reads back intact, when the shard has no file of its own; the name it had, or None.
+    (Earlier versions set good shards aside when a continued run changed its number of workers.)"""
+    path = run.shard_path(rank)
+    if path.exists():
+        return None
+    expected = np.sort(np.asarray(expected, np.int64))
+    for aside in sorted(path.parent.glob(path.name + ".corrupt*")):
+        if complete_problem(aside, expected, verify=True) is None:
+            aside.rename(path)
+            return aside
+    return None
 
 
 def durable_positions(parts_dir: Path, verify: bool, set_aside_corrupt: bool = False

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 
 from ..errors import UserError
 
+log = logging.getLogger("run_shards")
 
 DEFAULT_MAX_CPU_WORKERS = 4
 
@@ -17,8 +19,8 @@ def physical_gpu_count() -> int:
         count = torch.cuda._device_count_nvml()
         if count >= 0:
             return count
-    except Exception:
-        pass
+    except Exception as e:   # a private torch API (or NVML missing): the driver's /proc entries say it too
+        log.debug("GPU count from NVML unavailable (%s: %s); reading /proc/driver/nvidia", type(e).__name__, e)
     return len(glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
@@ -40,25 +42,32 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def gpu_count_asked(gpus: str) -> int | None:
+    """`--gpus` as a number of GPUs, or None for 'auto'."""
+    if gpus == "auto":
+        return None
+    try:
+        wanted = int(gpus)
+    except ValueError:
+        raise UserError(f"--gpus takes a number or 'auto' (got {gpus!r})") from None
+    if wanted < 0:
+        raise UserError("--gpus must be 0 or more")
+    return wanted
+
+
 def resolve(gpus: str, workers: int | None, threads: int | None = None) -> tuple[list[str], int, int]:
     """(GPU ids, number of workers, torch threads per worker) for `--gpus`, `--workers` and `--threads`."""
     if threads is not None and threads < 1:
         raise UserError("--threads must be at least 1")
     visible = visible_gpus()
-    if gpus == "auto":
+    wanted = gpu_count_asked(gpus)
+    if wanted is None:
         wanted = len(visible)
-    else:
-        try:
-            wanted = int(gpus)
-        except ValueError:
-            raise UserError(f"--gpus takes a number or 'auto' (got {gpus!r})") from None
-        if wanted < 0:
-            raise UserError("--gpus must be 0 or more")
-        if wanted > len(visible):
-            where = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}" \
-                if "CUDA_VISIBLE_DEVICES" in os.environ else "the driver"
-            raise UserError(f"--gpus {wanted}: only {len(visible)} GPU(s) visible ({where}). "
-                            "Use --gpus auto, a smaller number, or --gpus 0 --workers K for CPU workers.")
+    elif wanted > len(visible):
+        where = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}" \
+            if "CUDA_VISIBLE_DEVICES" in os.environ else "the driver"
+        raise UserError(f"--gpus {wanted}: only {len(visible)} GPU(s) visible ({where}). "
+                        "Use --gpus auto, a smaller number, or --gpus 0 --workers K for CPU workers.")
     if wanted > 0:
         if workers not in (None, wanted):
             raise UserError(f"--workers {workers} with --gpus {wanted}: GPU runs use one worker per GPU")
@@ -69,16 +78,11 @@ def resolve(gpus: str, workers: int | None, threads: int | None = None) -> tuple
     return [], workers, threads or max(1, cpu_count() // workers)
 
 
-def resolve_for_tasks(gpus: str, sbatch: str) -> bool:
+def tasks_get_gpu(gpus: str, sbatch: str) -> bool:
     """Whether each shard of a cluster run (SLURM, Ray) gets a GPU, decided where the run is planned (often
     a login node without GPUs): `--gpus 0` no, `--gpus N` (N >= 1) yes, `--gpus auto` when the --sbatch
     options ask for GPUs. The dtype's `auto` follows from it, and must be the same for every shard."""
-    if gpus == "auto":
+    wanted = gpu_count_asked(gpus)
+    if wanted is None:
         return any(word in sbatch for word in ("--gres=gpu", "--gres gpu", "--gpus", "--gpu"))
-    try:
-        wanted = int(gpus)
-    except ValueError:
-        raise UserError(f"--gpus takes a number or 'auto' (got {gpus!r})") from None
-    if wanted < 0:
-        raise UserError("--gpus must be 0 or more")
     return wanted > 0

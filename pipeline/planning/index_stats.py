@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from index import load_or_build
 
-from .input_checks import where_in_input
+from .input_policies import where_in_input
 
 
 def index_report(fasta: list[str], workers: int) -> str:

@@ -8,7 +8,6 @@ model load, checkpoints (rows and tokens, which give throughput over time), end 
 from __future__ import annotations
 
 import datetime
-import json
 import re
 from dataclasses import dataclass, field
 
@@ -118,7 +117,7 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
             statuses[int(code)] = (len(where), index.ids(where[:example_ids].tolist()))
     run_log = run.parent_log.read_text(errors="replace") if run.parent_log.exists() else ""
     timings = list(_TIMINGS_LINE.finditer(run_log))
-    config = RunConfig.from_json(json.dumps(manifest["config"]))
+    config = RunConfig.from_manifest(manifest)
     return RunFacts(
         root=str(run.root), manifest=manifest, lengths=index.lengths, budget=config.tokens_per_batch,
         shards=shards, statuses=statuses, rows=nrows, result=result,

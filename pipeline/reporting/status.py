@@ -13,9 +13,9 @@ import socket
 from index import SequenceIndex
 
 from ..output import shard_state
-from ..errors import UserError
 from ..output.h5io import CorruptFile, Reader
-from ..planning.input_checks import human_bytes, load_run_index
+from ..errors import UserError, human_bytes
+from ..planning.run_index import load_run_index
 from ..output.schema import Schema
 from ..rundir.layout import RunDir, RunLock
 from .facts import unknown_residues_line
@@ -119,17 +119,14 @@ def _state_counts(states: list, listed: int, run: RunDir) -> str:
 def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) -> str:
     """Free space beside what the unfinished shards and the merge still need (a full disk stops a run even
     where it could not record why)."""
-    import numpy as np
     schema = Schema.from_json(manifest["schema"])
-    fixed = sum(c.row_bytes() for c in schema.row_columns)
-    per_residue = sum(c.row_bytes() for c in schema.ragged_columns)
     left = 0
     world = manifest["world"]
     for s in states:
         if s.state != "complete":
             positions = index.stride_shard(s.rank, world)
             share = 1 - s.durable / max(1, s.expected)
-            left += int(share * (fixed * len(positions) + per_residue * int(index.lengths[positions].sum(dtype=np.int64))))
+            left += int(share * int(schema.row_bytes(index.lengths[positions]).sum()))
     need = left * 2 if not run.result_path.exists() else left   # the shard, then the result (the merge)
     if not run.result_path.exists():
         need += sum(p.stat().st_size for p in run.shards_dir.glob("shard_*.h5"))

@@ -26,9 +26,7 @@ class BatchComputer:
         self.schema, self.config, self.limit, self.windows = schema, config, limit, windows
 
     def row_bytes(self, positions: np.ndarray) -> np.ndarray:
-        fixed = sum(c.row_bytes() for c in self.schema.row_columns)
-        per_token = sum(c.row_bytes() for c in self.schema.ragged_columns)
-        return fixed + per_token * self.tokenizer.tokens_for_residues(self.index.lengths[positions])
+        return self.schema.row_bytes(self.index.lengths[positions])
 
     def rows(self, todo: np.ndarray):
         n = len(todo)

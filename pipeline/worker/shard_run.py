@@ -103,7 +103,7 @@ class ShardRun:
 
     def _open(self) -> Opened:
         manifest = self.run_dir.read_manifest()
-        config = RunConfig.from_json(json.dumps(manifest["config"]))
+        config = RunConfig.from_manifest(manifest)
         schema = Schema.from_json(manifest["schema"])
         index = SequenceIndex.load(self.run_dir.index_path)
         self._lock_shard()

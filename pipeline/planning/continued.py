@@ -1,0 +1,91 @@
+"""A command on a run directory that already holds a run: what it may change.
+
+Settings that shape the result (config.RESULT) and the run's inputs must be the same, or the command is
+refused with both ways out. The shard geometry (config.PLAN: the number of shards W, and so each shard's
+sequences) was fixed when the run was planned: every later command computes exactly those shards, with
+however many workers it has, and a --shards that contradicts it is refused before anything is touched.
+How the shards are run (config.LAUNCH) may change: the command's own settings apply, are logged, and are
+kept for later commands.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+from ..config import RunConfig, option_name
+from ..errors import RunDirError
+from ..rundir.layout import RunDir
+from .run_index import free_out
+
+log = logging.getLogger("run_shards")
+
+
+def shard_count(config: RunConfig, old: dict | None, records: int, run: RunDir) -> int:
+    """W for this command: the planned run's when `run` holds one (a --shards that contradicts it is
+    refused), else --shards or one per GPU or CPU worker, at most one per record."""
+    wanted = min(config.world, records)
+    if wanted < config.world and old is None:   # a worker with an empty shard would load the model for nothing
+        log.info("%d record(s): using %d shard(s), not %d", records, wanted, config.world)
+    if old is None:
+        return wanted
+    planned = old["world"]
+    if config.shards is not None and wanted != planned:
+        raise RunDirError(
+            f"--shards {config.shards}: {run.root} holds a run planned as {planned} shard(s), and which sequences "
+            f"each shard computes was fixed with that number (its finished rows belong to those shards); nothing "
+            f"was changed. Leave out --shards to continue it (any number of --workers runs its {planned} shard(s) "
+            f"in turn), or start a run of {wanted} shard(s) in another directory: "
+            f"`{config.as_command(free_out(run.root))}`")
+    return planned
+
+
+def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
+    """The manifest a command continues `run` with: `old` (the run's) with this command's launch settings,
+    after refusing other inputs, other result settings, or another kind of device. `new` is the manifest
+    this command planned and `config` its settings as planned."""
+    old_config = RunConfig.from_manifest(old)
+    inputs = [what for what, key in (("model checkpoint", "model"), ("FASTA content", "index"))
+              if old[key]["fingerprint"] != new[key]["fingerprint"]]
+    changed = [f"{option_name(k)} ({_shown(getattr(old_config, k))} -> {_shown(v)})"
+               for k, v in config.result_fields().items() if getattr(old_config, k) != v]
+    retry = f"`{config.as_command(free_out(run.root))}`"
+    if inputs:   # `rerun` would refuse too: say how to get either run
+        raise RunDirError(
+            f"{run.root} already holds a run with other inputs (changed: {', '.join(inputs + changed)}). To run on "
+            f"the inputs as they are now, use another --out: {retry}. To finish the run that is there, restore "
+            f"its inputs as they were and run `run_shards rerun {run.root}`.")
+    if changed:
+        raise RunDirError(f"{run.root} already holds a run with other settings (changed: {', '.join(changed)}). "
+                          f"Use another --out ({retry}), or `run_shards rerun {run.root}` to continue that run as "
+                          "it was.")
+    if old_config.on_gpu != config.on_gpu:
+        was = "GPUs" if old_config.on_gpu else "CPU workers"
+        raise RunDirError(f"--gpus: {run.root} holds a run computed on {was}, and all of a run's rows come from "
+                          f"one kind of device (its dtype and kernels depend on it). Continue it with "
+                          f"{'--gpus N' if old_config.on_gpu else '--gpus 0'}, or use another --out: {retry}.")
+    log.info("%s holds this same run: continuing from its checkpoints", run.root)
+    launch = {k: getattr(config, k) for k in RunConfig.fields_with_role("launch")}
+    manifest = with_launch_settings(old, launch, "this command's")
+    if manifest["attrs"].get("batch_invariant") and not new["attrs"].get("batch_invariant"):
+        # (a token budget below what keeps the property: the plan warned) rows from now on may differ in
+        # their last bits from a run at another budget, and so may the result: its attribute says so
+        manifest = dict(manifest, attrs=dict(manifest["attrs"], batch_invariant=False))
+    return manifest
+
+
+def with_launch_settings(manifest: dict, values: dict, whose: str) -> dict:
+    """`manifest` with the launch settings in `values` (RunConfig field -> value); those that differ from
+    the run's are logged, naming their options."""
+    config = RunConfig.from_manifest(manifest)
+    changed = {k: v for k, v in values.items() if getattr(config, k) != v}
+    if not changed:
+        return manifest
+    log.info("with %s %s", whose, ", ".join(f"{option_name(k)} {v!r} (was {getattr(config, k)!r})"
+                                          for k, v in changed.items()))
+    stored = json.loads(dataclasses.replace(config, **changed).to_json())
+    return dict(manifest, config=stored, attrs=dict(manifest["attrs"], config=stored))
+
+
+def _shown(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)

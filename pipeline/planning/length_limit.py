@@ -1,0 +1,78 @@
+"""The run's token limit per sequence (the model's own, or --max-length below it) and what happens to the
+sequences over it, decided before any model runs: refused with their ids, or truncated, skipped or run as
+windows (--on-long), with warnings for lengths the model was not trained on."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from index import SequenceIndex
+
+from ..config import RunConfig
+from ..errors import UserError
+from ..output import status_codes
+from ..tasks.tokenization import SequenceTokenizer
+from .input_policies import MAX_LISTED, listing
+
+log = logging.getLogger("run_shards")
+
+
+def token_limit(model_limit: int | None, max_length: int | None) -> int | None:
+    """The run's limit in tokens (special tokens included): --max-length, at most the model's own."""
+    if not max_length:
+        return model_limit
+    if model_limit and max_length > model_limit:
+        log.warning("--max-length %d is above the model's own limit of %d tokens; using %d", max_length,
+                    model_limit, model_limit)
+        return model_limit
+    return max_length
+
+
+def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None, config: RunConfig) -> None:
+    """Refuse, before any work, sequences over the limit unless --on-long says what to do with them
+    (`config` as planned: with --on-long window, its window is fixed)."""
+    if config.on_long == "window":
+        limit = config.window
+    if not limit:
+        return
+    if limit <= tokenizer.num_special:
+        where = "--max-length" if config.max_length == limit else "the model's length limit"
+        raise UserError(f"{where} of {limit} tokens leaves no room for residues: the model adds "
+                        f"{tokenizer.num_special} special token(s) to every sequence. Give a larger --max-length.")
+    long = np.flatnonzero(tokenizer.tokens_for_residues(index.lengths) > limit)
+    if len(long) and not tokenizer.char_level:  # the residue estimate is an upper bound: count exactly
+        exact = tokenizer.encode([index.sequence(int(i)) for i in long])
+        long = long[[len(t.ids) > limit for t in exact]]
+    if len(long) == 0:
+        return
+    what = "the --max-length limit" if config.max_length == limit else "the model's limit"
+    if config.on_long == "error":
+        longest = int(long[np.argmax(index.lengths[long])])
+        shown = listing([f"'{index.id(int(i))}' ({index.lengths[i]} residues)" for i in long[:MAX_LISTED]], len(long))
+        window = "" if config.task == "generate" else (
+            ", or --on-long window (run as overlapping windows stitched into one row)")
+        raise UserError(
+            f"{len(long)} sequence(s) exceed {what} of {limit} tokens ({tokenizer.num_special} of them "
+            f"special), the longest '{index.id(longest)}' with {index.lengths[longest]} residues: {shown}. "
+            "Choose --on-long truncate (cut to the limit; recorded in `truncated` and `num_tokens`), "
+            f"--on-long skip (kept as rows with status {status_codes.SKIPPED_TOO_LONG}){window}.")
+    if config.on_long == "window":
+        log.info("%d sequence(s) are over %d tokens and run as overlapping windows of %d tokens (%d shared by "
+                 "neighbours), stitched into one row each (the `windows` column counts them)", len(long), limit,
+                 config.window, config.overlap)
+        return
+    log.warning("%d sequence(s) exceed %s of %d tokens and will be %s (--on-long %s)", len(long), what,
+                limit, "truncated" if config.on_long == "truncate" else "skipped", config.on_long)
+
+
+def warn_beyond_training(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None,
+                         trained: int | None) -> None:
+    """Sequences longer than the context the model was trained on run, but say so."""
+    if not trained or trained >= (limit or float("inf")):
+        return
+    over = int((tokenizer.tokens_for_residues(index.lengths) > trained).sum())
+    if over:
+        log.warning("%d sequence(s) are longer than the model's trained context of %d tokens "
+                    "(max_position_embeddings); they run, but the model was not trained on such lengths. "
+                    "--max-length %d with --on-long truncate or skip keeps within it.", over, trained, trained)

@@ -1,0 +1,165 @@
+"""Planning a run, before any worker starts: the index and the input policies, the shard geometry, the
+model and its engine, the token limit and what happens to longer sequences, the disk it will need, and
+the manifest that fixes all of it for every later command. `plan` never changes the caller's RunConfig:
+what it decides is in the Plan's own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+from index import SequenceIndex, load_or_build
+from index.cache import cache_dir
+
+from .. import __version__
+from ..config import RunConfig
+from ..errors import UserError
+from ..output import status_codes
+from ..output.schema import BASE_COLUMNS, Schema
+from ..rundir.layout import RunDir
+from .continued import reconcile, shard_count
+from .input_policies import apply_input_policies
+from .length_limit import check_long, token_limit, warn_beyond_training
+from .storage import check_storage
+
+log = logging.getLogger("run_shards")
+
+_BASE = {c.path for c in BASE_COLUMNS}
+
+
+@dataclass
+class Plan:
+    """A planned run: its settings as fixed (the shard count, the window), its index (the caller closes
+    it: `with plan.index:`) and the manifest every later command reads."""
+    config: RunConfig
+    index: SequenceIndex
+    manifest: dict
+    continued: bool         # the run directory already held this run
+
+    def record(self, run: RunDir) -> dict:
+        """Write the plan into `run` (a new run's index and manifest; a continued run's manifest, with this
+        command's launch settings) and return the manifest as stored."""
+        if not self.continued:
+            self.index.save(run.index_path)
+        if not run.exists() or run.read_manifest() != self.manifest:
+            run.write_manifest(self.manifest)
+        return run.read_manifest()
+
+
+@dataclass
+class Model:
+    """The model a run uses, as planning found it."""
+    source: object          # models.checkpoint.ModelSource
+    engine: str             # "native" or "hf"
+    info: object            # models.checkpoint.EngineInfo
+    hf_tokenizer: object
+
+
+def plan(config: RunConfig) -> Plan:
+    """Plan the run `config` describes in `config.out` (or check that a later command continues the run
+    there consistently); UserError, naming what to change, for anything that would fail later."""
+    run = RunDir(config.out)
+    old = run.read_manifest() if run.exists() else None
+    index = read_inputs(config)
+    try:
+        return _plan(config, run, old, index)
+    except BaseException:
+        index.close()
+        raise
+
+
+def read_inputs(config: RunConfig) -> SequenceIndex:
+    """The FASTA files' index (built, or reused from the cache), with the input policies applied."""
+    cache = cache_dir()
+    if cache.exists() and not cache.is_dir():
+        variable = "RUN_SHARDS_CACHE" if os.environ.get("RUN_SHARDS_CACHE") else "the cache path"
+        raise UserError(f"{variable} {cache} is a file, not a directory: point RUN_SHARDS_CACHE at a directory "
+                        "(run_shards keeps its index and model caches there)")
+    index, reused = load_or_build(config.fasta)
+    log.info("index %s: %d records, %d residues, %d file(s)", "reused from cache" if reused else "built",
+             len(index), index.total_residues, len(index.inputs))
+    try:
+        return apply_input_policies(index, config)
+    except BaseException:
+        index.close()
+        raise
+
+
+def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex) -> Plan:
+    shards = shard_count(config, old, len(index), run)   # first: a contradicting --shards costs nothing
+    planned = dataclasses.replace(config, out=str(run.root), shards=shards)
+    model = choose_model(planned)
+    limit = token_limit(model.info.max_tokens, planned.max_length)
+    planned = _fit_lengths(planned, index, model, limit)
+    from ..tasks import make_task, schema_for
+    schema = schema_for(make_task(planned, model.info))
+    log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
+    check_storage(schema, index, shards, run.root)
+    _log_shards(index, shards)
+    manifest = _manifest(planned, model, schema, limit, index)
+    if old is not None:
+        manifest = reconcile(run, old, manifest, planned)
+    return Plan(planned, index, manifest, continued=old is not None)
+
+
+def choose_model(config: RunConfig) -> Model:
+    """The checkpoint, the engine that runs it and what it is (its config and tokenizer; no weights)."""
+    from ..engine import selection as engines
+    from ..models import checkpoint
+    source = checkpoint.resolve(config.model, cache_dir())
+    engine = engines.choose(config.engine, source.model_type, config.task)
+    engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
+    info, hf_tokenizer = checkpoint.describe(source, engine)
+    if engine == "native" and config.batch_invariant and not config.on_gpu \
+            and not engines.batch_invariant(engine, config):
+        log.warning("--max-tokens-per-batch %d is below 64: this run's values are not batch-invariant (they may "
+                    "differ in their last bits with another budget or number of workers; the result's "
+                    "`batch_invariant` attribute says so)", config.tokens_per_batch)
+    return Model(source, engine, info, hf_tokenizer)
+
+
+def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: int | None) -> RunConfig:
+    """Check the sequences against the model (alphabet, length limit) and fix the window size for
+    --on-long window; returns the settings with the window fixed."""
+    from index.alphabet import alphabet_mismatch
+
+    from ..tasks.tokenization import SequenceTokenizer
+    tokenizer = SequenceTokenizer(model.hf_tokenizer)
+    mismatch = alphabet_mismatch(index, model.hf_tokenizer.get_vocab())   # DNA given to a protein model, or the reverse
+    if mismatch:
+        log.warning("%s", mismatch)
+    if config.on_long == "window":
+        from ..engine import windowed
+        config = dataclasses.replace(config)
+        windowed.plan(config, limit, tokenizer)   # fixes the copy's window and overlap
+    check_long(index, tokenizer, limit, config)
+    warn_beyond_training(index, tokenizer, limit, model.info.extra.get("trained_context"))
+    return config
+
+
+def _log_shards(index: SequenceIndex, shards: int) -> None:
+    stats = index.shard_stats(shards)
+    log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", shards,
+             int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
+    for r in range(shards):
+        log.info("  shard %d: %d sequences, %d residues", r, int(stats.sequences[r]), int(stats.tokens[r]))
+
+
+def _manifest(config: RunConfig, model: Model, schema: Schema, limit: int | None, index: SequenceIndex) -> dict:
+    from ..engine import selection as engines
+    stored = json.loads(config.to_json())
+    attrs = {
+        "task": config.task, "model": config.model, "model_fingerprint": model.source.fingerprint,
+        "model_type": model.source.model_type, "dtype": config.torch_dtype_name, "engine": model.engine,
+        "batch_invariant": engines.batch_invariant(model.engine, config), "config": stored,
+        "software_version": __version__, "created": datetime.datetime.now().isoformat(timespec="seconds"),
+        "index_fingerprint": index.fingerprint(), "fasta_files": config.fasta,
+        "status_codes": {str(k): v for k, v in status_codes.DESCRIPTIONS.items()},
+    }
+    return {"config": stored, "model": model.source.identity(), "engine": model.engine, "schema": schema.to_json(),
+            "max_tokens": limit, "world": config.shards,
+            "index": {"fingerprint": index.fingerprint(), "count": len(index)}, "attrs": attrs}

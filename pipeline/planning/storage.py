@@ -1,0 +1,35 @@
+"""The disk a run will need, said before any work, with a warning when it will not fit."""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from index import SequenceIndex
+
+from ..errors import human_bytes
+from ..output.schema import Schema
+
+log = logging.getLogger("run_shards")
+
+
+def check_storage(schema: Schema, index: SequenceIndex, world: int, where: Path,
+                  free_bytes: int | None = None) -> str:
+    """Log the estimate, as a warning when it will not fit on the disk holding `where`; returns its text.
+
+    Shards hold the rows once, the merged result once more, and a shard being finalised briefly holds
+    its checkpoints beside it: the peak is about 2 x result + 1 shard.
+    """
+    result = schema.result_bytes(index, index.lengths)
+    peak = 2 * result + result // max(1, world)
+    if free_bytes is None:
+        disk = next(p for p in (where, *where.parents) if p.exists())   # `where` may not be created yet
+        free_bytes = shutil.disk_usage(disk).free
+    text = (f"storage estimate: result {human_bytes(result)}, about {human_bytes(peak)} on disk at the peak "
+            f"(shards + merged result); {human_bytes(free_bytes)} free in {where}")
+    if peak > free_bytes:
+        log.warning("%s. This will NOT fit: free space, choose another --out, drop --per-residue, or use "
+                    "--per-residue-dtype float16", text)
+    else:
+        log.info("%s", text)
+    return text

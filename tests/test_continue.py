@@ -1,0 +1,225 @@
+"""A run continued by a later command (issue 30): the shard geometry fixed when the run was planned, any
+number of workers, launch settings applied and logged, result settings and a contradicting --shards refused
+before anything is touched, and a run directory that an older run_shards broke repaired by what `status`
+advises. Every continued run's result is byte-identical to a clean run's (the native engine on CPU is
+batch-invariant: docs/engine.md).
+"""
+import copy
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.config import LAUNCH, PLAN, RESULT, RunConfig, option_of
+from pipeline.errors import RunDirError
+
+from .run_helpers import raw_datasets, status_rows, suggested_commands, undocumented_files
+from .tiny_models import REPO, run_cli
+
+
+@pytest.fixture(scope="module")
+def small_fasta(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fasta") / "in.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "40", "--seed", "5",
+                    "--max-len", "300", str(path)], check=True, capture_output=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def args(models):
+    return ["--model", models["demo"], "--gpus", "0", "--max-tokens-per-batch", "1000", "--checkpoint-every", "4",
+            "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def clean(small_fasta, args, tmp_path_factory) -> dict:
+    """The datasets of a clean run in 2 shards, 2 workers."""
+    out = tmp_path_factory.mktemp("clean") / "out"
+    res = run_cli(small_fasta, "--out", str(out), *args, "--workers", "2", "-q")
+    assert res.returncode == 0, res.stderr
+    return raw_datasets(out / "result.h5")
+
+
+@pytest.fixture(scope="module")
+def stopped(small_fasta, args, tmp_path_factory):
+    """A run of 2 shards (2 workers) whose workers were both killed while writing their second checkpoint:
+    each shard has one durable checkpoint, and `status` shows both failed."""
+    out = tmp_path_factory.mktemp("stopped") / "out"
+    res = run_cli(small_fasta, "--out", str(out), *args, "--workers", "2",
+                  env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_AFTER": "1"})
+    assert res.returncode == 1, res.stderr
+    rows = status_rows(out)
+    assert [r["state"] for r in rows.values()] == ["failed", "failed"] and all(r["durable"] > 0 for r in rows.values())
+    return out
+
+
+def _copy(run, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(run, out)
+    return out
+
+
+@pytest.mark.parametrize("workers,shards,extra", [
+    (1, None, ()), (1, "2", ()), (2, None, ()), (2, "2", ()), (3, "2", ()),
+    (3, None, ("--max-tokens-per-batch", "300", "--max-seqs", "3")),
+])
+def test_continued_with_any_number_of_workers_computes_the_planned_shards(small_fasta, args, clean, stopped,
+                                                                          tmp_path, workers, shards, extra):
+    """The same `run` with 1, 2 or 3 workers, with or without the plan's --shards, finishes the 2 planned
+    shards (K workers take them in turn), sets nothing aside, and writes the clean run's bytes. Changed launch
+    settings (here the batch budget) apply and are logged, naming their options."""
+    out = _copy(stopped, tmp_path)
+    res = run_cli(small_fasta, "--out", str(out), *args, "--workers", str(workers),
+                  *(("--shards", shards) if shards else ()), *extra)
+    assert res.returncode == 0, res.stderr
+    assert "holds this same run: continuing from its checkpoints" in res.stderr
+    if workers != 2:
+        assert f"--workers {workers} (was 2)" in res.stderr
+    if extra:
+        assert "--max-tokens-per-batch 300 (was 1000), --max-seqs 3 (was 256)" in res.stderr
+        config = json.loads((out / "manifest.json").read_text())["config"]
+        assert (config["max_tokens_per_batch"], config["max_seqs"]) == (300, 3)   # kept for later commands
+    assert "set aside" not in res.stderr and not list((out / "shards").glob("*.corrupt*"))
+    assert json.loads((out / "manifest.json").read_text())["world"] == 2
+    assert raw_datasets(out / "result.h5") == clean
+    assert undocumented_files(out) == []
+
+
+def test_shards_that_contradict_the_plan_are_refused_and_nothing_is_touched(small_fasta, args, clean, stopped,
+                                                                            tmp_path):
+    out = _copy(stopped, tmp_path)
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    res = run_cli(small_fasta, "--out", str(out), *args, "--workers", "1", "--shards", "3")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"--shards 3: {out} holds a run planned as 2 shard(s)" in res.stderr
+    assert "Leave out --shards to continue it" in res.stderr
+    after = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()
+             if p.name != "run.log"}
+    assert after == {k: v for k, v in before.items() if k.name != "run.log"}
+    (command,) = suggested_commands(res.stderr)            # a run of 3 shards elsewhere: the same bytes
+    assert command[command.index("--shards") + 1] == "3"
+    res = run_cli(*command, "-q", env={"RUN_SHARDS_REPORT": "1"})
+    assert res.returncode == 0, res.stderr
+    new = command[command.index("--out") + 1]
+    assert raw_datasets(new + "/result.h5") == clean
+    assert f"report: {new}/report.html" in res.stdout      # -q keeps the terminal quiet, not the outcome
+
+
+def test_a_changed_result_setting_is_refused_naming_the_option(small_fasta, args, stopped, tmp_path):
+    out = _copy(stopped, tmp_path)
+    res = run_cli(small_fasta, "--out", str(out), *args, "--workers", "2", "--pool", "cls")
+    assert res.returncode == 2 and "already holds a run with other settings (changed: --pool (mean -> cls))" \
+        in res.stderr, res.stderr
+
+
+def test_a_run_directory_broken_by_an_older_version_is_repaired_by_what_status_advises(small_fasta, args, clean,
+                                                                                        stopped, tmp_path):
+    """Before issue 30, `run --workers 1` on a run planned with 2 workers derived 1 shard from the changed
+    worker count: it set good shard 0 aside as shard_0.h5.corrupt, wrote a shard 0 of all 40 rows, and
+    every merge refused the duplicates. The same state built by hand: status shows shard 0 corrupt, and the
+    command it gives puts the good shard back and merges the clean run's bytes."""
+    one = tmp_path / "one"                                 # a finished 1-shard run: its shard 0 holds every row
+    assert run_cli(small_fasta, "--out", str(one), *args, "--workers", "1", "-q").returncode == 0
+    out = tmp_path / "out"
+    assert run_cli(small_fasta, "--out", str(out), *args, "--workers", "2", "-q").returncode == 0
+    (out / "result.h5").unlink()
+    shards = out / "shards"
+    (shards / "shard_0.h5").rename(shards / "shard_0.h5.corrupt")
+    shutil.copy(one / "shards" / "shard_0.h5", shards / "shard_0.h5")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["config"].update(workers=1, shards=0)        # as the older version left it
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    res = run_cli("merge", str(out))
+    assert res.returncode == 2 and "present more than once" in res.stderr
+
+    status = run_cli("status", str(out)).stdout
+    rows = status_rows(out)
+    assert rows[0]["state"] == "corrupt" and "40 rows, not this shard's 20" in rows[0]["detail"]
+    assert {tuple(c) for c in suggested_commands(status)} >= {("rerun", str(out))}
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "shard 0: shard_0.h5.corrupt holds exactly this shard's rows and reads back intact" in res.stderr
+    assert raw_datasets(out / "result.h5") == clean
+    assert (shards / "shard_0.h5.corrupt.2").exists()     # the 40-row file, kept for inspection
+    assert undocumented_files(out) == []
+
+
+def test_status_advice_finishes_a_stopped_run(stopped, clean, tmp_path):
+    out = _copy(stopped, tmp_path)
+    status = run_cli("status", str(out)).stdout
+    commands = suggested_commands(status)
+    assert ["rerun", str(out)] in commands, status
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert raw_datasets(out / "result.h5") == clean
+
+
+def test_rerun_of_some_shards_succeeds_and_says_what_is_left(stopped, clean, tmp_path):
+    """`rerun --shards 1` computes shard 1 and exits 0 (it did what was asked), saying that shard 0 is left
+    and the command that finishes the run; that command does."""
+    out = _copy(stopped, tmp_path)
+    res = run_cli("rerun", str(out), "--shards", "1", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "shard(s) 1 complete; shard(s) 0 not finished, so nothing was merged" in res.stdout
+    assert not (out / "result.h5").exists()
+    (command,) = suggested_commands(res.stdout)
+    assert run_cli(*command, "--no-progress").returncode == 0
+    assert raw_datasets(out / "result.h5") == clean
+
+
+def test_every_setting_has_a_role():
+    """RESULT settings must match to continue a run, PLAN (the shard count) may only be repeated, LAUNCH
+    settings apply from the command that gives them: every RunConfig field is exactly one of them, and
+    the batch budget, the batch's sequences and the devices are launch settings (issue 29: they were
+    none, and a continued run kept the old ones without a word)."""
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    roles = {name: option_of(name).role for name in names}
+    assert set(roles.values()) == {RESULT, PLAN, LAUNCH}
+    assert sorted(RunConfig.fields_with_role(RESULT) + RunConfig.fields_with_role(PLAN)
+                  + RunConfig.fields_with_role(LAUNCH)) == sorted(names)
+    assert RunConfig.fields_with_role(PLAN) == ("shards",)
+    assert {"max_tokens_per_batch", "max_seqs", "devices", "workers"} <= set(RunConfig.fields_with_role(LAUNCH))
+
+
+def test_switching_between_cpu_and_gpu_is_refused_naming_the_option(tmp_path):
+    from pipeline.planning.continued import reconcile
+    from pipeline.rundir.layout import RunDir
+    cpu = RunConfig(fasta=["/x.fasta"], out=str(tmp_path), workers=2, shards=2)
+    gpu = dataclasses.replace(cpu, devices=["0", "1"])
+
+    def manifest(config):
+        stored = json.loads(config.to_json())
+        return {"config": stored, "world": 2, "model": {"fingerprint": "m"}, "index": {"fingerprint": "i"},
+                "attrs": {"config": stored, "batch_invariant": True}}
+    with pytest.raises(RunDirError, match="--gpus: .* holds a run computed on CPU workers"):
+        reconcile(RunDir(tmp_path), manifest(cpu), manifest(gpu), gpu)
+    kept = reconcile(RunDir(tmp_path), manifest(cpu), manifest(cpu), dataclasses.replace(cpu, workers=1))
+    assert kept["config"]["workers"] == 1 and kept["attrs"]["config"]["workers"] == 1
+
+
+def test_plan_decides_in_its_own_config(models, small_fasta, tmp_path):
+    """plan() fixes the shard count and the window in the Plan's RunConfig, never in the caller's, and
+    writes nothing until the Plan is recorded."""
+    from pipeline.planning.plan import plan
+    config = RunConfig(fasta=[small_fasta], out=str(tmp_path / "o"), model=models["demo"], workers=3,
+                       on_long="window", window=64)
+    before = copy.deepcopy(config)
+    planned = plan(config)
+    with planned.index:
+        assert config == before
+        assert planned.config.shards == 3 == planned.manifest["world"]
+        assert planned.config.window == 64 and planned.config.overlap is not None
+        assert planned.manifest["config"]["overlap"] == planned.config.overlap
+        assert not (tmp_path / "o").exists()
+
+
+def test_a_cache_path_that_is_a_file_is_refused_and_out_is_left_as_it_was(small_fasta, args, tmp_path):
+    cache = tmp_path / "cache"
+    cache.write_text("")
+    res = run_cli(small_fasta, "--out", str(tmp_path / "o"), *args, env={"RUN_SHARDS_CACHE": str(cache)})
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"RUN_SHARDS_CACHE {cache} is a file, not a directory" in res.stderr
+    assert not (tmp_path / "o").exists()
