@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..models.conventions import BY_OPTION, PLAIN, SPACED, Convention
 from ..output import status_codes
 from ..tasks.tokenization import SequenceTokenizer
-from .input_checks import listing
+from .input_policies import listing
 
 log = logging.getLogger("run_shards")
 

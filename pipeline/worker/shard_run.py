@@ -134,7 +134,7 @@ class ShardRun:
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
-        info = EngineInfo.from_json(manifest["info"]) if "info" in manifest else None   # runs before 0.1.x: None
+        info = EngineInfo.from_json(manifest["info"]) if "info" in manifest else None   # runs planned before it: described here
         try:
             engine = engines.load(manifest["engine"], model["path"], device, dtype, logprobs=config.task == "score",
                                   info=info, config=config, run_limit=manifest["max_tokens"])
