@@ -44,8 +44,9 @@ class Plan:
     def record(self, run: RunDir) -> dict:
         """Write the plan into `run` (a new run's index and manifest; a continued run's manifest, with this
         command's launch settings) and return the manifest as stored."""
-        if not self.continued:
-            self.index.save(run.index_path)
+        if not self.continued:   # the run's copy holds the stride table its workers read (index/stride.py)
+            self.index.save(run.index_path, world=self.manifest["world"])
+            self.index.adopt_stride(run.index_path)
         if not run.exists() or run.read_manifest() != self.manifest:
             run.write_manifest(self.manifest)
         return run.read_manifest()
@@ -125,9 +126,9 @@ def choose_model(config: RunConfig) -> Model:
                     "; ".join(source.facts.remote_code))
     if engine == "native" and config.batch_invariant and not config.on_gpu \
             and not engines.batch_invariant(engine, config):
-        log.warning("--max-tokens-per-batch %d is below 64: this run's values are not batch-invariant (they may "
-                    "differ in their last bits with another budget or number of workers; the result's "
-                    "`batch_invariant` attribute says so)", config.tokens_per_batch)
+        log.warning("this run's values are not batch-invariant (they may differ in their last bits with another "
+                    "budget or number of workers; the result's `batch_invariant` attribute says so): %s",
+                    engines.why_not_batch_invariant(config))
     return Model(source, engine, info, hf_tokenizer)
 
 
@@ -154,7 +155,7 @@ def _log_shards(index: SequenceIndex, shards: int) -> None:
     stats = index.shard_stats(shards)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", shards,
              int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
-    for r in range(shards):
+    for r in range(shards) if shards <= 40 else ():   # above 40 shards the line above says it
         log.info("  shard %d: %d sequences, %d residues", r, int(stats.sequences[r]), int(stats.tokens[r]))
 
 

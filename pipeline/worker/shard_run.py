@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from index import InputChanged, SequenceIndex
+from index.shard_view import open_stride
 
 from .. import faults
 from ..config import RunConfig
@@ -31,7 +32,7 @@ from ..tasks import make_task, schema_for
 from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer
 from .batching import plan_batches, plan_generate_batches
-from .cpu_setup import keep_freed_memory, set_cpu_threads
+from .cpu_setup import keep_freed_memory, set_cpu_threads, set_strict_matmuls
 
 log = logging.getLogger("run_shards.worker")
 
@@ -105,9 +106,9 @@ class ShardRun:
         manifest = self.run_dir.read_manifest()
         config = RunConfig.from_manifest(manifest)
         schema = Schema.from_json(manifest["schema"])
-        index = SequenceIndex.load(self.run_dir.index_path)
+        index = open_stride(self.run_dir.index_path, self.rank, config.world)   # this shard's rows only
         self._lock_shard()
-        positions = index.stride_shard(self.rank, config.world)
+        positions = index.positions
         attrs = dict(manifest["attrs"], shard=self.rank, world=config.world)
         writer = ShardWriter(self.run_dir, self.rank, schema, attrs, positions,
                              config.checkpoint_sequences, config.checkpoint_seconds)
@@ -123,6 +124,8 @@ class ShardRun:
     def _load_engine(self, shard: Opened):
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
         config, manifest, t0 = shard.config, shard.manifest, time.time()
+        invariant = bool(manifest["attrs"].get("batch_invariant"))
+        matmuls = None if config.on_gpu else set_strict_matmuls(invariant, str(self.run_dir.root))
         flushing = set_cpu_threads(self.threads)
         log.info("%d CPU thread(s); float denormals %s", self.threads,
                  "flushed to zero" if flushing else
@@ -131,6 +134,7 @@ class ShardRun:
         if not config.on_gpu:
             log.info("malloc %s", "keeps freed memory for reuse" if keep_freed_memory() else
                      "left at its defaults (not glibc); CPU runs may spend more time in page faults")
+            log.info("matmuls: %s", matmuls.text)
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
@@ -146,7 +150,8 @@ class ShardRun:
             raise UserError(f"cannot load the model from {model['path']}: {problem}; replace the damaged files with "
                             f"an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
         task = make_task(config, engine.info)
-        if schema_for(task).to_json() != shard.schema.to_json():
+        digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
+        if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
         limit = manifest["max_tokens"]
         convention = Convention.from_json(manifest["input_format"]) if "input_format" in manifest else PLAIN
