@@ -46,25 +46,23 @@ class Generation:
 
 
 class StepStats:
-    """Packing of the steps run so far: real tokens over computed tokens (ragged steps pad nothing), and
-    how full each step was against the token budget."""
+    """Packing of the steps run so far: tokens computed (ragged steps pad nothing, so every one is a real
+    token) and how full each step was against the token budget."""
 
     def __init__(self, budget: int):
         self.budget = budget
-        self.steps = self.tokens = self.computed = self.sequences = 0
+        self.steps = self.tokens = self.sequences = 0
         self.last_log = time.monotonic()
 
     def add(self, step: list[ScheduledSeq]) -> None:
         n = sum(s.num_tokens for s in step)
         self.steps += 1
         self.tokens += n
-        self.computed += n          # no padding: every computed token is a real one
         self.sequences += len(step)
 
     def line(self) -> str:
         steps = max(self.steps, 1)
-        return (f"native engine: {self.steps} steps, {self.tokens} tokens, packing efficiency "
-                f"{self.tokens / max(self.computed, 1):.1%} (real / computed tokens), step fill "
+        return (f"native engine: {self.steps} steps, {self.tokens} tokens (ragged, no padding), step fill "
                 f"{self.tokens / (steps * self.budget):.1%} of {self.budget} tokens, "
                 f"{self.sequences / steps:.1f} sequences per step")
 

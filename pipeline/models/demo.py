@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..processes import process_alive
+
 log = logging.getLogger(__name__)
 
 NAME = "demo"
@@ -199,15 +201,6 @@ def _remove_abandoned_builds(target: Path) -> None:
     """Builds left by processes that died while writing (named `.tmp<pid>` / `.damaged<pid>`)."""
     for path in target.parent.glob(f"{target.name}.*"):
         pid = path.name.rsplit(".", 1)[-1].removeprefix("tmp").removeprefix("damaged")
-        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+        if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
             shutil.rmtree(path, ignore_errors=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
