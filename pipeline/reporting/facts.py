@@ -179,6 +179,18 @@ def _result_statuses(run: RunDir, example_ids: int) -> tuple[str, dict, int]:
         return "", {}, 0   # the shards' rows stand in; `status` and `merge` name the damage
 
 
+def unknown_residues_line(run: RunDir, example_ids: int = 3) -> str:
+    """How many rows of the result hold characters outside the model's alphabet (status 2), with example ids;
+    "" when none (for the end of a run and `status`)."""
+    from ..output.status_codes import UNKNOWN_RESIDUES
+    _, statuses, _ = _result_statuses(run, example_ids)
+    count, ids = statuses.get(UNKNOWN_RESIDUES, (0, []))
+    if not count:
+        return ""
+    return (f"{count:,} row(s) with characters outside the model's alphabet (status {UNKNOWN_RESIDUES}, computed "
+            f"with its unknown token), e.g. {', '.join(repr(i) for i in ids)}")
+
+
 def attempts(shard_events: list[dict]) -> list[Attempt]:
     """Every attempt a shard's events record, oldest first: each `start` opens one, and its `loaded`,
     `checkpoint`, `stop` and `end` events (the worker's, or its parent's for a worker that was killed) fill it."""

@@ -22,6 +22,7 @@ from ..output.schema import Schema
 from ..planning.run_index import load_run_index
 from ..rundir.layout import RunDir, unwritable_reason
 from ..rundir.locks import RunLock, ShardLock, describe_holder
+from .facts import unknown_residues_line
 
 
 # Above this many shards the table lists only those that need a look (not complete, not pending), after
@@ -122,8 +123,10 @@ def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, v
                 if verify:
                     r.verify()
                 complete = bool(r.attrs.get("complete"))
-                return (f"result: {run.result_path} ({r.rows:,} rows{'' if complete else ', PARTIAL'}"
+                line = (f"result: {run.result_path} ({r.rows:,} rows{'' if complete else ', PARTIAL'}"
                         f"{', checksums verified' if verify else ', checksums not verified'})")
+            unknown = unknown_residues_line(run)
+            return line + (f"\nrows: {unknown}" if unknown else "")
         except CorruptFile as e:
             return f"result: CORRUPT ({e}); run `run_shards merge {run.root}`"
     if config.get("launcher") == "slurm":
