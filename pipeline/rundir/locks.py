@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import RunDirError
+from ..processes import process_alive
 from .layout import RunDir, unwritable_reason
 
 log = logging.getLogger("run_shards")
@@ -139,13 +140,7 @@ class RunLock:
             return None
         if holder.get("host") != socket.gethostname():
             return holder
-        try:
-            os.kill(int(holder["pid"]), 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return holder
+        return holder if process_alive(int(holder["pid"])) else None
 
     def release(self) -> None:
         if self.fd is not None:
