@@ -5,7 +5,7 @@ bucket small enough to sort or place in memory, read back bucket by bucket.
 table of a run), bucketed by destination range. `HashBuckets` finds the 64-bit keys that occur more than
 once (duplicate ids), bucketed by the keys' top bits. Both keep at most one bucket (`window` records) and
 their write buffers in memory, whatever the number of records; the spill files live in a temporary folder
-that is removed when they are done.
+(named `.rs-*`, which a run's next command removes if a killed one left it) that is removed when they are done.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class Scatter:
         self.dtype = np.dtype(dtype)
         self.raw = np.dtype(f"V{self.dtype.itemsize}")   # records moved as bytes (no per-field copies)
         count = max(1, -(-n // self.window))
-        self.records = _Buckets(count, directory, "rs-scatter-")
+        self.records = _Buckets(count, directory, ".rs-scatter-")
         self.dests = _Buckets(count, self.records.root, "d")
         self.blobs = _Buckets(count, self.records.root, "b") if blob else None
 
@@ -136,7 +136,7 @@ class HashBuckets:
     def __init__(self, n: int, directory: str | None = None, window: int = WINDOW):
         self.bits = max(0, int(np.ceil(np.log2(max(1, 2 * n / window)))))
         self.dtype = np.dtype([("key", "<u8"), ("pos", "<i8")])
-        self.buckets = _Buckets(1 << self.bits, directory, "rs-hashes-")
+        self.buckets = _Buckets(1 << self.bits, directory, ".rs-hashes-")
 
     def add(self, keys: np.ndarray, positions: np.ndarray) -> None:
         rec = np.empty(len(keys), self.dtype)

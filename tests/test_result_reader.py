@@ -50,7 +50,8 @@ def result(tmp_path_factory, models):
 def row_of(data: dict, k: int) -> dict:
     off = data["per_residue/offsets"]
     return {"ids": data["ids"][k].decode(), **{c: data[c][k] for c in ("index", "lengths", "num_tokens", "truncated",
-                                                                       "status", "sequence_digest", "embeddings/mean")},
+                                                                       "status", "sequence_digest", "embeddings/mean",
+                                                                       "computed_at", "reused_from")},
             "per_residue/values": data["per_residue/values"][off[k]:off[k + 1]]}
 
 
@@ -124,7 +125,7 @@ def test_get_through_the_cli_in_each_format(result, tmp_path):
     assert tsv.returncode == 0, tsv.stderr
     lines = tsv.stdout.splitlines()
     assert lines[0].split("\t") == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "sequence_digest",
-                                    "embeddings/mean", "per_residue/values"]
+                                    "embeddings/mean", "per_residue/values", "computed_at", "reused_from"]
     for line, k in zip(lines[1:], picks(ids)):
         cells = line.split("\t")
         assert cells[0] == ids[k] and int(cells[1]) == data["index"][k]
@@ -181,9 +182,9 @@ def test_export_parquet_round_trips_every_column(result, tmp_path):
     table = pq.read_table(out / "result.parquet")
     (out / "result.parquet").unlink()
     assert table.column_names == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "sequence_digest",
-                                  "embeddings/mean", "per_residue/values"]
+                                  "embeddings/mean", "per_residue/values", "computed_at", "reused_from"]
     assert table.column("ids").to_pylist() == ids
-    for name in ("index", "lengths", "num_tokens", "truncated", "status"):
+    for name in ("index", "lengths", "num_tokens", "truncated", "status", "computed_at", "reused_from"):
         assert np.array_equal(table.column(name).to_numpy(), data[name]), name
     for name, dtype in (("embeddings/mean", np.float32), ("sequence_digest", np.uint8)):
         assert np.array_equal(np.array(table.column(name).to_pylist(), dtype), data[name]), name
