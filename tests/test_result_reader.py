@@ -99,10 +99,35 @@ def test_each_row_has_the_digest_of_its_residues(result):
 def test_the_id_index_is_sorted_hashes_with_their_rows(result):
     out, data, ids = result
     with h5py.File(out / "result.h5") as f:
-        hashes, rows = f["id_index/hashes"][:], f["id_index/rows"][:]
+        table = f["id_index/table"]
+        assert table.chunks is None   # contiguous: a lookup reads no chunk index
+        table = table[:]
+        hashes, rows = table["hash"], table["row"]
         assert np.all(hashes[1:] >= hashes[:-1]) and sorted(rows.tolist()) == list(range(len(ids)))
         assert hashes.tolist() == id_index.hashes_of([ids[r] for r in rows]).tolist()
+        assert table["check"].tolist() == id_index.hashes_of([ids[r] for r in rows], check=True).tolist()
         assert f["id_index/fence"][:].tolist() == hashes[::id_index.BLOCK].tolist()
+
+
+def test_an_id_index_of_the_earlier_layout_is_read(result, tmp_path):
+    """Results merged before the check hash have `hashes` and `rows`: each match is checked by its id."""
+    out, data, ids = result
+    copy = tmp_path / "result.h5"
+    copy.write_bytes((out / "result.h5").read_bytes())
+    with h5py.File(copy, "r+") as f:
+        table = f["id_index/table"][:]
+        del f["id_index/table"]
+        f["id_index"].create_dataset("hashes", data=table["hash"], chunks=(4,))
+        f["id_index"].create_dataset("rows", data=table["row"], chunks=(4,))
+        del f["id_index/fence"]
+        f["id_index"].create_dataset("fence", data=table["hash"][::4])
+        f["id_index"].attrs["block"] = 4
+    with open_result(copy) as res:
+        assert not res.ids.checked
+        for k in picks(ids):
+            same(res.get(ids[k]), row_of(data, k))
+        with pytest.raises(MissingIds, match="'gone'"):
+            res.rows(["gone"])
 
 
 def test_an_old_result_without_id_index_is_searched(result, tmp_path):

@@ -84,14 +84,21 @@ class CopyPlan:
         self.mapped.close()
 
 
-def summary(counts: dict, sources: list[SourceFile]) -> str:
-    """'N records: C computed, D copies of an earlier record of the same sequence, R reused from X (k)'."""
+def summary(counts: dict, sources: list[str]) -> str:
+    """'N records: C computed, D copied from an earlier record of the same sequence, R reused from X'
+    (`sources`: the reused results as --reuse named them)."""
     parts = [f"{counts['computed']:,} computed"]
     if counts["duplicates"]:
         parts.append(f"{counts['duplicates']:,} copied from an earlier record of the same sequence")
-    for s, r in zip(sources, counts["reused"]):
-        parts.append(f"{r:,} reused from {s.given}")
+    for name, r in zip(sources, counts["reused"]):
+        parts.append(f"{r:,} reused from {name}")
     return f"{counts['records']:,} records: " + ", ".join(parts)
+
+
+def described(manifest: dict) -> str | None:
+    """The summary of a run's copies as its manifest records them (None: it copies nothing)."""
+    copies = manifest.get("copies")
+    return summary(copies["counts"], copies["sources"]) if copies else None
 
 
 def write(path: str | os.PathLike, n: int, parts: list[index_file.Part], sources: list[SourceFile],

@@ -20,7 +20,7 @@ import numpy as np
 from index import SequenceIndex
 
 from ..errors import DiskFull, MergeError, disk_full_reason, ensure_space
-from . import copy_plan
+from . import copy_plan, heap
 from .copy_plan import CopyPlan
 from .h5io import CorruptFile, Reader, Writer
 from .id_index import IdIndexWriter
@@ -89,6 +89,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
     if plan is not None:
         attrs.update(reused_from=[s.given for s in plan.sources], copies=plan.counts)
     ensure_space(run.root, sum(r.data_bytes() for r in readers), f"the result {run.result_path}", remedy)
+    heap.return_freed_arrays()   # resident memory stays at a window's
     work = tempfile.mkdtemp(prefix=".rs-merge-", dir=run.root)   # spill files (a killed merge's: rundir removes them)
     writer = None
     try:
@@ -136,7 +137,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
     if missing:
         log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", missing, len(index))
     if plan is not None:
-        log.info("rows: %s", copy_plan.summary(plan.counts, plan.sources))
+        log.info("rows: %s", copy_plan.summary(plan.counts, [s.given for s in plan.sources]))
     log.info("merged %d sequences into %s", len(index) - missing, run.result_path)
     return run.result_path
 

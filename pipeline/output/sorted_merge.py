@@ -23,7 +23,9 @@ from .schema import RowBlock
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUDGET_BYTES = 256 << 20
+# Rows per window, by their size in the files. A window takes about three times this in memory while it is
+# read, ordered and written (ids are Python objects there, blocks are copied once to put them in order).
+DEFAULT_BUDGET_BYTES = 64 << 20
 
 
 @dataclass
@@ -132,8 +134,8 @@ def merge_sorted_runs(readers: Sequence[Reader], writer: Writer, expected: Itera
     cursors = [_Cursor(r) for r in readers]
     problems = problems if problems is not None else MergeProblems()
     for window in expected:
-        parts = [c.take(c.end_below(window.end)) for c in cursors]
-        block = RowBlock.concat(schema, [p for p in parts if p is not None]).sorted_by_index()
+        block = RowBlock.concat(schema, [p for p in (c.take(c.end_below(window.end)) for c in cursors) if p is not None])
+        block = block.sorted_by_index()   # (the parts are freed once joined: a window is held at most twice)
         keep = _check_window(block, window.want, problems)
         if expected_ids is not None and keep.any():
             found = block.columns["ids"][keep]

@@ -22,6 +22,7 @@ from ..output import status_codes
 from ..output.schema import BASE_COLUMNS, Schema
 from ..rundir.layout import RunDir
 from .continued import reconcile, shard_count
+from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
 from .length_limit import check_long, token_limit, warn_beyond_training
 from .storage import check_storage
@@ -39,12 +40,18 @@ class Plan:
     index: SequenceIndex
     manifest: dict
     continued: bool         # the run directory already held this run
+    copies: Copies = dataclasses.field(default_factory=Copies)   # what the run copies instead of computing
 
     def record(self, run: RunDir) -> dict:
         """Write the plan into `run` (a new run's index and manifest; a continued run's manifest, with this
         command's launch settings) and return the manifest as stored."""
         if not self.continued:   # the run's copy holds the stride table its workers read (index/stride.py)
-            self.index.save(run.index_path, world=self.manifest["world"])
+            only, copy_plan = self.copies.only(run)   # (of the records it computes)
+            try:
+                self.index.save(run.index_path, world=self.manifest["world"], only=only)
+            finally:
+                if copy_plan is not None:
+                    copy_plan.close()
             self.index.adopt_stride(run.index_path)
         if not run.exists() or run.read_manifest() != self.manifest:
             run.write_manifest(self.manifest)
@@ -99,12 +106,16 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     from ..tasks import make_task, schema_for
     schema = schema_for(make_task(planned, model.info))
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
-    check_storage(schema, index, shards, run.root)
-    _log_shards(index, shards)
+    copies = plan_copies(planned, model, schema, index, run, old)   # duplicates and --reuse (copies.py)
+    planned = dataclasses.replace(planned, shards=copies.shards(shards))
+    check_storage(schema, index, planned.shards, run.root)
+    _log_shards(index, planned.shards, copies.computed)
     manifest = _manifest(planned, model, schema, limit, index)
+    if copies.counts is not None:
+        manifest["copies"] = copies.record()
     if old is not None:
         manifest = reconcile(run, old, manifest, planned)
-    return Plan(planned, index, manifest, continued=old is not None)
+    return Plan(planned, index, manifest, continued=old is not None, copies=copies)
 
 
 def choose_model(config: RunConfig) -> Model:
@@ -142,7 +153,10 @@ def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: i
     return config
 
 
-def _log_shards(index: SequenceIndex, shards: int) -> None:
+def _log_shards(index: SequenceIndex, shards: int, computed: int | None) -> None:
+    if computed is not None and computed < len(index):   # (the table of the records computed is written later)
+        log.info("shards: %d, %d records computed in all", shards, computed)
+        return
     stats = index.shard_stats(shards)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", shards,
              int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
