@@ -276,3 +276,22 @@ def test_per_id_names_escape_slashes_and_leave_out_rows_without_values(tmp_path)
     with h5py.File(target) as f:
         assert sorted(f) == ["50%25", "a%2Fb"] and f.attrs["name_escaping"].startswith("2 id(s) hold")
         assert f["a%2Fb"][:].tolist() == [0, 1, 2] and f["50%25"][:].tolist() == [3, 4, 5]
+
+
+def test_an_id_hashes_the_same_whatever_the_process_hashed_before():
+    """`get` hashes one short id in a fresh process (small power tables, grown later); the merge hashed
+    millions (large tables): both give the hash written out by hand, h = sum (byte + 1) B**j + len L."""
+    from index import id_hash
+
+    def by_hand(ident: bytes, check: bool) -> int:
+        base, length = (id_hash._CHECK_BASE, id_hash._CHECK_LEN) if check else (id_hash._HASH_BASE, id_hash._HASH_LEN)
+        return (sum((b + 1) * pow(int(base), j, 2**64) for j, b in enumerate(ident)) + len(ident) * int(length)) % 2**64
+
+    rng = np.random.default_rng(3)
+    ids = [b"P12345", b"x", bytes(rng.integers(33, 127, 3000, dtype=np.uint8))] \
+        + [b"A0A%07d" % k for k in range(2000)]
+    for check in (False, True):
+        id_hash._TABLES.clear()
+        first = [int(id_index.hashes_of([i], check=check)[0]) for i in ids[:3]]   # tables grown one id at a time
+        together = id_index.hashes_of(ids, check=check).tolist()
+        assert first == together[:3] and together == [by_hand(i, check) for i in ids]
