@@ -67,7 +67,7 @@ class IdIndexWriter:
             out["hash"], out["check"], out["row"] = rec["key"], rec["check"], rec["pos"]
             table[at:at + len(rec)] = out
             first = -at % BLOCK   # the fence entries that fall in this piece
-            fence.append(rec["key"][first::BLOCK])
+            fence.append(rec["key"][first::BLOCK].copy())   # (a view would keep each whole bucket alive)
             at += len(rec)
         group.create_dataset("fence", data=np.concatenate(fence) if fence else np.zeros(0, np.uint64))
         group.attrs["block"] = BLOCK
