@@ -125,6 +125,7 @@ def choose_model(config: RunConfig) -> Model:
     """The checkpoint, the engine that runs it and what it is (its config and tokenizer; no weights)."""
     from ..engine import selection as engines
     from ..models import checkpoint
+    _settle_matmul_mode(config)
     source = checkpoint.resolve(config.model, cache_dir())
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
@@ -141,6 +142,16 @@ def choose_model(config: RunConfig) -> Model:
                     "budget or number of workers; the result's `batch_invariant` attribute says so): %s",
                     engines.why_not_batch_invariant(config))
     return Model(source, engine, info, hf_tokenizer)
+
+
+def _settle_matmul_mode(config: RunConfig) -> None:
+    """Put this process's MKL in the mode a fresh worker of a batch-invariant CPU run puts its own in, before
+    anything here computes: materialising the demo model builds it with transformers (its initialisers
+    use MKL), after which MKL refuses strict mode, and this process's answer to "is the run batch-invariant"
+    (written into the manifest and the result) would be no, though every worker's is yes."""
+    if config.batch_invariant and not config.on_gpu:
+        from ..engine import mkl_cnr
+        mkl_cnr.strict_matmuls()
 
 
 def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: int | None) -> RunConfig:
