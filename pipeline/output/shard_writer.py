@@ -120,7 +120,7 @@ class ShardWriter:
         path = self.run.shard_path(self.rank)
         tmp = path.with_name(f".{path.name}.tmp")
         with ExitStack() as opened:   # a part that fails to open closes those opened before it
-            readers = [opened.enter_context(Reader(p)) for p in shard_state.part_files(self.parts)]
+            readers = [opened.enter_context(Reader(p, cache_bytes=0)) for p in shard_state.part_files(self.parts)]
             ensure_space(path.parent, sum(r.data_bytes() for r in readers), f"shard {path}", self._remedy())
             with self._new_file(tmp, self.attrs, rows_hint=len(self.expected)) as writer:
                 problems = merge_sorted_runs(readers, writer, self.expected, row_bytes)

@@ -22,6 +22,7 @@ from ..output import status_codes
 from ..output.schema import BASE_COLUMNS, Schema
 from ..rundir.layout import RunDir
 from .continued import reconcile, shard_count
+from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
 from .length_limit import check_long, token_limit, warn_beyond_training
 from .storage import check_storage
@@ -40,12 +41,18 @@ class Plan:
     index: SequenceIndex
     manifest: dict
     continued: bool         # the run directory already held this run
+    copies: Copies = dataclasses.field(default_factory=Copies)   # what the run copies instead of computing
 
     def record(self, run: RunDir) -> dict:
         """Write the plan into `run` (a new run's index and manifest; a continued run's manifest, with this
         command's launch settings) and return the manifest as stored."""
         if not self.continued:   # the run's copy holds the stride table its workers read (index/stride.py)
-            self.index.save(run.index_path, world=self.manifest["world"])
+            only, copy_plan = self.copies.only(run)   # (of the records it computes)
+            try:
+                self.index.save(run.index_path, world=self.manifest["world"], only=only)
+            finally:
+                if copy_plan is not None:
+                    copy_plan.close()
             self.index.adopt_stride(run.index_path)
         if not run.exists() or run.read_manifest() != self.manifest:
             run.write_manifest(self.manifest)
@@ -102,18 +109,23 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     from ..tasks import make_task, schema_for
     schema = schema_for(make_task(planned, model.info))
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
-    check_storage(schema, index, shards, run.root)
-    _log_shards(index, shards)
+    copies = plan_copies(planned, model, schema, index, run, old)   # duplicates and --reuse (copies.py)
+    planned = dataclasses.replace(planned, shards=copies.shards(shards))
+    check_storage(schema, index, planned.shards, run.root)
+    _log_shards(index, planned.shards, copies.computed)
     manifest = _manifest(planned, model, schema, limit, index)
+    if copies.counts is not None:
+        manifest["copies"] = copies.record()
     if old is not None:
         manifest = reconcile(run, old, manifest, planned)
-    return Plan(planned, index, manifest, continued=old is not None)
+    return Plan(planned, index, manifest, continued=old is not None, copies=copies)
 
 
 def choose_model(config: RunConfig) -> Model:
     """The checkpoint, the engine that runs it and what it is (its config and tokenizer; no weights)."""
     from ..engine import selection as engines
     from ..models import checkpoint
+    _settle_matmul_mode(config)
     source = checkpoint.resolve(config.model, cache_dir())
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
@@ -130,6 +142,16 @@ def choose_model(config: RunConfig) -> Model:
                     "budget or number of workers; the result's `batch_invariant` attribute says so): %s",
                     engines.why_not_batch_invariant(config))
     return Model(source, engine, info, hf_tokenizer)
+
+
+def _settle_matmul_mode(config: RunConfig) -> None:
+    """Put this process's MKL in the mode a fresh worker of a batch-invariant CPU run puts its own in, before
+    anything here computes: materialising the demo model builds it with transformers (its initialisers
+    use MKL), after which MKL refuses strict mode, and this process's answer to "is the run batch-invariant"
+    (written into the manifest and the result) would be no, though every worker's is yes."""
+    if config.batch_invariant and not config.on_gpu:
+        from ..engine import mkl_cnr
+        mkl_cnr.strict_matmuls()
 
 
 def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: int | None) -> RunConfig:
@@ -151,7 +173,10 @@ def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: i
     return config
 
 
-def _log_shards(index: SequenceIndex, shards: int) -> None:
+def _log_shards(index: SequenceIndex, shards: int, computed: int | None) -> None:
+    if computed is not None and computed < len(index):   # (the table of the records computed is written later)
+        log.info("shards: %d, %d records computed in all", shards, computed)
+        return
     stats = index.shard_stats(shards)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", shards,
              int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
