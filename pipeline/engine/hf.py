@@ -2,7 +2,9 @@
 
 It runs any architecture transformers knows and is the baseline every speed claim is measured against.
 Batches are right-padded (real tokens of a causal model never see the padding) and the outputs are
-unpadded into the ragged form the tasks expect.
+unpadded into the ragged form the tasks expect. For scoring with a masked LM it builds the checkpoint's
+*ForMaskedLM model, whose logits `logprobs_at` reads at the chosen positions (transformers computes them at
+every position: the straightforward recipe the native engine is measured against).
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ LOGITS_CHUNK_ELEMENTS = 1 << 26  # bound the float32 logits computed at once (25
 
 class HFEngine:
     def __init__(self, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
-                 fingerprint: str = "", max_tokens=...):
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+                 fingerprint: str = "", max_tokens=..., tokens_per_batch: int = 4096):
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-        from ..models.hf_config import is_causal_lm, model_max_tokens, quiet_transformers, text_config as text_of
+        from ..models.hf_config import (is_causal_lm, is_masked_lm, model_max_tokens, quiet_transformers,
+                                        text_config as text_of)
         quiet_transformers()
         self.device = device
         config = AutoConfig.from_pretrained(model_path)
@@ -30,6 +33,8 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         archs = list(getattr(config, "architectures", None) or [])
         is_causal = is_causal_lm(config.model_type, archs)
+        masked = not is_causal and is_masked_lm(archs)
+        self.tokens_per_batch = tokens_per_batch
         kwargs = {"dtype": dtype}
         if config.model_type == "esm":
             kwargs["add_pooling_layer"] = False
@@ -41,6 +46,10 @@ class HFEngine:
                 if getattr(text_config, attr, None):  # the head alone would not give the model's logits
                     raise UserError(f"--task score is not supported for models with {attr} (their logits are "
                                     "not the head's output alone); embed works")
+        elif logprobs and masked:
+            kwargs.pop("add_pooling_layer", None)   # the masked-LM class builds its encoder without the pooler
+            self.lm = AutoModelForMaskedLM.from_pretrained(model_path, **kwargs).to(device).eval()
+            self.base, self.head = self.lm.base_model, None
         else:
             self.lm, self.head = None, None
             self.base = AutoModel.from_pretrained(model_path, **kwargs).to(device).eval()
@@ -48,7 +57,7 @@ class HFEngine:
         self.real_tokens = self.computed_tokens = 0   # packing efficiency = real / computed (padded) tokens
         self.info = EngineInfo(
             name="hf", hidden_size=text_config.hidden_size, num_layers=text_config.num_hidden_layers,
-            is_causal=is_causal,
+            is_causal=is_causal, masked_lm=masked,
             max_tokens=model_max_tokens(text_config, self.tokenizer) if max_tokens is ... else max_tokens,
             architecture=(archs[0] if archs else config.model_type), model_fingerprint=fingerprint)
 
@@ -75,6 +84,46 @@ class HFEngine:
         cu = torch.zeros(len(batch) + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=cu[1:])
         return ForwardOutput(cu_seqlens=cu.to(self.device), hidden=hidden, token_logprobs=token_logprobs)
+
+    @torch.inference_mode()
+    def logprobs_at(self, batch: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The head's log-softmax at chosen positions (interface.Engine.logprobs_at), from the whole model's
+        logits on padded, length-sorted batches of at most tokens_per_batch padded tokens."""
+        assert self.lm is not None, "logprobs_at needs the engine built with logprobs=True"
+        first = [0]
+        for p in positions:
+            first.append(first[-1] + len(p))
+        out = None
+        order = sorted(range(len(batch)), key=lambda i: -len(batch[i]))
+        start = 0
+        while start < len(order):
+            k = max(1, self.tokens_per_batch // len(batch[order[start]]))
+            chunk = order[start:start + k]
+            start += k
+            logits = self._logits([batch[i] for i in chunk])
+            rows = torch.tensor([r for r, i in enumerate(chunk) for _ in positions[i]], device=logits.device)
+            cols = torch.tensor([p for i in chunk for p in positions[i]], dtype=torch.int64, device=logits.device)
+            dest = torch.tensor([first[i] + j for i in chunk for j in range(len(positions[i]))], device=logits.device)
+            lp = torch.log_softmax(logits[rows, cols].double(), dim=-1)
+            if out is None:
+                out = torch.empty(first[-1], lp.shape[1], dtype=torch.float64, device=lp.device)
+            out[dest] = lp
+        return out if out is not None else torch.empty(0, 0, dtype=torch.float64)
+
+    def _logits(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The model's logits `[B, T, V]` for one padded batch (every position, as transformers computes them)."""
+        lengths = torch.tensor([len(x) for x in batch], dtype=torch.int64)
+        width = int(lengths.max())
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.int64)
+        for i, seq in enumerate(batch):
+            ids[i, :len(seq)] = torch.as_tensor(seq, dtype=torch.int64)
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.int64)
+        self.real_tokens += int(lengths.sum())
+        self.computed_tokens += ids.numel()
+        try:
+            return self.lm(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+        except torch.OutOfMemoryError as e:
+            raise OutOfMemory(str(e)) from e
 
     def stats_line(self) -> str:
         return (f"hf engine: {self.real_tokens} tokens, packing efficiency "

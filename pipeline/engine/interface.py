@@ -3,6 +3,8 @@
 An engine takes a batch of token-id lists and returns, per requested layer, the hidden states of every
 real token as one ragged tensor (`[sum of lengths, D]` plus `cu_seqlens`), and optionally each token's
 log-probability given all tokens before it. Tasks (pooling, scoring) only ever see this ragged form.
+`logprobs_at` gives the language-model head's whole distribution at chosen positions of each sequence (a
+masked LM's at its masked positions), computing the head there only.
 """
 from __future__ import annotations
 
@@ -26,6 +28,13 @@ class Engine(Protocol):
     device: torch.device
 
     def forward(self, batch: Sequence[Sequence[int]], layers: Sequence[int], logprobs: bool) -> ForwardOutput:
+        ...
+
+    def logprobs_at(self, batch: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]) -> torch.Tensor:
+        """float64 `[sum of len(positions[i]), V]` on the engine's device: the log-softmax over the whole
+        vocabulary of the head's logits at token positions[i][j] of sequence i, rows in batch order and, per
+        sequence, in the order given (a masked LM: p(token there | the sequence as given); a causal LM: p(next
+        token | the tokens up to there)). The logits are the model's (its dtype); the log-softmax is float64."""
         ...
 
 

@@ -105,7 +105,7 @@ class NativeEngine:
         from transformers import AutoConfig, AutoTokenizer
 
         from ..models.registry import load_model
-        from ..models.hf_config import model_max_tokens, quiet_transformers, text_config
+        from ..models.hf_config import is_masked_lm, model_max_tokens, quiet_transformers, text_config
 
         quiet_transformers()
         model = load_model(model_path, device, dtype)
@@ -115,7 +115,7 @@ class NativeEngine:
         archs = list(getattr(hf_config, "architectures", None) or [])
         spec = model.spec
         info = EngineInfo(name="native", hidden_size=spec.hidden_size, num_layers=spec.num_layers,
-                          is_causal=spec.is_causal,
+                          is_causal=spec.is_causal, masked_lm=not spec.is_causal and is_masked_lm(archs),
                           max_tokens=model_max_tokens(text, tokenizer) if max_tokens is ... else max_tokens,
                           architecture=archs[0] if archs else hf_config.model_type, model_fingerprint=fingerprint)
         config = EngineConfig(**dict(_budgets(run_config, info, spec, text), **overrides))
@@ -189,6 +189,30 @@ class NativeEngine:
         return ForwardOutput(cu_seqlens=torch.from_numpy(offsets).to(self.device), hidden=hidden,
                              token_logprobs=token_logprobs)
 
+    def logprobs_at(self, batch: Seq[Seq[int]], positions: Seq[Seq[int]]) -> torch.Tensor:
+        """The head's log-softmax at chosen positions (interface.Engine.logprobs_at): each step's rows at the
+        chosen positions go through the head; no other row does."""
+        seqs = [Sequence(i, list(ids)) for i, ids in enumerate(batch)]
+        wanted = [np.asarray(p, np.int64) for p in positions]
+        first = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum([len(p) for p in wanted], out=first[1:])
+        out = torch.empty(int(first[-1]), self.spec.vocab_size, dtype=torch.float64, device=self.device)
+
+        def on_step(scheduler, step, ctx, hidden, captured):
+            rows, dest = _chosen_rows(step, wanted, first)
+            if not len(rows):
+                return
+            rows = torch.from_numpy(rows).to(self.device, non_blocking=True)
+            dest = torch.from_numpy(dest).to(self.device, non_blocking=True)
+            chunk = max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size)
+            with torch.inference_mode():
+                for a in range(0, len(rows), chunk):
+                    logits = self.model.logits(hidden[rows[a:a + chunk]])
+                    out[dest[a:a + chunk]] = torch.log_softmax(logits.double(), dim=-1)
+
+        self._run(seqs, frozenset(), on_step)
+        return out
+
     def _step_logprobs(self, step: list[ScheduledSeq], ctx, out: torch.Tensor, rows: torch.Tensor,
                        token_logprobs: torch.Tensor) -> None:
         """log p(next token) for every step token that has a next token in its sequence."""
@@ -241,3 +265,18 @@ class NativeEngine:
 
         self._run(seqs, frozenset(), on_step)
         return [Generation(s.generated, s.finish_reason) for s in seqs]
+
+
+def _chosen_rows(step: list[ScheduledSeq], wanted: list[np.ndarray], first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of the step's output, rows of logprobs_at's result) of the chosen positions this step computed."""
+    rows, dest, offset = [], [], 0
+    for s in step:
+        p = wanted[s.seq.seq_id]
+        here = np.flatnonzero((p >= s.start) & (p < s.end))
+        if len(here):
+            rows.append(offset + p[here] - s.start)
+            dest.append(first[s.seq.seq_id] + here)
+        offset += s.num_tokens
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(rows), np.concatenate(dest)

@@ -52,7 +52,8 @@ def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, l
     1.5 s); `...` finds it here."""
     if name == "hf":
         from .hf import HFEngine
-        return HFEngine(model_path, device, dtype, logprobs, fingerprint, max_tokens=max_tokens)
+        budget = {"tokens_per_batch": config.tokens_per_batch} if config is not None else {}
+        return HFEngine(model_path, device, dtype, logprobs, fingerprint, max_tokens=max_tokens, **budget)
     if name == "native":
         from .native import NativeEngine
         return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config, max_tokens=max_tokens)

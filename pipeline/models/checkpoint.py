@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import demo as demo_model
 from ..errors import UserError
-from .hf_config import is_causal_lm
+from .hf_config import is_causal_lm, is_masked_lm
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
@@ -28,6 +28,7 @@ class EngineInfo:
     is_causal: bool
     max_tokens: int | None    # hard limit on tokens per sequence (absolute positions), None if none
     architecture: str = ""
+    masked_lm: bool = False   # a masked language model with its head (score and variants by masking)
     model_fingerprint: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -43,6 +44,10 @@ class ModelSource:
     @property
     def is_causal(self) -> bool:
         return is_causal_lm(self.model_type, self.architectures)
+
+    @property
+    def is_masked_lm(self) -> bool:
+        return not self.is_causal and is_masked_lm(self.architectures)
 
     def identity(self) -> dict:
         return {"name": self.name, "path": self.path, "model_type": self.model_type, "fingerprint": self.fingerprint}
@@ -149,6 +154,7 @@ def describe(source: ModelSource, engine: str):
     text = text_config(config)
     info = EngineInfo(name=engine, hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
                       is_causal=source.is_causal, max_tokens=model_max_tokens(text, tokenizer),
+                      masked_lm=source.is_masked_lm,
                       architecture=(source.architectures[0] if source.architectures else source.model_type),
                       model_fingerprint=source.fingerprint)
     trained = getattr(text, "max_position_embeddings", None)

@@ -3,7 +3,8 @@
 Inference semantics follow transformers' EsmModel: token dropout rescales the embeddings by
 (1 - 0.15 * 0.8) / (1 - fraction of <mask> tokens in the sequence) and zeroes <mask> embeddings; queries
 are scaled by head_dim^-0.5 before the rotary embedding, which is computed in float32; GELU is the
-exact (erf) form; the final `emb_layer_norm_after` output is hidden state num_layers.
+exact (erf) form; the final `emb_layer_norm_after` output is hidden state num_layers. A checkpoint of
+EsmForMaskedLM also gets its masked-LM head (`logits`), as transformers' EsmLMHead computes it.
 """
 from __future__ import annotations
 
@@ -63,6 +64,31 @@ class EsmLayer(nn.Module):
             getattr(self.fc2, part).copy_(t.get(f"{p}output.dense.{part}"))
 
 
+class EsmLMHead(nn.Module):
+    """EsmForMaskedLM's `lm_head`: dense, erf GELU, LayerNorm, then the decoder (the word embeddings unless the
+    config unties them, as Nucleotide Transformer's does) plus the head's own bias."""
+
+    def __init__(self, config):
+        super().__init__()
+        d = config.hidden_size
+        self.dense = Linear(d, d)
+        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.decoder = Linear(d, config.vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(_gelu(self.dense(x))))
+
+    def load(self, t, tied_to: nn.Parameter | None) -> None:
+        for part in ("weight", "bias"):
+            getattr(self.dense, part).copy_(t.get(f"lm_head.dense.{part}"))
+            getattr(self.norm, part).copy_(t.get(f"lm_head.layer_norm.{part}"))
+        self.decoder.bias.copy_(t.get("lm_head.bias"))
+        if tied_to is not None:
+            self.decoder.weight = tied_to
+        else:
+            self.decoder.weight.copy_(t.get("lm_head.decoder.weight"))
+
+
 class EsmModel(NativeModel):
     def __init__(self, config):
         super().__init__()
@@ -83,6 +109,7 @@ class EsmModel(NativeModel):
         self.mask_token_id = config.mask_token_id
         self.padding_idx = config.pad_token_id
         self.rotary: Rotary | None = None
+        self.lm_head: EsmLMHead | None = None   # set by from_checkpoint when the checkpoint has one
         head_dim = d // config.num_attention_heads
         limit = None
         if self.position_type == "absolute":
@@ -116,12 +143,20 @@ class EsmModel(NativeModel):
     def attention_layers(self):
         return [layer.attn for layer in self.layers]
 
+    def logits(self, hidden):
+        """The masked-LM head's logits at these final hidden states (every vocabulary entry)."""
+        if self.lm_head is None:
+            raise UserError("this ESM checkpoint has no masked-LM head (no lm_head.* weights: it was saved as "
+                            "EsmModel); scoring needs the EsmForMaskedLM checkpoint")
+        return self.lm_head(hidden)
+
     @classmethod
     def from_checkpoint(cls, path, config, device, dtype):
+        root = CheckpointTensors(path)
         with torch.device("meta"):
             model = cls(config)
+            model.lm_head = EsmLMHead(config) if root.has("lm_head.dense.weight") else None
         materialize(model, device, dtype)
-        root = CheckpointTensors(path)
         t = root.with_prefix(["esm.", ""], "embeddings.word_embeddings.weight")
         with torch.no_grad():
             model.word_embeddings.weight.copy_(t.get("embeddings.word_embeddings.weight"))
@@ -134,6 +169,9 @@ class EsmModel(NativeModel):
                 layer.load(t, f"encoder.layer.{i}.")
             model.emb_norm_after.weight.copy_(t.get("encoder.emb_layer_norm_after.weight"))
             model.emb_norm_after.bias.copy_(t.get("encoder.emb_layer_norm_after.bias"))
+            if model.lm_head is not None:
+                tied = getattr(config, "tie_word_embeddings", True)
+                model.lm_head.load(root, model.word_embeddings.weight if tied else None)
         check_loaded(model, "ESM")
         if model.position_type == "rotary":
             model.rotary = Rotary(_esm_inv_freq(t, config), float32_math=True).to(device)

@@ -23,6 +23,13 @@ def is_causal_lm(model_type: str, architectures: list[str]) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
+def is_masked_lm(architectures: list[str]) -> bool:
+    """A masked LM with its head: the checkpoint's config names a *ForMaskedLM class (ESM-2, ESM-1b, ESM-1v,
+    SaProt: EsmForMaskedLM; ProtBert: BertForMaskedLM). A checkpoint saved as the bare encoder (EsmModel) has no
+    language-model head, so nothing to score with."""
+    return any(a.endswith("ForMaskedLM") for a in architectures)
+
+
 def quiet_transformers() -> None:
     import transformers
     transformers.utils.logging.set_verbosity_error()

@@ -134,7 +134,7 @@ class ShardRun:
         model = manifest["model"]
         try:
             engine = engines.load(manifest["engine"], model["path"], device, dtype,
-                                  logprobs=config.task == "score", fingerprint=model["fingerprint"], config=config,
+                                  logprobs=config.task in ("score", "variants"), fingerprint=model["fingerprint"], config=config,
                                   max_tokens=manifest["max_tokens"])
         except Exception as e:   # unreadable or damaged files (safetensors raises its own error type)
             if isinstance(e, torch.OutOfMemoryError):
