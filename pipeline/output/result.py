@@ -23,6 +23,7 @@ from .sorted_merge import describe_problems, merge_sorted_runs
 from .schema import Schema
 from ..rundir.layout import RunDir, fsync_dir
 from .shard_state import set_aside
+from . import variants
 
 log = logging.getLogger("run_shards")
 
@@ -102,6 +103,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
             writer.file.create_dataset("original_ids/index", data=pos)
             writer.file.create_dataset("original_ids/ids", dtype=text, data=np.array(
                 [renamed[str(p)].encode() for p in pos], dtype=object))
+        variants.add_to_result(writer.file, run, manifest)
         writer.finish({"complete": len(missing) == 0, "num_missing": int(len(missing))})
     except BaseException as e:
         writer.abort()
@@ -112,6 +114,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
         raise
     os.replace(tmp, run.result_path)
     fsync_dir(run.root)
+    variants.export(run, manifest)
     run.problems_path.unlink(missing_ok=True)
     if len(missing):
         log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", len(missing), len(index))

@@ -7,6 +7,7 @@
     OUT/shards/shard_N.failed.json   why shard N failed last time (exit code, last log lines)
     OUT/logs/worker_N.log, OUT/logs/run.log
     OUT/result.h5              the merged, validated result
+    OUT/variants.npz           --task variants: the variants file as planning read and checked it
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ class RunDir:
     logs_dir = property(lambda self: self.root / "logs")
     result_path = property(lambda self: self.root / "result.h5")
     problems_path = property(lambda self: self.root / "merge_problems.tsv")
+    variants_path = property(lambda self: self.root / "variants.npz")
 
     def shard_path(self, rank: int) -> Path:
         return self.shards_dir / f"shard_{rank}.h5"
@@ -81,7 +83,7 @@ class RunDir:
         return self.logs_dir / "run.log"
 
     # What a run leaves in OUT before its manifest exists (it stopped before or while writing it): reusable.
-    EARLY_ENTRIES = {".lock", "shards", "logs", "index.rsidx"}
+    EARLY_ENTRIES = {".lock", "shards", "logs", "index.rsidx", "variants.npz"}
 
     def _early_entry(self, name: str) -> bool:
         return name in self.EARLY_ENTRIES or name.startswith(("index.rsidx.tmp", ".manifest.json.tmp"))

@@ -16,6 +16,7 @@ class Tokenized:
     special: np.ndarray      # bool per token
     truncated: bool
     unknown: bool            # a residue became the unknown token
+    residues: str = ""       # the sequence text it was made from
 
 
 class SequenceTokenizer:
@@ -53,8 +54,20 @@ class SequenceTokenizer:
                 truncated = True
             unknown = self.unk_id is not None and any(
                 t == self.unk_id and not s for t, s in zip(ids, special))
-            out.append(Tokenized(list(ids), special, truncated, unknown))
+            out.append(Tokenized(list(ids), special, truncated, unknown, seq))
         return out
+
+    def content_spans(self, tok: Tokenized) -> np.ndarray:
+        """int64 `[content tokens, 2]`: the residues [start, end) each non-special token of `tok` stands for (one
+        each for a character-level tokenizer; a subword token may stand for several), from the tokenizer's
+        offsets into the text. Needs a fast tokenizer where tokens group residues."""
+        n = int((~tok.special).sum())
+        if self.char_level:
+            return np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64)
+        enc = self.tokenizer(tok.residues, add_special_tokens=True, return_offsets_mapping=True,
+                             return_special_tokens_mask=True)
+        spans = [o for o, m in zip(enc["offset_mapping"], enc["special_tokens_mask"]) if not m]
+        return np.asarray(spans[:n], np.int64).reshape(-1, 2)
 
     def _per_character(self, seq: str, ids: list[int], special: np.ndarray) -> tuple[list[int], np.ndarray]:
         """One token per residue, each unknown character its own unknown token. Some character-level

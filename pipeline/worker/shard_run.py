@@ -143,7 +143,7 @@ class ShardRun:
             raise UserError(f"cannot load the model from {model['path']} ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''}); its files may be damaged: replace them "
                             f"with an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
-        task = make_task(config, engine.info)
+        task = make_task(config, engine.info, self.run_dir.root)
         if schema_for(task).to_json() != shard.schema.to_json():
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
         limit = manifest["max_tokens"]
@@ -166,6 +166,7 @@ class ShardRun:
             cut = Windows(config.window, config.overlap, tokenizer.head, tokenizer.tail)
             engine = WindowedEngine(engine, cut)
             tokens = np.array([t if t <= cut.limit else cut.count(int(t)) * cut.limit for t in tokens], np.int64)
+        tokens = task.batch_tokens(tokens, positions)   # e.g. a pseudo-log-likelihood's masked copies
         computer = BatchComputer(index, engine, task, tokenizer, shard.schema, config, shard.manifest["max_tokens"], cut)
         if config.task == "generate":
             batches = plan_generate_batches(tokens, config.max_seqs)
