@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from ..models.checkpoint import EngineInfo
-from .interface import ForwardOutput, OutOfMemory
+from .interface import ForwardOutput, OutOfMemory, target_logprobs
 from ..errors import UserError
 
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # bound the float32 logits computed at once (256 MiB)
@@ -130,18 +130,18 @@ class HFEngine:
                 f"{self.real_tokens / max(self.computed_tokens, 1):.1%} (real / computed tokens, padding included)")
 
     def _token_logprobs(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """log p(ids[:, t] | ids[:, :t]) for t >= 1 (0 at t = 0), in float32, the vocab in bounded chunks."""
+        """log p(ids[:, t] | ids[:, :t]) for t >= 1 (0 at t = 0), the log-softmax in float64, the vocab in
+        bounded chunks."""
         b, t = ids.shape
-        out = torch.zeros(b, t, dtype=torch.float32, device=ids.device)
+        out = torch.zeros(b, t, dtype=torch.float64, device=ids.device)
         if t < 2:
             return out
         vocab = self.head.weight.shape[0]
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         target = ids[:, 1:].reshape(-1)
-        flat = torch.empty(len(target), dtype=torch.float32, device=ids.device)
-        step = max(1, LOGITS_CHUNK_ELEMENTS // vocab)
+        flat = torch.empty(len(target), dtype=torch.float64, device=ids.device)
+        step = max(1, LOGITS_CHUNK_ELEMENTS // vocab // 2)
         for s in range(0, len(target), step):
-            logp = torch.log_softmax(self.head(h[s:s + step]).float(), dim=-1)
-            flat[s:s + step] = logp.gather(-1, target[s:s + step, None]).squeeze(-1)
+            flat[s:s + step] = target_logprobs(self.head(h[s:s + step]), target[s:s + step])
         out[:, 1:] = flat.view(b, t - 1)
         return out

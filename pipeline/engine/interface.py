@@ -20,7 +20,7 @@ from ..models.checkpoint import EngineInfo
 class ForwardOutput:
     cu_seqlens: torch.Tensor                    # int64 [B+1] on the engine's device
     hidden: dict[int, torch.Tensor]             # layer (non-negative) -> [sum T, D]
-    token_logprobs: torch.Tensor | None = None  # float32 [sum T]: log p(token_t | tokens < t); 0 at t = 0
+    token_logprobs: torch.Tensor | None = None  # float64 [sum T]: log p(token_t | tokens < t); 0 at t = 0
 
 
 class Engine(Protocol):
@@ -36,6 +36,13 @@ class Engine(Protocol):
         sequence, in the order given (a masked LM: p(token there | the sequence as given); a causal LM: p(next
         token | the tokens up to there)). The logits are the model's (its dtype); the log-softmax is float64."""
         ...
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """float64 log p(target) per row: the log-softmax of the logits taken in float64, so that sums and
+    differences of scores (a variant's llr) carry no float32 rounding of each term."""
+    logits = logits.double()
+    return logits.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
 
 
 class OutOfMemory(RuntimeError):

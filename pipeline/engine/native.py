@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..models.checkpoint import EngineInfo
-from .interface import ForwardOutput, OutOfMemory
+from .interface import ForwardOutput, OutOfMemory, target_logprobs
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
 from .model_runner import ModelRunner
@@ -173,7 +173,7 @@ class NativeEngine:
         np.cumsum(lengths, out=offsets[1:])
         total, final = int(offsets[-1]), self.spec.num_layers
         hidden = {k: torch.empty(total, self.spec.hidden_size, dtype=self.dtype, device=self.device) for k in layers}
-        token_logprobs = torch.zeros(total, dtype=torch.float32, device=self.device) if logprobs else None
+        token_logprobs = torch.zeros(total, dtype=torch.float64, device=self.device) if logprobs else None
         capture = frozenset(k for k in layers if k != final)
 
         def on_step(scheduler, step, ctx, out, captured):
@@ -224,11 +224,10 @@ class NativeEngine:
         sel = torch.from_numpy(has_next).to(self.device, non_blocking=True)
         targets = torch.from_numpy(nxt[has_next]).to(self.device, non_blocking=True)
         dest = rows[sel] + 1
-        step_rows = max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size)
+        step_rows = max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size // 2)   # float64 copies: half the rows
         for a in range(0, len(has_next), step_rows):
-            logits = self.model.logits(out[sel[a:a + step_rows]]).float()
-            lp = torch.log_softmax(logits, dim=-1).gather(1, targets[a:a + step_rows, None]).squeeze(1)
-            token_logprobs[dest[a:a + step_rows]] = lp
+            token_logprobs[dest[a:a + step_rows]] = target_logprobs(self.model.logits(out[sel[a:a + step_rows]]),
+                                                                    targets[a:a + step_rows])
 
     # ---- generate ---------------------------------------------------------------------------------
 
