@@ -26,8 +26,7 @@ from ..models.checkpoint import EngineInfo
 from ..output.schema import Column
 from ..output.variant_list import AMINO_ACIDS
 from .residue_tokens import ResidueTokens
-from .score import RESIDUE_LOGPROB
-from .task import Task, TaskOutput
+from .task import RESIDUE_LOGPROB, Task, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
 AMINO_ACID_TABLE = Column("per_residue/amino_acids", "float32", len(AMINO_ACIDS), ragged=True)

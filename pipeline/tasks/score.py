@@ -18,11 +18,8 @@ from ..engine.interface import ForwardOutput
 from ..errors import UserError
 from ..models.checkpoint import EngineInfo
 from ..output.schema import Column
-from .task import WINDOWS_COLUMN, ForwardTask, Segments, TaskOutput
+from .task import RESIDUE_LOGPROB, WINDOWS_COLUMN, ForwardTask, Segments, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
-
-RESIDUE_LOGPROB = Column("per_residue/logprob", "float32", ragged=True)
-
 
 def score_task(config: RunConfig, info: EngineInfo):
     """The score task of the model: a causal LM's log-likelihood, or a masked LM's (pseudo-)likelihood."""

@@ -15,6 +15,8 @@ from .tokenization import SequenceTokenizer, Tokenized
 # --on-long window: how many windows each row ran as (1 for a sequence within the limit; 0 for a row
 # that was not computed).
 WINDOWS_COLUMN = Column("windows", "int32")
+# score --per-residue: each residue's log-probability (causal and masked LMs alike).
+RESIDUE_LOGPROB = Column("per_residue/logprob", "float32", ragged=True)
 
 
 def layer_suffix(layer: int, num_layers: int) -> str:
