@@ -139,13 +139,14 @@ class NativeEngine:
                 raise UserError(f"a sequence of {seq.num_prompt} tokens (+{max(0, seq.max_new_tokens - 1)} to "
                                 f"generate) exceeds the engine's KV cache of {capacity} tokens; set --max-length")
 
-    def _run(self, seqs: list[Sequence], capture: frozenset[int], on_step) -> None:
+    def _run(self, seqs: list[Sequence], capture: frozenset[int], on_step, select=None) -> None:
         """Run `seqs` to completion, one engine step at a time.
 
         Once a step has run, its tokens count as computed (a finished encoder-style sequence gives its
         pages back) and on_step(scheduler, step, ctx, final hidden, captured layers) reads the outputs,
         appending or finishing generated tokens. Running out of device memory anywhere in a step releases
-        every sequence and raises OutOfMemory.
+        every sequence and raises OutOfMemory. With `select(step)` (rows of the step, grouped by sequence) the
+        final hidden on_step gets holds those rows only.
         """
         self._check_fits(seqs)
         scheduler = self._scheduler()
@@ -155,7 +156,11 @@ class NativeEngine:
             while scheduler.has_work():
                 step = scheduler.schedule()
                 ctx = self.runner.prepare(step, scheduler.blocks)
-                out, captured = self.runner.run(ctx, capture)
+                rows = select(step) if select is not None else None
+                if rows is not None and not len(rows) and not self.spec.is_causal:
+                    out, captured = None, {}   # an encoder step none of whose outputs is read: nothing to run
+                else:
+                    out, captured = self.runner.run(ctx, capture, rows)
                 scheduler.after_step(step)
                 self.stats.add(step)
                 on_step(scheduler, step, ctx, out, captured)
@@ -198,19 +203,23 @@ class NativeEngine:
         np.cumsum([len(p) for p in wanted], out=first[1:])
         out = torch.empty(int(first[-1]), self.spec.vocab_size, dtype=torch.float64, device=self.device)
 
-        def on_step(scheduler, step, ctx, hidden, captured):
+        chosen = {}
+
+        def select(step):
             rows, dest = _chosen_rows(step, wanted, first)
-            if not len(rows):
+            chosen["dest"] = torch.from_numpy(dest).to(self.device, non_blocking=True)
+            return torch.from_numpy(rows).to(self.device, non_blocking=True)
+
+        def on_step(scheduler, step, ctx, hidden, captured):   # hidden: the chosen rows' final states only
+            if hidden is None or not len(hidden):
                 return
-            rows = torch.from_numpy(rows).to(self.device, non_blocking=True)
-            dest = torch.from_numpy(dest).to(self.device, non_blocking=True)
-            chunk = max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size)
+            dest, chunk = chosen["dest"], max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size)
             with torch.inference_mode():
-                for a in range(0, len(rows), chunk):
-                    logits = self.model.logits(hidden[rows[a:a + chunk]])
+                for a in range(0, len(dest), chunk):
+                    logits = self.model.logits(hidden[a:a + chunk])
                     out[dest[a:a + chunk]] = torch.log_softmax(logits.double(), dim=-1)
 
-        self._run(seqs, frozenset(), on_step)
+        self._run(seqs, frozenset(), on_step, select)
         return out
 
     def _step_logprobs(self, step: list[ScheduledSeq], ctx, out: torch.Tensor, rows: torch.Tensor,

@@ -8,6 +8,7 @@ EsmForMaskedLM also gets its masked-LM head (`logits`), as transformers' EsmLMHe
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -16,7 +17,7 @@ from triton_kernels import pointwise
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
 from .layers.attention import PagedAttention
-from .layers.linear import Linear
+from .layers.linear import Linear, linear
 from .layers.loader import CheckpointTensors, check_loaded, embedding, materialize
 from .layers.rotary import Rotary
 
@@ -51,6 +52,19 @@ class EsmLayer(nn.Module):
             q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
         x = x + self.attn_out(self.attn(q, k, v, ctx).reshape(T, d))
         return x + self.fc2(_gelu(self.fc1(self.mlp_norm(x))))
+
+    def forward_rows(self, x, cos, sin, rotary: Rotary | None, ctx, rows: torch.Tensor, q_counts) -> torch.Tensor:
+        """The layer's output at `rows` of the step only (q_counts[s] of them in step sequence s): keys and
+        values for every token, queries, attention, projection and MLP for those rows alone."""
+        T, d = x.shape
+        h = self.attn_norm(x)
+        w, b = self.qkv.weight, self.qkv.bias
+        k, v = linear(h, w[d:], b[d:]).view(T, 2, self.num_heads, self.head_dim).unbind(1)
+        q = linear(h[rows], w[:d], b[:d]).view(len(rows), self.num_heads, self.head_dim) * self.head_dim ** -0.5
+        if rotary is not None:
+            q, k = rotary.apply(q, cos[rows], sin[rows]), rotary.apply(k, cos, sin)
+        y = x[rows] + self.attn_out(self.attn.attend_rows(q, k, v, ctx, q_counts).reshape(len(rows), d))
+        return y + self.fc2(_gelu(self.fc1(self.mlp_norm(y))))
 
     def load(self, t, p: str) -> None:
         a = p + "attention."
@@ -119,7 +133,9 @@ class EsmModel(NativeModel):
             vocab_size=config.vocab_size, is_causal=False, num_attention_layers=config.num_hidden_layers,
             num_kv_heads=config.num_attention_heads, head_dim=head_dim, max_tokens=limit)
 
-    def forward(self, ctx, capture=frozenset()):
+    computes_rows = True
+
+    def forward(self, ctx, capture=frozenset(), rows=None):
         ids = ctx.input_ids
         x = self.word_embeddings(ids)
         if self.token_dropout and self.mask_token_id is not None:
@@ -137,8 +153,19 @@ class EsmModel(NativeModel):
             cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         if self.emb_norm_before is not None:
             x = self.emb_norm_before(x)
-        x, captured = self.run_layers(x, cos, sin, ctx, capture)
-        return self.emb_norm_after(x), captured
+        if rows is None:
+            x, captured = self.run_layers(x, cos, sin, ctx, capture)
+            return self.emb_norm_after(x), captured
+        *first, last = self.layers
+        captured = {}
+        for i, layer in enumerate(first):
+            if i in capture:
+                captured[i] = x
+            x = layer(x, cos, sin, self.rotary, ctx)
+        if len(first) in capture:
+            captured[len(first)] = x
+        q_counts = np.bincount(ctx.segment_ids()[rows].cpu().numpy(), minlength=ctx.num_seqs)
+        return self.emb_norm_after(last.forward_rows(x, cos, sin, self.rotary, ctx, rows, q_counts)), captured
 
     def attention_layers(self):
         return [layer.attn for layer in self.layers]
