@@ -200,3 +200,33 @@ def test_what_score_refuses_before_any_compute(fasta, esm, llama, tmp_path):
     assert res.returncode == 2 and "--pool applies only to --task embed (this run's task is score)" in res.stderr
     res = run_cli(fasta, "--out", str(tmp_path / "cli"), "--model", esm, "--task", "embed", "--score-method", "pll")
     assert res.returncode == 2 and "--score-method applies only to --task score" in res.stderr
+
+
+@pytest.mark.parametrize("kind", ("esm2", "esm1b"))
+def test_the_engines_masked_lm_head_at_chosen_positions_matches_transformers(kind, tmp_path):
+    """Engine.logprobs_at on ESM-2 (rotary, token dropout) and ESM-1b (learned positions): copies with one and
+    with several masks, the native engine's torch path and its Triton path (compiled on a GPU, else the
+    interpreter) each as accurate as transformers' EsmForMaskedLM in float32 against float64. The native last
+    layer runs at the chosen rows only; the hf engine's logits come from every position."""
+    from pipeline.engine.hf import HFEngine
+    from pipeline.engine.native import NativeEngine
+
+    from .float64_reference import float64_everywhere
+    from .run_helpers import triton_test_device
+    from .tiny_checkpoints import random_sequences, write_tiny
+    path = str(write_tiny(kind, tmp_path / kind))
+    batch = random_sequences([40, 9, 23], seed=3)
+    chosen = [[5], [1, 2, 7], [22, 3]]
+    copies = [[32 if i in c else t for i, t in enumerate(ids)] for ids, c in zip(batch, chosen)]
+    positions = chosen + [[0, 4, 8]]   # and an unmasked sequence's own positions
+    copies.append(batch[1])
+    hf = HFEngine(path, torch.device("cpu"), torch.float32, logprobs=True).logprobs_at(copies, positions)
+    with float64_everywhere():
+        exact = HFEngine(path, torch.device("cpu"), torch.float64, logprobs=True).logprobs_at(copies, positions)
+    engines = [NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=48)]
+    device = triton_test_device()
+    engines.append(NativeEngine.load(path, device, torch.float32, "", max_tokens_per_step=48, kernels="triton"))
+    for engine in engines:
+        ours = engine.logprobs_at(copies, positions)
+        assert ours.shape == exact.shape == (9, 33) and ours.dtype == torch.float64
+        assert_as_accurate(ours.cpu(), hf, exact, f"{kind} {'triton' if engine.runner.triton else 'torch'} path")
