@@ -75,6 +75,7 @@ class Native:
         self.engine = NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget)
         self.task = make_task(RunConfig(fasta=["x"], task="score"), self.engine.info)
         self.tokenizer, self.budget = SequenceTokenizer(self.engine.tokenizer), budget
+        self.task.prepare(self.tokenizer)
         self.tokens = 0
 
     def __call__(self, texts: list[str]) -> np.ndarray:

@@ -159,6 +159,7 @@ def test_subword_tokens_share_their_log_probability_among_their_residues(tmp_pat
     seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMKTAAAA"]
     toks = tokenizer.encode(seqs)
     task = ScoreTask(RunConfig(fasta=["x"], task="score", per_residue=True), engine.info)
+    task.prepare(tokenizer)
     out = task.run(engine, toks, np.arange(len(seqs)))
     values, lengths = out.values["per_residue/logprob"], out.lengths["per_residue"]
     assert lengths.tolist() == [len(s) for s in seqs]

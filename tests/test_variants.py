@@ -157,12 +157,14 @@ def test_a_single_mutants_masked_marginal_is_one_subtraction_from_the_pll_table(
     singles = [f"{w}{p}{m}" for p, w in enumerate(seq, 1) for m in ref.AMINO_ACIDS]
     VariantList(np.zeros(len(singles), np.int64), singles).save(tmp_path / "variants.npz")
     engine = NativeEngine.load(esm, torch.device("cpu"), torch.float32, "x")
-    toks = SequenceTokenizer(engine.tokenizer).encode([seq])
-    config = RunConfig(fasta=[str(fasta)], task="score", per_residue=True)
-    scan = make_task(config, engine.info).run(engine, toks, np.zeros(1, np.int64)).values["per_residue/amino_acids"]
-    config = RunConfig(fasta=[str(fasta)], task="variants", variants="v.csv")
-    mm = make_task(config, engine.info, tmp_path).run(engine, toks, np.zeros(1, np.int64)).values[
-        "variant_scores/masked_marginal"]
+    tokenizer = SequenceTokenizer(engine.tokenizer)
+    toks = tokenizer.encode([seq])
+    pll = make_task(RunConfig(fasta=[str(fasta)], task="score", per_residue=True), engine.info)
+    variants = make_task(RunConfig(fasta=[str(fasta)], task="variants", variants="v.csv"), engine.info, tmp_path)
+    pll.prepare(tokenizer)
+    variants.prepare(tokenizer)
+    scan = pll.run(engine, toks, np.zeros(1, np.int64)).values["per_residue/amino_acids"]
+    mm = variants.run(engine, toks, np.zeros(1, np.int64)).values["variant_scores/masked_marginal"]
     col = {a: i for i, a in enumerate(ref.AMINO_ACIDS)}
     subtraction = np.array([scan[int(v[1:-1]) - 1, col[v[-1]]].astype(np.float64) - scan[int(v[1:-1]) - 1, col[v[0]]]
                             for v in singles])

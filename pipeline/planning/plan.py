@@ -106,7 +106,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     from ..tasks import make_task, schema_for
     from ..tasks.tokenization import SequenceTokenizer
     task = make_task(planned, model.info)
-    task.check(SequenceTokenizer(model.hf_tokenizer))
+    task.prepare(SequenceTokenizer(model.hf_tokenizer))
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
     check_storage(schema, index, shards, run.root)

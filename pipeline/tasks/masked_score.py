@@ -61,17 +61,16 @@ class MaskedScoreTask(Task):
     def attrs(self) -> dict:
         return {"score_method": self.method, **({"per_residue_amino_acids": AMINO_ACIDS} if self.per_residue else {})}
 
-    def check(self, tokenizer: SequenceTokenizer) -> None:
+    def prepare(self, tokenizer: SequenceTokenizer) -> None:
         need_one_token_per_residue(tokenizer, f"--score-method {self.method}" if self.method == "pll" else "scoring")
-        ResidueTokens.of(tokenizer.tokenizer)
+        self._tokens = ResidueTokens.of(tokenizer)
 
     def batch_tokens(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
         return tokens * tokens if self.method == "pll" else tokens   # L + 2 copies at most, of L + 2 tokens
 
     def run(self, engine, toks: list[Tokenized], positions: np.ndarray) -> TaskOutput:
-        if self._tokens is None:
-            self._tokens = ResidueTokens.of(engine.tokenizer)
+        assert self._tokens is not None, "prepare() first: it reads the run's tokenizer"
         content = [np.flatnonzero(~t.special) for t in toks]
         if self.method == "pll":
             copies, where = masked_copies(toks, content, self._tokens.mask)

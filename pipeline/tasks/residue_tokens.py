@@ -5,16 +5,12 @@ the letter and SaProt's `#` structure placeholder (`A#`) for SaProt."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from ..errors import UserError
 from ..output.variant_list import AMINO_ACIDS
-
-
-def _letter(residue: str) -> str:
-    return residue
+from .tokenization import SequenceTokenizer
 
 
 @dataclass(frozen=True)
@@ -23,9 +19,10 @@ class ResidueTokens:
     amino_acids: np.ndarray    # int64 [20]: the token id of each of AMINO_ACIDS, in that order
 
     @classmethod
-    def of(cls, tokenizer, unit: Callable[[str], str] = _letter) -> "ResidueTokens":
-        """From a transformers tokenizer; `unit(residue)` is how the convention writes one residue (the letter
-        itself unless the model's convention adds to it). UserError when the tokenizer lacks any of them."""
+    def of(cls, run_tokenizer: SequenceTokenizer) -> "ResidueTokens":
+        """From the run's tokenizer: each residue's token is that of the text the run writes for it
+        (SequenceTokenizer.unit). UserError when the tokenizer lacks the mask or any amino acid's token."""
+        tokenizer, unit = run_tokenizer.tokenizer, run_tokenizer.unit
         mask = getattr(tokenizer, "mask_token_id", None)
         if mask is None:
             raise UserError("masked-LM scoring needs the model's mask token, and this tokenizer has none "

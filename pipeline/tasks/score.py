@@ -58,7 +58,7 @@ class ScoreTask(ForwardTask):
         self.layers: list[int] = []
         self.windowed = config.on_long == "window"
         self.per_residue = config.per_residue
-        self.tokenizer: SequenceTokenizer | None = None   # for residue spans of subword tokens (run)
+        self.tokenizer: SequenceTokenizer | None = None   # the run's (prepare): residue spans of subword tokens
 
     logprobs = True
 
@@ -69,16 +69,12 @@ class ScoreTask(ForwardTask):
     def attrs(self) -> dict:
         return {"score_method": "causal"}
 
-    def check(self, tokenizer: SequenceTokenizer) -> None:
+    def prepare(self, tokenizer: SequenceTokenizer) -> None:
         if self.per_residue and not tokenizer.char_level and not getattr(tokenizer.tokenizer, "is_fast", False):
             raise UserError("--per-residue with --task score maps each token to its residues through the "
                             "tokenizer's offsets, which only a fast tokenizer (tokenizer.json) gives; this "
                             "checkpoint's tokenizer groups residues and is not one")
-
-    def run(self, engine, toks: list[Tokenized], positions: np.ndarray) -> TaskOutput:
-        if self.per_residue and self.tokenizer is None:
-            self.tokenizer = SequenceTokenizer(engine.tokenizer)
-        return super().run(engine, toks, positions)
+        self.tokenizer = tokenizer
 
     def compute(self, out: ForwardOutput, toks: list[Tokenized]) -> TaskOutput:
         total, n, scored = log_likelihoods(out, toks)

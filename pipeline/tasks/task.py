@@ -38,8 +38,9 @@ class Task:
         """Root attributes of the output files (e.g. the order of a table's columns)."""
         return {}
 
-    def check(self, tokenizer: SequenceTokenizer) -> None:
-        """Refuse (UserError), while planning, what this task cannot do with the model's tokenizer."""
+    def prepare(self, tokenizer: SequenceTokenizer) -> None:
+        """Refuse (UserError) what this task cannot do with the run's tokenizer, and keep what it needs of it:
+        planning calls it before any compute, each worker before its first batch."""
 
     def batch_tokens(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """What each row costs the engine, in tokens (rows of `tokens` tokens at FASTA `positions`): batches

@@ -57,6 +57,10 @@ class SequenceTokenizer:
             out.append(Tokenized(list(ids), special, truncated, unknown, seq))
         return out
 
+    def unit(self, residue: str) -> str:
+        """The text of one residue as the model reads it (a token of its own with a token per residue)."""
+        return residue
+
     def content_spans(self, tok: Tokenized) -> np.ndarray:
         """int64 `[content tokens, 2]`: the residues [start, end) each non-special token of `tok` stands for (one
         each for a character-level tokenizer; a subword token may stand for several), from the tokenizer's

@@ -63,10 +63,11 @@ class VariantsTask(Task):
     def attrs(self) -> dict:
         return {"variant_scores": list(self.scores)}
 
-    def check(self, tokenizer: SequenceTokenizer) -> None:
+    def prepare(self, tokenizer: SequenceTokenizer) -> None:
         if self.masked:
             need_one_token_per_residue(tokenizer, "masked-LM variant scoring")
-            ResidueTokens.of(tokenizer.tokenizer)
+            self._tokens = ResidueTokens.of(tokenizer)
+        self._tokenizer = tokenizer   # a causal LM's mutant sequences are tokenized as the run's
 
     def _variants(self) -> dict[int, np.ndarray]:
         """record -> its variants' rows in file order (read from the run directory once)."""
@@ -108,8 +109,7 @@ class VariantsTask(Task):
     def _masked(self, engine, toks: list[Tokenized], subs: list[list[tuple[Substitution, ...]]]):
         """masked_marginal and wt_marginal of each record's variants: one engine call for the wild types and
         every masked copy."""
-        if self._tokens is None:
-            self._tokens = ResidueTokens.of(engine.tokenizer)
+        assert self._tokens is not None, "prepare() first: it reads the run's tokenizer"
         batch, where, plans, n = [], [], [], 0
         for tok, variants in zip(toks, subs):
             content = np.flatnonzero(~tok.special)
@@ -144,8 +144,7 @@ class VariantsTask(Task):
 
     def _causal(self, engine, toks: list[Tokenized], subs: list[list[tuple[Substitution, ...]]]):
         """llr of each record's variants: the wild types and every distinct mutant sequence in one forward."""
-        if self._tokenizer is None:
-            self._tokenizer = SequenceTokenizer(engine.tokenizer)
+        assert self._tokenizer is not None, "prepare() first: it keeps the run's tokenizer"
         texts, index = [t.residues for t in toks], {}
         for tok, variants in zip(toks, subs):
             for v in variants:

@@ -148,6 +148,7 @@ class ShardRun:
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
         limit = manifest["max_tokens"]
         tokenizer = SequenceTokenizer(engine.tokenizer, max_tokens=limit if config.on_long == "truncate" else None)
+        task.prepare(tokenizer)
         load_seconds = time.time() - t0
         self.reporter.send("loaded", seconds=load_seconds)
         log.info("model loaded on %s (%s, engine %s) in %.1f s", device, config.torch_dtype_name,
