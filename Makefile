@@ -1,6 +1,7 @@
 # Quickstart targets: `make demo` installs into .venv and runs the demo; `make test` runs the tests.
 # The install includes the `ray` extra (plain Ray core, about 20 s and 250 MB) so CI runs the Ray launcher's
-# tests; `pip install -e .` alone does without it.
+# tests, and the `parquet` extra (pyarrow) for `export --format parquet` and its tests; `pip install -e .`
+# alone does without them.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -28,7 +29,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "installing $(TORCH) (this machine: $(DEVICE); override with TORCH=...)"
 	$(BIN)/python -m pip install -q $(TORCH) 2>/dev/null || \
 		$(BIN)/python -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install -q -e ".[test,ray]"
+	$(BIN)/python -m pip install -q -e ".[test,ray,parquet]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -62,6 +62,7 @@ def build_run(root: Path, rows: int, dim: int, shards: int) -> RunDir:
                 "ids": np.array([blob[offs[i]:offs[i + 1]] for i in p], dtype=object), "index": p,
                 "lengths": index.lengths[p].astype(np.int32), "num_tokens": index.lengths[p].astype(np.int32) + 2,
                 "truncated": np.zeros(len(p), bool), "status": np.zeros(len(p), np.int8),
+                "sequence_digest": np.zeros((len(p), 16), np.uint8),
                 "embeddings/mean": rng.standard_normal((len(p), dim), dtype=np.float32)}))
         w.finish()
     return run

@@ -16,7 +16,7 @@ import numpy as np
 
 from .cache import cache_dir
 from .errors import InputChanged
-from .fasta_scan import NUCLEOTIDES, scan_fasta
+from .fasta_scan import NUCLEOTIDES, ScanStream
 from .sequence_index import SequenceIndex
 
 AMINO_ACIDS = frozenset("ACDEFGHIKLMNPQRSTVWY")
@@ -50,16 +50,20 @@ def nucleotide_like(index: SequenceIndex, cache: str | os.PathLike | None = None
     if cache is not None:
         with contextlib.suppress(OSError, ValueError, EOFError):
             return np.unpackbits(np.load(cache))[:len(index)].astype(bool)
-    counts = []
-    for k, f in enumerate(index.inputs):
-        scan = scan_fasta(f.path, nucleotides=True)
-        if not np.array_equal(scan.offsets, index.offsets[index.file_no == k]):
-            raise InputChanged(f.path, "the file changed after it was indexed; run again to index it anew")
-        counts.append(scan.nucleotides)
-    nucleotides = np.concatenate(counts) if counts else np.zeros(0, np.int64)
-    lengths = index.lengths.astype(np.int64)
+    like, at = np.zeros(len(index), bool), 0   # the files read a few blocks at a time, in index order
     share, whole = NUCLEOTIDE_SHARE
-    like = (lengths > 0) & (whole * nucleotides >= share * lengths)
+    for k, f in enumerate(index.inputs):
+        for piece in ScanStream(f.path, nucleotides=True):
+            n = len(piece.offsets)
+            same = at + n <= len(index) and np.array_equal(piece.offsets, index.offsets[at:at + n])
+            if not same or int(index.file_no[at]) != k:
+                raise InputChanged(f.path, "the file changed after it was indexed; run again to index it anew")
+            lengths = piece.lengths.astype(np.int64)
+            like[at:at + n] = (lengths > 0) & (whole * piece.nucleotides >= share * lengths)
+            at += n
+            index.release()
+    if at != len(index):
+        raise InputChanged(index.inputs[-1].path, "the file changed after it was indexed; run again to index it anew")
     if cache is not None:
         tmp = f"{cache}.tmp{os.getpid()}.npy"
         try:
@@ -82,7 +86,8 @@ def alphabet_mismatch(index: SequenceIndex, vocab: Iterable[str]) -> str | None:
     if alphabet == "protein":
         odd, looks = np.flatnonzero(like), "nucleotides (at least 90% A, C, G, T, U or N)"
     else:
-        odd, looks = np.flatnonzero(~like & (index.lengths > 0)), "protein (under 90% A, C, G, T, U or N)"
+        odd, looks = np.flatnonzero(~like), "protein (under 90% A, C, G, T, U or N)"
+        odd = odd[np.asarray(index.lengths[odd]) > 0]
     if len(odd) == 0:
         return None
     several = len(index.inputs) > 1

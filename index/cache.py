@@ -56,15 +56,21 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
         except (OSError, ValueError, KeyError) as e:
             log.warning("index cache %s unreadable (%s); rebuilding", path, e)
     try:
-        index = SequenceIndex.build(paths, threads)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = path
+    except OSError as e:  # a read-only cache is not fatal: the index just is not reused
+        log.warning("could not write the index cache %s: %s", path, e)
+        target = None
+    try:
+        try:
+            return SequenceIndex.build(paths, threads, target), False
+        except OSError as e:
+            if target is None or isinstance(e, FileNotFoundError) and e.filename != os.fspath(target):
+                raise
+            log.warning("could not write the index cache %s: %s", path, e)
+            return SequenceIndex.build(paths, threads), False
     except FastaError as e:   # found in the text of a compressed file: name the file the user gave
         source = dict(zip(paths, sources)).get(e.path)
         if source is not None and compression(source) is not None:
             raise e.in_text_of(source) from None
         raise
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        index.save(path)
-    except OSError as e:  # a read-only cache is not fatal: the index just is not reused
-        log.warning("could not write the index cache %s: %s", path, e)
-    return index, False

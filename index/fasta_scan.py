@@ -25,10 +25,12 @@ import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
 from .errors import FastaError
+from .id_hash import id_hashes
 from .record_checksum import add, block_checksums, checksum
 from .source import line_number, open_stream, open_text
 
@@ -73,6 +75,7 @@ class FileScan:
     nucleotides: np.ndarray | None = None   # int64 [N] residues that are A, C, G, T, U or N (when asked)
     checksums: np.ndarray | None = None     # uint64 [N] each record's checksum (record_checksum.py)
     table: np.ndarray | None = None         # a BGZF file's block table (bgzf.py); None for a plain file
+    id_hashes: np.ndarray | None = None     # uint64 [N] each id's hash (id_hash.py), when asked (ScanStream)
 
     @staticmethod
     def concat(parts: list["FileScan"]) -> "FileScan":
@@ -310,8 +313,8 @@ class _RecordStream:
 
 
 class _FileScanner:
-    def __init__(self, path: str, threads: int, nucleotides: bool):
-        self.path = path
+    def __init__(self, path: str, threads: int, nucleotides: bool, hashes: bool = False):
+        self.path, self.hashes = path, hashes
         self.threads = threads
         self.nucleotides = nucleotides
         self.text = open_text(path, verify=True)
@@ -354,6 +357,8 @@ class _FileScanner:
         if len(records.offsets):   # while the block is in cache (the buffer is scratch space after this)
             rel = records.offsets - grid
             records.checksums = block_checksums(words, grid // 8, rel, rel + records.nbytes, overwrite=True)
+            if self.hashes:   # on the scan's threads, beside the scan of the next blocks
+                records.id_hashes = _hashes_of(records)
         return scan
 
     def record(self, start: int, stop: int) -> FileScan:
@@ -361,38 +366,46 @@ class _FileScanner:
         stream = _RecordStream(start)
         for at in range(start + 1, stop, BLOCK_BYTES):   # from after the '>'
             stream.feed(self._read(at, min(stop, at + BLOCK_BYTES)), at, self.nucleotides)
-        return stream.result(stop)
-
-    def scan(self) -> FileScan:
-        _sniff(self.path, self.text.pread(1 << 16, 0))
-        nblocks = max(1, -(-self.size // BLOCK_BYTES))
-        with ThreadPoolExecutor(self.threads) as pool:
-            blocks = list(pool.map(self.block, range(nblocks)))
-            self._check_prefix(blocks)
-            # Records that cross a block boundary run from a block's last header to the next header.
-            spans, slots, pending = [], [], None
-            pieces: list[FileScan | None] = []
-            for b in blocks:
-                if b.first_header is not None and pending is not None:
-                    spans.append((pending, b.first_header))
-                    slots.append(len(pieces))
-                    pieces.append(None)
-                    pending = None
-                pieces.append(b.records)
-                if b.open_header is not None:
-                    pending = b.open_header
-            if pending is not None:
-                spans.append((pending, self.size))
-                slots.append(len(pieces))
-                pieces.append(None)
-            for slot, rec in zip(slots, pool.map(lambda s: self.record(*s), spans)):
-                pieces[slot] = rec
-        scan = FileScan.concat(pieces)
-        scan.table = self.text.table
+        scan = stream.result(stop)
+        if self.hashes:
+            scan.id_hashes = _hashes_of(scan)
         return scan
 
-    def _check_prefix(self, blocks: list[_BlockScan]) -> None:
-        """Everything before the first header must be blank; say so precisely when it is not."""
+    def pieces(self) -> Iterator[FileScan]:
+        """The records in file order, a window of blocks at a time (memory bounded by two windows): the
+        threads scan the next window while the caller takes this one's records."""
+        _sniff(self.path, self.text.pread(1 << 16, 0))
+        nblocks = max(1, -(-self.size // BLOCK_BYTES))
+        window = 4 * self.threads
+        starts = list(range(0, nblocks, window))
+        pending, seen_header = None, False
+        with ThreadPoolExecutor(self.threads) as pool:
+            ahead = [pool.submit(self.block, k) for k in range(0, min(nblocks, window))]
+            for w0 in starts:
+                blocks = [f.result() for f in ahead]
+                nxt = w0 + window
+                ahead = [pool.submit(self.block, k) for k in range(nxt, min(nblocks, nxt + window))]
+                seen_header = seen_header or self._check_prefix(blocks)
+                pieces = []
+                # A record that crosses a block boundary runs from a block's last header to the next header
+                # (read here, on this thread: one or none per block).
+                for b in blocks:
+                    if b.first_header is not None and pending is not None:
+                        pieces.append(self.record(pending, b.first_header))
+                        pending = None
+                    pieces.append(b.records)
+                    if b.open_header is not None:
+                        pending = b.open_header
+                yield from (p for p in pieces if len(p.offsets))
+            if not seen_header:
+                raise FastaError(self.path, "file is empty: no FASTA records",
+                                 hint="A record is a '>' header line followed by sequence lines")
+            if pending is not None:
+                yield self.record(pending, self.size)
+
+    def _check_prefix(self, blocks: list[_BlockScan]) -> bool:
+        """Everything before the first header must be blank; say so precisely when it is not. True once a
+        header was found in `blocks` (the caller passes the blocks up to the first header)."""
         for b in blocks:
             if b.nonblank_before_header:
                 raise FastaError(self.path, "sequence data before the first header",
@@ -400,9 +413,8 @@ class _FileScanner:
                                  hint="Every record must start with a '>' header line; add one or remove the "
                                       "stray lines")
             if b.first_header is not None:
-                return
-        raise FastaError(self.path, "file is empty: no FASTA records",
-                         hint="A record is a '>' header line followed by sequence lines")
+                return True
+        return False
 
 
 def legacy_content_crc32(path: str | os.PathLike) -> int:
@@ -475,12 +487,45 @@ def scan_fasta(path: str | os.PathLike, threads: int | None = None, nucleotides:
 
     `nucleotides`: also count, per record, the residues that are A, C, G, T, U or N (`FileScan.nucleotides`).
     """
-    path = os.fspath(path)
-    threads = threads or min(8, os.cpu_count() or 1)
+    stream = ScanStream(path, threads, nucleotides)
+    scan = FileScan.concat(list(stream))
+    scan.table = stream.table
+    return scan
+
+
+class ScanStream:
+    """The records of one FASTA file as FileScan pieces in file order, a few blocks at a time, so that
+    memory does not grow with the file; `table` (a BGZF file's block table, else None) once iterated.
+    `hashes`: each piece's `id_hashes` too."""
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None, nucleotides: bool = False,
+                 hashes: bool = False):
+        self.path, self.nucleotides, self.hashes = os.fspath(path), nucleotides, hashes
+        self.threads = threads or min(8, os.cpu_count() or 1)
+        self.table: np.ndarray | None = None
+
+    def __iter__(self) -> Iterator[FileScan]:
+        scanner = _open_scanner(self.path, self.threads, self.nucleotides, self.hashes)
+        try:
+            yield from scanner.pieces()
+            self.table = scanner.text.table
+        except _Problem as p:
+            raise _explain(self.path, p) from None
+        finally:
+            scanner.close()
+
+
+def _hashes_of(scan: FileScan) -> np.ndarray:
+    offsets = np.zeros(len(scan.id_lengths) + 1, np.int64)
+    np.cumsum(scan.id_lengths, out=offsets[1:])
+    return id_hashes(scan.id_blob, offsets)
+
+
+def _open_scanner(path: str, threads: int, nucleotides: bool, hashes: bool = False) -> "_FileScanner":
     if os.path.isdir(path):
         raise FastaError(path, "is a directory, not a FASTA file")
     try:
-        scanner = _FileScanner(path, threads, nucleotides)
+        return _FileScanner(path, threads, nucleotides, hashes)
     except FileNotFoundError:
         if os.path.basename(path) == "-":
             raise FastaError(path, "file not found", hint="Standard input is not read ('-'): the index needs a "
@@ -490,12 +535,6 @@ def scan_fasta(path: str | os.PathLike, threads: int | None = None, nucleotides:
         raise FastaError(path, "permission denied: cannot read the file") from None
     except OSError as e:
         raise FastaError(path, f"cannot open: {e.strerror or e}") from None
-    try:
-        return scanner.scan()
-    except _Problem as p:
-        raise _explain(path, p) from None
-    finally:
-        scanner.close()
 
 
 def _explain(path: str, p: _Problem) -> FastaError:

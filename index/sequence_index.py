@@ -4,7 +4,12 @@ Per record: byte offset (8 bytes), byte length (4), residue count (4), file numb
 id blob (8), its place in the length-descending order (4) and its checksum (8, record_checksum.py): 38 bytes
 plus the id itself. Byte length and residue count widen to 8 bytes when some record needs it (over 4 GiB,
 over 2**31 - 1 residues). The record's description is its header line, read back with positioned reads
-(`header`). Offsets are in the text: for a BGZF input (read in place), the index also keeps its block table.
+(`header`). Offsets are in the text: for a BGZF input (read in place), the index also keeps its block table,
+and a histogram of the lengths (totals, percentiles and shard statistics without reading every length).
+
+The index is built on disk with bounded memory (build.py) and read memory-mapped (index_file.py): a reader
+touches only the pages of the rows it reads. A run's copy also holds the stride table its workers read
+(stride.py, shard_view.py).
 
 Every sequence read through `sequence` is checked against its record's checksum, so no result is computed
 from text other than the index describes (InputChanged otherwise).
@@ -12,19 +17,22 @@ from text other than the index describes (InputChanged otherwise).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
+import tempfile
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from . import build as index_build, index_file, stride as stride_table
 from .compressed import given_path
 from .errors import FastaError, InputChanged
-from .fasta_scan import FileScan, legacy_content_crc32, scan_fasta, sequence_text
+from .fasta_scan import legacy_content_crc32, sequence_text
+from .id_hash import _repeated_values, id_hashes
+from .index_file import IndexCorrupt
+from .input_file import InputFile
 from .record_checksum import add, checksum
 from .source import line_number, open_text
 
@@ -32,41 +40,20 @@ log = logging.getLogger(__name__)
 
 # 2: records split at lone CRs, ids end at control bytes, 64-bit lengths when needed.
 # 3: a checksum per record (instead of one per file); BGZF inputs read in place, with their block tables.
+# 4: built and read with bounded memory (build.py, index_file.py): memory-mapped, a histogram of the lengths,
+#    and in a run's copy the stride table of its shards (stride.py).
 # Versions 1 and 2 hold the same required arrays, so a run directory's index of any version loads (its
 # sequences are then read unchecked); caches of older versions are rebuilt (their file names differ).
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = index_build.FORMAT_VERSION
+READABLE_VERSIONS = (1, 2, 3, 4)
 _READ_BYTES = 16 << 20   # sequence(): a record is read and cleaned piece by piece
 _ONE_READ = 1 << 30      # read_record(): larger reads go into a bytearray, a pread at a time
-MAGIC = b"RSIDX\x00\r\n"
-_ALIGN = 64
+MAGIC = index_file.MAGIC
 _ARRAYS = ("offsets", "nbytes", "lengths", "file_no", "id_offsets", "id_blob", "order")
 # From version 3: checksums uint64 [N]; bgzf_blocks int64 [M, 2], the block tables of the BGZF inputs one
 # after another; bgzf_spans int64 [F + 1], where each input's table starts in it (empty for a plain file).
-_OPTIONAL = ("checksums", "bgzf_blocks", "bgzf_spans")
-
-
-class IndexCorrupt(Exception):
-    """A stored index that cannot be trusted (truncated, wrong checksum, wrong version)."""
-
-
-@dataclass(frozen=True)
-class InputFile:
-    path: str       # absolute path
-    size: int
-    mtime_ns: int
-    content_crc32: int | None = None   # format 2's checksum of the whole file (None: not known)
-
-    @property
-    def state(self) -> tuple[str, int, int]:
-        """What a stat call shows: equal states mean the file was not touched since."""
-        return self.path, self.size, self.mtime_ns
-
-    @staticmethod
-    def stat(path: str | os.PathLike, content_crc32: int | None = None) -> "InputFile":
-        path = os.path.abspath(os.fspath(path))
-        st = os.stat(path)
-        return InputFile(path, st.st_size, st.st_mtime_ns, content_crc32)
+# From version 4: length_values int64 [D] (the distinct lengths, longest first) and length_counts int64 [D].
+_OPTIONAL = ("checksums", "bgzf_blocks", "bgzf_spans", "length_values", "length_counts")
 
 
 @dataclass
@@ -88,7 +75,8 @@ class SequenceIndex:
     def __init__(self, inputs: Sequence[InputFile], offsets: np.ndarray, nbytes: np.ndarray,
                  lengths: np.ndarray, file_no: np.ndarray, id_offsets: np.ndarray, id_blob: np.ndarray,
                  order: np.ndarray | None = None, meta: dict | None = None, checksums: np.ndarray | None = None,
-                 bgzf_blocks: np.ndarray | None = None, bgzf_spans: np.ndarray | None = None):
+                 bgzf_blocks: np.ndarray | None = None, bgzf_spans: np.ndarray | None = None,
+                 length_values: np.ndarray | None = None, length_counts: np.ndarray | None = None):
         self.inputs = list(inputs)
         self.offsets = offsets
         self.nbytes = nbytes
@@ -101,49 +89,33 @@ class SequenceIndex:
         self.checksums = checksums
         self.bgzf_blocks = bgzf_blocks
         self.bgzf_spans = bgzf_spans
+        if length_values is None:
+            values, counts = np.unique(np.asarray(lengths, np.int64), return_counts=True)
+            length_values, length_counts = values[::-1].copy(), counts[::-1].astype(np.int64)
+        self.length_values, self.length_counts = length_values, length_counts
         self._texts: dict = {}
+        self._mapped: index_file.Mapped | None = None   # the file this index's arrays are views of
+        self._crc: int | None = None                     # the header's checksum of those arrays
+        self._loaded: dict = {}                          # the arrays as mapped (a replaced one is not the file's)
+        self.stride: dict | None = None                  # a run's stride table (stride.py), when it has one
 
     # ----------------------------------------------------------------- building
     @classmethod
-    def build(cls, paths: Iterable[str | os.PathLike], threads: int | None = None) -> "SequenceIndex":
-        """Scan the files (in the given order) and check ids; FastaError on malformed input."""
-        inputs, scans = [], []
-        paths = list(paths)
-        real = [os.path.realpath(p) for p in paths]
-        for k, r in enumerate(real):
-            if r in real[:k]:
-                raise FastaError(os.fspath(paths[k]), "the same file is given twice",
-                                 hint="Pass each FASTA file once")
-        for path in paths:
-            scans.append(scan_fasta(path, threads))
-            inputs.append(InputFile.stat(path))
-        scan = FileScan.concat(scans)
-        assert scan.checksums is not None and len(scan.checksums) == len(scan.offsets), "every record has one"
-        tables = [s.table if s.table is not None else _no_tables() for s in scans]
-        spans = np.zeros(len(scans) + 1, np.int64)
-        np.cumsum([len(t) for t in tables], out=spans[1:])
-        file_no = np.concatenate([np.full(len(s.offsets), k, np.uint16) for k, s in enumerate(scans)]) \
-            if scans else np.zeros(0, np.uint16)
-        if len(inputs) > np.iinfo(np.uint16).max:
-            raise FastaError(inputs[-1].path, "too many input files (at most 65535)")
-        id_offsets = np.zeros(len(scan.id_lengths) + 1, np.int64)
-        np.cumsum(scan.id_lengths, out=id_offsets[1:])
-        index = cls(inputs, scan.offsets.astype(np.int64, copy=False), _narrowest(scan.nbytes, np.uint32),
-                    _narrowest(scan.lengths, np.int32), file_no, id_offsets, scan.id_blob.astype(np.uint8, copy=False),
-                    checksums=scan.checksums, bgzf_blocks=np.concatenate(tables) if tables else _no_tables(),
-                    bgzf_spans=spans)
-        index._check_ids_utf8()
-        index.meta["duplicate_groups"] = index._find_duplicate_ids()
-        return index
-
-    def _check_ids_utf8(self) -> None:
-        if len(self.id_blob) and self.id_blob.max() > 127:
-            for i in np.unique(np.searchsorted(self.id_offsets, np.flatnonzero(self.id_blob > 127), "right") - 1):
-                try:
-                    self.id_bytes(int(i)).decode("utf-8")
-                except UnicodeDecodeError:
-                    raise FastaError(self.path_of(int(i)), "record id is not valid UTF-8",
-                                     line=self.line_of(int(i)), hint="Fix the header's encoding") from None
+    def build(cls, paths: Iterable[str | os.PathLike], threads: int | None = None,
+              target: str | os.PathLike | None = None) -> "SequenceIndex":
+        """Scan the files (in the given order) and check ids; FastaError on malformed input. The index is
+        built on disk with bounded memory (build.py) into `target` (default: a temporary file, removed
+        once mapped) and returned memory-mapped."""
+        if target is not None:
+            index_build.build_file(paths, target, threads)
+            return cls.load(target, verify=False)
+        fd, tmp = tempfile.mkstemp(prefix="run_shards-index-", suffix=".rsidx")
+        os.close(fd)
+        try:
+            index_build.build_file(paths, tmp, threads)
+            return cls.load(tmp, verify=False)
+        finally:
+            os.unlink(tmp)
 
     # ----------------------------------------------------------------- access
     def __len__(self) -> int:
@@ -151,7 +123,16 @@ class SequenceIndex:
 
     @property
     def total_residues(self) -> int:
-        return int(self.lengths.sum(dtype=np.int64))
+        return int((self.length_values.astype(np.int64) * self.length_counts).sum())
+
+    @property
+    def max_length(self) -> int:
+        return int(self.length_values[0]) if len(self.length_values) else 0
+
+    def release(self) -> None:
+        """Drop this process's copies of the index pages read so far (after a pass over whole arrays)."""
+        if self._mapped is not None:
+            self._mapped.release()
 
     def id_bytes(self, i: int) -> bytes:
         return self.id_blob[self.id_offsets[i]:self.id_offsets[i + 1]].tobytes()
@@ -272,24 +253,82 @@ class SequenceIndex:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_texts"] = {}
+        mapped = state.pop("_mapped", None)
+        if mapped is not None and os.path.exists(mapped.path):
+            state["_mapped_path"] = mapped.path   # mapped again on the other side
+            for name in _ARRAYS + _OPTIONAL:
+                if mapped.header["arrays"].get(name) is not None and getattr(self, name) is not None:
+                    state[name] = None
+        else:
+            for name in _ARRAYS + _OPTIONAL:
+                if state.get(name) is not None:
+                    state[name] = np.array(state[name])
         return state
+
+    def __setstate__(self, state):
+        path = state.pop("_mapped_path", None)
+        self.__dict__.update(state)
+        self._mapped = None
+        if path is not None:
+            other = SequenceIndex.load(path, verify=False)
+            for name in _ARRAYS + _OPTIONAL:
+                if getattr(self, name, None) is None:
+                    setattr(self, name, getattr(other, name))
+            self._mapped = other._mapped
 
     # ----------------------------------------------------------------- sharding
     def stride_shard(self, rank: int, world: int) -> np.ndarray:
-        """Input positions of worker `rank` of `world`: every world-th record of the length-descending order."""
+        """Input positions of worker `rank` of `world`: every world-th record of the length-descending order
+        (a contiguous slice of the run's stride table when the index has one for `world`)."""
         assert 0 <= rank < world
+        if self.stride is not None and self.stride["world"] == world:
+            starts = self.stride["starts"]
+            positions = np.array(self.stride["positions"][int(starts[rank]):int(starts[rank + 1])], np.int64)
+            self.stride["mapped"].release()   # (going through every shard would otherwise keep every page read)
+            return positions
         return self.order[rank::world].astype(np.int64)
 
     def shard_stats(self, world: int) -> ShardStats:
-        seqs = np.array([len(self.order[r::world]) for r in range(world)], np.int64)
-        sorted_lengths = self.lengths[self.order].astype(np.int64)
-        toks = np.array([int(sorted_lengths[r::world].sum()) for r in range(world)], np.int64)
-        return ShardStats(seqs, toks)
+        """Sequences and residues per shard, from the length histogram alone: the sorted lengths are runs
+        of equal values, and a run of c records from sorted rank a gives each shard its share of c."""
+        seqs = np.full(world, len(self) // world, np.int64)
+        seqs[:len(self) % world] += 1
+        toks = np.zeros(world + 1, np.int64)   # a difference array over the shards, plus whole cycles
+        whole = 0
+        a = 0
+        for value, count in zip(self.length_values.tolist(), self.length_counts.tolist()):
+            cycles, rest = divmod(count, world)
+            whole += value * cycles
+            first = a % world     # shards first .. first+rest-1 (mod world) get one more record of this run
+            if rest:
+                end = first + rest
+                toks[first] += value
+                if end <= world:
+                    toks[end] -= value
+                else:
+                    toks[world] -= value
+                    toks[0] += value
+                    toks[end - world] -= value
+            a += count
+        return ShardStats(seqs, np.cumsum(toks[:world]) + whole)
+
+    def adopt_stride(self, path: str | os.PathLike) -> None:
+        """Take the stride table of `path`, a run's copy of this very index (`save(path, world)`), so that
+        `stride_shard` reads each shard's positions from it instead of striding through the whole order."""
+        mapped = index_file.Mapped(path, READABLE_VERSIONS)
+        if "stride" not in mapped.header or int(mapped.header["count"]) != len(self):
+            mapped.close()
+            raise IndexCorrupt(f"{path}: no stride table for these {len(self):,} records")
+        self.stride = stride_table.table(mapped)
 
     def length_percentiles(self, qs: Sequence[float] = (0, 50, 90, 99, 100)) -> dict[float, int]:
+        """As numpy's percentile with method 'nearest', from the length histogram."""
         if len(self) == 0:
             return {q: 0 for q in qs}
-        return {q: int(v) for q, v in zip(qs, np.percentile(self.lengths, qs, method="nearest"))}
+        values, counts = self.length_values[::-1], self.length_counts[::-1]
+        ends = np.cumsum(counts)
+        ranks = np.around(np.asarray(qs, float) / 100 * (len(self) - 1)).astype(np.int64)
+        return {q: int(values[np.searchsorted(ends, r, "right")]) for q, r in zip(qs, ranks)}
 
     # ----------------------------------------------------------------- checks
     def duplicate_ids(self) -> list[list[int]]:
@@ -308,7 +347,17 @@ class SequenceIndex:
         return [g for g in groups.values() if len(g) > 1]
 
     def empty_records(self) -> np.ndarray:
-        return np.flatnonzero(self.lengths == 0)
+        if not len(self.length_values) or int(self.length_values[-1]) != 0:
+            return np.zeros(0, np.int64)
+        return self.positions_where(lambda lengths: lengths == 0)
+
+    def positions_where(self, test, chunk: int = 1 << 22) -> np.ndarray:
+        """Positions whose length passes `test` (a vectorised predicate), read a chunk at a time."""
+        found = []
+        for a in range(0, len(self), chunk):
+            found.append(np.flatnonzero(test(np.asarray(self.lengths[a:a + chunk]))) + a)
+            self.release()
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
 
     def with_renamed_duplicates(self, groups: list[list[int]]) -> tuple["SequenceIndex", dict[int, str]]:
         """A copy whose repeated ids get a suffix ('alpha' -> 'alpha.dup2'); returns {position: original id}."""
@@ -337,86 +386,76 @@ class SequenceIndex:
         copy = SequenceIndex(self.inputs, self.offsets, self.nbytes, self.lengths, self.file_no, offs,
                              np.frombuffer(b"".join(parts), np.uint8).copy(), self.order, self.meta,
                              **{name: getattr(self, name) for name in _OPTIONAL})
+        copy._mapped = self._mapped   # the arrays it shares stay mapped
         originals = {i: self.id(i) for i in renamed}
         copy.meta["renamed_ids"] = {str(i): originals[i] for i in sorted(originals)}
         copy.meta["duplicate_groups"] = []
         return copy, originals
 
     # ----------------------------------------------------------------- storage
+    def _parts(self) -> list[index_file.Part]:
+        """The arrays to store, in file order: a mapped one read from its file, the others from memory."""
+        parts = []
+        for name in _ARRAYS + _OPTIONAL:
+            arr = getattr(self, name)
+            if arr is None:
+                continue
+            mine = self._mapped is not None and self._crc is not None and self._mapped.header["arrays"].get(name) \
+                and arr is self._loaded.get(name)
+            if mine:
+                parts.append(index_file.Part(name, arr.dtype, tuple(arr.shape),
+                                             lambda name=name: self._mapped.chunks(name)))
+            else:
+                parts.append(index_file.in_memory(name, arr))
+        return parts
+
     def fingerprint(self) -> str:
         """Checksum of the index arrays and the files' contents (what the run's manifest records)."""
-        crc = 0
-        for name in _ARRAYS + _OPTIONAL:
-            if getattr(self, name) is not None:
-                crc = zlib.crc32(_raw(getattr(self, name)), crc)
+        if self._crc is not None and all(getattr(self, n) is self._loaded.get(n) for n in _ARRAYS + _OPTIONAL):
+            crc = self._crc
+        else:
+            crc = 0
+            for part in self._parts():
+                for chunk in part.chunks():
+                    crc = zlib.crc32(chunk, crc)
+            self.release()
         for f in self.inputs:
             if f.content_crc32 is not None:
                 crc = zlib.crc32(f.content_crc32.to_bytes(4, "little"), crc)
         return f"{crc:08x}-{len(self)}"
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (temporary name, fsync, rename)."""
-        path = os.fspath(path)
-        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in _ARRAYS + _OPTIONAL
-                  if getattr(self, name) is not None}
-        table, pos = {}, 0
-        for name, arr in arrays.items():
-            table[name] = [arr.dtype.str, list(arr.shape), pos, arr.nbytes]
-            pos += -(-arr.nbytes // _ALIGN) * _ALIGN
-        crc = 0
-        for arr in arrays.values():
-            crc = zlib.crc32(_raw(arr), crc)
-        header = json.dumps({
-            "version": FORMAT_VERSION, "count": len(self), "arrays": table, "crc32": crc, "data_bytes": pos,
-            "inputs": [vars(f) for f in self.inputs], "meta": self.meta,
-        }).encode()
-        head = MAGIC + np.array([FORMAT_VERSION, len(header)], "<u4").tobytes() + header
-        head += b"\0" * (-len(head) % _ALIGN)
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(head)
-                for arr in arrays.values():
-                    fh.write(_raw(arr))
-                    fh.write(b"\0" * (-arr.nbytes % _ALIGN))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:   # a full disk or an interruption leaves no partial file behind
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+    def save(self, path: str | os.PathLike, world: int | None = None) -> None:
+        """Write atomically (temporary name, fsync, rename), with bounded memory. With `world`, also the
+        stride table of a run of that many shards (stride.py), which its workers read."""
+        header = {"inputs": [vars(f) for f in self.inputs], "meta": self.meta}
+        table = contextlib.nullcontext([]) if world is None else \
+            stride_table.parts(self, world, os.path.dirname(os.path.abspath(os.fspath(path))))
+        with table as extra:
+            if world is not None:
+                header["stride"] = {"world": world}
+            index_file.write(path, FORMAT_VERSION, len(self), self._parts() + extra, header)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "SequenceIndex":
-        """Read a saved index; IndexCorrupt if it is truncated, altered or of another format version."""
-        raw = np.fromfile(os.fspath(path), np.uint8)
-        if len(raw) < 16 or raw[:8].tobytes() != MAGIC:
-            raise IndexCorrupt(f"{path}: not a run_shards index")
-        version, hlen = (int(x) for x in raw[8:16].view("<u4"))
-        if version not in READABLE_VERSIONS:
-            raise IndexCorrupt(f"{path}: index format {version}, this version reads {FORMAT_VERSION}")
-        try:
-            header = json.loads(raw[16:16 + hlen].tobytes())
-        except ValueError:
-            raise IndexCorrupt(f"{path}: unreadable header") from None
-        data_start = 16 + hlen + (-(16 + hlen) % _ALIGN)
-        if len(raw) != data_start + header.get("data_bytes", -1):
-            raise IndexCorrupt(f"{path}: truncated or padded ({len(raw)} bytes)")
-        arrays, crc = {}, 0
-        for name in _ARRAYS + _OPTIONAL:
-            if name not in header["arrays"] and name in _OPTIONAL:
-                continue
-            dtype, shape, pos, nbytes = header["arrays"][name]
-            start = data_start + pos
-            if start + nbytes > len(raw):
-                raise IndexCorrupt(f"{path}: truncated")
-            arrays[name] = raw[start:start + nbytes].view(np.dtype(dtype)).reshape(shape)
-            crc = zlib.crc32(_raw(arrays[name]), crc)
-        if crc != header["crc32"]:
-            raise IndexCorrupt(f"{path}: checksum mismatch")
-        inputs = [InputFile(**f) for f in header["inputs"]]
-        return cls(inputs, meta=header.get("meta", {}), **arrays)
+    def load(cls, path: str | os.PathLike, verify: bool = True) -> "SequenceIndex":
+        """A saved index, memory-mapped. With `verify`, its checksum is checked first (reading the file, not
+        the mapping): IndexCorrupt if it is truncated, altered or of another format version."""
+        mapped = index_file.Mapped(path, READABLE_VERSIONS)
+        names = [n for n in _ARRAYS + _OPTIONAL if n in mapped.header["arrays"]]
+        missing = [n for n in _ARRAYS if n not in names]
+        if missing:
+            raise IndexCorrupt(f"{path}: no {', '.join(missing)}")
+        if verify:
+            mapped.verify(names, mapped.header["crc32"])
+            stride_names = [n for n in mapped.header["arrays"] if n.startswith("stride_")]
+            if stride_names:
+                mapped.verify(stride_names, mapped.header["stride"]["crc32"], "checksum mismatch in the stride table")
+        arrays = {n: mapped.array(n) for n in names}
+        inputs = [InputFile(**f) for f in mapped.header["inputs"]]
+        index = cls(inputs, meta=mapped.header.get("meta", {}), **arrays)
+        index._mapped, index._crc, index._loaded = mapped, int(mapped.header["crc32"]), dict(arrays)
+        if "stride" in mapped.header:
+            index.stride = stride_table.table(mapped)
+        return index
 
     def edited_inputs(self, fresh: "SequenceIndex") -> list[str]:
         """Inputs whose records hold other bytes in `fresh` (the same files indexed again, with the same
@@ -470,21 +509,6 @@ class SequenceIndex:
         return None
 
 
-def _raw(arr: np.ndarray) -> memoryview:
-    """The bytes of an array (of any shape, empty ones included)."""
-    return memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
-
-
-def _no_tables() -> np.ndarray:
-    return np.zeros((0, 2), np.int64)
-
-
-def _narrowest(values: np.ndarray, dtype) -> np.ndarray:
-    """`values` as `dtype` when they all fit (the common case: 4 bytes a record), else as int64."""
-    fits = len(values) == 0 or int(values.max()) <= np.iinfo(dtype).max
-    return values.astype(dtype if fits else np.int64)
-
-
 def _line_end(data: bytes) -> int:
     """Offset of the first CR or LF in `data`, -1 if none."""
     ends = [k for k in (data.find(b"\r"), data.find(b"\n")) if k >= 0]
@@ -506,73 +530,3 @@ def length_descending_order(lengths: np.ndarray) -> np.ndarray:
     return np.argsort(key, kind="stable").astype(np.uint32)
 
 
-_HASH_BASE = np.uint64(0x100000001B3)         # odd, so invertible modulo 2**64
-_HASH_BASE_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
-_HASH_LEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-# Build-time work on all ids runs on this many threads (numpy releases the GIL in sorts and ufuncs): on
-# 2.7M ids of the 1 GiB bench file, hashing 0.12 s and the sort 0.15 s on one thread.
-_ID_THREADS = min(4, os.cpu_count() or 1)
-
-
-def _repeated_values(h: np.ndarray) -> np.ndarray:
-    """The values that occur more than once in h (uint64), sorted: the two halves of the value range
-    sorted on their own threads (a repeat lies within one half)."""
-    high = h >= np.uint64(1 << 63)
-    halves = [h[~high], h[high]] if len(h) > 1 << 16 and _ID_THREADS > 1 else [h]
-
-    def repeats(part: np.ndarray) -> np.ndarray:
-        part = np.sort(part)
-        return np.unique(part[1:][part[1:] == part[:-1]])
-
-    with ThreadPoolExecutor(len(halves)) as pool:
-        return np.concatenate(list(pool.map(repeats, halves)))
-
-
-def id_hashes(blob: np.ndarray, offsets: np.ndarray, chunk_bytes: int = 1 << 20) -> np.ndarray:
-    """A 64-bit polynomial hash per id, vectorised: equal ids give equal hashes.
-
-    h = sum_j (byte_j + 1) * B**j (mod 2**64), computed for a whole chunk of ids at once as a prefix sum
-    of (byte + 1) * B**t over the chunk, rebased to each id's start by multiplying with B**-start. The
-    ids are split among _ID_THREADS threads.
-    """
-    n = len(offsets) - 1
-    out = np.empty(n, np.uint64)
-    span = min(int(offsets[-1]) if n else 0, chunk_bytes) + 1
-    powers = np.full(span, _HASH_BASE, np.uint64)
-    powers[0] = 1
-    np.multiply.accumulate(powers, out=powers)
-    inverse = np.full(span, _HASH_BASE_INV, np.uint64)
-    inverse[0] = 1
-    np.multiply.accumulate(inverse, out=inverse)
-    parts = np.linspace(0, n, _ID_THREADS + 1).astype(np.int64) if n > 1 << 16 else np.array([0, n])
-    with ThreadPoolExecutor(len(parts) - 1) as pool:
-        done = list(pool.map(lambda ab: _hash_range(blob, offsets, ab[0], ab[1], chunk_bytes, powers, inverse, out),
-                             zip(parts[:-1], parts[1:])))
-    return out if all(done) else _slow_hashes(blob, offsets)
-
-
-def _hash_range(blob, offsets, a: int, n: int, chunk_bytes: int, powers, inverse, out) -> bool:
-    """id_hashes of ids a..n-1 into out; False if an id is longer than a chunk (the caller goes slow)."""
-    a, n = int(a), int(n)
-    while a < n:
-        # as many whole ids as fit in one chunk (at least one)
-        b = max(a + 1, int(np.searchsorted(offsets, offsets[a] + chunk_bytes, "right")) - 1)
-        b = min(b, n)
-        lo, hi = int(offsets[a]), int(offsets[b])
-        if hi - lo + 1 > len(powers):  # a single id longer than the chunk
-            return False
-        cs = np.zeros(hi - lo + 1, np.uint64)
-        np.cumsum((blob[lo:hi].astype(np.uint64) + np.uint64(1)) * powers[:hi - lo], out=cs[1:])
-        starts = offsets[a:b] - lo
-        out[a:b] = (cs[offsets[a + 1:b + 1] - lo] - cs[starts]) * inverse[starts] \
-            + np.diff(offsets[a:b + 1]).astype(np.uint64) * _HASH_LEN
-        a = b
-    return True
-
-
-def _slow_hashes(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    data = blob.tobytes()
-    return np.array([hash(data[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)],
-                    np.int64).view(np.uint64)

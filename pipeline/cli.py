@@ -8,6 +8,8 @@ index, status, report and work in their rooms), print. `run`'s settings are RunC
     run_shards merge OUT                   merge and validate (run automatically at the end of `run`)
     run_shards report OUT                  write OUT/report.html again
     run_shards work OUT [--shard K]        compute one shard of a planned run (what a SLURM / Ray task runs)
+    run_shards get OUT ID [ID ...]         the rows of some ids (tsv, json or npy)
+    run_shards export OUT --format F       the result as parquet or one dataset per id (per-id-h5)
 """
 from __future__ import annotations
 
@@ -361,6 +363,32 @@ def work_command(out, shard, shards_per_task):
     summary = _run_step(work, out, shard, shards_per_task)
     _result_is_durable()
     click.echo(summary)
+
+
+@main.command("get")
+@click.argument("out", type=click.Path())
+@click.argument("ids", nargs=-1)
+@click.option("--ids-from", default=None, help="Also the ids in this file, one per line ('-': standard input).")
+@click.option("--format", "fmt", type=click.Choice(["tsv", "json", "npy"]), default="tsv", show_default=True,
+              help="tsv: a line per id; json: a JSON object per line and id; npy: a numpy .npz archive (needs -o).")
+@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False), help="Write here instead of printing.")
+def get_command(out, ids, ids_from, fmt, output):
+    """The rows of ids in OUT (a run directory or a result.h5), found through its id index."""
+    from .output.get import get, read_ids
+    click.echo(_run_step(lambda: get(out, read_ids(ids, ids_from), fmt, output)))
+
+
+@main.command("export")
+@click.argument("out", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["parquet", "per-id-h5"]), required=True,
+              help="parquet: a column per dataset; per-id-h5: a dataset per id, as UniProt's per-protein.h5.")
+@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
+              help="Where to write (default: OUT/result.parquet or OUT/result.per-id.h5).")
+@click.option("--column", default=None, help="per-id-h5: the column to write (default: the one pooled embedding).")
+def export_command(out, fmt, output, column):
+    """Export the result of OUT (a run directory or a result.h5) for downstream tools, streamed."""
+    from .output.export import export
+    click.echo(f"wrote {_run_step(export, out, fmt, output, column)}")
 
 
 if __name__ == "__main__":

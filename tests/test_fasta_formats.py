@@ -219,13 +219,14 @@ def test_lengths_over_int32_are_kept_sorted_first_and_refused_by_a_run(tmp_path,
     first, and refused clearly by a run, whose output column `lengths` is int32."""
     path = tmp_path / "x.fasta"
     path.write_bytes(b">a\nMK\n>b\nMKV\n>c\nM\n")
-    real_scan = sequence_index.scan_fasta
+    from index import build
 
-    def huge_scan(p, threads=None):
-        scan = real_scan(p, threads)
-        scan.lengths[1], scan.nbytes[1] = 3_000_000_000, 5 << 30
-        return scan
-    monkeypatch.setattr(sequence_index, "scan_fasta", huge_scan)
+    class HugeScan(build.ScanStream):
+        def __iter__(self):
+            for piece in super().__iter__():
+                piece.lengths[1], piece.nbytes[1] = 3_000_000_000, 5 << 30
+                yield piece
+    monkeypatch.setattr(build, "ScanStream", HugeScan)
     index = SequenceIndex.build([path])
     assert index.lengths.dtype == np.int64 and index.nbytes.dtype == np.int64
     assert index.lengths.tolist() == [2, 3_000_000_000, 1] and index.order.tolist() == [1, 0, 2]
@@ -262,7 +263,7 @@ def test_nucleotide_like_threshold_and_warning(tmp_path, monkeypatch):
     assert alphabet_mismatch(index, ["the", "a", "b"]) is None
 
     # the counts are cached beside the index cache: a second check does not read the FASTA again
-    monkeypatch.setattr("index.alphabet.scan_fasta", lambda *a, **k: pytest.fail("read again"))
+    monkeypatch.setattr("index.alphabet.ScanStream", lambda *a, **k: pytest.fail("read again"))
     assert alphabet_mismatch(index, ESM_VOCAB) == protein
 
 

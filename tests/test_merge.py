@@ -160,7 +160,8 @@ def test_window_size_does_not_change_the_merge(tmp_path):
         block = RowBlock(schema, {
             "ids": np.array([f"s{i}".encode() for i in rows], dtype=object), "index": rows.astype(np.int64),
             "lengths": lengths[rows].astype(np.int32), "num_tokens": lengths[rows].astype(np.int32),
-            "truncated": np.zeros(len(rows), bool), "status": np.zeros(len(rows), np.int8)},
+            "truncated": np.zeros(len(rows), bool), "status": np.zeros(len(rows), np.int8),
+            "sequence_digest": np.zeros((len(rows), 16), np.uint8)},
             {"v/values": np.concatenate([np.full((lengths[i], 3), i, np.float32) for i in rows])},
             {"v": lengths[rows].astype(np.int64)})
         w = Writer(tmp_path / f"r{k}.h5", schema, {})

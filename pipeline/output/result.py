@@ -19,6 +19,7 @@ from index import SequenceIndex
 
 from ..errors import DiskFull, MergeError, disk_full_reason, ensure_space
 from .h5io import CorruptFile, Reader, Writer
+from .id_index import IdIndexWriter
 from .sorted_merge import describe_problems, merge_sorted_runs
 from .schema import Schema
 from ..rundir.layout import RunDir, fsync_dir
@@ -81,13 +82,13 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
     remedy = f"The shards are intact; free space and run `run_shards merge {run.root}`"
     ensure_space(run.root, sum(r.data_bytes() for r in readers), f"the result {run.result_path}", remedy)
     writer = Writer(tmp, schema, attrs, rows_hint=len(index))
+    ids = IdIndexWriter(len(index), run.root)
     try:
         row_bytes = schema.row_bytes(index.lengths)
-        blob, offs = index.id_blob.tobytes(), index.id_offsets
-        ids_at = lambda p: np.array([blob[offs[i]:offs[i + 1]] for i in p], dtype=object)  # noqa: E731
+        ids_at = lambda p: _ids_at(index, p)  # noqa: E731
         try:
-            problems = merge_sorted_runs(readers, writer, np.arange(len(index), dtype=np.int64), row_bytes,
-                                         expected_ids=ids_at)
+            problems = merge_sorted_runs(readers, _Indexing(writer, ids), np.arange(len(index), dtype=np.int64),
+                                         row_bytes, expected_ids=ids_at)
         except CorruptFile as e:
             raise MergeError(_set_aside_shards(run, e)) from None
         only_missing = not any(v for k, v in problems.counts().items() if k != "missing")
@@ -104,9 +105,11 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
             writer.file.create_dataset("original_ids/ids", dtype=text, data=np.array(
                 [renamed[str(p)].encode() for p in pos], dtype=object))
         variants.add_to_result(writer.file, run, manifest)
+        ids.write(writer.file)
         writer.finish({"complete": len(missing) == 0, "num_missing": int(len(missing))})
     except BaseException as e:
         writer.abort()
+        ids.buckets.buckets.close()
         reason = disk_full_reason(e) if isinstance(e, Exception) else None
         if reason:
             raise DiskFull(f"cannot write {run.result_path}: {reason}. No result file was left behind. "
@@ -120,6 +123,30 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
         log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", len(missing), len(index))
     log.info("merged %d sequences into %s", len(index) - len(missing), run.result_path)
     return run.result_path
+
+
+def _ids_at(index: SequenceIndex, positions: np.ndarray) -> np.ndarray:
+    """The ids at sorted `positions` (one merge window), read from the span of the index they cover."""
+    if len(positions) == 0:
+        return np.zeros(0, object)
+    lo, hi = int(positions[0]), int(positions[-1]) + 1
+    offs = np.asarray(index.id_offsets[lo:hi + 1], np.int64)
+    blob = index.id_blob[int(offs[0]):int(offs[-1])].tobytes()
+    rel = (offs - offs[0]).tolist()
+    out = np.array([blob[rel[i - lo]:rel[i - lo + 1]] for i in positions.tolist()], dtype=object)
+    index.release()
+    return out
+
+
+class _Indexing:
+    """The result's writer as the merge sees it, feeding each appended row's id to the id index."""
+
+    def __init__(self, writer: Writer, ids: IdIndexWriter):
+        self.writer, self.ids, self.schema = writer, ids, writer.schema
+
+    def append(self, block) -> None:
+        self.writer.append(block)
+        self.ids.add(block.columns["ids"])
 
 
 def _set_aside_shards(run: RunDir, error: CorruptFile) -> str:

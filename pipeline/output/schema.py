@@ -44,6 +44,7 @@ BASE_COLUMNS = (
     Column("num_tokens", "int32"),
     Column("truncated", "bool"),
     Column("status", "int8"),
+    Column("sequence_digest", "uint8", 16),   # sequence_digest.py
 )
 
 

@@ -7,9 +7,12 @@ that fails its checksums counts for nobody, and a count never exceeds the shard'
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -44,6 +47,7 @@ def set_aside(path: Path) -> Path:
     while aside.exists():
         aside, k = path.with_name(f"{path.name}.corrupt.{k}"), k + 1
     path.rename(aside)
+    verified_path(path).unlink(missing_ok=True)
     return aside
 
 
@@ -96,6 +100,39 @@ def complete_problem(path: Path, expected: np.ndarray, verify: bool) -> str | No
     return None
 
 
+def verified_path(path: Path) -> Path:
+    """Where the state of a finished shard file is recorded once its rows were checked (`shard_N.verified`)."""
+    return path.with_name(path.stem + ".verified")
+
+
+def _stat_key(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+
+
+def record_verified(path: Path, rows: int) -> None:
+    """Record that the shard file at `path` holds exactly its `rows` rows and passed its checksums, for
+    the file as it is now (its size, modification time and inode): `status` then trusts it without opening
+    it, until the file changes. A failure to record is not an error: the file is read instead."""
+    record = verified_path(path)
+    tmp = record.with_name(f".{record.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(dict(_stat_key(path), rows=rows)))
+        os.replace(tmp, record)
+    except OSError as e:
+        log.info("could not record %s (%s); `status` reads the shard instead", record.name, e)
+        tmp.unlink(missing_ok=True)
+
+
+def recorded_verified(path: Path, rows: int) -> bool:
+    """Whether `path` is the very file recorded as verified with `rows` rows."""
+    try:
+        record = json.loads(verified_path(path).read_text())
+        return record == dict(_stat_key(path), rows=rows)
+    except (OSError, ValueError):
+        return False
+
+
 def stored_bytes(run: RunDir, world: int) -> int:
     """Bytes of every finished shard and checkpoint: what verifying them all reads."""
     total = 0
@@ -105,21 +142,36 @@ def stored_bytes(run: RunDir, world: int) -> int:
     return total
 
 
-def inspect(run: RunDir, expected: np.ndarray, rank: int, verify_shard: bool, verify_parts: bool = False
-            ) -> ShardState:
-    """The state of shard `rank`, whose rows are the FASTA positions `expected`; `verify_*` read back every
-    byte of a finished shard file / of the checkpoints (their checksums) instead of only their headers."""
-    expected = np.sort(np.asarray(expected, np.int64))
+def inspect(run: RunDir, expected: np.ndarray | Callable[[], np.ndarray], rank: int, verify_shard: bool | None,
+            verify_parts: bool = False, count: int | None = None) -> ShardState:
+    """The state of shard `rank`, whose rows are the FASTA positions `expected` (or a function returning
+    them, called only when a file must be compared with them; then `count` says how many there are);
+    `verify_*` read back every byte of a finished shard file / of the checkpoints (their checksums) instead
+    of only their headers. `verify_shard` None or False: a shard file recorded as verified (`record_verified`)
+    and unchanged since is trusted without opening it; others are read back (None) or their headers read
+    (False). True reads every shard file back."""
+    positions = None if callable(expected) else np.sort(np.asarray(expected, np.int64))
+
+    def wanted() -> np.ndarray:
+        nonlocal positions
+        if positions is None:
+            positions = np.sort(np.asarray(expected(), np.int64))
+        return positions
+    n = len(positions) if positions is not None else int(count)
     path = run.shard_path(rank)
     if path.exists():
-        problem = complete_problem(path, expected, verify_shard)
+        if verify_shard is not True and recorded_verified(path, n):
+            return ShardState(rank, "complete", n, n, verified=True)
+        problem = complete_problem(path, wanted(), verify_shard is not False)
         if problem is None:
-            return ShardState(rank, "complete", len(expected), len(expected), verified=verify_shard)
-        return ShardState(rank, "corrupt", len(expected), 0, f"{problem}; `run_shards rerun {run.root}` "
-                          "computes it again", verified=verify_shard)
+            if verify_shard is not False:
+                record_verified(path, n)
+            return ShardState(rank, "complete", n, n, verified=verify_shard is not False)
+        return ShardState(rank, "corrupt", n, 0, f"{problem}; `run_shards rerun {run.root}` "
+                          "computes it again", verified=verify_shard is not False)
     verify = verify_parts
     done, bad = durable_positions(run.parts_dir(rank), verify)
-    durable = int(np.isin(done, expected).sum())
+    durable = int(np.isin(done, wanted()).sum()) if len(done) else 0
     failure = run.failure(rank)
     details = []
     if failure:
@@ -131,4 +183,4 @@ def inspect(run: RunDir, expected: np.ndarray, rank: int, verify_shard: bool, ve
         state = "interrupted" if failure.get("interrupted") else "failed"
     else:
         state = "partial" if durable else "pending"
-    return ShardState(rank, state, len(expected), durable, "; ".join(details), verified=verify)
+    return ShardState(rank, state, n, durable, "; ".join(details), verified=verify)

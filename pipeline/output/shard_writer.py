@@ -57,6 +57,7 @@ class ShardWriter:
             return False
         problem = shard_state.complete_problem(path, self.expected, verify=True)
         if problem is None:
+            shard_state.record_verified(path, len(self.expected))
             return True
         log.warning("shard file cannot be used (%s); set aside as %s, its rows are computed again", problem,
                     shard_state.set_aside(path).name)
@@ -131,6 +132,7 @@ class ShardWriter:
         faults.maybe_die("shard-written", self.rank, 0)
         os.replace(tmp, path)
         fsync_dir(path.parent)
+        shard_state.record_verified(path, len(self.expected))   # its parts were read back in full just now
         if self.parts.is_dir():   # an empty shard (fewer records than workers) never checkpointed
             for p in self.parts.glob("*"):
                 p.unlink()

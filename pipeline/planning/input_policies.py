@@ -33,7 +33,8 @@ def where_in_input(index: SequenceIndex, i: int) -> str:
 def apply_input_policies(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
     """Duplicate ids and empty records: refuse with the list, or apply the chosen policy. Records over
     2**31 - 1 residues, more than the output's int32 `lengths` column holds, are refused."""
-    huge = np.flatnonzero(index.lengths > np.iinfo(np.int32).max)
+    limit = np.iinfo(np.int32).max
+    huge = index.positions_where(lambda lengths: lengths > limit) if index.max_length > limit else []
     if len(huge):
         shown = listing([f"{where_in_input(index, int(i))} ({int(index.lengths[i]):,} residues)"
                          for i in huge[:MAX_LISTED]], len(huge))

@@ -40,7 +40,9 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
         where = "--max-length" if config.max_length == limit else "the model's length limit"
         raise UserError(f"{where} of {limit} tokens leaves no room for residues: the model adds "
                         f"{tokenizer.num_special} special token(s) to every sequence. Give a larger --max-length.")
-    long = np.flatnonzero(tokenizer.tokens_for_residues(index.lengths) > limit)
+    if int(tokenizer.tokens_for_residues(np.array([index.max_length]))[0]) <= limit:
+        return   # (the longest record fits: nothing to read)
+    long = index.positions_where(lambda lengths: tokenizer.tokens_for_residues(lengths) > limit)
     if len(long) and not tokenizer.char_level:  # the residue estimate is an upper bound: count exactly
         exact = tokenizer.encode([index.sequence(int(i)) for i in long])
         long = long[[len(t.ids) > limit for t in exact]]
@@ -71,7 +73,7 @@ def warn_beyond_training(index: SequenceIndex, tokenizer: SequenceTokenizer, lim
     """Sequences longer than the context the model was trained on run, but say so."""
     if not trained or trained >= (limit or float("inf")):
         return
-    over = int((tokenizer.tokens_for_residues(index.lengths) > trained).sum())
+    over = int(index.length_counts[tokenizer.tokens_for_residues(index.length_values) > trained].sum())
     if over:
         log.warning("%d sequence(s) are longer than the model's trained context of %d tokens "
                     "(max_position_embeddings); they run, but the model was not trained on such lengths. "

@@ -45,8 +45,9 @@ class Plan:
     def record(self, run: RunDir) -> dict:
         """Write the plan into `run` (a new run's index, variants and manifest; a continued run's manifest, with
         this command's launch settings) and return the manifest as stored."""
-        if not self.continued:
-            self.index.save(run.index_path)
+        if not self.continued:   # the run's copy holds the stride table its workers read (index/stride.py)
+            self.index.save(run.index_path, world=self.manifest["world"])
+            self.index.adopt_stride(run.index_path)
             if self.variants is not None:
                 self.variants.save(run.variants_path)
         if not run.exists() or run.read_manifest() != self.manifest:
@@ -166,7 +167,7 @@ def _log_shards(index: SequenceIndex, shards: int) -> None:
     stats = index.shard_stats(shards)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", shards,
              int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
-    for r in range(shards):
+    for r in range(shards) if shards <= 40 else ():   # above 40 shards the line above says it
         log.info("  shard %d: %d sequences, %d residues", r, int(stats.sequences[r]), int(stats.tokens[r]))
 
 

@@ -26,12 +26,13 @@ def start_over_advice(run: RunDir, manifest: dict) -> str:
             f"file as it is now: `{config.as_command(free_out(run.root))}`.")
 
 
-def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False) -> SequenceIndex:
-    """The run's index, after checking that the FASTA files still match it (refusing with what changed).
-    `refresh_copies` (only where no worker of the run can be reading them): decompress again the .gz inputs
-    that changed, so a restored .gz lets the run continue."""
+def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, verify: bool = True) -> SequenceIndex:
+    """The run's index (memory-mapped), after checking that the FASTA files still match it (refusing with
+    what changed). `refresh_copies` (only where no worker of the run can be reading them): decompress again
+    the .gz inputs that changed, so a restored .gz lets the run continue. `verify`: read the whole file for
+    its checksum first (`status` and array tasks, which read a few pages of it, do not)."""
     try:
-        index = SequenceIndex.load(run.index_path)
+        index = SequenceIndex.load(run.index_path, verify=verify)
     except IndexCorrupt as e:
         config = RunConfig.from_manifest(manifest)
         raise RunDirError(f"the run's index is damaged ({e}); start a new run: "

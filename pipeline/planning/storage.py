@@ -20,7 +20,7 @@ def check_storage(schema: Schema, index: SequenceIndex, world: int, where: Path,
     Shards hold the rows once, the merged result once more, and a shard being finalised briefly holds
     its checkpoints beside it: the peak is about 2 x result + 1 shard.
     """
-    result = schema.result_bytes(index, index.lengths)
+    result = int((schema.row_bytes(index.length_values) * index.length_counts).sum()) + int(index.id_offsets[-1])
     peak = 2 * result + result // max(1, world)
     if free_bytes is None:
         disk = next(p for p in (where, *where.parents) if p.exists())   # `where` may not be created yet

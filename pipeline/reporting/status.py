@@ -8,6 +8,8 @@ shards and checkpoints are read back against their checksums when they are small
 from __future__ import annotations
 
 import shutil
+
+import numpy as np
 import socket
 
 from index import SequenceIndex
@@ -33,10 +35,10 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     config, world = manifest["config"], manifest["world"]
     lines = [f"run: {run.root}", f"task: {config['task']}  model: {config['model']}  engine: {manifest['engine']}"]
     try:
-        index = load_run_index(run, manifest)
+        index = load_run_index(run, manifest, verify=False)   # mapped: status reads a few pages of it
     except UserError as e:
         lines.append(f"inputs: CHANGED - {e}")
-        index = SequenceIndex.load(run.index_path)
+        index = SequenceIndex.load(run.index_path, verify=False)
     lines.append(f"sequences: {len(index):,} in {world} shard(s)")
     holder = RunLock.active_holder(run)
     if holder:
@@ -44,12 +46,15 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         lines.append(f"ACTIVE: `{holder.get('purpose')}` (pid {holder.get('pid')} on {holder.get('host')}, {alive}, "
                      f"since {holder.get('since')}) holds this run; unfinished shards may be running now")
     stored = shard_state.stored_bytes(run, world) + (run.result_path.stat().st_size if run.result_path.exists() else 0)
+    auto = verify is None   # shards recorded as verified when they finished are not read again
     if verify is None:
         verify = stored <= shard_state.VERIFY_AUTO_BYTES
+    sizes = index.shard_stats(world).sequences
     rows = [("shard", "state", "durable", "of", "progress", "detail")]
     states, full = [], every_shard or world <= FULL_TABLE_SHARDS
     for r in range(world):
-        s = shard_state.inspect(run, index.stride_shard(r, world), r, verify_shard=verify, verify_parts=verify)
+        s = shard_state.inspect(run, lambda r=r: index.stride_shard(r, world), r, verify_shard=None if auto and verify
+                                else verify, verify_parts=verify, count=int(sizes[r]))
         if holder and s.state not in ("complete", "corrupt") and RunLock.shard_running(run, r):
             s.state = "running"   # durable counts checkpointed rows only
         states.append(s)
@@ -118,12 +123,13 @@ def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) 
     where it could not record why)."""
     schema = Schema.from_json(manifest["schema"])
     left = 0
-    world = manifest["world"]
+    residues = index.shard_stats(manifest["world"]).tokens   # from the index's length histogram
+    empty, one = (int(b) for b in schema.row_bytes(np.array([0, 1])))   # a row's bytes: empty + per value
+    fixed, per_value = empty, one - empty
     for s in states:
         if s.state != "complete":
-            positions = index.stride_shard(s.rank, world)
             share = 1 - s.durable / max(1, s.expected)
-            left += int(share * int(schema.row_bytes(index.lengths[positions]).sum()))
+            left += int(share * (fixed * s.expected + per_value * int(residues[s.rank])))
     need = left * 2 if not run.result_path.exists() else left   # the shard, then the result (the merge)
     if not run.result_path.exists():
         need += sum(p.stat().st_size for p in run.shards_dir.glob("shard_*.h5"))

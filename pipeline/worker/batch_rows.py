@@ -12,6 +12,7 @@ from ..engine.interface import OutOfMemory
 from ..errors import UserError
 from ..output import status_codes as sc
 from ..output.schema import BASE_COLUMNS, RowBlock
+from ..output.sequence_digest import digests
 
 log = logging.getLogger("run_shards.worker")
 
@@ -37,7 +38,10 @@ class BatchComputer:
         status[lengths == 0] = sc.EMPTY
         candidates = np.flatnonzero(lengths > 0)
         # (A batch of empty records only has nothing to tokenize: tokenizers fail on an empty list.)
-        toks = self.tokenizer.encode([self.index.sequence(int(todo[i])) for i in candidates]) if len(candidates) else []
+        texts = [self.index.sequence(int(todo[i])) for i in candidates]
+        toks = self.tokenizer.encode(texts) if len(candidates) else []
+        digest = np.repeat(digests([""]), n, axis=0)   # (an empty record's digest is the empty text's)
+        digest[candidates] = digests(texts)
         compute = []
         for i, t in zip(candidates, toks):
             if self.limit and len(t.ids) > self.limit and not self.windows:   # only when not truncating
@@ -73,7 +77,7 @@ class BatchComputer:
         columns.update({
             "ids": np.array([self.index.id_bytes(int(p)) for p in todo], dtype=object),
             "index": todo.astype(np.int64), "lengths": lengths, "num_tokens": num_tokens,
-            "truncated": truncated, "status": status,
+            "truncated": truncated, "status": status, "sequence_digest": digest,
         })
         values = {c.path: np.concatenate(values[c.path]) if values[c.path] else c.empty(0)
                   for c in self.schema.ragged_columns}

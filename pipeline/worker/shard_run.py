@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from index import InputChanged, SequenceIndex
+from index.shard_view import open_stride
 
 from .. import faults
 from ..config import RunConfig
@@ -103,9 +104,9 @@ class ShardRun:
         manifest = self.run_dir.read_manifest()
         config = RunConfig.from_manifest(manifest)
         schema = Schema.from_json(manifest["schema"])
-        index = SequenceIndex.load(self.run_dir.index_path)
+        index = open_stride(self.run_dir.index_path, self.rank, config.world)   # this shard's rows only
         self._lock_shard()
-        positions = index.stride_shard(self.rank, config.world)
+        positions = index.positions
         attrs = dict(manifest["attrs"], shard=self.rank, world=config.world)
         writer = ShardWriter(self.run_dir, self.rank, schema, attrs, positions,
                              config.checkpoint_sequences, config.checkpoint_seconds)
@@ -144,7 +145,8 @@ class ShardRun:
                             f"{str(e).splitlines()[0] if str(e) else ''}); its files may be damaged: replace them "
                             f"with an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
         task = make_task(config, engine.info, self.run_dir.root)
-        if schema_for(task).to_json() != shard.schema.to_json():
+        digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
+        if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
         limit = manifest["max_tokens"]
         tokenizer = SequenceTokenizer(engine.tokenizer, max_tokens=limit if config.on_long == "truncate" else None)

@@ -1,0 +1,137 @@
+"""`run_shards export`: a result in the formats downstream tools read, streamed with bounded memory.
+
+- parquet: one Arrow column per dataset (ids as strings, a vector column as a fixed-size list, a
+  per-residue column as a list per row), row groups of about ROW_GROUP_BYTES; the result's attributes in
+  the file's metadata under `run_shards`. Needs pyarrow (`pip install 'run_shards[parquet]'`).
+- per-id-h5: one dataset per id, named by the id, holding that row's values of one column, as UniProt's
+  per-protein.h5 (and per-residue.h5 for a per-residue column) and the tools that read them expect. Rows
+  without values (status skipped, empty, out of memory) are left out; a '/' in an id, which HDF5 reads as
+  a group separator, is written as '%2F' (and '%' as '%25'), said in the file's `name_escaping` attribute.
+Both write under a temporary name and rename it into place.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from ..errors import UserError
+from . import status_codes
+from .result_reader import ResultFile, result_path
+from .schema import BASE_COLUMNS, STR, Column
+
+ROW_GROUP_BYTES = 64 << 20
+FORMATS = {"parquet": "result.parquet", "per-id-h5": "result.per-id.h5"}
+
+
+def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None = None,
+           column: str | None = None) -> Path:
+    """Write the result of `source` (a run directory or result.h5) as `fmt`; returns the file written."""
+    path = result_path(source)
+    target = Path(target) if target else path.parent / FORMATS[fmt]
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        with ResultFile(path) as res:
+            if fmt == "parquet":
+                _parquet(res, tmp)
+            else:
+                _per_id(res, tmp, _per_id_column(res, column))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _rows_per_chunk(res: ResultFile) -> int:
+    per_row = sum(c.value_bytes() for c in res.schema.row_columns)
+    for c in res.schema.ragged_columns:   # the mean values per row of each ragged column
+        per_row += c.value_bytes() * len(res.file[c.path]) // max(1, res.n)
+    return max(1, ROW_GROUP_BYTES // max(1, per_row))
+
+
+# ------------------------------------------------------------------------------------------- parquet
+def _parquet(res: ResultFile, tmp: Path) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError("--format parquet needs pyarrow: `pip install pyarrow` (or install run_shards with its "
+                        "`parquet` extra)") from None
+    fields = [pa.field(c.path, _arrow_type(pa, c)) for c in res.schema.columns]
+    schema = pa.schema(fields, metadata={"run_shards": json.dumps(res.attrs, default=str)})
+    step = _rows_per_chunk(res)
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for a in range(0, max(res.n, 1), step):
+            b = min(res.n, a + step)
+            arrays = [_arrow_column(pa, res, c, a, b) for c in res.schema.columns]
+            writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=max(1, b - a))
+            if b >= res.n:
+                break
+
+
+def _arrow_type(pa, c: Column):
+    base = pa.string() if c.dtype == STR else pa.from_numpy_dtype(np.dtype(c.dtype))
+    value = pa.list_(base, c.width) if c.width else base
+    return pa.large_list(value) if c.ragged else value
+
+
+def _arrow_column(pa, res: ResultFile, c: Column, a: int, b: int):
+    if not c.ragged:
+        data = res.file[c.path][a:b]
+        if c.dtype == STR:
+            return pa.array([x.decode("utf-8") if isinstance(x, bytes) else x for x in data], pa.string())
+        return _values(pa, c, data)
+    offsets = res.file[f"{c.group}/offsets"][a:b + 1].astype(np.int64)
+    values = res.file[c.path][int(offsets[0]):int(offsets[-1])]
+    return pa.LargeListArray.from_arrays(pa.array(offsets - offsets[0], pa.int64()), _values(pa, c, values))
+
+
+def _values(pa, c: Column, data: np.ndarray):
+    if not c.width:
+        return pa.array(data)
+    return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(data).reshape(-1)), c.width)
+
+
+# ------------------------------------------------------------------------------------------- per id
+def _per_id_column(res: ResultFile, column: str | None) -> Column:
+    base = {c.path for c in BASE_COLUMNS}
+    if column is not None:
+        chosen = res._column(column)
+        if chosen.path in base:
+            raise UserError(f"--column {column}: a per-id file holds a model output column, not {column}")
+        return chosen
+    vectors = [c for c in res.schema.columns if c.path not in base and c.width and not c.ragged]
+    if len(vectors) == 1:
+        return vectors[0]
+    outputs = [c.path for c in res.schema.columns if c.path not in base]
+    raise UserError(f"{res.path} has {len(outputs)} output columns ({', '.join(outputs)}); choose the one "
+                    f"to write with --column, e.g. `run_shards export {res.path.parent} --format per-id-h5 "
+                    f"--column {outputs[0]}`" if outputs else f"{res.path} has no output column to export")
+
+
+def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
+    escaped = 0
+    datatype = h5py.h5t.py_create(np.dtype(column.dtype))
+    spaces: dict[tuple, h5py.h5s.SpaceID] = {}
+    with h5py.File(tmp, "w", libver="latest") as out:
+        out.attrs["source"] = str(res.path)
+        out.attrs["column"] = column.path
+        out.attrs["run_shards"] = json.dumps(res.attrs, default=str)
+        for chunk in res.chunks(_rows_per_chunk(res), ["ids", "status", column.path]):
+            for seq_id, status, value in zip(chunk["ids"], chunk["status"], chunk[column.path]):
+                if int(status) not in status_codes.HAS_VALUES:
+                    continue
+                name = seq_id.replace("%", "%25").replace("/", "%2F")
+                escaped += name != seq_id
+                value = np.ascontiguousarray(value, np.dtype(column.dtype))
+                space = spaces.get(value.shape) or spaces.setdefault(value.shape, h5py.h5s.create_simple(value.shape))
+                # (h5py's low-level calls: half the time of create_dataset per id, which is all this costs)
+                dataset = h5py.h5d.create(out.id, name.encode("utf-8"), datatype, space)
+                dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, value)
+                dataset.close()
+        out.attrs["name_escaping"] = (f"{escaped} id(s) hold '/' or '%': written with '/' as '%2F' and '%' as "
+                                      "'%25'") if escaped else "none: every dataset is named by its id as it is"

@@ -1,0 +1,103 @@
+"""`run_shards get OUT ID...`: the rows of some ids, printed or written as TSV, JSON or numpy arrays.
+
+- tsv: a header line of column names, then one line per id; a vector as comma-separated values, a
+  per-residue column as its token vectors separated by ';'.
+- json: one JSON object per line and id (JSON Lines), every column of its row, arrays as lists, NaN as null.
+- npy: a numpy .npz archive (np.load reads it): one array per column, rows in the order of the ids; a
+  per-residue column as its values back to back plus `COLUMN.offsets` (row k is values[offsets[k]:offsets[k+1]]).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterable, TextIO
+
+import numpy as np
+
+from ..errors import UserError
+from .result_reader import ResultFile
+from .schema import Column
+
+FORMATS = ("tsv", "json", "npy")
+
+
+def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = None) -> list[str]:
+    """The ids of the command line, then those of `ids_from` (a file, or '-' for standard input), one per
+    line (blank lines and the '>' of a FASTA-style line ignored)."""
+    ids = list(given)
+    if ids_from:
+        try:
+            text = (stdin or sys.stdin).read() if ids_from == "-" else Path(ids_from).read_text()
+        except OSError as e:
+            raise UserError(f"--ids-from {ids_from}: {e.strerror or e}") from None
+        ids += [line.strip().lstrip(">").split()[0] for line in text.splitlines() if line.strip().lstrip(">")]
+    if not ids:
+        raise UserError("no ids given: pass them after OUT, or one per line with --ids-from FILE (- for stdin)")
+    return ids
+
+
+def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | os.PathLike | None = None) -> str:
+    """The rows of `ids` as text (tsv, json) to print, or, with `target` (required for npy), written
+    there; then the return value says where."""
+    if fmt == "npy" and not target:
+        raise UserError("--format npy writes a file: give it with -o, e.g. -o rows.npz")
+    with ResultFile(out) as res:
+        rows = res.rows(ids)
+        records = [res.row(int(r)) for r in rows]
+        columns = res.schema.columns
+        if fmt == "npy":
+            _write_npz(target, columns, records)
+            return f"wrote {len(records)} row(s) to {target}"
+        text = _tsv(columns, records) if fmt == "tsv" else _json_lines(records)
+    if target:
+        Path(target).write_text(text)
+        return f"wrote {len(records)} row(s) to {target}"
+    return text.rstrip("\n")
+
+
+def _cell(value) -> str:
+    if isinstance(value, np.ndarray):
+        if value.ndim == 2:
+            return ";".join(",".join(str(v) for v in row) for row in value)
+        return ",".join(str(v) for v in value)
+    return str(value.item() if isinstance(value, np.generic) else value)
+
+
+def _tsv(columns: list[Column], records: list[dict]) -> str:
+    out = io.StringIO()
+    out.write("\t".join(c.path for c in columns) + "\n")
+    for rec in records:
+        out.write("\t".join(_cell(rec[c.path]) for c in columns) + "\n")
+    return out.getvalue()
+
+
+def _plain(value):
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value] if value.ndim > 1 else \
+            [None if isinstance(v, float) and v != v else v for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    return None if isinstance(value, float) and value != value else value
+
+
+def _json_lines(records: list[dict]) -> str:
+    return "".join(json.dumps({k: _plain(v) for k, v in rec.items()}) + "\n" for rec in records)
+
+
+def _write_npz(target, columns: list[Column], records: list[dict]) -> None:
+    arrays = {}
+    for c in columns:
+        values = [rec[c.path] for rec in records]
+        if c.ragged:
+            lengths = [len(v) for v in values]
+            arrays[f"{c.path}.offsets"] = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+            arrays[c.path] = np.concatenate(values) if values else np.zeros((0,), np.dtype(c.dtype))
+        elif c.dtype == "str":
+            arrays[c.path] = np.array(values, dtype=str)
+        else:
+            arrays[c.path] = np.array(values, dtype=np.dtype(c.dtype))
+    with open(target, "wb") as fh:
+        np.savez(fh, **arrays)

@@ -1,0 +1,252 @@
+"""Reading results back (issue 28): `run_shards get`, the Python reader and `run_shards export`, on a result
+written by two CPU workers through the CLI: exactly the rows of result.h5 for ids at the start, middle and
+end, a duplicated id renamed by the run, missing ids named in one clear error, every column through
+parquet and per-id HDF5; and `get` on a result merged by the local SLURM's merge job."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from index import SequenceIndex
+from pipeline.errors import UserError
+from pipeline.output import id_index
+from pipeline.output.get import read_ids
+from pipeline.output.result_reader import MissingIds, open_result
+
+from .run_helpers import read, undocumented_files
+from .tiny_models import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory, models):
+    """A per-residue run of 62 records (one id given twice, renamed 'dupe.dup2'; two records of the same
+    residues written differently), two CPU workers."""
+    folder = tmp_path_factory.mktemp("reader")
+    fasta = folder / "in.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "60", "--seed", "9",
+                    "--max-len", "120", str(fasta)], check=True, capture_output=True)
+    text = fasta.read_text().replace(">SYN000000010 ", ">dupe ").replace(">SYN000000040 ", ">dupe ")
+    fasta.write_text(text + ">same1\nMKVLA\nGW\n>same2 the same residues\nmkv\nlagw*\n")
+    out = folder / "out"
+    res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "2",
+                  "--per-residue", "--on-duplicate-id", "rename", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert undocumented_files(out) == []
+    data = read(out / "result.h5")
+    ids = [i.decode() for i in data["ids"]]
+    return out, data, ids
+
+
+def row_of(data: dict, k: int) -> dict:
+    off = data["per_residue/offsets"]
+    return {"ids": data["ids"][k].decode(), **{c: data[c][k] for c in ("index", "lengths", "num_tokens", "truncated",
+                                                                       "status", "sequence_digest", "embeddings/mean")},
+            "per_residue/values": data["per_residue/values"][off[k]:off[k + 1]]}
+
+
+def same(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert np.array_equal(np.asarray(got[key]), np.asarray(value)), key
+
+
+def picks(ids: list[str]) -> list[int]:
+    return [0, len(ids) // 2, len(ids) - 1, ids.index("dupe.dup2"), ids.index("dupe")]
+
+
+def test_reader_returns_exactly_the_rows_of_the_result(result):
+    out, data, ids = result
+    with open_result(out) as res:
+        assert len(res) == len(ids) == 62
+        assert res.ids is not None   # the merge wrote the id index
+        for k in picks(ids):
+            same(res.get(ids[k]), row_of(data, k))
+            same(res.at_position(int(data["index"][k])), row_of(data, k))
+            assert np.array_equal(res.per_residue(k, "per_residue/values"), row_of(data, k)["per_residue/values"])
+        assert res.rows([ids[-1], ids[0]]).tolist() == [61, 0]
+        chunks = list(res.chunks(7, ["ids", "embeddings/mean", "per_residue/values"]))
+        assert [i for c in chunks for i in c["ids"]] == ids
+        assert np.array_equal(np.concatenate([c["embeddings/mean"] for c in chunks]), data["embeddings/mean"])
+        flat = [v for c in chunks for v in c["per_residue/values"]]
+        assert all(np.array_equal(flat[k], row_of(data, k)["per_residue/values"]) for k in range(len(ids)))
+        with pytest.raises(MissingIds, match=r"2 id\(s\) not in .*result.h5: 'nope', 'SYN'\. "):
+            res.rows(["nope", ids[3], "SYN"])
+
+
+def test_each_row_has_the_digest_of_its_residues(result):
+    """BLAKE2b-128 of the residues as the index reads them: the two records of the same residues (other
+    line breaks, lower case, a stop '*') share it, every other row has its own."""
+    out, data, ids = result
+    index = SequenceIndex.build([out.parent / "in.fasta"])
+    want = [hashlib.blake2b(index.sequence(i).encode(), digest_size=16).digest() for i in range(len(index))]
+    assert [bytes(d) for d in data["sequence_digest"][data["index"]]] == want
+    same1, same2 = ids.index("same1"), ids.index("same2")
+    assert bytes(data["sequence_digest"][same1]) == bytes(data["sequence_digest"][same2])
+    assert len({bytes(d) for d in data["sequence_digest"]}) == len(ids) - 1
+
+
+def test_the_id_index_is_sorted_hashes_with_their_rows(result):
+    out, data, ids = result
+    with h5py.File(out / "result.h5") as f:
+        hashes, rows = f["id_index/hashes"][:], f["id_index/rows"][:]
+        assert np.all(hashes[1:] >= hashes[:-1]) and sorted(rows.tolist()) == list(range(len(ids)))
+        assert hashes.tolist() == id_index.hashes_of([ids[r] for r in rows]).tolist()
+        assert f["id_index/fence"][:].tolist() == hashes[::id_index.BLOCK].tolist()
+
+
+def test_an_old_result_without_id_index_is_searched(result, tmp_path):
+    out, data, ids = result
+    copy = tmp_path / "result.h5"
+    copy.write_bytes((out / "result.h5").read_bytes())
+    with h5py.File(copy, "a") as f:
+        del f["id_index"]
+    with open_result(copy) as res:
+        assert res.ids is None
+        same(res.get(ids[30]), row_of(data, 30))
+        with pytest.raises(MissingIds, match="'gone'"):
+            res.rows(["gone"])
+
+
+def test_get_through_the_cli_in_each_format(result, tmp_path):
+    out, data, ids = result
+    chosen = [ids[k] for k in picks(ids)]
+    tsv = run_cli("get", str(out), *chosen)
+    assert tsv.returncode == 0, tsv.stderr
+    lines = tsv.stdout.splitlines()
+    assert lines[0].split("\t") == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "sequence_digest",
+                                    "embeddings/mean", "per_residue/values"]
+    for line, k in zip(lines[1:], picks(ids)):
+        cells = line.split("\t")
+        assert cells[0] == ids[k] and int(cells[1]) == data["index"][k]
+        assert np.array_equal(np.array(cells[6].split(","), np.uint8), data["sequence_digest"][k])
+        assert np.array_equal(np.array(cells[7].split(","), np.float32), data["embeddings/mean"][k])
+        per_residue = np.array([t.split(",") for t in cells[8].split(";")], np.float16)
+        assert np.array_equal(per_residue, row_of(data, k)["per_residue/values"])
+
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_text("\n".join(chosen[:2]) + "\n\n")
+    js = run_cli("get", str(out / "result.h5"), chosen[2], "--ids-from", str(ids_file), "--format", "json")
+    assert js.returncode == 0, js.stderr
+    objects = [json.loads(line) for line in js.stdout.splitlines()]
+    assert [o["ids"] for o in objects] == [chosen[2], chosen[0], chosen[1]]
+    for o, k in zip(objects, [picks(ids)[2], picks(ids)[0], picks(ids)[1]]):
+        same({c: np.asarray(v, dtype=np.asarray(row_of(data, k)[c]).dtype) if c != "ids" else v
+              for c, v in o.items()}, row_of(data, k))
+
+    npz = tmp_path / "rows.npz"
+    done = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), "get", str(out), "--ids-from", "-",
+                           "--format", "npy", "-o", str(npz)], input="\n".join(chosen), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with np.load(npz) as arrays:
+        assert arrays["ids"].tolist() == chosen
+        assert np.array_equal(arrays["embeddings/mean"], data["embeddings/mean"][picks(ids)])
+        offsets = arrays["per_residue/values.offsets"]
+        for j, k in enumerate(picks(ids)):
+            assert np.array_equal(arrays["per_residue/values"][offsets[j]:offsets[j + 1]],
+                                  row_of(data, k)["per_residue/values"])
+
+
+def test_get_names_missing_ids_and_other_mistakes_in_one_line(result, tmp_path):
+    out, _, ids = result
+    missing = run_cli("get", str(out), ids[0], "nope", "dupe.dup9")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert re.match(r"error: 2 id\(s\) not in .*result\.h5: 'nope', 'dupe\.dup9'\. ", missing.stderr), missing.stderr
+    assert missing.stdout == ""
+    for args, message in (((str(out),), "no ids given"),
+                          ((str(out), ids[0], "--format", "npy"), "--format npy writes a file"),
+                          ((str(tmp_path / "none"), ids[0]), "no such result file or run directory"),
+                          ((str(tmp_path), ids[0]), "holds no result.h5 yet: `run_shards status")):
+        res = run_cli("get", *args)
+        assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert read_ids(["a"], "-", io.StringIO(">b desc\n\nc\n")) == ["a", "b", "c"]
+    with pytest.raises(UserError, match="--ids-from .*nothing.txt"):
+        read_ids([], str(tmp_path / "nothing.txt"))
+
+
+def test_export_parquet_round_trips_every_column(result, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    out, data, ids = result
+    done = run_cli("export", str(out), "--format", "parquet")
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(out / "result.parquet")
+    (out / "result.parquet").unlink()
+    assert table.column_names == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "sequence_digest",
+                                  "embeddings/mean", "per_residue/values"]
+    assert table.column("ids").to_pylist() == ids
+    for name in ("index", "lengths", "num_tokens", "truncated", "status"):
+        assert np.array_equal(table.column(name).to_numpy(), data[name]), name
+    for name, dtype in (("embeddings/mean", np.float32), ("sequence_digest", np.uint8)):
+        assert np.array_equal(np.array(table.column(name).to_pylist(), dtype), data[name]), name
+    per_residue = table.column("per_residue/values").to_pylist()
+    for k in range(len(ids)):
+        assert np.array_equal(np.array(per_residue[k], np.float16).reshape(-1, 64),
+                              row_of(data, k)["per_residue/values"]), k
+    attrs = json.loads(table.schema.metadata[b"run_shards"])
+    assert attrs["task"] == "embed" and attrs["num_sequences"] == 62
+
+
+def test_export_per_id_h5_as_uniprot_per_protein(result, tmp_path):
+    out, data, ids = result
+    target = tmp_path / "per-protein.h5"
+    done = run_cli("export", str(out), "--format", "per-id-h5", "-o", str(target))
+    assert done.returncode == 0, done.stderr
+    with h5py.File(target) as f:
+        assert sorted(f) == sorted(ids) and f.attrs["column"] == "embeddings/mean"
+        for k, i in enumerate(ids):
+            assert np.array_equal(f[i][:], data["embeddings/mean"][k])
+    residues = run_cli("export", str(out), "--format", "per-id-h5", "--column", "per_residue/values", "-o",
+                       str(tmp_path / "per-residue.h5"))
+    assert residues.returncode == 0, residues.stderr
+    with h5py.File(tmp_path / "per-residue.h5") as f:
+        for k in picks(ids):
+            assert np.array_equal(f[ids[k]][:], row_of(data, k)["per_residue/values"])
+    wrong = run_cli("export", str(out), "--format", "per-id-h5", "--column", "lengths")
+    assert wrong.returncode == 2 and "a model output column, not lengths" in wrong.stderr
+
+
+def test_get_on_a_result_merged_by_slurm(slurm_cluster, models, tmp_path):
+    fasta = tmp_path / "in.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "12", "--seed", "3",
+                    "--max-len", "80", str(fasta)], check=True, capture_output=True)
+    out = tmp_path / "out"
+    res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--launcher", "slurm",
+                  "--shards", "2", "--wait", "--no-progress", env=slurm_cluster.env, timeout=600)
+    assert res.returncode == 0, res.stderr
+    data = read(out / "result.h5")
+    got = run_cli("get", str(out), "SYN000000011", "SYN000000000", "--format", "json")
+    assert got.returncode == 0, got.stderr
+    rows = [json.loads(line) for line in got.stdout.splitlines()]
+    for row, k in zip(rows, (11, 0)):
+        assert row["ids"] == data["ids"][k].decode() and row["index"] == k
+        assert np.array_equal(np.array(row["embeddings/mean"], np.float32), data["embeddings/mean"][k])
+
+
+def test_per_id_names_escape_slashes_and_leave_out_rows_without_values(tmp_path):
+    """A '/' would make HDF5 groups: written as '%2F' (and '%' as '%25'), said in an attribute; a row
+    skipped by its status has no values to write."""
+    from pipeline.output.export import export
+    from pipeline.output.h5io import Writer
+    from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
+    schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 3),))
+    rows = 3
+    w = Writer(tmp_path / "result.h5", schema, {"task": "embed"})
+    w.append(RowBlock(schema, {"ids": np.array([b"a/b", b"50%", b"c"], dtype=object), "index": np.arange(rows),
+                               "lengths": np.ones(rows, np.int32), "num_tokens": np.ones(rows, np.int32),
+                               "truncated": np.zeros(rows, bool), "status": np.array([0, 2, 1], np.int8),
+                               "sequence_digest": np.zeros((rows, 16), np.uint8),
+                               "embeddings/mean": np.arange(9, dtype=np.float32).reshape(3, 3)}))
+    w.finish()
+    target = export(tmp_path / "result.h5", "per-id-h5")
+    with h5py.File(target) as f:
+        assert sorted(f) == ["50%25", "a%2Fb"] and f.attrs["name_escaping"].startswith("2 id(s) hold")
+        assert f["a%2Fb"][:].tolist() == [0, 1, 2] and f["50%25"][:].tolist() == [3, 4, 5]
