@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from index import SequenceIndex
-from index.sequence_index import id_hashes
+from index.id_hash import id_hashes
 
 from ..errors import UserError
 from ..output.variant_list import MalformedMutant, VariantList, parse_mutant
