@@ -20,6 +20,7 @@ from ..config import RunConfig
 from ..errors import UserError
 from ..output import status_codes
 from ..output.schema import BASE_COLUMNS, Schema
+from ..output.variant_list import VariantList
 from ..rundir.layout import RunDir
 from .continued import reconcile, shard_count
 from .input_policies import apply_input_policies
@@ -40,7 +41,7 @@ class Plan:
     index: SequenceIndex
     manifest: dict
     continued: bool         # the run directory already held this run
-    variants: object = None   # output.variant_list.VariantList of --task variants, as read and checked
+    variants: VariantList | None = None   # --task variants: the variants file as read and checked
 
     def record(self, run: RunDir) -> dict:
         """Write the plan into `run` (a new run's index, variants and manifest; a continued run's manifest, with
