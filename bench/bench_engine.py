@@ -6,7 +6,10 @@
                                                          # sequences, plus one 32k-token sequence (native)
 
 `--engines hf,native,native-variant` also times the native engine without batch invariance
-(--no-batch-invariant), the engines taking turns as below.
+(--no-batch-invariant), the engines taking turns as below. On CPU the process first puts MKL in strict
+CNR mode as a worker of a batch-invariant run does, for every engine (`--mkl-default` leaves it in its
+default mode, as a --no-batch-invariant or hf worker runs; bench/mkl_strict_cost.py compares the two,
+which cannot share a process).
 
 Sequences come from tools/make_fasta.py (UniRef-like lengths, seed 1). Each engine runs them the way a
 worker does: length-descending order, batches planned by pipeline.worker.batching.plan_batches under the same
@@ -46,6 +49,9 @@ QWEN35_EIGHTH = dict(hidden_size=512, intermediate_size=1792, num_hidden_layers=
 ESM2_COMMON = dict(vocab_size=33, max_position_embeddings=1026, position_embedding_type="rotary", token_dropout=True,
                    emb_layer_norm_before=False, pad_token_id=0, mask_token_id=32)
 ESM2_650M = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=33, num_attention_heads=20, **ESM2_COMMON)
+# What embed() times with: wall time, or with --clock cpu this process's CPU time (on a shared machine with
+# 1 thread, what other processes' load does not stretch).
+CLOCK = [time.perf_counter]
 ESM2_8M = dict(hidden_size=320, intermediate_size=1280, num_hidden_layers=6, num_attention_heads=20, **ESM2_COMMON)
 
 
@@ -100,7 +106,7 @@ def embed(engine, batch_ids, kind: str, budget: int, max_seqs: int, device: torc
     final = engine.info.num_layers
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
-    start = time.perf_counter()
+    start = CLOCK[0]()
     for a, b in plan_batches(lengths, budget, max_seqs, padded=kind == "hf"):
         out = engine.forward(batch_ids[a:b], [final], False)
         h, cu = out.hidden[final].float(), out.cu_seqlens
@@ -108,7 +114,7 @@ def embed(engine, batch_ids, kind: str, budget: int, max_seqs: int, device: torc
         pooled = torch.zeros(b - a, h.shape[1], device=h.device).index_add_(0, seg, h) / (cu[1:] - cu[:-1])[:, None]
         pooled.cpu()
     sync()
-    return time.perf_counter() - start
+    return CLOCK[0]() - start
 
 
 def embed_interleaved(engines: dict, ids, budget: int, max_seqs: int, device: torch.device,
@@ -141,6 +147,17 @@ def long_sequence(engine, n_tokens: int, device: torch.device) -> str:
     return f"{n_tokens} tokens in {seconds:.2f} s, peak GPU memory {peak:.1f} GiB, finite: {ok}"
 
 
+def mkl_default_mode() -> str:
+    """MKL in its default mode for the whole run (it computes once before anything could set strict mode),
+    with the native engine told that its matmuls keep batch invariance all the same, so that it still runs
+    its batch-invariant code and the two runs differ in MKL's mode alone (timing only: rows may differ)."""
+    from pipeline.engine import config as engine_config, mkl_cnr
+    torch.ones(2, 2) @ torch.ones(2, 2)
+    mode = mkl_cnr.MatmulMode(True, "MKL in its default mode (--mkl-default)")
+    engine_config.strict_matmuls = lambda: mode
+    return mode.text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("device", choices=["cpu", "gpu"])
@@ -163,15 +180,23 @@ def main() -> None:
                         help="CPU: the native delta rule's chunk size instead of pipeline's CPU_CHUNK_SIZE")
     parser.add_argument("--default-malloc", action="store_true",
                         help="CPU: leave glibc malloc at its defaults instead of keeping freed memory, as workers do")
+    parser.add_argument("--mkl-default", action="store_true",
+                        help="CPU: leave MKL in its default mode instead of strict CNR mode, as workers set it "
+                             "(measures what strict mode costs; the native engine still runs batch-invariant)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="time with wall time or this process's CPU time (cpu: for 1 thread on a shared machine)")
     parser.add_argument("--out", default=None, help="also write the table here")
     args = parser.parse_args()
+    if args.clock == "cpu":
+        CLOCK[0] = time.process_time
 
     gpu = args.device == "gpu"
     if gpu and not torch.cuda.is_available():
         raise SystemExit("gpu benchmark: no CUDA device visible")
     device = torch.device("cuda:0" if gpu else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
-    from pipeline.worker.cpu_setup import keep_freed_memory, set_cpu_threads
+    from pipeline.worker.cpu_setup import keep_freed_memory, set_cpu_threads, set_strict_matmuls
+    matmuls = "" if gpu else mkl_default_mode() if args.mkl_default else set_strict_matmuls().text
     flushing = set_cpu_threads(args.threads, not args.keep_denormals)   # as a worker does, for every engine
     keeping = not gpu and not args.default_malloc and keep_freed_memory()
     if args.delta_chunk_size:
@@ -189,9 +214,10 @@ def main() -> None:
              f"dtype {str(dtype).removeprefix('torch.')}; {n} make_fasta.py sequences (seed 1); "
              f"token budget {budget}, max {args.max_seqs} sequences per batch; torch {torch.__version__}; "
              f"denormals {'flushed' if flushing else 'kept'}"
-             + ("" if gpu else f"; malloc {'keeps freed memory' if keeping else 'defaults'}")
+             + ("" if gpu else f"; malloc {'keeps freed memory' if keeping else 'defaults'}; matmuls: {matmuls}")
              + (f"; sequences {args.slice} of the sorted {n}" if args.slice else "")
-             + (f"; native delta-rule chunk {args.delta_chunk_size}" if args.delta_chunk_size else ""),
+             + (f"; native delta-rule chunk {args.delta_chunk_size}" if args.delta_chunk_size else "")
+             + ("; seconds are CPU time" if args.clock == "cpu" else ""),
              "", "| model | engine | sequences | tokens | seconds | tok/s | vs hf |", "| --- | --- | --- | --- | --- | --- | --- |"]
     notes = []
     if gpu:

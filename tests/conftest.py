@@ -16,6 +16,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # and tests/test_report.py turns it back on for its own.
 os.environ.setdefault("RUN_SHARDS_REPORT", "0")
 
+# Matmuls in MKL's strict CNR mode, as workers run them (pipeline/worker/cpu_setup.py), so that in-process
+# engine tests compute what workers compute: MKL takes the mode only before it first computes, so it is set
+# here, before any test does (tests/test_batch_invariance.py checks that it holds).
+from pipeline.worker.cpu_setup import set_strict_matmuls  # noqa: E402
+
+set_strict_matmuls()
+
 import pathlib  # noqa: E402
 
 import pytest  # noqa: E402

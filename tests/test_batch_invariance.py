@@ -2,13 +2,18 @@
 bits whatever the number of workers, the token budget (chunked prefill), torch's thread count and the
 other sequences of a batch.
 
-Three levels: the CPU matmul property the design leans on (checked on the machine that runs the tests);
-the engine's hidden states, log-probabilities and generated tokens for every native model type under
-budgets 4,096 / 1,024 / 256, 1 / 2 / 3 threads and other neighbours; and the real CLI on the demo model
-with 1, 2 and 3 workers, every task, the result files' datasets compared as raw bytes.
+Three levels: the CPU matmul property the design leans on, under MKL's strict CNR mode as workers set it
+(tests/conftest.py sets it the same way for this process; checked on the machine that runs the tests),
+and what is reported where it cannot be set; the engine's hidden states, log-probabilities and generated
+tokens for every native model type under budgets 4,096 / 1,024 / 256, 1 / 2 / 3 threads and other
+neighbours, and one ESM-2 650M-sized layer; and the real CLI on the demo model with 1, 2 and 3 workers,
+every task, the result files' datasets compared as raw bytes, with what the workers' logs say.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -16,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline.engine import mkl_cnr
 from pipeline.engine.native import NativeEngine, SamplingParams
 from pipeline.models.layers.linear import MIN_ROWS, linear
 
@@ -55,16 +61,22 @@ def _orders(n: int) -> dict[str, list[list[int]]]:
 
 
 def test_cpu_matmul_rows_do_not_depend_on_the_row_count_or_threads(restore_threads):
-    """What linear.py's padding relies on: from MIN_ROWS rows up, each output row of F.linear is the same
-    bits for any row count and 1-3 threads (MKL takes another path for fewer rows: padded)."""
+    """What the engine relies on, in the mode workers run MKL in (set for this process by conftest.py
+    through the workers' own call): from MIN_ROWS rows up, each output row of F.linear is the same bits for
+    any row count and 1-3 threads, for the tiny models' shapes and real ones (hidden 1,024 and an ESM-2
+    650M MLP); fewer rows are padded (MKL's default mode takes another path for them). Without strict
+    mode on an Intel CPU, a 1,024 -> 256 product's rows with 2 threads differ from 1 thread's for every
+    row count up to 100."""
+    mode = mkl_cnr.current()
+    assert mode.holds, mode.text
     gen = torch.Generator().manual_seed(0)
-    for k, n in ((64, 96), (64, 192), (96, 64), (256, 1024), (1024, 256)):
-        w, x = torch.randn(n, k, generator=gen), torch.randn(600, k, generator=gen)
+    for k, n in ((64, 96), (64, 192), (96, 64), (256, 1024), (1024, 256), (1280, 5120), (5120, 1280)):
+        w, x = torch.randn(n, k, generator=gen), torch.randn(600 if k * n < 1 << 20 else 333, k, generator=gen)
         torch.set_num_threads(1)
         reference = F.linear(x, w)
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            for m in (MIN_ROWS, MIN_ROWS + 1, 23, 64, 100, 333, 600):
+            for m in (m for m in (MIN_ROWS, MIN_ROWS + 1, 23, 64, 100, 333, 600) if m <= len(x)):
                 assert torch.equal(F.linear(x[:m], w), reference[:m]), (k, n, threads, m)
             for m in (1, 2, 3, 5, 7, 11):   # padded: the same bits as in a full product
                 assert torch.equal(linear(x[:m], w), reference[:m]), (k, n, threads, m)
@@ -101,9 +113,9 @@ def _forward_rows(path, dtype, budget, threads, batches, batch, layers, logprobs
     return rows
 
 
-@pytest.mark.parametrize("kind,dtype", [(kind, torch.float32) for kind in KINDS]
-                         + [("llama", torch.bfloat16), ("qwen3_5", torch.bfloat16)])
-def test_hidden_states_and_logprobs_are_bitwise_batch_invariant(checkpoints, kind, dtype, restore_threads):
+@pytest.mark.parametrize("kind", KINDS)
+def test_hidden_states_and_logprobs_are_bitwise_batch_invariant(checkpoints, kind, restore_threads):
+    dtype = torch.float32
     causal = kind not in ENCODERS
     lengths = [n for n in LENGTHS if n <= 1000]
     batch = random_sequences(lengths, seed=3)
@@ -115,6 +127,34 @@ def test_hidden_states_and_logprobs_are_bitwise_batch_invariant(checkpoints, kin
     for cfg, rows in results.items():
         differ = [lengths[i] for i in range(len(batch)) if rows[i] != reference[i]]
         assert not differ, f"{kind} {dtype}: budget {cfg[0]}, {cfg[1]} thread(s), {cfg[2]}: sequences of {differ} residues differ"
+
+
+@pytest.fixture(scope="module")
+def esm2_650m_layer(tmp_path_factory):
+    """One ESM-2 650M-sized layer (hidden 1,280, MLP 5,120, 20 heads): the tiny models' products (hidden
+    64) never showed MKL's row-count and thread-count dependence; products of this size do."""
+    from transformers import EsmConfig, EsmForMaskedLM
+
+    from pipeline.models import demo as demo_model
+    path = tmp_path_factory.mktemp("esm2-650m-layer")
+    torch.manual_seed(0)
+    EsmForMaskedLM(EsmConfig(vocab_size=33, hidden_size=1280, intermediate_size=5120, num_hidden_layers=1,
+                             num_attention_heads=20, pad_token_id=0, mask_token_id=32, token_dropout=True,
+                             position_embedding_type="rotary", max_position_embeddings=1026)).save_pretrained(path)
+    demo_model.build_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_a_real_sized_layer_is_bitwise_batch_invariant(esm2_650m_layer, restore_threads):
+    """All at once on 1 thread against each sequence alone on 2 threads (rows of 16-300: the products that
+    differed on Intel without strict mode) and every other one on 3."""
+    lengths = [1, 3, 13, 64, 130, 300]
+    batch = random_sequences(lengths, seed=3)
+    orders = _orders(len(batch))
+    results = [_forward_rows(esm2_650m_layer, torch.float32, budget, threads, orders[order], batch, [0, 1], False)
+               for budget, threads, order in ((4096, 1, "all"), (256, 2, "alone"), (1024, 3, "odd"))]
+    for rows in results[1:]:
+        assert [lengths[i] for i in range(len(batch)) if rows[i] != results[0][i]] == []
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_5"])
@@ -143,10 +183,55 @@ def test_budget_below_the_split_grid_turns_the_property_off_with_a_warning(check
     engine = NativeEngine.load(str(checkpoints["llama"]), CPU, torch.float32, "", max_tokens_per_step=48,
                                max_seqs=8)
     assert not engine.config.batch_invariant
-    assert "below 64: outputs are not batch-invariant" in caplog.text and "--max-tokens-per-batch" in caplog.text
+    assert "outputs are not batch-invariant" in caplog.text and "a step budget of 48 tokens is below 64" in caplog.text
+    assert "--max-tokens-per-batch" in caplog.text
     off = NativeEngine.load(str(checkpoints["llama"]), CPU, torch.float32, "", max_tokens_per_step=4096,
                             max_seqs=8, batch_invariant=False)
     assert not off.config.batch_invariant
+
+
+def test_16_bit_runs_on_cpu_are_not_claimed_batch_invariant(checkpoints, caplog):
+    """bfloat16 products run through oneDNN, not MKL: on an Intel CPU with AMX the rows of a 1,280 -> 5,120
+    product changed with the row count even on 1 thread, and strict CNR mode does not reach them."""
+    engine = NativeEngine.load(str(checkpoints["llama"]), CPU, torch.bfloat16, "", max_tokens_per_step=4096,
+                               max_seqs=8)
+    assert not engine.config.batch_invariant
+    assert "bfloat16 products on CPU run through oneDNN" in caplog.text and "--dtype float32" in caplog.text
+
+
+# A process whose MKL computed before a worker's setup ran: what cpu_setup and the engine then report.
+MKL_USED_FIRST = """
+import logging, sys
+sys.path.insert(0, {repo!r})
+import torch
+torch.ones(8, 8) @ torch.ones(8, 8)
+from pipeline.engine.native import NativeEngine
+from pipeline.errors import UserError
+from pipeline.worker.cpu_setup import set_strict_matmuls
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+mode = set_strict_matmuls()
+print("mode:", mode.holds, mode.text)
+engine = NativeEngine.load({model!r}, torch.device("cpu"), torch.float32, "", max_tokens_per_step=4096, max_seqs=8)
+print("engine:", engine.config.batch_invariant)
+try:
+    set_strict_matmuls(run_dir="OUT")
+except UserError as e:
+    print("refused:", e)
+"""
+
+
+@pytest.mark.skipif(not mkl_cnr.strict_supported(), reason="MKL's strict mode does not apply to this CPU")
+def test_mkl_used_before_the_setup_turns_the_property_off_and_is_said(checkpoints):
+    code = MKL_USED_FIRST.format(repo=str(REPO), model=str(checkpoints["llama"]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "MKL_CBWR"})
+    assert done.returncode == 0, done.stderr
+    out = done.stdout + done.stderr
+    assert "mode: False MKL computed in this process before its strict CNR mode could be set" in out
+    assert "engine: False" in out
+    assert "outputs are not batch-invariant (they may change in the last bits with the batch): MKL computed" in out
+    assert ("refused: this worker cannot compute the run's rows batch-invariant, as its result file will say they "
+            "are: MKL computed") in out and "`run_shards rerun OUT`" in out
 
 
 # ---- the real CLI ------------------------------------------------------------------------------------
@@ -196,6 +281,8 @@ def test_result_files_are_byte_identical_across_workers_and_budgets(models, demo
                       *(TASKS[task] if model == "demo" else OTHER_TYPES[model]))
         assert res.returncode == 0, res.stderr
         results.append(_datasets(out / "result.h5"))
+        for rank in range(workers):   # each worker states the mode it runs MKL in: this process's (conftest.py)
+            assert f"matmuls: {mkl_cnr.current().text}" in (out / "logs" / f"worker_{rank}.log").read_text()
     (reference, attrs), others = results[0], results[1:]
     assert attrs["batch_invariant"] and attrs["engine"] == "native"
     assert any(name.startswith(("embeddings", "score", "generate")) for name in reference)
@@ -207,10 +294,16 @@ def test_result_files_are_byte_identical_across_workers_and_budgets(models, demo
 
 
 def test_the_result_says_when_a_run_is_not_batch_invariant(models, demo_subset, tmp_path):
-    for name, args in (("off", ("--no-batch-invariant",)), ("hf", ("--engine", "hf"))):
+    """Asked not to be, the hf engine, bfloat16, and a user's MKL_CBWR that is not strict (kept as it is)."""
+    cases = (("off", ("--no-batch-invariant",), {}), ("hf", ("--engine", "hf"), {}),
+             ("bf16", ("--dtype", "bfloat16"), {}), ("mkl_cbwr", (), {"MKL_CBWR": "COMPATIBLE"}))
+    for name, args, env in cases:
         out = tmp_path / name
         res = run_cli(str(demo_subset), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--no-progress",
-                      "-q", *args)
+                      "-q", *args, env=env)
         assert res.returncode == 0, res.stderr
         _, attrs = _datasets(out / "result.h5")
         assert attrs["batch_invariant"] == False, name   # noqa: E712 (numpy bool)
+    log = (tmp_path / "mkl_cbwr" / "logs" / "worker_0.log").read_text()
+    assert "matmuls: MKL_CBWR=COMPATIBLE from the environment is kept, and is not MKL's strict CNR mode" in log
+    assert "outputs are not batch-invariant" in log and "unset MKL_CBWR" in log

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import UserError
 from ..models.base import ModelSpec
+from .mkl_cnr import strict_matmuls
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +24,30 @@ PAGE_SIZE = 16
 INVARIANT_SPLIT = 64
 
 
-def batch_invariance_holds(budget: int, on_cpu: bool) -> bool:
+def batch_invariance_holds(budget: int, on_cpu: bool, dtype: torch.dtype) -> bool:
     """Whether a batch-invariant run keeps the property: on CPU (on a GPU cuBLAS picks a matmul's
-    algorithm by its shape) with a step budget of at least INVARIANT_SPLIT tokens. The engine and the
-    result's attribute (pipeline/engine/selection.py) both ask here."""
-    return on_cpu and budget >= INVARIANT_SPLIT
+    algorithm by its shape), in float32, with a step budget of at least INVARIANT_SPLIT tokens, where this
+    process's matmuls give each row the same bits whatever the row and thread count (mkl_cnr.strict_matmuls:
+    MKL in strict CNR mode, which asking here sets if nothing in this process computed yet). 16-bit
+    products on CPU run through oneDNN, which has no such mode: a 1,280 -> 5,120 bfloat16 product's rows
+    change with the row count and the thread count (docs/engine.md).
+
+    The engine (in each worker) and the result's attribute (pipeline/engine/selection.py, in the parent)
+    both ask here. The parent computes nothing, so its answer is the one a fresh worker of the same torch
+    and environment gets; a worker whose own answer is no (MKL used before its strict mode could be set,
+    another environment) refuses to compute the run's rows (worker/cpu_setup.set_strict_matmuls)."""
+    return on_cpu and budget >= INVARIANT_SPLIT and dtype == torch.float32 and strict_matmuls().holds
+
+
+def not_invariant_reason(budget: int, dtype: torch.dtype) -> str:
+    """Why batch_invariance_holds said no on CPU, and what keeps the property, for the warning at start."""
+    if budget < INVARIANT_SPLIT:
+        return (f"a step budget of {budget} tokens is below {INVARIANT_SPLIT}; raise --max-tokens-per-batch to "
+                "keep them so")
+    if dtype != torch.float32:
+        return (f"{str(dtype).removeprefix('torch.')} products on CPU run through oneDNN, whose row results "
+                "depend on the row and thread count; --dtype float32 keeps them batch-invariant")
+    return strict_matmuls().text
 
 
 @dataclass(frozen=True)
@@ -77,11 +97,10 @@ class EngineConfig:
         # Not asked for on a GPU, where it cannot hold: the kernels' own batch-invariant modes (no walk
         # segments) would only cost parallelism.
         on_cpu = not self.triton_kernels(device) and device.type == "cpu"
-        invariant = self.batch_invariant and batch_invariance_holds(self.max_tokens_per_step, on_cpu)
+        invariant = self.batch_invariant and batch_invariance_holds(self.max_tokens_per_step, on_cpu, dtype)
         if self.batch_invariant and on_cpu and not invariant:
-            log.warning("a step budget of %d tokens is below %d: outputs are not batch-invariant (they may change "
-                        "in the last bits with the batch); raise --max-tokens-per-batch to keep them so",
-                        self.max_tokens_per_step, INVARIANT_SPLIT)
+            log.warning("outputs are not batch-invariant (they may change in the last bits with the batch): %s",
+                        not_invariant_reason(self.max_tokens_per_step, dtype))
         resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk,
                            batch_invariant=invariant)
         resolved._check_memory(spec, device, dtype)

@@ -26,11 +26,19 @@ def choose(engine: str, model_type: str, task: str) -> str:
 def batch_invariant(engine: str, config) -> bool:
     """Whether a run's stored values are the same bits whatever its number of workers, token budget and
     the other sequences of each batch: the native engine with --batch-invariant (the default) where
-    batch_invariance_holds (on CPU, a budget of at least 64 tokens; docs/engine.md). Not the hf engine
-    (transformers pads a batch to its longest sequence and runs each shape's own kernels)."""
+    batch_invariance_holds (on CPU in float32, a budget of at least 64 tokens, MKL in strict mode;
+    docs/engine.md). Not the hf engine (transformers pads a batch to its longest sequence and runs each
+    shape's own kernels)."""
     from .config import batch_invariance_holds
+    dtype = getattr(torch, config.torch_dtype_name)
     return (engine == "native" and config.batch_invariant
-            and batch_invariance_holds(config.tokens_per_batch, on_cpu=not config.on_gpu))
+            and batch_invariance_holds(config.tokens_per_batch, not config.on_gpu, dtype))
+
+
+def why_not_batch_invariant(config) -> str:
+    """Why `batch_invariant` says no for a native CPU run that asked for the property, and what keeps it."""
+    from .config import not_invariant_reason
+    return not_invariant_reason(config.tokens_per_batch, getattr(torch, config.torch_dtype_name))
 
 
 def check_dtype(engine: str, dtype: str, on_gpu: bool) -> None:

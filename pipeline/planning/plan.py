@@ -139,9 +139,9 @@ def choose_model(config: RunConfig) -> Model:
     info, hf_tokenizer = checkpoint.describe(source, engine)
     if engine == "native" and config.batch_invariant and not config.on_gpu \
             and not engines.batch_invariant(engine, config):
-        log.warning("--max-tokens-per-batch %d is below 64: this run's values are not batch-invariant (they may "
-                    "differ in their last bits with another budget or number of workers; the result's "
-                    "`batch_invariant` attribute says so)", config.tokens_per_batch)
+        log.warning("this run's values are not batch-invariant (they may differ in their last bits with another "
+                    "budget or number of workers; the result's `batch_invariant` attribute says so): %s",
+                    engines.why_not_batch_invariant(config))
     return Model(source, engine, info, hf_tokenizer)
 
 

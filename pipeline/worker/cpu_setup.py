@@ -1,6 +1,35 @@
-"""How a CPU worker process tunes itself before its first op: torch threads that flush float denormals, and
-a malloc that keeps freed memory (docs/BENCHMARKS.md has what each is worth)."""
+"""How a CPU worker process tunes itself before its first op: MKL in strict CNR mode, torch threads that
+flush float denormals, and a malloc that keeps freed memory (docs/engine.md and docs/BENCHMARKS.md)."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..engine.mkl_cnr import MatmulMode
+
+
+def set_strict_matmuls(batch_invariant: bool = True, run_dir: str | None = None) -> "MatmulMode":
+    """For a batch-invariant process, put MKL in strict CNR mode before its first op; else leave MKL as it
+    is. Returns what holds. With `run_dir` (a worker of a run whose result says it is batch-invariant), a
+    UserError if it does not hold here.
+
+    Why: on Intel CPUs MKL's sgemm otherwise splits a product's reduction by its row count and the thread
+    count (rows of a 1,024 -> 256 product with 2 threads differed in the last bits from 1 thread's for
+    every row count up to 100), so stored values would depend on the number of workers and the token
+    budget. MKL accepts the mode only before it first computes, hence here, first. Runs that are not
+    batch-invariant keep MKL's default mode: strict mode makes tiny products slower (the demo model 7%;
+    docs/BENCHMARKS.md). The parent promised the property after asking the same question in its own
+    process (engine/config.batch_invariance_holds); a worker that cannot keep it (its MKL used before this
+    call, another MKL_CBWR) must not write rows under that promise. (torch is imported here, not with the
+    module, as in the functions below.)"""
+    from ..engine import mkl_cnr
+    mode = mkl_cnr.strict_matmuls() if batch_invariant else mkl_cnr.current()
+    if batch_invariant and run_dir and not mode.holds:
+        raise UserError(f"this worker cannot compute the run's rows batch-invariant, as its result file will say "
+                        f"they are: {mode.text}. Fix that, then `run_shards rerun {run_dir}`")
+    return mode
 
 
 def set_cpu_threads(threads: int, flush_denormals: bool = True) -> bool:

@@ -30,7 +30,7 @@ from ..tasks import make_task, schema_for
 from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer
 from .batching import plan_batches, plan_generate_batches
-from .cpu_setup import keep_freed_memory, set_cpu_threads
+from .cpu_setup import keep_freed_memory, set_cpu_threads, set_strict_matmuls
 
 log = logging.getLogger("run_shards.worker")
 
@@ -122,6 +122,8 @@ class ShardRun:
     def _load_engine(self, shard: Opened):
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
         config, manifest, t0 = shard.config, shard.manifest, time.time()
+        invariant = bool(manifest["attrs"].get("batch_invariant"))
+        matmuls = None if config.on_gpu else set_strict_matmuls(invariant, str(self.run_dir.root))
         flushing = set_cpu_threads(self.threads)
         log.info("%d CPU thread(s); float denormals %s", self.threads,
                  "flushed to zero" if flushing else
@@ -130,6 +132,7 @@ class ShardRun:
         if not config.on_gpu:
             log.info("malloc %s", "keeps freed memory for reuse" if keep_freed_memory() else
                      "left at its defaults (not glibc); CPU runs may spend more time in page faults")
+            log.info("matmuls: %s", matmuls.text)
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
