@@ -1,7 +1,8 @@
 # Quickstart targets: `make demo` installs into .venv and runs the demo; `make test` runs the tests.
 # The install includes the `ray` extra (plain Ray core, about 20 s and 250 MB) so CI runs the Ray launcher's
 # tests, and the `parquet` extra (pyarrow) for `export --format parquet` and its tests; `pip install -e .`
-# alone does without them.
+# alone does without them (it installs sentencepiece, with which transformers reads ProtT5's half-precision
+# encoder tokenizer, published as spiece.model alone).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin

@@ -220,7 +220,7 @@ def bench_prefill(cases, device, dtype, torch_max_tokens, fla_chunk, block_vs):
                         f"{nbytes / 1e9:.3f} | {nbytes / ms / 1e6:.0f} | {err} | {vs_fla} |")
         if hf is not None and o_ref is None:
             rows.append(f"| {case.label} | torch reference | skipped (> {torch_max_tokens} tokens) | | | | | |")
-        del inputs, o_ours, o_ref
+        inputs = o_ours = o_ref = None   # freed before the next case is allocated
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows

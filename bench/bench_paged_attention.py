@@ -159,7 +159,7 @@ def bench_decode(setup: Setup, batches, contexts, peak_gbps) -> list[str]:
             rows.append(f"| {num_seqs} | {context} | {t * 1e3:.1f} | {(kv_bytes + qo_bytes) / 1e6:.1f} | "
                         f"{gbps:.0f} | {peak} | {setup.check_vs_reference(batch, out, True)} | "
                         f"{setup.launch_of(batch)} |")
-            del batch, out
+            batch = out = None   # freed before the next size is allocated
             if setup.device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows
@@ -220,7 +220,7 @@ def main(argv=None) -> None:
     setup = Setup(device, dtype, args.page_size, args.smoke)
     described, peak = device_description(device)
     peak = args.peak_gbps or peak
-    lines = [f"# paged_attention benchmark", "", f"Device: {described}. dtype {str(dtype)[6:]}, page size "
+    lines = ["# paged_attention benchmark", "", f"Device: {described}. dtype {str(dtype)[6:]}, page size "
              f"{args.page_size}, pages randomly permuted. Launch knobs: default rule (bq = block_q, tile = keys "
              "per tile, w = num_warps, s = num_stages, split = num_kv_splits).", ""]
     lines += ["## Prefill, causal (Hq 32, Hkv 8, D 128) vs SDPA flash on the dense layout", "",

@@ -16,9 +16,9 @@ pipeline.batching.plan_batches under one token budget, padded for hf, ragged for
 taking turns on slices of about two step budgets of the sorted sequences), the mean of the final hidden
 state taken per batch.
 
-The hf side is pipeline.engine.hf.HFEngine's forward (right-padded batch, attention mask, unpadding) on
-transformers' T5EncoderModel, the class ProtT5's model card uses: HFEngine's own loader builds AutoModel,
-the whole encoder-decoder, which wants decoder inputs (issue 25, mended separately).
+The hf side is pipeline.engine.hf.HFEngine as a worker loads it (right-padded batch, attention mask,
+unpadding): it builds transformers' T5EncoderModel, the class ProtT5's model card uses (the model registry's
+hf_class for the T5 families). CPU runs put MKL in strict mode as a batch-invariant worker does (--mkl-default leaves its default mode).
 """
 from __future__ import annotations
 
@@ -31,11 +31,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import REPO, embed, sequences  # noqa: E402
+from bench_engine import REPO, embed, mkl_default_mode, sequences  # noqa: E402
 
 sys.path.insert(0, str(REPO))
-from pipeline import demo_model  # noqa: E402
-from pipeline.models.checkpoint import EngineInfo  # noqa: E402
+from pipeline.models import demo as demo_model  # noqa: E402
 from pipeline.engine.hf import HFEngine  # noqa: E402
 from pipeline.models.hf_config import quiet_transformers  # noqa: E402
 
@@ -43,21 +42,6 @@ from pipeline.models.hf_config import quiet_transformers  # noqa: E402
 PROTT5_XL = dict(vocab_size=128, d_model=1024, d_kv=128, d_ff=16384, num_heads=32, relative_attention_num_buckets=32,
                  relative_attention_max_distance=128, feed_forward_proj="relu", layer_norm_epsilon=1e-6,
                  is_encoder_decoder=True, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-
-
-class HFT5Encoder(HFEngine):
-    """HFEngine's forward on T5EncoderModel (see the module docstring); only the loading differs."""
-
-    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype):
-        from transformers import T5EncoderModel
-        self.device = device
-        self.base = T5EncoderModel.from_pretrained(path, dtype=dtype).to(device).eval()
-        self.lm = self.head = None
-        self.pad_id = self.base.config.pad_token_id
-        self.real_tokens = self.computed_tokens = 0
-        config = self.base.config
-        self.info = EngineInfo(name="hf", hidden_size=config.d_model, num_layers=config.num_layers, is_causal=False,
-                               max_tokens=None, architecture="T5EncoderModel")
 
 
 def embed_alternating(engines: dict, ids, budget: int, max_seqs: int, device: torch.device) -> dict[str, float]:
@@ -105,6 +89,8 @@ def main() -> None:
     parser.add_argument("--max-seqs", type=int, default=256)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="default: float32 on CPU, bfloat16 on GPU")
+    parser.add_argument("--mkl-default", action="store_true",
+                        help="CPU: leave MKL in its default mode (as docs/BENCHMARKS.md's first T5 numbers ran)")
     parser.add_argument("--out", default=None, help="also write the table here")
     args = parser.parse_args()
 
@@ -113,7 +99,8 @@ def main() -> None:
         raise SystemExit("gpu benchmark: no CUDA device visible")
     device = torch.device("cuda:0" if gpu else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
-    from pipeline.devices import keep_freed_memory, set_cpu_threads
+    from pipeline.worker.cpu_setup import keep_freed_memory, set_cpu_threads, set_strict_matmuls
+    matmuls = "" if gpu else mkl_default_mode() if args.mkl_default else set_strict_matmuls().text
     set_cpu_threads(args.threads, True)   # as a worker does, for both engines
     if not gpu:
         keep_freed_memory()
@@ -125,15 +112,18 @@ def main() -> None:
     from pipeline.engine.native import NativeEngine
     from transformers import AutoTokenizer
     ids = sequences(n, AutoTokenizer.from_pretrained(path), args.max_len)
-    engines = {"hf": HFT5Encoder(path, device, dtype),
+    engines = {"hf": HFEngine(str(path), device, dtype, logprobs=False),
                "native": NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget,
                                            max_seqs=args.max_seqs, max_model_len=max(budget, args.max_len))}
+    built = type(engines["hf"].base).__name__
+    if built != "T5EncoderModel":   # the comparison is with the class ProtT5's card uses
+        raise SystemExit(f"the hf engine built {built}, not T5EncoderModel")
     tokens = sum(map(len, ids))
     seconds = embed_alternating(engines, ids, budget, args.max_seqs, device)
     where = torch.cuda.get_device_name(0) if gpu else f"CPU, {args.threads} thread(s)"
     lines = [f"ProtT5-XL layer shapes, {layers} layer(s); {where}; dtype {str(dtype).removeprefix('torch.')}; "
              f"{n} make_fasta.py sequences (seed 1), at most {args.max_len} tokens; token budget {budget}, "
-             f"max {args.max_seqs} sequences per batch; torch {torch.__version__}",
+             f"max {args.max_seqs} sequences per batch; torch {torch.__version__}" + (f"; matmuls: {matmuls}" if matmuls else ""),
              "", "| engine | sequences | tokens | seconds | tok/s | vs hf |", "| --- | --- | --- | --- | --- | --- |"]
     for kind in engines:
         rate = tokens / seconds[kind]

@@ -86,7 +86,8 @@ def main() -> None:
         import pipeline.models.layers.mlp as mlp
         mlp.CPU_SPLIT_GATE_UP = False
     if args.conv_block_rows:
-        gdn.CPU_CONV_BLOCK_ROWS = args.conv_block_rows
+        import triton_kernels.causal_conv.torch_path as conv_torch_path
+        conv_torch_path.CPU_CONV_BLOCK_ROWS = args.conv_block_rows
     if args.delta_group_bytes:
         import triton_kernels.gated_delta_rule.torch_path as torch_path
         torch_path.GROUP_BYTES = int(args.delta_group_bytes)
@@ -159,7 +160,7 @@ def main() -> None:
         hf_total, hf_spent = hf_profile(path, batch, dtype, passes)
         rows = (("MLPs", "MLP"), ("attention layers", "gated attention"), ("delta-rule layers", "whole layer"),
                 ("... of which the delta rule", "delta rule"), ("... of which the causal conv", "conv"))
-        print(f"\n| same batch, whole pass (ms) | hf | native |\n| --- | ---: | ---: |")
+        print("\n| same batch, whole pass (ms) | hf | native |\n| --- | ---: | ---: |")
         for name, key in rows:
             print(f"| {name} | {hf_spent[key] / passes * 1e3:.0f} | {spent[key] / passes * 1e3:.0f} |")
         print(f"| forward | {hf_total * 1e3:.0f} | {total * 1e3:.0f} |")

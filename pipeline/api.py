@@ -22,6 +22,7 @@ from .output import result as result_merge, shard_state
 from .planning.continued import with_launch_settings
 from .planning.plan import plan
 from .planning.run_index import load_run_index, start_over_advice
+from .reporting.facts import unknown_residues_line
 from .rundir import run_log
 from .rundir.layout import RunDir, RunLock
 
@@ -156,6 +157,9 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "
                         f"{start_over_advice(run, manifest)}")
     path = result_merge.merge_result(run, manifest, index, allow_partial=False)
+    unknown = unknown_residues_line(run)
+    if unknown:
+        log.warning("%s", unknown)
     _log_timings(timings, started)
     return path
 

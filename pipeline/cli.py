@@ -165,9 +165,11 @@ def field_option(name: str, **overrides):
 def config_options(command):
     """Every RunConfig setting the CLI does not set itself, as an option of `command`, in field order."""
     import dataclasses
+    from .models.registry import families_help
+    engine_help = families_help() + "; auto: native where it runs the checkpoint."   # the registry's families
     for f in reversed(dataclasses.fields(RunConfig)):
         if not f.metadata["option"].apart:
-            command = field_option(f.name)(command)
+            command = field_option(f.name, **({"help": engine_help} if f.name == "engine" else {}))(command)
     return command
 
 

@@ -22,6 +22,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 PER_RESIDUE_DTYPES = ("float16", "float32")
 ON_LONG = ("error", "truncate", "skip", "window")
 ON_DUPLICATE = ("error", "rename")
+INPUT_FORMATS = ("auto", "plain", "spaced")   # how residues are written for the tokenizer (docs/models.md)
 LAUNCHERS = ("local", "slurm", "ray")
 
 # Token budgets per batch when --max-tokens-per-batch is not given: CPU batches stay cache-friendly,
@@ -131,6 +132,11 @@ class RunConfig:
         help="native engine on CPU: every stored value the same bits whatever the number of workers, the token "
              "budget (64 or more) and the other sequences of a batch (docs/engine.md); off: up to a few percent "
              "faster, values may differ in the last bits.")
+    input_format: str = setting(RESULT, "--input-format", default="auto", choices=INPUT_FORMATS,
+                                help="How residues are written for the tokenizer: auto = the model family's card "
+                                     "(docs/models.md); plain = as written; spaced = space-separated.")
+    trust_remote_code: bool = setting(LAUNCH, "--trust-remote-code", default=False,
+                                      help="Let transformers run a checkpoint's own Python code (hf engine).")
     checkpoint_sequences: int = setting(LAUNCH, "--checkpoint-every", default=20000, minimum=1,
                                         help="Checkpoint at least every N sequences per worker.")
     checkpoint_seconds: float = setting(LAUNCH, "--checkpoint-seconds", default=60.0, minimum=0, above_minimum=True,

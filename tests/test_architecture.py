@@ -24,7 +24,7 @@ def test_no_module_import_cycles():
 
 # The rooms, top down (docs/DESIGN.md, "Rooms"): a module imports only from its own room or a lower one.
 ORDER = ("cli", "api", "reporting", "launchers", "planning", "worker", "tasks", "engine", "models", "output",
-         "rundir", "config", "faults", "exits", "errors", "pipeline", "index", "triton_kernels")
+         "rundir", "config", "faults", "exits", "errors", "processes", "pipeline", "index", "triton_kernels")
 
 
 def test_rooms_import_downwards():

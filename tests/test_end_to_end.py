@@ -343,7 +343,7 @@ def test_model_limits_read_from_checkpoints(models, tmp_path):
     from index.cache import cache_dir
 
     def describe(path):
-        return model_source.describe(model_source.resolve(str(path), cache_dir()), "hf")[0]
+        return model_source.describe(model_source.resolve(str(path), cache_dir()), "hf")
 
     llama = describe(models["llama"])            # rotary, 4096 trained positions, tokenizer max 100000
     assert llama.max_tokens == 100000 and llama.extra["trained_context"] == 4096 and llama.is_causal

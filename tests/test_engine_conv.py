@@ -26,7 +26,7 @@ class Config:
     hidden_size, rms_norm_eps = 8, 1e-6
 
 
-def step_context(q_lens, read, write, slots):
+def step_context(q_lens, read, write, slots, invariant_block=0):
     q_lens = np.asarray(q_lens, np.int64)
     T = int(q_lens.sum())
     z = torch.zeros(T, dtype=torch.int64)
@@ -34,11 +34,14 @@ def step_context(q_lens, read, write, slots):
     return StepContext(input_ids=z, positions=z, cu_seqlens=torch.zeros(1), kv_lens=torch.zeros(1),
                        block_tables=torch.zeros(1), slot_mapping=z, q_lens=q_lens,
                        prior_lens=np.where(np.isin(np.arange(len(q_lens)), read), 5, 0),
-                       state_read=as_pair(read), state_write=as_pair(write))
+                       state_read=as_pair(read), state_write=as_pair(write), invariant_block=invariant_block)
 
 
+@pytest.mark.parametrize("invariant", [False, True], ids=["corrected", "batch-invariant"])
 @pytest.mark.parametrize("seed,dtype", [(s, torch.float32) for s in range(8)] + [(7, torch.bfloat16)])
-def test_ragged_conv_matches_conv1d_per_sequence(seed, dtype):
+def test_ragged_conv_matches_conv1d_per_sequence(seed, dtype, invariant):
+    """Both ways of fixing the rows next to sequence starts: a correction added to the shifted sum, or (batch-
+    invariant) the row computed again from its own inputs."""
     rng = np.random.default_rng(seed)
     layer = GatedDeltaNet(Config())
     width, C = layer.kernel - 1, layer.conv_dim
@@ -56,7 +59,7 @@ def test_ragged_conv_matches_conv1d_per_sequence(seed, dtype):
     before = state.clone()
     x = torch.randn(int(q_lens.sum()), C).to(dtype)
 
-    out = layer._conv(x, state, step_context(q_lens, read, write, slots))
+    out = layer._conv(x, state, step_context(q_lens, read, write, slots, invariant_block=64 if invariant else 0))
     assert out.dtype == torch.float32
     x, before = x.float(), before.float()
 

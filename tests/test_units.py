@@ -294,19 +294,20 @@ def test_partial_rotary_in_place_equals_the_concatenated_form(dtype):
 
 
 def test_rotary_only_model_types_have_no_position_table_when_built():
-    """The planning shortcut (hf_config.ROTARY_ONLY_MODEL_TYPES answers 'no position table' without building
-    the model) agrees with building each family on the meta device; and a learned table is still found."""
-    from transformers import AutoModel, GPT2Config, LlamaConfig, Qwen3_5TextConfig, Qwen3Config
+    """The planning shortcut (a registry family marked rotary_only answers 'no position table' without building
+    the model) agrees with building each such family on the meta device; and a learned table is still found."""
+    from transformers import (AutoModel, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3_5TextConfig,
+                              Qwen3Config)
 
-    from pipeline.models import hf_config
+    from pipeline.models import hf_config, registry
     small = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2)
     configs = {"llama": LlamaConfig(**small), "qwen3": Qwen3Config(head_dim=8, **small),
-               "qwen3_5_text": Qwen3_5TextConfig(head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2,
-                                                 linear_key_head_dim=8, linear_value_head_dim=8, **small)}
-    assert set(configs) | {"qwen3_5"} == set(hf_config.ROTARY_ONLY_MODEL_TYPES)
+               "qwen3_5": Qwen3_5TextConfig(head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2,
+                                            linear_key_head_dim=8, linear_value_head_dim=8, **small),
+               "mistral": MistralConfig(**small), "qwen2": Qwen2Config(**small)}
+    assert set(configs) == {f.key for f in registry.FAMILIES if f.rotary_only}
     for name, config in configs.items():
-        assert config.model_type == name
         assert hf_config.position_table_tokens(config) is None
         with torch.device("meta"):
             model = AutoModel.from_config(config)

@@ -8,6 +8,8 @@ every position: the straightforward recipe the native engine is measured against
 """
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -16,50 +18,54 @@ from ..models.checkpoint import EngineInfo
 from .interface import ForwardOutput, OutOfMemory, target_logprobs
 from ..errors import UserError
 
+log = logging.getLogger("run_shards.worker")
+
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # bound the float32 logits computed at once (256 MiB)
 
 
 class HFEngine:
     def __init__(self, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
-                 fingerprint: str = "", max_tokens=..., tokens_per_batch: int = 4096):
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
-
-        from ..models.hf_config import (is_causal_lm, is_masked_lm, model_max_tokens, quiet_transformers,
-                                        text_config as text_of)
+                 fingerprint: str = "", info: EngineInfo | None = None, trust_remote_code: bool = False,
+                 tokens_per_batch: int = 4096):
+        from ..models import checkpoint
+        from ..models.hf_config import quiet_transformers, text_config as text_of
         quiet_transformers()
         self.device = device
-        config = AutoConfig.from_pretrained(model_path)
+        source = checkpoint.local_source(model_path, fingerprint)
+        config = checkpoint.read_config(source, trust_remote_code)
+        self.tokenizer = checkpoint.read_tokenizer(source, config, trust_remote_code)
+        self.info = replace(info or checkpoint.describe(source, "hf", self.tokenizer, trust_remote_code, config),
+                            name="hf")
         text_config = text_of(config)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        archs = list(getattr(config, "architectures", None) or [])
-        is_causal = is_causal_lm(config.model_type, archs)
-        masked = not is_causal and is_masked_lm(archs)
-        self.tokens_per_batch = tokens_per_batch
-        kwargs = {"dtype": dtype}
-        if config.model_type == "esm":
-            kwargs["add_pooling_layer"] = False
-        if logprobs and is_causal:
-            self.lm = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device).eval()
-            self.base = self.lm.base_model
-            self.head = self.lm.get_output_embeddings()
+        if trust_remote_code and source.facts.remote_code:
+            log.warning("running the checkpoint's own Python code (--trust-remote-code): %s",
+                        "; ".join(source.facts.remote_code))
+        self.lm, self.head, self.base = None, None, None
+        self.tokens_per_batch = tokens_per_batch   # padded tokens per batch of logprobs_at
+        if logprobs and self.info.is_causal:
             for attr in ("final_logit_softcapping", "logit_scale"):
                 if getattr(text_config, attr, None):  # the head alone would not give the model's logits
                     raise UserError(f"--task score is not supported for models with {attr} (their logits are "
                                     "not the head's output alone); embed works")
-        elif logprobs and masked:
-            kwargs.pop("add_pooling_layer", None)   # the masked-LM class builds its encoder without the pooler
-            self.lm = AutoModelForMaskedLM.from_pretrained(model_path, **kwargs).to(device).eval()
+            self.lm = self._build("AutoModelForCausalLM", model_path, config, dtype, {}, trust_remote_code)
+            self.base = self.lm.base_model
+            self.head = self.lm.get_output_embeddings()
+        elif logprobs and self.info.masked_lm:
+            self.lm = self._build("AutoModelForMaskedLM", model_path, config, dtype, {}, trust_remote_code)
             self.base, self.head = self.lm.base_model, None
         else:
-            self.lm, self.head = None, None
-            self.base = AutoModel.from_pretrained(model_path, **kwargs).to(device).eval()
+            family = source.family
+            self.base = self._build(family.hf_class, model_path, config, dtype, family.hf_kwargs, trust_remote_code)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.real_tokens = self.computed_tokens = 0   # packing efficiency = real / computed (padded) tokens
-        self.info = EngineInfo(
-            name="hf", hidden_size=text_config.hidden_size, num_layers=text_config.num_hidden_layers,
-            is_causal=is_causal, masked_lm=masked,
-            max_tokens=model_max_tokens(text_config, self.tokenizer) if max_tokens is ... else max_tokens,
-            architecture=(archs[0] if archs else config.model_type), model_fingerprint=fingerprint)
+
+    def _build(self, class_name: str, path: str, config, dtype, kwargs: dict, trust_remote_code: bool):
+        """transformers' `class_name` (AutoModel, T5EncoderModel, ...) from the checkpoint, on the device."""
+        import transformers
+        cls = getattr(transformers, class_name)
+        extra = {"trust_remote_code": True} if trust_remote_code and class_name.startswith("Auto") else {}
+        model = cls.from_pretrained(path, config=config, dtype=dtype, **kwargs, **extra)
+        return model.to(self.device).eval()
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[Sequence[int]], layers: Sequence[int], logprobs: bool) -> ForwardOutput:
@@ -75,8 +81,10 @@ class HFEngine:
         final = self.info.num_layers
         need_all = any(k != final for k in layers)
         try:
-            out = self.base(input_ids=ids, attention_mask=mask, output_hidden_states=need_all)
             real = mask.bool()
+            if logprobs and self.head is None:   # no output embeddings to apply in chunks: the model's logits
+                return self._from_logits(ids, mask, lengths, real)
+            out = self.base(input_ids=ids, attention_mask=mask, output_hidden_states=need_all)
             hidden = {k: (out.last_hidden_state if k == final else out.hidden_states[k])[real] for k in layers}
             token_logprobs = self._token_logprobs(out.last_hidden_state, ids)[real] if logprobs else None
         except torch.OutOfMemoryError as e:
@@ -124,6 +132,16 @@ class HFEngine:
             return self.lm(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
         except torch.OutOfMemoryError as e:
             raise OutOfMemory(str(e)) from e
+
+    def _from_logits(self, ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, real: torch.Tensor):
+        """Token log-probabilities from the whole model's logits, for a causal LM whose head transformers
+        cannot hand out (get_output_embeddings is None: remote code with a head of its own name)."""
+        logits = self.lm(input_ids=ids, attention_mask=mask).logits
+        logp = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+        logp[:, 1:] = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=cu[1:])
+        return ForwardOutput(cu_seqlens=cu.to(self.device), hidden={}, token_logprobs=logp[real])
 
     def stats_line(self) -> str:
         return (f"hf engine: {self.real_tokens} tokens, packing efficiency "

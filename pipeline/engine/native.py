@@ -46,25 +46,23 @@ class Generation:
 
 
 class StepStats:
-    """Packing of the steps run so far: real tokens over computed tokens (ragged steps pad nothing), and
-    how full each step was against the token budget."""
+    """Packing of the steps run so far: tokens computed (ragged steps pad nothing, so every one is a real
+    token) and how full each step was against the token budget."""
 
     def __init__(self, budget: int):
         self.budget = budget
-        self.steps = self.tokens = self.computed = self.sequences = 0
+        self.steps = self.tokens = self.sequences = 0
         self.last_log = time.monotonic()
 
     def add(self, step: list[ScheduledSeq]) -> None:
         n = sum(s.num_tokens for s in step)
         self.steps += 1
         self.tokens += n
-        self.computed += n          # no padding: every computed token is a real one
         self.sequences += len(step)
 
     def line(self) -> str:
         steps = max(self.steps, 1)
-        return (f"native engine: {self.steps} steps, {self.tokens} tokens, packing efficiency "
-                f"{self.tokens / max(self.computed, 1):.1%} (real / computed tokens), step fill "
+        return (f"native engine: {self.steps} steps, {self.tokens} tokens (ragged, no padding), step fill "
                 f"{self.tokens / (steps * self.budget):.1%} of {self.budget} tokens, "
                 f"{self.sequences / steps:.1f} sequences per step")
 
@@ -74,14 +72,11 @@ class StepStats:
             log.info("%s", self.line())
 
 
-def _budgets(run_config, info: EngineInfo, spec, text_config) -> dict:
+def _budgets(run_config, run_limit: int | None, spec, text_config) -> dict:
     """EngineConfig fields from the run's options: the step budgets, and the longest prompt to hold (the
-    run's --max-length, else the model's own limit, else its position table, else one step)."""
+    run's token limit: the model's own or --max-length's, else its position table, else one step)."""
     budget = run_config.tokens_per_batch if run_config is not None else 4096
-    limit = info.max_tokens
-    if run_config is not None and run_config.max_length:
-        limit = min(limit, run_config.max_length) if limit else run_config.max_length
-    limit = limit or spec.max_tokens or getattr(text_config, "max_position_embeddings", None) or budget
+    limit = run_limit or spec.max_tokens or getattr(text_config, "max_position_embeddings", None) or budget
     generate = run_config is not None and run_config.task == "generate"
     return dict(max_tokens_per_step=budget, max_seqs=run_config.max_seqs if run_config is not None else 256,
                 max_model_len=int(limit), max_new_tokens=run_config.max_new_tokens if generate else 0,
@@ -98,27 +93,28 @@ class NativeEngine:
         self.stats = StepStats(self.config.max_tokens_per_step)
 
     @classmethod
-    def load(cls, model_path: str, device: torch.device, dtype: torch.dtype, fingerprint: str, run_config=None,
-             max_tokens=..., **overrides) -> "NativeEngine":
-        """The engine for a checkpoint directory, its budgets from the run's options (RunConfig); `max_tokens`
-        the model's token limit when already known (None: none), else found here."""
-        from transformers import AutoConfig, AutoTokenizer
+    def load(cls, model_path: str, device: torch.device, dtype: torch.dtype, fingerprint: str = "", run_config=None,
+             info: EngineInfo | None = None, run_limit: int | None = None, **overrides) -> "NativeEngine":
+        """The engine for a checkpoint directory, its budgets from the run's options (RunConfig). `info`: the
+        run's EngineInfo (None: described here); `run_limit`: the run's token limit per sequence (None: the
+        model's own, from `info`)."""
+        from dataclasses import replace
 
+        from ..models import checkpoint
+        from ..models.hf_config import quiet_transformers, text_config
         from ..models.registry import load_model
-        from ..models.hf_config import is_masked_lm, model_max_tokens, quiet_transformers, text_config
 
         quiet_transformers()
-        model = load_model(model_path, device, dtype)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        hf_config = AutoConfig.from_pretrained(model_path)
-        text = text_config(hf_config)
-        archs = list(getattr(hf_config, "architectures", None) or [])
+        source = checkpoint.local_source(model_path, fingerprint)
+        model = load_model(model_path, device, dtype, source.family)
+        config = checkpoint.read_config(source)
+        tokenizer = checkpoint.read_tokenizer(source, config)
+        info = replace(info or checkpoint.describe(source, "native", tokenizer, config=config), name="native")
         spec = model.spec
-        info = EngineInfo(name="native", hidden_size=spec.hidden_size, num_layers=spec.num_layers,
-                          is_causal=spec.is_causal, masked_lm=not spec.is_causal and is_masked_lm(archs),
-                          max_tokens=model_max_tokens(text, tokenizer) if max_tokens is ... else max_tokens,
-                          architecture=archs[0] if archs else hf_config.model_type, model_fingerprint=fingerprint)
-        config = EngineConfig(**dict(_budgets(run_config, info, spec, text), **overrides))
+        if (info.hidden_size, info.num_layers, info.is_causal) != (spec.hidden_size, spec.num_layers, spec.is_causal):
+            raise RuntimeError(f"the native model ({spec}) does not match the checkpoint's description ({info})")
+        limit = run_limit if run_limit is not None else info.max_tokens
+        config = EngineConfig(**dict(_budgets(run_config, limit, spec, text_config(config)), **overrides))
         return cls(model, tokenizer, info, config, device, dtype)
 
     def stats_line(self) -> str:

@@ -1,26 +1,42 @@
-"""Choose and load the engine a worker runs: `native` for the architectures it supports, else `hf`."""
+"""Choose and load the engine a worker runs: `native` for the families and configs it runs
+(models/registry.py says which), else `hf`."""
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from ..errors import UserError
-from ..models.registry import SUPPORTED_MODEL_TYPES
+from ..models.registry import tasks
 
-# Model types --engine native runs (pipeline.models); --engine auto picks native for these.
-NATIVE_MODEL_TYPES: frozenset[str] = frozenset(SUPPORTED_MODEL_TYPES)
+log = logging.getLogger("run_shards")
 
 
-def choose(engine: str, model_type: str, task: str) -> str:
-    if engine == "hf":
-        return "hf"
-    supported = model_type in NATIVE_MODEL_TYPES
-    if engine == "native":
-        if not supported:
-            raise UserError(f"--engine native does not support model type '{model_type}'; use --engine hf")
-        return "native"
-    if task == "generate" and not supported:
-        raise UserError(f"--task generate runs on the native engine, which does not support '{model_type}'")
-    return "native" if supported else "hf"
+def choose(engine: str, source, task: str) -> str:
+    """The engine for --engine `engine` on checkpoint `source` (a ModelSource: its facts and family), said in
+    run.log when auto picks hf for a family the native engine runs."""
+    family, facts = source.family, source.facts
+    native, why = family.supports_native(facts)
+    if engine == "native" and not native:
+        raise UserError(f"--engine native does not run this checkpoint ({family.name}): {why}. Use --engine hf "
+                        "(or auto).")
+    chosen = "native" if engine == "native" or (engine == "auto" and native) else "hf"
+    supported = tasks(source.is_causal, chosen, source.is_masked_lm)
+    if task == "generate" and source.is_causal and chosen != "native":
+        raise UserError(f"--task generate runs on the native engine, which does not run this checkpoint "
+                        f"({family.name}): {why or '--engine hf was given'}. Use --task embed or score.")
+    if task in ("score", "variants") and task not in supported:
+        raise UserError(f"--task {task} needs a language model with its head: a causal LM, or a masked LM whose "
+                        f"config.json names a *ForMaskedLM class (ESM-2's EsmForMaskedLM); this {family.name} "
+                        f"checkpoint ({source.facts.architecture}) is neither: it supports --task "
+                        f"{' and '.join(supported)}. Pass such a checkpoint with --model.")
+    if task not in supported:
+        raise UserError(f"--task {task} needs a causal language model; this {family.name} checkpoint "
+                        f"({source.facts.architecture}) is not one: it supports --task {' and '.join(supported)}. "
+                        "Pass a causal LM with --model for scores or continuations.")
+    if engine == "auto" and family.native and not native:
+        log.info("engine: hf, not native, for this %s checkpoint: %s", family.name, why)
+    return chosen
 
 
 def batch_invariant(engine: str, config) -> bool:
@@ -53,16 +69,16 @@ def check_dtype(engine: str, dtype: str, on_gpu: bool) -> None:
                         "GPU default; float16 works too), or --engine hf for a float32 run on a GPU.")
 
 
-def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
-         fingerprint: str, config=None, max_tokens=...):
-    """The engine. `max_tokens`: the model's token limit as the run's plan found it (None: no limit), so
-    that workers need not find it again (that builds the transformers model on the meta device, about
-    1.5 s); `...` finds it here."""
+def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool, info=None,
+         config=None, run_limit: int | None = None):
+    """The engine. `info`: the run's EngineInfo (models/checkpoint.describe, made once by the parent; None:
+    described here); `run_limit`: the run's per-sequence token limit (the model's, or --max-length's below it)."""
+    trust = bool(config is not None and getattr(config, "trust_remote_code", False))
     if name == "hf":
         from .hf import HFEngine
         budget = {"tokens_per_batch": config.tokens_per_batch} if config is not None else {}
-        return HFEngine(model_path, device, dtype, logprobs, fingerprint, max_tokens=max_tokens, **budget)
+        return HFEngine(model_path, device, dtype, logprobs, info=info, trust_remote_code=trust, **budget)
     if name == "native":
         from .native import NativeEngine
-        return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config, max_tokens=max_tokens)
+        return NativeEngine.load(model_path, device, dtype, run_config=config, info=info, run_limit=run_limit)
     raise UserError(f"engine {name!r} is not available in this build")

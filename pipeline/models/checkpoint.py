@@ -1,4 +1,5 @@
-"""Resolve `--model` to a local checkpoint directory once, in the parent, and describe it.
+"""Resolve `--model` to a local checkpoint directory once, in the parent, and describe it: `describe` is the
+one place an EngineInfo is made, for planning and both engines.
 
 `demo` is the bundled demo model (materialised offline on first use); an existing directory is used as
 it is; anything else is a Hugging Face hub id, downloaded once by the parent so workers never race to
@@ -9,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import demo as demo_model
 from ..errors import UserError
+from .checkpoint_facts import CheckpointFacts, read_facts
 from .hf_config import is_causal_lm, is_masked_lm
+from .registry import Family, recognise
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
@@ -26,11 +29,20 @@ class EngineInfo:
     hidden_size: int
     num_layers: int           # hidden_states has num_layers + 1 entries; index num_layers = final norm output
     is_causal: bool
-    max_tokens: int | None    # hard limit on tokens per sequence (absolute positions), None if none
+    max_tokens: int | None    # the MODEL's hard limit on tokens per sequence, None if none (a run's
+    #                           --max-length cap travels apart from it: the manifest's max_tokens)
     architecture: str = ""
     masked_lm: bool = False   # a masked language model with its head (score and variants by masking)
     model_fingerprint: str = ""
+    family: str = ""          # models/registry.py key
     extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EngineInfo":
+        return cls(**data)
 
 
 @dataclass
@@ -40,9 +52,13 @@ class ModelSource:
     model_type: str
     architectures: list[str]
     fingerprint: str   # changes when the checkpoint changes
+    facts: CheckpointFacts | None = None
+    family: Family | None = None
 
     @property
     def is_causal(self) -> bool:
+        if self.family is not None and self.family.causal is not None:
+            return self.family.causal
         return is_causal_lm(self.model_type, self.architectures)
 
     @property
@@ -66,9 +82,29 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
     if not config_file.exists():
         raise UserError(f"--model {name}: {path} has no config.json; pass a Hugging Face checkpoint directory")
     _refuse_damaged(name, Path(path))
-    config = json.loads(config_file.read_text())
-    return ModelSource(name=name, path=str(path), model_type=config.get("model_type", ""),
-                       architectures=list(config.get("architectures") or []), fingerprint=fingerprint(Path(path)))
+    try:
+        facts = read_facts(path)
+    except (OSError, ValueError) as e:
+        raise UserError(f"--model {name}: cannot read {config_file} ({e}); replace it with an intact copy") from None
+    return ModelSource(name=name, path=str(path), model_type=facts.model_type, architectures=list(facts.architectures),
+                       fingerprint=fingerprint(Path(path)), facts=facts, family=recognise(facts))
+
+
+def local_source(path: str, fingerprint_: str = "") -> ModelSource:
+    """The ModelSource of a checkpoint directory already resolved (a worker's, a test's)."""
+    facts = read_facts(path)
+    return ModelSource(name=str(path), path=str(path), model_type=facts.model_type,
+                       architectures=list(facts.architectures), fingerprint=fingerprint_, facts=facts,
+                       family=recognise(facts))
+
+
+def refuse_remote_code(source: ModelSource, trusted: bool) -> None:
+    """A checkpoint that asks transformers to run its own Python code runs only with --trust-remote-code."""
+    if source.facts.remote_code and not trusted:
+        raise UserError(f"--model {source.name}: this checkpoint runs its own Python code, which transformers "
+                        f"loads only when told to trust it ({'; '.join(source.facts.remote_code)}). Read that "
+                        "code; if you trust it, run again with --trust-remote-code (the hf engine then runs it, "
+                        "and run.log says so).")
 
 
 def weight_problems(path: Path) -> list[str]:
@@ -96,6 +132,27 @@ def _refuse_damaged(name: str, path: Path) -> None:
     if problems:
         raise UserError(f"--model {name}: damaged weight file(s): {'; '.join(problems)}. Replace them with an "
                         "intact copy of the checkpoint.")
+
+
+def load_failure(error: BaseException, path: str) -> str | None:
+    """What is wrong with the checkpoint's files when loading it failed with `error`: a weight file that fails
+    its header check, or a file that fails to read; None when the files are not the cause (an unsupported
+    config value says so itself as a UserError; anything else is a bug or the environment)."""
+    import pickle
+    if isinstance(error, UserError):
+        return None
+    problems = weight_problems(Path(path))
+    if problems:
+        return f"damaged weight file(s): {'; '.join(problems)}"
+    unreadable = [OSError, EOFError, pickle.UnpicklingError]
+    try:
+        from safetensors import SafetensorError
+        unreadable.append(SafetensorError)
+    except ImportError:
+        pass
+    if isinstance(error, tuple(unreadable)):
+        return f"a file fails to read ({type(error).__name__}: {_first_line(error)})"
+    return None
 
 
 def check_unchanged(identity: dict) -> None:
@@ -138,26 +195,54 @@ def fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def describe(source: ModelSource, engine: str):
-    """EngineInfo from the checkpoint's config and tokenizer alone (no weights, no device), and the tokenizer."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from .hf_config import model_max_tokens, quiet_transformers, text_config
+def describe(source: ModelSource, engine: str, tokenizer=None, trust_remote_code: bool = False,
+             config=None) -> EngineInfo:
+    """EngineInfo from the checkpoint's config and tokenizer alone (no weights, no device); `tokenizer` and
+    `config` the checkpoint's where already read (read_tokenizer, read_config)."""
+    from .hf_config import model_max_tokens, model_shape, quiet_transformers, text_config
 
     quiet_transformers()
-    try:
-        config = AutoConfig.from_pretrained(source.path)
-        tokenizer = AutoTokenizer.from_pretrained(source.path)
-    except Exception as e:
-        raise UserError(f"--model {source.name}: cannot read the checkpoint's config or tokenizer "
-                        f"({type(e).__name__}: {e})") from None
+    config = config if config is not None else read_config(source, trust_remote_code)
+    if tokenizer is None:
+        tokenizer = read_tokenizer(source, config, trust_remote_code)
     text = text_config(config)
-    info = EngineInfo(name=engine, hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
-                      is_causal=source.is_causal, max_tokens=model_max_tokens(text, tokenizer),
-                      masked_lm=source.is_masked_lm,
-                      architecture=(source.architectures[0] if source.architectures else source.model_type),
-                      model_fingerprint=source.fingerprint)
+    hidden_size, num_layers = model_shape(text)
+    info = EngineInfo(name=engine, hidden_size=hidden_size, num_layers=num_layers,
+                      is_causal=source.is_causal, masked_lm=source.is_masked_lm,
+                      max_tokens=model_max_tokens(text, tokenizer, source.family.rotary_only),
+                      architecture=source.facts.architecture, model_fingerprint=source.fingerprint,
+                      family=source.family.key)
     trained = getattr(text, "max_position_embeddings", None)
     if isinstance(trained, int) and 0 < trained < (info.max_tokens or float("inf")):
         info.extra["trained_context"] = trained   # a soft limit: relative positions run past it
-    return info, tokenizer
+    return info
+
+
+def read_config(source: ModelSource, trust_remote_code: bool = False):
+    """The checkpoint's transformers config; a config transformers cannot read is a clear error."""
+    from .hf_config import load_config
+    try:
+        return load_config(source.facts, trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--model {source.name}: transformers cannot read its config.json ({type(e).__name__}: "
+                        f"{_first_line(e)}); is its model_type one this transformers version knows?") from None
+
+
+def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False):
+    """The checkpoint's tokenizer as its family reads it; a tokenizer that cannot be built says why."""
+    from .hf_config import load_tokenizer
+    files = source.facts.tokenizer_files
+    try:
+        return load_tokenizer(source.facts, source.family, config, trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as e:
+        if not set(files) - {"spiece.model", "tokenizer_config.json", "added_tokens.json"} and "spiece.model" in files:
+            raise UserError(f"--model {source.name}: its tokenizer is a SentencePiece model only (spiece.model, "
+                            "no tokenizer.json), which transformers reads with the `sentencepiece` package: "
+                            "`pip install sentencepiece`, then run the same command again") from None
+        listed = ", ".join(files) or "no tokenizer files"
+        raise UserError(f"--model {source.name}: cannot build its tokenizer from {listed} "
+                        f"({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else ""

@@ -6,6 +6,7 @@ exists to exercise the pipeline end to end; for real work pass `--model` a real 
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -14,6 +15,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+
+from ..processes import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -148,16 +151,32 @@ def damage(path: Path) -> str | None:
 def ensure(cache_root: Path) -> Path:
     """The demo checkpoint under `cache_root`, verified, materialised on first use and rebuilt when damaged.
 
-    A new copy is built under a temporary name and renamed into place, so a process that is loading the
-    old copy (another run) keeps reading whole files; a failed build leaves nothing behind.
+    Builders take turns (a lock on the folder that holds it), and each checks again once it holds the lock, so a copy
+    another process just built is used, never moved aside; a new copy is built under a temporary name and
+    renamed into place, so a process loading the old copy keeps reading whole files, and a failed build
+    leaves nothing behind.
     """
-    from ..errors import UserError, disk_full_reason
     target = Path(cache_root) / "models" / f"{NAME}-v{VERSION}"
-    problem = damage(target) if target.exists() else "not built yet"
-    if problem is None:
+    if target.exists() and damage(target) is None:
         return target
-    if target.exists():
-        log.warning("the demo model in %s is damaged (%s); building it again", target, problem)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = os.open(target.parent, os.O_RDONLY)   # the models folder itself: no lock file left behind
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        problem = damage(target) if target.exists() else "not built yet"
+        if problem is None:
+            return target
+        if target.exists():
+            log.warning("the demo model in %s is damaged (%s); building it again", target, problem)
+        _build_into(target)
+    finally:
+        os.close(lock)   # releases the lock
+    return target
+
+
+def _build_into(target: Path) -> None:
+    """Build under a temporary name, move a damaged copy aside (readers keep their open files), rename."""
+    from ..errors import UserError, disk_full_reason
     _remove_abandoned_builds(target)
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     log.info("materialising the demo model in %s", target)
@@ -171,30 +190,17 @@ def ensure(cache_root: Path) -> Path:
                             "1 MB). Free space there, or set RUN_SHARDS_CACHE to a directory on a disk with room, "
                             "and run the same command again.") from None
         raise
-    if target.exists():   # damaged: moved aside (readers keep their open files), then removed
+    if target.exists():
         old = target.with_name(f"{target.name}.damaged{os.getpid()}")
         os.replace(target, old)
         shutil.rmtree(old, ignore_errors=True)
-    try:
-        os.replace(tmp, target)
-    except OSError:  # another process put a copy there first: use it
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    os.replace(tmp, target)
 
 
 def _remove_abandoned_builds(target: Path) -> None:
     """Builds left by processes that died while writing (named `.tmp<pid>` / `.damaged<pid>`)."""
     for path in target.parent.glob(f"{target.name}.*"):
         pid = path.name.rsplit(".", 1)[-1].removeprefix("tmp").removeprefix("damaged")
-        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+        if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
             shutil.rmtree(path, ignore_errors=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True

@@ -27,6 +27,7 @@ from .input_policies import apply_input_policies
 from .length_limit import check_long, token_limit, warn_beyond_training
 from .storage import check_storage
 from .variants_file import check_variants_out, read_variants
+from .tokenization_check import decide_and_check
 
 log = logging.getLogger("run_shards")
 
@@ -63,6 +64,7 @@ class Model:
     engine: str             # "native" or "hf"
     info: object            # models.checkpoint.EngineInfo
     hf_tokenizer: object
+    convention: object = None   # models.conventions.Convention: how residues are written (tokenization_check)
 
 
 def plan(config: RunConfig) -> Plan:
@@ -103,12 +105,13 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     if planned.variants_out:
         check_variants_out(planned.variants_out)
     model = choose_model(planned)
+    model.convention = decide_and_check(index, model.source, model.hf_tokenizer, planned.input_format)
     limit = token_limit(model.info.max_tokens, planned.max_length)
     planned = _fit_lengths(planned, index, model, limit)
     from ..tasks import make_task, schema_for
     from ..tasks.tokenization import SequenceTokenizer
     task = make_task(planned, model.info)
-    task.prepare(SequenceTokenizer(model.hf_tokenizer))
+    task.prepare(SequenceTokenizer(model.hf_tokenizer, model.convention))
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
     check_storage(schema, index, shards, run.root)
@@ -134,9 +137,15 @@ def choose_model(config: RunConfig) -> Model:
     from ..engine import selection as engines
     from ..models import checkpoint
     source = checkpoint.resolve(config.model, cache_dir())
-    engine = engines.choose(config.engine, source.model_type, config.task)
+    checkpoint.refuse_remote_code(source, config.trust_remote_code)
+    engine = engines.choose(config.engine, source, config.task)
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
-    info, hf_tokenizer = checkpoint.describe(source, engine)
+    hf_config = checkpoint.read_config(source, config.trust_remote_code)
+    hf_tokenizer = checkpoint.read_tokenizer(source, hf_config, config.trust_remote_code)
+    info = checkpoint.describe(source, engine, hf_tokenizer, config.trust_remote_code, hf_config)
+    if source.facts.remote_code:
+        log.warning("--trust-remote-code: the hf engine runs this checkpoint's own Python code (%s)",
+                    "; ".join(source.facts.remote_code))
     if engine == "native" and config.batch_invariant and not config.on_gpu \
             and not engines.batch_invariant(engine, config):
         log.warning("this run's values are not batch-invariant (they may differ in their last bits with another "
@@ -151,7 +160,7 @@ def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: i
     from index.alphabet import alphabet_mismatch
 
     from ..tasks.tokenization import SequenceTokenizer
-    tokenizer = SequenceTokenizer(model.hf_tokenizer)
+    tokenizer = SequenceTokenizer(model.hf_tokenizer, model.convention)
     mismatch = alphabet_mismatch(index, model.hf_tokenizer.get_vocab())   # DNA given to a protein model, or the reverse
     if mismatch:
         log.warning("%s", mismatch)
@@ -177,12 +186,14 @@ def _manifest(config: RunConfig, model: Model, schema: Schema, limit: int | None
     stored = json.loads(config.to_json())
     attrs = {
         "task": config.task, "model": config.model, "model_fingerprint": model.source.fingerprint,
-        "model_type": model.source.model_type, "dtype": config.torch_dtype_name, "engine": model.engine,
+        "model_type": model.source.model_type, "model_family": model.source.family.key,
+        "input_format": model.convention.words(), "dtype": config.torch_dtype_name, "engine": model.engine,
         "batch_invariant": engines.batch_invariant(model.engine, config), "config": stored,
         "software_version": __version__, "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "index_fingerprint": index.fingerprint(), "fasta_files": config.fasta,
         "status_codes": {str(k): v for k, v in status_codes.DESCRIPTIONS.items()},
     }
     return {"config": stored, "model": model.source.identity(), "engine": model.engine, "schema": schema.to_json(),
-            "max_tokens": limit, "world": config.shards,
+            "max_tokens": limit, "world": config.shards, "info": model.info.to_json(),
+            "input_format": model.convention.to_json(),
             "index": {"fingerprint": index.fingerprint(), "count": len(index)}, "attrs": attrs}

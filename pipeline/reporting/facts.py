@@ -161,6 +161,18 @@ def _result_statuses(run: RunDir, example_ids: int) -> tuple[str, dict, int]:
         return "", {}, 0   # the shards' rows stand in; `status` and `merge` name the damage
 
 
+def unknown_residues_line(run: RunDir, example_ids: int = 3) -> str:
+    """How many rows of the result hold characters outside the model's alphabet (status 2), with example ids;
+    "" when none (for the end of a run and `status`)."""
+    from ..output.status_codes import UNKNOWN_RESIDUES
+    _, statuses, _ = _result_statuses(run, example_ids)
+    count, ids = statuses.get(UNKNOWN_RESIDUES, (0, []))
+    if not count:
+        return ""
+    return (f"{count:,} row(s) with characters outside the model's alphabet (status {UNKNOWN_RESIDUES}, computed "
+            f"with its unknown token), e.g. {', '.join(repr(i) for i in ids)}")
+
+
 def _time(stamp: str, millis: str | None) -> float:
     when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
     return when.timestamp() + int(millis or 0) / 1000

@@ -20,6 +20,7 @@ from ..errors import UserError, human_bytes
 from ..planning.run_index import load_run_index
 from ..output.schema import Schema
 from ..rundir.layout import RunDir, RunLock
+from .facts import unknown_residues_line
 
 
 # Above this many shards the table lists only those that need a look (not complete, not pending), after
@@ -84,6 +85,8 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
                 complete = bool(r.attrs.get("complete"))
                 lines.append(f"result: {run.result_path} ({r.rows:,} rows{'' if complete else ', PARTIAL'}"
                              f"{', checksums verified' if verify else ', checksums not verified'})")
+            unknown = unknown_residues_line(run)
+            lines += [f"rows: {unknown}"] if unknown else []
         except CorruptFile as e:
             lines.append(f"result: CORRUPT ({e}); run `run_shards merge {run.root}`")
     elif config.get("launcher") == "slurm":

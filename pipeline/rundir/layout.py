@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import RunDirError
+from ..processes import process_alive
 
 MANIFEST_FORMAT = 1
 
@@ -268,13 +269,7 @@ class RunLock:
             return None
         if holder.get("host") != socket.gethostname():
             return holder
-        try:
-            os.kill(int(holder["pid"]), 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return holder
+        return holder if process_alive(int(holder["pid"])) else None
 
     @staticmethod
     def if_shard_free(run: RunDir, rank: int, action) -> None:

@@ -35,8 +35,6 @@ class GenerateTask(Task):
     logprobs = False
 
     def __init__(self, config: RunConfig, info: EngineInfo):
-        if info.name != "native":
-            raise UserError("--task generate runs on the native engine; use --engine native or auto")
         if not info.is_causal:
             raise UserError(f"--task generate needs a causal language model; {info.architecture} is not one")
         self.config = config

@@ -1,7 +1,12 @@
 """Turn sequence text into the token ids a model sees, with special-token masks and truncation.
 
-Truncation keeps the tokenizer's leading and trailing special tokens (e.g. <cls> ... <eos>) and cuts the
-residue tokens in between, so a truncated sequence still looks like a sequence to the model.
+The residues are first written as the run's input convention says (models/conventions.py: spaced, rare
+residues as X, a prefix such as ProstT5's <AA2fold>). Special tokens are those the tokenizer adds and the
+convention's prefix and suffix tokens that are the tokenizer's special tokens (or that its family leaves out
+of pooling); everything else is content: pooled, scored and stored per residue.
+
+Truncation keeps the leading and trailing special tokens (e.g. <cls> ... <eos>) and cuts the content tokens
+in between, so a truncated sequence still looks like a sequence to the model.
 """
 from __future__ import annotations
 
@@ -9,82 +14,147 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..models.conventions import PLAIN, Convention
+
+PROBE = "ACDEFGHIKLMNPQRSTVWY"
+
 
 @dataclass
 class Tokenized:
     ids: list[int]
     special: np.ndarray      # bool per token
     truncated: bool
-    unknown: bool            # a residue became the unknown token
+    num_unknown: int = 0     # content tokens that are the unknown token
     residues: str = ""       # the sequence text it was made from
+
+    @property
+    def unknown(self) -> bool:
+        """A residue became the unknown token."""
+        return self.num_unknown > 0
+
+
+def _special_ids(tokenizer) -> set[int]:
+    """Ids of the tokenizer's special tokens, the unknown token left out (it stands for residues) unless it is
+    also one of the named ones (ProtGPT2's <|endoftext|> is its unknown, BOS and EOS token at once)."""
+    ids = set(tokenizer.all_special_ids)
+    named = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "cls", "sep", "mask")}
+    if tokenizer.unk_token_id is not None and tokenizer.unk_token_id not in named:
+        ids.discard(tokenizer.unk_token_id)
+    return ids
 
 
 class SequenceTokenizer:
-    def __init__(self, tokenizer, max_tokens: int | None = None):
-        self.tokenizer = tokenizer
-        self.max_tokens = max_tokens
+    def __init__(self, tokenizer, convention: Convention = PLAIN, max_tokens: int | None = None):
+        self.tokenizer, self.convention, self.max_tokens = tokenizer, convention, max_tokens
         self.unk_id = tokenizer.unk_token_id
-        with_specials = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=True)["input_ids"]
-        plain = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=False)["input_ids"]
-        self.num_special = len(with_specials) - len(plain)
-        marks = tokenizer("ACDEFGHIKLMNPQRSTVWY", add_special_tokens=True,
-                          return_special_tokens_mask=True)["special_tokens_mask"]
+        self._special_ids = np.array(sorted(_special_ids(tokenizer)), np.int64)
+        self._prefix_tokens = (len(tokenizer(convention.prefix, add_special_tokens=False)["input_ids"])
+                               if convention.prefix_excluded else 0)
+        self.char_level = False
+        probe = self._encode(PROBE)
         # Special tokens before and after every sequence's content (what a window repeats).
-        self.head = next((i for i, m in enumerate(marks) if not m), len(marks))
-        self.tail = next((i for i, m in enumerate(reversed(marks)) if not m), 0)
-        # Character-level tokenizers (ESM, the demo model) give one token per residue (encode makes sure
-        # of it), so token counts are known from residue counts before tokenizing anything.
-        self.char_level = len(plain) == 20
+        self.head = int(np.argmin(probe.special)) if not probe.special.all() else len(probe.ids)
+        self.tail = int(np.argmin(probe.special[::-1])) if not probe.special.all() else 0
+        self.num_special = int(probe.special.sum())
+        content = len(probe.ids) - self.num_special
+        # One token per residue (ESM, the demo model; spaced ProtT5/ProtBert; SaProt's residue#): token counts
+        # are known from residue counts before tokenizing anything.
+        self.char_level = content == len(PROBE)
+        one = self._encode("A")
+        # Tokens a sequence may have beyond one per residue (a word marker, the prefix's line break).
+        self.overhead = 0 if self.char_level else max(content - len(PROBE), len(one.ids) - self.num_special - 1, 0) + 1
 
     def tokens_for_residues(self, residues: np.ndarray) -> np.ndarray:
-        """Tokens per sequence (exact for character-level tokenizers, an upper bound otherwise)."""
-        return np.asarray(residues, np.int64) + self.num_special
+        """Tokens per sequence (exact for one token per residue, an upper bound otherwise)."""
+        residues = np.asarray(residues, np.int64)
+        width = self.convention.line_width
+        breaks = residues // width if width else 0
+        return residues + breaks + self.num_special + self.overhead
 
     def encode(self, sequences: list[str]) -> list[Tokenized]:
-        enc = self.tokenizer(sequences, add_special_tokens=True, return_special_tokens_mask=True,
-                             return_attention_mask=False)
-        out = []
-        for seq, ids, special in zip(sequences, enc["input_ids"], enc["special_tokens_mask"]):
-            special = np.asarray(special, bool)
-            if self.char_level and len(ids) - int(special.sum()) != len(seq):
-                ids, special = self._per_character(seq, ids, special)
-            truncated = False
-            if self.max_tokens and len(ids) > self.max_tokens:
-                ids, special = self._truncate(ids, special)
-                truncated = True
-            unknown = self.unk_id is not None and any(
-                t == self.unk_id and not s for t, s in zip(ids, special))
-            out.append(Tokenized(list(ids), special, truncated, unknown, seq))
-        return out
+        """Each sequence's tokens, cut to max_tokens where set."""
+        texts = [self.convention.text(s) for s in sequences]
+        enc = self.tokenizer(texts, add_special_tokens=True, return_attention_mask=False)
+        return [self._tokenized(seq, ids, self.max_tokens) for seq, ids in zip(sequences, enc["input_ids"])]
+
+    def _encode(self, seq: str) -> Tokenized:
+        return self._tokenized(seq, self.tokenizer(self.convention.text(seq))["input_ids"], None)
+
+    def _tokenized(self, seq: str, ids: list[int], max_tokens: int | None) -> Tokenized:
+        special = self._special(ids)
+        if self.char_level and self._by_unit and len(ids) - int(special.sum()) != len(seq):
+            ids, special = self._per_unit(seq, ids, special)
+        truncated = False
+        if max_tokens and len(ids) > max_tokens:
+            ids, special = self._truncate(ids, special, max_tokens)
+            truncated = True
+        unknown = 0 if self.unk_id is None else sum(1 for t, s in zip(ids, special) if t == self.unk_id and not s)
+        return Tokenized(list(ids), special, truncated, unknown, seq)
 
     def unit(self, residue: str) -> str:
         """The text of one residue as the model reads it (a token of its own with a token per residue)."""
-        return residue
+        return self.convention.units(residue)[0]
 
     def content_spans(self, tok: Tokenized) -> np.ndarray:
         """int64 `[content tokens, 2]`: the residues [start, end) each non-special token of `tok` stands for (one
-        each for a character-level tokenizer; a subword token may stand for several), from the tokenizer's
-        offsets into the text. Needs a fast tokenizer where tokens group residues."""
+        each with a token per residue; a subword token may stand for several, a line break or word marker for
+        none, start == end), from the tokenizer's offsets into the convention's text. Needs a fast tokenizer
+        where tokens group residues."""
         n = int((~tok.special).sum())
         if self.char_level:
             return np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64)
-        enc = self.tokenizer(tok.residues, add_special_tokens=True, return_offsets_mapping=True,
-                             return_special_tokens_mask=True)
-        spans = [o for o, m in zip(enc["offset_mapping"], enc["special_tokens_mask"]) if not m]
+        owner = self._residue_of_char(tok.residues)
+        enc = self.tokenizer(self.convention.text(tok.residues), add_special_tokens=True, return_offsets_mapping=True)
+        special = self._special(enc["input_ids"])
+        spans = []
+        for (start, end), is_special in zip(enc["offset_mapping"], special):
+            if not is_special:
+                covered = owner[start:end][owner[start:end] >= 0]
+                spans.append((covered.min(), covered.max() + 1) if len(covered) else (0, 0))
         return np.asarray(spans[:n], np.int64).reshape(-1, 2)
 
-    def _per_character(self, seq: str, ids: list[int], special: np.ndarray) -> tuple[list[int], np.ndarray]:
-        """One token per residue, each unknown character its own unknown token. Some character-level
-        tokenizers (ESM's) turn a run of unknown characters into a single unknown token, which would shift
-        every later residue's per-residue row; the special tokens around the body are kept as they were."""
+    def _residue_of_char(self, residues: str) -> np.ndarray:
+        """For each character of the convention's text of `residues`, the residue it belongs to (-1: a prefix,
+        separator, line break or suffix). The convention keeps one character per residue in place."""
+        conv, owner = self.convention, []
+        owner += [-1] * len(conv.prefix)
+        width = conv.line_width or max(len(residues), 1)
+        for i in range(len(residues)):
+            if i and i % width == 0:
+                owner.append(-1)                       # the line break
+            elif i:
+                owner += [-1] * len(conv.separator)
+            owner += [i] * (1 + len(conv.unit_suffix))
+        owner += [-1] * len(conv.suffix)
+        return np.asarray(owner, np.int64)
+
+    @property
+    def _by_unit(self) -> bool:
+        """Each residue is one unit of text with no separator (ESM, SaProt): a tokenizer that merges a run
+        of unknown units into one token can be corrected unit by unit."""
+        return not self.convention.separator and not self.convention.prefix and not self.convention.line_width
+
+    def _special(self, ids: list[int]) -> np.ndarray:
+        """The tokenizer's special tokens (by id: the masks some tokenizers return assume an <eos> they do not
+        add, as Nucleotide Transformer's), and the prefix tokens a family leaves out of pooling (ProstT5's)."""
+        special = np.isin(np.asarray(ids, np.int64), self._special_ids)
+        if self._prefix_tokens:
+            start = int(np.argmin(special)) if not special.all() else len(special)
+            special[start:start + self._prefix_tokens] = True
+        return special
+
+    def _per_unit(self, seq: str, ids: list[int], special: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """One token per residue, each unknown unit its own unknown token. Some character-level tokenizers
+        (ESM's) turn a run of unknown characters into a single unknown token, which would shift every later
+        residue's per-residue row; the special tokens around the body are kept as they were."""
         head = int(np.argmin(special)) if not special.all() else len(ids)
         tail = int(np.argmin(special[::-1])) if not special.all() else 0
-        body = [self.tokenizer.convert_tokens_to_ids(c) for c in seq]
+        body = [self.tokenizer.convert_tokens_to_ids(u) for u in self.convention.units(seq)]
         body = [self.unk_id if t is None else t for t in body]
         ids = list(ids[:head]) + body + list(ids[len(ids) - tail:])
         return ids, np.array([True] * head + [False] * len(body) + [True] * tail)
 
-    def _truncate(self, ids: list[int], special: np.ndarray) -> tuple[list[int], np.ndarray]:
+    def _truncate(self, ids: list[int], special: np.ndarray, max_tokens: int) -> tuple[list[int], np.ndarray]:
         n = len(ids)
         head = 0
         while head < n and special[head]:
@@ -92,6 +162,6 @@ class SequenceTokenizer:
         tail = 0
         while tail < n - head and special[n - 1 - tail]:
             tail += 1
-        keep_body = max(0, self.max_tokens - head - tail)
+        keep_body = max(0, max_tokens - head - tail)
         keep = list(range(head + keep_body)) + list(range(n - tail, n))
         return [ids[i] for i in keep], special[keep]

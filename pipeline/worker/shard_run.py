@@ -21,6 +21,8 @@ from index.shard_view import open_stride
 from .. import faults
 from ..config import RunConfig
 from ..engine import selection as engines
+from ..models.checkpoint import EngineInfo, load_failure
+from ..models.conventions import PLAIN, Convention
 from ..errors import RunDirError, UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK
 from ..output.schema import Schema
@@ -136,23 +138,26 @@ class ShardRun:
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
+        info = EngineInfo.from_json(manifest["info"]) if "info" in manifest else None   # runs planned before it: described here
         try:
             engine = engines.load(manifest["engine"], model["path"], device, dtype,
-                                  logprobs=config.task in ("score", "variants"), fingerprint=model["fingerprint"], config=config,
-                                  max_tokens=manifest["max_tokens"])
-        except Exception as e:   # unreadable or damaged files (safetensors raises its own error type)
-            if isinstance(e, torch.OutOfMemoryError):
-                raise
+                                  logprobs=config.task in ("score", "variants"), info=info, config=config,
+                                  run_limit=manifest["max_tokens"])
+        except Exception as e:
+            problem = load_failure(e, model["path"])
+            if problem is None:
+                raise   # not the files, not a config value: a bug or the environment; exit 1, traceback logged
             log.exception("loading the model failed")   # the traceback stays in the log
-            raise UserError(f"cannot load the model from {model['path']} ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}); its files may be damaged: replace them "
-                            f"with an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
+            raise UserError(f"cannot load the model from {model['path']}: {problem}; replace the damaged files with "
+                            f"an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
         task = make_task(config, engine.info, self.run_dir.root)
         digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
         if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
         limit = manifest["max_tokens"]
-        tokenizer = SequenceTokenizer(engine.tokenizer, max_tokens=limit if config.on_long == "truncate" else None)
+        convention = Convention.from_json(manifest["input_format"]) if "input_format" in manifest else PLAIN
+        tokenizer = SequenceTokenizer(engine.tokenizer, convention,
+                                      max_tokens=limit if config.on_long == "truncate" else None)
         task.prepare(tokenizer)
         load_seconds = time.time() - t0
         self.reporter.send("loaded", seconds=load_seconds)

@@ -1,7 +1,7 @@
 """The obviously correct ragged causal conv: one sequence at a time, its stored window in front.
 
-Slow on purpose (a Python loop over sequences, one product per tap); it is what CPU tensors run outside
-the Triton interpreter, and the statement of the semantics the kernel is tested against.
+Slow on purpose (a Python loop over sequences, one product per tap): the statement of the semantics the
+kernel and the torch path (torch_path.py, what CPU tensors run) are tested against.
 """
 from __future__ import annotations
 

@@ -12,62 +12,11 @@ import torch
 from torch import nn
 
 from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, pointwise
+from triton_kernels.causal_conv.torch_path import causal_conv1d_torch, conv_index
 
 from ..step import StepContext
 from .linear import Linear
 from .norms import GatedRMSNorm
-
-
-def conv_fixups(ctx: StepContext, width: int):
-    """Index arrays for the ragged causal conv, computed as shifted slices of the step's flat input.
-
-    Shifting the step's input x by j rows hands every token its input j rows back. That is right except
-    in the first `width` rows of each sequence, where the shift reads the previous sequence's tokens (or
-    nothing, before row 0) instead of the sequence's own stored window (or zeros, for a fresh sequence).
-    Those few (row, shift) pairs are corrected before the activation: out[row] += w[shift] * (right - wrong).
-
-    Sources are codes into x and a small table `extra = [zero row; stored windows of the reading sequences,
-    width rows each, oldest first]`: code c >= 0 is row c of x, c < 0 is row -1 - c of extra. Returns host
-    int64 arrays rows [M] (ascending), shifts [M], wrong [M], right [M], and window [W, width] (the last `width`
-    inputs of each sequence whose state is kept, oldest first) or None.
-    """
-    S, q_lens = ctx.num_seqs, ctx.q_lens.astype(np.int64)
-    starts = np.zeros(S, np.int64)
-    np.cumsum(q_lens[:-1], out=starts[1:])
-    read_pos = np.full(S, -1, np.int64)
-    if ctx.state_read is not None:
-        read_pos[ctx.state_read[0]] = np.arange(len(ctx.state_read[0]))
-
-    def source(seq, p):
-        """Code of the input at position p (negative: before this step) of sequence seq."""
-        before = np.where(read_pos[seq] >= 0, -2 - (read_pos[seq] * width + width + p), -1)
-        return np.where(p >= 0, starts[seq] + p, before)
-
-    first, shift = np.triu_indices(width + 1, 1)    # every row i < width of a sequence, shifts j > i
-    seq = np.repeat(np.arange(S), len(first))
-    i, j = np.tile(first, S), np.tile(shift, S)
-    keep = i < q_lens[seq]
-    seq, i, j = seq[keep], i[keep], j[keep]
-    rows = starts[seq] + i
-    wrong = np.where(rows >= j, rows - j, -1)
-    right = source(seq, i - j)
-    differ = wrong != right
-    window = None
-    if ctx.state_write is not None:
-        wseq = ctx.state_write[0][:, None]
-        window = source(wseq, q_lens[wseq] - width + np.arange(width)[None, :])
-    return rows[differ], j[differ], wrong[differ], right[differ], window
-
-
-def direct_conv_sources(rows: np.ndarray, shifts: np.ndarray, right: np.ndarray, width: int):
-    """For the batch-invariant conv: the distinct rows of conv_fixups' pairs (ascending) and, per row, the
-    source code (conv_fixups' codes) of every tap, codes[:, j] the input j rows back: the row's own
-    sequence (or its stored window, or zero) where a pair corrects it, the shifted row elsewhere."""
-    fixed, at = np.unique(rows, return_inverse=True)
-    codes = fixed[:, None] - np.arange(width + 1)[None, :]
-    codes[codes < 0] = -1
-    codes[at, shifts] = right
-    return fixed, codes
 
 
 def conv_slots(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -84,12 +33,6 @@ def conv_slots(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor] | None:
         reads[ctx.state_read[0]] = True
     return (torch.from_numpy(slots).to(ctx.device, non_blocking=True),
             torch.from_numpy(reads).to(ctx.device, non_blocking=True))
-
-
-# Rows per block of the CPU conv: 64 rows of a 1536-channel projection (the 1/8 Qwen3.5) are 384 KiB,
-# so the four taps run in L2. Per layer on a 4k-token batch (bench/profile_cpu_layers.py
-# --conv-block-rows N, three runs each): 13.4-13.6 ms in blocks of 64, 18.3-19.3 ms unblocked.
-CPU_CONV_BLOCK_ROWS = 64
 
 
 # Chunk size of the delta rule's torch path on CPU, after the path's grouping and triangular solve of
@@ -216,12 +159,9 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(o.reshape(T, self.value_dim))
 
     def _conv(self, x: torch.Tensor, conv_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """Depthwise causal conv + SiLU over each sequence's tokens, its stored window in front.
-
-        Computed in float32 over the step's tokens as shifted slices (one pass per tap, no gather of x),
-        with the rows next to sequence starts fixed up (see conv_fixups) before the SiLU. Returns float32
-        on CPU, where the delta rule computes in float32 anyway; x's dtype on CUDA, for the kernels.
-        With the Triton kernels, one pass of triton_kernels.causal_conv1d instead (x's dtype)."""
+        """Depthwise causal conv + SiLU over each sequence's tokens, its stored window in front: one pass of
+        triton_kernels.causal_conv1d with the Triton kernels (x's dtype), else its torch path (float32 on CPU,
+        where the delta rule computes in float32 anyway), whose index arrays every layer of the step shares."""
         if ctx.triton_kernels:
             slots = ctx.cached("conv_slots", lambda: conv_slots(ctx))
             return causal_conv1d(x, self.conv_weight, cu_seqlens=ctx.cu_seqlens,
@@ -229,61 +169,14 @@ class GatedDeltaNet(nn.Module):
                                  state_indices=None if slots is None else slots[0],
                                  has_initial_state=None if slots is None else slots[1],
                                  **self.kernel_args.get("causal_conv1d", {}))
-        width, C = self.kernel - 1, x.shape[1]
-        rows, shifts, wrong, right, window = ctx.cached(f"conv_fixups_{width}", lambda: conv_fixups(ctx, width))
-        parts = [x.new_zeros(1, C)]
-        if ctx.state_read is not None:
-            parts.append(conv_state[ctx.on_device("read_slots", ctx.state_read[1])].reshape(-1, C).to(x.dtype))
-        extra = torch.cat(parts)
-
-        def gather(codes):
-            return torch.where((codes >= 0)[:, None], x[codes.clamp(min=0)], extra[(-1 - codes).clamp(min=0)])
-
-        if window is not None:   # read every stored window before any is overwritten
-            kept = gather(ctx.on_device(f"conv_window_{width}", window.ravel())).view(-1, width, C)
-            conv_state[ctx.on_device("write_slots", ctx.state_write[1])] = kept.to(conv_state.dtype)
-        # Taps as contiguous rows [kernel, C]: a strided weight column made each tap ~3x slower.
-        w = self.conv_weight.float().T.contiguous()
-        fix_rows = fix = None
-        if len(rows) and ctx.invariant_block:
-            # Batch-invariant: the rows next to sequence starts are computed again from their own inputs,
-            # with the main loop's operations in its order, and replace the shifted ones: the same bits
-            # whatever sequence came before in the step (a correction would add its rounding).
-            fix_rows_np, codes = ctx.cached(f"conv_direct_sources_{width}",
-                                            lambda: direct_conv_sources(rows, shifts, right, width))
-            fix_rows = ctx.on_device(f"conv_rows_{width}", fix_rows_np)
-            fix = gather(ctx.on_device(f"conv_direct_{width}", codes[:, 0])).float().mul_(w[width])
-            for j in range(1, width + 1):
-                fix.addcmul_(gather(ctx.on_device(f"conv_direct_{width}_{j}", codes[:, j])).float(), w[width - j])
-            rows = fix_rows_np
-        elif len(rows):   # out[row] += w[shift] * (right - wrong), added block by block before the SiLU
-            right_rows = gather(ctx.on_device(f"conv_right_{width}", right)).float()
-            wrong_rows = gather(ctx.on_device(f"conv_wrong_{width}", wrong)).float()
-            fix = (right_rows - wrong_rows).mul_(w[width - ctx.on_device(f"conv_shifts_{width}", shifts)])
-            fix_rows = ctx.on_device(f"conv_rows_{width}", rows)
-        T = x.shape[0]
-        on_cpu = x.device.type == "cpu"
-        block = CPU_CONV_BLOCK_ROWS if on_cpu else T
-        out = torch.empty(T, C, dtype=torch.float32, device=x.device)
-        # 16-bit inputs are converted a block (plus the width rows before it) at a time, in cache.
-        scratch = None if x.dtype == torch.float32 else x.new_empty(min(T, block + width), C, dtype=torch.float32)
-        for r0 in range(0, T, block):   # on CPU, blocks of rows that stay in cache across the taps
-            r1, s0 = min(T, r0 + block), max(0, r0 - width)
-            src = x[s0:r1] if scratch is None else scratch[:r1 - s0].copy_(x[s0:r1])   # src[i] is x[s0 + i]
-            torch.mul(src[r0 - s0:], w[width], out=out[r0:r1])
-            for j in range(1, width + 1):
-                a = max(r0, j)
-                if a < r1:
-                    out[a:r1].addcmul_(src[a - j - s0:r1 - j - s0], w[width - j])
-            if fix is not None:
-                lo, hi = np.searchsorted(rows, (r0, r1))
-                if hi > lo and ctx.invariant_block:
-                    out.index_copy_(0, fix_rows[lo:hi], fix[lo:hi])
-                elif hi > lo:
-                    out.index_add_(0, fix_rows[lo:hi], fix[lo:hi])
-            pointwise.silu_(out[r0:r1])
-        # On CPU the delta rule computes in float32, so a 16-bit model's activations go to it as they are.
-        return out if on_cpu else out.to(x.dtype)
+        width, invariant = self.kernel - 1, bool(ctx.invariant_block)
+        index = ctx.cached(f"conv_index_{width}", lambda: conv_index(
+            ctx.q_lens, None if ctx.state_read is None else ctx.state_read[0],
+            None if ctx.state_write is None else ctx.state_write[0], width, invariant))
+        read = None if ctx.state_read is None else ctx.on_device("read_slots", ctx.state_read[1])
+        write = None if ctx.state_write is None else ctx.on_device("write_slots", ctx.state_write[1])
+        return causal_conv1d_torch(x, self.conv_weight, index, conv_state=conv_state, read_slots=read,
+                                   write_slots=write, batch_invariant=invariant)
 
     def load(self, t, p: str) -> None:
         self.in_proj.weight.copy_(torch.cat([t.get(p + n + ".weight") for n in

@@ -11,7 +11,8 @@ from triton_kernels import pointwise
 
 from ...errors import UserError
 
-# Rope types whose frequencies depend on the sequence length at run time: not supported natively.
+# Rope types whose frequencies depend on the sequence length at run time: not supported natively
+# (models/registry.py sends such checkpoints to the hf engine before any worker starts).
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 
 
@@ -30,7 +31,10 @@ def rope_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float, int]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise UserError(f"unknown rope type '{rope_type}'; use --engine hf")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    # Computed on the CPU even when the model is being built on the meta device: transformers' initialisers
+    # (llama3's, yarn's) create tensors without a device, which would be meta tensors with no values.
+    with torch.device("cpu"):
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     return inv_freq.float(), float(scaling), 2 * inv_freq.numel()
 
 

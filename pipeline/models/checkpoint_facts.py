@@ -1,0 +1,120 @@
+"""What a checkpoint directory's files say before transformers builds anything: config.json as written, the
+tokenizer's vocabulary (vocab.txt, vocab.json, tokenizer.json, SentencePiece's spiece.model, added tokens)
+and whether it asks to run its own Python code. The family registry recognises checkpoints from these alone."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model",
+                   "sentencepiece.bpe.model", "added_tokens.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    path: str
+    config: dict                        # config.json as written
+    model_type: str                     # its model_type, or the one its architecture name implies (old BERTs)
+    architectures: tuple[str, ...]
+    vocab: dict[str, int]               # token -> id, from the tokenizer's files
+    tokenizer_files: tuple[str, ...]    # which of TOKENIZER_FILES are there
+    remote_code: tuple[str, ...]        # "config.json auto_map: AutoModel -> bert_layers.BertModel", ...
+
+    @property
+    def text_config(self) -> dict:
+        """The language model's part of a multimodal config (Qwen3.5's text_config), else the config."""
+        return self.config.get("text_config") or self.config
+
+    @property
+    def architecture(self) -> str:
+        return self.architectures[0] if self.architectures else self.model_type
+
+    def rope(self) -> tuple[str, str]:
+        """(rope type, the config field that says it), as transformers reads old and new configs alike."""
+        text = self.text_config
+        for field in ("rope_parameters", "rope_scaling"):
+            params = text.get(field)
+            if isinstance(params, dict):
+                kind = params.get("rope_type") or params.get("type")
+                if kind:
+                    key = "rope_type" if "rope_type" in params else "type"
+                    return str(kind), f"{field}.{key}"
+        return "default", ""
+
+    def has_tokens(self, *tokens: str) -> bool:
+        return all(t in self.vocab for t in tokens)
+
+
+def read_facts(path: str | Path) -> CheckpointFacts:
+    """The facts of the checkpoint directory at `path` (its config.json must exist)."""
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    architectures = tuple(config.get("architectures") or ())
+    model_type = config.get("model_type") or _model_type_of(architectures)
+    files = tuple(f for f in TOKENIZER_FILES if (path / f).exists())
+    tokenizer_config = _json(path / "tokenizer_config.json")
+    remote = [f"config.json auto_map: {k} -> {v}" for k, v in (config.get("auto_map") or {}).items()]
+    remote += [f"tokenizer_config.json auto_map: {v}" for v in _flat(tokenizer_config.get("auto_map"))]
+    return CheckpointFacts(str(path), config, model_type or "", architectures, vocabulary(path), files,
+                           tuple(remote))
+
+
+def _flat(auto_map) -> list[str]:
+    if isinstance(auto_map, dict):
+        return [str(v) for v in auto_map.values() if v]
+    return [str(v) for v in auto_map or [] if v]
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _model_type_of(architectures: tuple[str, ...]) -> str:
+    """The model type transformers files an architecture class under (BertForMaskedLM -> bert), for configs
+    written before model_type existed (ProtBert's)."""
+    from transformers.models.auto import modeling_auto
+    for name in dir(modeling_auto):
+        mapping = getattr(modeling_auto, name)
+        if name.startswith("MODEL_") and name.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
+            for model_type, classes in mapping.items():
+                names = classes if isinstance(classes, (list, tuple)) else (classes,)
+                if any(a in names for a in architectures):
+                    return model_type
+    return ""
+
+
+def vocabulary(path: Path) -> dict[str, int]:
+    """Token -> id from whichever tokenizer files the checkpoint has (its added tokens included)."""
+    vocab: dict[str, int] = {}
+    if (path / "tokenizer.json").exists():
+        spec = _json(path / "tokenizer.json")
+        model_vocab = (spec.get("model") or {}).get("vocab") or {}
+        vocab = ({entry[0]: i for i, entry in enumerate(model_vocab)} if isinstance(model_vocab, list)
+                 else dict(model_vocab))
+        vocab |= {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+    elif (path / "vocab.txt").exists():
+        lines = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        vocab = {token: i for i, token in enumerate(lines)}
+    elif (path / "vocab.json").exists():
+        vocab = _json(path / "vocab.json")
+    elif (path / "spiece.model").exists():
+        vocab = _sentencepiece_pieces(path / "spiece.model")
+    return vocab | _json(path / "added_tokens.json")
+
+
+def _sentencepiece_pieces(path: Path) -> dict[str, int]:
+    """A SentencePiece model's pieces, read with the protobuf schema transformers ships (no sentencepiece
+    package needed); empty where protobuf is not installed."""
+    try:
+        from transformers.convert_slow_tokenizer import import_protobuf
+        proto = import_protobuf().ModelProto()
+        proto.ParseFromString(path.read_bytes())
+    except Exception as e:   # noqa: BLE001 - protobuf missing or the file unreadable: recognised without it
+        import logging
+        logging.getLogger(__name__).debug("cannot read %s (%s)", path, e)
+        return {}
+    return {p.piece: i for i, p in enumerate(proto.pieces)}

@@ -1,0 +1,94 @@
+"""How a sequence's residues become the text a model's tokenizer reads (an input convention): as written,
+space-separated for word-level vocabularies, rare residues written as X, a prefix, line breaks. Each family
+in registry.py names its model card's convention; `--input-format` names one where none can be told."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+RARE_RESIDUES = re.compile(r"[UZOB]")
+
+
+@dataclass(frozen=True)
+class Convention:
+    name: str
+    separator: str = ""          # between residues (" " for word-level tokenizers)
+    unit_suffix: str = ""        # after every residue (SaProt's structure placeholder "#")
+    upper: bool = False          # upper-cased first (ProstT5: lower case would mean 3Di states)
+    rare_to_x: bool = False      # U, Z, O, B written as X (the cards of ProtT5, ProstT5, ProtBert)
+    prefix: str = ""             # text before the residues (ProstT5's "<AA2fold> ")
+    suffix: str = ""
+    line_width: int = 0          # residues per line, 0 = one line (ProtGPT2's 60-residue FASTA lines)
+    prefix_excluded: bool = False   # the prefix's tokens are left out of pooling and per-residue rows
+
+    def text(self, residues: str) -> str:
+        """The tokenizer's input for one sequence."""
+        if self.upper:
+            residues = residues.upper()
+        if self.rare_to_x:
+            residues = RARE_RESIDUES.sub("X", residues)
+        if self.line_width:
+            lines = [residues[i:i + self.line_width] for i in range(0, len(residues), self.line_width)]
+            body = "\n".join(self._units(line) for line in lines)
+        else:
+            body = self._units(residues)
+        return self.prefix + body + self.suffix
+
+    def units(self, residues: str) -> list[str]:
+        """Each residue's own text (upper-cased, rare residues as X, the per-residue suffix)."""
+        if self.upper:
+            residues = residues.upper()
+        if self.rare_to_x:
+            residues = RARE_RESIDUES.sub("X", residues)
+        return [r + self.unit_suffix for r in residues]
+
+    def _units(self, residues: str) -> str:
+        if not self.separator and not self.unit_suffix:
+            return residues
+        return self.separator.join(r + self.unit_suffix for r in residues)
+
+    @property
+    def one_unit_per_residue(self) -> bool:
+        """Each residue is written as its own word or unit (spaced, or with a per-residue suffix)."""
+        return bool(self.separator or self.unit_suffix)
+
+    def words(self) -> str:
+        """What the convention does, in words (run.log, docs/models.md)."""
+        parts = ["residues space-separated" if self.separator == " " else
+                 f"each residue followed by '{self.unit_suffix}'" if self.unit_suffix else "residues as written"]
+        if self.upper:
+            parts.append("upper-cased")
+        if self.rare_to_x:
+            parts.append("U/Z/O/B written as X")
+        if self.line_width:
+            parts.append(f"in lines of {self.line_width}")
+        if self.prefix:
+            parts.append(f"after the prefix {self.prefix!r}")
+        if self.suffix:
+            parts.append(f"before the suffix {self.suffix!r}")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Convention":
+        return cls(**data)
+
+
+PLAIN = Convention("plain")
+SPACED = Convention("spaced", separator=" ")
+# The cards of ProtT5 and ProtBert: " ".join(list(re.sub(r"[UZOB]", "X", sequence))).
+SPACED_RARE_AS_X = Convention("spaced, U/Z/O/B as X", separator=" ", rare_to_x=True)
+# ProstT5's card, amino acids to embed: "<AA2fold>" + " " + " ".join(list(sequence.upper())), rare as X.
+PROSTT5_AA = Convention("ProstT5 <AA2fold>", separator=" ", upper=True, rare_to_x=True, prefix="<AA2fold> ",
+                        prefix_excluded=True)
+# SaProt's card: residue + 3Di letter per token; without a structure every 3Di letter is "#".
+SAPROT_NO_STRUCTURE = Convention("SaProt residue#", unit_suffix="#")
+# ProtGPT2's card (perplexity): FASTA lines of 60 residues between <|endoftext|> separators.
+PROTGPT2_FASTA = Convention("ProtGPT2 FASTA lines", prefix="<|endoftext|>\n", suffix="\n<|endoftext|>",
+                            line_width=60)
+
+# --input-format values other than auto (config.INPUT_FORMATS), which takes the family's convention or the
+# one its tokenizer shows (planning/tokenization_check.py).
+BY_OPTION = {"plain": PLAIN, "spaced": SPACED}

@@ -1,0 +1,233 @@
+"""What runs that cannot be right say, before any compute (exit 2, the family, what was seen, the fix), and the
+registry's answers: residues that become unknown tokens in bulk, a convention that cannot be told, a checkpoint
+that needs --trust-remote-code, engine and task refusals, a tokenizer transformers cannot build, model-load
+failures (damaged files only when a file fails to read), the demo cache built by one process at a time, and
+docs/models.md holding the registry's table.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.engine import selection
+from pipeline.errors import UserError
+from pipeline.models import checkpoint, registry
+
+from .family_runs import DNA, PROTEIN, family_checkpoint, run  # noqa: F401
+from .tiny_models import REPO
+
+
+def _refused_before_compute(res, out: Path) -> str:
+    """A run refused at planning: exit 2, one error line and no traceback, no worker started, no run left."""
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "started shard" not in res.stderr
+    assert not out.exists()
+    return res.stderr
+
+
+def test_residues_as_unknown_tokens_are_refused_before_compute(family_checkpoint, tmp_path):
+    """ProtBert given residues as written (the issue's exit 0 of embeddings of nothing): refused, naming the
+    family, the unknown token, the impossible token count and the option that fixes it."""
+    res, out = run(tmp_path, family_checkpoint("prot_bert"), PROTEIN, "--input-format", "plain")
+    err = _refused_before_compute(res, out)
+    assert "(ProtBert / ProtBert-BFD): its tokenizer does not read this input written as residues as written" in err
+    assert "are the unknown token '[UNK]'" in err and "became fewer tokens than their residues can make" in err
+    assert "'P2': 64 residues as 1 token(s)" in err
+    assert "--input-format spaced (residues space-separated) tokenizes the sample with no more than a few" in err
+    assert "--input-format plain for a ProtBert / ProtBert-BFD checkpoint, whose card writes residues so" in err
+
+
+def test_an_input_the_model_does_not_read_is_refused(family_checkpoint, tmp_path):
+    """Proteins given to Nucleotide Transformer: unknown tokens in bulk, the characters named."""
+    res, out = run(tmp_path, family_checkpoint("nucleotide_transformer_v1"), PROTEIN)
+    err = _refused_before_compute(res, out)
+    assert "(Nucleotide Transformer v1): its tokenizer does not read this input" in err
+    assert "unknown on their own: 'D', 'E'" in err and "check that the input is what this model reads" in err
+
+
+def test_odd_rows_among_many_keep_status_2_and_most_rows_unreadable_refuse(tmp_path, caplog):
+    """The line between 'a few odd characters' (logged, status 2) and 'in bulk' (refused): more than half of
+    the sampled sequences with a quarter or more of their tokens unknown."""
+    from index import load_or_build
+    from pipeline.models import demo
+    from pipeline.planning.tokenization_check import decide_and_check
+
+    from .family_runs import write_fasta
+    path = demo.write(tmp_path / "demo")
+    source = checkpoint.local_source(str(path))
+    tokenizer = checkpoint.read_tokenizer(source, checkpoint.read_config(source))
+
+    def check(odd: int, name: str):
+        records = {f"s{i}": ("MKJJV" if i < odd else "MKTAYV") for i in range(10)}
+        index, _ = load_or_build([str(write_fasta(tmp_path / f"{name}.fa", records))])
+        return decide_and_check(index, source, tokenizer, "auto")
+
+    with caplog.at_level(logging.WARNING, logger="run_shards"):
+        assert check(5, "half").name == "plain"
+    assert "5 of 10 sampled sequences contain characters this model's tokenizer does not know ('J')" in caplog.text
+    with pytest.raises(UserError, match=r"6 of 10 sampled sequences\. No model ran"):
+        check(6, "most")
+
+
+def _dna_bert(path: Path) -> Path:
+    """A BERT over single nucleotides with a word-level vocab.txt (no family of the registry: 'other')."""
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+    path.mkdir()
+    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"ACGTN"]) + "\n")
+    BertTokenizer(str(path / "vocab.txt"), do_lower_case=False).save_pretrained(path)
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, max_position_embeddings=128)).save_pretrained(path)
+    return path
+
+
+def test_a_convention_told_by_the_tokenizer_and_one_that_cannot_be(tmp_path):
+    """An unrecognised checkpoint: space-separated where its tokenizer reads only that (run.log says why);
+    where neither way reads, the run refuses to guess and names --input-format."""
+    from index import load_or_build
+    from pipeline.planning.tokenization_check import decide_and_check
+
+    from .family_runs import write_fasta
+    path = _dna_bert(tmp_path / "dna_bert")
+    source = checkpoint.local_source(str(path))
+    assert source.family is registry.OTHER
+    tokenizer = checkpoint.read_tokenizer(source, checkpoint.read_config(source))
+    dna, _ = load_or_build([str(write_fasta(tmp_path / "dna.fa", DNA))])
+    assert decide_and_check(dna, source, tokenizer, "auto").name == "spaced"
+    protein, _ = load_or_build([str(write_fasta(tmp_path / "protein.fa", PROTEIN))])
+    with pytest.raises(UserError, match="cannot tell how its tokenizer wants residues written: as written, .*"
+                                        "Pass --input-format plain or --input-format spaced"):
+        decide_and_check(protein, source, tokenizer, "auto")
+
+
+def test_remote_code_is_refused_without_the_flag(family_checkpoint, tmp_path):
+    res, out = run(tmp_path, family_checkpoint("dnabert2_remote"), DNA)
+    err = _refused_before_compute(res, out)
+    assert "this checkpoint runs its own Python code" in err and "run again with --trust-remote-code" in err
+    assert "config.json auto_map: AutoModel -> bert_layers.BertModel" in err
+    for name in ("hyenadna_remote", "progen2_remote"):
+        source = checkpoint.local_source(str(family_checkpoint(name)))
+        assert source.family is registry.REMOTE_CODE
+        with pytest.raises(UserError, match="--trust-remote-code"):
+            checkpoint.refuse_remote_code(source, trusted=False)
+
+
+def test_engine_and_task_refusals_name_the_reason(family_checkpoint, caplog):
+    def source(name):
+        return checkpoint.local_source(str(family_checkpoint(name)))
+    with pytest.raises(UserError, match=r"--engine native does not run this checkpoint \(ProtBert / ProtBert-BFD\): "
+                                        "BERT runs on the hf engine. Use --engine hf"):
+        selection.choose("native", source("prot_bert"), "embed")
+    with pytest.raises(UserError, match="config.json rope_scaling.type is 'dynamic': its rotary frequencies depend"):
+        selection.choose("native", source("llama_rope_dynamic"), "score")
+    with pytest.raises(UserError, match=r"--task generate runs on the native engine, which does not run this "
+                                        r"checkpoint \(Mistral\): its sliding-window attention"):
+        selection.choose("auto", source("mistral"), "generate")
+    with pytest.raises(UserError, match=r"--task score needs a language model with its head: a causal LM, or a "
+                                        r"masked LM .*; this ProtT5 checkpoint \(T5ForConditionalGeneration\) is "
+                                        r"neither: it supports --task embed"):
+        selection.choose("auto", source("prot_t5_xl_u50"), "score")
+    with caplog.at_level(logging.INFO, logger="run_shards"):
+        assert selection.choose("auto", source("llama_rope_longrope"), "score") == "hf"
+    assert "rope_scaling.type is 'longrope'" in caplog.text
+    assert selection.choose("auto", source("llama3"), "generate") == "native"
+
+
+def test_a_sentencepiece_only_tokenizer_says_what_to_install(family_checkpoint, tmp_path):
+    """ProtT5's half-precision encoder is published with spiece.model alone, which transformers 5 reads with
+    the sentencepiece package: without it, a refusal naming the package; with it, the family's card."""
+    path = family_checkpoint("prot_t5_xl_half_enc_spm_only")
+    try:
+        import sentencepiece  # noqa: F401
+    except ImportError:
+        res, out = run(tmp_path, path, PROTEIN)
+        err = _refused_before_compute(res, out)
+        assert "its tokenizer is a SentencePiece model only (spiece.model, no tokenizer.json)" in err
+        assert "`pip install sentencepiece`" in err
+        return
+    from tests.families import card_usage
+
+    from .family_runs import assert_embeddings_as_accurate, in_process
+    out, _ = in_process(path, "embed", list(PROTEIN.values()))
+    means = out.columns["embeddings/mean"]
+    exact, theirs = (card_usage.embed(path, list(PROTEIN.values()), d) for d in (torch.float64, torch.float32))
+    rows, start = [], 0
+    for n in out.lengths["per_residue"]:
+        rows.append(out.values["per_residue/values"][start:start + n])
+        start += n
+    assert_embeddings_as_accurate(means, rows, exact, theirs)
+
+
+def test_config_and_tokenizer_transformers_cannot_read(tmp_path, family_checkpoint):
+    import shutil
+    bad = tmp_path / "bad"
+    shutil.copytree(family_checkpoint("esm2_t6_8m"), bad)
+    (bad / "config.json").write_text((bad / "config.json").read_text().replace('"esm"', '"no_such_model"'))
+    with pytest.raises(UserError, match="transformers cannot read its config.json .*is its model_type one"):
+        checkpoint.read_config(checkpoint.local_source(str(bad)))
+    broken = tmp_path / "broken"
+    shutil.copytree(family_checkpoint("llama3"), broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    source = checkpoint.local_source(str(broken))
+    with pytest.raises(UserError, match="cannot build its tokenizer from tokenizer.json, tokenizer_config.json"):
+        checkpoint.read_tokenizer(source, checkpoint.read_config(source))
+
+
+def test_load_failures_call_files_damaged_only_when_a_file_fails(family_checkpoint, tmp_path):
+    """Smell 1 of the review: a worker's load failure is 'damaged files' only when a weight file fails its check
+    or its read; an unsupported config value is the loader's own UserError; anything else is not the files
+    (exit 1, traceback in worker_N.log)."""
+    import shutil
+    path = tmp_path / "llama"
+    shutil.copytree(family_checkpoint("llama3"), path)
+    bug = RuntimeError("a bug")
+    assert checkpoint.load_failure(bug, str(path)) is None
+    assert checkpoint.load_failure(UserError("rope type 'x'"), str(path)) is None
+    assert checkpoint.load_failure(PermissionError(13, "Permission denied", "w.safetensors"), str(path)).startswith(
+        "a file fails to read (PermissionError")
+    weights = path / "model.safetensors"
+    with open(weights, "r+b") as fh:
+        fh.truncate(weights.stat().st_size - 100)
+    with pytest.raises(Exception) as failed:
+        selection.load("native", str(path), torch.device("cpu"), torch.float32, logprobs=False)
+    assert checkpoint.load_failure(failed.value, str(path)).startswith(f"damaged weight file(s): {weights}")
+
+
+def test_demo_cache_never_moves_a_good_copy_aside(tmp_path):
+    """Smell 11: a process that found the demo copy damaged waits for the builder's lock, then checks again
+    and uses the copy another process just built (its files never renamed away from a reader)."""
+    import fcntl
+
+    from pipeline.models import demo
+    target = demo.ensure(tmp_path)
+    (target / "model.safetensors").write_bytes(b"damaged")
+    lock = os.open(target.parent, os.O_RDONLY)
+    fcntl.flock(lock, fcntl.LOCK_EX)               # another process is building
+    waiting = threading.Thread(target=demo.ensure, args=(tmp_path,))
+    waiting.start()                                # sees the damage, waits for the lock
+    fresh = demo.write(tmp_path / "built-elsewhere")
+    for f in fresh.iterdir():                      # the other process's good copy lands in place
+        os.replace(f, target / f.name)
+    inode = (target / "model.safetensors").stat().st_ino
+    os.close(lock)
+    waiting.join(timeout=60)
+    assert not waiting.is_alive()
+    assert (target / "model.safetensors").stat().st_ino == inode and demo.damage(target) is None
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
+
+
+def test_docs_models_md_holds_every_family_of_the_registry():
+    text = (REPO / "docs" / "models.md").read_text()
+    for family in registry.FAMILIES + (registry.REMOTE_CODE, registry.OTHER):
+        first = family.name.split(" (")[0].split(" / ")[0]
+        assert first.lower() in text.lower(), family.name
+        if family.convention is not None:
+            words = family.convention.words()
+            assert (words.split(", after")[0] if family.key == "protgpt2" else words) in text, family.key
+    assert "--input-format auto|plain|spaced" in text and "--trust-remote-code" in text
+    assert "docs/models.md" in (REPO / "README.md").read_text()
