@@ -10,8 +10,6 @@ window of the spill (tens of MiB to a few hundred), whatever the number of recor
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -21,6 +19,7 @@ from .errors import FastaError
 from .fasta_scan import FileScan, ScanStream
 from .input_file import InputFile
 from .spill import WINDOW, HashBuckets, Scatter
+from .spill_owner import owned_folder, release
 
 FORMAT_VERSION = 4
 _CHUNK = 4 << 20   # records per chunk when a spilled column is read back
@@ -112,7 +111,9 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
             raise FastaError(paths[k], "the same file is given twice", hint="Pass each FASTA file once")
     if len(paths) > np.iinfo(np.uint16).max:
         raise FastaError(paths[-1], "too many input files (at most 65535)")
-    root = tempfile.mkdtemp(prefix=".rs-index-", dir=os.path.dirname(os.path.abspath(target)))
+    # (the cache is shared by concurrent commands: the folder is locked while this build lives, and the next
+    # build removes one whose build was killed)
+    root = owned_folder(os.path.dirname(os.path.abspath(target)), ".rs-index-")
     try:
         cols = {name: Column(root, name, dtype) for name, dtype in (
             ("offsets", np.int64), ("nbytes", np.int64), ("lengths", np.int64), ("file_no", np.uint16),
@@ -158,7 +159,7 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
     finally:
         for c in locals().get("cols", {}).values():
             c.close()
-        shutil.rmtree(root, ignore_errors=True)
+        release(root)
 
 
 def _estimate_records(paths: Sequence[str]) -> int:

@@ -289,8 +289,13 @@ class SequenceIndex:
         return self.order[rank::world].astype(np.int64)
 
     def shard_stats(self, world: int) -> ShardStats:
-        """Sequences and residues per shard, from the length histogram alone: the sorted lengths are runs
-        of equal values, and a run of c records from sorted rank a gives each shard its share of c."""
+        """Sequences and residues per shard: as the run's stride table for `world` says (exact, also for a
+        run that copies some records instead of computing them), else from the length histogram alone: the
+        sorted lengths are runs of equal values, and a run of c records from sorted rank a gives each shard
+        its share of c."""
+        if self.stride is not None and self.stride["world"] == world and self.stride.get("tokens") is not None:
+            return ShardStats(np.diff(np.asarray(self.stride["starts"], np.int64)),
+                              np.asarray(self.stride["tokens"], np.int64))
         seqs = np.full(world, len(self) // world, np.int64)
         seqs[:len(self) % world] += 1
         toks = np.zeros(world + 1, np.int64)   # a difference array over the shards, plus whole cycles
@@ -424,12 +429,13 @@ class SequenceIndex:
                 crc = zlib.crc32(f.content_crc32.to_bytes(4, "little"), crc)
         return f"{crc:08x}-{len(self)}"
 
-    def save(self, path: str | os.PathLike, world: int | None = None) -> None:
+    def save(self, path: str | os.PathLike, world: int | None = None, only: stride_table.Only | None = None) -> None:
         """Write atomically (temporary name, fsync, rename), with bounded memory. With `world`, also the
-        stride table of a run of that many shards (stride.py), which its workers read."""
+        stride table of a run of that many shards (stride.py), which its workers read: of every record, or
+        of the records `only` keeps (those a run computes, the others being copied)."""
         header = {"inputs": [vars(f) for f in self.inputs], "meta": self.meta}
         table = contextlib.nullcontext([]) if world is None else \
-            stride_table.parts(self, world, os.path.dirname(os.path.abspath(os.fspath(path))))
+            stride_table.parts(self, world, os.path.dirname(os.path.abspath(os.fspath(path))), only)
         with table as extra:
             if world is not None:
                 header["stride"] = {"world": world}

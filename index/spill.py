@@ -3,9 +3,10 @@ bucket small enough to sort or place in memory, read back bucket by bucket.
 
 `Scatter` places records at known destinations 0..n-1 (a permutation: the length order, the stride-major
 table of a run), bucketed by destination range. `HashBuckets` finds the 64-bit keys that occur more than
-once (duplicate ids), bucketed by the keys' top bits. Both keep at most one bucket (`window` records) and
+once (duplicate ids), bucketed by the keys' top bits. `KeyedPairs` sorts (key, value) pairs by key,
+bucketed by key range (a run's copies, by the row they copy). Both keep at most one bucket (`window` records) and
 their write buffers in memory, whatever the number of records; the spill files live in a temporary folder
-that is removed when they are done.
+(named `.rs-*`, which a run's next command removes if a killed one left it) that is removed when they are done.
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ class Scatter:
         self.dtype = np.dtype(dtype)
         self.raw = np.dtype(f"V{self.dtype.itemsize}")   # records moved as bytes (no per-field copies)
         count = max(1, -(-n // self.window))
-        self.records = _Buckets(count, directory, "rs-scatter-")
+        self.records = _Buckets(count, directory, ".rs-scatter-")
         self.dests = _Buckets(count, self.records.root, "d")
         self.blobs = _Buckets(count, self.records.root, "b") if blob else None
 
@@ -130,23 +131,35 @@ class Scatter:
 
 
 class HashBuckets:
-    """64-bit keys with their positions, bucketed by their top bits; `repeated` yields the positions of
-    every key that occurs more than once, bucket by bucket."""
+    """64-bit keys with their positions (and `payload` fields), bucketed by their top bits; `repeated`
+    yields the positions of every key that occurs more than once, bucket by bucket."""
 
-    def __init__(self, n: int, directory: str | None = None, window: int = WINDOW):
+    def __init__(self, n: int, directory: str | None = None, window: int = WINDOW, payload: list | None = None):
         self.bits = max(0, int(np.ceil(np.log2(max(1, 2 * n / window)))))
-        self.dtype = np.dtype([("key", "<u8"), ("pos", "<i8")])
-        self.buckets = _Buckets(1 << self.bits, directory, "rs-hashes-")
+        self.dtype = np.dtype([("key", "<u8"), ("pos", "<i8")] + list(payload or []))
+        self.buckets = _Buckets(1 << self.bits, directory, ".rs-hashes-")
 
-    def add(self, keys: np.ndarray, positions: np.ndarray) -> None:
+    def add(self, keys: np.ndarray, positions: np.ndarray, **payload: np.ndarray) -> None:
         rec = np.empty(len(keys), self.dtype)
         rec["key"], rec["pos"] = keys, positions
+        for name, values in payload.items():
+            rec[name] = values
         if not self.bits:
             self.buckets.append(0, rec.tobytes())
             return
         order, bounds = _group((keys >> np.uint64(64 - self.bits)).astype(np.int64), 1 << self.bits)
         for k in np.flatnonzero(np.diff(bounds)):
             self.buckets.append(int(k), rec[order[bounds[k]:bounds[k + 1]]].tobytes())
+
+    def records(self) -> Iterator[np.ndarray]:
+        """Every record, a bucket at a time (in the order added within a bucket; then removed from disk)."""
+        try:
+            for k in range(len(self.buckets.paths)):
+                rec = self.buckets.read(k, self.dtype)
+                if len(rec):
+                    yield rec
+        finally:
+            self.buckets.close()
 
     def repeated(self) -> Iterator[np.ndarray]:
         """Positions (in input order within each bucket) whose key occurs more than once; the buckets are
@@ -164,6 +177,38 @@ class HashBuckets:
         keys = np.sort(rec["key"])
         again = np.unique(keys[1:][keys[1:] == keys[:-1]])
         return np.sort(rec["pos"][np.isin(rec["key"], again)]) if len(again) else np.zeros(0, np.int64)
+
+
+class KeyedPairs:
+    """(key, value) int64 pairs with keys in 0 .. key_count - 1, read back sorted by key (the pairs of one
+    key in the order they were added), bucketed on disk by key range: memory holds one bucket, about
+    `window` pairs (more only where one key has that many values)."""
+
+    DTYPE = np.dtype([("key", "<i8"), ("value", "<i8")])
+
+    def __init__(self, key_count: int, expected: int, directory: str | None = None, window: int = WINDOW // 4):
+        count = max(1, -(-max(1, expected) // window))
+        self.width = max(1, -(-max(1, key_count) // count))
+        self.buckets = _Buckets(count, directory, ".rs-pairs-")
+        self.count = 0
+
+    def add(self, keys: np.ndarray, values: np.ndarray) -> None:
+        rec = np.empty(len(keys), self.DTYPE)
+        rec["key"], rec["value"] = keys, values
+        self.count += len(rec)
+        order, bounds = _group(np.asarray(keys, np.int64) // self.width, len(self.buckets.paths))
+        for k in np.flatnonzero(np.diff(bounds)):
+            self.buckets.append(int(k), rec[order[bounds[k]:bounds[k + 1]]].tobytes())
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The pairs sorted by key, a bucket at a time (then the spill files are removed)."""
+        try:
+            for k in range(len(self.buckets.paths)):
+                rec = self.buckets.read(k, self.DTYPE)
+                if len(rec):
+                    yield rec[np.argsort(rec["key"], kind="stable")]
+        finally:
+            self.buckets.close()
 
 
 def _group(bucket: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,11 +229,7 @@ def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def sorted_pairs(buckets: HashBuckets) -> Iterator[np.ndarray]:
-    """Every (key, pos) record of `buckets`, sorted by key (ties by pos), a bucket at a time."""
-    try:
-        for k in range(len(buckets.buckets.paths)):
-            rec = buckets.buckets.read(k, buckets.dtype)
-            if len(rec):
-                yield rec[np.lexsort((rec["pos"], rec["key"]))]
-    finally:
-        buckets.buckets.close()
+    """Every record of `buckets`, sorted by key (ties in the order added: by pos, where positions were
+    added in increasing order), a bucket at a time."""
+    for rec in buckets.records():
+        yield rec[np.argsort(rec["key"], kind="stable")]

@@ -1,9 +1,11 @@
 """A run's stride table: every shard's records side by side, so that a worker (or array task) reads its
 own rows with a few contiguous reads and never the whole index.
 
-Shard r of W holds the records at ranks r, r + W, r + 2W, ... of the length order (longest first). The
-table stores them shard after shard (`stride_starts` [W + 1] says where each begins), each record with its
-position, byte offset, byte length, residue count, file number, checksum and id. It is written into the
+Shard r of W holds the records at ranks r, r + W, r + 2W, ... of the length order (longest first), ranked
+among the records the run computes (all of them, or those its copy plan does not copy). The table stores
+them shard after shard (`stride_starts` [W + 1] says where each begins, `stride_tokens` [W] each shard's
+residues), each record with its position, byte offset, byte length, residue count, file number, checksum
+and id. It is written into the
 run's copy of the index when the run is planned (`SequenceIndex.save(path, world)`) by two scatters on
 disk (spill.py), so planning keeps bounded memory; a worker maps the file and reads its slices
 (`open_stride`): about 40 bytes plus the id per row of its own, whatever the size of the index.
@@ -13,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from . import index_file
 from .build import Column
-from .spill import Scatter
+from .spill import Scatter, _ragged
 
 FIELDS = ("offsets", "nbytes", "lengths", "file_no", "checksums")
 _WINDOW_BYTES = 64 << 20
@@ -33,12 +35,21 @@ def shard_sizes(n: int, world: int) -> np.ndarray:
     return sizes
 
 
+class Only:
+    """The records a run computes, when it is not all of them (the others are copies: a run's copy plan,
+    pipeline/output/copy_plan.py): `count` of them, and which of some positions they are."""
+
+    def __init__(self, count: int, kept: Callable[[np.ndarray], np.ndarray]):
+        self.count, self.kept = count, kept
+
+
 @contextlib.contextmanager
-def parts(index, world: int, directory: str) -> Iterator[list[index_file.Part]]:
-    """The stride table of `index` for `world` shards, as parts of an index file (valid inside the block)."""
+def parts(index, world: int, directory: str, only: Only | None = None) -> Iterator[list[index_file.Part]]:
+    """The stride table of `index` for `world` shards, as parts of an index file (valid inside the block).
+    With `only`, the table holds those records alone, strided in the same length order."""
     root = tempfile.mkdtemp(prefix=".rs-stride-", dir=directory)
     try:
-        yield _build(index, world, root)
+        yield _build(index, world, root, only)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -51,24 +62,32 @@ def _chunks(index, name: str, step: int) -> Iterator[np.ndarray]:
         index.release()
 
 
-def _build(index, world: int, root: str) -> list[index_file.Part]:
+def _build(index, world: int, root: str, only: Only | None) -> list[index_file.Part]:
     n = len(index)
+    kept_count = n if only is None else only.count
     starts = np.zeros(world + 1, np.int64)
-    np.cumsum(shard_sizes(n, world), out=starts[1:])
-    # 1. where each position goes: rank k (order[k] = p) goes to starts[k % W] + k // W
+    np.cumsum(shard_sizes(kept_count, world), out=starts[1:])
+    # 1. where each position goes: rank k (order[k] = p) goes to starts[k % W] + k // W (ranks counted among
+    #    the records kept; the others go nowhere: -1)
     where = Scatter(n, np.int64, root, window=_WINDOW_BYTES // 16)
     k = 0
     for chunk in _chunks(index, "order", where.window):
-        ranks = np.arange(k, k + len(chunk), dtype=np.int64)
-        where.add(chunk.astype(np.int64), starts[ranks % world] + ranks // world)
-        k += len(chunk)
+        chunk = chunk.astype(np.int64)
+        slots = np.full(len(chunk), -1, np.int64)
+        kept = np.ones(len(chunk), bool) if only is None else only.kept(chunk)
+        ranks = np.arange(k, k + int(kept.sum()), dtype=np.int64)
+        slots[kept] = starts[ranks % world] + ranks // world
+        where.add(chunk, slots)
+        k += len(ranks)
+    if k != kept_count:
+        raise AssertionError(f"stride table: {k} records kept, {kept_count} expected")
     # 2. every record to its place, with its id (a fixed-width field up to _FIXED_ID bytes, else a blob)
     width = max((int(np.diff(c).max(initial=0)) for c in _chunks(index, "id_offsets", 1 << 22)), default=0)
     fixed = width <= _FIXED_ID
     fields = [("position", "<i8")] + [(f, getattr(index, f).dtype) for f in FIELDS if getattr(index, f) is not None]
     fields += [("id_len", "<i4")] + ([("id", f"V{max(1, width)}")] if fixed else [])
     record = np.dtype(fields)
-    place = Scatter(n, record, root, window=max(1, _WINDOW_BYTES // (record.itemsize + 40)), blob=not fixed)
+    place = Scatter(kept_count, record, root, window=max(1, _WINDOW_BYTES // (record.itemsize + 40)), blob=not fixed)
     for start, dests, _, _ in where.chunks():
         for a in range(0, len(dests), _STEP):   # a few MiB of records at a time
             _place(index, place, record, fixed, width, start + a, dests[a:a + _STEP])
@@ -78,7 +97,10 @@ def _build(index, world: int, root: str) -> list[index_file.Part]:
     id_offsets, id_blob = Column(root, "stride_id_offsets", np.int64), Column(root, "stride_id_blob", np.uint8)
     id_offsets.append(np.zeros(1, np.int64))
     end = 0
-    for _, rec, blob, offsets in place.chunks():
+    tokens = np.zeros(world, np.int64)   # residues per shard (SequenceIndex.shard_stats reads them)
+    for lo, rec, blob, offsets in place.chunks():
+        shard = np.searchsorted(starts, np.arange(lo, lo + len(rec)), "right") - 1
+        tokens += np.bincount(shard, weights=rec["lengths"], minlength=world).astype(np.int64)
         for f in names:
             cols[f].append(rec[f])
         if fixed:
@@ -88,7 +110,8 @@ def _build(index, world: int, root: str) -> list[index_file.Part]:
         id_offsets.append(offsets[1:] + end)
         id_blob.append(blob)
         end += int(offsets[-1])
-    out = [index_file.in_memory("stride_starts", starts, stride=True)]
+    out = [index_file.in_memory("stride_starts", starts, stride=True),
+           index_file.in_memory("stride_tokens", tokens, stride=True)]
     for f in names:
         name = "stride_positions" if f == "position" else f"stride_{f}"
         out.append(_stride(cols[f].part(name)))
@@ -106,11 +129,15 @@ def _place(index, place: Scatter, record: np.dtype, fixed: bool, width: int, lo:
     blob = np.array(index.id_blob[int(ids[0]):int(ids[-1])])
     lens = np.diff(ids)
     rec["id_len"] = lens
+    kept = np.flatnonzero(dest >= 0)   # (records left out of the table have no place)
     if fixed:
         rec["id"] = _padded(blob, lens, width).view(record["id"]).reshape(-1)
-        place.add(dest, rec)
+        place.add(dest[kept], rec[kept])
     else:
-        place.add(dest, rec, blob, ids - ids[0])
+        offsets = ids - ids[0]
+        if len(kept) < len(dest):
+            blob, offsets = blob[_ragged(offsets[kept], lens[kept])], np.concatenate(([0], np.cumsum(lens[kept])))
+        place.add(dest[kept], rec[kept], blob, offsets)
     index.release()
 
 
@@ -132,7 +159,8 @@ def _stride(part: index_file.Part) -> index_file.Part:
 
 
 def table(mapped: index_file.Mapped) -> dict:
-    """The stride table of a mapped run index: its world and shard starts, and views of its arrays."""
+    """The stride table of a mapped run index: its world and shard starts (and residues per shard, in a
+    table written since they were kept), and views of its arrays."""
     return {"world": int(mapped.header["stride"]["world"]), "starts": mapped.array("stride_starts"),
-            "positions": mapped.array("stride_positions"), "mapped": mapped}
+            "tokens": mapped.array("stride_tokens"), "positions": mapped.array("stride_positions"), "mapped": mapped}
 

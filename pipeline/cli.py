@@ -153,7 +153,9 @@ def field_option(name: str, **overrides):
     if isinstance(default, list):
         default = ",".join(map(str, default))   # as typed: CommaList reads it
     kwargs = dict(default=default, help=opt.help, show_default=default not in (None, ""))
-    if isinstance(default, bool):
+    if opt.repeat:   # (`--reuse A --reuse B`: click's tuple, as the field's list)
+        kwargs.update(default=(), multiple=True, show_default=False, callback=lambda ctx, param, value: list(value))
+    elif isinstance(default, bool):
         if not opt.off_flag:
             kwargs["is_flag"] = True
     else:

@@ -49,6 +49,7 @@ class Option:
     off_flag: str = ""              # a flag on by default: the option that turns it off
     only_with: tuple[str, ...] | None = None   # ("task", "embed", "score"): meaningful only with those values
     apart: bool = False             # the CLI sets it itself (the FASTA argument, --out, --gpus, --workers, --threads)
+    repeat: bool = False            # a list given as the option repeated (`--reuse A --reuse B`), not comma-separated
 
 
 def setting(role: str, *flags: str, default=dataclasses.MISSING, **option) -> typing.Any:
@@ -155,6 +156,11 @@ class RunConfig:
     seed: int = setting(RESULT, "--seed", default=0, only_with=_GENERATE,
                         help="generate: run seed; with the sequence's FASTA position it fixes what each sequence "
                              "samples.")
+    reuse: list[str] = setting(PLAN, "--reuse", default=[], repeat=True,
+                               help="An earlier result (its run directory or result.h5) whose rows are copied for "
+                                    "the records of the same sequence, when its model and every output-affecting "
+                                    "setting are this run's (else it is refused, saying why); repeat for more. "
+                                    "Fixed when the run is planned.")
     launcher: str = setting(LAUNCH, "--launcher", default="local", choices=LAUNCHERS,
                             help="local: workers on this machine; slurm: a job array plus a merge job; ray: one "
                                  "task per shard on a Ray cluster.")
@@ -269,6 +275,9 @@ class RunConfig:
                 continue
             if isinstance(value, bool):
                 words.append(opt.flags[0] if value else opt.off_flag)
+            elif opt.repeat:
+                for v in value:
+                    words += [opt.flags[0], str(v)]
             elif isinstance(value, list):
                 words += [opt.flags[0], ",".join(map(str, value))]
             else:

@@ -307,3 +307,19 @@ def test_the_result_says_when_a_run_is_not_batch_invariant(models, demo_subset, 
     log = (tmp_path / "mkl_cbwr" / "logs" / "worker_0.log").read_text()
     assert "matmuls: MKL_CBWR=COMPATIBLE from the environment is kept, and is not MKL's strict CNR mode" in log
     assert "outputs are not batch-invariant" in log and "unset MKL_CBWR" in log
+
+
+@pytest.mark.skipif(not mkl_cnr.strict_supported(), reason="MKL's strict mode does not apply to this CPU")
+def test_a_first_run_that_materialises_the_demo_model_is_batch_invariant(demo_subset, tmp_path):
+    """The Quickstart's first run: no --model, an empty cache, so the parent builds the demo model (with
+    transformers, whose initialisers use MKL) before it answers whether the run is batch-invariant. Its
+    answer must be the workers' own: yes, with no warning."""
+    subset = tmp_path / "ten.fasta"
+    subset.write_text("".join(">" + r for r in demo_subset.read_text().split(">")[1:11]))
+    out = tmp_path / "out"
+    res = run_cli(str(subset), "--out", str(out), "--gpus", "0", "--no-progress", "-q",
+                  env={"RUN_SHARDS_CACHE": str(tmp_path / "fresh_cache")})
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "fresh_cache" / "models").is_dir()   # this run's parent materialised it
+    _, attrs = _datasets(out / "result.h5")
+    assert attrs["batch_invariant"] and "not batch-invariant" not in res.stderr

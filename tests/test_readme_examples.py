@@ -51,7 +51,7 @@ def _sandbox(tmp_path: Path) -> tuple[Path, dict]:
     script = REPO / "bin" / "run_shards"
     wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))} \"$@\"\n")
     wrapper.chmod(0o755)
-    return work, env_with(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return work, env_with(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=REPO)   # python examples import this checkout too
 
 
 def _demo_command() -> str:

@@ -50,7 +50,8 @@ def result(tmp_path_factory, models):
 def row_of(data: dict, k: int) -> dict:
     off = data["per_residue/offsets"]
     return {"ids": data["ids"][k].decode(), **{c: data[c][k] for c in ("index", "lengths", "num_tokens", "truncated",
-                                                                       "status", "sequence_digest", "embeddings/mean")},
+                                                                       "status", "sequence_digest", "embeddings/mean",
+                                                                       "computed_at", "reused_from")},
             "per_residue/values": data["per_residue/values"][off[k]:off[k + 1]]}
 
 
@@ -98,10 +99,35 @@ def test_each_row_has_the_digest_of_its_residues(result):
 def test_the_id_index_is_sorted_hashes_with_their_rows(result):
     out, data, ids = result
     with h5py.File(out / "result.h5") as f:
-        hashes, rows = f["id_index/hashes"][:], f["id_index/rows"][:]
+        table = f["id_index/table"]
+        assert table.chunks is None   # contiguous: a lookup reads no chunk index
+        table = table[:]
+        hashes, rows = table["hash"], table["row"]
         assert np.all(hashes[1:] >= hashes[:-1]) and sorted(rows.tolist()) == list(range(len(ids)))
         assert hashes.tolist() == id_index.hashes_of([ids[r] for r in rows]).tolist()
+        assert table["check"].tolist() == id_index.hashes_of([ids[r] for r in rows], check=True).tolist()
         assert f["id_index/fence"][:].tolist() == hashes[::id_index.BLOCK].tolist()
+
+
+def test_an_id_index_of_the_earlier_layout_is_read(result, tmp_path):
+    """Results merged before the check hash have `hashes` and `rows`: each match is checked by its id."""
+    out, data, ids = result
+    copy = tmp_path / "result.h5"
+    copy.write_bytes((out / "result.h5").read_bytes())
+    with h5py.File(copy, "r+") as f:
+        table = f["id_index/table"][:]
+        del f["id_index/table"]
+        f["id_index"].create_dataset("hashes", data=table["hash"], chunks=(4,))
+        f["id_index"].create_dataset("rows", data=table["row"], chunks=(4,))
+        del f["id_index/fence"]
+        f["id_index"].create_dataset("fence", data=table["hash"][::4])
+        f["id_index"].attrs["block"] = 4
+    with open_result(copy) as res:
+        assert not res.ids.checked
+        for k in picks(ids):
+            same(res.get(ids[k]), row_of(data, k))
+        with pytest.raises(MissingIds, match="'gone'"):
+            res.rows(["gone"])
 
 
 def test_an_old_result_without_id_index_is_searched(result, tmp_path):
@@ -124,7 +150,7 @@ def test_get_through_the_cli_in_each_format(result, tmp_path):
     assert tsv.returncode == 0, tsv.stderr
     lines = tsv.stdout.splitlines()
     assert lines[0].split("\t") == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "sequence_digest",
-                                    "embeddings/mean", "per_residue/values"]
+                                    "embeddings/mean", "per_residue/values", "computed_at", "reused_from"]
     for line, k in zip(lines[1:], picks(ids)):
         cells = line.split("\t")
         assert cells[0] == ids[k] and int(cells[1]) == data["index"][k]
@@ -181,9 +207,9 @@ def test_export_parquet_round_trips_every_column(result, tmp_path):
     table = pq.read_table(out / "result.parquet")
     (out / "result.parquet").unlink()
     assert table.column_names == ["ids", "index", "lengths", "num_tokens", "truncated", "status", "sequence_digest",
-                                  "embeddings/mean", "per_residue/values"]
+                                  "embeddings/mean", "per_residue/values", "computed_at", "reused_from"]
     assert table.column("ids").to_pylist() == ids
-    for name in ("index", "lengths", "num_tokens", "truncated", "status"):
+    for name in ("index", "lengths", "num_tokens", "truncated", "status", "computed_at", "reused_from"):
         assert np.array_equal(table.column(name).to_numpy(), data[name]), name
     for name, dtype in (("embeddings/mean", np.float32), ("sequence_digest", np.uint8)):
         assert np.array_equal(np.array(table.column(name).to_pylist(), dtype), data[name]), name
@@ -250,3 +276,22 @@ def test_per_id_names_escape_slashes_and_leave_out_rows_without_values(tmp_path)
     with h5py.File(target) as f:
         assert sorted(f) == ["50%25", "a%2Fb"] and f.attrs["name_escaping"].startswith("2 id(s) hold")
         assert f["a%2Fb"][:].tolist() == [0, 1, 2] and f["50%25"][:].tolist() == [3, 4, 5]
+
+
+def test_an_id_hashes_the_same_whatever_the_process_hashed_before():
+    """`get` hashes one short id in a fresh process (small power tables, grown later); the merge hashed
+    millions (large tables): both give the hash written out by hand, h = sum (byte + 1) B**j + len L."""
+    from index import id_hash
+
+    def by_hand(ident: bytes, check: bool) -> int:
+        base, length = (id_hash._CHECK_BASE, id_hash._CHECK_LEN) if check else (id_hash._HASH_BASE, id_hash._HASH_LEN)
+        return (sum((b + 1) * pow(int(base), j, 2**64) for j, b in enumerate(ident)) + len(ident) * int(length)) % 2**64
+
+    rng = np.random.default_rng(3)
+    ids = [b"P12345", b"x", bytes(rng.integers(33, 127, 3000, dtype=np.uint8))] \
+        + [b"A0A%07d" % k for k in range(2000)]
+    for check in (False, True):
+        id_hash._TABLES.clear()
+        first = [int(id_index.hashes_of([i], check=check)[0]) for i in ids[:3]]   # tables grown one id at a time
+        together = id_index.hashes_of(ids, check=check).tolist()
+        assert first == together[:3] and together == [by_hand(i, check) for i in ids]

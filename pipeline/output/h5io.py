@@ -127,10 +127,14 @@ class Writer:
 class Reader:
     """Reads a finished file; CorruptFile if it is unreadable or incomplete."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, cache_bytes: int | None = None):
+        """`cache_bytes`: HDF5's chunk cache per dataset (default 1 MiB); 0 for a file read in windows
+        beside many others (a merge): each read then takes only the rows it asks for, and memory stays
+        flat whatever the number of files open."""
         self.path = Path(path)
         try:
-            self.file = h5py.File(self.path, "r")
+            cache = {} if cache_bytes is None else {"rdcc_nbytes": cache_bytes}
+            self.file = h5py.File(self.path, "r", **cache)
             attrs = self.file.attrs
             if not bool(attrs.get("finished", False)):
                 raise CorruptFile(f"{self.path}: not written to the end", [self.path])
@@ -167,6 +171,13 @@ class Reader:
 
     def index_column(self) -> np.ndarray:
         return self.file["index"][:]
+
+    def index_slice(self, r0: int, r1: int) -> np.ndarray:
+        """Positions of rows [r0, r1) (not checksummed: `read` reads them again)."""
+        try:
+            return self.file["index"][r0:r1]
+        except Exception as e:
+            raise CorruptFile(f"{self.path}: unreadable rows {r0}..{r1} ({type(e).__name__}: {e})", [self.path]) from None
 
     def offsets(self, group: str) -> np.ndarray:
         return self.file[f"{group}/offsets"][:]

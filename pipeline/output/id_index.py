@@ -1,13 +1,18 @@
-"""The id index of a result file: every row's id hash, sorted, with its row, so that a row is found by id
-with two small reads instead of reading every id.
+"""The id index of a result file: every row's id hashed twice, sorted, with its row, so that a row is found
+by id with one small read instead of reading every id.
 
-    id_index/hashes  uint64 [N]   the 64-bit hash of each row's id (index.id_hash), ascending
-    id_index/rows    int64  [N]   the row of each hash
-    id_index/fence   uint64 [B]   hashes[::BLOCK], read once when the result is opened (8 bytes per BLOCK rows)
+    id_index/table   [N] (hash uint64, check uint64, row int64), sorted by hash: contiguous in the file
+    id_index/fence   uint64 [B]   table["hash"][::BLOCK], read once when the result is opened (8 bytes per
+                                  BLOCK rows: 0.8 MB at 100M rows)
 
-A lookup hashes the id, finds its block in the fence, reads that block of `hashes` and `rows` (one HDF5
-chunk each) and then checks the id stored at the row (hashes may collide). The merge writes it with bounded
-memory: the hashes are bucketed on disk by their top bits and each bucket sorted (index/spill.py).
+`hash` and `check` are two 64-bit polynomial hashes of the UTF-8 id with different bases
+(index/id_hash.py). A lookup hashes the id, finds its block in the fence and reads that block of the table
+(one contiguous read of BLOCK x 24 bytes, no chunk index to walk), and takes the rows whose hash and check
+both match: 128 bits tell ids apart. (Polynomial hashes modulo 2**64 can be made to collide on purpose by
+ids of thousands of bytes; the reader checks the id itself for ids over 256 bytes.) The merge writes it
+with bounded memory: the hashes are bucketed on disk by their top bits and each bucket sorted
+(index/spill.py). Results written by an earlier version have `hashes` and `rows` (chunked) instead of
+`table`; they are read as well, each match checked against the id stored at its row.
 """
 from __future__ import annotations
 
@@ -20,11 +25,13 @@ from index.id_hash import id_hashes
 from index.spill import HashBuckets, sorted_pairs
 
 GROUP = "id_index"
-BLOCK = 4096   # rows of hashes per block and per HDF5 chunk
+BLOCK = 1024   # table entries per fence entry (one read per lookup)
+VERIFY_ABOVE = 256   # ids longer than this are also compared as text
+TABLE = np.dtype([("hash", "<u8"), ("check", "<u8"), ("row", "<i8")])
 
 
-def hashes_of(ids) -> np.ndarray:
-    """The id hash of each id (str or bytes)."""
+def hashes_of(ids, check: bool = False) -> np.ndarray:
+    """The id hash (or the check hash) of each id (str or bytes)."""
     try:
         blob = b"".join(ids)   # the merge's ids are bytes already
         raw = ids
@@ -33,37 +40,38 @@ def hashes_of(ids) -> np.ndarray:
         blob = b"".join(raw)
     offsets = np.zeros(len(raw) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)), out=offsets[1:])
-    return id_hashes(np.frombuffer(blob, np.uint8), offsets)
+    return id_hashes(np.frombuffer(blob, np.uint8), offsets, check=check)
 
 
 class IdIndexWriter:
     """Collects (id, row) as the merge appends rows; `write` stores the sorted index in the result."""
 
     def __init__(self, rows_hint: int, directory: str | os.PathLike):
-        self.buckets = HashBuckets(max(1, rows_hint), os.fspath(directory))
+        self.buckets = HashBuckets(max(1, rows_hint), os.fspath(directory), window=1 << 21,   # (buckets of ~24 MB)
+                                   payload=[("check", "<u8")])
         self.rows = 0
 
     def add(self, ids: np.ndarray) -> None:
         if len(ids):
-            self.buckets.add(hashes_of(ids), np.arange(self.rows, self.rows + len(ids), dtype=np.int64))
+            self.buckets.add(hashes_of(ids), np.arange(self.rows, self.rows + len(ids), dtype=np.int64),
+                             check=hashes_of(ids, check=True))
             self.rows += len(ids)
 
     def write(self, file: h5py.File) -> None:
         n = self.rows
         group = file.create_group(GROUP)
-        chunk = (max(1, min(BLOCK, n)),)
-        hashes = group.create_dataset("hashes", shape=(n,), dtype="<u8", chunks=chunk)
-        rows = group.create_dataset("rows", shape=(n,), dtype="<i8", chunks=chunk)
+        table = group.create_dataset("table", shape=(n,), dtype=TABLE)   # contiguous: a lookup reads no chunk index
         fence, at = [], 0
         for rec in sorted_pairs(self.buckets):
-            hashes[at:at + len(rec)] = rec["key"]
-            rows[at:at + len(rec)] = rec["pos"]
+            out = np.empty(len(rec), TABLE)
+            out["hash"], out["check"], out["row"] = rec["key"], rec["check"], rec["pos"]
+            table[at:at + len(rec)] = out
             first = -at % BLOCK   # the fence entries that fall in this piece
-            fence.append(rec["key"][first::BLOCK])
+            fence.append(rec["key"][first::BLOCK].copy())   # (a view would keep each whole bucket alive)
             at += len(rec)
         group.create_dataset("fence", data=np.concatenate(fence) if fence else np.zeros(0, np.uint64))
         group.attrs["block"] = BLOCK
-        group.attrs["hash"] = "index.id_hash.id_hashes of the UTF-8 id"
+        group.attrs["hash"] = "index.id_hash.id_hashes of the UTF-8 id (check: with check=True)"
 
 
 class IdIndex:
@@ -71,21 +79,38 @@ class IdIndex:
 
     def __init__(self, file: h5py.File):
         group = file[GROUP]
-        self.hashes, self.rows = group["hashes"], group["rows"]
+        self.table = group["table"] if "table" in group else None
+        self.hashes, self.rows = (None, None) if self.table is not None else (group["hashes"], group["rows"])
         self.fence = group["fence"][:]
         self.block = int(group.attrs["block"])
+        self.n = len(self.table if self.table is not None else self.hashes)
 
-    def candidates(self, key: int) -> np.ndarray:
-        """The rows whose id hash is `key` (usually one; none when no row has it)."""
+    @property
+    def checked(self) -> bool:
+        """Whether matches are told apart by the check hash (else the caller compares the ids)."""
+        return self.table is not None
+
+    def candidates(self, key: int, check: int | None = None) -> np.ndarray:
+        """The rows whose id hash is `key` (and check hash `check`, where the index has them): usually one;
+        none when no row has it."""
         k = max(0, int(np.searchsorted(self.fence, np.uint64(key), "left")) - 1)
-        found, n = [], len(self.hashes)
-        while k * self.block < n:
-            a, b = k * self.block, min(n, (k + 1) * self.block)
-            block = self.hashes[a:b]
-            lo, hi = np.searchsorted(block, np.uint64(key), "left"), np.searchsorted(block, np.uint64(key), "right")
+        found = []
+        while k * self.block < self.n:
+            a, b = k * self.block, min(self.n, (k + 1) * self.block)
+            if self.table is not None:
+                entries = self.table[a:b]
+                hashes, rows = entries["hash"], entries["row"]
+            else:
+                entries = None
+                hashes = self.hashes[a:b]
+            lo, hi = np.searchsorted(hashes, np.uint64(key), "left"), np.searchsorted(hashes, np.uint64(key), "right")
             if hi > lo:
-                found.append(self.rows[a + lo:a + hi])
-            if hi < len(block) or b == n:   # the run of equal hashes ends in this block
+                if entries is None:
+                    found.append(self.rows[a + lo:a + hi])
+                else:
+                    same = entries["check"][lo:hi] == np.uint64(check)
+                    found.append(rows[lo:hi][same])
+            if hi < len(hashes) or b == self.n:   # the run of equal hashes ends in this block
                 break
             k += 1
         return np.concatenate(found) if found else np.zeros(0, np.int64)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import h5py
@@ -18,9 +20,13 @@ import numpy as np
 from index import SequenceIndex
 
 from ..errors import DiskFull, MergeError, disk_full_reason, ensure_space
+from . import copy_plan, heap
+from .copy_plan import CopyPlan
 from .h5io import CorruptFile, Reader, Writer
 from .id_index import IdIndexWriter
-from .sorted_merge import describe_problems, merge_sorted_runs
+from .merge_problems import MergeProblems, describe_problems
+from .result_rows import ResultRows
+from .sorted_merge import merge_sorted_runs
 from .schema import Schema
 from ..rundir.layout import RunDir, fsync_dir
 from .shard_state import set_aside
@@ -39,7 +45,7 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
             path = run.shard_path(r)
             if path.exists():
                 try:
-                    readers.append(_check_shard(Reader(path), manifest, r, run))
+                    readers.append(_check_shard(Reader(path, cache_bytes=0), manifest, r, run))
                     continue
                 except CorruptFile as e:
                     not_ready.append(f"shard {r} is corrupt ({e})")
@@ -48,7 +54,7 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
             if allow_partial:
                 for part in sorted(run.parts_dir(r).glob("part_*.h5")) if run.parts_dir(r).is_dir() else []:
                     try:
-                        readers.append(_check_shard(Reader(part), manifest, r, run))
+                        readers.append(_check_shard(Reader(part, cache_bytes=0), manifest, r, run))
                     except CorruptFile as e:
                         log.warning("skipping corrupt checkpoint %s: %s", part, e)
         if not_ready and not allow_partial:
@@ -80,49 +86,79 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
     renamed = index.meta.get("renamed_ids") or {}
     tmp = run.result_path.with_name(f".{run.result_path.name}.tmp")
     remedy = f"The shards are intact; free space and run `run_shards merge {run.root}`"
+    plan = CopyPlan(run.copies_path) if run.copies_path.exists() else None
+    if plan is not None:
+        attrs.update(reused_from=[s.given for s in plan.sources], copies=plan.counts)
     ensure_space(run.root, sum(r.data_bytes() for r in readers), f"the result {run.result_path}", remedy)
-    writer = Writer(tmp, schema, attrs, rows_hint=len(index))
-    ids = IdIndexWriter(len(index), run.root)
+    heap.return_freed_arrays()   # resident memory stays at a window's
+    work = tempfile.mkdtemp(prefix=".rs-merge-", dir=run.root)   # spill files (a killed merge's: rundir removes them)
+    writer = None
     try:
-        row_bytes = schema.row_bytes(index.lengths)
         ids_at = lambda p: _ids_at(index, p)  # noqa: E731
+        rows = ResultRows(index, schema, plan, work, ids_at)
+        writer = Writer(tmp, rows.schema, attrs, rows_hint=len(index))
+        ids = IdIndexWriter(len(index), work)
+        problems = MergeProblems(work)
         try:
-            problems = merge_sorted_runs(readers, _Indexing(writer, ids), np.arange(len(index), dtype=np.int64),
-                                         row_bytes, expected_ids=ids_at)
+            rows.gather_reused()
+            merge_sorted_runs(readers, _Indexing(writer, ids), rows.windows(), expected_ids=ids_at,
+                              problems=problems, complete=rows.complete, schema=schema)
         except CorruptFile as e:
             raise MergeError(_set_aside_shards(run, e)) from None
-        only_missing = not any(v for k, v in problems.counts().items() if k != "missing")
+        counts = problems.counts()
+        only_missing = not any(v for k, v in counts.items() if k != "missing")
         if problems and not (allow_partial and only_missing):
             message = describe_problems(problems, index.id, run.problems_path)
             raise MergeError(f"merge refused, {message}")
-        missing = problems.missing_positions()
-        text = h5py.string_dtype("utf-8")
-        writer.file.create_dataset("missing_ids", dtype=text, data=np.array(
-            [index.id_bytes(int(p)) for p in missing], dtype=object))
+        missing = counts["missing"]
+        _write_missing_ids(writer.file, index, problems)
         if renamed:
+            text = h5py.string_dtype("utf-8")
             pos = np.array(sorted(int(k) for k in renamed), np.int64)
             writer.file.create_dataset("original_ids/index", data=pos)
             writer.file.create_dataset("original_ids/ids", dtype=text, data=np.array(
                 [renamed[str(p)].encode() for p in pos], dtype=object))
         variants.add_to_result(writer.file, run, manifest)
         ids.write(writer.file)
-        writer.finish({"complete": len(missing) == 0, "num_missing": int(len(missing))})
+        writer.finish({"complete": missing == 0, "num_missing": int(missing)})
     except BaseException as e:
-        writer.abort()
-        ids.buckets.buckets.close()
+        if writer is not None:
+            writer.abort()
         reason = disk_full_reason(e) if isinstance(e, Exception) else None
         if reason:
             raise DiskFull(f"cannot write {run.result_path}: {reason}. No result file was left behind. "
                            f"{remedy}") from None
         raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if plan is not None:
+            plan.close()
     os.replace(tmp, run.result_path)
     fsync_dir(run.root)
     variants.export(run, manifest)
     run.problems_path.unlink(missing_ok=True)
-    if len(missing):
-        log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", len(missing), len(index))
-    log.info("merged %d sequences into %s", len(index) - len(missing), run.result_path)
+    if missing:
+        log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", missing, len(index))
+    if plan is not None:
+        log.info("rows: %s", copy_plan.summary(plan.counts, [s.given for s in plan.sources]))
+    log.info("merged %d sequences into %s", len(index) - missing, run.result_path)
     return run.result_path
+
+
+def _write_missing_ids(file: h5py.File, index: SequenceIndex, problems: MergeProblems) -> None:
+    """`missing_ids`: the ids without a row, in FASTA order, written a chunk at a time."""
+    text = h5py.string_dtype("utf-8")
+    count = problems.missing.count
+    if count == 0:
+        file.create_dataset("missing_ids", shape=(0,), dtype=text)
+        return
+    dataset = file.create_dataset("missing_ids", shape=(count,), dtype=text, chunks=(min(count, 65536),))
+    at = 0
+    for chunk in problems.missing.chunks():
+        chunk = np.sort(chunk)   # (each window's are sorted, and windows come in order)
+        dataset[at:at + len(chunk)] = np.array([index.id_bytes(int(p)) for p in chunk], dtype=object)
+        at += len(chunk)
+        index.release()
 
 
 def _ids_at(index: SequenceIndex, positions: np.ndarray) -> np.ndarray:

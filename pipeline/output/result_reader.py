@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 
 from ..errors import UserError
-from .id_index import GROUP, IdIndex, hashes_of
+from .id_index import GROUP, VERIFY_ABOVE, IdIndex, hashes_of
 from .schema import STR, Column, Schema
 
 MAX_NAMED = 10
@@ -60,15 +60,14 @@ class ResultFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = result_path(path)
-        try:
-            self.file = h5py.File(self.path, "r")
+        try:   # no chunk cache: a row read takes its own bytes, not its columns' whole 1 MiB chunks
+            self.file = h5py.File(self.path, "r", rdcc_nbytes=0)
             self.schema = Schema.from_json(json.loads(self.file.attrs["schema"]))
             self.n = int(self.file.attrs["num_sequences"])
         except (OSError, KeyError, ValueError) as e:
             raise UserError(f"{self.path} is not a readable run_shards result ({type(e).__name__}: {e})") from None
         self.ids = IdIndex(self.file) if GROUP in self.file else None
-        self._data = {c.path: self.file[c.path] for c in self.schema.columns}   # opened once
-        self._offsets: dict[str, h5py.Dataset] = {g: self.file[f"{g}/offsets"] for g in self.schema.ragged_groups}
+        self._opened: dict[str, h5py.Dataset] = {}   # datasets opened once, when first read
 
     def __len__(self) -> int:
         return self.n
@@ -103,12 +102,19 @@ class ResultFile:
 
     def _rows_indexed(self, ids: list[str]) -> np.ndarray:
         out = np.full(len(ids), -1, np.int64)
-        for k, (name, key) in enumerate(zip(ids, hashes_of(ids))):
-            for row in self.ids.candidates(int(key)):
-                if _text(self._data["ids"][int(row)]) == name:   # hashes may collide: the id decides
+        for k, (name, key, check) in enumerate(zip(ids, hashes_of(ids), hashes_of(ids, check=True))):
+            for row in self.ids.candidates(int(key), int(check)):
+                if (self.ids.checked and len(name.encode()) <= VERIFY_ABOVE) \
+                        or _text(self._data("ids")[int(row)]) == name:   # (an index without check hashes: the id decides)
                     out[k] = int(row)
                     break
         return out
+
+    def _data(self, path: str) -> h5py.Dataset:
+        found = self._opened.get(path)
+        if found is None:
+            found = self._opened[path] = self.file[path]
+        return found
 
     def _rows_scanned(self, ids: list[str]) -> np.ndarray:
         """A result without an id index: its ids read once, a chunk at a time."""
@@ -154,7 +160,7 @@ class ResultFile:
             raise UserError(f"row {i} is out of range: {self.path} has {self.n:,} rows")
         out = {}
         for c in self.schema.columns:
-            out[c.path] = self.per_residue(i, c.path) if c.ragged else _value(c, self._data[c.path][i])
+            out[c.path] = self.per_residue(i, c.path) if c.ragged else _value(c, self._data(c.path)[i])
         return out
 
     def per_residue(self, i: int, path: str) -> np.ndarray:
@@ -162,8 +168,8 @@ class ResultFile:
         column = self._column(path)
         if not column.ragged:
             raise UserError(f"{path} holds one value per row, not per residue")
-        a, b = (int(x) for x in self._offsets[column.group][i:i + 2])
-        return self._data[path][a:b]
+        a, b = (int(x) for x in self._data(f"{column.group}/offsets")[i:i + 2])
+        return self._data(path)[a:b]
 
     def chunks(self, size: int = 65536, columns: Iterable[str] | None = None) -> Iterator[dict]:
         """Rows `size` at a time, as {column: array} (ids as str; a ragged column as a list of arrays, one
@@ -177,7 +183,7 @@ class ResultFile:
         if not c.ragged:
             data = self.file[c.path][a:b]
             return np.array([_text(x) for x in data], dtype=object) if c.dtype == STR else data
-        offsets = self._offsets[c.group][a:b + 1]
+        offsets = self._data(f"{c.group}/offsets")[a:b + 1]
         values = self.file[c.path][int(offsets[0]):int(offsets[-1])]
         cuts = (offsets - offsets[0]).astype(np.int64)
         return [values[cuts[k]:cuts[k + 1]] for k in range(b - a)]

@@ -3,6 +3,9 @@
 A column is either one value per row (`ids`, `embeddings/mean`, ...) or ragged: a variable number of
 values per row stored CSR-style, values back to back plus an `offsets` dataset in the same group
 (`per_residue/values` + `per_residue/offsets`). In memory a ragged group keeps per-row lengths instead.
+Every file has the BASE_COLUMNS and its task's columns; the merged result also has RESULT_COLUMNS, which
+say where each row's values were computed (a row copied from an identical sequence, or reused from an
+earlier result with --reuse, holds the values of that computation).
 """
 from __future__ import annotations
 
@@ -47,6 +50,13 @@ BASE_COLUMNS = (
     Column("sequence_digest", "uint8", 16),   # sequence_digest.py
 )
 
+# Only in the merged result (written by the merge, result_rows.py):
+RESULT_COLUMNS = (
+    Column("computed_at", "int64"),   # the `index` of the row whose computation this row holds: its own, or
+                                      # the first record of the same sequence in this run (a copy of it)
+    Column("reused_from", "int16"),   # -1: computed by this run; k: reused from the k-th --reuse result
+)                                     # (the result's `reused_from` attribute lists them)
+
 
 @dataclass
 class Schema:
@@ -79,6 +89,16 @@ class Schema:
         """Bytes of a whole file of this schema with a row for every record of `index` (a SequenceIndex):
         row_bytes, plus the ids' text."""
         return int(self.row_bytes(values_per_row).sum()) + int(index.id_offsets[-1])
+
+    def with_result_columns(self) -> "Schema":
+        """The merged result's schema: these columns and RESULT_COLUMNS (once)."""
+        have = {c.path for c in self.columns}
+        return Schema(self.columns + tuple(c for c in RESULT_COLUMNS if c.path not in have))
+
+    def without_result_columns(self) -> "Schema":
+        """The columns a worker writes (a result's schema without RESULT_COLUMNS)."""
+        extra = {c.path for c in RESULT_COLUMNS}
+        return Schema(tuple(c for c in self.columns if c.path not in extra))
 
     def to_json(self) -> list:
         return [[c.path, c.dtype, c.width, c.ragged] for c in self.columns]

@@ -120,7 +120,7 @@ class ShardWriter:
         assert len(missing) == 0, f"finalize with {len(missing)} rows not computed"
         path = self.run.shard_path(self.rank)
         tmp = path.with_name(f".{path.name}.tmp")
-        readers = [Reader(p) for p in shard_state.part_files(self.parts)]
+        readers = [Reader(p, cache_bytes=0) for p in shard_state.part_files(self.parts)]
         try:
             ensure_space(path.parent, sum(r.data_bytes() for r in readers), f"shard {path}", self._remedy())
             with self._new_file(tmp, self.attrs, rows_hint=len(self.expected)) as writer:

@@ -23,6 +23,7 @@ from ..output.schema import BASE_COLUMNS, Schema
 from ..output.variant_list import VariantList
 from ..rundir.layout import RunDir
 from .continued import reconcile, shard_count
+from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
 from .length_limit import check_long, token_limit, warn_beyond_training
 from .storage import check_storage
@@ -43,12 +44,18 @@ class Plan:
     manifest: dict
     continued: bool         # the run directory already held this run
     variants: VariantList | None = None   # --task variants: the variants file as read and checked
+    copies: Copies = dataclasses.field(default_factory=Copies)   # what the run copies instead of computing
 
     def record(self, run: RunDir) -> dict:
         """Write the plan into `run` (a new run's index, variants and manifest; a continued run's manifest, with
         this command's launch settings) and return the manifest as stored."""
         if not self.continued:   # the run's copy holds the stride table its workers read (index/stride.py)
-            self.index.save(run.index_path, world=self.manifest["world"])
+            only, copy_plan = self.copies.only(run)   # (of the records it computes)
+            try:
+                self.index.save(run.index_path, world=self.manifest["world"], only=only)
+            finally:
+                if copy_plan is not None:
+                    copy_plan.close()
             self.index.adopt_stride(run.index_path)
             if self.variants is not None:
                 self.variants.save(run.variants_path)
@@ -114,17 +121,21 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     task.prepare(SequenceTokenizer(model.hf_tokenizer, model.convention))
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
-    check_storage(schema, index, shards, run.root)
-    _log_shards(index, shards)
+    copies = plan_copies(planned, model, schema, index, run, old)   # duplicates and --reuse (copies.py)
+    planned = dataclasses.replace(planned, shards=copies.shards(shards))
+    check_storage(schema, index, planned.shards, run.root)
+    _log_shards(index, planned.shards, copies.computed)
     manifest = _manifest(planned, model, schema, limit, index)
     manifest["attrs"].update(task.attrs())
     if variants is not None:
         manifest["variants"] = {"file": variants.source, "fingerprint": variants.sha256, "count": len(variants)}
         log.info("variants: %d in %s, for %d record(s)", len(variants), variants.source,
                  len(set(variants.record.tolist())))
+    if copies.counts is not None:
+        manifest["copies"] = copies.record()
     if old is not None:
         manifest = reconcile(run, old, manifest, planned)
-    return Plan(planned, index, manifest, continued=old is not None, variants=variants)
+    return Plan(planned, index, manifest, continued=old is not None, variants=variants, copies=copies)
 
 
 def _absolute(config: RunConfig, *names: str) -> dict:
@@ -136,6 +147,7 @@ def choose_model(config: RunConfig) -> Model:
     """The checkpoint, the engine that runs it and what it is (its config and tokenizer; no weights)."""
     from ..engine import selection as engines
     from ..models import checkpoint
+    _settle_matmul_mode(config)
     source = checkpoint.resolve(config.model, cache_dir())
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
@@ -152,6 +164,16 @@ def choose_model(config: RunConfig) -> Model:
                     "budget or number of workers; the result's `batch_invariant` attribute says so): %s",
                     engines.why_not_batch_invariant(config))
     return Model(source, engine, info, hf_tokenizer)
+
+
+def _settle_matmul_mode(config: RunConfig) -> None:
+    """Put this process's MKL in the mode a fresh worker of a batch-invariant CPU run puts its own in, before
+    anything here computes: materialising the demo model builds it with transformers (its initialisers
+    use MKL), after which MKL refuses strict mode, and this process's answer to "is the run batch-invariant"
+    (written into the manifest and the result) would be no, though every worker's is yes."""
+    if config.batch_invariant and not config.on_gpu:
+        from ..engine import mkl_cnr
+        mkl_cnr.strict_matmuls()
 
 
 def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: int | None) -> RunConfig:
@@ -173,7 +195,10 @@ def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: i
     return config
 
 
-def _log_shards(index: SequenceIndex, shards: int) -> None:
+def _log_shards(index: SequenceIndex, shards: int, computed: int | None) -> None:
+    if computed is not None and computed < len(index):   # (the table of the records computed is written later)
+        log.info("shards: %d, %d records computed in all", shards, computed)
+        return
     stats = index.shard_stats(shards)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", shards,
              int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..output import status_codes
+from ..output import copy_plan, status_codes
 from ..errors import UserError
 from ..rundir.layout import RunDir, write_atomic
 from .facts import Attempt, RunFacts, gather
@@ -279,6 +279,7 @@ def render(f: RunFacts) -> str:
 <p>{len(f.lengths):,} sequences in {len(f.shards)} shard(s); task {e(config['task'])}, model {e(config['model'])},
 engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))}; run directory {e(f.root)};
 report written {e(f.written)} (`run_shards report {e(f.root)}` writes it again).</p>
+{f"<p id='copies'>Rows: {e(copy_plan.described(m))}.</p>" if copy_plan.described(m) else ""}
 {error}
 <h2>Sequence lengths</h2>{lengths_chart(f)}
 <h2>Shards</h2>{balance_chart(f)}{_shard_table(f)}

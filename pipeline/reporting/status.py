@@ -14,7 +14,7 @@ import socket
 
 from index import SequenceIndex
 
-from ..output import shard_state
+from ..output import copy_plan, shard_state
 from ..output.h5io import CorruptFile, Reader
 from ..errors import UserError, human_bytes
 from ..planning.run_index import load_run_index
@@ -41,6 +41,8 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         lines.append(f"inputs: CHANGED - {e}")
         index = SequenceIndex.load(run.index_path, verify=False)
     lines.append(f"sequences: {len(index):,} in {world} shard(s)")
+    if copy_plan.described(manifest):   # rows copied instead of computed (duplicates, --reuse)
+        lines.append(f"rows: {copy_plan.described(manifest)}")
     holder = RunLock.active_holder(run)
     if holder:
         alive = "alive" if holder.get("host") == socket.gethostname() else "another host: not checked"

@@ -2,6 +2,7 @@
 
     OUT/manifest.json          config, model identity, index fingerprint, schema, number of shards
     OUT/index.rsidx            the run's own copy of the sequence index (fixed for the run's life)
+    OUT/copies.rsidx           which rows are copied instead of computed (duplicates, --reuse; output/copy_plan.py)
     OUT/shards/shard_N.h5      finished shard N (rows sorted by FASTA position)
     OUT/shards/shard_N.parts/  checkpoints of an unfinished shard N (each a sorted, finished file)
     OUT/shards/shard_N.failed.json   why shard N failed last time (exit code, last log lines)
@@ -66,6 +67,7 @@ class RunDir:
     result_path = property(lambda self: self.root / "result.h5")
     problems_path = property(lambda self: self.root / "merge_problems.tsv")
     variants_path = property(lambda self: self.root / "variants.npz")
+    copies_path = property(lambda self: self.root / "copies.rsidx")
 
     def shard_path(self, rank: int) -> Path:
         return self.shards_dir / f"shard_{rank}.h5"
@@ -84,10 +86,11 @@ class RunDir:
         return self.logs_dir / "run.log"
 
     # What a run leaves in OUT before its manifest exists (it stopped before or while writing it): reusable.
-    EARLY_ENTRIES = {".lock", "shards", "logs", "index.rsidx", "variants.npz"}
+    EARLY_ENTRIES = {".lock", "shards", "logs", "index.rsidx", "variants.npz", "copies.rsidx"}
 
     def _early_entry(self, name: str) -> bool:
-        return name in self.EARLY_ENTRIES or name.startswith(("index.rsidx.tmp", ".manifest.json.tmp"))
+        return name in self.EARLY_ENTRIES or name.startswith(("index.rsidx.tmp", ".manifest.json.tmp",
+                                                              "copies.rsidx.tmp", ".rs-"))
 
     def create(self) -> None:
         """Create the run directory, or check that an existing one is a run's (never overwrite other files)."""
@@ -148,14 +151,19 @@ class RunDir:
     # ------------------------------------------------------------------ temporaries
     def remove_stale_temporaries(self) -> list[str]:
         """Remove what an interrupted command of the parent left half-written (`.result.h5.tmp`,
-        `.manifest.json.tmpN`, `index.rsidx.tmpN`, `.shard_N.failed.json.tmpN`). Call only while holding the
-        run lock: no other command writes these then. Shard temporaries belong to the shard's worker."""
+        `.manifest.json.tmpN`, `index.rsidx.tmpN`, `copies.rsidx.tmpN`, `.shard_N.failed.json.tmpN`) and the
+        spill folders of its planning or merge (`.rs-stride-*`, `.rs-merge-*`, ...). Call only while holding
+        the run lock: no other command writes these then. Shard temporaries belong to the shard's worker."""
         stale = [p for p in self.root.glob(".*.tmp*") if p.is_file()]
         stale += [p for p in self.root.glob("index.rsidx.tmp*") if p.is_file()]
+        stale += [p for p in self.root.glob("copies.rsidx.tmp*") if p.is_file()]
         stale += [p for p in self.shards_dir.glob(".shard_*.failed.json.tmp*") if p.is_file()]
         for p in stale:
             p.unlink(missing_ok=True)
-        return [p.name for p in stale]
+        folders = [p for p in self.root.glob(".rs-*") if p.is_dir()]   # spill folders of planning and the merge
+        for p in folders:
+            shutil.rmtree(p, ignore_errors=True)
+        return [p.name for p in stale + folders]
 
     def remove_shard_temporaries(self, rank: int) -> list[str]:
         """Files a killed writer of shard `rank` left half-written (`.shard_N.h5.tmp`, `.part_*.h5.tmp`). Only

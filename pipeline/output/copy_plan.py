@@ -1,0 +1,108 @@
+"""Which rows of a run are copied instead of computed, fixed when the run is planned: OUT/copies.rsidx.
+
+A record whose sequence (its digest, sequence_digest.py) occurred earlier in the FASTA is copied from the
+first record of that sequence; a first record whose sequence an earlier result (`--reuse`) holds, with
+the same model and settings, is copied from that result's row; only the others go to the shards. The
+file has the index's format (index/index_file.py, read memory-mapped), with per FASTA position p:
+
+    digests            V16 [N]    p's sequence digest, which the merge checks every row of the result against
+    source             int16 [N]  COMPUTED (-1): in a shard; DUPLICATE (-2): copied from an earlier record;
+                                  k >= 0: reused from the k-th result of `sources`
+    ref                int64 [N]  DUPLICATE: the position of the first record of the sequence; reused: the
+                                  row in that result; else -1
+
+and the copies in the order the merge makes them:
+
+    duplicates_first   int64 [D]  the first record q of a sequence, ascending, ...
+    duplicates_copy    int64 [D]  ... and each later record p of it (ascending within q)
+    reused_K_row       int64 [R]  rows of the K-th result, ascending, ...
+    reused_K_position  int64 [R]  ... and the position each is copied to
+
+The header lists the `sources` (each reused result's path and identity) and the `counts`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from index import index_file
+
+VERSION = 1
+COMPUTED, DUPLICATE = -1, -2
+
+
+@dataclass
+class SourceFile:
+    """A result rows are reused from, as it was when the run was planned."""
+    path: str          # the result.h5
+    given: str         # as --reuse named it
+    rows: int
+    checksums: str     # its `crc32` attribute: the checksum of every dataset, as written
+    size: int
+    mtime_ns: int
+
+    def changed(self) -> str | None:
+        """What changed in the file since it was planned, or None."""
+        try:
+            stat = os.stat(self.path)
+        except OSError as e:
+            return f"{self.path}: {e.strerror or e}"
+        if stat.st_size != self.size or stat.st_mtime_ns != self.mtime_ns:
+            return f"{self.path} was modified since this run was planned"
+        return None
+
+
+class CopyPlan:
+    """A run's copies.rsidx, memory-mapped (see the module's docstring)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.mapped = index_file.Mapped(path, (VERSION,))
+        header = self.mapped.header
+        self.n = int(header["count"])
+        self.sources = [SourceFile(**s) for s in header["sources"]]
+        self.counts = header["counts"]
+        self.digests = self.mapped.array("digests")
+        self.source = self.mapped.array("source")
+        self.ref = self.mapped.array("ref")
+
+    def pairs(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(duplicates_first, duplicates_copy) for "duplicates", (reused_K_row, reused_K_position) for
+        "reused_K"."""
+        keys = ("first", "copy") if name == "duplicates" else ("row", "position")
+        return self.mapped.array(f"{name}_{keys[0]}"), self.mapped.array(f"{name}_{keys[1]}")
+
+    def digest_bytes(self, a: int, b: int) -> np.ndarray:
+        """[b - a, 16] uint8: the digests of positions a .. b - 1."""
+        return np.asarray(self.digests[a:b]).view(np.uint8).reshape(-1, 16)
+
+    def release(self) -> None:
+        self.mapped.release()
+
+    def close(self) -> None:
+        self.mapped.close()
+
+
+def summary(counts: dict, sources: list[str]) -> str:
+    """'N records: C computed, D copied from an earlier record of the same sequence, R reused from X'
+    (`sources`: the reused results as --reuse named them)."""
+    parts = [f"{counts['computed']:,} computed"]
+    if counts["duplicates"]:
+        parts.append(f"{counts['duplicates']:,} copied from an earlier record of the same sequence")
+    for name, r in zip(sources, counts["reused"]):
+        parts.append(f"{r:,} reused from {name}")
+    return f"{counts['records']:,} records: " + ", ".join(parts)
+
+
+def described(manifest: dict) -> str | None:
+    """The summary of a run's copies as its manifest records them (None: it copies nothing)."""
+    copies = manifest.get("copies")
+    return summary(copies["counts"], copies["sources"]) if copies else None
+
+
+def write(path: str | os.PathLike, n: int, parts: list[index_file.Part], sources: list[SourceFile],
+          counts: dict) -> None:
+    """Write the plan atomically (index_file.write: temporary name, fsync, rename)."""
+    header = {"kind": "copies", "sources": [vars(s) for s in sources], "counts": counts}
+    index_file.write(path, VERSION, n, parts, header)

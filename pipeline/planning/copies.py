@@ -1,0 +1,180 @@
+"""Never computing a sequence twice (#28): when a new run is planned, every record's sequence digest is
+taken from the FASTA (index/residue_digest.py), and the records are matched by digest, among themselves
+and against the rows of the `--reuse` results. Only the first record of each sequence that no earlier
+result holds goes to a shard; the merge copies the others (output/copy_plan.py says how, and
+output/result_rows.py does it), checking each row against the digest planned for its position.
+
+The matching has bounded memory: digests are bucketed on disk by their top bits (index/spill.py), each
+bucket sorted on its own; what each record gets is scattered back to FASTA order, and the copies are
+sorted by the row they copy. A run whose rows may depend on more than the sequence copies nothing.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from index.build import Column
+from index.residue_digest import record_digests
+from index.spill import HashBuckets, KeyedPairs, Scatter
+from index.stride import Only
+
+from ..config import RunConfig
+from ..errors import UserError
+from ..output import copy_plan
+from ..output.copy_plan import COMPUTED, DUPLICATE, CopyPlan, SourceFile
+from ..output.h5io import Reader
+from ..rundir.layout import RunDir
+from .reuse import not_by_sequence, reuse_sources, usable_rows
+
+log = logging.getLogger("run_shards")
+
+_WINDOW = 1 << 21      # digests per bucket (about 56 MiB sorted at once)
+_READ = 1 << 20        # rows of a reused result read at once
+_SOURCE = np.dtype([("source", "<i2"), ("ref", "<i8")])
+
+
+@dataclass
+class Copies:
+    """What a run copies: its counts (None: nothing, every record is computed) and reused results."""
+    counts: dict | None = None
+    sources: list[SourceFile] = field(default_factory=list)
+
+    @property
+    def computed(self) -> int | None:
+        return None if self.counts is None else self.counts["computed"]
+
+    def record(self) -> dict | None:
+        """What the manifest keeps of it (`copy_plan.described` reads it back)."""
+        return None if self.counts is None else {"counts": self.counts, "sources": [s.given for s in self.sources]}
+
+    def shards(self, wanted: int) -> int:
+        """At most one shard per computed record (at least one)."""
+        return wanted if self.counts is None else max(1, min(wanted, self.counts["computed"]))
+
+    def only(self, run: RunDir) -> tuple[Only | None, CopyPlan | None]:
+        """The records the run's shards hold (for its stride table) and the plan they come from (the caller
+        closes it), or (None, None) when it computes every record."""
+        if self.counts is None or self.counts["computed"] == self.counts["records"]:
+            return None, None
+        plan = CopyPlan(run.copies_path)
+
+        def kept(positions: np.ndarray) -> np.ndarray:
+            found = np.asarray(plan.source[positions]) == COMPUTED
+            plan.release()
+            return found
+        return Only(self.counts["computed"], kept), plan
+
+
+def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict | None) -> Copies:
+    """For a new run: check `config.reuse`, match every record and write OUT/copies.rsidx. For a run planned
+    before: what it copies, as planned (a --reuse that differs is refused)."""
+    if old is not None:
+        planned = RunConfig.from_manifest(old).reuse
+        if config.reuse and config.reuse != planned:
+            raise UserError(f"--reuse: {run.root} holds a run planned with "
+                            f"{' '.join('--reuse ' + r for r in planned) or 'no --reuse'}; which rows it copies was "
+                            "fixed then. Leave out --reuse to continue it, or start a run in another directory.")
+        if not run.copies_path.exists():
+            return Copies()
+        plan = CopyPlan(run.copies_path)
+        try:
+            return Copies(dict(plan.counts), plan.sources)
+        finally:
+            plan.close()
+    sources = reuse_sources(config, model, schema)   # (refuses --reuse for a run whose rows are not by sequence)
+    if not_by_sequence(config):
+        return Copies()
+    counts = _match(run, index, sources)
+    log.info("copies: %s", copy_plan.summary(counts, [s.given for s in sources]))
+    return Copies(counts, sources)
+
+
+def _match(run: RunDir, index, sources: list[SourceFile]) -> dict:
+    n = len(index)
+    tmp = tempfile.mkdtemp(prefix=".rs-copies-", dir=run.root)
+    try:
+        digests = Column(tmp, "digests", "V16")
+        total = n + sum(s.rows for s in sources)
+        buckets = HashBuckets(total, tmp, window=_WINDOW, payload=[("lo", "<u8"), ("src", "<i4")])
+        at = 0
+        for chunk in record_digests(index):   # this run's records (src -1)
+            digests.append(chunk.view("V16").reshape(-1))
+            _add(buckets, chunk, np.arange(at, at + len(chunk), dtype=np.int64), -1)
+            at += len(chunk)
+        for k, s in enumerate(sources):        # the rows of each result that may be reused (src k)
+            with Reader(s.path, cache_bytes=0) as reader:
+                for a in range(0, reader.rows, _READ):
+                    found, rows = usable_rows(reader, a, min(reader.rows, a + _READ))
+                    _add(buckets, found, rows, k)
+        place = Scatter(n, _SOURCE, tmp, window=1 << 22)
+        dups = KeyedPairs(n, n, tmp)
+        reused = [KeyedPairs(s.rows, min(n, s.rows), tmp) for s in sources]
+        counts = {"records": n, "computed": 0, "duplicates": 0, "reused": [0] * len(sources)}
+        for rec in buckets.records():
+            _match_bucket(rec, place, dups, reused, counts)
+        parts = [digests.part("digests")] + _placed(place, tmp) + _pairs(dups, tmp, "duplicates", ("first", "copy"))
+        for k, pairs in enumerate(reused):
+            parts += _pairs(pairs, tmp, f"reused_{k}", ("row", "position"))
+        copy_plan.write(run.copies_path, n, parts, sources, counts)
+        return counts
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _add(buckets: HashBuckets, digests: np.ndarray, where: np.ndarray, src: int) -> None:
+    """Digests ([k, 16] uint8) with their positions (src -1) or rows (src k), bucketed by their first 8 bytes."""
+    words = np.ascontiguousarray(digests).view("<u8").reshape(-1, 2)
+    buckets.add(words[:, 0], where, lo=words[:, 1], src=np.full(len(where), src, np.int32))
+
+
+def _match_bucket(rec: np.ndarray, place: Scatter, dups: KeyedPairs, reused: list[KeyedPairs], counts: dict) -> None:
+    """The records of one bucket: in each group of equal digests, this run's first record is computed or
+    reused (from the first --reuse result that has it, its first such row), the run's later records copy it."""
+    rec = rec[np.lexsort((rec["pos"], rec["src"], rec["lo"], rec["key"]))]   # this run's (src -1) first
+    new_group = np.ones(len(rec), bool)
+    new_group[1:] = (rec["key"][1:] != rec["key"][:-1]) | (rec["lo"][1:] != rec["lo"][:-1])
+    starts = np.flatnonzero(new_group)
+    ends = np.append(starts[1:], len(rec))
+    mine = rec["src"] == -1
+    n_mine = np.add.reduceat(mine.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
+    starts, ends, n_mine = starts[n_mine > 0], ends[n_mine > 0], n_mine[n_mine > 0]   # groups with records of this run
+    first = rec["pos"][starts]
+    has_old = starts + n_mine < ends              # the best earlier row follows this run's records
+    old_at = (starts + n_mine)[has_old]
+    source = np.full(len(starts), COMPUTED, np.int16)
+    ref = np.full(len(starts), -1, np.int64)
+    source[has_old], ref[has_old] = rec["src"][old_at], rec["pos"][old_at]
+    for k, pairs in enumerate(reused):
+        chosen = np.flatnonzero(source == k)
+        pairs.add(ref[chosen], first[chosen])
+        counts["reused"][k] += len(chosen)
+    counts["computed"] += int((source == COMPUTED).sum())
+    later = np.flatnonzero(mine & ~new_group)     # this run's other records of each group
+    group = np.searchsorted(starts, later, "right") - 1
+    q, p = rec["pos"][starts[group]], rec["pos"][later]
+    dups.add(q, p)
+    counts["duplicates"] += len(p)
+    out = np.empty(len(first) + len(p), _SOURCE)
+    out["source"] = np.concatenate((source, np.full(len(p), DUPLICATE, np.int16)))
+    out["ref"] = np.concatenate((ref, q))
+    place.add(np.concatenate((first, p)), out)
+
+
+def _placed(place: Scatter, tmp: str) -> list:
+    source, ref = Column(tmp, "source", np.int16), Column(tmp, "ref", np.int64)
+    for _, values, _, _ in place.chunks():
+        source.append(values["source"])
+        ref.append(values["ref"])
+    return [source.part("source"), ref.part("ref")]
+
+
+def _pairs(pairs: KeyedPairs, tmp: str, name: str, fields: tuple[str, str]) -> list:
+    keys, values = Column(tmp, f"{name}_{fields[0]}", np.int64), Column(tmp, f"{name}_{fields[1]}", np.int64)
+    for rec in pairs.chunks():
+        keys.append(rec["key"])
+        values.append(rec["value"])
+    return [keys.part(f"{name}_{fields[0]}"), values.part(f"{name}_{fields[1]}")]

@@ -1,0 +1,118 @@
+"""`--reuse OLD_OUT`: earlier results whose rows a new run copies instead of computing them, checked before
+anything is computed. A result is accepted only when each of its rows is what this run would compute for
+the same sequence: the same model (fingerprint), task, engine and dtype as resolved, the same kind of
+device, the same columns, and every output-affecting setting (config.RESULT) equal. Otherwise it is
+refused, each difference named; nothing is reused from it.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ..config import RESULT, RunConfig, option_name
+from ..errors import UserError
+from ..output import status_codes
+from ..output.copy_plan import SourceFile
+from ..output.h5io import CorruptFile, Reader
+from ..output.result_reader import result_path
+from ..output.schema import Schema
+
+# Settings compared as the results record them resolved (attributes), not as given: "auto" may differ.
+_RESOLVED = {"engine": "engine", "dtype": "dtype"}
+# Not compared as settings: the inputs (fasta) and the model's path, whose fingerprint is compared instead.
+_NOT_SETTINGS = ("fasta", "model")
+
+
+def not_by_sequence(config: RunConfig) -> str | None:
+    """Why a run's rows may depend on more than each record's sequence (then nothing is copied), or None."""
+    if config.task == "generate" and config.temperature > 0:
+        return ("--task generate with --temperature above 0 samples each record with a random stream keyed by "
+                "its FASTA position, so two records of the same sequence may get different rows")
+    if config.task not in ("embed", "score", "generate"):
+        return f"--task {config.task}: its rows may depend on more than the sequence"
+    return None
+
+
+def reuse_sources(config: RunConfig, model, schema: Schema) -> list[SourceFile]:
+    """The results of `config.reuse`, each checked against this run (UserError naming every difference)."""
+    if not config.reuse:
+        return []
+    why = not_by_sequence(config)
+    if why:
+        raise UserError(f"--reuse: {why}; rows are not reused for such a run (leave out --reuse)")
+    found, refused = [], []
+    for given in config.reuse:
+        try:
+            path = result_path(given)   # a run directory or a result.h5
+        except UserError as e:
+            raise UserError(f"--reuse {given}: {e}") from None
+        try:
+            with Reader(path) as reader:
+                problems = _differences(reader, config, model, schema)
+                source = SourceFile(path=str(path.resolve()), given=given, rows=reader.rows,
+                                    checksums=str(reader.attrs.get("crc32")), size=path.stat().st_size,
+                                    mtime_ns=path.stat().st_mtime_ns)
+        except CorruptFile as e:
+            raise UserError(f"--reuse {given}: {path} is not a finished, readable result ({e})") from None
+        if problems:
+            refused.append(f"--reuse {given} ({path}) is refused: its rows were computed {'; '.join(problems)}")
+        elif any(os.path.samefile(s.path, source.path) for s in found):
+            continue   # given twice
+        else:
+            found.append(source)
+    if refused:
+        raise UserError(". ".join(refused) + ". Nothing was computed. Leave it out (or give a result computed "
+                        "with this run's model and settings).")
+    return found
+
+
+def _differences(reader: Reader, config: RunConfig, model, schema: Schema) -> list[str]:
+    """How the rows of `reader` were computed otherwise than this run would, in words."""
+    from ..engine import selection as engines
+    attrs = reader.attrs
+    if "sequence_digest" not in {c.path for c in reader.schema.columns}:
+        return ["before results kept a sequence digest per row (they cannot be matched by sequence)"]
+    try:
+        old = RunConfig.from_dict(json.loads(attrs["config"]))
+    except (KeyError, ValueError, UserError) as e:
+        return [f"by a run whose settings cannot be read ({type(e).__name__}: {e})"]
+    found = []
+    if attrs.get("model_fingerprint") != model.source.fingerprint:
+        found.append(f"with another model ({attrs.get('model')!r}, fingerprint {attrs.get('model_fingerprint')}; "
+                     f"this run: {config.model!r}, {model.source.fingerprint})")
+    now = {"task": config.task, "engine": model.engine, "dtype": config.torch_dtype_name}
+    for key, value in now.items():
+        if attrs.get(key) != value:
+            found.append(f"with {option_name(key)} {attrs.get(key)} (this run: {value})")
+    for name in RunConfig.fields_with_role(RESULT):
+        if name in _NOT_SETTINGS or name in _RESOLVED or name == "task":
+            continue
+        if getattr(old, name) != getattr(config, name):
+            found.append(f"with {option_name(name)} {_shown(getattr(old, name))} (this run: {_shown(getattr(config, name))})")
+    if bool(old.devices) != config.on_gpu:
+        found.append(f"on {'GPUs' if old.devices else 'CPU workers'} (this run: {'GPUs' if config.on_gpu else 'CPU workers'}), "
+                     "whose kernels give other bits")
+    invariant = engines.batch_invariant(model.engine, config)
+    if bool(attrs.get("batch_invariant")) != invariant:
+        found.append(f"{'with' if attrs.get('batch_invariant') else 'without'} batch-invariant outputs (this run: "
+                     f"{'with' if invariant else 'without'}; a budget below 64 tokens turns them off)")
+    if reader.schema.without_result_columns() != schema and not found:
+        found.append("with other columns or dimensions")
+    return found
+
+
+def usable_rows(reader: Reader, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """(digests [k, 16] uint8, rows) of rows a .. b - 1 that can be reused: those with values or a final
+    status; not a row that ran out of memory (another run may fit it), nor one without a digest."""
+    digests = reader.file["sequence_digest"][a:b]
+    status = reader.file["status"][a:b]
+    good = (status != status_codes.OUT_OF_MEMORY) & digests.any(axis=1)
+    return digests[good], a + np.flatnonzero(good)
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "not given"
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)

@@ -1,0 +1,192 @@
+"""Never computing a sequence twice (issue 28), through the CLI with two CPU workers on the demo model (its
+native engine's outputs are batch-invariant on CPU):
+
+- within a run, the records of a sequence seen earlier are not computed but written, each as a copy of the
+  first one's row, bit for bit what computing it gives (proved by a run where those records come first);
+- `--reuse` copies the rows of an earlier result for the sequences it holds and computes only the others,
+  bit for bit what computing them gives; a result of another model or setting is refused, saying why;
+- once through the local SLURM: the merge job copies the reused rows.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from index import SequenceIndex
+
+from .run_helpers import read, undocumented_files
+from .tiny_models import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+VALUES = ("embeddings/mean", "per_residue/values", "lengths", "num_tokens", "truncated", "status", "sequence_digest")
+
+
+def records(path) -> list[tuple[str, str]]:
+    """(header, sequence lines) of each record of a FASTA file."""
+    out = []
+    for chunk in path.read_text().split(">")[1:]:
+        head, _, body = chunk.partition("\n")
+        out.append((head, body))
+    return out
+
+
+def write_fasta(path, recs) -> None:
+    path.write_text("".join(f">{h}\n{b}" for h, b in recs))
+
+
+def rows_by_id(out) -> dict[str, dict]:
+    """Every row of OUT/result.h5 by id: its value columns (per-residue values as the row's slice)."""
+    data = read(out / "result.h5")
+    off = data["per_residue/offsets"]
+    rows = {}
+    for k, i in enumerate(data["ids"]):
+        row = {c: data[c][k] for c in VALUES if c != "per_residue/values"}
+        row["per_residue/values"] = data["per_residue/values"][off[k]:off[k + 1]]
+        row.update(index=int(data["index"][k]), computed_at=int(data["computed_at"][k]),
+                   reused_from=int(data["reused_from"][k]))
+        rows[i.decode()] = row
+    return rows
+
+
+def same_values(a: dict, b: dict) -> bool:
+    return all(np.asarray(a[c]).tobytes() == np.asarray(b[c]).tobytes() and np.asarray(a[c]).shape == np.asarray(b[c]).shape
+               for c in VALUES)
+
+
+def shard_rows(out) -> int:
+    total = 0
+    for path in (out / "shards").glob("shard_*.h5"):
+        with h5py.File(path) as f:
+            total += len(f["index"])
+    return total
+
+
+def run(fasta, out, models, *extra, env=None):
+    res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "2",
+                  "--per-residue", "--no-progress", *extra, env=env)
+    assert res.returncode == 0, res.stderr
+    return res
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, models):
+    """A: 60 records, 6 of them repeating an earlier sequence (other case, line breaks, a stop '*').
+    B: 3 new records, then A's, with --reuse A. C: B's records in reverse order, computed afresh (each
+    sequence first met at another record than in A and B), also writing report.html."""
+    folder = tmp_path_factory.mktemp("copies")
+    base = folder / "base.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "54", "--seed", "5",
+                    "--max-len", "90", str(base)], check=True, capture_output=True)
+    recs = records(base)
+    again = [(f"again{k} repeats {recs[j][0].split()[0]}", recs[j][1].lower().replace("\n", "\n\n") + "*\n")
+             for k, j in enumerate((0, 7, 7, 20, 31, 53))]
+    a_recs = recs[:30] + again[:3] + recs[30:] + again[3:]
+    new = folder / "new.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "3", "--seed", "6",
+                    "--max-len", "90", str(new)], check=True, capture_output=True)
+    b_recs = [(h.replace("SYN", "NEW", 1), b) for h, b in records(new)] + a_recs
+    fastas = {}
+    for name, rs in (("a", a_recs), ("b", b_recs), ("c", b_recs[::-1])):
+        fastas[name] = folder / f"{name}.fasta"
+        write_fasta(fastas[name], rs)
+    outs = {k: folder / f"out_{k}" for k in "abc"}
+    logs = {"a": run(fastas["a"], outs["a"], models).stderr,
+            "b": run(fastas["b"], outs["b"], models, "--reuse", str(outs["a"])).stderr,
+            "c": run(fastas["c"], outs["c"], models, env={"RUN_SHARDS_REPORT": "1"}).stderr}
+    return fastas, outs, logs
+
+
+def test_duplicates_are_computed_once_and_every_row_written(runs):
+    fastas, outs, logs = runs
+    out = outs["a"]
+    index = SequenceIndex.build([fastas["a"]])
+    rows = rows_by_id(out)
+    with h5py.File(out / "result.h5") as f:
+        ids = [i.decode() for i in f["ids"]]
+        assert ids == index.ids() and f["index"][:].tolist() == list(range(60))   # one row per record, in order
+        assert json.loads(f.attrs["copies"]) == {"records": 60, "computed": 54, "duplicates": 6, "reused": []}
+    assert shard_rows(out) == 54   # each sequence computed once
+    first = {}
+    for i in range(len(index)):
+        first.setdefault(index.sequence(i), i)
+    for i, name in enumerate(ids):
+        row = rows[name]
+        assert row["computed_at"] == first[index.sequence(i)] and row["reused_from"] == -1
+        assert bytes(row["sequence_digest"]) == hashlib.blake2b(index.sequence(i).encode(), digest_size=16).digest()
+        assert same_values(row, rows[ids[row["computed_at"]]])
+    assert [name for name in ids if rows[name]["computed_at"] != rows[name]["index"]] == \
+        [f"again{k}" for k in range(6)]
+    assert "60 records: 54 computed, 6 copied from an earlier record of the same sequence" in logs["a"]
+    assert undocumented_files(out) == []
+
+
+def test_each_copied_row_is_what_computing_it_gives(runs):
+    """In C the records 'againK' come before the records they repeat, so C computes them: A's copies of
+    them are the same bits."""
+    fastas, outs, logs = runs
+    a, c = rows_by_id(outs["a"]), rows_by_id(outs["c"])
+    for k in range(6):
+        assert c[f"again{k}"]["computed_at"] == c[f"again{k}"]["index"] or k == 1   # (again1 repeats again2's)
+        assert same_values(a[f"again{k}"], c[f"again{k}"]), k
+
+
+def test_reuse_computes_only_the_new_records_and_gives_the_same_bits(runs):
+    fastas, outs, logs = runs
+    b, c, a = rows_by_id(outs["b"]), rows_by_id(outs["c"]), rows_by_id(outs["a"])
+    assert shard_rows(outs["b"]) == 3   # only the new records were computed
+    with h5py.File(outs["b"] / "result.h5") as f:
+        assert json.loads(f.attrs["copies"]) == {"records": 63, "computed": 3, "duplicates": 6, "reused": [54]}
+        assert json.loads(f.attrs["reused_from"]) == [str(outs["a"])]
+    assert sorted(b) == sorted(c)
+    for name, row in b.items():
+        assert same_values(row, c[name]), name   # bit-identical to computing it (C computed every sequence)
+        if name.startswith("NEW"):
+            assert row["reused_from"] == -1 and row["computed_at"] == row["index"]
+        else:
+            assert row["reused_from"] == 0 and same_values(row, a[name])
+    assert f"63 records: 3 computed, 6 copied from an earlier record of the same sequence, 54 reused from " \
+           f"{outs['a']}" in logs["b"]
+    assert "54 reused from" in (outs["b"] / "logs" / "run.log").read_text()
+    status = run_cli("status", str(outs["b"]))
+    assert status.returncode == 0 and "rows: 63 records: 3 computed" in status.stdout
+    report = (outs["c"] / "report.html").read_text()
+    assert "<p id='copies'>Rows: 63 records: 57 computed, 6 copied" in report
+
+
+def test_reuse_refuses_another_model_or_setting(runs, models, tmp_path):
+    fastas, outs, logs = runs
+    out = tmp_path / "refused"
+    res = run_cli(str(fastas["b"]), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "2",
+                  "--no-progress", "--reuse", str(outs["a"]), "--pool", "cls", "--layers", "0")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert re.search(r"--reuse \S+out_a \(\S+result\.h5\) is refused: its rows were computed with --pool mean "
+                     r"\(this run: cls\); with --layers -1 \(this run: 0\); with --per-residue True \(this run: "
+                     r"False\)", res.stderr), res.stderr
+    assert not out.exists()   # refused before anything was computed or kept
+    res = run_cli(str(fastas["b"]), "--out", str(out), "--model", models["llama"], "--gpus", "0", "--workers", "2",
+                  "--no-progress", "--per-residue", "--reuse", str(outs["a"]))
+    assert res.returncode == 2 and "is refused: its rows were computed with another model" in res.stderr, res.stderr
+    res = run_cli(str(fastas["b"]), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--per-residue",
+                  "--no-progress", "--reuse", str(tmp_path / "nothing"))
+    assert res.returncode == 2 and "--reuse " in res.stderr and "no such result file or run directory" in res.stderr
+
+
+def test_reuse_through_the_local_slurm(runs, slurm_cluster, models, tmp_path):
+    fastas, outs, logs = runs
+    out = tmp_path / "slurm"
+    res = run_cli(str(fastas["b"]), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--per-residue",
+                  "--launcher", "slurm", "--shards", "2", "--wait", "--no-progress", "--reuse", str(outs["a"]),
+                  env=slurm_cluster.env, timeout=600)
+    assert res.returncode == 0, res.stderr
+    got, want = rows_by_id(out), rows_by_id(outs["b"])
+    assert sorted(got) == sorted(want)
+    assert all(same_values(got[k], want[k]) and got[k]["reused_from"] == want[k]["reused_from"] for k in got)
+    assert shard_rows(out) == 3
