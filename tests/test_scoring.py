@@ -178,6 +178,35 @@ def test_subword_tokens_share_their_log_probability_among_their_residues(tmp_pat
         start += len(seq)
 
 
+def test_residue_spans_follow_the_input_convention_line_breaks_and_all(tmp_path):
+    """ProtGPT2's convention writes 60-residue FASTA lines between <|endoftext|>\\n and \\n<|endoftext|>: each
+    token's residues come from offsets into that text, so every residue belongs to exactly one token, in
+    order, each token's text is its residues', and the line breaks stand for none."""
+    from pipeline.models import checkpoint
+    from pipeline.tasks.tokenization import SequenceTokenizer
+
+    from .families import checkpoints
+    source = checkpoint.local_source(str(checkpoints.build_cached("protgpt2", tmp_path)))
+    hf = checkpoint.read_tokenizer(source, checkpoint.read_config(source))
+    assert source.family.convention.line_width == 60
+    seq = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEKAVQVKVKALPDAQFEVVHSLAKWKRQTLGQHDFSAGEGLYTHMKAL" * 2
+    tokenizer = SequenceTokenizer(hf, source.family.convention)
+    (tok,) = tokenizer.encode([seq])
+    spans = tokenizer.content_spans(tok)
+    content = [hf.convert_tokens_to_string([t]) for t in hf.convert_ids_to_tokens(np.asarray(tok.ids)[~tok.special])]
+    assert len(spans) == len(content)
+    covered = np.concatenate([np.arange(a, b) for a, b in spans])
+    assert covered.tolist() == list(range(len(seq)))
+    breaks = 0
+    for (a, b), text in zip(spans, content):
+        if b == a:
+            assert text.strip() == "", text
+            breaks += text.count("\n")
+        else:
+            assert text == seq[a:b]
+    assert breaks == 2 + (len(seq) - 1) // 60   # after the prefix, between lines, before the suffix
+
+
 def plan_refusal(tmp_path, fasta: str, **options) -> str:
     from pipeline.planning.plan import plan
     with pytest.raises(UserError) as e:
