@@ -111,6 +111,14 @@ def test_wt_marginal_and_its_table_match_transformers_by_hand(fasta, esm, tmp_pa
     assert_masked_scores(got, esm, ref.wt_marginal)
 
 
+def test_pll_on_the_hf_engine_matches_transformers_by_hand(fasta, esm, tmp_path):
+    """The hf engine scores a masked LM too (AutoModelForMaskedLM, its logits at the masks)."""
+    got = run(fasta, tmp_path / "hf", "--model", esm, "--task", "score", "--per-residue", "--engine", "hf", *COMMON)
+    assert_masked_scores(got, esm, ref.pll)
+    with __import__("h5py").File(tmp_path / "hf" / "result.h5") as f:
+        assert f.attrs["engine"] == "hf"
+
+
 def test_pll_is_batch_invariant_and_a_killed_run_resumes_to_the_same_bits(pll_run, fasta, esm, tmp_path):
     want = raw_datasets(pll_run[1] / "result.h5")
     one = tmp_path / "one_worker"
