@@ -15,12 +15,11 @@ from typing import Sequence
 import torch
 
 from ..models.checkpoint import EngineInfo
-from .interface import ForwardOutput, OutOfMemory, target_logprobs
+from .interface import ForwardOutput, OutOfMemory, logits_rows, target_logprobs
 from ..errors import UserError
 
 log = logging.getLogger("run_shards.worker")
 
-LOGITS_CHUNK_ELEMENTS = 1 << 26  # bound the float32 logits computed at once (256 MiB)
 
 
 class HFEngine:
@@ -158,7 +157,7 @@ class HFEngine:
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         target = ids[:, 1:].reshape(-1)
         flat = torch.empty(len(target), dtype=torch.float64, device=ids.device)
-        step = max(1, LOGITS_CHUNK_ELEMENTS // vocab // 2)
+        step = logits_rows(vocab, copies=2)
         for s in range(0, len(target), step):
             flat[s:s + step] = target_logprobs(self.head(h[s:s + step]), target[s:s + step])
         out[:, 1:] = flat.view(b, t - 1)

@@ -15,6 +15,15 @@ import torch
 
 from ..models.checkpoint import EngineInfo
 
+# Logits are computed a slice of rows at a time, at most this many float32 values (256 MiB) at once.
+LOGITS_CHUNK_ELEMENTS = 1 << 26
+
+
+def logits_rows(vocab_size: int, copies: int = 1) -> int:
+    """Rows of logits to compute at once over a vocabulary of `vocab_size`, with `copies` float32-sized
+    copies of them alive at a time (a float64 copy counts 2)."""
+    return max(1, LOGITS_CHUNK_ELEMENTS // vocab_size // copies)
+
 
 @dataclass
 class ForwardOutput:

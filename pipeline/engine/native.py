@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..models.checkpoint import EngineInfo
-from .interface import ForwardOutput, OutOfMemory, target_logprobs
+from .interface import ForwardOutput, OutOfMemory, logits_rows, target_logprobs
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
 from .model_runner import ModelRunner
@@ -27,7 +27,6 @@ from .state_slots import StateSlots
 
 log = logging.getLogger(__name__)
 
-LOGITS_CHUNK_ELEMENTS = 1 << 26   # bound the float32 logits computed at once (256 MiB)
 STATS_SECONDS = 60.0
 
 
@@ -209,7 +208,7 @@ class NativeEngine:
         def on_step(scheduler, step, ctx, hidden, captured):   # hidden: the chosen rows' final states only
             if hidden is None or not len(hidden):
                 return
-            dest, chunk = chosen["dest"], max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size)
+            dest, chunk = chosen["dest"], logits_rows(self.spec.vocab_size)
             with torch.inference_mode():
                 for a in range(0, len(dest), chunk):
                     logits = self.model.logits(hidden[a:a + chunk])
@@ -229,7 +228,7 @@ class NativeEngine:
         sel = torch.from_numpy(has_next).to(self.device, non_blocking=True)
         targets = torch.from_numpy(nxt[has_next]).to(self.device, non_blocking=True)
         dest = rows[sel] + 1
-        step_rows = max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size // 2)   # float64 copies: half the rows
+        step_rows = logits_rows(self.spec.vocab_size, copies=2)   # float64 copies: half the rows
         for a in range(0, len(has_next), step_rows):
             token_logprobs[dest[a:a + step_rows]] = target_logprobs(self.model.logits(out[sel[a:a + step_rows]]),
                                                                     targets[a:a + step_rows])
