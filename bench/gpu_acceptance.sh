@@ -21,6 +21,9 @@
 #                  above), Qwen3.5-0.8B and ESM-2-650M shapes
 #   t5             bench/bench_t5.py gpu: a ProtT5-XL-shaped encoder (24 layers, bfloat16, T5's relative-position
 #                  bias in the attention kernel), native beside transformers' T5EncoderModel
+#   pll            bench/bench_pll.py gpu: pseudo-log-likelihood on an ESM-2-650M-shaped masked LM (bfloat16): the
+#                  native engine's masked copies (last layer and head at the masks only) beside transformers'
+#                  masked copies in padded batches, with the two's largest difference
 #   end_to_end     bin/run_shards on 20,000 generated sequences over every visible GPU, then `status`
 #
 # It fails loudly: no GPU visible is exit 3 before anything runs; a step that fails (or a GPU test that
@@ -105,6 +108,7 @@ step paged_attn "$PYTHON" bench/bench_paged_attention.py --out "$OUT/paged_atten
 step causal_conv "$PYTHON" bench/bench_causal_conv.py --out "$OUT/causal_conv.md"
 step engine env PYTHONPATH="$FLA_PATH" "$PYTHON" bench/bench_engine.py gpu --out "$OUT/engine_gpu.md"
 step t5 "$PYTHON" bench/bench_t5.py gpu --out "$OUT/t5_gpu.md"
+step pll "$PYTHON" bench/bench_pll.py gpu --out "$OUT/pll_gpu.md"
 GPUS=$(nvidia-smi -L | wc -l)
 step end_to_end bash -c "set -e
 $PYTHON tools/make_fasta.py --n 20000 --seed 5 $OUT/gpu_e2e.fasta

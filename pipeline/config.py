@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 from .errors import UserError
 
-TASKS = ("embed", "score", "generate")
+TASKS = ("embed", "score", "generate", "variants")
+# --score-method: auto = pll for a masked LM; a causal LM has one score, its log-likelihood.
+SCORE_METHODS = ("auto", "pll", "wt-marginal")
 POOLS = ("mean", "cls", "last")
 ENGINES = ("auto", "native", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -45,7 +47,7 @@ class Option:
     above_minimum: bool = False     # the value must be above `minimum`, not equal to it
     maximum: float | None = None
     off_flag: str = ""              # a flag on by default: the option that turns it off
-    only_with: tuple[str, str] | None = None   # ("task", "generate"): meaningful only with that value
+    only_with: tuple[str, ...] | None = None   # ("task", "embed", "score"): meaningful only with those values
     apart: bool = False             # the CLI sets it itself (the FASTA argument, --out, --gpus, --workers, --threads)
     repeat: bool = False            # a list given as the option repeated (`--reuse A --reuse B`), not comma-separated
 
@@ -59,6 +61,7 @@ def setting(role: str, *flags: str, default=dataclasses.MISSING, **option) -> ty
 
 
 _EMBED, _GENERATE = ("task", "embed"), ("task", "generate")
+_SCORE, _VARIANTS, _PER_RESIDUE = ("task", "score"), ("task", "variants"), ("task", "embed", "score")
 _SLURM, _RAY = ("launcher", "slurm"), ("launcher", "ray")
 
 # Options of `run` and `rerun` that are not settings of the run, and the launcher they belong to.
@@ -73,8 +76,9 @@ class RunConfig:
     model: str = setting(RESULT, "--model", "-m", default="demo",
                          help="Checkpoint directory, Hugging Face hub id, or 'demo' (bundled; random weights).")
     task: str = setting(RESULT, "--task", default="embed", choices=TASKS,
-                        help="embed: pooled hidden states; score: log-likelihood under a causal LM; generate: "
-                             "continue each sequence (native engine).")
+                        help="embed: pooled hidden states; score: log-likelihood (a causal LM's, or a masked LM's "
+                             "pseudo-log-likelihood); generate: continue each sequence (native engine); variants: "
+                             "score the mutants of --variants.")
     engine: str = setting(RESULT, "--engine", default="auto", choices=ENGINES,
                           help="native: our engine (Qwen3.5, ESM-2, Llama, Qwen3); hf: transformers models (any "
                                "architecture); auto: native where supported.")
@@ -93,10 +97,21 @@ class RunConfig:
     layers: list[int] = setting(RESULT, "--layers", default=[-1], only_with=_EMBED,
                                 help="Hidden states to pool, comma-separated: 0 = token embeddings, -1 = final "
                                      "norm output; a negative layer is stored under its number from the start.")
-    per_residue: bool = setting(RESULT, "--per-residue", default=False, only_with=_EMBED,
-                                help="Also store every residue's hidden state (CSR layout).")
+    per_residue: bool = setting(RESULT, "--per-residue", default=False, only_with=_PER_RESIDUE,
+                                help="embed: also store every residue's hidden state; score: every residue's "
+                                     "log-probability (and a masked LM's 20 amino acids' log-probabilities) "
+                                     "(CSR layout).")
     per_residue_dtype: str = setting(RESULT, "--per-residue-dtype", default="float16", choices=PER_RESIDUE_DTYPES,
                                      only_with=_EMBED)
+    score_method: str = setting(RESULT, "--score-method", default="auto", choices=SCORE_METHODS, only_with=_SCORE,
+                                help="score with a masked LM: pll = pseudo-log-likelihood (each residue masked in "
+                                     "turn; auto), wt-marginal = one unmasked pass. A causal LM's score is its "
+                                     "log-likelihood.")
+    variants: str | None = setting(RESULT, "--variants", default=None, only_with=_VARIANTS,
+                                   help="variants: CSV or TSV with a header and columns id, mutant (e.g. A23V or "
+                                        "A23V:G45D, positions 1-based in the FASTA record).")
+    variants_out: str | None = setting(LAUNCH, "--variants-out", default=None, only_with=_VARIANTS,
+                                       help="variants: also write the variant table as this CSV file.")
     on_long: str = setting(RESULT, "--on-long", default="error", choices=ON_LONG,
                            help="Sequences over the model's length limit: stop before any work, cut, keep as "
                                 "skipped rows, or run as overlapping windows stitched into one row (embed, score).")
@@ -204,6 +219,12 @@ class RunConfig:
                             "use --on-long truncate, skip or error with --task generate")
         if not self.pools or not self.layers:
             raise UserError("--pool needs at least one of mean, cls, last, and --layers at least one layer")
+        if self.task == "variants" and not self.variants:
+            raise UserError("--task variants needs --variants FILE: a CSV or TSV with a header and columns id and "
+                            "mutant (e.g. A23V, or A23V:G45D for a multi-mutant)")
+        if self.task == "variants" and self.on_long in ("truncate", "window"):
+            raise UserError(f"--task variants scores whole sequences: --on-long {self.on_long} is not available; use "
+                            "--on-long skip (too-long records' variants get status 1) or error")
         if self.launcher != "local" and not self.shards:
             raise UserError(f"--launcher {self.launcher} needs --shards W: the number of shards, fixed now, "
                             "whatever number of nodes later runs them (e.g. --shards 64)")
@@ -321,14 +342,14 @@ def misplaced(given: typing.Iterable[str], values: typing.Mapping[str, str]) -> 
     run's task and launcher."""
     owners = {n: option_of(n).only_with for n in _FIELDS if option_of(n).only_with}
     owners.update(COMMAND_ONLY_WITH)
-    wrong: dict[tuple[str, str], list[str]] = {}
+    wrong: dict[tuple[str, ...], list[str]] = {}
     for name in given:
         owner = owners.get(name)
-        if owner and values.get(owner[0]) != owner[1]:
+        if owner and values.get(owner[0]) not in owner[1:]:
             wrong.setdefault(owner, []).append(option_name(name) if name in _FIELDS else f"--{name.replace('_', '-')}")
-    for (what, value), names in wrong.items():
+    for (what, *allowed), names in wrong.items():
         verb = "applies" if len(names) == 1 else "apply"
-        return (f"{', '.join(names)} {verb} only to {option_name(what)} {value} (this run's "
+        return (f"{', '.join(names)} {verb} only to {option_name(what)} {' or '.join(allowed)} (this run's "
                 f"{option_name(what)[2:]} is {values.get(what)})")
     return None
 

@@ -24,7 +24,7 @@ from .tiny_models import REPO, run_cli
 
 # What a run directory may hold (README "Where things go"), as regular expressions on paths relative to OUT.
 LAYOUT = [r"manifest\.json", r"index\.rsidx", r"copies\.rsidx", r"result\.h5", r"report\.html", r"\.lock",
-          r"merge_problems\.tsv",
+          r"merge_problems\.tsv", r"variants\.npz",
           r"logs", r"logs/run\.log", r"logs/worker_\d+\.log", r"logs/events\.jsonl", r"logs/events_\d+\.jsonl",
           r"shards", r"shards/shard_\d+\.h5", r"shards/shard_\d+\.lock", r"shards/shard_\d+\.failed\.json",
           r"shards/shard_\d+\.h5\.corrupt(\.\d+)?", r"shards/shard_\d+\.verified", r"shards/shard_\d+\.parts",

@@ -128,8 +128,9 @@ def test_engine_and_task_refusals_name_the_reason(family_checkpoint, caplog):
     with pytest.raises(UserError, match=r"--task generate runs on the native engine, which does not run this "
                                         r"checkpoint \(Mistral\): its sliding-window attention"):
         selection.choose("auto", source("mistral"), "generate")
-    with pytest.raises(UserError, match=r"--task score needs a causal language model; this ProtT5 checkpoint "
-                                        r"\(T5ForConditionalGeneration\) is not one: it supports --task embed"):
+    with pytest.raises(UserError, match=r"--task score needs a language model with its head: a causal LM, or a "
+                                        r"masked LM .*; this ProtT5 checkpoint \(T5ForConditionalGeneration\) is "
+                                        r"neither: it supports --task embed"):
         selection.choose("auto", source("prot_t5_xl_u50"), "score")
     with caplog.at_level(logging.INFO, logger="run_shards"):
         assert selection.choose("auto", source("llama_rope_longrope"), "score") == "hf"

@@ -1,4 +1,5 @@
 """Fast unit tests: options, device choice, batching, tokenization, pooling, the demo model."""
+import dataclasses
 import sys
 
 import numpy as np
@@ -14,7 +15,7 @@ from pipeline.models.checkpoint import EngineInfo
 from pipeline.errors import UserError
 from pipeline.output.schema import ragged_gather_index
 from pipeline.tasks.embed import EmbedTask
-from pipeline.tasks.score import ScoreTask
+from pipeline.tasks.score import ScoreTask, score_task
 from pipeline.tasks.tokenization import SequenceTokenizer
 
 
@@ -178,11 +179,11 @@ def test_pooling_and_scoring_definitions():
     assert res.columns["embeddings/mean_layer0"].tolist() == [[-3., -6.], [-5., -7.]]
     assert res.values["per_residue/values"].tolist() == [[2., 4.], [4., 8.], [5., 7.]]
     assert res.lengths["per_residue"].tolist() == [2, 1]
-    score = ScoreTask(config, info).compute(out, toks)
+    score = ScoreTask(dataclasses.replace(config, per_residue=False), info).compute(out, toks)
     assert score.columns["score/logprob_sum"].tolist() == [-3.0, -0.5]   # specials and first token excluded
     assert score.columns["score/num_scored"].tolist() == [2, 1]
-    with pytest.raises(UserError, match="causal language model"):
-        ScoreTask(config, EngineInfo("test", 2, 1, is_causal=False, max_tokens=None))
+    with pytest.raises(UserError, match="a causal LM, or a masked LM"):   # an encoder without its masked-LM head
+        score_task(config, EngineInfo("test", 2, 1, is_causal=False, max_tokens=None))
 
 
 def test_resolve_layers():

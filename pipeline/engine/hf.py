@@ -2,7 +2,9 @@
 
 It runs any architecture transformers knows and is the baseline every speed claim is measured against.
 Batches are right-padded (real tokens of a causal model never see the padding) and the outputs are
-unpadded into the ragged form the tasks expect.
+unpadded into the ragged form the tasks expect. For scoring with a masked LM it builds the checkpoint's
+*ForMaskedLM model, whose logits `logprobs_at` reads at the chosen positions (transformers computes them at
+every position: the straightforward recipe the native engine is measured against).
 """
 from __future__ import annotations
 
@@ -13,17 +15,17 @@ from typing import Sequence
 import torch
 
 from ..models.checkpoint import EngineInfo
-from .interface import ForwardOutput, OutOfMemory
+from .interface import ForwardOutput, OutOfMemory, logits_rows, target_logprobs
 from ..errors import UserError
 
 log = logging.getLogger("run_shards.worker")
 
-LOGITS_CHUNK_ELEMENTS = 1 << 26  # bound the float32 logits computed at once (256 MiB)
 
 
 class HFEngine:
     def __init__(self, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
-                 fingerprint: str = "", info: EngineInfo | None = None, trust_remote_code: bool = False):
+                 fingerprint: str = "", info: EngineInfo | None = None, trust_remote_code: bool = False,
+                 tokens_per_batch: int = 4096):
         from ..models import checkpoint
         from ..models.hf_config import quiet_transformers, text_config as text_of
         quiet_transformers()
@@ -38,6 +40,7 @@ class HFEngine:
             log.warning("running the checkpoint's own Python code (--trust-remote-code): %s",
                         "; ".join(source.facts.remote_code))
         self.lm, self.head, self.base = None, None, None
+        self.tokens_per_batch = tokens_per_batch   # padded tokens per batch of logprobs_at
         if logprobs and self.info.is_causal:
             for attr in ("final_logit_softcapping", "logit_scale"):
                 if getattr(text_config, attr, None):  # the head alone would not give the model's logits
@@ -46,6 +49,9 @@ class HFEngine:
             self.lm = self._build("AutoModelForCausalLM", model_path, config, dtype, {}, trust_remote_code)
             self.base = self.lm.base_model
             self.head = self.lm.get_output_embeddings()
+        elif logprobs and self.info.masked_lm:
+            self.lm = self._build("AutoModelForMaskedLM", model_path, config, dtype, {}, trust_remote_code)
+            self.base, self.head = self.lm.base_model, None
         else:
             family = source.family
             self.base = self._build(family.hf_class, model_path, config, dtype, family.hf_kwargs, trust_remote_code)
@@ -86,6 +92,46 @@ class HFEngine:
         torch.cumsum(lengths, 0, out=cu[1:])
         return ForwardOutput(cu_seqlens=cu.to(self.device), hidden=hidden, token_logprobs=token_logprobs)
 
+    @torch.inference_mode()
+    def logprobs_at(self, batch: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The head's log-softmax at chosen positions (interface.Engine.logprobs_at), from the whole model's
+        logits on padded, length-sorted batches of at most tokens_per_batch padded tokens."""
+        assert self.lm is not None, "logprobs_at needs the engine built with logprobs=True"
+        first = [0]
+        for p in positions:
+            first.append(first[-1] + len(p))
+        out = None
+        order = sorted(range(len(batch)), key=lambda i: -len(batch[i]))
+        start = 0
+        while start < len(order):
+            k = max(1, self.tokens_per_batch // len(batch[order[start]]))
+            chunk = order[start:start + k]
+            start += k
+            logits = self._logits([batch[i] for i in chunk])
+            rows = torch.tensor([r for r, i in enumerate(chunk) for _ in positions[i]], device=logits.device)
+            cols = torch.tensor([p for i in chunk for p in positions[i]], dtype=torch.int64, device=logits.device)
+            dest = torch.tensor([first[i] + j for i in chunk for j in range(len(positions[i]))], device=logits.device)
+            lp = torch.log_softmax(logits[rows, cols].double(), dim=-1)
+            if out is None:
+                out = torch.empty(first[-1], lp.shape[1], dtype=torch.float64, device=lp.device)
+            out[dest] = lp
+        return out if out is not None else torch.empty(0, 0, dtype=torch.float64)
+
+    def _logits(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The model's logits `[B, T, V]` for one padded batch (every position, as transformers computes them)."""
+        lengths = torch.tensor([len(x) for x in batch], dtype=torch.int64)
+        width = int(lengths.max())
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.int64)
+        for i, seq in enumerate(batch):
+            ids[i, :len(seq)] = torch.as_tensor(seq, dtype=torch.int64)
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.int64)
+        self.real_tokens += int(lengths.sum())
+        self.computed_tokens += ids.numel()
+        try:
+            return self.lm(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+        except torch.OutOfMemoryError as e:
+            raise OutOfMemory(str(e)) from e
+
     def _from_logits(self, ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, real: torch.Tensor):
         """Token log-probabilities from the whole model's logits, for a causal LM whose head transformers
         cannot hand out (get_output_embeddings is None: remote code with a head of its own name)."""
@@ -101,18 +147,18 @@ class HFEngine:
                 f"{self.real_tokens / max(self.computed_tokens, 1):.1%} (real / computed tokens, padding included)")
 
     def _token_logprobs(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """log p(ids[:, t] | ids[:, :t]) for t >= 1 (0 at t = 0), in float32, the vocab in bounded chunks."""
+        """log p(ids[:, t] | ids[:, :t]) for t >= 1 (0 at t = 0), the log-softmax in float64, the vocab in
+        bounded chunks."""
         b, t = ids.shape
-        out = torch.zeros(b, t, dtype=torch.float32, device=ids.device)
+        out = torch.zeros(b, t, dtype=torch.float64, device=ids.device)
         if t < 2:
             return out
         vocab = self.head.weight.shape[0]
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         target = ids[:, 1:].reshape(-1)
-        flat = torch.empty(len(target), dtype=torch.float32, device=ids.device)
-        step = max(1, LOGITS_CHUNK_ELEMENTS // vocab)
+        flat = torch.empty(len(target), dtype=torch.float64, device=ids.device)
+        step = logits_rows(vocab, copies=2)
         for s in range(0, len(target), step):
-            logp = torch.log_softmax(self.head(h[s:s + step]).float(), dim=-1)
-            flat[s:s + step] = logp.gather(-1, target[s:s + step, None]).squeeze(-1)
+            flat[s:s + step] = target_logprobs(self.head(h[s:s + step]), target[s:s + step])
         out[:, 1:] = flat.view(b, t - 1)
         return out

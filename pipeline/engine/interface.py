@@ -3,6 +3,8 @@
 An engine takes a batch of token-id lists and returns, per requested layer, the hidden states of every
 real token as one ragged tensor (`[sum of lengths, D]` plus `cu_seqlens`), and optionally each token's
 log-probability given all tokens before it. Tasks (pooling, scoring) only ever see this ragged form.
+`logprobs_at` gives the language-model head's whole distribution at chosen positions of each sequence (a
+masked LM's at its masked positions), computing the head there only.
 """
 from __future__ import annotations
 
@@ -13,12 +15,21 @@ import torch
 
 from ..models.checkpoint import EngineInfo
 
+# Logits are computed a slice of rows at a time, at most this many float32 values (256 MiB) at once.
+LOGITS_CHUNK_ELEMENTS = 1 << 26
+
+
+def logits_rows(vocab_size: int, copies: int = 1) -> int:
+    """Rows of logits to compute at once over a vocabulary of `vocab_size`, with `copies` float32-sized
+    copies of them alive at a time (a float64 copy counts 2)."""
+    return max(1, LOGITS_CHUNK_ELEMENTS // vocab_size // copies)
+
 
 @dataclass
 class ForwardOutput:
     cu_seqlens: torch.Tensor                    # int64 [B+1] on the engine's device
     hidden: dict[int, torch.Tensor]             # layer (non-negative) -> [sum T, D]
-    token_logprobs: torch.Tensor | None = None  # float32 [sum T]: log p(token_t | tokens < t); 0 at t = 0
+    token_logprobs: torch.Tensor | None = None  # float64 [sum T]: log p(token_t | tokens < t); 0 at t = 0
 
 
 class Engine(Protocol):
@@ -27,6 +38,20 @@ class Engine(Protocol):
 
     def forward(self, batch: Sequence[Sequence[int]], layers: Sequence[int], logprobs: bool) -> ForwardOutput:
         ...
+
+    def logprobs_at(self, batch: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]) -> torch.Tensor:
+        """float64 `[sum of len(positions[i]), V]` on the engine's device: the log-softmax over the whole
+        vocabulary of the head's logits at token positions[i][j] of sequence i, rows in batch order and, per
+        sequence, in the order given (a masked LM: p(token there | the sequence as given); a causal LM: p(next
+        token | the tokens up to there)). The logits are the model's (its dtype); the log-softmax is float64."""
+        ...
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """float64 log p(target) per row: the log-softmax of the logits taken in float64, so that sums and
+    differences of scores (a variant's llr) carry no float32 rounding of each term."""
+    logits = logits.double()
+    return logits.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
 
 
 class OutOfMemory(RuntimeError):

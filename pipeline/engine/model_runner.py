@@ -123,9 +123,16 @@ class ModelRunner:
         return dict(block_q=rule.block_q, pages_per_tile=rule.pages_per_tile, num_warps=rule.num_warps,
                     num_stages=rule.num_stages, num_kv_splits=rule.num_kv_splits)
 
-    def run(self, ctx: StepContext, capture: frozenset[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens."""
+    def run(self, ctx: StepContext, capture: frozenset[int], rows: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens; with `rows` (grouped by
+        sequence in step order) the final output at those rows only, [len(rows), D]."""
         self.allocate()
         on_cpu = torch_path_on_cpu() if not self.triton else contextlib.nullcontext()
         with on_cpu, torch.inference_mode(), pointwise.batch_invariant(self.config.batch_invariant):
-            return self.model(ctx, capture)
+            if rows is None:
+                return self.model(ctx, capture)
+            if self.model.computes_rows:
+                return self.model(ctx, capture, rows)
+            out, captured = self.model(ctx, capture)
+            return out[rows], captured

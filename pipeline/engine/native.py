@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..models.checkpoint import EngineInfo
-from .interface import ForwardOutput, OutOfMemory
+from .interface import ForwardOutput, OutOfMemory, logits_rows, target_logprobs
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
 from .model_runner import ModelRunner
@@ -27,7 +27,6 @@ from .state_slots import StateSlots
 
 log = logging.getLogger(__name__)
 
-LOGITS_CHUNK_ELEMENTS = 1 << 26   # bound the float32 logits computed at once (256 MiB)
 STATS_SECONDS = 60.0
 
 
@@ -135,13 +134,14 @@ class NativeEngine:
                 raise UserError(f"a sequence of {seq.num_prompt} tokens (+{max(0, seq.max_new_tokens - 1)} to "
                                 f"generate) exceeds the engine's KV cache of {capacity} tokens; set --max-length")
 
-    def _run(self, seqs: list[Sequence], capture: frozenset[int], on_step) -> None:
+    def _run(self, seqs: list[Sequence], capture: frozenset[int], on_step, select=None) -> None:
         """Run `seqs` to completion, one engine step at a time.
 
         Once a step has run, its tokens count as computed (a finished encoder-style sequence gives its
         pages back) and on_step(scheduler, step, ctx, final hidden, captured layers) reads the outputs,
         appending or finishing generated tokens. Running out of device memory anywhere in a step releases
-        every sequence and raises OutOfMemory.
+        every sequence and raises OutOfMemory. With `select(step)` (rows of the step, grouped by sequence) the
+        final hidden on_step gets holds those rows only.
         """
         self._check_fits(seqs)
         scheduler = self._scheduler()
@@ -151,7 +151,11 @@ class NativeEngine:
             while scheduler.has_work():
                 step = scheduler.schedule()
                 ctx = self.runner.prepare(step, scheduler.blocks)
-                out, captured = self.runner.run(ctx, capture)
+                rows = select(step) if select is not None else None
+                if rows is not None and not len(rows) and not self.spec.is_causal:
+                    out, captured = None, {}   # an encoder step none of whose outputs is read: nothing to run
+                else:
+                    out, captured = self.runner.run(ctx, capture, rows)
                 scheduler.after_step(step)
                 self.stats.add(step)
                 on_step(scheduler, step, ctx, out, captured)
@@ -169,7 +173,7 @@ class NativeEngine:
         np.cumsum(lengths, out=offsets[1:])
         total, final = int(offsets[-1]), self.spec.num_layers
         hidden = {k: torch.empty(total, self.spec.hidden_size, dtype=self.dtype, device=self.device) for k in layers}
-        token_logprobs = torch.zeros(total, dtype=torch.float32, device=self.device) if logprobs else None
+        token_logprobs = torch.zeros(total, dtype=torch.float64, device=self.device) if logprobs else None
         capture = frozenset(k for k in layers if k != final)
 
         def on_step(scheduler, step, ctx, out, captured):
@@ -185,6 +189,34 @@ class NativeEngine:
         return ForwardOutput(cu_seqlens=torch.from_numpy(offsets).to(self.device), hidden=hidden,
                              token_logprobs=token_logprobs)
 
+    def logprobs_at(self, batch: Seq[Seq[int]], positions: Seq[Seq[int]]) -> torch.Tensor:
+        """The head's log-softmax at chosen positions (interface.Engine.logprobs_at): each step's rows at the
+        chosen positions go through the head; no other row does."""
+        seqs = [Sequence(i, list(ids)) for i, ids in enumerate(batch)]
+        wanted = [np.asarray(p, np.int64) for p in positions]
+        first = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum([len(p) for p in wanted], out=first[1:])
+        out = torch.empty(int(first[-1]), self.spec.vocab_size, dtype=torch.float64, device=self.device)
+
+        chosen = {}
+
+        def select(step):
+            rows, dest = _chosen_rows(step, wanted, first)
+            chosen["dest"] = torch.from_numpy(dest).to(self.device, non_blocking=True)
+            return torch.from_numpy(rows).to(self.device, non_blocking=True)
+
+        def on_step(scheduler, step, ctx, hidden, captured):   # hidden: the chosen rows' final states only
+            if hidden is None or not len(hidden):
+                return
+            dest, chunk = chosen["dest"], logits_rows(self.spec.vocab_size)
+            with torch.inference_mode():
+                for a in range(0, len(dest), chunk):
+                    logits = self.model.logits(hidden[a:a + chunk])
+                    out[dest[a:a + chunk]] = torch.log_softmax(logits.double(), dim=-1)
+
+        self._run(seqs, frozenset(), on_step, select)
+        return out
+
     def _step_logprobs(self, step: list[ScheduledSeq], ctx, out: torch.Tensor, rows: torch.Tensor,
                        token_logprobs: torch.Tensor) -> None:
         """log p(next token) for every step token that has a next token in its sequence."""
@@ -196,11 +228,10 @@ class NativeEngine:
         sel = torch.from_numpy(has_next).to(self.device, non_blocking=True)
         targets = torch.from_numpy(nxt[has_next]).to(self.device, non_blocking=True)
         dest = rows[sel] + 1
-        step_rows = max(1, LOGITS_CHUNK_ELEMENTS // self.spec.vocab_size)
+        step_rows = logits_rows(self.spec.vocab_size, copies=2)   # float64 copies: half the rows
         for a in range(0, len(has_next), step_rows):
-            logits = self.model.logits(out[sel[a:a + step_rows]]).float()
-            lp = torch.log_softmax(logits, dim=-1).gather(1, targets[a:a + step_rows, None]).squeeze(1)
-            token_logprobs[dest[a:a + step_rows]] = lp
+            token_logprobs[dest[a:a + step_rows]] = target_logprobs(self.model.logits(out[sel[a:a + step_rows]]),
+                                                                    targets[a:a + step_rows])
 
     # ---- generate ---------------------------------------------------------------------------------
 
@@ -237,3 +268,18 @@ class NativeEngine:
 
         self._run(seqs, frozenset(), on_step)
         return [Generation(s.generated, s.finish_reason) for s in seqs]
+
+
+def _chosen_rows(step: list[ScheduledSeq], wanted: list[np.ndarray], first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of the step's output, rows of logprobs_at's result) of the chosen positions this step computed."""
+    rows, dest, offset = [], [], 0
+    for s in step:
+        p = wanted[s.seq.seq_id]
+        here = np.flatnonzero((p >= s.start) & (p < s.end))
+        if len(here):
+            rows.append(offset + p[here] - s.start)
+            dest.append(first[s.seq.seq_id] + here)
+        offset += s.num_tokens
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(rows), np.concatenate(dest)

@@ -21,10 +21,15 @@ def choose(engine: str, source, task: str) -> str:
         raise UserError(f"--engine native does not run this checkpoint ({family.name}): {why}. Use --engine hf "
                         "(or auto).")
     chosen = "native" if engine == "native" or (engine == "auto" and native) else "hf"
-    supported = tasks(source.is_causal, chosen)
+    supported = tasks(source.is_causal, chosen, source.is_masked_lm)
     if task == "generate" and source.is_causal and chosen != "native":
         raise UserError(f"--task generate runs on the native engine, which does not run this checkpoint "
                         f"({family.name}): {why or '--engine hf was given'}. Use --task embed or score.")
+    if task in ("score", "variants") and task not in supported:
+        raise UserError(f"--task {task} needs a language model with its head: a causal LM, or a masked LM whose "
+                        f"config.json names a *ForMaskedLM class (ESM-2's EsmForMaskedLM); this {family.name} "
+                        f"checkpoint ({source.facts.architecture}) is neither: it supports --task "
+                        f"{' and '.join(supported)}. Pass such a checkpoint with --model.")
     if task not in supported:
         raise UserError(f"--task {task} needs a causal language model; this {family.name} checkpoint "
                         f"({source.facts.architecture}) is not one: it supports --task {' and '.join(supported)}. "
@@ -71,7 +76,8 @@ def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, l
     trust = bool(config is not None and getattr(config, "trust_remote_code", False))
     if name == "hf":
         from .hf import HFEngine
-        return HFEngine(model_path, device, dtype, logprobs, info=info, trust_remote_code=trust)
+        budget = {"tokens_per_batch": config.tokens_per_batch} if config is not None else {}
+        return HFEngine(model_path, device, dtype, logprobs, info=info, trust_remote_code=trust, **budget)
     if name == "native":
         from .native import NativeEngine
         return NativeEngine.load(model_path, device, dtype, run_config=config, info=info, run_limit=run_limit)

@@ -63,10 +63,14 @@ class NativeModel(nn.Module, metaclass=abc.ABCMeta):
     fails when the class is instantiated, not mid-run)."""
 
     spec: ModelSpec
+    # forward(ctx, capture, rows) computes its final output at `rows` of the step only (an encoder's last layer
+    # needs every token's keys and values, but the rest of it only at the rows whose output is read)
+    computes_rows = False
 
     @abc.abstractmethod
     def forward(self, ctx, capture: frozenset[int] = frozenset()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens."""
+        """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens; models with computes_rows
+        take `rows` (int64 [n] of the step, grouped by sequence in step order) and return [n, D] for those."""
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits; encoders have no language-model head (runs that need one are refused first)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from . import demo as demo_model
 from ..errors import UserError
 from .checkpoint_facts import CheckpointFacts, read_facts
-from .hf_config import is_causal_lm
+from .hf_config import is_causal_lm, is_masked_lm
 from .registry import Family, recognise
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -32,6 +32,7 @@ class EngineInfo:
     max_tokens: int | None    # the MODEL's hard limit on tokens per sequence, None if none (a run's
     #                           --max-length cap travels apart from it: the manifest's max_tokens)
     architecture: str = ""
+    masked_lm: bool = False   # a masked language model with its head (score and variants by masking)
     model_fingerprint: str = ""
     family: str = ""          # models/registry.py key
     extra: dict = field(default_factory=dict)
@@ -59,6 +60,10 @@ class ModelSource:
         if self.family is not None and self.family.causal is not None:
             return self.family.causal
         return is_causal_lm(self.model_type, self.architectures)
+
+    @property
+    def is_masked_lm(self) -> bool:
+        return not self.is_causal and is_masked_lm(self.architectures)
 
     def identity(self) -> dict:
         return {"name": self.name, "path": self.path, "model_type": self.model_type, "fingerprint": self.fingerprint}
@@ -203,7 +208,7 @@ def describe(source: ModelSource, engine: str, tokenizer=None, trust_remote_code
     text = text_config(config)
     hidden_size, num_layers = model_shape(text)
     info = EngineInfo(name=engine, hidden_size=hidden_size, num_layers=num_layers,
-                      is_causal=source.is_causal,
+                      is_causal=source.is_causal, masked_lm=source.is_masked_lm,
                       max_tokens=model_max_tokens(text, tokenizer, source.family.rotary_only),
                       architecture=source.facts.architecture, model_fingerprint=source.fingerprint,
                       family=source.family.key)

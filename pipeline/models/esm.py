@@ -3,10 +3,12 @@
 Inference semantics follow transformers' EsmModel: token dropout rescales the embeddings by
 (1 - 0.15 * 0.8) / (1 - fraction of <mask> tokens in the sequence) and zeroes <mask> embeddings; queries
 are scaled by head_dim^-0.5 before the rotary embedding, which is computed in float32; GELU is the
-exact (erf) form; the final `emb_layer_norm_after` output is hidden state num_layers.
+exact (erf) form; the final `emb_layer_norm_after` output is hidden state num_layers. A checkpoint of
+EsmForMaskedLM also gets its masked-LM head (`logits`), as transformers' EsmLMHead computes it.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -15,7 +17,7 @@ from triton_kernels import pointwise
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
 from .layers.attention import PagedAttention
-from .layers.linear import Linear
+from .layers.linear import Linear, linear
 from .layers.loader import CheckpointTensors, check_loaded, embedding, materialize
 from .layers.rotary import Rotary
 
@@ -51,6 +53,19 @@ class EsmLayer(nn.Module):
         x = x + self.attn_out(self.attn(q, k, v, ctx).reshape(T, d))
         return x + self.fc2(_gelu(self.fc1(self.mlp_norm(x))))
 
+    def forward_rows(self, x, cos, sin, rotary: Rotary | None, ctx, rows: torch.Tensor, q_counts) -> torch.Tensor:
+        """The layer's output at `rows` of the step only (q_counts[s] of them in step sequence s): keys and
+        values for every token, queries, attention, projection and MLP for those rows alone."""
+        T, d = x.shape
+        h = self.attn_norm(x)
+        w, b = self.qkv.weight, self.qkv.bias
+        k, v = linear(h, w[d:], b[d:]).view(T, 2, self.num_heads, self.head_dim).unbind(1)
+        q = linear(h[rows], w[:d], b[:d]).view(len(rows), self.num_heads, self.head_dim) * self.head_dim ** -0.5
+        if rotary is not None:
+            q, k = rotary.apply(q, cos[rows], sin[rows]), rotary.apply(k, cos, sin)
+        y = x[rows] + self.attn_out(self.attn.attend_rows(q, k, v, ctx, q_counts).reshape(len(rows), d))
+        return y + self.fc2(_gelu(self.fc1(self.mlp_norm(y))))
+
     def load(self, t, p: str) -> None:
         a = p + "attention."
         self.attn_norm.weight.copy_(t.get(a + "LayerNorm.weight"))
@@ -61,6 +76,31 @@ class EsmLayer(nn.Module):
             getattr(self.mlp_norm, part).copy_(t.get(f"{p}LayerNorm.{part}"))
             getattr(self.fc1, part).copy_(t.get(f"{p}intermediate.dense.{part}"))
             getattr(self.fc2, part).copy_(t.get(f"{p}output.dense.{part}"))
+
+
+class EsmLMHead(nn.Module):
+    """EsmForMaskedLM's `lm_head`: dense, erf GELU, LayerNorm, then the decoder (the word embeddings unless the
+    config unties them, as Nucleotide Transformer's does) plus the head's own bias."""
+
+    def __init__(self, config):
+        super().__init__()
+        d = config.hidden_size
+        self.dense = Linear(d, d)
+        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.decoder = Linear(d, config.vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(_gelu(self.dense(x))))
+
+    def load(self, t, tied_to: nn.Parameter | None) -> None:
+        for part in ("weight", "bias"):
+            getattr(self.dense, part).copy_(t.get(f"lm_head.dense.{part}"))
+            getattr(self.norm, part).copy_(t.get(f"lm_head.layer_norm.{part}"))
+        self.decoder.bias.copy_(t.get("lm_head.bias"))
+        if tied_to is not None:
+            self.decoder.weight = tied_to
+        else:
+            self.decoder.weight.copy_(t.get("lm_head.decoder.weight"))
 
 
 class EsmModel(NativeModel):
@@ -83,6 +123,7 @@ class EsmModel(NativeModel):
         self.mask_token_id = config.mask_token_id
         self.padding_idx = config.pad_token_id
         self.rotary: Rotary | None = None
+        self.lm_head: EsmLMHead | None = None   # set by from_checkpoint when the checkpoint has one
         head_dim = d // config.num_attention_heads
         limit = None
         if self.position_type == "absolute":
@@ -92,7 +133,9 @@ class EsmModel(NativeModel):
             vocab_size=config.vocab_size, is_causal=False, num_attention_layers=config.num_hidden_layers,
             num_kv_heads=config.num_attention_heads, head_dim=head_dim, max_tokens=limit)
 
-    def forward(self, ctx, capture=frozenset()):
+    computes_rows = True
+
+    def forward(self, ctx, capture=frozenset(), rows=None):
         ids = ctx.input_ids
         x = self.word_embeddings(ids)
         if self.token_dropout and self.mask_token_id is not None:
@@ -110,18 +153,37 @@ class EsmModel(NativeModel):
             cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         if self.emb_norm_before is not None:
             x = self.emb_norm_before(x)
-        x, captured = self.run_layers(x, cos, sin, ctx, capture)
-        return self.emb_norm_after(x), captured
+        if rows is None:
+            x, captured = self.run_layers(x, cos, sin, ctx, capture)
+            return self.emb_norm_after(x), captured
+        *first, last = self.layers
+        captured = {}
+        for i, layer in enumerate(first):
+            if i in capture:
+                captured[i] = x
+            x = layer(x, cos, sin, self.rotary, ctx)
+        if len(first) in capture:
+            captured[len(first)] = x
+        q_counts = np.bincount(ctx.segment_ids()[rows].cpu().numpy(), minlength=ctx.num_seqs)
+        return self.emb_norm_after(last.forward_rows(x, cos, sin, self.rotary, ctx, rows, q_counts)), captured
 
     def attention_layers(self):
         return [layer.attn for layer in self.layers]
 
+    def logits(self, hidden):
+        """The masked-LM head's logits at these final hidden states (every vocabulary entry)."""
+        if self.lm_head is None:
+            raise UserError("this ESM checkpoint has no masked-LM head (no lm_head.* weights: it was saved as "
+                            "EsmModel); scoring needs the EsmForMaskedLM checkpoint")
+        return self.lm_head(hidden)
+
     @classmethod
     def from_checkpoint(cls, path, config, device, dtype):
+        root = CheckpointTensors(path)
         with torch.device("meta"):
             model = cls(config)
+            model.lm_head = EsmLMHead(config) if root.has("lm_head.dense.weight") else None
         materialize(model, device, dtype)
-        root = CheckpointTensors(path)
         t = root.with_prefix(["esm.", ""], "embeddings.word_embeddings.weight")
         with torch.no_grad():
             model.word_embeddings.weight.copy_(t.get("embeddings.word_embeddings.weight"))
@@ -134,6 +196,9 @@ class EsmModel(NativeModel):
                 layer.load(t, f"encoder.layer.{i}.")
             model.emb_norm_after.weight.copy_(t.get("encoder.emb_layer_norm_after.weight"))
             model.emb_norm_after.bias.copy_(t.get("encoder.emb_layer_norm_after.bias"))
+            if model.lm_head is not None:
+                tied = getattr(config, "tie_word_embeddings", True)
+                model.lm_head.load(root, model.word_embeddings.weight if tied else None)
         check_loaded(model, "ESM")
         if model.position_type == "rotary":
             model.rotary = Rotary(_esm_inv_freq(t, config), float32_math=True).to(device)

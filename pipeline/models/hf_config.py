@@ -24,6 +24,13 @@ def is_causal_lm(model_type: str, architectures: list[str]) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
+def is_masked_lm(architectures: list[str]) -> bool:
+    """A masked LM with its head: the checkpoint's config names a *ForMaskedLM class (ESM-2, ESM-1b, ESM-1v,
+    SaProt: EsmForMaskedLM; ProtBert: BertForMaskedLM). A checkpoint saved as the bare encoder (EsmModel) has no
+    language-model head, so nothing to score with."""
+    return any(a.endswith("ForMaskedLM") for a in architectures)
+
+
 # Where configs keep the width and depth: transformers' own configs answer hidden_size/num_hidden_layers
 # (their attribute maps); remote-code ones use the names of their original code (HyenaDNA d_model/n_layer,
 # ProGen2 n_embd/n_layer).

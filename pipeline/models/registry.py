@@ -13,9 +13,10 @@ from . import conventions as cv
 from .checkpoint_facts import CheckpointFacts
 from .conventions import Convention
 
-CAUSAL_TASKS = ("embed", "score", "generate")
+CAUSAL_TASKS = ("embed", "score", "variants", "generate")
 RAW_TEXT = "the sequence as text through the checkpoint's own tokenizer (the card's usage)"
 ENCODER_TASKS = ("embed",)
+MASKED_LM_TASKS = ("embed", "score", "variants")   # an encoder with its masked-LM head scores by masking
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,12 @@ def recognise(facts: CheckpointFacts) -> Family:
     return OTHER
 
 
-def tasks(is_causal: bool, engine: str) -> tuple[str, ...]:
-    """What a checkpoint can do on an engine: causal LMs embed and score, and generate on the native engine;
-    encoders embed."""
+def tasks(is_causal: bool, engine: str, masked_lm: bool = False) -> tuple[str, ...]:
+    """What a checkpoint can do on an engine: causal LMs embed, score and score variants, and generate on the
+    native engine; masked LMs with their head embed, score and score variants; other encoders embed."""
     if not is_causal:
-        return ENCODER_TASKS
-    return CAUSAL_TASKS if engine == "native" else CAUSAL_TASKS[:2]
+        return MASKED_LM_TASKS if masked_lm else ENCODER_TASKS
+    return CAUSAL_TASKS if engine == "native" else tuple(t for t in CAUSAL_TASKS if t != "generate")
 
 
 def _native_blocker(family: Family, facts: CheckpointFacts) -> str | None:

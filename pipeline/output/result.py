@@ -30,6 +30,7 @@ from .sorted_merge import merge_sorted_runs
 from .schema import Schema
 from ..rundir.layout import RunDir, fsync_dir
 from .shard_state import set_aside
+from . import variants
 
 log = logging.getLogger("run_shards")
 
@@ -117,6 +118,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
             writer.file.create_dataset("original_ids/index", data=pos)
             writer.file.create_dataset("original_ids/ids", dtype=text, data=np.array(
                 [renamed[str(p)].encode() for p in pos], dtype=object))
+        variants.add_to_result(writer.file, run, manifest)
         ids.write(writer.file)
         writer.finish({"complete": missing == 0, "num_missing": int(missing)})
     except BaseException as e:
@@ -133,6 +135,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
             plan.close()
     os.replace(tmp, run.result_path)
     fsync_dir(run.root)
+    variants.export(run, manifest)
     run.problems_path.unlink(missing_ok=True)
     if missing:
         log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", missing, len(index))

@@ -45,8 +45,9 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
     after refusing other inputs, other result settings, or another kind of device. `new` is the manifest
     this command planned and `config` its settings as planned."""
     old_config = RunConfig.from_manifest(old)
-    inputs = [what for what, key in (("model checkpoint", "model"), ("FASTA content", "index"))
-              if old[key]["fingerprint"] != new[key]["fingerprint"]]
+    inputs = [what for what, key in (("model checkpoint", "model"), ("FASTA content", "index"),
+                                      ("variants file content", "variants"))
+              if (old.get(key) or {}).get("fingerprint") != (new.get(key) or {}).get("fingerprint")]
     changed = [f"{option_name(k)} ({_shown(getattr(old_config, k))} -> {_shown(v)})"
                for k, v in config.result_fields().items() if getattr(old_config, k) != v]
     retry = f"`{config.as_command(free_out(run.root))}`"

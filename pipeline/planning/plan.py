@@ -20,12 +20,14 @@ from ..config import RunConfig
 from ..errors import UserError
 from ..output import status_codes
 from ..output.schema import BASE_COLUMNS, Schema
+from ..output.variant_list import VariantList
 from ..rundir.layout import RunDir
 from .continued import reconcile, shard_count
 from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
 from .length_limit import check_long, token_limit, warn_beyond_training
 from .storage import check_storage
+from .variants_file import check_variants_out, read_variants
 from .tokenization_check import decide_and_check
 
 log = logging.getLogger("run_shards")
@@ -41,11 +43,12 @@ class Plan:
     index: SequenceIndex
     manifest: dict
     continued: bool         # the run directory already held this run
+    variants: VariantList | None = None   # --task variants: the variants file as read and checked
     copies: Copies = dataclasses.field(default_factory=Copies)   # what the run copies instead of computing
 
     def record(self, run: RunDir) -> dict:
-        """Write the plan into `run` (a new run's index and manifest; a continued run's manifest, with this
-        command's launch settings) and return the manifest as stored."""
+        """Write the plan into `run` (a new run's index, variants and manifest; a continued run's manifest, with
+        this command's launch settings) and return the manifest as stored."""
         if not self.continued:   # the run's copy holds the stride table its workers read (index/stride.py)
             only, copy_plan = self.copies.only(run)   # (of the records it computes)
             try:
@@ -54,6 +57,8 @@ class Plan:
                 if copy_plan is not None:
                     copy_plan.close()
             self.index.adopt_stride(run.index_path)
+            if self.variants is not None:
+                self.variants.save(run.variants_path)
         if not run.exists() or run.read_manifest() != self.manifest:
             run.write_manifest(self.manifest)
         return run.read_manifest()
@@ -101,24 +106,41 @@ def read_inputs(config: RunConfig) -> SequenceIndex:
 
 def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex) -> Plan:
     shards = shard_count(config, old, len(index), run)   # first: a contradicting --shards costs nothing
-    planned = dataclasses.replace(config, out=str(run.root), shards=shards)
+    planned = dataclasses.replace(config, out=str(run.root), shards=shards, **_absolute(config, "variants",
+                                                                                        "variants_out"))
+    variants = read_variants(planned.variants, index) if planned.task == "variants" else None
+    if planned.variants_out:
+        check_variants_out(planned.variants_out)
     model = choose_model(planned)
     model.convention = decide_and_check(index, model.source, model.hf_tokenizer, planned.input_format)
     limit = token_limit(model.info.max_tokens, planned.max_length)
     planned = _fit_lengths(planned, index, model, limit)
     from ..tasks import make_task, schema_for
-    schema = schema_for(make_task(planned, model.info))
+    from ..tasks.tokenization import SequenceTokenizer
+    task = make_task(planned, model.info)
+    task.prepare(SequenceTokenizer(model.hf_tokenizer, model.convention))
+    schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
     copies = plan_copies(planned, model, schema, index, run, old)   # duplicates and --reuse (copies.py)
     planned = dataclasses.replace(planned, shards=copies.shards(shards))
     check_storage(schema, index, planned.shards, run.root)
     _log_shards(index, planned.shards, copies.computed)
     manifest = _manifest(planned, model, schema, limit, index)
+    manifest["attrs"].update(task.attrs())
+    if variants is not None:
+        manifest["variants"] = {"file": variants.source, "fingerprint": variants.sha256, "count": len(variants)}
+        log.info("variants: %d in %s, for %d record(s)", len(variants), variants.source,
+                 len(set(variants.record.tolist())))
     if copies.counts is not None:
         manifest["copies"] = copies.record()
     if old is not None:
         manifest = reconcile(run, old, manifest, planned)
-    return Plan(planned, index, manifest, continued=old is not None, copies=copies)
+    return Plan(planned, index, manifest, continued=old is not None, variants=variants, copies=copies)
+
+
+def _absolute(config: RunConfig, *names: str) -> dict:
+    """File options as absolute paths: workers, a merge job and later commands may start elsewhere."""
+    return {n: os.path.abspath(getattr(config, n)) for n in names if getattr(config, n)}
 
 
 def choose_model(config: RunConfig) -> Model:

@@ -10,6 +10,7 @@
     OUT/logs/worker_N.log, OUT/logs/run.log       what the worker and the commands said, for people
     OUT/logs/events_N.jsonl, OUT/logs/events.jsonl    the same history as data (events.py)
     OUT/result.h5              the merged, validated result
+    OUT/variants.npz           --task variants: the variants file as planning read and checked it
 """
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ class RunDir:
     logs_dir = property(lambda self: self.root / "logs")
     result_path = property(lambda self: self.root / "result.h5")
     problems_path = property(lambda self: self.root / "merge_problems.tsv")
+    variants_path = property(lambda self: self.root / "variants.npz")
     copies_path = property(lambda self: self.root / "copies.rsidx")
 
     def shard_path(self, rank: int) -> Path:
@@ -108,7 +110,7 @@ class RunDir:
         return self.logs_dir / "run.log"
 
     # What a run leaves in OUT before its manifest exists (it stopped before or while writing it): reusable.
-    EARLY_ENTRIES = {".lock", "shards", "logs", "index.rsidx", "copies.rsidx"}
+    EARLY_ENTRIES = {".lock", "shards", "logs", "index.rsidx", "variants.npz", "copies.rsidx"}
 
     def _early_entry(self, name: str) -> bool:
         return name in self.EARLY_ENTRIES or name.startswith(("index.rsidx.tmp", ".manifest.json.tmp",

@@ -4,11 +4,16 @@
   the final norm's output), in float32. `cls`: the first token's state. `last`: the last token's state
   (a trailing special token such as <eos> included, when the tokenizer adds one).
 - score: sum over non-special tokens with at least one token before them of log p(token | all tokens
-  before it, special ones included), accumulated in float64; `num_scored` counts those tokens.
+  before it, special ones included), accumulated in float64; `num_scored` counts those tokens. A masked LM's
+  score is its pseudo-log-likelihood or wild-type marginal (masked_score.py).
+- variants: each variant of the run's variants file scored against its record (variants.py).
 
-embed.py, score.py and generate.py hold one task each; task.py what they share.
+embed.py, score.py, masked_score.py, variants.py and generate.py hold one task each; task.py what they share;
+residue_tokens.py the tokens a masked-LM score reads.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import UserError
@@ -16,15 +21,19 @@ from ..models.checkpoint import EngineInfo
 from ..output.schema import BASE_COLUMNS, Schema
 
 
-def make_task(config: RunConfig, info: EngineInfo):
+def make_task(config: RunConfig, info: EngineInfo, run_root: Path | None = None):
     """The task of a run. Its module is imported here, not at the top: they import torch, and the parent
-    imports this package for the tokenizer and the schema."""
+    imports this package for the tokenizer and the schema. `run_root`: the run directory, where a worker's
+    variants task reads the run's variants (planning, which only needs the columns, passes none)."""
     if config.task == "embed":
         from .embed import EmbedTask
         return EmbedTask(config, info)
     if config.task == "score":
-        from .score import ScoreTask
-        return ScoreTask(config, info)
+        from .score import score_task
+        return score_task(config, info)
+    if config.task == "variants":
+        from .variants import VariantsTask
+        return VariantsTask(config, info, run_root)
     if config.task == "generate":
         from .generate import GenerateTask
         return GenerateTask(config, info)

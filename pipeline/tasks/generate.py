@@ -17,7 +17,7 @@ from ..config import RunConfig
 from ..models.checkpoint import EngineInfo
 from ..errors import UserError
 from ..output.schema import STR, Column
-from .task import TaskOutput
+from .task import Task, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
 
@@ -29,7 +29,7 @@ def prompt_ids(tok: Tokenized) -> list[int]:
     return list(tok.ids[:n])
 
 
-class GenerateTask:
+class GenerateTask(Task):
     name = "generate"
     layers: list[int] = []
     logprobs = False

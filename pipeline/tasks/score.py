@@ -1,45 +1,105 @@
-"""The score task: per sequence, the sum over non-special tokens with at least one token before them of
-log p(token | all tokens before it, special ones included), accumulated in float64 (DESIGN.md);
-`num_scored` counts those tokens."""
+"""The score task. A causal LM's score (this module): per sequence, the sum over non-special tokens with at
+least one token before them of log p(token | all tokens before it, special ones included), accumulated in
+float64 (DESIGN.md); `num_scored` counts those tokens. A masked LM's (pseudo-log-likelihood or wild-type
+marginal) is masked_score.py's; `score_task` picks the one the model has.
+
+With --per-residue a causal LM stores each residue's log-probability, `per_residue/logprob`: its token's, for a
+tokenizer with a token per residue; where a token stands for several residues (subword tokenizers), each of
+them gets an equal share of the token's log-probability, so a sequence's residues still sum to its score's
+residue tokens. A residue whose token has no token before it (no BOS) is NaN.
+"""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..config import RunConfig
 from ..engine.interface import ForwardOutput
-from ..models.checkpoint import EngineInfo
 from ..errors import UserError
+from ..models.checkpoint import EngineInfo
 from ..output.schema import Column
-from .task import WINDOWS_COLUMN, ForwardTask, Segments, TaskOutput
-from .tokenization import Tokenized
+from .task import RESIDUE_LOGPROB, WINDOWS_COLUMN, ForwardTask, Segments, TaskOutput
+from .tokenization import SequenceTokenizer, Tokenized
+
+def score_task(config: RunConfig, info: EngineInfo):
+    """The score task of the model: a causal LM's log-likelihood, or a masked LM's (pseudo-)likelihood."""
+    if info.is_causal:
+        if config.score_method != "auto":
+            raise UserError(f"--score-method {config.score_method} is for masked language models; a causal LM's "
+                            "score is its log-likelihood (leave out --score-method)")
+        return ScoreTask(config, info)
+    if info.masked_lm:
+        from .masked_score import MaskedScoreTask
+        return MaskedScoreTask(config, info)
+    raise UserError(f"--task score needs a language model with its head: a causal LM, or a masked LM whose "
+                    f"config.json names a *ForMaskedLM class (ESM-2's EsmForMaskedLM); "
+                    f"{info.architecture or 'this model'} is neither (a bare encoder has no token "
+                    "probabilities). Use --task embed, or pass such a checkpoint with --model.")
+
+
+def log_likelihoods(out: ForwardOutput, toks: list[Tokenized]) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """Per sequence: the float64 sum of the scored tokens' log-probabilities, their count, and which tokens are
+    scored (bool [sum T]: non-special, with a token before them)."""
+    device = out.cu_seqlens.device
+    s = Segments.of(out, toks)
+    position = torch.arange(len(s.seg), device=device) - out.cu_seqlens[:-1][s.seg]
+    scored = (~s.special) & (position >= 1)
+    lp = torch.where(scored, out.token_logprobs.double(), torch.zeros((), dtype=torch.float64, device=device))
+    total = torch.zeros(len(toks), dtype=torch.float64, device=device).index_add_(0, s.seg, lp)
+    n = torch.zeros(len(toks), dtype=torch.int64, device=device).index_add_(0, s.seg, scored.long())
+    return total.cpu().numpy(), n.cpu().numpy(), scored
 
 
 class ScoreTask(ForwardTask):
     name = "score"
 
     def __init__(self, config: RunConfig, info: EngineInfo):
-        if not info.is_causal:
-            raise UserError(f"--task score needs a causal language model; {info.architecture or 'this model'} "
-                            "is not one (an encoder such as ESM-2 has no next-token probabilities). "
-                            "Use --task embed, or pass a causal LM with --model.")
         self.info = info
         self.layers: list[int] = []
         self.windowed = config.on_long == "window"
+        self.per_residue = config.per_residue
+        self.tokenizer: SequenceTokenizer | None = None   # the run's (prepare): residue spans of subword tokens
 
     logprobs = True
 
     def columns(self) -> list[Column]:
         return [Column("score/logprob_sum", "float64"), Column("score/num_scored", "int32")] + (
-            [WINDOWS_COLUMN] if self.windowed else [])
+            [RESIDUE_LOGPROB] if self.per_residue else []) + ([WINDOWS_COLUMN] if self.windowed else [])
+
+    def attrs(self) -> dict:
+        return {"score_method": "causal"}
+
+    def prepare(self, tokenizer: SequenceTokenizer) -> None:
+        if self.per_residue and not tokenizer.char_level and not getattr(tokenizer.tokenizer, "is_fast", False):
+            raise UserError("--per-residue with --task score maps each token to its residues through the "
+                            "tokenizer's offsets, which only a fast tokenizer (tokenizer.json) gives; this "
+                            "checkpoint's tokenizer groups residues and is not one")
+        self.tokenizer = tokenizer
 
     def compute(self, out: ForwardOutput, toks: list[Tokenized]) -> TaskOutput:
-        device = out.cu_seqlens.device
-        s = Segments.of(out, toks)
-        special, seg = s.special, s.seg
-        position = torch.arange(len(seg), device=device) - out.cu_seqlens[:-1][seg]
-        scored = (~special) & (position >= 1)
-        lp = torch.where(scored, out.token_logprobs.double(), torch.zeros((), dtype=torch.float64, device=device))
-        total = torch.zeros(len(toks), dtype=torch.float64, device=device).index_add_(0, seg, lp)
-        n = torch.zeros(len(toks), dtype=torch.int64, device=device).index_add_(0, seg, scored.long())
-        return TaskOutput({"score/logprob_sum": total.cpu().numpy(), "score/num_scored": n.int().cpu().numpy()},
-                          {}, {})
+        total, n, scored = log_likelihoods(out, toks)
+        result = TaskOutput({"score/logprob_sum": total, "score/num_scored": n.astype(np.int32)}, {}, {})
+        if self.per_residue:
+            values, lengths = self._per_residue(out, toks, scored)
+            result.values[RESIDUE_LOGPROB.path] = values
+            result.lengths["per_residue"] = lengths
+        return result
+
+    def _per_residue(self, out: ForwardOutput, toks: list[Tokenized], scored: torch.Tensor):
+        """Each sequence's residues' log-probabilities (float32) and how many residues each has."""
+        lp = out.token_logprobs.double().cpu().numpy()
+        ok = scored.cpu().numpy()
+        bounds = out.cu_seqlens.cpu().numpy()
+        rows, lengths = [], []
+        for i, tok in enumerate(toks):
+            content = np.flatnonzero(~tok.special)
+            token_lp = np.where(ok[bounds[i]:bounds[i + 1]][content], lp[bounds[i]:bounds[i + 1]][content], np.nan)
+            spans = self.tokenizer.content_spans(tok)
+            count = int(spans[:, 1].max()) if len(spans) else 0
+            residue = np.full(count, np.nan)
+            for (a, b), value in zip(spans, token_lp):
+                if b > a:
+                    residue[a:b] = value / (b - a)
+            rows.append(residue.astype(np.float32))
+            lengths.append(count)
+        return np.concatenate(rows) if rows else np.zeros(0, np.float32), np.asarray(lengths, np.int64)

@@ -25,6 +25,7 @@ class Tokenized:
     special: np.ndarray      # bool per token
     truncated: bool
     num_unknown: int = 0     # content tokens that are the unknown token
+    residues: str = ""       # the sequence text it was made from
 
     @property
     def unknown(self) -> bool:
@@ -88,7 +89,44 @@ class SequenceTokenizer:
             ids, special = self._truncate(ids, special, max_tokens)
             truncated = True
         unknown = 0 if self.unk_id is None else sum(1 for t, s in zip(ids, special) if t == self.unk_id and not s)
-        return Tokenized(list(ids), special, truncated, unknown)
+        return Tokenized(list(ids), special, truncated, unknown, seq)
+
+    def unit(self, residue: str) -> str:
+        """The text of one residue as the model reads it (a token of its own with a token per residue)."""
+        return self.convention.units(residue)[0]
+
+    def content_spans(self, tok: Tokenized) -> np.ndarray:
+        """int64 `[content tokens, 2]`: the residues [start, end) each non-special token of `tok` stands for (one
+        each with a token per residue; a subword token may stand for several, a line break or word marker for
+        none, start == end), from the tokenizer's offsets into the convention's text. Needs a fast tokenizer
+        where tokens group residues."""
+        n = int((~tok.special).sum())
+        if self.char_level:
+            return np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64)
+        owner = self._residue_of_char(tok.residues)
+        enc = self.tokenizer(self.convention.text(tok.residues), add_special_tokens=True, return_offsets_mapping=True)
+        special = self._special(enc["input_ids"])
+        spans = []
+        for (start, end), is_special in zip(enc["offset_mapping"], special):
+            if not is_special:
+                covered = owner[start:end][owner[start:end] >= 0]
+                spans.append((covered.min(), covered.max() + 1) if len(covered) else (0, 0))
+        return np.asarray(spans[:n], np.int64).reshape(-1, 2)
+
+    def _residue_of_char(self, residues: str) -> np.ndarray:
+        """For each character of the convention's text of `residues`, the residue it belongs to (-1: a prefix,
+        separator, line break or suffix). The convention keeps one character per residue in place."""
+        conv, owner = self.convention, []
+        owner += [-1] * len(conv.prefix)
+        width = conv.line_width or max(len(residues), 1)
+        for i in range(len(residues)):
+            if i and i % width == 0:
+                owner.append(-1)                       # the line break
+            elif i:
+                owner += [-1] * len(conv.separator)
+            owner += [i] * (1 + len(conv.unit_suffix))
+        owner += [-1] * len(conv.suffix)
+        return np.asarray(owner, np.int64)
 
     @property
     def _by_unit(self) -> bool:

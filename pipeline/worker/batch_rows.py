@@ -58,12 +58,14 @@ class BatchComputer:
         columns = {c.path: c.empty(n) for c in self.schema.row_columns if c.path not in _BASE}
         ragged_lengths = {g: np.zeros(n, np.int64) for g in self.schema.ragged_groups}
         values = {c.path: [] for c in self.schema.ragged_columns}
+        computed = 0   # tokens the engine ran: the rows' own, or what the task says (masked copies)
         for items, out in results:
             rows = np.array([i for i, _ in items])
             if out is None:
                 status[rows] = sc.OUT_OF_MEMORY
                 continue
             num_tokens[rows] = [len(t.ids) for _, t in items]
+            computed += out.computed_tokens if out.computed_tokens is not None else int(num_tokens[rows].sum())
             if self.windows:
                 columns["windows"][rows] = [self.windows.count(len(t.ids)) for _, t in items]
             for k, v in out.columns.items():
@@ -79,7 +81,7 @@ class BatchComputer:
         })
         values = {c.path: np.concatenate(values[c.path]) if values[c.path] else c.empty(0)
                   for c in self.schema.ragged_columns}
-        return RowBlock(self.schema, columns, values, ragged_lengths), int(num_tokens.sum())
+        return RowBlock(self.schema, columns, values, ragged_lengths), computed
 
     def _run(self, items: list, todo: np.ndarray):
         """[(items, TaskOutput or None)] in item order; an out-of-memory batch is halved until it fits."""

@@ -152,8 +152,9 @@ class ShardRun:
         model = manifest["model"]
         info = EngineInfo.from_json(manifest["info"]) if "info" in manifest else None   # runs planned before it: described here
         try:
-            engine = engines.load(manifest["engine"], model["path"], device, dtype, logprobs=config.task == "score",
-                                  info=info, config=config, run_limit=manifest["max_tokens"])
+            engine = engines.load(manifest["engine"], model["path"], device, dtype,
+                                  logprobs=config.task in ("score", "variants"), info=info, config=config,
+                                  run_limit=manifest["max_tokens"])
         except Exception as e:
             problem = load_failure(e, model["path"])
             if problem is None:
@@ -161,7 +162,7 @@ class ShardRun:
             log.exception("loading the model failed")   # the traceback stays in the log
             raise UserError(f"cannot load the model from {model['path']}: {problem}; replace the damaged files with "
                             f"an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
-        task = make_task(config, engine.info)
+        task = make_task(config, engine.info, self.run_dir.root)
         digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
         if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
@@ -169,6 +170,7 @@ class ShardRun:
         convention = Convention.from_json(manifest["input_format"]) if "input_format" in manifest else PLAIN
         tokenizer = SequenceTokenizer(engine.tokenizer, convention,
                                       max_tokens=limit if config.on_long == "truncate" else None)
+        task.prepare(tokenizer)
         load_seconds = time.time() - t0
         self.reporter.send("loaded", seconds=load_seconds)
         events.append(self.run_dir.events_path(self.rank), "loaded", seconds=round(load_seconds, 3))
@@ -188,6 +190,7 @@ class ShardRun:
             cut = Windows(config.window, config.overlap, tokenizer.head, tokenizer.tail)
             engine = WindowedEngine(engine, cut)
             tokens = np.array([t if t <= cut.limit else cut.count(int(t)) * cut.limit for t in tokens], np.int64)
+        tokens = task.batch_tokens(tokens, positions)   # e.g. a pseudo-log-likelihood's masked copies
         computer = BatchComputer(index, engine, task, tokenizer, shard.schema, config, shard.manifest["max_tokens"], cut)
         if config.task == "generate":
             batches = plan_generate_batches(tokens, config.max_seqs)

@@ -7,12 +7,13 @@ implementations are called directly: they take any head dim, so nothing is padde
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from triton_kernels import paged_attention, write_kv_cache
 from triton_kernels.paged_attention.kv_cache import write_kv_cache_torch
-from triton_kernels.paged_attention.sdpa import paged_attention_sdpa
+from triton_kernels.paged_attention.sdpa import MIN_ROWS, paged_attention_sdpa
 
 from ..step import StepContext
 
@@ -67,3 +68,48 @@ class PagedAttention:
         out = paged_attention(q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.kv_lens,
                               causal=self.causal, scale=self.scale, **bias, **ctx.attention_launch)
         return out[..., :self.head_dim] if pad else out
+
+    def attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext,
+                    q_counts: np.ndarray) -> torch.Tensor:
+        """Bidirectional attention of some queries only: q `[n, Hq, D]` holds q_counts[s] queries of step sequence
+        s (in step order), k and v `[T, Hkv, D]` every token of the step -> `[n, Hq, D]`. What an encoder's last
+        layer needs when only some positions' outputs are read (a masked LM's masked positions)."""
+        assert not self.causal and not self.relative_bias, "attend_rows is for bidirectional attention"
+        cu_q = np.zeros(len(q_counts) + 1, np.int64)
+        np.cumsum(q_counts, out=cu_q[1:])
+        if ctx.triton_kernels:
+            pad = self.kv[0].shape[-1] - self.head_dim
+            if pad:
+                q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))
+            write_kv_cache(k, v, self.kv[0], self.kv[1], ctx.slot_mapping)
+            cu = torch.from_numpy(cu_q.astype(np.int32)).to(q.device)
+            out = paged_attention(q, self.kv[0], self.kv[1], ctx.block_tables, cu, ctx.kv_lens, causal=False,
+                                  scale=self.scale, **ctx.attention_launch)
+            return out[..., :self.head_dim] if pad else out
+        return _rows_over_keys(q, k, v, cu_q, ctx.cu_seqlens.tolist(), self.scale)
+
+
+def _rows_over_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: np.ndarray, cu_kv: list[int],
+                    scale: float) -> torch.Tensor:
+    """CPU: per sequence, its queries over its keys as two matmuls and a float32 softmax, the queries padded to
+    MIN_ROWS rows and on one thread, so that a row's bits depend on its own sequence only (not on how many
+    queries or sequences the step holds, nor on the thread count: pipeline/models/layers/linear.py)."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k.shape[1]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for s in range(len(cu_q) - 1):
+            a, b = int(cu_q[s]), int(cu_q[s + 1])
+            if a == b:
+                continue
+            ks = k[cu_kv[s]:cu_kv[s + 1]].float().repeat_interleave(group, dim=1).permute(1, 2, 0)  # [Hq, D, T]
+            vs = v[cu_kv[s]:cu_kv[s + 1]].float().repeat_interleave(group, dim=1).transpose(0, 1)   # [Hq, T, D]
+            qs = q[a:b].float().transpose(0, 1)                                                       # [Hq, n, D]
+            if b - a < MIN_ROWS:
+                qs = torch.cat([qs, qs.new_zeros(qs.shape[0], MIN_ROWS - (b - a), qs.shape[2])], dim=1)
+            weights = torch.softmax(torch.bmm(qs, ks).mul_(scale), dim=-1)
+            out[a:b] = torch.bmm(weights, vs)[:, :b - a].transpose(0, 1).to(q.dtype)
+    finally:
+        torch.set_num_threads(threads)
+    return out

@@ -1,0 +1,139 @@
+"""The --variants file, read and checked while planning, before any model runs: CSV or TSV with a header
+naming the columns `id` and `mutant` (others are ignored), one variant per line. Every problem is refused at
+once (exit 2), naming the file and line: an empty file, a malformed mutant, an id the FASTA does not have, a
+position outside the record, a wild-type letter that is not the record's residue there."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from index import SequenceIndex
+from index.id_hash import id_hashes
+
+from ..errors import UserError
+from ..output.variant_list import MalformedMutant, VariantList, parse_mutant
+
+SHOWN = 10   # problems listed in one refusal (the count says how many more)
+
+
+def read_variants(path: str, index: SequenceIndex) -> VariantList:
+    """The variants of `path` (file order) with their records' FASTA positions, or UserError listing every
+    problem with its line."""
+    data = _read_bytes(path)
+    rows, problems = _rows(path, data)
+    positions = _positions_of(index, sorted({vid for _, vid, _ in rows}))
+    records = [positions.get(vid, -1) for _, vid, _ in rows]
+    problems += [f"line {line}: id '{vid}' is not in the FASTA input"
+                 for (line, vid, _), r in zip(rows, records) if r < 0]
+    problems += _check_against_records(index, rows, records)
+    if problems:
+        problems.sort(key=lambda p: int(p.split(":")[0].split()[1]))
+        more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
+        raise UserError(f"--variants {path}: {len(problems)} problem(s){more}, nothing was computed:\n  "
+                        + "\n  ".join(f"{path}, {p}" for p in problems[:SHOWN]))
+    return VariantList(np.array(records, np.int64), [m for _, _, m in rows], source=str(Path(path).resolve()),
+                       sha256=hashlib.sha256(data).hexdigest())
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except IsADirectoryError:
+        raise UserError(f"--variants {path}: is a directory; pass a CSV or TSV file") from None
+    except OSError as e:
+        raise UserError(f"--variants {path}: cannot read it ({e.strerror})") from None
+
+
+def _rows(path: str, data: bytes) -> tuple[list[tuple[int, str, str]], list[str]]:
+    """[(line, id, mutant text)] of the file's variants (mutants already parsed once), and its problems."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"--variants {path}: not UTF-8 text (byte {e.start}); save it as a UTF-8 CSV or TSV") from None
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        raise UserError(f"--variants {path}: the file is empty; it needs a header line naming the columns id and "
+                        "mutant, then one variant per line (e.g. 'P12345,A23V')")
+    delimiter = "\t" if "\t" in lines[first] else ","
+    header = [h.strip() for h in next(csv.reader([lines[first]], delimiter=delimiter))]
+    named = {h.lower(): i for i, h in enumerate(header)}
+    missing = [c for c in ("id", "mutant") if c not in named]
+    if missing:
+        raise UserError(f"--variants {path}, line {first + 1}: the header has no {' or '.join(missing)} column "
+                        f"(it has: {', '.join(header)}); name the columns id and mutant")
+    col_id, col_mut = named["id"], named["mutant"]
+    rows, problems = [], []
+    for n, fields in enumerate(csv.reader(lines[first + 1:], delimiter=delimiter), start=first + 2):
+        if not any(f.strip() for f in fields):
+            continue
+        if len(fields) <= max(col_id, col_mut):
+            problems.append(f"line {n}: {len(fields)} field(s), fewer than the header's id and mutant columns")
+            continue
+        vid, mutant = fields[col_id].strip(), fields[col_mut].strip()
+        try:
+            parse_mutant(mutant)
+        except MalformedMutant as e:
+            problems.append(f"line {n}: malformed mutant: {e}")
+            continue
+        rows.append((n, vid, mutant))
+    if not rows and not problems:
+        raise UserError(f"--variants {path}: no variants (only a header); add one line per variant, e.g. "
+                        f"'P12345{delimiter}A23V'")
+    return rows, problems
+
+
+def _positions_of(index: SequenceIndex, ids: list[str]) -> dict[str, int]:
+    """FASTA position of each id of `ids` that the index holds (a hash of every index id, then an exact check)."""
+    if not ids:
+        return {}
+    encoded = [i.encode() for i in ids]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    wanted = id_hashes(np.frombuffer(b"".join(encoded), np.uint8), offsets)
+    have = id_hashes(index.id_blob, index.id_offsets)
+    order = np.argsort(have, kind="stable")
+    found = {}
+    for vid, h in zip(ids, wanted):
+        k = int(np.searchsorted(have, h, sorter=order))
+        while k < len(order) and have[order[k]] == h:
+            if index.id(int(order[k])) == vid:
+                found[vid] = int(order[k])
+                break
+            k += 1
+    return found
+
+
+def _check_against_records(index: SequenceIndex, rows: list, records: list[int]) -> list[str]:
+    """Each substitution's position lies in its record and names the record's residue there."""
+    problems, sequences = [], {}
+    for (line, vid, mutant), record in zip(rows, records):
+        if record < 0:
+            continue
+        if record not in sequences:
+            sequences[record] = index.sequence(record)
+        seq = sequences[record]
+        for s in parse_mutant(mutant):
+            where = f"{s.wild_type}{s.position}{s.mutant}"
+            if s.position > len(seq):
+                problems.append(f"line {line}: {where}: position {s.position} is outside '{vid}', which has "
+                                f"{len(seq)} residue(s)")
+            elif seq[s.position - 1] != s.wild_type:
+                problems.append(f"line {line}: {where}: wild type {s.wild_type} does not match '{vid}', whose "
+                                f"residue {s.position} is {seq[s.position - 1]}")
+    return problems
+
+
+def check_variants_out(path: str) -> None:
+    """--variants-out must be a file name in an existing, writable directory (checked before any compute)."""
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"--variants-out {path}: is a directory; give a file name, e.g. {target / 'variants.csv'}")
+    if not target.parent.is_dir():
+        raise UserError(f"--variants-out {path}: the directory {target.parent} does not exist; create it first")
+    if not os.access(target.parent, os.W_OK):
+        raise UserError(f"--variants-out {path}: the directory {target.parent} is not writable")
