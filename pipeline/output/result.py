@@ -83,7 +83,6 @@ def _damaged_among(readers: list[Reader]) -> list[str]:
 def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, readers: list[Reader],
            allow_partial: bool) -> Path:
     attrs = dict(manifest["attrs"])
-    renamed = index.meta.get("renamed_ids") or {}
     tmp = run.result_path.with_name(f".{run.result_path.name}.tmp")
     remedy = f"The shards are intact; free space and run `run_shards merge {run.root}`"
     plan = CopyPlan(run.copies_path) if run.copies_path.exists() else None
@@ -112,12 +111,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
             raise MergeError(f"merge refused, {message}")
         missing = counts["missing"]
         _write_missing_ids(writer.file, index, problems)
-        if renamed:
-            text = h5py.string_dtype("utf-8")
-            pos = np.array(sorted(int(k) for k in renamed), np.int64)
-            writer.file.create_dataset("original_ids/index", data=pos)
-            writer.file.create_dataset("original_ids/ids", dtype=text, data=np.array(
-                [renamed[str(p)].encode() for p in pos], dtype=object))
+        _write_original_ids(writer.file, index.meta.get("renamed_ids") or {})
         variants.add_to_result(writer.file, run, manifest)
         ids.write(writer.file)
         writer.finish({"complete": missing == 0, "num_missing": int(missing)})
@@ -143,6 +137,16 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
         log.info("rows: %s", copy_plan.summary(plan.counts, [s.given for s in plan.sources]))
     log.info("merged %d sequences into %s", len(index) - missing, run.result_path)
     return run.result_path
+
+
+def _write_original_ids(file: h5py.File, renamed: dict) -> None:
+    """The FASTA's own ids of the records whose ids the run renamed (e.g. duplicates), by FASTA position."""
+    if not renamed:
+        return
+    pos = np.array(sorted(int(k) for k in renamed), np.int64)
+    file.create_dataset("original_ids/index", data=pos)
+    file.create_dataset("original_ids/ids", dtype=h5py.string_dtype("utf-8"),
+                        data=np.array([renamed[str(p)].encode() for p in pos], dtype=object))
 
 
 def _write_missing_ids(file: h5py.File, index: SequenceIndex, problems: MergeProblems) -> None:
