@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 from index import SequenceIndex  # noqa: E402
 from pipeline.config import RunConfig  # noqa: E402
 from pipeline.output import shard_state  # noqa: E402
-from pipeline.output.h5io import Writer, fsync_path  # noqa: E402
+from pipeline.output.h5io import Writer  # noqa: E402
+from pipeline.rundir.layout import fsync_path  # noqa: E402
 from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema  # noqa: E402
 from pipeline.rundir.layout import RunDir  # noqa: E402
 

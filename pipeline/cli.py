@@ -20,7 +20,7 @@ import sys
 import click
 
 from . import __version__
-from .config import RunConfig, default_of, field_type, misplaced, option_of
+from .config import LISTED_SHARDS, RunConfig, default_of, field_type, misplaced, option_of
 
 
 class DefaultRunGroup(click.Group):
@@ -307,7 +307,8 @@ def index_command(fasta, workers):
               help="Read back every finished shard and checkpoint against its checksums (default: when they "
                    "total at most 2 GB).")
 @click.option("--all", "every_shard", is_flag=True,
-              help="A row for every shard (by default, above 40 shards, only those not complete and not pending).")
+              help=f"A row for every shard (by default, above {LISTED_SHARDS} shards, only those not complete and "
+                   "not pending).")
 def status_command(out, verify, every_shard):
     """Per-shard state, progress and failures of the run in OUT."""
     from .reporting.status import status

@@ -24,6 +24,9 @@ ON_LONG = ("error", "truncate", "skip", "window")
 ON_DUPLICATE = ("error", "rename")
 INPUT_FORMATS = ("auto", "plain", "spaced")   # how residues are written for the tokenizer (docs/models.md)
 LAUNCHERS = ("local", "slurm", "ray")
+# Above this many shards, logs, `status` and report.html summarise the shards instead of a line each
+# (10,000 lines of "pending" bury the two that failed).
+LISTED_SHARDS = 40
 
 # Token budgets per batch when --max-tokens-per-batch is not given: CPU batches stay cache-friendly,
 # GPU batches are large enough to fill the device.

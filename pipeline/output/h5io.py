@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from .schema import STR, Column, RowBlock, Schema
+from ..rundir.layout import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,6 @@ def _crc(arr: np.ndarray, dtype: str, crc: int) -> int:
     if dtype == STR:
         return zlib.crc32(b"\0".join(x if isinstance(x, bytes) else x.encode() for x in arr.ravel()) + b"\0", crc)
     return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"), crc)
-
-
-def fsync_path(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Writer:

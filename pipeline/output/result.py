@@ -28,7 +28,7 @@ from .merge_problems import MergeProblems, describe_problems
 from .result_rows import ResultRows
 from .sorted_merge import merge_sorted_runs
 from .schema import Schema
-from ..rundir.layout import RunDir, fsync_dir
+from ..rundir.layout import RunDir, fsync_path
 from .shard_state import set_aside
 from . import variants
 
@@ -128,7 +128,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
         if plan is not None:
             plan.close()
     os.replace(tmp, run.result_path)
-    fsync_dir(run.root)
+    fsync_path(run.root)
     variants.export(run, manifest)
     run.problems_path.unlink(missing_ok=True)
     if missing:

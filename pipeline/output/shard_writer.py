@@ -23,7 +23,7 @@ from ..errors import DiskFull, disk_full_reason, ensure_space
 from .h5io import Reader, Writer
 from .sorted_merge import merge_sorted_runs
 from .schema import RowBlock, Schema
-from ..rundir.layout import RunDir, fsync_dir
+from ..rundir.layout import RunDir, fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class ShardWriter:
             faults.maybe_die("part-written", self.rank, number)
         faults.maybe_die("part-finished", self.rank, number)
         os.replace(tmp, final)
-        fsync_dir(self.parts)
+        fsync_path(self.parts)
         self.done = np.union1d(self.done, block.columns["index"])
         self.buffer, self.buffered_rows, self.buffered_bytes = [], 0, 0
         log.info("checkpoint %s: %d rows, %d tokens (%d of %d durable)", final.name, len(block),
@@ -127,7 +127,7 @@ class ShardWriter:
                 assert not problems, f"checkpoints of shard {self.rank} do not add up: {problems.counts()}"
         faults.maybe_die("shard-written", self.rank, 0)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
         shard_state.record_verified(path, len(self.expected))   # its parts were read back in full just now
         if self.parts.is_dir():   # an empty shard (fewer records than workers) never checkpointed
             for p in self.parts.glob("*"):

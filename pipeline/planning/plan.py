@@ -16,7 +16,7 @@ from index import SequenceIndex, load_or_build
 from index.cache import cache_dir
 
 from .. import __version__
-from ..config import RunConfig
+from ..config import LISTED_SHARDS, RunConfig
 from ..errors import UserError
 from ..output import status_codes
 from ..output.schema import BASE_COLUMNS, Schema
@@ -202,7 +202,7 @@ def _log_shards(index: SequenceIndex, shards: int, computed: int | None) -> None
     stats = index.shard_stats(shards)
     log.info("shards: %d, sequences per shard %d..%d, residues max/mean %.4f", shards,
              int(stats.sequences.min()), int(stats.sequences.max()), stats.imbalance)
-    for r in range(shards) if shards <= 40 else ():   # above 40 shards the line above says it
+    for r in range(shards) if shards <= LISTED_SHARDS else ():   # else the line above says it
         log.info("  shard %d: %d sequences, %d residues", r, int(stats.sequences[r]), int(stats.tokens[r]))
 
 

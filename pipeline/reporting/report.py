@@ -17,12 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from ..output import copy_plan, status_codes
+from ..config import LISTED_SHARDS
 from ..errors import UserError
 from ..rundir.layout import RunDir, write_atomic
 from .facts import Attempt, RunFacts, gather
 
-# Above this many shards the table lists only those that are not complete (the charts show them all).
-FULL_TABLE_SHARDS = 40
 GANTT_SHARDS = 48          # rows of the time chart at most
 PHASES = ("prepare", "start workers and load model", "compute", "finish shards and merge")
 COLORS = {"load": "#ccb974", "compute": "#4c72b0", "finish": "#64b5cd", "prepare": "#8172b3"}
@@ -291,7 +290,7 @@ def _queue_wait(submissions: list[dict], runs: list) -> str:
 
 def _shard_table(f: RunFacts) -> str:
     e = html.escape
-    shown = [s for s in f.shards if len(f.shards) <= FULL_TABLE_SHARDS or s.state != "complete"]
+    shown = [s for s in f.shards if len(f.shards) <= LISTED_SHARDS or s.state != "complete"]
     note = "" if len(shown) == len(f.shards) else (
         f"<p>{len(f.shards) - len(shown):,} complete shard(s) not listed; the charts show every shard.</p>")
     rows = "".join(

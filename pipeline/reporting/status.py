@@ -14,6 +14,7 @@ import socket
 
 from index import SequenceIndex
 
+from ..config import LISTED_SHARDS
 from ..errors import UserError, human_bytes
 from ..launchers.slurm_queue import Queue
 from ..output import copy_plan, shard_state
@@ -23,11 +24,6 @@ from ..planning.run_index import load_run_index
 from ..rundir.layout import RunDir, unwritable_reason
 from ..rundir.locks import RunLock, ShardLock, describe_holder
 from .facts import unknown_residues_line
-
-
-# Above this many shards the table lists only those that need a look (not complete, not pending), after
-# a count per state: 10,000 rows of "pending" bury the two that failed.
-FULL_TABLE_SHARDS = 40
 
 
 def status(out: str, verify: bool | None = None, every_shard: bool = False) -> str:
@@ -65,7 +61,7 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         from . import slurm_status
         queue = Queue.read(run, world)
         slurm_status.amend(states, queue)
-    lines += _table(run, states, every_shard or world <= FULL_TABLE_SHARDS)
+    lines += _table(run, states, every_shard or world <= LISTED_SHARDS)
     lines.append(f"checksums: every finished file read back ({human_bytes(stored)})" if verify else
                  f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
                  f"`run_shards status {run.root} --verify` reads every byte")
@@ -108,8 +104,8 @@ def _table(run: RunDir, states: list, full: bool) -> list[str]:
     lines = []
     if not full:
         lines.append(_state_counts(states, len(rows) - 1, run))
-        if len(rows) - 1 > FULL_TABLE_SHARDS:
-            rows = rows[:FULL_TABLE_SHARDS + 1] + [(f"... and {len(rows) - 1 - FULL_TABLE_SHARDS:,} more", "", "",
+        if len(rows) - 1 > LISTED_SHARDS:
+            rows = rows[:LISTED_SHARDS + 1] + [(f"... and {len(rows) - 1 - LISTED_SHARDS:,} more", "", "",
                                                     "", "", "")]
     if len(rows) > 1:
         widths = [max(len(row[i]) for row in rows) for i in range(5)]

@@ -30,7 +30,8 @@ log = logging.getLogger("run_shards")
 MANIFEST_FORMAT = 1
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file's data, or a directory's entries (a rename or a new file in it), to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -65,7 +66,7 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 @dataclass
