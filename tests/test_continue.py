@@ -171,7 +171,8 @@ def test_rerun_of_some_shards_succeeds_and_says_what_is_left(stopped, clean, tmp
 
 
 def test_every_setting_has_a_role():
-    """RESULT settings must match to continue a run, PLAN (the shard count) may only be repeated, LAUNCH
+    """RESULT settings must match to continue a run, PLAN (the shard count, the --reuse results the plan
+    copies rows from) may only be repeated, LAUNCH
     settings apply from the command that gives them: every RunConfig field is exactly one of them, and
     the batch budget, the batch's sequences and the devices are launch settings (issue 29: they were
     none, and a continued run kept the old ones without a word)."""
@@ -180,7 +181,7 @@ def test_every_setting_has_a_role():
     assert set(roles.values()) == {RESULT, PLAN, LAUNCH}
     assert sorted(RunConfig.fields_with_role(RESULT) + RunConfig.fields_with_role(PLAN)
                   + RunConfig.fields_with_role(LAUNCH)) == sorted(names)
-    assert RunConfig.fields_with_role(PLAN) == ("shards",)
+    assert set(RunConfig.fields_with_role(PLAN)) == {"shards", "reuse"}
     assert {"max_tokens_per_batch", "max_seqs", "devices", "workers"} <= set(RunConfig.fields_with_role(LAUNCH))
 
 

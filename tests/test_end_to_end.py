@@ -142,12 +142,18 @@ def test_score_matches_transformers(models, tmp_path, name):
                        "logprob_sum")
 
 
-def test_score_with_an_encoder_is_a_clear_error(models, tmp_path):
-    res = run_cli(FASTA[0], "--out", str(tmp_path / "o"), "--model", models["esm"], "--task", "score",
+def test_score_with_a_bare_encoder_is_a_clear_error(models, tmp_path):
+    """A masked LM scores (tests/test_scoring.py); an encoder saved without its LM head cannot: refused
+    before any work, once, naming what would score, with no --out left behind."""
+    from transformers import AutoConfig, EsmModel, EsmTokenizer
+    bare = tmp_path / "esm_bare"
+    EsmModel(AutoConfig.from_pretrained(models["esm"])).eval().save_pretrained(bare)
+    EsmTokenizer.from_pretrained(models["esm"]).save_pretrained(bare)
+    res = run_cli(FASTA[0], "--out", str(tmp_path / "o"), "--model", str(bare), "--task", "score",
                   "--gpus", "0", "--no-progress")
-    assert res.returncode == 2
-    assert "causal language model" in res.stderr and "Traceback" not in res.stderr
-    assert res.stderr.count("causal language model") == 1   # said once, and no --out left behind
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.count("--task score needs a language model with its head") == 1
+    assert "(EsmModel) is neither" in res.stderr and "EsmForMaskedLM" in res.stderr
     assert not (tmp_path / "o").exists()
 
 

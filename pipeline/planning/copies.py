@@ -14,6 +14,7 @@ import logging
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -42,6 +43,19 @@ class Copies:
     """What a run copies: its counts (None: nothing, every record is computed) and reused results."""
     counts: dict | None = None
     sources: list[SourceFile] = field(default_factory=list)
+    pending: Path | None = None   # a new run's copies.rsidx until the plan is recorded (in a .rs-copies-* folder)
+
+    def place(self, run: RunDir) -> None:
+        """Move a new run's plan into OUT (when the run's plan is recorded: planning writes nothing there)."""
+        if self.pending is not None:
+            shutil.move(str(self.pending), str(run.copies_path))
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove a plan that was never recorded (the run was refused after matching)."""
+        if self.pending is not None:
+            shutil.rmtree(self.pending.parent, ignore_errors=True)
+            self.pending = None
 
     @property
     def computed(self) -> int | None:
@@ -88,14 +102,19 @@ def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict 
     sources = reuse_sources(config, model, schema)   # (refuses --reuse for a run whose rows are not by sequence)
     if not_by_sequence(config):
         return Copies()
-    counts = _match(run, index, sources)
+    counts, pending = _match(run, index, sources)
     log.info("copies: %s", copy_plan.summary(counts, [s.given for s in sources]))
-    return Copies(counts, sources)
+    return Copies(counts, sources, pending)
 
 
-def _match(run: RunDir, index, sources: list[SourceFile]) -> dict:
+def _match(run: RunDir, index, sources: list[SourceFile]) -> tuple[dict, Path]:
+    """The counts, and the plan written in a new `.rs-copies-*` folder (in OUT, or beside it while OUT does not
+    exist yet) with the spill files, which are removed here; a killed command's folder the next one removes."""
     n = len(index)
-    tmp = tempfile.mkdtemp(prefix=".rs-copies-", dir=run.root)
+    where = next((d for d in (run.root, run.root.parent) if d.is_dir()), Path(tempfile.gettempdir()))
+    folder = Path(tempfile.mkdtemp(prefix=".rs-copies-", dir=where))
+    tmp = str(folder / "spill")
+    Path(tmp).mkdir()
     try:
         digests = Column(tmp, "digests", "V16")
         total = n + sum(s.rows for s in sources)
@@ -119,8 +138,11 @@ def _match(run: RunDir, index, sources: list[SourceFile]) -> dict:
         parts = [digests.part("digests")] + _placed(place, tmp) + _pairs(dups, tmp, "duplicates", ("first", "copy"))
         for k, pairs in enumerate(reused):
             parts += _pairs(pairs, tmp, f"reused_{k}", ("row", "position"))
-        copy_plan.write(run.copies_path, n, parts, sources, counts)
-        return counts
+        copy_plan.write(folder / run.copies_path.name, n, parts, sources, counts)
+        return counts, folder / run.copies_path.name
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -50,6 +50,7 @@ class Plan:
         """Write the plan into `run` (a new run's index, variants and manifest; a continued run's manifest, with
         this command's launch settings) and return the manifest as stored."""
         if not self.continued:   # the run's copy holds the stride table its workers read (index/stride.py)
+            self.copies.place(run)
             only, copy_plan = self.copies.only(run)   # (of the records it computes)
             try:
                 self.index.save(run.index_path, world=self.manifest["world"], only=only)
@@ -122,20 +123,24 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
     copies = plan_copies(planned, model, schema, index, run, old)   # duplicates and --reuse (copies.py)
-    planned = dataclasses.replace(planned, shards=copies.shards(shards))
-    check_storage(schema, index, planned.shards, run.root)
-    _log_shards(index, planned.shards, copies.computed)
-    manifest = _manifest(planned, model, schema, limit, index)
-    manifest["attrs"].update(task.attrs())
-    if variants is not None:
-        manifest["variants"] = {"file": variants.source, "fingerprint": variants.sha256, "count": len(variants)}
-        log.info("variants: %d in %s, for %d record(s)", len(variants), variants.source,
-                 len(set(variants.record.tolist())))
-    if copies.counts is not None:
-        manifest["copies"] = copies.record()
-    if old is not None:
-        manifest = reconcile(run, old, manifest, planned)
-    return Plan(planned, index, manifest, continued=old is not None, variants=variants, copies=copies)
+    try:
+        planned = dataclasses.replace(planned, shards=copies.shards(shards))
+        check_storage(schema, index, planned.shards, run.root)
+        _log_shards(index, planned.shards, copies.computed)
+        manifest = _manifest(planned, model, schema, limit, index)
+        manifest["attrs"].update(task.attrs())
+        if variants is not None:
+            manifest["variants"] = {"file": variants.source, "fingerprint": variants.sha256, "count": len(variants)}
+            log.info("variants: %d in %s, for %d record(s)", len(variants), variants.source,
+                     len(set(variants.record.tolist())))
+        if copies.counts is not None:
+            manifest["copies"] = copies.record()
+        if old is not None:
+            manifest = reconcile(run, old, manifest, planned)
+        return Plan(planned, index, manifest, continued=old is not None, variants=variants, copies=copies)
+    except BaseException:
+        copies.discard()
+        raise
 
 
 def _absolute(config: RunConfig, *names: str) -> dict:

@@ -25,7 +25,7 @@ class RunLogHandler(logging.FileHandler):
         if not self.broken:
             super().emit(record)
 
-    def handleError(self, record: logging.LogRecord) -> None:
+    def handleError(self, record: logging.LogRecord | None) -> None:
         if self.broken:
             return
         self.broken = True
@@ -33,6 +33,14 @@ class RunLogHandler(logging.FileHandler):
         why = disk_full_reason(error) if error else None
         sys.stderr.write(f"warning: cannot write {self.baseFilename} ({why or error}); the rest of this "
                          "command's messages are on the terminal only\n")
+
+    def close(self) -> None:
+        """Flush and close the file; a flush that fails there (the disk filled since the last write) is said
+        like a failed write, once, instead of ending the command in a traceback."""
+        try:
+            super().close()
+        except OSError:
+            self.handleError(None)
 
     def write_only_here(self, level: int, text: str) -> None:
         """A message for the file alone (the terminal shows it another way)."""
