@@ -323,3 +323,28 @@ def test_a_first_run_that_materialises_the_demo_model_is_batch_invariant(demo_su
     assert (tmp_path / "fresh_cache" / "models").is_dir()   # this run's parent materialised it
     _, attrs = _datasets(out / "result.h5")
     assert attrs["batch_invariant"] and "not batch-invariant" not in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["esm", "demo"])
+def test_an_engines_first_forward_equals_its_later_ones_with_two_threads(models, kind):
+    """A worker's first batch must compute what its later ones do: aten's cos (the rotary tables) went through
+    MKL's VML, which with 2 threads gave other bits at a process's first call than later (the upper half of
+    the table), so a 2-thread worker's first batch differed from a 1-thread worker's
+    (tools/repro_first_forward.py). Runs in a fresh process: the first call is what it is about."""
+    code = f"""
+import torch
+from pipeline.worker.cpu_setup import set_cpu_threads, set_strict_matmuls
+set_strict_matmuls(); set_cpu_threads(2)
+from pipeline.engine.native import NativeEngine
+from tests.tiny_checkpoints import random_sequences
+engine = NativeEngine.load({models[kind]!r}, torch.device("cpu"), torch.float32, "", max_tokens_per_step=4096,
+                           max_seqs=256)
+batch = random_sequences([298, 298, 298, 150, 60, 298, 298], seed=3)
+outs = [engine.forward(batch, [1], False).hidden[1] for _ in range(3)]
+print(all(torch.equal(outs[0], o) for o in outs[1:]))
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("TRITON_INTERPRET", None)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "True"

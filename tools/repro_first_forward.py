@@ -1,8 +1,10 @@
-"""Reproducer (open defect, 2026-11-26): with 2 torch threads the native engine's FIRST forward of a batch gives
+"""Reproducer (fixed 2026-11-26 in triton_kernels/pointwise.py: cos and sin on one thread): with 2 torch threads the native engine's FIRST forward of a batch gives
 different bits from every later forward of the same batch (tiny ESM-2, rows of the third sequence on, from the
 first attention layer's output); with 1 thread all forwards agree. It is what makes the suite's byte-identity
 tests (test_batch_invariance ...[esm-esm], test_continue ...contradict...) fail now and then: a worker that
-runs 2 threads computes its first batch differently. Not SDPA, F.linear, layer_norm or gelu alone.
+ran 2 threads computed its first batch differently. The cause: aten's float32 cos (the rotary table), which
+goes through MKL's VML: with 2 threads its first call in a process gave other bits for the table's upper
+half than later calls. Prints nothing now.
 
     PYTHONPATH=. python tools/repro_first_forward.py [iterations] [threads] [esm_checkpoint]
 

@@ -130,9 +130,30 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return apply(lambda t, out: _aten.gelu.out(t, approximate="tanh", out=out), x)
 
 
+@contextlib.contextmanager
+def _one_thread_when_invariant(x: torch.Tensor):
+    threads = torch.get_num_threads()
+    alone = enabled() and x.device.type == "cpu" and threads > 1
+    if alone:
+        torch.set_num_threads(1)   # about 1 us there and back
+    try:
+        yield
+    finally:
+        if alone:
+            torch.set_num_threads(threads)
+
+
 def cos(x: torch.Tensor) -> torch.Tensor:
-    return apply(lambda t, out: _aten.cos.out(t, out=out), x)
+    """cos, on one thread under batch_invariant on CPU: aten's float32 cos goes through MKL's VML, whose
+    results with 2 threads changed between a process's first call and later ones on the same values
+    (tools/repro_first_forward.py: the rotary table's upper half), so a 2-thread worker's first batch
+    differed from every other. The tables it computes here are small (tokens x rotary dim)."""
+    with _one_thread_when_invariant(x):
+        return apply(lambda t, out: _aten.cos.out(t, out=out), x)
 
 
 def sin(x: torch.Tensor) -> torch.Tensor:
-    return apply(lambda t, out: _aten.sin.out(t, out=out), x)
+    """sin, on one thread under batch_invariant on CPU, as cos (its results did not change, but it is the
+    same kind of call on the same tables)."""
+    with _one_thread_when_invariant(x):
+        return apply(lambda t, out: _aten.sin.out(t, out=out), x)
