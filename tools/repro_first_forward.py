@@ -2,9 +2,9 @@
 different bits from every later forward of the same batch (tiny ESM-2, rows of the third sequence on, from the
 first attention layer's output); with 1 thread all forwards agree. It is what makes the suite's byte-identity
 tests (test_batch_invariance ...[esm-esm], test_continue ...contradict...) fail now and then: a worker that
-ran 2 threads computed its first batch differently. The cause: aten's float32 cos (the rotary table), which
-goes through MKL's VML: with 2 threads its first call in a process gave other bits for the table's upper
-half than later calls. Prints nothing now.
+ran 2 threads computed its first batch differently. The cause: aten's float32 cos (the rotary table): with 2 threads
+its first call in a process gave other bits for the table's upper half than later calls (where inside aten
+is not pinned down). Prints nothing now.
 
     PYTHONPATH=. python tools/repro_first_forward.py [iterations] [threads] [esm_checkpoint]
 

@@ -144,8 +144,9 @@ def _one_thread_when_invariant(x: torch.Tensor):
 
 
 def cos(x: torch.Tensor) -> torch.Tensor:
-    """cos, on one thread under batch_invariant on CPU: aten's float32 cos goes through MKL's VML, whose
-    results with 2 threads changed between a process's first call and later ones on the same values
+    """cos, on one thread under batch_invariant on CPU: with 2 threads aten's float32 cos gave other bits at a
+    process's first call than at later ones on the same values (where inside aten, perhaps MKL's VML, is not
+    pinned down)
     (tools/repro_first_forward.py: the rotary table's upper half), so a 2-thread worker's first batch
     differed from every other. The tables it computes here are small (tokens x rotary dim)."""
     with _one_thread_when_invariant(x):
