@@ -18,10 +18,16 @@ _THRESHOLD = 1 << 20
 def return_freed_arrays() -> bool:
     """Fix glibc's mmap threshold at 1 MiB for this process (blocks above it are returned when freed);
     True if set, False off glibc."""
+    return set_malloc(mmap_threshold=_THRESHOLD, trim_threshold=_THRESHOLD)
+
+
+def set_malloc(mmap_threshold: int, trim_threshold: int) -> bool:
+    """Set glibc malloc's mmap and trim thresholds for this process (a fixed mmap threshold also stops glibc
+    adjusting either by itself); True if both were set, False off glibc."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, _THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _THRESHOLD))
+    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))

@@ -57,10 +57,6 @@ def set_cpu_threads(threads: int, flush_denormals: bool = True) -> bool:
     return bool(((probe * 1e-10) == 0).all())
 
 
-# glibc mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed blocks for reuse instead of handing them back to the OS; True if set.
 
@@ -72,14 +68,5 @@ def keep_freed_memory() -> bool:
     the same token budget, so its peak is reached in the first batches anyway. Blocks over 32 MiB still
     come from mmap (glibc's upper limit for the threshold). No-op off glibc.
     """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # A fixed mmap threshold also stops glibc's dynamic adjustment of the trim threshold.
-    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    from ..output.heap import set_malloc
+    return set_malloc(mmap_threshold=32 << 20, trim_threshold=2**31 - 1)
