@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from .record_checksum import block_checksums
-from .spill import _ragged
+from .spill import ragged_arange
 
 SIZE = 16
 BLOCK_BYTES = 4 << 20
@@ -103,7 +103,7 @@ def _digests_of(buf: np.ndarray, rel: np.ndarray, nbytes: np.ndarray, lengths: n
                           if len(line_ends) else ends, ends)
     header_end = np.minimum(header_end, ends)
     keep = buf > 32
-    keep[_ragged(rel, header_end - rel)] = False   # the header lines
+    keep[ragged_arange(rel, header_end - rel)] = False   # the header lines
     where = np.flatnonzero(keep)
     starts = np.searchsorted(where, rel)
     kept = np.searchsorted(where, ends) - starts

@@ -95,7 +95,7 @@ class Scatter:
             self.records.append(int(k), raw[rows].tobytes())
             self.dests.append(int(k), dest_rec[rows].tobytes())
             if self.blob:
-                self.blobs.append(int(k), blobs[_ragged(blob_offsets[:-1][rows], lens[rows])].tobytes())
+                self.blobs.append(int(k), blobs[ragged_arange(blob_offsets[:-1][rows], lens[rows])].tobytes())
 
     def chunks(self) -> Iterator[tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]]:
         """(first destination, values in destination order, blob bytes, blob offsets) per window."""
@@ -122,7 +122,7 @@ class Scatter:
                 out_lens = lens[inverse]
                 offsets = np.zeros(size + 1, np.int64)
                 np.cumsum(out_lens, out=offsets[1:])
-                yield lo, values, data[_ragged(starts[inverse], out_lens)], offsets
+                yield lo, values, data[ragged_arange(starts[inverse], out_lens)], offsets
         finally:
             self.close()
 
@@ -218,7 +218,7 @@ def _group(bucket: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.searchsorted(key[order], np.arange(count + 1))
 
 
-def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of arange(s, s + n) for each (s, n)."""
     lengths = np.asarray(lengths, np.int64)
     total = int(lengths.sum())

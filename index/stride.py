@@ -21,7 +21,7 @@ import numpy as np
 
 from . import index_file
 from .build import Column
-from .spill import Scatter, _ragged
+from .spill import Scatter, ragged_arange
 
 FIELDS = ("offsets", "nbytes", "lengths", "file_no", "checksums")
 _WINDOW_BYTES = 64 << 20
@@ -136,7 +136,7 @@ def _place(index, place: Scatter, record: np.dtype, fixed: bool, width: int, lo:
     else:
         offsets = ids - ids[0]
         if len(kept) < len(dest):
-            blob, offsets = blob[_ragged(offsets[kept], lens[kept])], np.concatenate(([0], np.cumsum(lens[kept])))
+            blob, offsets = blob[ragged_arange(offsets[kept], lens[kept])], np.concatenate(([0], np.cumsum(lens[kept])))
         place.add(dest[kept], rec[kept], blob, offsets)
     index.release()
 

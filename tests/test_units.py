@@ -13,7 +13,7 @@ from pipeline.config import RunConfig
 from pipeline.engine.interface import ForwardOutput, resolve_layers
 from pipeline.models.checkpoint import EngineInfo
 from pipeline.errors import UserError
-from pipeline.output.schema import ragged_gather_index
+from index.spill import ragged_arange
 from pipeline.tasks.embed import EmbedTask
 from pipeline.tasks.score import ScoreTask, score_task
 from pipeline.tasks.tokenization import SequenceTokenizer
@@ -156,7 +156,7 @@ def test_char_level_tokenizers_give_one_token_per_residue(tmp_path):
 
 
 def test_ragged_gather_index():
-    assert ragged_gather_index(np.array([5, 0, 2]), np.array([2, 0, 3])).tolist() == [5, 6, 2, 3, 4]
+    assert ragged_arange(np.array([5, 0, 2]), np.array([2, 0, 3])).tolist() == [5, 6, 2, 3, 4]
 
 
 def test_pooling_and_scoring_definitions():

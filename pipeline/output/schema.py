@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from index.spill import ragged_arange
+
 STR = "str"  # dtype marker for utf-8 string columns
 
 
@@ -152,7 +154,7 @@ class RowBlock:
             lens = self.lengths[g]
             starts = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
             new_lens = lens[rows]
-            gather = ragged_gather_index(starts[rows], new_lens)
+            gather = ragged_arange(starts[rows], new_lens)
             lengths[g] = new_lens
             for c in self.schema.ragged_columns:
                 if c.group == g:
@@ -168,13 +170,3 @@ class RowBlock:
     def nbytes(self) -> int:
         total = sum(a.nbytes for a in self.columns.values())
         return total + sum(a.nbytes for a in self.values.values())
-
-
-def ragged_gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n), vectorised."""
-    lengths = np.asarray(lengths, np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    out_starts = np.cumsum(lengths) - lengths
-    return np.repeat(np.asarray(starts, np.int64) - out_starts, lengths) + np.arange(total, dtype=np.int64)
