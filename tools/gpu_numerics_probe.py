@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.kernels.test_gated_delta_rule import make_inputs, rel_rms  # noqa: E402
+from tests.kernels.test_gated_delta_rule import float32_gamma_floor, make_inputs, rel_rms  # noqa: E402
 from triton_kernels import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
 from triton_kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule  # noqa: E402
 
@@ -41,16 +41,6 @@ def t5_buckets_probe(device: str) -> None:
         differ = (cpu != gpu).nonzero().flatten()
         print(f"transformers' buckets ({num_buckets}, {max_distance}) on {device} vs cpu: {differ.numel()} of "
               f"{offsets.numel()} offsets differ{': ' + str(offsets[differ][:12].tolist()) if differ.numel() else ''}")
-
-
-def float32_gamma_floor(inputs: dict, chunk: int) -> dict:
-    """The inputs with each gate replaced by the difference of float32-rounded chunk-local cumulative sums."""
-    g = inputs["g"].double().cpu()
-    eff = torch.empty_like(g)
-    for c0 in range(0, g.shape[1], chunk):
-        gamma = g[:, c0:c0 + chunk].cumsum(1).float().double()
-        eff[:, c0:c0 + chunk] = gamma - torch.cat([torch.zeros_like(gamma[:, :1]), gamma[:, :-1]], 1)
-    return {**inputs, "g": eff.to(inputs["g"].device)}
 
 
 def delta_probe(device: str) -> None:
