@@ -44,7 +44,6 @@ def t5_buckets_probe(device: str) -> None:
 
 
 def delta_probe(device: str) -> None:
-    from triton_kernels.gated_delta_rule.torch_path import chunk_fwd_torch  # noqa: F401 (presence)
     from triton_kernels._device import torch_path_on_cpu
 
     base = make_inputs(1, 150, 1, 2, 32, 32, gates="extreme", num_states=1, seed=3, device=device)

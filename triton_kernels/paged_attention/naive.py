@@ -15,9 +15,9 @@ def t5_buckets(offsets: torch.Tensor, num_buckets: int, max_distance: int) -> to
     """T5's bidirectional bucket of each key-minus-query offset, its formula in float64 as written.
 
     Computed on the CPU whatever the offsets' device: the quotient is an integer at some distances (16, 32,
-    64 for 32 buckets and distance 128), where the floor turns a log's last bit into a whole bucket; the CPU's
-    log gives transformers' buckets (tests/kernels/test_position_bias.py), while on an H200 the reference
-    computed there disagreed with the kernel for 32 buckets only."""
+    64 for 32 buckets and distance 128), where the floor turns a log's last bit into a whole bucket. On an
+    H200, CUDA's float64 log made distance 64's quotient 5.999999999999999 (the CPU's: 6.0, transformers'
+    buckets), so a reference computed there put it one bucket low (tools/gpu_numerics_probe.py)."""
     half = num_buckets // 2
     exact = half // 2
     a = offsets.abs().cpu()
