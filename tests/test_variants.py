@@ -3,10 +3,12 @@ masked LM, llr on a causal LM, through the real CLI with 2 CPU workers against t
 (tests/scoring_reference.py, float64-grounded bounds); the variants table in file order and its CSV; a single
 mutant's masked marginal as one subtraction from the pseudo-log-likelihood's per-residue table; every bad
 variants file refused before any compute, naming file and line; the merge's strictness; the SLURM and Ray
-launchers giving the local run's bits."""
+launchers giving the local runs' bits (variants with their CSV, and the pll with its per-residue table), and
+`status` and report.html saying what such a run computed."""
 from __future__ import annotations
 
 import csv
+import html
 import re
 import shutil
 
@@ -24,8 +26,8 @@ from pipeline.planning.variants_file import read_variants
 
 from . import scoring_reference as ref
 from .float64_reference import assert_as_accurate
-from .run_helpers import read, undocumented_files
-from .slurm_cluster import require_slurm
+from .run_helpers import raw_datasets, skip_or_fail, status_rows, undocumented_files
+from .slurm_helpers import SLURM_LAYOUT, html_cells, job_ids, wait_finished
 from .tiny_models import run_cli, save_esm, save_llama
 
 pytestmark = pytest.mark.slow
@@ -232,23 +234,92 @@ def test_the_merge_refuses_variants_that_are_not_the_files_each_exactly_once(tmp
     variants_table._check(variants, positions, np.array([0, 1], np.int8), np.array([0, 1, 1]), np.array([1]))
 
 
-def test_variants_on_slurm_and_pll_on_ray_give_the_local_runs_bits(masked_run, inputs, esm, slurm_cluster, tmp_path):
-    require_slurm()
-    out = tmp_path / "slurm"
-    run(inputs, out, esm, "--launcher", "slurm", "--shards", "2", "--wait", env=slurm_cluster.env)
-    local = read(masked_run[0] / "result.h5")
-    got = read(out / "result.h5")
-    assert sorted(got) == sorted(local)
-    for key, want in local.items():
-        assert np.array_equal(got[key], want, equal_nan=want.dtype.kind == "f"), key
-    pytest.importorskip("ray")
-    fasta = str(inputs / "proteins.fasta")
-    args = ("--model", esm, "--task", "score", "--gpus", "0", "--max-tokens-per-batch", "256", "--no-progress",
-            "--shards", "2")
-    res = run_cli(fasta, "--out", str(tmp_path / "ray"), *args, "--launcher", "ray")
+# On the cluster launchers: the same bits as the local runs (the variants table and its CSV, the pll and its
+# per-residue table), and `status` and report.html saying what ran: the task and its method, the rows and the
+# variants by status, and the tokens the engine computed (a pll's masked copies).
+VARIANT_STATUSES = {0: 8, 1: 1, 2: 1}   # P5's variant skipped (too long), P3's computed with J unknown
+ROW_STATUSES = {0: 3, 1: 1, 2: 1}
+
+
+def score(inputs, out, esm: str, *extra: str, env: dict | None = None):
+    res = run_cli(str(inputs / "proteins.fasta"), "--out", str(out), "--model", esm, "--task", "score",
+                  "--per-residue", *COMMON, *extra, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    res = run_cli(fasta, "--out", str(tmp_path / "local"), *args, "--workers", "2")
-    assert res.returncode == 0, res.stderr[-3000:]
-    ray_result, local_result = read(tmp_path / "ray" / "result.h5"), read(tmp_path / "local" / "result.h5")
-    for key, want in local_result.items():
-        assert np.array_equal(ray_result[key], want, equal_nan=want.dtype.kind == "f"), key
+    return res
+
+
+@pytest.fixture(scope="module")
+def pll_local(inputs, esm, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pll") / "out"
+    score(inputs, out, esm)
+    return out
+
+
+def assert_launched_like_local(out, local, launcher_extra: set[str] = frozenset()) -> None:
+    """result.h5 bitwise the local run's; the run directory holds only what the layout names."""
+    assert raw_datasets(out / "result.h5") == raw_datasets(local / "result.h5")
+    assert {p for p in undocumented_files(out) if not SLURM_LAYOUT.fullmatch(p)} == set()
+
+
+def computed_tokens(out) -> list[int]:
+    """Each shard's tokens as its worker logged them when it finished (masked copies included)."""
+    return [int(re.search(r"shard complete: \S+ \(\d+ sequences, (\d+) tokens", (out / "logs" / f"worker_{r}.log")
+                          .read_text())[1]) for r in (0, 1)]
+
+
+def assert_status_and_report_say_what_ran(out, task_words: str, variants: bool, env: dict) -> None:
+    status = run_cli("status", str(out), env=env)
+    assert status.returncode == 0, status.stderr
+    assert f"\ntask: {task_words}  model: " in status.stdout, status.stdout
+    count = f", {sum(VARIANT_STATUSES.values())} variants" if variants else ""
+    assert f"result: {out / 'result.h5'} (5 rows{count}, checksums verified)" in status.stdout, status.stdout
+    assert {r: row["state"] for r, row in status_rows(out).items()} == {0: "complete", 1: "complete"}
+    report = run_cli("report", str(out), env=env)
+    assert report.returncode == 0, report.stderr
+    page = (out / "report.html").read_text()
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    assert f"task {task_words}, model " in text
+    held = f"5 rows and {sum(VARIANT_STATUSES.values())} variants" if variants else "5 rows"
+    assert f"finished: {out}/result.h5 holds {held}\n" in text
+    assert {int(row[0]): int(row[2]) for row in html_cells(page, "statuses")} == ROW_STATUSES
+    if variants:
+        assert {int(row[0]): int(row[2]) for row in html_cells(page, "variant_statuses")} == VARIANT_STATUSES
+    else:
+        assert "variant_statuses" not in page
+    shards = {int(row[0]): row for row in html_cells(page, "shards")}
+    assert [int(shards[r][5].replace(",", "")) for r in (0, 1)] == computed_tokens(out)
+
+
+def test_variants_and_pll_on_slurm_give_the_local_runs_bits_and_status_and_report_say_what_ran(
+        masked_run, pll_local, inputs, esm, slurm_cluster, tmp_path):
+    """One SLURM submission per task, both queued at once: the merge job writes the variants table and its
+    --variants-out CSV from variants.npz, and the pll's per-residue table, as the local runs did."""
+    variants_out, pll_out = tmp_path / "variants", tmp_path / "pll"
+    slurm = ("--launcher", "slurm", "--shards", "2")
+    submitted = [run(inputs, variants_out, esm, "--variants-out", str(tmp_path / "scores.csv"), *slurm,
+                     env=slurm_cluster.env),
+                 score(inputs, pll_out, esm, *slurm, env=slurm_cluster.env)]
+    for res in submitted:
+        (array,), merge = job_ids(res.stdout)
+        assert wait_finished(slurm_cluster, merge)[merge][0] == "COMPLETED", res.stdout
+    assert_launched_like_local(variants_out, masked_run[0])
+    assert (tmp_path / "scores.csv").read_bytes() == masked_run[1].read_bytes()
+    assert_launched_like_local(pll_out, pll_local)
+    assert_status_and_report_say_what_ran(variants_out, f"variants ({sum(VARIANT_STATUSES.values())} from "
+                                          f"{inputs / 'variants.csv'}: masked_marginal, wt_marginal)", True,
+                                          slurm_cluster.env)
+    assert_status_and_report_say_what_ran(pll_out, "score (pll, per residue)", False, slurm_cluster.env)
+
+
+def test_variants_and_pll_as_ray_tasks_give_the_local_runs_bits(masked_run, pll_local, inputs, esm, tmp_path):
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        skip_or_fail(f"ray is not installed ({e}); install the extra: .venv/bin/pip install -e '.[ray]'")
+    ray_ = ("--launcher", "ray", "--shards", "2")
+    run(inputs, tmp_path / "variants", esm, "--variants-out", str(tmp_path / "scores.csv"), *ray_)
+    assert_launched_like_local(tmp_path / "variants", masked_run[0])
+    assert (tmp_path / "scores.csv").read_bytes() == masked_run[1].read_bytes()
+    score(inputs, tmp_path / "pll", esm, *ray_)
+    assert_launched_like_local(tmp_path / "pll", pll_local)
+    assert_status_and_report_say_what_ran(tmp_path / "pll", "score (pll, per residue)", False, {})

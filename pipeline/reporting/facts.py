@@ -20,6 +20,7 @@ from ..rundir import events
 from ..rundir.failure import FailureRecord
 from ..rundir.layout import RunDir
 from ..rundir.locks import ShardLock
+from .task_summary import task_words, variant_statuses
 
 # Why a worker was asked to stop, by the signal its parent (`run`, `rerun`, `work`) received.
 STOP_CAUSES = {"SIGUSR1": "the time limit was near (SLURM's warning)",
@@ -35,6 +36,7 @@ class Attempt:
     host: str = ""
     slurm: str = ""            # the SLURM array task that ran it (`123_4`), if one did
     restarts: int = 0          # SLURM_RESTART_COUNT: how often SLURM had requeued that task before
+    resumed_from: int = 0      # rows durable when it started (0: it started the shard from nothing)
     end: float = 0.0
     loaded: float | None = None
     checkpoints: list[tuple[float, int, int | None]] = field(default_factory=list)   # (time, rows, tokens)
@@ -54,7 +56,7 @@ class ShardFacts:
     expected: int
     durable: int
     residues: int
-    tokens: int                # tokens of the durable rows
+    tokens: int                # tokens computed for the durable rows (computed_tokens)
     attempts: list[Attempt]
     failure: FailureRecord | None   # shard_N.failed.json: why the last attempt did not finish
 
@@ -84,6 +86,8 @@ class RunFacts:
     error: str                 # what stopped the last command ("" if it finished, or once the result is complete)
     written: str
     slurm: SlurmFacts | None = None
+    task: str = ""             # the task as `status` says it (task_summary.task_words: its method, its variants)
+    variant_statuses: dict[int, int] = field(default_factory=dict)   # --task variants: status -> variants in result.h5
 
 
 def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFacts:
@@ -108,11 +112,11 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
             state.state = "running"   # as `status` says; its durable rows are those checkpointed so far
         rows = durable_rows(run, r, state.state)
         rows_by_shard.append(rows)
+        history = attempts(events.read(run.events_path(r)))
         shards.append(ShardFacts(
             rank=r, state=state.state, expected=state.expected, durable=state.durable,
-            residues=int(stats.tokens[r]),
-            tokens=int(rows["num_tokens"].sum(dtype=np.int64)),
-            attempts=attempts(events.read(run.events_path(r))), failure=run.failure(r)))
+            residues=int(stats.tokens[r]), tokens=computed_tokens(history, rows),
+            attempts=history, failure=run.failure(r)))
     result, statuses, nrows = _result_statuses(run, example_ids)
     if not result:   # no result yet: the rows the shards hold so far
         index_col = np.concatenate([x["index"] for x in rows_by_shard])
@@ -133,7 +137,8 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
         timings_end=timings["t"] if timings else None,
         error=error if error is not None else "" if result == "complete" else ((ended or {}).get("error") or ""),
         written=datetime.datetime.now().isoformat(sep=" ", timespec="seconds"),
-        slurm=_slurm_facts(run, world, run_events) if config.launcher == "slurm" else None)
+        slurm=_slurm_facts(run, world, run_events) if config.launcher == "slurm" else None,
+        task=task_words(run, manifest), variant_statuses=_variant_statuses(run) if config.task == "variants" else {})
 
 
 def _slurm_facts(run: RunDir, world: int, run_events: list[dict]) -> SlurmFacts:
@@ -143,6 +148,18 @@ def _slurm_facts(run: RunDir, world: int, run_events: list[dict]) -> SlurmFacts:
     merges = [e for e in run_events if e["event"] == "ended" and e.get("command") == "merge" and e.get("slurm_job")]
     merge = queue.merge
     return SlurmFacts(queue.subs, tasks, merge.words() if merge is not None else "", merges)
+
+
+def computed_tokens(history: list[Attempt], rows: dict[str, np.ndarray]) -> int:
+    """Tokens the engine computed for a shard's durable `rows` (durable_rows), as the run log counts them: a
+    pseudo-log-likelihood's masked copies too. Those are in the checkpoint events since the shard last started
+    from nothing, where those events account for exactly the durable rows; else (a damaged checkpoint dropped,
+    events lost) the rows' own tokens, the same count for tasks that run each row once."""
+    starts = [i for i, a in enumerate(history) if a.resumed_from == 0]
+    since = [c for a in history[starts[-1]:] for c in a.checkpoints] if starts else []
+    if since and all(tokens is not None for *_, tokens in since) and sum(n for _, n, _ in since) == len(rows["index"]):
+        return sum(tokens for *_, tokens in since)
+    return int(rows["num_tokens"].sum(dtype=np.int64))
 
 
 def durable_rows(run: RunDir, rank: int, state: str) -> dict[str, np.ndarray]:
@@ -179,6 +196,16 @@ def _result_statuses(run: RunDir, example_ids: int) -> tuple[str, dict, int]:
         return "", {}, 0   # the shards' rows stand in; `status` and `merge` name the damage
 
 
+def _variant_statuses(run: RunDir) -> dict[int, int]:
+    if not run.result_path.exists():
+        return {}
+    try:
+        with Reader(run.result_path) as r:
+            return variant_statuses(r)
+    except CorruptFile:
+        return {}   # as for the rows: `status` and `merge` name the damage
+
+
 def unknown_residues_line(run: RunDir, example_ids: int = 3) -> str:
     """How many rows of the result hold characters outside the model's alphabet (status 2), with example ids;
     "" when none (for the end of a run and `status`)."""
@@ -199,7 +226,8 @@ def attempts(shard_events: list[dict]) -> list[Attempt]:
         kind, t = e["event"], e["t"]
         if kind == "start":
             found.append(Attempt(start=t, end=t, device=e.get("device", ""), host=e.get("host", ""),
-                                 slurm=e.get("slurm", ""), restarts=int(e.get("restarts") or 0)))
+                                 slurm=e.get("slurm", ""), restarts=int(e.get("restarts") or 0),
+                                 resumed_from=int(e.get("durable") or 0)))
             continue
         if not found:
             continue

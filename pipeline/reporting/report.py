@@ -193,11 +193,12 @@ def _when(t: float) -> str:
 def _headline(f: RunFacts) -> str:
     done = sum(s.state == "complete" for s in f.shards)
     total = int(f.manifest["index"]["count"])
+    variants = f" and {sum(f.variant_statuses.values()):,} variants" if f.task.startswith("variants") else ""
     if f.result == "complete":
-        return f"<p id='headline' class='complete'>finished: {f.root}/result.h5 holds {f.rows:,} rows</p>"
+        return f"<p id='headline' class='complete'>finished: {f.root}/result.h5 holds {f.rows:,} rows{variants}</p>"
     if f.result == "partial":
         return (f"<p id='headline' class='failed'>PARTIAL result: {f.root}/result.h5 holds {f.rows:,} of {total:,} "
-                f"rows (`run_shards rerun {f.root}` computes the rest)</p>")
+                f"rows{variants} (`run_shards rerun {f.root}` computes the rest)</p>")
     running = sum(s.state == "running" for s in f.shards)
     return (f"<p id='headline' class='{'running' if running else 'failed'}'>"
             + (f"running now ({running} shard(s) being computed): " if running else "not finished: ")
@@ -333,7 +334,18 @@ def _statuses(f: RunFacts) -> str:
     rows = "".join(f"<tr><td>{code}</td><td class='text'>{e(status_codes.DESCRIPTIONS.get(code, 'unknown code'))}</td>"
                    f"<td>{n:,}</td><td>{e(', '.join(ids))}</td></tr>" for code, (n, ids) in sorted(f.statuses.items()))
     return (f"<p>From {source}.</p><table id='statuses'><tr><th>status</th><th>meaning</th><th>rows</th>"
-            f"<th>examples</th></tr>{rows}</table>")
+            f"<th>examples</th></tr>{rows}</table>" + _variant_statuses(f))
+
+
+def _variant_statuses(f: RunFacts) -> str:
+    """A --task variants result's table by status (a variant takes its record's)."""
+    if not f.variant_statuses:
+        return ""
+    rows = "".join(f"<tr><td>{code}</td><td class='text'>"
+                   f"{html.escape(status_codes.DESCRIPTIONS.get(code, 'unknown code'))}</td><td>{n:,}</td></tr>"
+                   for code, n in sorted(f.variant_statuses.items()))
+    return ("<p>The variants table of result.h5 (each variant has its record's status):</p><table "
+            f"id='variant_statuses'><tr><th>status</th><th>meaning</th><th>variants</th></tr>{rows}</table>")
 
 
 def _pairs(table_id: str, items: dict) -> str:
@@ -361,7 +373,7 @@ def render(f: RunFacts) -> str:
 <h1>run_shards report</h1>
 {_headline(f)}
 {_next_step(f)}
-<p>{len(f.lengths):,} sequences in {len(f.shards)} shard(s); task {e(config['task'])}, model {e(config['model'])},
+<p>{len(f.lengths):,} sequences in {len(f.shards)} shard(s); task {e(f.task or config['task'])}, model {e(config['model'])},
 engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))}; run directory {e(f.root)};
 report written {e(f.written)} (`run_shards report {e(f.root)}` writes it again).</p>
 {f"<p id='copies'>Rows: {e(copy_plan.described(m))}.</p>" if copy_plan.described(m) else ""}

@@ -24,6 +24,7 @@ from ..planning.run_index import load_run_index
 from ..rundir.layout import RunDir, unwritable_reason
 from ..rundir.locks import RunLock, ShardLock, describe_holder
 from .facts import unknown_residues_line
+from .task_summary import task_words, variant_statuses
 
 
 def status(out: str, verify: bool | None = None, every_shard: bool = False) -> str:
@@ -32,7 +33,8 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     run = RunDir(out)
     manifest = run.read_manifest()
     config, world = manifest["config"], manifest["world"]
-    lines = [f"run: {run.root}", f"task: {config['task']}  model: {config['model']}  engine: {manifest['engine']}"]
+    lines = [f"run: {run.root}", f"task: {task_words(run, manifest)}  model: {config['model']}  "
+             f"engine: {manifest['engine']}"]
     unwritable = unwritable_reason(run.root)
     if unwritable:
         lines.append(f"NOT WRITABLE here ({unwritable}): rerun, merge and work must run where {run.root} is "
@@ -121,7 +123,9 @@ def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, v
                 if verify:
                     r.verify()
                 complete = bool(r.attrs.get("complete"))
-                line = (f"result: {run.result_path} ({r.rows:,} rows{'' if complete else ', PARTIAL'}"
+                variants = sum(variant_statuses(r).values()) if config["task"] == "variants" else None
+                line = (f"result: {run.result_path} ({r.rows:,} rows"
+                        f"{'' if variants is None else f', {variants:,} variants'}{'' if complete else ', PARTIAL'}"
                         f"{', checksums verified' if verify else ', checksums not verified'})")
             unknown = unknown_residues_line(run)
             return line + (f"\nrows: {unknown}" if unknown else "")

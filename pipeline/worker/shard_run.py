@@ -84,6 +84,7 @@ class ShardRun:
         self.run_dir, self.rank, self.reporter, self.stop, self.threads = run, rank, reporter, stop, threads
         self.parent_pid, self.lock, self.device = parent, lock, device
         self.stats: dict = {}     # what `done` reports: sequences, tokens, seconds, compute_seconds
+        self.unsaved_tokens = 0   # tokens the engine ran for the buffered rows (a pll's masked copies too)
 
     def run(self) -> int:
         shard = self._open()
@@ -221,6 +222,7 @@ class ShardRun:
                                 "when it was read, are kept; none computed since") from None
             stats["compute_seconds"] += time.time() - tc
             writer.add(block)
+            self.unsaved_tokens += ntokens
             stats["sequences"] += len(todo)
             stats["tokens"] += ntokens
             self.reporter.send("progress", sequences=len(todo), tokens=ntokens)
@@ -231,10 +233,11 @@ class ShardRun:
 
     def _checkpoint(self, shard: Opened) -> None:
         """Make the buffered rows durable, and say so: to the parent, and as a `checkpoint` event with the
-        rows and tokens it holds (the report's throughput over time)."""
+        rows it holds and the tokens computed for them (the report's throughput and tokens, the same count as the
+        run log's: a pseudo-log-likelihood's masked copies, not only the rows' own tokens)."""
         writer = shard.writer
         rows = writer.buffered_rows
-        tokens = sum(int(b.columns["num_tokens"].sum(dtype=np.int64)) for b in writer.buffer)
+        tokens, self.unsaved_tokens = self.unsaved_tokens, 0
         writer.checkpoint()
         self.reporter.send("checkpoint", durable=writer.durable_rows)
         if rows:
