@@ -373,8 +373,9 @@ def render(f: RunFacts) -> str:
 <h1>run_shards report</h1>
 {_headline(f)}
 {_next_step(f)}
-<p>{len(f.lengths):,} sequences in {len(f.shards)} shard(s); task {e(f.task or config['task'])}, model {e(config['model'])},
-engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))}; run directory {e(f.root)};
+<p>{len(f.lengths):,} sequences in {len(f.shards)} shard(s); task {e(f.task or config['task'])},
+model {e(config['model'])}, engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))};
+run directory {e(f.root)};
 report written {e(f.written)} (`run_shards report {e(f.root)}` writes it again).</p>
 {f"<p id='copies'>Rows: {e(copy_plan.described(m))}.</p>" if copy_plan.described(m) else ""}
 {error}
