@@ -21,6 +21,7 @@ from pipeline.errors import UserError
 from . import scoring_reference as ref
 from .float64_reference import assert_as_accurate
 from .run_helpers import raw_datasets, read, undocumented_files
+from .slurm_helpers import html_cells
 from .tiny_models import run_cli, save_esm, save_llama
 
 pytestmark = pytest.mark.slow
@@ -134,6 +135,13 @@ def test_pll_is_batch_invariant_and_a_killed_run_resumes_to_the_same_bits(pll_ru
     res = run_cli("rerun", str(killed), "--no-progress")
     assert res.returncode == 0, res.stderr[-2000:]
     assert raw_datasets(killed / "result.h5") == want
+    # report.html counts the tokens computed for each shard's rows (the masked copies, as the worker logs them),
+    # across the killed attempt's checkpoint and the resumed one's: those of the run that was not killed.
+    logged = [int(re.search(r"shard complete: \S+ \(\d+ sequences, (\d+) tokens", (pll_run[1] / "logs" /
+                            f"worker_{r}.log").read_text())[1]) for r in (0, 1)]
+    assert run_cli("report", str(killed)).returncode == 0
+    shards = html_cells((killed / "report.html").read_text(), "shards")
+    assert [int(row[5].replace(",", "")) for row in shards] == logged and [row[7] for row in shards] == ["2", "1"]
 
 
 def test_causal_score_is_kept_and_per_residue_adds_each_residues_log_probability(fasta, llama, tmp_path):
