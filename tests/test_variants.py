@@ -277,10 +277,10 @@ def assert_status_and_report_say_what_ran(out, task_words: str, variants: bool, 
     report = run_cli("report", str(out), env=env)
     assert report.returncode == 0, report.stderr
     page = (out / "report.html").read_text()
-    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
     assert f"task {task_words}, model " in text
     held = f"5 rows and {sum(VARIANT_STATUSES.values())} variants" if variants else "5 rows"
-    assert f"finished: {out}/result.h5 holds {held}\n" in text
+    assert f"finished: {out}/result.h5 holds {held} 5 sequences in 2 shard(s)" in text, text[:600]
     assert {int(row[0]): int(row[2]) for row in html_cells(page, "statuses")} == ROW_STATUSES
     if variants:
         assert {int(row[0]): int(row[2]) for row in html_cells(page, "variant_statuses")} == VARIANT_STATUSES
