@@ -6,6 +6,7 @@
 #
 # Steps (each timed; its log's tail goes into the report):
 #   environment    nvidia-smi, torch / triton / CUDA versions, the visible GPUs
+#   numerics       tools/gpu_numerics_probe.py: T5's buckets and the delta rule's extreme gates on the GPU
 #   cuda_tests     TRITON_INTERPRET=0 pytest tests/kernels tests/test_engine_triton_path.py: compiled kernels
 #                  against their torch and float64 references (T5's relative-position bias too), the compile
 #                  matrix, the engine's Triton path against its torch path (ProtT5 and Ankh included); a
@@ -25,6 +26,11 @@
 #                  native engine's masked copies (last layer and head at the masks only) beside transformers'
 #                  masked copies in padded batches, with the two's largest difference
 #   end_to_end     bin/run_shards on 20,000 generated sequences over every visible GPU, then `status`
+#
+# A rerun of some steps (a lent GPU's minutes are few): STEPS names them, CUDA_TESTS narrows the pytest
+# step, STEP_TIMEOUT (seconds) caps each, PLL_ARGS adds arguments to bench_pll.py, e.g.
+#   STEPS="environment cuda_tests pll" CUDA_TESTS="tests/kernels/test_position_bias.py" STEP_TIMEOUT=200 \
+#       PLL_ARGS="--n 60 --max-len 300" bash bench/gpu_acceptance.sh
 #
 # It fails loudly: no GPU visible is exit 3 before anything runs; a step that fails (or a GPU test that
 # skips) makes the script exit 1 after the others ran, naming the failed steps. PYTHON picks the
@@ -53,6 +59,8 @@ if [ -n "$missing" ]; then
     exit 3
 fi
 
+STEPS=${STEPS:-environment numerics cuda_tests fla_install gated_delta paged_attn causal_conv engine t5 pll end_to_end}
+CUDA_TESTS=${CUDA_TESTS:-tests/kernels tests/test_engine_triton_path.py}
 failed=()
 {
     echo "# GPU acceptance run, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -65,10 +73,12 @@ step() {   # step NAME COMMAND...: run it, log it, time it, report it
     local name=$1; shift
     local log="$OUT/gpu_acceptance_$name.log"
     local start end rc
+    case " $STEPS " in *" $name "*) ;; *) echo "== $name: not in STEPS, skipped" >&2; return 0 ;; esac
     echo "== $name: $*" >&2
     start=$(date +%s)
-    "$@" > "$log" 2>&1
+    timeout -k 10 "${STEP_TIMEOUT:-3600}" "$@" > "$log" 2>&1
     rc=$?
+    [ "$rc" -eq 124 ] && echo "stopped after STEP_TIMEOUT=${STEP_TIMEOUT:-3600} s" >> "$log"
     end=$(date +%s)
     if [ "$rc" -eq 0 ] && [ "$name" = cuda_tests ] && grep -Eq "[0-9]+ skipped" "$log"; then
         echo "GPU-only tests were skipped on a GPU machine: see the skip reasons above" >> "$log"
@@ -93,8 +103,9 @@ for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(i, p.name, f'sm_{p.major}{p.minor}', p.multi_processor_count, 'SMs', round(p.total_memory / 2**30, 1), 'GiB')
 \""
-step cuda_tests env TRITON_INTERPRET=0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/kernels \
-    tests/test_engine_triton_path.py
+step numerics "$PYTHON" tools/gpu_numerics_probe.py
+# shellcheck disable=SC2086 (CUDA_TESTS is a list of paths)
+step cuda_tests env TRITON_INTERPRET=0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=15 $CUDA_TESTS
 # fla-core beside the project's environment, never in it: its own folder on PYTHONPATH for the steps that use it.
 FLA_SITE="$OUT/fla_site"
 FLA_PATH="$FLA_SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -108,7 +119,8 @@ step paged_attn "$PYTHON" bench/bench_paged_attention.py --out "$OUT/paged_atten
 step causal_conv "$PYTHON" bench/bench_causal_conv.py --out "$OUT/causal_conv.md"
 step engine env PYTHONPATH="$FLA_PATH" "$PYTHON" bench/bench_engine.py gpu --out "$OUT/engine_gpu.md"
 step t5 "$PYTHON" bench/bench_t5.py gpu --out "$OUT/t5_gpu.md"
-step pll "$PYTHON" bench/bench_pll.py gpu --out "$OUT/pll_gpu.md"
+# shellcheck disable=SC2086 (PLL_ARGS is a list of arguments)
+step pll "$PYTHON" bench/bench_pll.py gpu --out "$OUT/pll_gpu.md" ${PLL_ARGS:-}
 GPUS=$(nvidia-smi -L | wc -l)
 step end_to_end bash -c "set -e
 $PYTHON tools/make_fasta.py --n 20000 --seed 5 $OUT/gpu_e2e.fasta

@@ -31,10 +31,12 @@ from tests.float64_reference import assert_as_accurate
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 # triton.jit reads TRITON_INTERPRET when the kernels are defined: with it, every Triton launch (CUDA
-# tensors too) is interpreted on the host; without it, CPU tensors cannot reach a kernel. So the CPU
-# Triton tests need it and the GPU tests need it off: `TRITON_INTERPRET=0 pytest tests/kernels`.
+# tensors too) is interpreted on the host; without it, CPU tensors cannot reach a kernel. So the Triton
+# tests run on TRITON_DEVICE: the CPU under the interpreter, else the GPU, compiled
+# (`TRITON_INTERPRET=0 pytest tests/kernels`); the GPU-only tests below need it off.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not INTERPRETED, reason="Triton on CPU needs TRITON_INTERPRET=1 (conftest.py)")
+TRITON_DEVICE = "cpu" if INTERPRETED else "cuda" if torch.cuda.is_available() else None
+triton_runs = pytest.mark.skipif(TRITON_DEVICE is None, reason="needs a GPU or TRITON_INTERPRET=1 (conftest.py)")
 gpu = pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(),
                          reason="needs a CUDA GPU and compiled Triton: TRITON_INTERPRET=0 pytest tests/kernels")
 
@@ -99,36 +101,36 @@ KERNEL_CASES = [
 ]
 
 
-@interpreted
+@triton_runs
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-d{c[2]}-p{c[3]}-{c[4]}-"
                          + "-".join(f"{k}{v}" for k, v in c[5].items()))
 def test_triton_matches_reference(case, causal):
     num_q_heads, num_kv_heads, head_dim, page_size, dtype, knobs = case
-    batch = make_batch(MIXED, num_q_heads, num_kv_heads, head_dim, page_size, dtype)
+    batch = make_batch(MIXED, num_q_heads, num_kv_heads, head_dim, page_size, dtype, device=TRITON_DEVICE)
     assert_matches_reference(batch, causal=causal, dtype=dtype, **knobs)
 
 
-@interpreted
+@triton_runs
 def test_triton_head_dim_256_and_default_knobs():
-    batch = make_batch([(1, 40), (9, 30)], 2, 1, 256, 16, torch.float32, seed=1)
+    batch = make_batch([(1, 40), (9, 30)], 2, 1, 256, 16, torch.float32, device=TRITON_DEVICE, seed=1)
     assert_matches_reference(batch, causal=True, dtype=torch.float32)
 
 
-@interpreted
+@triton_runs
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_triton_decode_batch_split_kv(causal):
     """Decode-only batch with a longer walk, the shape split-KV is for: splits must not change the result."""
-    batch = make_batch([(1, 300), (1, 129), (1, 17)], 8, 2, 32, 16, torch.float32, seed=2)
+    batch = make_batch([(1, 300), (1, 129), (1, 17)], 8, 2, 32, 16, torch.float32, device=TRITON_DEVICE, seed=2)
     ref = naive_paged_attention(*batch, causal=causal)
     for splits in (1, 4, 7):
         out = paged_attention(*batch, causal=causal, block_q=1, pages_per_tile=4, num_kv_splits=splits)
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
-@interpreted
+@triton_runs
 def test_triton_scale_and_out_argument():
-    batch = make_batch(MIXED[:3], 4, 2, 32, 16, torch.float32, seed=3)
+    batch = make_batch(MIXED[:3], 4, 2, 32, 16, torch.float32, device=TRITON_DEVICE, seed=3)
     out = torch.full_like(batch[0], float("nan"))
     result = paged_attention(*batch, scale=0.3, out=out, block_q=4, pages_per_tile=1, num_kv_splits=2)
     assert result.data_ptr() == out.data_ptr()
@@ -168,7 +170,7 @@ def test_torch_path_new_kv_reads_fresh_sequences_from_the_step(causal):
     torch.testing.assert_close(out.double(), ref, atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
 
 
-def _write_case(seed, slot_dtype):
+def _write_case(seed, slot_dtype, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     num_pages, page_size, num_kv_heads, head_dim, num_tokens = 6, 16, 2, 80, 20
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
@@ -177,14 +179,15 @@ def _write_case(seed, slot_dtype):
     slots[[3, 11, 12]] = -1  # padding tokens: skipped
     k_cache = torch.randn(num_pages, page_size, num_kv_heads, head_dim, generator=gen)
     v_cache = torch.randn(num_pages, page_size, num_kv_heads, head_dim, generator=gen)
-    return k, v, k_cache, v_cache, slots.to(slot_dtype)
+    return tuple(t.to(device) for t in (k, v, k_cache, v_cache, slots.to(slot_dtype)))
 
 
-@pytest.mark.parametrize("interpret", [pytest.param("1", marks=interpreted), "0"], ids=["triton", "torch"])
+@pytest.mark.parametrize("device", [pytest.param(TRITON_DEVICE, marks=triton_runs), "cpu"], ids=["triton", "torch"])
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
-def test_write_kv_cache_scattered_and_skipped_slots(slot_dtype, interpret, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
-    k, v, k_cache, v_cache, slots = _write_case(5, slot_dtype)
+def test_write_kv_cache_scattered_and_skipped_slots(slot_dtype, device, monkeypatch):
+    # CPU tensors take the torch path with TRITON_INTERPRET=0; the Triton case runs where Triton does.
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if device == TRITON_DEVICE and INTERPRETED else "0")
+    k, v, k_cache, v_cache, slots = _write_case(5, slot_dtype, device or "cpu")
     expect_k, expect_v = k_cache.clone(), v_cache.clone()
     for i, slot in enumerate(slots.tolist()):
         if slot >= 0:
@@ -194,22 +197,22 @@ def test_write_kv_cache_scattered_and_skipped_slots(slot_dtype, interpret, monke
     assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
 
 
-@interpreted
+@triton_runs
 def test_write_then_attend_matches_dense_attention():
     """The engine's sequence of calls: write a prefill's keys/values, then attend over them."""
     gen = torch.Generator().manual_seed(6)
     seq_len, page_size, num_q_heads, num_kv_heads, head_dim = 40, 16, 4, 2, 32
-    q = torch.randn(seq_len, num_q_heads, head_dim, generator=gen)
-    k = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
-    v = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
-    k_cache = torch.zeros(5, page_size, num_kv_heads, head_dim)
+    q, k, v = (torch.randn(seq_len, heads, head_dim, generator=gen).to(TRITON_DEVICE)
+               for heads in (num_q_heads, num_kv_heads, num_kv_heads))
+    k_cache = torch.zeros(5, page_size, num_kv_heads, head_dim, device=TRITON_DEVICE)
     v_cache = torch.zeros_like(k_cache)
-    block_table = torch.tensor([[4, 0, 2]], dtype=torch.int32)
-    positions = torch.arange(seq_len)
+    block_table = torch.tensor([[4, 0, 2]], dtype=torch.int32, device=TRITON_DEVICE)
+    positions = torch.arange(seq_len, device=TRITON_DEVICE)
     write_kv_cache(k, v, k_cache, v_cache, block_table[0, positions // page_size] * page_size
                    + positions % page_size)
-    out = paged_attention(q, k_cache, v_cache, block_table, torch.tensor([0, seq_len], dtype=torch.int32),
-                          torch.tensor([seq_len], dtype=torch.int32), block_q=8, pages_per_tile=1,
+    out = paged_attention(q, k_cache, v_cache, block_table,
+                          torch.tensor([0, seq_len], dtype=torch.int32, device=TRITON_DEVICE),
+                          torch.tensor([seq_len], dtype=torch.int32, device=TRITON_DEVICE), block_q=8, pages_per_tile=1,
                           num_kv_splits=1)
 
     def dense(q, k, v):

@@ -50,16 +50,20 @@ def assert_biased_matches_reference(batch, table, max_distance, dtype, **knobs):
     assert (plain - ref).abs().max() > 0.5   # the bias moves outputs far beyond any tolerance (<= 2e-2)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the GPU's buckets: needs a CUDA GPU"))])
 @pytest.mark.parametrize("num_buckets,max_distance", BUCKETS + [(32, 1024), (128, 128), (6, 5)])
-def test_buckets_are_transformers_buckets(num_buckets, max_distance):
+def test_buckets_are_transformers_buckets(num_buckets, max_distance, device):
     """Ours (the lookup by distance), the reference's (T5's formula in float64 per offset) and transformers'
-    own (its formula in float32) agree for every offset up to +-3,000."""
+    own (its formula in float32, on the CPU) agree for every offset up to +-3,000, on the CPU and on the GPU
+    (where a float64 log computed there once put ProtT5's distances 16, 32 and 64 one bucket low)."""
     from transformers.models.t5.modeling_t5 import T5Attention
 
     offsets = torch.arange(-3000, 3001)
     theirs = T5Attention._relative_position_bucket(offsets, True, num_buckets, max_distance)
-    assert torch.equal(relative_buckets(offsets, num_buckets, max_distance), theirs)
-    assert torch.equal(t5_buckets(offsets, num_buckets, max_distance), theirs)
+    offsets = offsets.to(device)
+    assert torch.equal(relative_buckets(offsets, num_buckets, max_distance).cpu(), theirs)
+    assert torch.equal(t5_buckets(offsets, num_buckets, max_distance).cpu(), theirs)
     half = num_buckets // 2
     assert theirs.max() == 2 * half - 1 and distance_buckets(num_buckets, max_distance)[-1] == half - 1
 

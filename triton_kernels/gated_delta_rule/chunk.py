@@ -107,15 +107,21 @@ def _prep_block(k, g, gamma, row0, eos, i_h, i_hv, gamma_before,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                 USE_L2NORM: tl.constexpr):
     """Raw keys, their inverse norms (l2norm) and gamma of one BC-row block of a chunk; gamma continues
-    from `gamma_before` and is stored. Returns (k, 1/|k|, gamma, gamma at the block's end)."""
+    from `gamma_before` (float64) and is stored. Returns (k, 1/|k|, gamma, gamma at the block's end, float64).
+
+    The cumulative sum runs in float64 and each gamma is rounded to float32 once: a float32 scan adds in a
+    tree on a GPU, so neighbouring gammas got independent roundings of several ulps, and with gates down to
+    -1e4 (gammas near -1e5, ulp 0.008) exp(gamma_i - gamma_j) was off by percents where it mattered: 7.6e-4
+    output error on an H200 against 1.2e-5 for rounding the exact sums once (tools/gpu_numerics_probe.py)."""
     b_k = _load_rows(k, row0, eos, i_h, H, K, BC, BK)
     rows = row0 + tl.arange(0, BC).to(tl.int64)
     in_seq = rows < eos
-    b_g = tl.load(g + rows * HV + i_hv, mask=in_seq, other=0.0).to(tl.float32)
-    b_gamma = tl.cumsum(b_g, axis=0) + gamma_before
+    b_g = tl.load(g + rows * HV + i_hv, mask=in_seq, other=0.0).to(tl.float64)
+    exact = tl.cumsum(b_g, axis=0) + gamma_before
+    b_gamma = exact.to(tl.float32)
     tl.store(gamma + rows * HV + i_hv, b_gamma, mask=in_seq)
     # Rows past the end have g = 0, so the last entry is the gamma of the last real row.
-    gamma_end = tl.sum(tl.where(tl.arange(0, BC) == BC - 1, b_gamma, 0.0), axis=0)
+    gamma_end = tl.sum(tl.where(tl.arange(0, BC) == BC - 1, exact, 0.0), axis=0)
     return b_k, _inv_norms(b_k, USE_L2NORM), b_gamma, gamma_end
 
 
@@ -223,7 +229,8 @@ def _chunk_prep_kernel(
     k0, rk0, gam0, end0 = _prep_block(k, g, gamma, r0, eos, i_h, i_hv, 0.0, H, HV, K, BC, BK, USE_L2NORM)
     k1, rk1, gam1, end1 = _prep_block(k, g, gamma, r1, eos, i_h, i_hv, end0, H, HV, K, BC, BK, USE_L2NORM)
     k2, rk2, gam2, end2 = _prep_block(k, g, gamma, r2, eos, i_h, i_hv, end1, H, HV, K, BC, BK, USE_L2NORM)
-    k3, rk3, gam3, g_last = _prep_block(k, g, gamma, r3, eos, i_h, i_hv, end2, H, HV, K, BC, BK, USE_L2NORM)
+    k3, rk3, gam3, end3 = _prep_block(k, g, gamma, r3, eos, i_h, i_hv, end2, H, HV, K, BC, BK, USE_L2NORM)
+    g_last = end3.to(tl.float32)   # the last row's gamma, rounded as it was stored
 
     # P = lower(diag(scale / |q|) Q K^T diag(1 / |k|) * decay), written whole (zeros above the diagonal
     # blocks) so the walk loads it as a plain [BT, BT] tile; and the walk's row scales. First, so that

@@ -12,13 +12,19 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, kv_len: int) -> to
 
 
 def t5_buckets(offsets: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
-    """T5's bidirectional bucket of each key-minus-query offset, its formula in float64 as written."""
+    """T5's bidirectional bucket of each key-minus-query offset, its formula in float64 as written.
+
+    Computed on the CPU whatever the offsets' device: the quotient is an integer at some distances (16, 32,
+    64 for 32 buckets and distance 128), where the floor turns a log's last bit into a whole bucket. On an
+    H200, CUDA's float64 log made distance 64's quotient 5.999999999999999 (the CPU's: 6.0, transformers'
+    buckets), so a reference computed there put it one bucket low (tools/gpu_numerics_probe.py)."""
     half = num_buckets // 2
     exact = half // 2
-    a = offsets.abs()
+    a = offsets.abs().cpu()
     ratio = torch.log(a.clamp(min=exact).double() / exact) / math.log(max_distance / exact)
     large = (exact + torch.floor(ratio * (half - exact)).long()).clamp(max=half - 1)
-    return (offsets > 0).long() * half + torch.where(a < exact, a, large)
+    buckets = (offsets.cpu() > 0).long() * half + torch.where(a < exact, a, large)
+    return buckets.to(offsets.device)
 
 
 def naive_paged_attention(
