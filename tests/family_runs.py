@@ -103,5 +103,7 @@ def in_process(path: Path, task: str, sequences: list[str], trust_remote_code: b
                                trust_remote_code)
     engine = selection.load(name, str(path), CPU, torch.float32, logprobs=task == "score", info=info, config=config)
     tokenizer = SequenceTokenizer(engine.tokenizer, source.family.convention or _told(source, engine, sequences))
-    out = make_task(config, engine.info).run(engine, tokenizer.encode(sequences), np.arange(len(sequences)))
+    task = make_task(config, engine.info)
+    task.prepare(tokenizer)   # as the worker does before its first batch
+    out = task.run(engine, tokenizer.encode(sequences), np.arange(len(sequences)))
     return out, name

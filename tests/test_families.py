@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pipeline.models.checkpoint import local_source
-from tests.families import card_usage
+from tests.families import card_usage, masked_lm_recipes
 
 from .family_runs import (DNA, PROTEIN, assert_embeddings_as_accurate, assert_scores_as_accurate,
                           family_checkpoint, in_process, per_residue_rows, result, run)  # noqa: F401
@@ -126,6 +126,22 @@ def test_scores_equal_the_model_card(name, family_checkpoint, tmp_path):
                               card_usage.score(path, sequences, torch.float64),
                               card_usage.score(path, sequences, torch.float32))
     assert json.loads((out / "manifest.json").read_text())["engine"] == ENGINE.get(name, "hf")
+
+
+@pytest.mark.parametrize("name", ["esm1v", "prot_bert", "saprot"])
+def test_masked_lm_families_pll_as_their_own_recipes(name, family_checkpoint):
+    """--task score (pll) on ESM-1v, ProtBert and SaProt equals each family's published way of masking a residue
+    and reading its probability (tests/families/masked_lm_recipes.py): the mask token for ESM-1v and ProtBert
+    (whose spaced text, rare residues as X, the run writes as its card does), and for SaProt its own recipe, the
+    residue written as '#' beside its 3Di letter and each amino acid's probability summed over its 21 3Di
+    pairings."""
+    path = family_checkpoint(name)
+    sequences = [PROTEIN[k] for k in ("P1", "P2", "P3", "P4")]   # standard residues only: every family knows them
+    out, engine = in_process(path, "score", sequences)
+    assert engine == ENGINE.get(name, "hf") or name == "esm1v"
+    assert_scores_as_accurate(out.columns["score/logprob_sum"], out.columns["score/num_scored"],
+                              masked_lm_recipes.pll(path, sequences, torch.float64),
+                              masked_lm_recipes.pll(path, sequences, torch.float32))
 
 
 @pytest.mark.parametrize("name", sorted(SCORE_VARIANTS))

@@ -83,6 +83,8 @@ TABLE: dict[int, LaunchRow] = {
     # Attention with T5's relative-position bias (ProtT5-XL: 32 heads of 128, 128 rows, 8 warps, 3 stages):
     # 64-key tiles spill 48 B (Triton 3.9) / 64 B (3.6) at 255 registers on sm_80 (200 on sm_90); 32-key
     # tiles compile at 186 / 193 on sm_80, 175 / 162 on sm_90 (bias_tile_keys).
+    # The delta rule's prep kernel: 8 warps on both, clean under Triton 3.6 and 3.9 since its A stage reads
+    # its keys again (3.6 spilled 8 B on sm_80 before; 56 B in 4 warps, 992 B in 16; no stage count helped).
     80: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=32, num_warps=4, num_stages=1, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,

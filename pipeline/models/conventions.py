@@ -20,6 +20,11 @@ class Convention:
     suffix: str = ""
     line_width: int = 0          # residues per line, 0 = one line (ProtGPT2's 60-residue FASTA lines)
     prefix_excluded: bool = False   # the prefix's tokens are left out of pooling and per-residue rows
+    # Masked-LM scores (tasks/residue_tokens.py): a residue is masked by writing `masked_residue` in its place
+    # ("" = the tokenizer's mask token), and where a residue's token pairs it with one of the letters
+    # `pairs_with` (SaProt's 3Di states), an amino acid's probability is the sum over its pairings.
+    masked_residue: str = ""
+    pairs_with: str = ""
 
     def text(self, residues: str) -> str:
         """The tokenizer's input for one sequence."""
@@ -73,7 +78,7 @@ class Convention:
 
     @classmethod
     def from_json(cls, data: dict) -> "Convention":
-        return cls(**data)
+        return cls(**data)   # fields an older run did not record take their defaults
 
 
 PLAIN = Convention("plain")
@@ -83,8 +88,11 @@ SPACED_RARE_AS_X = Convention("spaced, U/Z/O/B as X", separator=" ", rare_to_x=T
 # ProstT5's card, amino acids to embed: "<AA2fold>" + " " + " ".join(list(sequence.upper())), rare as X.
 PROSTT5_AA = Convention("ProstT5 <AA2fold>", separator=" ", upper=True, rare_to_x=True, prefix="<AA2fold> ",
                         prefix_excluded=True)
-# SaProt's card: residue + 3Di letter per token; without a structure every 3Di letter is "#".
-SAPROT_NO_STRUCTURE = Convention("SaProt residue#", unit_suffix="#")
+# SaProt's card: residue + 3Di letter per token; without a structure every 3Di letter is "#". Its mutation
+# scoring (westlake-repl/SaProt, model/saprot/saprot_foldseek_mutation_model.py) masks a residue by writing "#"
+# for the amino acid beside its 3Di letter, and sums an amino acid's probability over its 21 3Di pairings.
+SAPROT_NO_STRUCTURE = Convention("SaProt residue#", unit_suffix="#", masked_residue="#",
+                                 pairs_with="pynwrqhgdlvtmfsaeikc#")
 # ProtGPT2's card (perplexity): FASTA lines of 60 residues between <|endoftext|> separators.
 PROTGPT2_FASTA = Convention("ProtGPT2 FASTA lines", prefix="<|endoftext|>\n", suffix="\n<|endoftext|>",
                             line_width=60)

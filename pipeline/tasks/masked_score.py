@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from ..config import RunConfig
 from ..errors import UserError
@@ -80,13 +79,13 @@ class MaskedScoreTask(Task):
             lp = engine.logprobs_at([t.ids for t in toks], [c.tolist() for c in content])
             computed = sum(len(t.ids) for t in toks)
         true = np.concatenate([np.asarray(t.ids, np.int64)[c] for t, c in zip(toks, content)])
-        own = lp[torch.arange(len(true), device=lp.device), torch.from_numpy(true).to(lp.device)].cpu().numpy()
+        own = self._tokens.own(lp, true).cpu().numpy()
         counts = np.array([len(c) for c in content], np.int64)
         sums = row_sums(own, counts)
         out = TaskOutput({"score/logprob_sum": sums, "score/num_scored": counts.astype(np.int32),
                           "score/logprob_mean": sums / counts}, {}, {}, computed_tokens=computed)
         if self.per_residue:
-            table = lp[:, torch.from_numpy(self._tokens.amino_acids).to(lp.device)]
+            table = self._tokens.table(lp)
             out.values = {RESIDUE_LOGPROB.path: own.astype(np.float32),
                           AMINO_ACID_TABLE.path: table.float().cpu().numpy()}
             out.lengths = {"per_residue": counts}

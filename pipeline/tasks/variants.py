@@ -129,15 +129,14 @@ class VariantsTask(Task):
                 masked_row[key] = {p: n + k for k, p in enumerate(key)}
                 n += len(key)
             plans.append((wt_row, masked_row))
-        lp = engine.logprobs_at(batch, where).cpu().numpy()
-        aa = self._tokens.amino_acids
+        table = self._tokens.table(engine.logprobs_at(batch, where)).cpu().numpy()
         out = {"masked_marginal": [], "wt_marginal": []}
         for (wt_row, masked_row), variants in zip(plans, subs):
             mm, wm = [], []
             for v in variants:
                 rows = masked_row[tuple(s.position for s in v)]
-                mm.append(_marginal(lp, [rows[s.position] for s in v], v, aa))
-                wm.append(_marginal(lp, [wt_row[s.position] for s in v], v, aa))
+                mm.append(_marginal(table, [rows[s.position] for s in v], v))
+                wm.append(_marginal(table, [wt_row[s.position] for s in v], v))
             out["masked_marginal"].append(mm)
             out["wt_marginal"].append(wm)
         return out, sum(len(ids) for ids in batch)
@@ -166,9 +165,10 @@ def mutated(sequence: str, variant: tuple[Substitution, ...]) -> str:
     return "".join(chars)
 
 
-def _marginal(lp: np.ndarray, rows: list[int], variant: tuple[Substitution, ...], aa: np.ndarray) -> float:
-    """Sum over the substitutions of log p(mutant) - log p(wild type), each read from its row of `lp`."""
+def _marginal(table: np.ndarray, rows: list[int], variant: tuple[Substitution, ...]) -> float:
+    """Sum over the substitutions of log p(mutant) - log p(wild type), each read from its row of the amino-acid
+    table `[rows, 20]` (ResidueTokens.table)."""
     terms = []
     for r, s in zip(rows, variant):
-        terms += [lp[r, aa[_AA[s.mutant]]], -lp[r, aa[_AA[s.wild_type]]]]
+        terms += [table[r, _AA[s.mutant]], -table[r, _AA[s.wild_type]]]
     return math.fsum(terms)

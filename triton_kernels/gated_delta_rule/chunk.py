@@ -272,22 +272,30 @@ def _chunk_prep_kernel(
     # T = (I + A)^-1 block by block: invert the diagonal blocks, then T_ij = -T_ii sum_{j<=m<i} A_im T_mj
     # (full fp32 products, see _invert_unit_lower). A = diag(beta / |k|) K K^T diag(1 / |k|) * decay.
     # Every A block first, so the key tiles are dead before the solve's loops need the registers. beta is
-    # loaded here, not with the keys, so that it is not live across P.
+    # loaded here, not with the keys, so that it is not live across P. The row operands (kr) are the keys
+    # read again after the barrier, one row block at a time: Triton 3.6 converts a tile used as a left
+    # operand in several dots to that operand layout once, where the tile is defined, so the first keys
+    # as rows kept 96 registers a thread live across P and spilled 8 B on sm_80 (3.9 did not, but
+    # spilled 16 B on sm_90 when the reloaded rows came in the old A00, A11, .., A30 order).
     r0, r1, r2, r3 = _row_blocks_again(chunk_bounds, i_c, BC)
     beta0 = _load_vec(beta, r0, eos, i_hv, HV, BC)
     beta1 = _load_vec(beta, r1, eos, i_hv, HV, BC)
     beta2 = _load_vec(beta, r2, eos, i_hv, HV, BC)
     beta3 = _load_vec(beta, r3, eos, i_hv, HV, BC)
-    A00 = _decayed_gram(k0, k0, beta0 * rk0, rk0, gam0, gam0, 1, BC, DOT_PREC)
-    A11 = _decayed_gram(k1, k1, beta1 * rk1, rk1, gam1, gam1, 1, BC, DOT_PREC)
-    A22 = _decayed_gram(k2, k2, beta2 * rk2, rk2, gam2, gam2, 1, BC, DOT_PREC)
-    A33 = _decayed_gram(k3, k3, beta3 * rk3, rk3, gam3, gam3, 1, BC, DOT_PREC)
-    A10 = _decayed_gram(k1, k0, beta1 * rk1, rk0, gam1, gam0, 0, BC, DOT_PREC)
-    A21 = _decayed_gram(k2, k1, beta2 * rk2, rk1, gam2, gam1, 0, BC, DOT_PREC)
-    A32 = _decayed_gram(k3, k2, beta3 * rk3, rk2, gam3, gam2, 0, BC, DOT_PREC)
-    A20 = _decayed_gram(k2, k0, beta2 * rk2, rk0, gam2, gam0, 0, BC, DOT_PREC)
-    A31 = _decayed_gram(k3, k1, beta3 * rk3, rk1, gam3, gam1, 0, BC, DOT_PREC)
-    A30 = _decayed_gram(k3, k0, beta3 * rk3, rk0, gam3, gam0, 0, BC, DOT_PREC)
+    kr0 = _load_rows(k, r0, eos, i_h, H, K, BC, BK)
+    A00 = _decayed_gram(kr0, k0, beta0 * rk0, rk0, gam0, gam0, 1, BC, DOT_PREC)
+    kr1 = _load_rows(k, r1, eos, i_h, H, K, BC, BK)
+    A10 = _decayed_gram(kr1, k0, beta1 * rk1, rk0, gam1, gam0, 0, BC, DOT_PREC)
+    A11 = _decayed_gram(kr1, k1, beta1 * rk1, rk1, gam1, gam1, 1, BC, DOT_PREC)
+    kr2 = _load_rows(k, r2, eos, i_h, H, K, BC, BK)
+    A20 = _decayed_gram(kr2, k0, beta2 * rk2, rk0, gam2, gam0, 0, BC, DOT_PREC)
+    A21 = _decayed_gram(kr2, k1, beta2 * rk2, rk1, gam2, gam1, 0, BC, DOT_PREC)
+    A22 = _decayed_gram(kr2, k2, beta2 * rk2, rk2, gam2, gam2, 1, BC, DOT_PREC)
+    kr3 = _load_rows(k, r3, eos, i_h, H, K, BC, BK)
+    A30 = _decayed_gram(kr3, k0, beta3 * rk3, rk0, gam3, gam0, 0, BC, DOT_PREC)
+    A31 = _decayed_gram(kr3, k1, beta3 * rk3, rk1, gam3, gam1, 0, BC, DOT_PREC)
+    A32 = _decayed_gram(kr3, k2, beta3 * rk3, rk2, gam3, gam2, 0, BC, DOT_PREC)
+    A33 = _decayed_gram(kr3, k3, beta3 * rk3, rk3, gam3, gam3, 1, BC, DOT_PREC)
     T00 = _invert_unit_lower(A00, BC)
     T11 = _invert_unit_lower(A11, BC)
     T22 = _invert_unit_lower(A22, BC)
