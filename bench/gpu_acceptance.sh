@@ -11,6 +11,8 @@
 #                  against their torch and float64 references (T5's relative-position bias too), the compile
 #                  matrix, the engine's Triton path against its torch path (ProtT5 and Ankh included); a
 #                  GPU-only test that skips counts as a failure here
+#   fla_cpu        tests/test_hf_engine_fla.py with fla-core on the path: the hf engine on the CPU keeps
+#                  transformers' torch delta rule (fla's kernels would fail on CPU tensors)
 #   gated_delta    bench/bench_gated_delta_rule.py beside fla-core's chunk_gated_delta_rule; fla-core (pure
 #                  Python) is installed by this script into $OUT/fla_site (--no-deps, with einops; step
 #                  fla_install) when $PYTHON cannot import it, so the project's environment is never changed;
@@ -59,7 +61,7 @@ if [ -n "$missing" ]; then
     exit 3
 fi
 
-STEPS=${STEPS:-environment numerics cuda_tests fla_install gated_delta paged_attn causal_conv engine t5 pll end_to_end}
+STEPS=${STEPS:-environment numerics cuda_tests fla_install fla_cpu gated_delta paged_attn causal_conv engine t5 pll end_to_end}
 CUDA_TESTS=${CUDA_TESTS:-tests/kernels tests/test_engine_triton_path.py}
 failed=()
 {
@@ -80,8 +82,8 @@ step() {   # step NAME COMMAND...: run it, log it, time it, report it
     rc=$?
     [ "$rc" -eq 124 ] && echo "stopped after STEP_TIMEOUT=${STEP_TIMEOUT:-3600} s" >> "$log"
     end=$(date +%s)
-    if [ "$rc" -eq 0 ] && [ "$name" = cuda_tests ] && grep -Eq "[0-9]+ skipped" "$log"; then
-        echo "GPU-only tests were skipped on a GPU machine: see the skip reasons above" >> "$log"
+    if [ "$rc" -eq 0 ] && { [ "$name" = cuda_tests ] || [ "$name" = fla_cpu ]; } && grep -Eq "[0-9]+ skipped" "$log"; then
+        echo "tests were skipped on a GPU machine (fla-core installed): see the skip reasons above" >> "$log"
         rc=1
     fi
     {
@@ -113,6 +115,7 @@ step fla_install bash -c "if PYTHONPATH=$FLA_PATH $PYTHON -c 'import fla' 2>/dev
 $PYTHON -m pip install --no-deps --target $FLA_SITE ${FLA_CORE_SPEC:-fla-core einops} || {
     echo 'pip could not install fla-core into $FLA_SITE (no network? set FLA_CORE_SPEC to local wheel files of fla-core and einops)'; exit 1; }
 PYTHONPATH=$FLA_PATH $PYTHON -c 'import fla; print(\"fla-core\", fla.__version__)'"
+step fla_cpu env PYTHONPATH="$FLA_PATH" "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/test_hf_engine_fla.py
 step gated_delta bash -c "PYTHONPATH=$FLA_PATH $PYTHON bench/bench_gated_delta_rule.py --out $OUT/gated_delta_rule.md || exit
 if grep -q 'fla-core not importable' $OUT/gated_delta_rule.md; then echo 'no fla-core rows: the comparison did not run'; exit 1; fi"
 step paged_attn "$PYTHON" bench/bench_paged_attention.py --out "$OUT/paged_attention.md"

@@ -8,7 +8,9 @@ every position: the straightforward recipe the native engine is measured against
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 from dataclasses import replace
 from typing import Sequence
 
@@ -21,6 +23,25 @@ from ..errors import UserError
 log = logging.getLogger("run_shards.worker")
 
 
+def keep_transformers_torch_kernels() -> None:
+    """For an hf engine on the CPU: make fla-core unimportable in this process before transformers imports a
+    model's module. transformers 5 replaces Qwen3.5's gated delta rule with fla-core's Triton kernels whenever
+    fla imports, at that import and whatever the device, and on CPU tensors they fail ("Pointer argument (at 0)
+    cannot be accessed from Triton (cpu tensor?)", seen with fla-core 0.6.0 and transformers 5.24); hidden, fla
+    is "not installed" and transformers keeps its torch path. sys.modules[name] = None is Python's documented
+    way to make `import name` raise ImportError."""
+    module = sys.modules.get("fla", "absent")
+    if module is None:
+        return
+    if module != "absent":
+        log.warning("fla-core was imported before the hf engine was built on the CPU: a Qwen3.5-style model may "
+                    "send its delta rule to fla's GPU kernels and fail; run it with --engine native")
+        return
+    if importlib.util.find_spec("fla") is not None:
+        sys.modules["fla"] = None
+        log.info("fla-core is installed, but its kernels need a GPU: hidden from transformers in this CPU process")
+
+
 
 class HFEngine:
     def __init__(self, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool,
@@ -29,6 +50,8 @@ class HFEngine:
         from ..models import checkpoint
         from ..models.hf_config import quiet_transformers, text_config as text_of
         quiet_transformers()
+        if device.type == "cpu":
+            keep_transformers_torch_kernels()
         self.device = device
         source = checkpoint.local_source(model_path, fingerprint)
         config = checkpoint.read_config(source, trust_remote_code)
