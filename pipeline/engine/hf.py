@@ -89,17 +89,22 @@ class HFEngine:
         model = cls.from_pretrained(path, config=config, dtype=dtype, **kwargs, **extra)
         return model.to(self.device).eval()
 
-    @torch.inference_mode()
-    def forward(self, batch: Sequence[Sequence[int]], layers: Sequence[int], logprobs: bool) -> ForwardOutput:
+    def _padded(self, batch: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, attention mask) `[B, width]` on the device, right-padded, and the lengths (on the CPU);
+        counted in the engine's real and computed (padded) tokens."""
         lengths = torch.tensor([len(x) for x in batch], dtype=torch.int64)
         width = int(lengths.max())
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.int64)
         for i, seq in enumerate(batch):
             ids[i, :len(seq)] = torch.as_tensor(seq, dtype=torch.int64)
         mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.int64)
-        ids, mask = ids.to(self.device), mask.to(self.device)
         self.real_tokens += int(lengths.sum())
         self.computed_tokens += ids.numel()
+        return ids.to(self.device), mask.to(self.device), lengths
+
+    @torch.inference_mode()
+    def forward(self, batch: Sequence[Sequence[int]], layers: Sequence[int], logprobs: bool) -> ForwardOutput:
+        ids, mask, lengths = self._padded(batch)
         final = self.info.num_layers
         need_all = any(k != final for k in layers)
         try:
@@ -142,16 +147,9 @@ class HFEngine:
 
     def _logits(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """The model's logits `[B, T, V]` for one padded batch (every position, as transformers computes them)."""
-        lengths = torch.tensor([len(x) for x in batch], dtype=torch.int64)
-        width = int(lengths.max())
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.int64)
-        for i, seq in enumerate(batch):
-            ids[i, :len(seq)] = torch.as_tensor(seq, dtype=torch.int64)
-        mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.int64)
-        self.real_tokens += int(lengths.sum())
-        self.computed_tokens += ids.numel()
+        ids, mask, _ = self._padded(batch)
         try:
-            return self.lm(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            return self.lm(input_ids=ids, attention_mask=mask).logits
         except torch.OutOfMemoryError as e:
             raise OutOfMemory(str(e)) from e
 
