@@ -8,12 +8,14 @@ standard amino acids.
 """
 from __future__ import annotations
 
-import os
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ..rundir.layout import write_atomic
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 _SUBSTITUTION = re.compile(r"([A-Za-z])([0-9]+)([A-Za-z])")
@@ -86,22 +88,15 @@ class VariantList:
         return np.bincount(self.record, minlength=records).astype(np.int64)
 
     def save(self, path: Path) -> None:
-        """Written under a temporary name, fsynced and renamed into place."""
+        """Written under a temporary name, fsynced and renamed into place (rundir.layout.write_atomic)."""
         encoded = [m.encode() for m in self.mutant]
         offsets = np.zeros(len(encoded) + 1, np.int64)
         np.cumsum([len(b) for b in encoded], out=offsets[1:])
         blob = np.frombuffer(b"".join(encoded), np.uint8)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        try:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, format=np.int64(FORMAT), record=self.record.astype(np.int64), blob=blob,
-                         offsets=offsets, source=np.array(self.source), sha256=np.array(self.sha256))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        npz = io.BytesIO()
+        np.savez(npz, format=np.int64(FORMAT), record=self.record.astype(np.int64), blob=blob,
+                 offsets=offsets, source=np.array(self.source), sha256=np.array(self.sha256))
+        write_atomic(path, npz.getvalue())
 
     @classmethod
     def load(cls, path: Path) -> "VariantList":

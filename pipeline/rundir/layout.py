@@ -53,13 +53,13 @@ def unwritable_reason(path: Path) -> str | None:
     return "a read-only file system here" if read_only else "permission denied"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file (fsync, rename, fsync of the directory); on any
-    failure (a full disk) the temporary is removed and `path` keeps its old content."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `data` (text, or bytes as they are) to `path` through a temporary file (fsync, rename, fsync of
+    the directory); on any failure (a full disk) the temporary is removed and `path` keeps its old content."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
+        with open(tmp, "wb" if isinstance(data, bytes) else "w") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
