@@ -6,7 +6,7 @@ written as `#` beside its 3Di letter, and an amino acid's probability summed ove
 own mutation scoring; models/conventions.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,8 +20,7 @@ from .tokenization import SequenceTokenizer
 class ResidueTokens:
     mask: int                  # the token id a masked residue is written as
     amino_acids: np.ndarray    # int64 [20, P]: the token ids standing for each of AMINO_ACIDS, in that order
-    # With P > 1 (paired tokens): each residue token's id -> the ids standing for its residue (absent: itself).
-    pairings: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    units: np.ndarray          # int64 [20]: the token the run writes for each of AMINO_ACIDS (P = 1: the same)
 
     @classmethod
     def of(cls, run_tokenizer: SequenceTokenizer) -> "ResidueTokens":
@@ -46,37 +45,33 @@ class ResidueTokens:
             if mask is None:
                 raise UserError("masked-LM scoring needs the model's mask token, and this tokenizer has none "
                                 "(tokenizer_config.json sets no mask_token)")
+        units = np.asarray(ids_of([run_tokenizer.unit(a) for a in AMINO_ACIDS]), np.int64)
         if not convention.pairs_with:
-            return cls(int(mask), np.asarray(ids_of([run_tokenizer.unit(a) for a in AMINO_ACIDS]), np.int64)[:, None])
+            return cls(int(mask), units[:, None], units)
         rows = np.asarray([ids_of([a + p for p in convention.pairs_with]) for a in AMINO_ACIDS], np.int64)
-        pairings = {int(t): tuple(int(i) for i in row)
-                    for t, row in zip(ids_of([run_tokenizer.unit(a) for a in AMINO_ACIDS]), rows)}
-        return cls(int(mask), rows, pairings)
+        return cls(int(mask), rows, units)
 
     def index(self) -> dict[str, int]:
         """Amino acid -> its column in a per-residue table (AMINO_ACIDS order)."""
         return {a: i for i, a in enumerate(AMINO_ACIDS)}
 
     def own(self, lp: torch.Tensor, tokens: np.ndarray) -> torch.Tensor:
-        """`[n]`: log p of each row's residue, whose token is `tokens[i]`, from log-probabilities `lp [n, V]`."""
-        if not self.pairings:
-            return lp[torch.arange(len(tokens), device=lp.device), torch.from_numpy(tokens).to(lp.device)]
-        width = self.amino_acids.shape[1]
-        rows = [self.pairings.get(int(t), (int(t),)) for t in tokens]
-        index = np.full((len(tokens), width), lp.shape[1], np.int64)   # lp.shape[1]: the -inf column below
-        for i, row in enumerate(rows):
-            index[i, :len(row)] = row
-        return self._summed(lp, torch.from_numpy(index).to(lp.device))
+        """`[n]`: log p of each row's residue, whose token is `tokens[i]`, from log-probabilities `lp [n, V]`:
+        with paired tokens, a standard residue's is its column of `table` (any other token reads itself)."""
+        rows = torch.arange(len(tokens), device=lp.device)
+        own = lp[rows, torch.from_numpy(tokens).to(lp.device)]
+        if self.amino_acids.shape[1] == 1:
+            return own
+        column = np.full(len(tokens), -1, np.int64)
+        for i, unit in enumerate(self.units):
+            column[tokens == unit] = i
+        standard = torch.from_numpy(column >= 0).to(lp.device)
+        summed = self.table(lp)[rows, torch.from_numpy(column.clip(min=0)).to(lp.device)]
+        return torch.where(standard, summed, own)
 
     def table(self, lp: torch.Tensor) -> torch.Tensor:
         """`[n, 20]`: log p of each amino acid (AMINO_ACIDS order) on each row of `lp [n, V]`."""
-        if not self.pairings:
+        if self.amino_acids.shape[1] == 1:
             return lp[:, torch.from_numpy(self.amino_acids[:, 0]).to(lp.device)]
         index = torch.from_numpy(self.amino_acids).to(lp.device)   # [20, P]
         return torch.logsumexp(lp[:, index], dim=-1)
-
-    @staticmethod
-    def _summed(lp: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """logsumexp over each row's `index` entries; index lp.shape[1] reads -inf (a padded pairing)."""
-        padded = torch.cat([lp, lp.new_full((lp.shape[0], 1), float("-inf"))], dim=1)
-        return torch.logsumexp(padded.gather(1, index), dim=1)
