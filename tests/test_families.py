@@ -138,7 +138,7 @@ def test_masked_lm_families_pll_as_their_own_recipes(name, family_checkpoint):
     path = family_checkpoint(name)
     sequences = [PROTEIN[k] for k in ("P1", "P2", "P3", "P4")]   # standard residues only: every family knows them
     out, engine = in_process(path, "score", sequences)
-    assert engine == ENGINE.get(name, "hf") or name == "esm1v"
+    assert engine == {"esm1v": "native", "prot_bert": "hf", "saprot": "native"}[name]
     assert_scores_as_accurate(out.columns["score/logprob_sum"], out.columns["score/num_scored"],
                               masked_lm_recipes.pll(path, sequences, torch.float64),
                               masked_lm_recipes.pll(path, sequences, torch.float32))
