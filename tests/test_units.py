@@ -293,6 +293,27 @@ def test_partial_rotary_in_place_equals_the_concatenated_form(dtype):
     assert torch.equal(full.apply(y, cos, sin, in_place=True), full.apply(x, cos, sin)) and torch.equal(y, x)
 
 
+@pytest.mark.parametrize("dtype,float32_math", [(torch.float32, False), (torch.bfloat16, False),
+                                                (torch.bfloat16, True), (torch.float16, True)])
+@pytest.mark.parametrize("rotary_dim", [16, 8])
+def test_rotary_is_transformers_rotate_half_bit_for_bit(dtype, float32_math, rotary_dim):
+    """Rotary.apply writes x * cos + rotate_half(x) * sin half by half: the same bits as transformers'
+    apply_rotary_pos_emb (the rotate_half form, computed here as its modeling code spells it), in the model
+    dtype or in float32 as ESM rotates, for full and partial rotations."""
+    from pipeline.models.layers.rotary import Rotary
+
+    torch.manual_seed(0)
+    rotary = Rotary(1.0 / 10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim), float32_math=float32_math)
+    cos, sin = rotary.cos_sin(torch.arange(300) * 5 % 1000, dtype)
+    x = torch.randn(300, 4, 16, dtype=dtype)
+    rot = x[..., :rotary_dim].float() if float32_math else x[..., :rotary_dim]
+    half = rotary_dim // 2
+    rotate_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    expected = torch.cat(((rot * cos + rotate_half * sin).to(dtype), x[..., rotary_dim:]), dim=-1)
+    assert torch.equal(rotary.apply(x, cos, sin), expected)
+    assert torch.equal(rotary.apply(x[:, :2], cos, sin), expected[:, :2])   # a strided view (ESM's k of qkv)
+
+
 def test_rotary_only_model_types_have_no_position_table_when_built():
     """The planning shortcut (a registry family marked rotary_only answers 'no position table' without building
     the model) agrees with building each such family on the meta device; and a learned table is still found."""
