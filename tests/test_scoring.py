@@ -276,3 +276,56 @@ def test_the_engines_masked_lm_head_at_chosen_positions_matches_transformers(kin
         ours = engine.logprobs_at(copies, positions)
         assert ours.shape == exact.shape == (9, 33) and ours.dtype == torch.float64
         assert_as_accurate(ours.cpu(), hf, exact, f"{kind} {'triton' if engine.runner.triton else 'torch'} path")
+
+
+@pytest.mark.parametrize("kind", ("esm2", "esm1b"))
+def test_pll_copies_share_their_first_layer_inputs_with_the_same_bits(kind, tmp_path, monkeypatch):
+    """A pseudo-log-likelihood step holds a sequence's copies, each with one residue masked: their first layer's
+    norm, projections and rotation run once per distinct (token, position, mask count, length) row, not once per
+    copy. The log-probabilities are bit for bit those computed copy by copy, on the torch path and the Triton
+    path (a GPU, else the interpreter), with a budget that cuts a sequence's copies over several steps."""
+    from pipeline.engine.native import NativeEngine
+    from pipeline.models import esm
+
+    from .run_helpers import triton_test_device
+    from .tiny_checkpoints import random_sequences, write_tiny
+    path = str(write_tiny(kind, tmp_path / kind))
+    copies, where = [], []
+    for ids in random_sequences([14, 9], seed=5):
+        for p in range(1, len(ids) - 1):
+            copies.append([32 if i == p else t for i, t in enumerate(ids)])
+            where.append([p])
+    seen = []
+    shared = esm.EsmModel.repeated_inputs
+
+    def counting(self, ctx):
+        out = shared(self, ctx)
+        seen.append((ctx.num_tokens, None if out is None else len(out[0])))
+        return out
+
+    for device, kernels in ((torch.device("cpu"), "auto"), (triton_test_device(), "triton")):
+        engine = NativeEngine.load(path, device, torch.float32, "", max_tokens_per_step=100, kernels=kernels)
+        monkeypatch.setattr(esm.EsmModel, "repeated_inputs", counting)
+        together = engine.logprobs_at(copies, where)
+        monkeypatch.setattr(esm.EsmModel, "repeated_inputs", lambda self, ctx: None)
+        one_by_one = engine.logprobs_at(copies, where)
+        assert torch.equal(together, one_by_one), kernels
+    # every step shared rows: 6 copies of 16 tokens have 16 + 6 distinct inputs (with the 6 masks' own)
+    assert seen and all(distinct is not None and 2 * distinct <= tokens for tokens, distinct in seen), seen
+    assert (96, 22) in seen, seen
+
+
+def test_distinct_rows_is_numpys_row_unique_either_way():
+    from pipeline.models.esm import distinct_rows
+    rng = np.random.default_rng(0)
+    for high in (40, 2 ** 40):   # one packed int64 key per row; columns too wide to pack
+        columns = [rng.integers(0, high, 500) // (high // 7) for _ in range(3)] + [rng.integers(0, high, 500)]
+        columns[-1][250:] = columns[-1][:250]
+        for c in columns[:-1]:
+            c[250:] = c[:250]
+        first, inverse = distinct_rows(columns)
+        rows = np.stack(columns, axis=1)
+        unique = np.unique(rows, axis=0)
+        assert len(first) == len(unique) <= 250
+        assert (rows[first][inverse] == rows).all()
+        assert (first == np.array([np.flatnonzero((rows == r).all(1))[0] for r in rows[first]])).all()

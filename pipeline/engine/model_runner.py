@@ -105,7 +105,7 @@ class ModelRunner:
             state_read=state_read, state_write=state_write, triton_kernels=self.triton,
             attention_launch=self._launch(step, q_lens, tables.shape[1]),
             invariant_block=INVARIANT_SPLIT if self.config.batch_invariant else 0,
-            decoding=prior >= prompts)
+            decoding=prior >= prompts, host_ids=ids, host_positions=positions)
         ctx.memo["segment_ids"] = to(seg)
         return ctx
 

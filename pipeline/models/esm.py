@@ -44,14 +44,27 @@ class EsmLayer(nn.Module):
         # q is pre-scaled (as transformers does, before the rotary), so the kernel's scale is 1.
         self.attn = PagedAttention(self.num_heads, self.num_heads, self.head_dim, 1.0, causal=False)
 
-    def forward(self, x, cos, sin, rotary: Rotary | None, ctx):
+    def forward(self, x, cos, sin, rotary: Rotary | None, ctx, repeats: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """repeats (first layer only): (one row of each distinct input row, each row's one), from
+        EsmModel.repeated_inputs: the norm, projections and rotation run on the distinct rows alone, whose
+        results each repeated row takes (the same bits: every op before attention is row by row, and products
+        give a row the same bits in any batch, linear.py)."""
         T, d = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(T, 3, self.num_heads, self.head_dim).unbind(1)
+        if repeats is None:
+            q, k, v = self._qkv(x, cos, sin, rotary)
+        else:
+            first, inverse = repeats
+            q, k, v = (t[inverse] for t in self._qkv(x[first], None if cos is None else cos[first],
+                                                      None if sin is None else sin[first], rotary))
+        x = x + self.attn_out(self.attn(q, k, v, ctx).reshape(T, d))
+        return x + self.fc2(_gelu(self.fc1(self.mlp_norm(x))))
+
+    def _qkv(self, x, cos, sin, rotary: Rotary | None):
+        q, k, v = self.qkv(self.attn_norm(x)).view(len(x), 3, self.num_heads, self.head_dim).unbind(1)
         q = q * self.head_dim ** -0.5
         if rotary is not None:
             q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
-        x = x + self.attn_out(self.attn(q, k, v, ctx).reshape(T, d))
-        return x + self.fc2(_gelu(self.fc1(self.mlp_norm(x))))
+        return q, k, v
 
     def forward_rows(self, x, cos, sin, rotary: Rotary | None, ctx, rows: torch.Tensor, q_counts) -> torch.Tensor:
         """The layer's output at `rows` of the step only (q_counts[s] of them in step sequence s): keys and
@@ -153,19 +166,39 @@ class EsmModel(NativeModel):
             cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         if self.emb_norm_before is not None:
             x = self.emb_norm_before(x)
-        if rows is None:
-            x, captured = self.run_layers(x, cos, sin, ctx, capture)
-            return self.emb_norm_after(x), captured
-        *first, last = self.layers
+        layers = list(self.layers) if rows is None else list(self.layers[:-1])
+        repeats = self.repeated_inputs(ctx) if layers else None
         captured = {}
-        for i, layer in enumerate(first):
+        for i, layer in enumerate(layers):
             if i in capture:
                 captured[i] = x
-            x = layer(x, cos, sin, self.rotary, ctx)
-        if len(first) in capture:
-            captured[len(first)] = x
+            x = layer(x, cos, sin, self.rotary, ctx, repeats if i == 0 else None)
+        if rows is None:
+            return self.emb_norm_after(x), captured
+        last = self.layers[-1]
+        if len(layers) in capture:
+            captured[len(layers)] = x
         q_counts = np.bincount(ctx.segment_ids()[rows].cpu().numpy(), minlength=ctx.num_seqs)
         return self.emb_norm_after(last.forward_rows(x, cos, sin, self.rotary, ctx, rows, q_counts)), captured
+
+    def repeated_inputs(self, ctx) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where rows of the step have the same first-layer input: (the first row of each distinct input, each
+        row's distinct input), or None when fewer than half the rows repeat. A row's input (and its rotation)
+        is fixed by its token, its position and, with token dropout, its sequence's <mask> count and length:
+        a masked LM's pseudo-log-likelihood steps hold a sequence's copies, each with one residue masked, whose
+        first-layer queries, keys and values are then computed once per distinct row instead of once per copy."""
+        ids, positions = ctx.host_ids, ctx.host_positions
+        if ids is None or positions is None or len(ids) < 2:
+            return None
+        columns = [ids, positions]
+        if self.token_dropout and self.mask_token_id is not None:
+            seg = np.repeat(np.arange(ctx.num_seqs), ctx.q_lens)
+            masked = np.bincount(seg, weights=ids == self.mask_token_id, minlength=ctx.num_seqs).astype(np.int64)
+            columns += [masked[seg], np.asarray(ctx.q_lens, np.int64)[seg]]
+        first, inverse = distinct_rows(columns)
+        if 2 * len(first) > len(ids):
+            return None
+        return ctx.on_device("esm_first_rows", first), ctx.on_device("esm_row_inputs", inverse)
 
     def attention_layers(self):
         return [layer.attn for layer in self.layers]
@@ -203,6 +236,20 @@ class EsmModel(NativeModel):
         if model.position_type == "rotary":
             model.rotary = Rotary(_esm_inv_freq(t, config), float32_math=True).to(device)
         return model.eval()
+
+
+def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the first row of each distinct row of these non-negative integer columns, each row's distinct
+    row): one int64 key per row where the columns' ranges fit in 63 bits, else numpy's row-wise unique."""
+    bounds = [int(c.max()) + 1 for c in columns]
+    if min(int(c.min()) for c in columns) >= 0 and np.prod([float(b) for b in bounds]) < 2.0 ** 62:
+        key = np.zeros(len(columns[0]), np.int64)
+        for c, b in zip(columns, bounds):
+            key = key * b + c
+    else:
+        key = np.stack(columns, axis=1)
+    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 def _esm_inv_freq(t, config) -> torch.Tensor:

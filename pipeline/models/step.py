@@ -30,6 +30,8 @@ class StepContext:
     attention_launch: dict = field(default_factory=dict)  # explicit paged-attention launch knobs
     invariant_block: int = 0           # batch-invariant: prefills are cut at multiples of this (0: not)
     decoding: np.ndarray | None = None  # bool [S] (host): the sequence feeds back a generated token
+    host_ids: np.ndarray | None = None        # int64 [T] (host): input_ids as the runner built them
+    host_positions: np.ndarray | None = None  # int64 [T] (host): positions likewise
     memo: dict = field(default_factory=dict)
 
     @property
