@@ -319,3 +319,32 @@ def test_gpu_long_context_bfloat16(head_dim):
     assert_matches_reference(batch, causal=True, dtype=torch.bfloat16)
     decode = make_batch(seqs[2:], 4, 1, head_dim, 16, torch.bfloat16, device="cuda", seed=8)
     assert_matches_reference(decode, causal=True, dtype=torch.bfloat16, num_kv_splits=16)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_torch_path_attends_same_length_fresh_sequences_together_with_the_same_bits(threads, monkeypatch):
+    """Bidirectional steps of whole sequences (an encoder's; a masked LM's copies all share one length) attend
+    over runs of same-length sequences in one SDPA call: bit for bit the outputs of one call per sequence, for
+    any thread count, and a sequence's bits do not depend on how long its run is."""
+    from triton_kernels.paged_attention import sdpa
+    seqs = [(30, 30)] * 5 + [(12, 12), (30, 30), (30, 30), (7, 7)] + [(8, 40)] + [(12, 12)] * 3
+    q, k_cache, v_cache, tables, cu, kv_lens = make_batch(seqs, 4, 2, 64, 16, torch.float32, seed=11)
+    new_k, new_v = torch.randn(q.shape[0], 2, 64), torch.randn(q.shape[0], 2, 64)
+    calls = []
+    batched = sdpa._attend_same_length
+    monkeypatch.setattr(sdpa, "_attend_same_length", lambda q, k, v, n, **kw: calls.append(n) or batched(q, k, v, n, **kw))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        run = lambda: paged_attention_sdpa(q, k_cache, v_cache, tables, cu, kv_lens, torch.empty_like(q),  # noqa: E731
+                                           causal=False, scale=64 ** -0.5, new_kv=(new_k, new_v))
+        together = run()
+        assert calls == [5, 2, 3]
+        monkeypatch.setattr(sdpa, "_same_length_run", lambda starts, lens, s: 1)
+        one_by_one = run()
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(together, one_by_one)
+    alone = paged_attention_sdpa(q[:30], k_cache, v_cache, tables[:1], cu[:2], kv_lens[:1], torch.empty_like(q[:30]),
+                                 causal=False, scale=64 ** -0.5, new_kv=(new_k[:30], new_v[:30]))
+    assert torch.equal(alone, together[:30])

@@ -55,6 +55,25 @@ def _attend_with_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: t
     return o[0].transpose(0, 1).flip(0)
 
 
+def _same_length_run(starts: list[int], lens: list[int], s: int) -> int:
+    """How many sequences from s on have no earlier tokens (q_len == kv_len) and s's length."""
+    n = 0
+    while s + n < len(lens) and lens[s + n] == lens[s] == starts[s + n + 1] - starts[s + n] > 0:
+        n += 1
+    return n
+
+
+def _attend_same_length(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, *, scale: float) -> torch.Tensor:
+    """Bidirectional attention of n whole sequences of one length, q `[n * L, Hq, D]`, k/v `[n * L, Hkv, D]`, as one
+    SDPA call with a batch of n: the bits of n calls of one (its CPU kernel shares out (sequence, head, query
+    block) items and computes each alone), without n calls' overhead: 10% of attention's time for a masked
+    LM's copies of 152 tokens (ESM-2 8M), more for shorter ones."""
+    length = q.shape[0] // n
+    qb, kb, vb = (x.view(n, length, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
+    o = F.scaled_dot_product_attention(qb, kb, vb, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return o.transpose(1, 2).reshape(q.shape)
+
+
 # Batch-invariant attention pads its products to at least this many query rows: CPU sgemm takes another
 # path for fewer (see pipeline/models/layers/linear.py).
 MIN_ROWS = 16
@@ -150,8 +169,19 @@ def _paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, o
     page_size = k_cache.shape[1]
     table, max_distance = bias
     starts = cu_seqlens_q.tolist()
-    for s, kv_len in enumerate(kv_lens.tolist()):
-        begin, end = starts[s], starts[s + 1]
+    lens = kv_lens.tolist()
+    batched = new_kv is not None and not causal and table is None
+    run_end = 0
+    for s, kv_len in enumerate(lens):
+        if s < run_end:
+            continue   # attended with its run
+        n = max(1, _same_length_run(starts, lens, s)) if batched else 1
+        begin, end = starts[s], starts[s + n]
+        if n > 1:
+            k, v = (x[begin:end].to(k_cache.dtype) for x in new_kv)
+            out[begin:end] = _attend_same_length(q[begin:end], k, v, n, scale=scale)
+            run_end = s + n
+            continue
         if end == begin:
             continue
         if new_kv is not None and kv_len == end - begin:
