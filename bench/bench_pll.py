@@ -5,13 +5,15 @@ recipe, on the same sequences, in one run.
     python bench/bench_pll.py cpu --n 100 --max-len 300 --model esm2-35m
     python bench/bench_pll.py cpu --clock cpu            # CPU time instead of wall time (a shared machine)
     python bench/bench_pll.py gpu                        # ESM-2 650M shape, bfloat16, 200 sequences of up to 500
+    python bench/bench_pll.py cpu --breakdown            # + where each engine's CPU time goes (torch profiler)
 
 Both compute, for every sequence, the L masked copies (each residue masked in turn) and sum log p(residue)
 at each copy's mask, log-softmax in float64:
 
 - native: `--task score` as a worker runs it (tasks/masked_score.py): batches planned on the copies' tokens
-  (pipeline.worker.batching), the copies as ragged batches without padding on the native engine, the masked-LM
-  head only at each copy's masked position (Engine.logprobs_at).
+  (pipeline.worker.batching), the copies as ragged batches without padding on the native engine, the first
+  layer's projections once per row the copies share, the last layer and the masked-LM head only at each copy's
+  masked position (Engine.logprobs_at).
 - transformers: EsmForMaskedLM on the copies of consecutive sequences (longest first) in padded batches of at
   most the same token budget (copies x longest copy), logits at every position, log_softmax at the masks.
 
@@ -19,10 +21,19 @@ Sequences come from tools/make_fasta.py (seed 1), cut to --max-len residues, lon
 turns on slices of the sequences so a shared machine's changing load hits both alike; a warm-up is not
 timed. Weights are random (throughput does not depend on them). Prints a markdown table (tokens are the
 tokens each computed: padding included for transformers), and the largest difference between the two's sums.
+
+--breakdown (CPU, best with 1 thread) then runs each engine once more over every sequence under torch.profiler
+and adds a table of where that time went (each op's own time): matrix products (addmm, mm, bmm: the linear
+layers, the same GEMMs in both), attention (SDPA's CPU kernel, which both call) and the rest (norms, GELU,
+rotary, copies). The profiler adds its own cost to every op, most to small ones (so "the rest" reads high);
+products and attention are large ops it barely touches. They are the part no reorganisation removes, so
+transformers' timed seconds over native's products + attention bound the speedup any engine that runs these
+products and this attention kernel could reach.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -125,6 +136,32 @@ class Transformers:
         return sums
 
 
+class Breakdown:
+    """Profiled CPU seconds of one engine, summed over its turns, by kind of op."""
+    PRODUCTS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::matmul")
+    ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
+
+    def __init__(self):
+        self.products = self.attention = self.total = 0.0
+
+    @property
+    def rest(self) -> float:
+        return self.total - self.products - self.attention
+
+    @contextlib.contextmanager
+    def profiling(self):
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            yield
+        for event in prof.key_averages():
+            seconds = event.self_cpu_time_total / 1e6
+            self.total += seconds
+            if event.key in self.PRODUCTS:
+                self.products += seconds
+            elif event.key in self.ATTENTION:
+                self.attention += seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("device", choices=["cpu", "gpu"])
@@ -137,6 +174,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the table here")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: time this process's CPU time (steadier than wall time on a shared machine; CPU only)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="CPU: also show where each engine's time goes (products, attention, the rest)")
     args = parser.parse_args()
     gpu = args.device == "gpu"
     if gpu and not torch.cuda.is_available():
@@ -163,6 +202,9 @@ def main() -> None:
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     if args.clock == "cpu" and gpu:
         raise SystemExit("--clock cpu times CPU runs only: a GPU's work is not this process's CPU time")
+    if args.breakdown and gpu:
+        raise SystemExit("--breakdown profiles CPU runs only")
+    parts = {k: Breakdown() for k in engines}
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         for kind in (list(engines) if i % 2 == 0 else list(engines)[::-1]):
@@ -171,6 +213,12 @@ def main() -> None:
             sums[kind].append(engines[kind](texts[a:b]))
             sync()
             seconds[kind] += clock() - t
+    if args.breakdown:   # an extra, profiled pass of each engine over every sequence, after the timed ones
+        for kind, engine in engines.items():
+            timed_tokens = engine.tokens
+            with parts[kind].profiling():
+                engine(texts)
+            engine.tokens = timed_tokens
     residues = sum(len(t) for t in texts)
     masked = sum(len(t) * (len(t) + 2) for t in texts)
     lines = [f"{name} shape, {str(dtype).removeprefix('torch.')}, "
@@ -186,6 +234,16 @@ def main() -> None:
     diff = np.abs(np.concatenate(sums["native"]) - np.concatenate(sums["transformers"])).max()
     scale = np.abs(np.concatenate(sums["transformers"])).max()
     lines += ["", f"largest difference between the two's sums: {diff:.3g} (of sums up to {scale:.4g})"]
+    if args.breakdown:
+        lines += ["", "Where the time went, in an extra profiled pass over the same sequences (each op's own seconds, "
+                      "torch profiler):", "",
+                  "| engine | matrix products | attention (SDPA) | the rest | total |", "| --- | ---: | ---: | ---: | ---: |"]
+        for kind, b in parts.items():
+            lines.append(f"| {kind} | {b.products:.1f} | {b.attention:.1f} | {b.rest:.1f} | {b.total:.1f} |")
+        floor = parts["native"].products + parts["native"].attention
+        lines += ["", f"transformers' timed seconds over native's products + attention: {seconds['transformers'] / floor:.2f}x "
+                      "(the most an engine running these products and this attention kernel could gain: everything else "
+                      "free)"]
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
