@@ -291,7 +291,8 @@ def test_pll_copies_share_their_first_layer_inputs_with_the_same_bits(kind, tmp_
     from .tiny_checkpoints import random_sequences, write_tiny
     path = str(write_tiny(kind, tmp_path / kind))
     copies, where = [], []
-    for ids in random_sequences([14, 9], seed=5):
+    sequences = random_sequences([14, 9], seed=5)
+    for ids in sequences:
         for p in range(1, len(ids) - 1):
             copies.append([32 if i == p else t for i, t in enumerate(ids)])
             where.append([p])
@@ -313,6 +314,10 @@ def test_pll_copies_share_their_first_layer_inputs_with_the_same_bits(kind, tmp_
     # every step shared rows: 6 copies of 16 tokens have 16 + 6 distinct inputs (with the 6 masks' own)
     assert seen and all(distinct is not None and 2 * distinct <= tokens for tokens, distinct in seen), seen
     assert (96, 22) in seen, seen
+    seen.clear()   # steps without masks (an unmasked pass, as wt-marginal runs) do not look for repeats
+    monkeypatch.setattr(esm.EsmModel, "repeated_inputs", counting)
+    engine.logprobs_at([sequences[0]] * 6, [[1]] * 6)
+    assert seen == [(96, None)], seen
 
 
 def test_distinct_rows_is_numpys_row_unique_either_way():

@@ -182,18 +182,22 @@ class EsmModel(NativeModel):
         return self.emb_norm_after(last.forward_rows(x, cos, sin, self.rotary, ctx, rows, q_counts)), captured
 
     def repeated_inputs(self, ctx) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Where rows of the step have the same first-layer input: (the first row of each distinct input, each
-        row's distinct input), or None when fewer than half the rows repeat. A row's input (and its rotation)
-        is fixed by its token, its position and, with token dropout, its sequence's <mask> count and length:
-        a masked LM's pseudo-log-likelihood steps hold a sequence's copies, each with one residue masked, whose
-        first-layer queries, keys and values are then computed once per distinct row instead of once per copy."""
+        """Where rows of a step of masked copies have the same first-layer input: (the first row of each distinct
+        input, each row's distinct input), or None when fewer than half the rows repeat. A row's input (and its
+        rotation) is fixed by its token, its position and, with token dropout, its sequence's <mask> count and
+        length. A masked LM's pseudo-log-likelihood steps hold a sequence's copies, each with one residue masked,
+        whose first-layer queries, keys and values are then computed once per distinct row instead of once per
+        copy. Looked for only where most of the step's sequences hold a <mask> (masked copies: pll, a variant's
+        masked marginals); elsewhere rows seldom repeat and the search (a sort of the step's rows) is skipped."""
         ids, positions = ctx.host_ids, ctx.host_positions
-        if ids is None or positions is None or len(ids) < 2:
+        if ids is None or positions is None or self.mask_token_id is None or len(ids) < 2:
+            return None
+        seg = np.repeat(np.arange(ctx.num_seqs), ctx.q_lens)
+        masked = np.bincount(seg, weights=ids == self.mask_token_id, minlength=ctx.num_seqs).astype(np.int64)
+        if 2 * np.count_nonzero(masked) < ctx.num_seqs:
             return None
         columns = [ids, positions]
-        if self.token_dropout and self.mask_token_id is not None:
-            seg = np.repeat(np.arange(ctx.num_seqs), ctx.q_lens)
-            masked = np.bincount(seg, weights=ids == self.mask_token_id, minlength=ctx.num_seqs).astype(np.int64)
+        if self.token_dropout:
             columns += [masked[seg], np.asarray(ctx.q_lens, np.int64)[seg]]
         first, inverse = distinct_rows(columns)
         if 2 * len(first) > len(ids):
