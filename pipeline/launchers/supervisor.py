@@ -150,12 +150,15 @@ class Supervisor:
         return sorted(self.finished, key=lambda p: p.rank)
 
     def _pump(self, timeout: float) -> None:
+        """Wait up to `timeout` for a worker's message or its exit (its process sentinel), so the loop notices a
+        worker that ended at once, not at the next timeout: a closed pipe alone left it sleeping."""
         conns = [p.conn for p in self.active if not p.conn.closed]
-        if not conns:
-            time.sleep(timeout)
-            return
-        for conn in multiprocessing.connection.wait(conns, timeout=timeout):
-            self._drain(next(p for p in self.active if p.conn is conn))
+        exits = {p.process.sentinel: p for p in self.active}
+        for ready in multiprocessing.connection.wait(conns + list(exits), timeout=timeout):
+            if ready in exits:
+                exits[ready].process.join(1.0)   # it has exited: returns as soon as it is reaped
+            else:
+                self._drain(next(p for p in self.active if p.conn is ready))
 
     def _drain(self, p: ShardProcess) -> None:
         """Every message the worker has sent: progress for the board, its error or its lock's holder here."""
