@@ -416,5 +416,17 @@ def export_command(out, fmt, output, column):
     click.echo(f"wrote {_run_step(export, out, fmt, output, column)}")
 
 
+def entry() -> None:
+    """The `run_shards` command (bin/run_shards, the installed script): `main`, then, once it has ended with
+    an exit code, leave without the interpreter's teardown (exits.leave_without_teardown)."""
+    from .exits import leave_without_teardown
+    try:
+        main()
+    except SystemExit as end:
+        if end.code is None or isinstance(end.code, int):
+            leave_without_teardown(end.code or 0)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    entry()

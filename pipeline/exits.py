@@ -50,3 +50,25 @@ def explain_exit(code: int | None, killed_for: str = "") -> str:
             return "killed by SIGKILL (not by run_shards: the kernel's out-of-memory killer, see `dmesg`, or by hand)"
         return f"killed by {name} (not by run_shards)"
     return f"exit code {code}"
+
+
+def leave_without_teardown(code: int) -> None:
+    """End a finished command with `code` the way the interpreter would (threads done, exit handlers run:
+    logging flushed, multiprocessing's children joined, temporary files removed; stdout and stderr flushed),
+    minus its teardown, which frees every module and object one by one: about 0.3 s after torch and
+    transformers were imported, for nothing. Returns, leaving it to the interpreter, where that could differ:
+    another non-daemon thread still running, or an output that cannot be flushed (a closed pipe)."""
+    import atexit
+    import os
+    import sys
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    atexit._run_exitfuncs()   # (also what multiprocessing's children run before they leave)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(code)
