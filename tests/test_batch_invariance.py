@@ -254,6 +254,14 @@ def demo_subset(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def demo_ten(demo_subset):
+    """The first 10 records of demo_subset: for what a run's result says, not its batches."""
+    path = demo_subset.parent / "ten.fasta"
+    path.write_text("".join(">" + r for r in demo_subset.read_text().split(">")[1:11]))
+    return path
+
+
 TASKS = {
     "embed": ("--pool", "mean,cls,last", "--layers", "-1,1", "--per-residue", "--per-residue-dtype", "float32"),
     "score": ("--task", "score"),
@@ -293,13 +301,13 @@ def test_result_files_are_byte_identical_across_workers_and_budgets(models, demo
         assert not differ, f"{model} {task}: datasets differ: {differ}"
 
 
-def test_the_result_says_when_a_run_is_not_batch_invariant(models, demo_subset, tmp_path):
+def test_the_result_says_when_a_run_is_not_batch_invariant(models, demo_ten, tmp_path):
     """Asked not to be, the hf engine, bfloat16, and a user's MKL_CBWR that is not strict (kept as it is)."""
     cases = (("off", ("--no-batch-invariant",), {}), ("hf", ("--engine", "hf"), {}),
              ("bf16", ("--dtype", "bfloat16"), {}), ("mkl_cbwr", (), {"MKL_CBWR": "COMPATIBLE"}))
     for name, args, env in cases:
         out = tmp_path / name
-        res = run_cli(str(demo_subset), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--no-progress",
+        res = run_cli(str(demo_ten), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--no-progress",
                       "-q", *args, env=env)
         assert res.returncode == 0, res.stderr
         _, attrs = _datasets(out / "result.h5")
@@ -310,14 +318,12 @@ def test_the_result_says_when_a_run_is_not_batch_invariant(models, demo_subset, 
 
 
 @pytest.mark.skipif(not mkl_cnr.strict_supported(), reason="MKL's strict mode does not apply to this CPU")
-def test_a_first_run_that_materialises_the_demo_model_is_batch_invariant(demo_subset, tmp_path):
+def test_a_first_run_that_materialises_the_demo_model_is_batch_invariant(demo_ten, tmp_path):
     """The Quickstart's first run: no --model, an empty cache, so the parent builds the demo model (with
     transformers, whose initialisers use MKL) before it answers whether the run is batch-invariant. Its
     answer must be the workers' own: yes, with no warning."""
-    subset = tmp_path / "ten.fasta"
-    subset.write_text("".join(">" + r for r in demo_subset.read_text().split(">")[1:11]))
     out = tmp_path / "out"
-    res = run_cli(str(subset), "--out", str(out), "--gpus", "0", "--no-progress", "-q",
+    res = run_cli(str(demo_ten), "--out", str(out), "--gpus", "0", "--no-progress", "-q",
                   env={"RUN_SHARDS_CACHE": str(tmp_path / "fresh_cache")})
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "fresh_cache" / "models").is_dir()   # this run's parent materialised it
