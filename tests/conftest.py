@@ -85,13 +85,19 @@ def common(models):
 
 
 @pytest.fixture(scope="session")
-def reference(fasta, common, tmp_path_factory):
-    from .run_helpers import read
+def reference_run(fasta, common, tmp_path_factory):
+    """The run directory of that clean run (tests that need a finished run copy it: never change it)."""
     from .tiny_models import run_cli
     out = tmp_path_factory.mktemp("ref") / "out"
     res = run_cli(fasta, "--out", str(out), *common)
     assert res.returncode == 0, res.stderr
-    return read(out / "result.h5")
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference(reference_run):
+    from .run_helpers import read
+    return read(reference_run / "result.h5")
 
 
 @pytest.fixture
