@@ -9,6 +9,10 @@ from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model",
                    "sentencepiece.bpe.model", "added_tokens.json", "tokenizer_config.json")
+# Rope types whose frequencies depend on the sequence length at run time: not supported natively
+# (models/registry.py sends such checkpoints to the hf engine before any worker starts). Here, not in
+# layers/rotary.py, so that the parent reads it without importing the kernels (triton).
+DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 
 
 @dataclass(frozen=True)

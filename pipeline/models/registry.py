@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..errors import UserError
 from . import conventions as cv
-from .checkpoint_facts import CheckpointFacts
+from .checkpoint_facts import DYNAMIC_ROPE_TYPES, CheckpointFacts
 from .conventions import Convention
 
 CAUSAL_TASKS = ("embed", "score", "variants", "generate")
@@ -153,7 +153,6 @@ def tasks(is_causal: bool, engine: str, masked_lm: bool = False) -> tuple[str, .
 
 def _native_blocker(family: Family, facts: CheckpointFacts) -> str | None:
     """A config value the native model does not run, named with its field; None when it runs."""
-    from .layers.rotary import DYNAMIC_ROPE_TYPES
     text = facts.text_config
     kind, where = facts.rope()
     if kind in DYNAMIC_ROPE_TYPES:

@@ -10,10 +10,7 @@ import torch
 from triton_kernels import pointwise
 
 from ...errors import UserError
-
-# Rope types whose frequencies depend on the sequence length at run time: not supported natively
-# (models/registry.py sends such checkpoints to the hf engine before any worker starts).
-DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+from ..checkpoint_facts import DYNAMIC_ROPE_TYPES
 
 
 def rope_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float, int]:
