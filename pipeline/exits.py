@@ -57,13 +57,16 @@ def leave_without_teardown(code: int) -> None:
     logging flushed, multiprocessing's children joined, temporary files removed; stdout and stderr flushed),
     minus its teardown, which frees every module and object one by one: about 0.3 s after torch and
     transformers were imported, for nothing. Returns, leaving it to the interpreter, where that could differ:
-    another non-daemon thread still running, or an output that cannot be flushed (a closed pipe)."""
+    another non-daemon thread still running, a profiler or tracer attached (`python -m cProfile` writes its
+    report after the script), or an output that cannot be flushed (a closed pipe)."""
     import atexit
     import os
     import sys
     import threading
 
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    if sys.getprofile() is not None or sys.gettrace() is not None or sys.flags.inspect:
         return
     atexit._run_exitfuncs()   # (also what multiprocessing's children run before they leave)
     try:
