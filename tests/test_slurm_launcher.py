@@ -249,7 +249,7 @@ def test_usr1_and_term_to_the_batch_scripts_checkpoint_requeue_and_the_report_sa
 def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_size(
         small_fasta, common, small_local_four, tmp_path, tmp_path_factory):
     """A cluster with MaxArraySize=3: 4 shards are two arrays (offsets 0 and 3). --dry-run submits nothing and
-    prints commands that sbatch accepts as they are (held here, then cancelled), with the user's options
+    prints commands that sbatch accepts as they are (kept pending here, then cancelled), with the user's options
     (a value with a space, one given apart from its option, a GPU request the merge job leaves out);
     the real submission merges to the local result; more tasks than MaxJobCount are refused before sbatch."""
     require_slurm()
@@ -269,6 +269,10 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         assert cluster.run("squeue", "--noheader").strip() == "" and not (out / "slurm" / "jobs.json").exists()
         assert "slurm: nothing submitted yet" in run_cli("status", str(out)).stdout
 
+        # Pending until cancelled: the nodes drained (SBATCH_HOLD is not read by Slurm 22.05's sbatch, so the
+        # array's record split as soon as its first tasks started, whenever the scheduler came first).
+        nodes = f"nodename={','.join(cluster.nodes)}"
+        cluster.run("scontrol", "update", nodes, "state=drain", "reason=kept_pending_by_the_test")
         script = "set -e\n" + "\n".join(line.strip() for line in lines[1:]) + '\necho "$ARRAY1 $ARRAY2"\n'
         submitted = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
                                    env={**cluster.env, "SBATCH_HOLD": "1"})
@@ -283,6 +287,7 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         assert f"Dependency=afterok:{first}_*" in shown and "TimeLimit=00:40:00" in shown, shown
         assert not re.search(r"gres|gpu:|Comment=two", shown), shown   # the merge job keeps no shard option
         cluster.cancel_all()
+        cluster.run("scontrol", "update", nodes, "state=resume")
 
         res = run_cli(*args, "--wait", env=cluster.env)
         assert res.returncode == 0, res.stderr
