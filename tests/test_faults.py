@@ -258,7 +258,7 @@ def test_disk_full_is_a_clear_error_and_rerun_works(fasta, common, reference, tm
 
 def test_hung_worker_is_killed_and_reported(fasta, common, reference, tmp_path):
     out = tmp_path / "out"
-    res = run_cli(fasta, "--out", str(out), *common, "--worker-timeout", "8",
+    res = run_cli(fasta, "--out", str(out), *common, "--worker-timeout", "10",
                   env={"RUN_SHARDS_FAULT_HANG_SHARD": "1"})
     assert res.returncode == 1
     assert "shard 1: no progress for" in res.stderr and "killed as hung" in res.stderr
@@ -281,7 +281,7 @@ def test_a_long_batch_is_not_taken_for_a_hang(common, tmp_path):
     fasta.write_text(f">long\n{'ACDEFGHIKLMNPQRSTVWY' * 50}\n")   # 1,000 residues
     out = tmp_path / "out"
     res = run_cli(str(fasta), "--out", str(out), *common, "--workers", "1", "--max-tokens-per-batch", "100",
-                  "--worker-timeout", "8", env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "12"})   # (later options win)
+                  "--worker-timeout", "10", env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "12"})   # (later options win)
     assert res.returncode == 0, res.stderr
     assert "killed as hung" not in res.stderr and (out / "result.h5").exists()
 
