@@ -324,11 +324,12 @@ def test_pll_copies_share_their_first_layer_inputs_with_the_same_bits(kind, tmp_
 def test_distinct_rows_is_numpys_row_unique_either_way():
     from pipeline.models.esm import distinct_rows
     rng = np.random.default_rng(0)
-    for high in (40, 2 ** 40):   # one packed int64 key per row; columns too wide to pack
-        columns = [rng.integers(0, high, 500) // (high // 7) for _ in range(3)] + [rng.integers(0, high, 500)]
-        columns[-1][250:] = columns[-1][:250]
-        for c in columns[:-1]:
+    # ranges 7 x 7 x 7 x 40: one packed int64 key per row; four columns of up to 2^40: too wide to pack (2^160)
+    for highs in ((7, 7, 7, 40), (2 ** 40,) * 4):
+        columns = [rng.integers(0, high, 500) for high in highs]
+        for c in columns:
             c[250:] = c[:250]
+        assert (np.prod([float(c.max()) + 1 for c in columns]) < 2.0 ** 62) == (highs[0] == 7)
         first, inverse = distinct_rows(columns)
         rows = np.stack(columns, axis=1)
         unique = np.unique(rows, axis=0)
