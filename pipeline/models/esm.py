@@ -44,7 +44,8 @@ class EsmLayer(nn.Module):
         # q is pre-scaled (as transformers does, before the rotary), so the kernel's scale is 1.
         self.attn = PagedAttention(self.num_heads, self.num_heads, self.head_dim, 1.0, causal=False)
 
-    def forward(self, x, cos, sin, rotary: Rotary | None, ctx, repeats: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(self, x, cos, sin, rotary: Rotary | None, ctx,
+                repeats: tuple[torch.Tensor, torch.Tensor] | None = None):
         """repeats (first layer only): (one row of each distinct input row, each row's one), from
         EsmModel.repeated_inputs: the norm, projections and rotation run on the distinct rows alone, whose
         results each repeated row takes (the same bits: every op before attention is row by row, and products
