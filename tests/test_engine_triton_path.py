@@ -106,3 +106,34 @@ def test_launch_knobs_from_the_engine_config_reach_the_kernels(tmp_path, monkeyp
     assert seen["attention"] and all(all(k[n] == v for n, v in knobs.items()) for k in seen["attention"])
     assert seen["delta"] and all(k["chunk_size"] == 64 and k["block_v"] == 16 and k["num_warps"] == 2
                                  for k in seen["delta"])
+
+
+def test_esm_steps_run_fused_on_the_triton_path(tmp_path, monkeypatch):
+    """An ESM step on the Triton path: per layer one rotary pass, attention read from the projection (no KV-cache
+    write, no paged gather), two add + norm passes (the first layer's norm alone), and the first MLP product with
+    its GELU where the launch table says so; the torch path (CPU) runs none of them."""
+    import pipeline.models.esm as esm
+    import pipeline.models.layers.attention as attention
+    from triton_kernels.linear_gelu import gemm_knobs
+
+    calls = {name: 0 for name in ("rotate_qk_", "add_layer_norm", "linear_gelu", "varlen_attention",
+                                  "write_kv_cache", "paged_attention")}
+
+    def count(module, name):
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: calls.__setitem__(name, calls[name] + 1) or fn(*a, **k))
+
+    for name in ("rotate_qk_", "add_layer_norm", "linear_gelu"):
+        count(esm, name)
+    for name in ("varlen_attention", "write_kv_cache", "paged_attention"):
+        count(attention, name)
+    path = str(write_tiny("esm2", tmp_path / "esm2"))
+    batch = random_sequences([30, 9, 1], seed=4)
+    NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=64).forward(batch, [2], False)
+    assert not any(calls.values()), calls
+    engine = NativeEngine.load(path, DEVICE, torch.float32, "", max_tokens_per_step=64, kernels="triton")
+    engine.forward(batch, [engine.info.num_layers], False)
+    layers = engine.info.num_layers
+    fused_gelu = gemm_knobs(DEVICE).epilogue_gelu
+    assert calls == dict(rotate_qk_=layers, add_layer_norm=2 * layers + 1, linear_gelu=layers if fused_gelu else 0,
+                         varlen_attention=layers, write_kv_cache=0, paged_attention=0), calls

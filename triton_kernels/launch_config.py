@@ -64,11 +64,46 @@ class CausalConvKnobs:
 
 
 @dataclass(frozen=True)
+class RotaryKnobs:
+    """The fused query-scale + rotary kernel (triton_kernels/rotary): (token, head) rows per program, warps. A
+    memory-bound pass over the QKV output: tiles of block_rows x half a head dim, a few elements per thread."""
+
+    block_rows: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class NormKnobs:
+    """The residual add + LayerNorm kernel (triton_kernels/layer_norm): warps per program (a program holds
+    about 4,096 elements: one row of a wide model, several of a narrow one)."""
+
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class GemmKnobs:
+    """The linear + erf-GELU product (triton_kernels/linear_gelu): output tile, K step, row-tile group (L2 reuse
+    of the weight tiles), warps, pipeline stages. epilogue_gelu: whether encoder layers run their first MLP
+    linear and its GELU as this one product (True) or as cuBLAS plus a GELU pass (False)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    epilogue_gelu: bool
+
+
+@dataclass(frozen=True)
 class LaunchRow:
     chunk: DeltaRuleChunkKnobs
     decode: DeltaRuleDecodeKnobs
     attention: AttentionKnobs
     conv: CausalConvKnobs
+    rotary: RotaryKnobs
+    norm: NormKnobs
+    gemm: GemmKnobs
 
 
 TABLE: dict[int, LaunchRow] = {
@@ -89,12 +124,18 @@ TABLE: dict[int, LaunchRow] = {
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
                                            rows_for_8_warps_wide=64, bias_tile_keys=32),
-                  conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8)),
+                  conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
+                  rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
+                  gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
+                                 epilogue_gelu=True)),
     90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
                                            rows_for_8_warps_wide=128, bias_tile_keys=32),
-                  conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8)),
+                  conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
+                  rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
+                  gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
+                                 epilogue_gelu=True)),
 }
 
 # Rows that differ on older Triton versions: {(major, minor): {arch: {part: {knob: value}}}}; versions up

@@ -5,6 +5,10 @@ Inference semantics follow transformers' EsmModel: token dropout rescales the em
 are scaled by head_dim^-0.5 before the rotary embedding, which is computed in float32; GELU is the
 exact (erf) form; the final `emb_layer_norm_after` output is hidden state num_layers. A checkpoint of
 EsmForMaskedLM also gets its masked-LM head (`logits`), as transformers' EsmLMHead computes it.
+
+On the Triton path (a GPU) a layer's elementwise work is fused (`EsmLayer.forward_fused`): the query scale and
+rotation in one in-place pass over the QKV output, attention straight from it, each residual add with the
+LayerNorm after it, the first MLP product with its GELU. The CPU path keeps the unfused ops (and their bits).
 """
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ import torch
 from torch import nn
 
 from triton_kernels import pointwise
+from triton_kernels.layer_norm import add_layer_norm
+from triton_kernels.linear_gelu import gemm_knobs, linear_gelu
+from triton_kernels.rotary import rotate_qk_
 
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
@@ -59,6 +66,38 @@ class EsmLayer(nn.Module):
                                                       None if sin is None else sin[first], rotary))
         x = x + self.attn_out(self.attn(q, k, v, ctx).reshape(T, d))
         return x + self.fc2(_gelu(self.fc1(self.mlp_norm(x))))
+
+    def forward_fused(self, x, h, cos, sin, ctx, next_norm: nn.LayerNorm | None, epilogue_gelu: bool,
+                      repeats: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The layer with its elementwise work fused (Triton path): h = attn_norm(x) comes in, from the previous
+        layer's (or the embeddings') add + norm, and (x + this layer, next_norm of that) goes out (next_norm
+        None: the sum alone). Per token: one rotary pass, attention reading the projection, two add + norm
+        passes, and the GELU in the first MLP product when epilogue_gelu (the launch table's choice per GPU)."""
+        T, d = x.shape
+        if repeats is None:
+            qkv = self._rotated_qkv(h, cos, sin)
+        else:
+            first, inverse = repeats
+            qkv = self._rotated_qkv(h[first], None if cos is None else cos[first], None if sin is None else sin[first])
+            qkv = qkv[inverse]
+        a = self.attn.from_projection(qkv, ctx)
+        x, h = add_layer_norm(x, self.attn_out(a.reshape(T, d)), self.mlp_norm.weight, self.mlp_norm.bias,
+                              self.mlp_norm.eps)
+        g = linear_gelu(h, self.fc1.weight, self.fc1.bias) if epilogue_gelu else _gelu(self.fc1(h))
+        y = self.fc2(g)
+        if next_norm is None:
+            return x + y, None
+        return add_layer_norm(x, y, next_norm.weight, next_norm.bias, next_norm.eps)
+
+    def _rotated_qkv(self, h, cos, sin) -> torch.Tensor:
+        """The QKV projection of h `[n, d]` with its queries scaled and queries and keys rotated, in place."""
+        qkv = self.qkv(h)
+        scale = self.head_dim ** -0.5
+        if cos is None:   # absolute positions (ESM-1b): the scale alone
+            qkv[:, :self.num_heads * self.head_dim].mul_(scale)
+            return qkv
+        return rotate_qk_(qkv, cos, sin, num_q_heads=self.num_heads, num_kv_heads=self.num_heads,
+                          head_dim=self.head_dim, q_scale=scale)
 
     def _qkv(self, x, cos, sin, rotary: Rotary | None):
         q, k, v = self.qkv(self.attn_norm(x)).view(len(x), 3, self.num_heads, self.head_dim).unbind(1)
@@ -170,10 +209,15 @@ class EsmModel(NativeModel):
         layers = list(self.layers) if rows is None else list(self.layers[:-1])
         repeats = self.repeated_inputs(ctx) if layers else None
         captured = {}
-        for i, layer in enumerate(layers):
-            if i in capture:
-                captured[i] = x
-            x = layer(x, cos, sin, self.rotary, ctx, repeats if i == 0 else None)
+        if ctx.triton_kernels:
+            x, normed = self._fused_layers(x, cos, sin, ctx, layers, capture, captured, repeats, rows is None)
+            if rows is None:
+                return normed, captured
+        else:
+            for i, layer in enumerate(layers):
+                if i in capture:
+                    captured[i] = x
+                x = layer(x, cos, sin, self.rotary, ctx, repeats if i == 0 else None)
         if rows is None:
             return self.emb_norm_after(x), captured
         last = self.layers[-1]
@@ -181,6 +225,21 @@ class EsmModel(NativeModel):
             captured[len(layers)] = x
         q_counts = np.bincount(ctx.segment_ids()[rows].cpu().numpy(), minlength=ctx.num_seqs)
         return self.emb_norm_after(last.forward_rows(x, cos, sin, self.rotary, ctx, rows, q_counts)), captured
+
+    def _fused_layers(self, x, cos, sin, ctx, layers, capture, captured, repeats, final: bool):
+        """(residual stream after `layers`, its final norm when `final` else None), each layer fused
+        (EsmLayer.forward_fused): every LayerNorm but the first runs with the residual add before it."""
+        if not layers:
+            return x, (self.emb_norm_after(x) if final else None)
+        epilogue_gelu = gemm_knobs(ctx.device).epilogue_gelu
+        first = layers[0].attn_norm
+        _, h = add_layer_norm(x, None, first.weight, first.bias, first.eps)
+        for i, layer in enumerate(layers):
+            if i in capture:
+                captured[i] = x
+            nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else (self.emb_norm_after if final else None)
+            x, h = layer.forward_fused(x, h, cos, sin, ctx, nxt, epilogue_gelu, repeats if i == 0 else None)
+        return x, h
 
     def repeated_inputs(self, ctx) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Where rows of a step of masked copies have the same first-layer input: (the first row of each distinct

@@ -4,6 +4,10 @@ the KV-cache write.
 Program (q block, KV head, split): rows = block_q query tokens x the Hq/Hkv query heads of one KV head
 (GQA packing), walked over KV tiles of pages_per_tile pages with an online softmax in float32 (base 2),
 optionally with T5's relative-position bias added to the scores.
+
+CONTIGUOUS_KV: the keys and values are the step's own `[T, Hkv, D]` rows (any token stride), sequence s's at
+its query rows: a step whose sequences have no earlier tokens (an encoder's) attends straight from the QKV
+projection, with no cache write and no block-table gather (varlen.py).
 """
 import torch
 import triton
@@ -54,7 +58,7 @@ def _attend_tile(
     head, bias_ptr, buckets_ptr, stride_bias,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, TILE: tl.constexpr,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr, CONTIGUOUS_KV: tl.constexpr,
 ):
     """One online-softmax step over keys [tile * TILE, (tile + 1) * TILE) of one sequence.
 
@@ -66,11 +70,15 @@ def _attend_tile(
     if HAS_BIAS:   # before the scores exist: its integer temporaries and the scores are never live together
         bias = _relative_bias(q_pos, offs_n, head, bias_ptr, buckets_ptr, stride_bias, HALF,
                               MAX_DISTANCE) * 1.4426950408889634   # log2(e)
-    if MASKED:
+    if CONTIGUOUS_KV:   # bt_row_ptr is the sequence's first token; the "page" stride is the token stride
+        page = bt_row_ptr + offs_n
+        slot = offs_n * 0
+    elif MASKED:
         page = tl.load(bt_row_ptr + offs_n // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+        slot = offs_n % PAGE_SIZE
     else:
         page = tl.load(bt_row_ptr + offs_n // PAGE_SIZE).to(tl.int64)
-    slot = offs_n % PAGE_SIZE
+        slot = offs_n % PAGE_SIZE
     k_ptrs = (k_cache_ptr + page[None, :] * stride_kp + slot[None, :] * stride_ko + kv_head * stride_kh
               + offs_d[:, None])
     v_ptrs = (v_cache_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vo + kv_head * stride_vh
@@ -120,7 +128,7 @@ def _paged_attention_fwd(
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, PAGE_SIZE: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, MAX_DISTANCE: tl.constexpr, CONTIGUOUS_KV: tl.constexpr,
 ):
     # Axis 0 is (query block, KV head) with the head fastest and the query blocks in reverse, so the
     # longest causal walks (a sequence's last blocks) start first and short ones fill the tail.
@@ -164,21 +172,24 @@ def _paged_attention_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    if CONTIGUOUS_KV:
+        bt_row_ptr = (q_begin - context).to(tl.int64)
+    else:
+        bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for tile in range(tile_lo, tile_mid):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, tile, bt_row_ptr, k_cache_ptr, v_cache_ptr, kv_head, kv_len, q_pos, offs_d,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, qk_scale,
             head, bias_ptr, buckets_ptr, stride_bias,
             HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE, CAUSAL, False, DOT_PRECISION,
-            HAS_BIAS, HALF, MAX_DISTANCE)
+            HAS_BIAS, HALF, MAX_DISTANCE, CONTIGUOUS_KV)
     for tile in range(tile_mid, tile_hi):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, tile, bt_row_ptr, k_cache_ptr, v_cache_ptr, kv_head, kv_len, q_pos, offs_d,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, qk_scale,
             head, bias_ptr, buckets_ptr, stride_bias,
             HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE, CAUSAL, True, DOT_PRECISION,
-            HAS_BIAS, HALF, MAX_DISTANCE)
+            HAS_BIAS, HALF, MAX_DISTANCE, CONTIGUOUS_KV)
 
     # Rows of an empty split (l = 0) store 0 with weight 0 for the reduce.
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -222,14 +233,18 @@ def paged_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens_q: torch.Tensor, kv_lens: torch.Tensor, out: torch.Tensor, *, causal: bool, scale: float,
     knobs: PagedAttentionLaunch, rel_bias_table: torch.Tensor | None = None, rel_max_distance: int | None = None,
+    contiguous_kv: bool = False,
 ) -> torch.Tensor:
     """Launch the attention kernel (and the reduce when knobs.num_kv_splits > 1); fills and returns out.
 
     Expects validated inputs with a unit stride on the head dim (see attention.paged_attention), and a
     relative-position bias table `[num_buckets, Hq]` with a unit stride on heads when one is given.
+    contiguous_kv (varlen.py): k_cache and v_cache are the step's keys and values viewed as `[1, T, Hkv, D]`
+    (page stride unused, "slot" stride the token stride), block_tables unused, tiles of knobs.pages_per_tile x 16
+    keys.
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    page_size, num_kv_heads = (16 if contiguous_kv else k_cache.shape[1]), k_cache.shape[2]
     num_seqs = block_tables.shape[0]
     group = num_q_heads // num_kv_heads
     block_m = max(16, triton.next_power_of_2(knobs.block_q * group))
@@ -251,16 +266,19 @@ def paged_attention_triton(
     else:
         bias, half, max_distance = rel_bias_table, bucket_shape(rel_bias_table.shape[0])[0], rel_max_distance
         buckets = bucket_table(rel_bias_table.shape[0], rel_max_distance, q.device)
+    # Contiguous keys: the kernel's page stride is the token stride (its slot offset is always 0).
+    kv_strides = ((k_cache.stride(1), 0, k_cache.stride(2), v_cache.stride(1), 0, v_cache.stride(2)) if contiguous_kv
+                  else (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)))
     launch(_paged_attention_fwd, grid,
            q, k_cache, v_cache, out, part_o, part_ml, block_tables, cu_seqlens_q, kv_lens, bias, buckets,
            num_seqs, num_tokens, num_q_programs, scale * LOG2E,
-           q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-           v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+           q.stride(0), q.stride(1), *kv_strides, out.stride(0), out.stride(1),
            block_tables.stride(0), bias.stride(0),
            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group,
            BLOCK_Q=knobs.block_q, BLOCK_M=block_m, PAGE_SIZE=page_size, TILE=knobs.pages_per_tile * page_size,
            NUM_SPLITS=splits, CAUSAL=causal, DOT_PRECISION=precision,
-           HAS_BIAS=rel_bias_table is not None, HALF=half, MAX_DISTANCE=max_distance,
+           HAS_BIAS=rel_bias_table is not None, HALF=half, MAX_DISTANCE=max_distance, CONTIGUOUS_KV=contiguous_kv,
            num_warps=knobs.num_warps, num_stages=knobs.num_stages)
     if splits > 1:
         launch(_combine_splits, (num_tokens, num_q_heads),

@@ -1,4 +1,5 @@
-"""Attention over the paged KV cache: write the step's keys and values, then attend (our kernels).
+"""Attention over the paged KV cache: write the step's keys and values, then attend (our kernels); an encoder's
+steps on the Triton path attend straight from the QKV projection instead (`from_projection`).
 
 With Triton (CUDA; or CPU under TRITON_INTERPRET=1 when a test asks for it) the public kernels run. They take head dims 32, 64, 80, 96, 128 and 256; a model with
 another head dim (the bundled demo model has 16) is zero-padded to the next one there, which leaves
@@ -12,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from triton_kernels import paged_attention, write_kv_cache
+from triton_kernels.paged_attention import varlen_attention
+from triton_kernels.paged_attention.varlen import CONTIGUOUS_PAGE
 from triton_kernels.paged_attention.kv_cache import write_kv_cache_torch
 from triton_kernels.paged_attention.sdpa import MIN_ROWS, paged_attention_sdpa
 
@@ -68,6 +71,22 @@ class PagedAttention:
         out = paged_attention(q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.kv_lens,
                               causal=self.causal, scale=self.scale, **bias, **ctx.attention_launch)
         return out[..., :self.head_dim] if pad else out
+
+    def from_projection(self, qkv: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Attention from a fused projection's output `[T, (Hq + 2 Hkv) * D]` (queries, keys, values, head after
+        head) -> `[T, Hq, D]`. A Triton step whose sequences have no earlier tokens and that no later step reads
+        (bidirectional: an encoder's) attends straight from the projection, with no cache write and no page
+        gather (varlen_attention); any other step goes through the cache as __call__ does."""
+        T, Hq, Hkv, D = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        q = qkv[:, :Hq * D].view(T, Hq, D)
+        k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
+        v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
+        if not ctx.triton_kernels or self.causal or self.relative_bias or (ctx.prior_lens > 0).any():
+            return self(q, k, v, ctx)
+        knobs = dict(ctx.attention_launch)
+        if knobs and self.kv is not None:   # tiles of the same number of keys as the paged walk's
+            knobs["pages_per_tile"] = max(1, knobs["pages_per_tile"] * self.kv[0].shape[1] // CONTIGUOUS_PAGE)
+        return varlen_attention(q, k, v, ctx.cu_seqlens, ctx.kv_lens, causal=False, scale=self.scale, **knobs)
 
     def attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext,
                     q_counts: np.ndarray) -> torch.Tensor:

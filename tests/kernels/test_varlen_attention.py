@@ -1,0 +1,96 @@
+"""Attention straight from a fused QKV projection (varlen_attention: the paged kernel's contiguous mode) against
+the float64 reference, and against the paged path it replaces for encoder steps.
+
+The queries, keys and values are strided views of one `[T, (Hq + 2 Hkv) * D]` projection output, as the engine
+passes them. Exact values: per sequence, dense softmax attention in float64 (naive_paged_attention over a cache
+holding the same keys). float32: as accurate as torch's SDPA in float32; float16: within the kernel's own paged
+mode's result bit for bit where that mode takes the head dim (the same arithmetic, only the addresses differ),
+and as accurate as torch's SDPA on the same float16 inputs. Lengths include 1, a multiple of
+the tile and not; head dims a kernel size and not (24: masked to 32, no padding copy); GQA; KV splits.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from triton_kernels import paged_attention, write_kv_cache
+from triton_kernels.paged_attention import varlen_attention
+from triton_kernels.paged_attention.naive import naive_paged_attention
+from triton_kernels.paged_attention.varlen import varlen_attention_torch
+from tests.float64_reference import assert_as_accurate
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PAGE = 16
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _step(lens, heads, kv_heads, dim, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    qkv = torch.randn(T, (heads + 2 * kv_heads) * dim, generator=g, dtype=torch.float64).to(dtype)
+    q = qkv[:, :heads * dim].view(T, heads, dim)
+    k = qkv[:, heads * dim:(heads + kv_heads) * dim].view(T, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim:].view(T, kv_heads, dim)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    return q, k, v, cu, torch.tensor(lens, dtype=torch.int32)
+
+
+def _paged_exact(q, k, v, cu, lens, causal, scale):
+    """float64 attention through the reference's cache: each sequence's keys on pages of its own."""
+    pages = [-(-int(n) // PAGE) for n in lens]
+    tables = torch.zeros(len(lens), max(pages), dtype=torch.int32)
+    slots, first = [], 0
+    for s, (n, p) in enumerate(zip(lens.tolist(), pages)):
+        tables[s, :p] = torch.arange(first, first + p)
+        slots += [(first + i // PAGE) * PAGE + i % PAGE for i in range(n)]
+        first += p
+    kc = torch.zeros(first, PAGE, k.shape[1], k.shape[2], dtype=torch.float64)
+    vc = torch.zeros_like(kc)
+    kc.view(-1, k.shape[1], k.shape[2])[slots] = k.double()
+    vc.view(-1, k.shape[1], k.shape[2])[slots] = v.double()
+    return naive_paged_attention(q.double(), kc, vc, tables, cu, lens, causal=causal, scale=scale), tables, slots
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 32), (4, 2, 24), (2, 2, 16)])
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("splits", (1, 2))
+def test_varlen_attention_against_float64(dtype, heads, kv_heads, dim, causal, splits):
+    lens = [5, 40, 1, 33, 16]
+    q, k, v, cu, n = _step(lens, heads, kv_heads, dim, dtype, seed=dim + heads)
+    scale = dim ** -0.5
+    exact, _, _ = _paged_exact(q, k, v, cu, n, causal, scale)
+    knobs = dict(block_q=8, pages_per_tile=1, num_warps=4, num_stages=1, num_kv_splits=splits)
+    dev = lambda t: t.to(DEVICE)   # noqa: E731   (a view of the projection stays a strided view on the device)
+    qkv = q.as_strided((q.shape[0], q.stride(0)), (q.stride(0), 1)).to(DEVICE)
+    T, H, Hk = q.shape[0], heads, kv_heads
+    qd = qkv[:, :H * dim].view(T, H, dim)
+    kd = qkv[:, H * dim:(H + Hk) * dim].view(T, Hk, dim)
+    vd = qkv[:, (H + Hk) * dim:].view(T, Hk, dim)
+    ours = varlen_attention(qd, kd, vd, dev(cu), dev(n), causal=causal, scale=scale, **knobs)
+    theirs = varlen_attention_torch(q.float(), k.float(), v.float(), cu, causal=causal, scale=scale,
+                                    out=torch.empty(q.shape, dtype=torch.float32))
+    if dtype == torch.float16:   # torch's SDPA on the same float16 inputs
+        theirs = varlen_attention_torch(q, k, v, cu, causal=causal, scale=scale, out=torch.empty_like(q))
+    assert_as_accurate(ours, theirs, exact, "varlen_attention")
+    if dtype == torch.float16 and dim in (32, 64, 80, 96, 128, 256):
+        # The paged mode of the same kernel, same knobs, over a cache holding the same keys: the same arithmetic.
+        _, tables, slots = _paged_exact(q, k, v, cu, n, causal, scale)
+        kc = torch.zeros(int(tables.max()) + 1, PAGE, Hk, dim, dtype=dtype, device=DEVICE)
+        vc = torch.zeros_like(kc)
+        write_kv_cache(kd.contiguous(), vd.contiguous(), kc, vc, torch.tensor(slots, device=DEVICE))
+        paged = paged_attention(qd.contiguous(), kc, vc, dev(tables), dev(cu), dev(n), causal=causal, scale=scale,
+                                **knobs)
+        assert torch.equal(ours, paged)
+
+
+def test_bad_inputs_are_refused():
+    q = torch.zeros(4, 2, 16)
+    cu, n = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        varlen_attention(q, torch.zeros(4, 3, 16), torch.zeros(4, 3, 16), cu, n)
+    with pytest.raises(ValueError, match="head dim"):
+        varlen_attention(torch.zeros(4, 2, 8), torch.zeros(4, 2, 8), torch.zeros(4, 2, 8), cu, n)
+    with pytest.raises(ValueError, match="int32"):
+        varlen_attention(q, q, q, cu.long(), n)
