@@ -120,6 +120,11 @@ TABLE: dict[int, LaunchRow] = {
     # tiles compile at 186 / 193 on sm_80, 175 / 162 on sm_90 (bias_tile_keys).
     # The delta rule's prep kernel: 8 warps on both, clean under Triton 3.6 and 3.9 since its A stage reads
     # its keys again (3.6 spilled 8 B on sm_80 before; 56 B in 4 warps, 992 B in 16; no stage count helped).
+    # ESM's fused kernels (32k-token steps of ESM-2 650M and 3B): the rotary pass and add + norm are streams of
+    # a few elements per thread (44-48 and 32-42 registers). The linear + GELU product: 128 x 128 output tiles,
+    # K steps of 64, 8 warps, 3 stages (HGMMA with cp.async on sm_90: 123-125 registers, 96 KiB of shared
+    # memory, two programs per SM; 153-170 registers and 64 KiB on sm_80); 128 x 256 tiles spill 72 B at 255
+    # registers on sm_90 with the erf epilogue, 256 x 128 spill 40 B. Triton 3.6 and 3.9 alike.
     80: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=32, num_warps=4, num_stages=1, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, paged_attention, write_kv_cache
+from triton_kernels.layer_norm import add_layer_norm
+from triton_kernels.linear_gelu import linear_gelu
+from triton_kernels.paged_attention import varlen_attention
+from triton_kernels.rotary import rotate_qk_
 from triton_kernels._launch import A100, H100, Launch, dry_run
 from triton_kernels.aot import SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_spec
 
@@ -106,6 +110,36 @@ def attention_step(dtype, model: Attention, num_seqs: int, q_len: int, kv_len: i
                     causal=model.causal, scale=1.0 if bias else model.head_dim ** -0.5, **bias)
 
 
+@dataclass(frozen=True)
+class Encoder:
+    name: str
+    hidden: int
+    heads: int
+    ffn: int
+
+
+ESM2_650M = Encoder("ESM-2 650M", 1280, 20, 5120)
+ESM2_3B = Encoder("ESM-2 3B", 2560, 40, 10240)
+ENCODER_TOKENS = 32768   # one step at the default token budget
+
+
+def encoder_layer(dtype, model: Encoder) -> None:
+    """The fused kernels of one ESM layer on the Triton path (esm.py EsmLayer.forward_fused): the q-scale +
+    rotary pass over the QKV output, attention straight from it (108 sequences of ~300 tokens), the two
+    add + norm passes, and the first MLP product with its GELU."""
+    T, d, H = ENCODER_TOKENS, model.hidden, model.heads
+    D = d // H
+    qkv = _empty(T, 3 * d, dtype=dtype)
+    cos = _empty(T, 1, D, dtype=dtype)
+    rotate_qk_(qkv, cos, cos, num_q_heads=H, num_kv_heads=H, head_dim=D, q_scale=D ** -0.5)
+    varlen_attention(qkv[:, :d].view(T, H, D), qkv[:, d:2 * d].view(T, H, D), qkv[:, 2 * d:].view(T, H, D),
+                     _empty(109, dtype=torch.int32), _empty(108, dtype=torch.int32), scale=1.0)
+    x = _empty(T, d, dtype=dtype)
+    add_layer_norm(x, x, _empty(d, dtype=dtype), _empty(d, dtype=dtype), 1e-5)
+    add_layer_norm(x, None, _empty(d, dtype=dtype), _empty(d, dtype=dtype), 1e-5)
+    linear_gelu(x, _empty(model.ffn, d, dtype=dtype), _empty(model.ffn, dtype=dtype))
+
+
 def cases() -> list[tuple[str, object]]:
     """(shape label, function of the dtype that makes the launches)."""
     D = DELTA_DIM
@@ -122,6 +156,8 @@ def cases() -> list[tuple[str, object]]:
         (f"... 1 x {LONG // 1024}k prefill", lambda dt: conv_step(dt, 1, LONG, windows=False)),
         ("... decode 256 sequences", lambda dt: conv_step(dt, 256, 1, windows=True)),
     ]
+    for model in (ESM2_650M, ESM2_3B):
+        out.append((f"{model.name} layer ({ENCODER_TOKENS // 1024}k tokens)", lambda dt, m=model: encoder_layer(dt, m)))
     for model in (QWEN35_ATTENTION, ESM2, LLAMA8B, PROTT5, ANKH_LARGE):
         label = f"{model.name} {model.num_q_heads}/{model.num_kv_heads} D={model.head_dim}"
         out.append((f"{label}: 8 x 4k prefill", lambda dt, m=model: attention_step(dt, m, 8, 4096, 4096)))
@@ -158,11 +194,13 @@ def plan() -> tuple[list[Row], list[CompileSpec]]:
 
 
 def _knobs(launch: Launch) -> str:
-    names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK", "BT", "BC")
+    names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK", "BT", "BC", "BLOCK_ROWS", "BLOCK_N", "BLOCK_M",
+             "BLOCK_K")
     shown = [f"{n}={launch.constexprs[n]}" for n in names if n in launch.constexprs]
-    if launch.constexprs.get("HAS_BIAS"):
+    if launch.constexprs.get("HAS_BIAS") and "HALF" in launch.constexprs:   # T5's bias in attention
         shown.append(f"+bias/{2 * launch.constexprs['HALF']}")
-    for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o")):
+    for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o"),
+                          ("CONTIGUOUS_KV", "contiguous"), ("HAS_Y", "add")):
         if flag in launch.constexprs:
             shown.append(("+" if launch.constexprs[flag] else "-") + meaning)
     return " ".join(shown + [f"w{launch.num_warps}", f"s{launch.num_stages}"])
