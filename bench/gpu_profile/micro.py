@@ -34,6 +34,8 @@ class Buffers:
     q: torch.Tensor          # [T, H, D] views of it, as _qkv unbinds them
     k: torch.Tensor
     v: torch.Tensor
+    q_rot: torch.Tensor      # [T, H, D] q scaled and rotated, k rotated: what attention gets
+    k_rot: torch.Tensor
     cos: torch.Tensor        # [T, 1, D] from Rotary.cos_sin
     sin: torch.Tensor
     h: torch.Tensor          # [T, ffn] fc1's output
@@ -73,15 +75,15 @@ def _attention_flops(b: Buffers) -> float:
 def _write_kv(b: Buffers):
     from triton_kernels import write_kv_cache
     k_cache, v_cache = b.layer.attn.kv
-    return lambda: write_kv_cache(b.k, b.v, k_cache, v_cache, b.ctx.slot_mapping)
+    return lambda: write_kv_cache(b.k_rot, b.v, k_cache, v_cache, b.ctx.slot_mapping)
 
 
 def _paged(b: Buffers):
     from triton_kernels import paged_attention, write_kv_cache
     k_cache, v_cache = b.layer.attn.kv
-    write_kv_cache(b.k, b.v, k_cache, v_cache, b.ctx.slot_mapping)   # the keys it reads
+    write_kv_cache(b.k_rot, b.v, k_cache, v_cache, b.ctx.slot_mapping)   # the keys it reads
     c = b.ctx
-    return lambda: paged_attention(b.q, k_cache, v_cache, c.block_tables, c.cu_seqlens, c.kv_lens, causal=False,
+    return lambda: paged_attention(b.q_rot, k_cache, v_cache, c.block_tables, c.cu_seqlens, c.kv_lens, causal=False,
                                    scale=1.0, **c.attention_launch)
 
 
@@ -90,7 +92,7 @@ def _sdpa_varlen(b: Buffers):
     call per sequence."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     offsets = b.ctx.cu_seqlens.long()
-    q, k, v = (t.contiguous() for t in (b.q, b.k, b.v))
+    q, k, v = (t.contiguous() for t in (b.q_rot, b.k_rot, b.v))
     jagged = [torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in (q, k, v)]
 
     def flash():
@@ -172,7 +174,7 @@ FUSED = [
           lambda fn, b: lambda: fn(b.x, b.y, b.layer.mlp_norm.weight, b.layer.mlp_norm.bias, b.layer.mlp_norm.eps),
           lambda b: 4 * b.nbytes(b.x)),
     fused("attention from the QKV output (varlen, no KV write)", "attention", "triton_kernels.paged_attention:varlen_attention",
-          lambda fn, b: lambda: fn(b.q, b.k, b.v, b.ctx.cu_seqlens, causal=False, scale=1.0),
+          lambda fn, b: lambda: fn(b.q_rot, b.k_rot, b.v, b.ctx.cu_seqlens, causal=False, scale=1.0),
           lambda b: 4 * b.nbytes(b.q), _attention_flops),
 ]
 
@@ -194,8 +196,9 @@ def buffers(setting: Setting) -> Buffers:
         qkv = layer.qkv(layer.attn_norm(x))
         q, k, v = qkv.view(T, 3, layer.num_heads, layer.head_dim).unbind(1)
         cos, sin = rotary.cos_sin(ctx.positions, dt)
-    return Buffers(layer, rotary, ctx, x, rand(T, d), qkv, q, k, v, cos, sin, rand(T, layer.fc1.out_features),
-                   layer.head_dim ** -0.5, setting.gemm_rows)
+        q_rot, k_rot = rotary.apply(q * layer.head_dim ** -0.5, cos, sin), rotary.apply(k, cos, sin)
+    return Buffers(layer, rotary, ctx, x, rand(T, d), qkv, q, k, v, q_rot, k_rot, cos, sin,
+                   rand(T, layer.fc1.out_features), layer.head_dim ** -0.5, setting.gemm_rows)
 
 
 def run(setting: Setting, report: Report) -> None:
