@@ -9,18 +9,18 @@
 #
 # Steps, in this order, each `python -m bench.gpu_profile STEP` in its own process under its own time limit
 # (seconds, defaults summing to 480; STEP_TIMEOUT overrides every one, TOTAL_TIMEOUT the sum), printing its
-# tables row by row:
+# tables row by row (a step near its limit leaves out its optional parts, saying so):
 #   env (15)       nvidia-smi clocks and power, versions, SMs; measured copy GB/s and 8192^3 bf16 TFLOP/s
 #   esm_step (90)  one ~32k-token ESM-2 650M step on the native engine (CUDA events, profiler top-30 kernels,
 #                  GPU-busy fraction) and transformers' EsmModel (SDPA, padded batches) on the same sequences
-#   micro (55)     cuBLAS at the step's four GEMM shapes; rotary, q scale, LayerNorm, GELU, residual add,
+#   micro (50)     cuBLAS at the step's four GEMM shapes; rotary, q scale, LayerNorm, GELU, residual add,
 #                  write_kv_cache, paged attention vs SDPA flash (varlen) on the step's tokens; fused kernels
 #                  when triton_kernels has them (bench/gpu_profile/micro.py: FUSED)
-#   host (45)      tokenizer us/residue, ModelRunner.prepare, EmbedTask.compute, and every host-device sync of
+#   host (40)      tokenizer us/residue, ModelRunner.prepare, EmbedTask.compute, and every host-device sync of
 #                  one forward + compute with the project frame that caused it
-#   gdn (90)       the delta rule per kernel, ours and fla-core's Triton path, at bench_gated_delta_rule's shapes,
+#   gdn (85)       the delta rule per kernel, ours and fla-core's Triton path, at bench_gated_delta_rule's shapes,
 #                  plus one launch-knob variant each of ours
-#   e2e (130)      bin/run_shards on 10,000 make_fasta sequences, ESM-2 650M shape, native then --engine hf
+#   e2e (145)      bin/run_shards on 10,000 make_fasta sequences, ESM-2 650M shape, native then --engine hf
 #   pll (55)       bench/bench_pll.py gpu with small arguments
 # Then a summary of every step's status and headline numbers, last (the end of the output may be all that comes
 # back). Files, flat in OUT (default bench/out/gpu_profile): gpu_profile.md (every table), gpu_profile.json
@@ -46,7 +46,8 @@ if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ] && { [ -n "$SMOKE" ] || cuda_python .venv/bin/python; }; then PYTHON=.venv/bin/python; fi
 fi
 if [ -z "$SMOKE" ] && { ! command -v nvidia-smi >/dev/null 2>&1 || ! cuda_python "$PYTHON"; }; then
-    echo "gpu_profile: no GPU visible to $PYTHON (nvidia-smi and torch.cuda.is_available() must both work); nothing was run" \
+    echo "gpu_profile: no GPU visible to $PYTHON (nvidia-smi and torch.cuda.is_available() must both work);" \
+         "nothing was run" \
          "(--smoke runs the steps on CPU)" >&2
     exit 3
 fi
@@ -54,7 +55,8 @@ fi
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/gpu_profile.XXXXXX")
 trap 'rm -rf "$SCRATCH"' EXIT
 if compgen -G ".whl/*.whl" >/dev/null && { [ -z "$SMOKE" ] || [ "${WHEELS:-0}" = 1 ]; }; then
-    if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SCRATCH/site" .whl/*.whl; then
+    if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SCRATCH/site" .whl/*.whl; then
         export PYTHONPATH="$SCRATCH/site${PYTHONPATH:+:$PYTHONPATH}"
         echo "gpu_profile: installed $(ls .whl/*.whl | wc -l) wheels from .whl/ into a temporary site (on PYTHONPATH)"
     else
@@ -67,7 +69,7 @@ rm -f "$OUT/gpu_profile.md" "$OUT/gpu_profile.json" "$OUT/gpu_profile.log"
 LOG="$OUT/gpu_profile.log"
 STEPS=${STEPS:-env esm_step micro host gdn e2e pll}
 TOTAL=${TOTAL_TIMEOUT:-480}
-declare -A LIMIT=([env]=15 [esm_step]=90 [micro]=55 [host]=45 [gdn]=90 [e2e]=130 [pll]=55)
+declare -A LIMIT=([env]=15 [esm_step]=90 [micro]=50 [host]=40 [gdn]=85 [e2e]=145 [pll]=55)
 {
     echo "# GPU profile, $(date -u +%Y-%m-%dT%H:%M:%SZ)${SMOKE:+ (SMOKE: CPU, toy sizes)}"
     echo
@@ -91,7 +93,10 @@ for name in $STEPS; do
     fi
     echo "== $name (limit $limit s)" | tee -a "$LOG"
     start=$(date +%s)
-    timeout -k 5 "$limit" "$PYTHON" -m bench.gpu_profile "$name" $SMOKE --out "$OUT" --scratch "$SCRATCH" 2>&1 | tee -a "$LOG"
+    # A step may leave out its optional parts when it sees its end coming (setting.py: seconds_left).
+    export GPU_PROFILE_DEADLINE=$(($(date +%s) + limit))
+    timeout -k 5 "$limit" "$PYTHON" -m bench.gpu_profile "$name" $SMOKE --out "$OUT" --scratch "$SCRATCH" 2>&1 \
+        | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
     took=$(($(date +%s) - start))
     if [ "$rc" -eq 0 ]; then

@@ -279,7 +279,8 @@ class _Recorder(TorchDispatchMode):
         if name in ("to", "_to_copy") and args[0].device.type == "cpu" and isinstance(out, torch.Tensor) \
                 and out.device == self.device:
             self.host_values[_storage(out)] = args[0].clone()
-        inputs = [a for a in _flat(list(args) + [v for k, v in kwargs.items() if k != "out"]) if isinstance(a, torch.Tensor)]
+        given = list(args) + [v for k, v in kwargs.items() if k != "out"]
+        inputs = [a for a in _flat(given) if isinstance(a, torch.Tensor)]
         outputs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
         if name in NO_KERNEL or not any(t.device == self.device for t in inputs + outputs):
             return out   # an allocation, a host-side op
@@ -473,12 +474,14 @@ def render(r: dict) -> str:
              f"kernels per layer: **{r['kernels_per_layer']:.1f}** ({r['aten_kernels_per_layer']:.1f} aten + "
              f"{r['triton_launches_per_layer']:.1f} Triton); non-GEMM traffic: **{r['non_gemm_d_per_token_layer']:.1f} d** "
              f"per token-layer (d = {r['hidden']} bytes), {r['non_gemm_bytes'] / gb:.1f} GB per step", "",
-             "| family | kernels / layer | read GB | written GB | d per token-layer |", "| --- | ---: | ---: | ---: | ---: |"]
+             "| family | kernels / layer | read GB | written GB | d per token-layer |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     for name, f in r["families"].items():
         if f["kernels"]:
             lines.append(f"| {name} | {f['kernels_per_layer']:.2f} | {f['read'] / gb:.2f} | {f['written'] / gb:.2f} | "
                          f"{f['d_per_token_layer']:.1f} |")
-    lines += ["", "| aten op (family: op) | count | per layer | read GB | written GB |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines += ["", "| aten op (family: op) | count | per layer | read GB | written GB |",
+              "| --- | ---: | ---: | ---: | ---: |"]
     for name, o in sorted(r["ops"].items(), key=lambda kv: -(kv[1]["read"] + kv[1]["written"])):
         lines.append(f"| {name} | {o['count']} | {o['count'] / L:.2f} | {o['read'] / gb:.2f} | {o['written'] / gb:.2f} |")
     lines += ["", "| Triton kernel | family | launches | per layer | read GB | written GB | bytes |",

@@ -69,15 +69,17 @@ def run(setting: Setting, report: Report) -> None:
                     "1", str(fasta)], check=True, capture_output=True)
     start = time.perf_counter()
     checkpoint = write_checkpoint(setting, setting.scratch / "esm2_checkpoint")
-    report.line(f"{setting.e2e_sequences:,} make_fasta.py sequences (seed 1); ESM-2 {setting.esm_shape['hidden_size']}-wide "
-                f"x {setting.esm_shape['num_hidden_layers']} layers checkpoint written in {time.perf_counter() - start:.1f} s")
+    shape = setting.esm_shape
+    report.line(f"{setting.e2e_sequences:,} make_fasta.py sequences (seed 1); ESM-2 {shape['hidden_size']}-wide x "
+                f"{shape['num_hidden_layers']} layers checkpoint written in {time.perf_counter() - start:.1f} s")
     t = report.table("engine", "whole run s", "prepare s", "start + load s", "compute s", "finish + merge s",
                      "shard tok/s", "engine stats")
     runs = {}
     for engine in ("native", "hf"):
         r = runs[engine] = one_run(setting, fasta, checkpoint, engine)
         if r["returncode"]:
-            t.row(engine, r["seconds"], f"FAILED (exit {r['returncode']}): {' / '.join(r['error'])[:300]}", "", "", "", "", "")
+            error = " / ".join(r["error"])[:300]
+            t.row(engine, r["seconds"], f"FAILED (exit {r['returncode']}): {error}", "", "", "", "", "")
             continue
         t.row(engine, r["seconds"], r.get("prepare", "?"), r.get("start_load", "?"), r.get("compute", "?"),
               r.get("finish_merge", "?"), r.get("shard_tok_s", "?"), r.get("engine_stats", ""))

@@ -72,6 +72,9 @@ def run(setting: Setting, report: Report) -> None:
                             f"({fla_ms / times['ours']:.2f}x)")
         prepared.append((case, inputs, impls))
 
+    if setting.seconds_left() < 20:
+        report.line(f"per-kernel times and knob variants left out: {setting.seconds_left():.0f} s left of the step's limit")
+        return
     per_kernel = report.table("shape", "implementation", "kernel", "calls per run", "ms per run")
     runs = PROFILED_RUNS if setting.gpu else 1
     for case, inputs, impls in prepared:
@@ -86,6 +89,9 @@ def run(setting: Setting, report: Report) -> None:
         return
     variants = report.table("shape", "ours with", "ms (median)", "vs ours default")
     for case, inputs, _ in prepared:
+        if setting.seconds_left() < 15:   # each variant compiles anew
+            report.line(f"variants of the remaining shapes left out: {setting.seconds_left():.0f} s left")
+            break
         base = bench_ms(lambda: ours(inputs), setting)
         for name, knobs in VARIANTS.items():
             try:

@@ -173,7 +173,8 @@ FUSED = [
     fused("fused add + LayerNorm", "norm", "triton_kernels.add_layer_norm:add_layer_norm",
           lambda fn, b: lambda: fn(b.x, b.y, b.layer.mlp_norm.weight, b.layer.mlp_norm.bias, b.layer.mlp_norm.eps),
           lambda b: 4 * b.nbytes(b.x)),
-    fused("attention from the QKV output (varlen, no KV write)", "attention", "triton_kernels.paged_attention:varlen_attention",
+    fused("attention from the QKV output (varlen, no KV write)", "attention",
+          "triton_kernels.paged_attention:varlen_attention",
           lambda fn, b: lambda: fn(b.q_rot, b.k_rot, b.v, b.ctx.cu_seqlens, causal=False, scale=1.0),
           lambda b: 4 * b.nbytes(b.q), _attention_flops),
 ]
@@ -204,7 +205,8 @@ def buffers(setting: Setting) -> Buffers:
 def run(setting: Setting, report: Report) -> None:
     b = buffers(setting)
     report.line(f"layer 0 of the ESM-2 {b.x.shape[1]}-wide shape; {b.T:,} tokens in {b.ctx.num_seqs} sequences (the "
-                f"engine's prepared step); GEMMs on {b.gemm_rows:,} rows; attention launch {b.ctx.attention_launch or 'torch path'}")
+                f"engine's prepared step); GEMMs on {b.gemm_rows:,} rows; attention launch "
+                f"{b.ctx.attention_launch or 'torch path'}")
     t = report.table("op", "family", "ms (median)", "GB/s at min bytes", "TFLOP/s")
     for row in ROWS + [r for r in FUSED if r is not None]:
         if row.make is None:
@@ -218,7 +220,8 @@ def run(setting: Setting, report: Report) -> None:
             t.row(row.name, row.family, f"failed: {type(e).__name__}: {str(e)[:120]}", "", "")
             continue
         gbps, tflops = row.nbytes(b) / ms / 1e6, row.flops(b) / ms / 1e9
-        t.row(row.name + (f": {fn.label}" if hasattr(fn, "label") else ""), row.family, ms, gbps if gbps else "", tflops if tflops else "")
+        name = row.name + (f": {fn.label}" if hasattr(fn, "label") else "")
+        t.row(name, row.family, ms, gbps if gbps else "", tflops if tflops else "")
         report.keep(row.name, {"ms": ms, "GBps": gbps, "TFLOPs": tflops})
     numbers = load(report.out).get(report.step, {})
     gemm = [numbers[r.name]["TFLOPs"] for r in ROWS if r.family == "GEMM" and r.name in numbers]
@@ -227,4 +230,4 @@ def run(setting: Setting, report: Report) -> None:
     if gemm:
         report.headline(f"cuBLAS at the step's shapes: {min(gemm):,.0f}-{max(gemm):,.0f} TFLOP/s; q scale + rotary "
                         f"{rotary if rotary is None else f'{rotary:.3f}'} ms per layer; paged attention "
-                        + (f"{paged:.3f} ms vs SDPA flash {flash:.3f} ms ({flash / paged:.2f}x)" if paged and flash else "n/a"))
+                        + (f"{paged:.3f} ms vs SDPA {flash:.3f} ms ({flash / paged:.2f}x)" if paged and flash else "n/a"))

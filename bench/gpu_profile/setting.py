@@ -3,6 +3,7 @@ an ESM-2 650M shape, 10,000 sequences end to end), or --smoke: the CPU at toy si
 every step's code in seconds (its numbers mean nothing)."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,3 +51,8 @@ class Setting:
         """Seconds, after the device's queued work is done."""
         self.sync()
         return time.perf_counter()
+
+    def seconds_left(self) -> float:
+        """Seconds until the script stops this step (GPU_PROFILE_DEADLINE, set by gpu_profile.sh), else inf."""
+        deadline = os.environ.get("GPU_PROFILE_DEADLINE")
+        return float(deadline) - time.time() if deadline else float("inf")
