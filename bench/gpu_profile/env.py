@@ -12,9 +12,16 @@ from .report import Report
 from .setting import Setting
 from .timing import median, time_ms
 
-SMI_SECTIONS = ("Clocks", "Max Clocks", "GPU Power Readings", "Power Readings", "Clocks Event Reasons")
-SMI_KEYS = ("Graphics", "SM", "Memory", "Power Draw", "Current Power Limit", "Max Power Limit", "Idle",
-            "SW Power Cap", "HW Slowdown", "SW Thermal Slowdown")
+SMI_SECTIONS = ("Clocks", "Max Clocks", "GPU Power Readings", "Power Readings", "Clocks Event Reasons",
+                "Clocks Throttle Reasons")
+
+
+def _wanted(section: str, key: str) -> bool:
+    """Current and maximum clocks, power draw and limits, and why clocks are held back (driver versions name
+    these fields differently: "Power Draw", "Average Power Draw", "Instantaneous Power Draw", ...)."""
+    if section not in SMI_SECTIONS:
+        return False
+    return key in ("Graphics", "SM", "Memory") or "Power Draw" in key or "Power Limit" in key or "Reasons" in section
 
 
 def nvidia_smi(report: Report) -> None:
@@ -22,15 +29,20 @@ def nvidia_smi(report: Report) -> None:
         report.line("nvidia-smi: not on the PATH (no NVIDIA driver here)")
         return
     text = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK,POWER"], capture_output=True, text=True, timeout=20).stdout
-    t = report.table("nvidia-smi -q -d CLOCK,POWER", "value")
-    section = ""
+    rows, section = [], ""
     for line in text.splitlines():
         if ":" not in line:
             section = line.strip()
             continue
         key, _, value = (part.strip() for part in line.partition(":"))
-        if section in SMI_SECTIONS and key in SMI_KEYS and value:
-            t.row(f"{section} / {key}", value)
+        if value and _wanted(section, key):
+            rows.append((f"{section} / {key}", value))
+    if not rows:   # a layout this parser does not know: the text itself, not nothing
+        report.line("nvidia-smi -q -d CLOCK,POWER (unparsed):\n```\n" + "\n".join(text.splitlines()[:60]) + "\n```")
+        return
+    t = report.table("nvidia-smi -q -d CLOCK,POWER", "value")
+    for name, value in rows:
+        t.row(name, value)
 
 
 def versions(report: Report, setting: Setting) -> None:

@@ -14,6 +14,11 @@ from .setting import Setting
 from .timing import kernel_table, median, profile, time_ms
 
 
+def busy(setting: Setting) -> str:
+    """What kernel time over wall time is: the GPU's busy fraction, or (--smoke) CPU op time, threads summed."""
+    return "GPU busy" if setting.gpu else "CPU op time / wall"
+
+
 def native(setting: Setting, report: Report, ids: list[list[int]]) -> float:
     engine = native_engine(setting, esm_tokenizer(setting.scratch / "esm_tokenizer"))
     final, tokens = engine.info.num_layers, sum(map(len, ids))
@@ -35,7 +40,7 @@ def native(setting: Setting, report: Report, ids: list[list[int]]) -> float:
     t.row("ModelRunner.run on a prepared step", 1, tokens, model_ms, float("nan"), float("nan"), tokens / model_ms * 1e3)
     kernels, busy_ms, wall_ms = profile(forward, setting)
     kernel_table(report, setting, kernels, step_ms)
-    report.line(f"kernel time {busy_ms:.1f} ms in a profiled step of {wall_ms:.1f} ms wall: GPU busy "
+    report.line(f"kernel time {busy_ms:.1f} ms in a profiled step of {wall_ms:.1f} ms wall: {busy(setting)} "
                 f"{busy_ms / wall_ms:.0%} "
                 f"(of the unprofiled {step_ms:.1f} ms step: {busy_ms / step_ms:.0%})")
     for key, value in (("step_ms", step_ms), ("model_ms", model_ms), ("tokens", tokens), ("steps", steps),
@@ -43,7 +48,7 @@ def native(setting: Setting, report: Report, ids: list[list[int]]) -> float:
                        ("top_kernels", [(k.name[:120], k.count, round(k.ms, 3)) for k in kernels[:30]])):
         report.keep(key, value)
     report.headline(f"native: {step_ms:.1f} ms per {tokens:,}-token step = {tokens / step_ms * 1e3:,.0f} tok/s "
-                    f"(model alone {model_ms:.1f} ms); GPU busy {busy_ms / step_ms:.0%}")
+                    f"(model alone {model_ms:.1f} ms); {busy(setting)} {busy_ms / step_ms:.0%}")
     del engine, ctx
     return step_ms
 
@@ -85,7 +90,7 @@ def transformers_padded(setting: Setting, report: Report, ids: list[list[int]], 
         return
     kernels, busy_ms, wall_ms = profile(forward, setting)
     kernel_table(report, setting, kernels, ms)
-    report.line(f"kernel time {busy_ms:.1f} ms in a profiled pass of {wall_ms:.1f} ms wall: GPU busy "
+    report.line(f"kernel time {busy_ms:.1f} ms in a profiled pass of {wall_ms:.1f} ms wall: {busy(setting)} "
                 f"{busy_ms / wall_ms:.0%}")
     report.keep("hf_busy_fraction", busy_ms / ms)
     report.keep("hf_top_kernels", [(k.name[:120], k.count, round(k.ms, 3)) for k in kernels[:30]])
