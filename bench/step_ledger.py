@@ -395,7 +395,7 @@ def ledger(model_name: str, tokens: int = 32768, layers: int | None = None, leng
     caches |= {_storage(t) for layer in getattr(model, "delta_layers", lambda: [])() for t in layer.state}
     rng = np.random.default_rng(0)
     batch = [list(rng.integers(4, 24, int(n))) for n in lengths]   # residue ids of every family's vocabulary
-    with torch.inference_mode(), dry_run(H100):
+    with torch.inference_mode(), dry_run(H100), _Recorder(meta):   # (the recorder serves host reads)
         # A first step of other lengths, not recorded: what is built once per process (T5's bucket table) is
         # built there, what is built per step layout (the delta rule's chunk tables) is built again below.
         engine.forward([batch[0][:17]], [L], False)
