@@ -1,0 +1,96 @@
+"""Step e2e: bin/run_shards end to end as a user runs it, on tools/make_fasta.py's 10,000 sequences (seed 1) with
+an ESM-2 650M-shaped checkpoint on local disk (random bf16 weights, ESM's tokenizer files built offline):
+`--gpus 1 --on-long truncate`, the native engine, then `--engine hf`. For each: the whole run's seconds (this
+process's clock around the command), the run log's split (prepare, start + load, compute, finish + merge), the
+worker log's shard tok/s and engine stats; then how far the two results' rows agree (cosine of the mean
+embeddings)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import REPO
+from .models import write_checkpoint
+from .report import Report
+from .setting import Setting
+
+TIMINGS = re.compile(r"timings: prepare ([\d.]+) s, start workers and load model ([\d.]+) s, compute ([\d.]+) s, "
+                     r"finish shards and merge ([\d.]+) s; total ([\d.]+) s")
+SHARD = re.compile(r"shard complete: .*\((\d+) sequences, (\d+) tokens, ([\d.]+) s, (\d+) tok/s\)")
+ENGINE = re.compile(r"(native engine: .*)$", re.M)
+
+
+def one_run(setting: Setting, fasta: Path, checkpoint: Path, engine: str) -> dict:
+    out = setting.scratch / f"e2e_{engine}"
+    shutil.rmtree(out, ignore_errors=True)
+    devices = ["--gpus", "1"] if setting.gpu else ["--gpus", "0", "--workers", "1", "--threads", "1"]
+    cmd = [sys.executable, str(REPO / "bin" / "run_shards"), "run", str(fasta), "--model", str(checkpoint), *devices,
+           "--on-long", "truncate", "--out", str(out), "--no-progress"] + (["--engine", "hf"] if engine == "hf" else [])
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # workers run as in production
+    if setting.smoke:
+        env["RUN_SHARDS_REPORT"] = "0"   # the HTML page: a second of a CPU check's time, not what it checks
+    start = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    result = {"engine": engine, "seconds": time.perf_counter() - start, "returncode": res.returncode, "out": out}
+    if res.returncode != 0:
+        result["error"] = (res.stderr or res.stdout).strip().splitlines()[-5:]
+        return result
+    run_log = (out / "logs" / "run.log").read_text()
+    worker_log = "\n".join(p.read_text() for p in sorted((out / "logs").glob("worker_*.log")))
+    if (m := TIMINGS.search(run_log)):
+        result.update(zip(("prepare", "start_load", "compute", "finish_merge", "total"), map(float, m.groups())))
+    if (m := SHARD.search(worker_log)):
+        result.update(zip(("sequences", "tokens", "shard_seconds", "shard_tok_s"), map(float, m.groups())))
+    if (m := ENGINE.search(worker_log)):
+        result["engine_stats"] = m.group(1)
+    return result
+
+
+def agreement(a: Path, b: Path) -> dict:
+    """Cosine of each row's mean embedding between two results, and their largest absolute difference."""
+    import h5py
+    with h5py.File(a / "result.h5") as fa, h5py.File(b / "result.h5") as fb:
+        x, y = fa["embeddings/mean"][:].astype(np.float64), fb["embeddings/mean"][:].astype(np.float64)
+    cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-30)
+    return {"rows": len(x), "cosine_min": float(cos.min()), "cosine_median": float(np.median(cos)),
+            "max_abs_diff": float(np.abs(x - y).max()), "max_abs_value": float(np.abs(y).max())}
+
+
+def run(setting: Setting, report: Report) -> None:
+    fasta = setting.scratch / "e2e.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", str(setting.e2e_sequences), "--seed",
+                    "1", str(fasta)], check=True, capture_output=True)
+    start = time.perf_counter()
+    checkpoint = write_checkpoint(setting, setting.scratch / "esm2_checkpoint")
+    shape = setting.esm_shape
+    report.line(f"{setting.e2e_sequences:,} make_fasta.py sequences (seed 1); ESM-2 {shape['hidden_size']}-wide x "
+                f"{shape['num_hidden_layers']} layers checkpoint written in {time.perf_counter() - start:.1f} s")
+    t = report.table("engine", "whole run s", "prepare s", "start + load s", "compute s", "finish + merge s",
+                     "shard tok/s", "engine stats")
+    runs = {}
+    for engine in ("native", "hf"):
+        r = runs[engine] = one_run(setting, fasta, checkpoint, engine)
+        if r["returncode"]:
+            error = " / ".join(r["error"])[:300]
+            t.row(engine, r["seconds"], f"FAILED (exit {r['returncode']}): {error}", "", "", "", "", "")
+            continue
+        t.row(engine, r["seconds"], r.get("prepare", "?"), r.get("start_load", "?"), r.get("compute", "?"),
+              r.get("finish_merge", "?"), r.get("shard_tok_s", "?"), r.get("engine_stats", ""))
+        report.keep(engine, {k: v for k, v in r.items() if k != "out"})
+        report.headline(f"e2e {engine}: {r['seconds']:.1f} s whole run (prepare {r.get('prepare', '?')} s, start + load "
+                        f"{r.get('start_load', '?')} s, compute {r.get('compute', '?')} s), shard "
+                        f"{r.get('shard_tok_s', 0):,.0f} tok/s")
+    if all(r["returncode"] == 0 for r in runs.values()):
+        a = agreement(runs["native"]["out"], runs["hf"]["out"])
+        report.line(f"rows native vs hf: {a['rows']:,} rows, cosine min {a['cosine_min']:.6f}, median "
+                    f"{a['cosine_median']:.6f}; largest absolute difference {a['max_abs_diff']:.3g} (values up to "
+                    f"{a['max_abs_value']:.3g})")
+        report.keep("agreement", a)
+        report.headline(f"e2e rows native vs hf: cosine >= {a['cosine_min']:.5f}")

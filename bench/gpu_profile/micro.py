@@ -1,0 +1,233 @@
+"""Step micro: the ESM-2 650M step's pieces one at a time, each beside its ceiling. cuBLAS at the step's four
+GEMM shapes (bias as F.linear adds it) in TFLOP/s; on the step's own tokens (the engine's prepared step: its
+positions, pages, cu_seqlens and launch knobs) the engine's rotary (Rotary.apply of q and k, as EsmLayer._qkv
+calls it), the q scale, LayerNorm, GELU, the residual add, write_kv_cache, and our paged attention beside
+F.scaled_dot_product_attention (flash, nested jagged: varlen) on the same packed lengths. GB/s are at the
+fewest bytes each op must move (its inputs read once, its outputs written once).
+
+The rows are a table of named callables (ROWS below, then FUSED): a kernel written later is one more line.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .models import esm_tokenizer, native_engine, step_texts
+from .report import Report, load
+from .setting import Setting
+from .timing import bench_ms
+
+
+@dataclass
+class Buffers:
+    """One step's tensors, as layer 0 of the engine sees them."""
+    layer: object            # pipeline.models.esm.EsmLayer
+    rotary: object           # pipeline.models.layers.rotary.Rotary
+    ctx: object              # pipeline.models.step.StepContext (prepared by ModelRunner.prepare)
+    x: torch.Tensor          # [T, d] a residual stream
+    y: torch.Tensor          # [T, d] what is added to it
+    qkv: torch.Tensor        # [T, 3d] the QKV projection's output
+    q: torch.Tensor          # [T, H, D] views of it, as _qkv unbinds them
+    k: torch.Tensor
+    v: torch.Tensor
+    q_rot: torch.Tensor      # [T, H, D] q scaled and rotated, k rotated: what attention gets
+    k_rot: torch.Tensor
+    cos: torch.Tensor        # [T, 1, D] from Rotary.cos_sin
+    sin: torch.Tensor
+    h: torch.Tensor          # [T, ffn] fc1's output
+    scale: float             # head_dim ** -0.5
+    gemm_rows: int           # M of the products
+
+    @property
+    def T(self) -> int:
+        return self.x.shape[0]
+
+    def nbytes(self, *tensors: torch.Tensor) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class Row:
+    name: str
+    family: str
+    make: Callable[[Buffers], Callable[[], object]]   # buffers -> the call to time
+    nbytes: Callable[[Buffers], float] = lambda b: 0.0
+    flops: Callable[[Buffers], float] = lambda b: 0.0
+
+
+def _qkv_elementwise(b: Buffers):
+    """EsmLayer._qkv after the projection: the q scale, then the rotary of q and of k."""
+    def call():
+        q = b.q * b.scale
+        return b.rotary.apply(q, b.cos, b.sin), b.rotary.apply(b.k, b.cos, b.sin)
+    return call
+
+
+def _attention_flops(b: Buffers) -> float:
+    lengths = b.ctx.q_lens.astype(float)
+    return 4.0 * float((lengths * lengths).sum()) * b.q.shape[1] * b.q.shape[2]
+
+
+def _write_kv(b: Buffers):
+    from triton_kernels import write_kv_cache
+    k_cache, v_cache = b.layer.attn.kv
+    return lambda: write_kv_cache(b.k_rot, b.v, k_cache, v_cache, b.ctx.slot_mapping)
+
+
+def _paged(b: Buffers):
+    from triton_kernels import paged_attention, write_kv_cache
+    k_cache, v_cache = b.layer.attn.kv
+    write_kv_cache(b.k_rot, b.v, k_cache, v_cache, b.ctx.slot_mapping)   # the keys it reads
+    c = b.ctx
+    return lambda: paged_attention(b.q_rot, k_cache, v_cache, c.block_tables, c.cu_seqlens, c.kv_lens, causal=False,
+                                   scale=1.0, **c.attention_launch)
+
+
+def _sdpa_varlen(b: Buffers):
+    """SDPA's flash backend on nested jagged tensors (one varlen launch); where that is refused (CPU), one SDPA
+    call per sequence."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    offsets = b.ctx.cu_seqlens.long()
+    q, k, v = (t.contiguous() for t in (b.q_rot, b.k_rot, b.v))
+    jagged = [torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in (q, k, v)]
+
+    def flash():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(*jagged, scale=1.0)
+    try:
+        flash()
+        return flash
+    except (RuntimeError, NotImplementedError) as e:
+        bounds = offsets.tolist()
+
+        def per_sequence():
+            for s, e in zip(bounds, bounds[1:]):
+                F.scaled_dot_product_attention(*(t[s:e].transpose(0, 1)[None] for t in (q, k, v)), scale=1.0)
+        per_sequence.label = f"one SDPA call per sequence (nested jagged flash refused: {str(e)[:60]})"
+        return per_sequence
+
+
+def _gelu(b: Buffers):
+    from triton_kernels import pointwise
+    return lambda: pointwise.gelu(b.h)
+
+
+def _gemm(index: int):
+    """F.linear of layer 0's index-th product (qkv, attention output, fc1, fc2) on gemm_rows rows."""
+    def make(b: Buffers):
+        lin = [b.layer.qkv, b.layer.attn_out, b.layer.fc1, b.layer.fc2][index]
+        x = torch.randn(b.gemm_rows, lin.in_features, device=b.x.device).to(b.x.dtype)
+        return lambda: F.linear(x, lin.weight, lin.bias)
+    return make
+
+
+def _gemm_row(label: str, index: int) -> Row:
+    def size(b: Buffers):
+        lin = [b.layer.qkv, b.layer.attn_out, b.layer.fc1, b.layer.fc2][index]
+        return lin.in_features, lin.out_features
+    return Row(f"F.linear {label}", "GEMM", _gemm(index),
+               lambda b: 2.0 * (b.gemm_rows * sum(size(b)) + size(b)[0] * size(b)[1]),
+               lambda b: 2.0 * b.gemm_rows * size(b)[0] * size(b)[1])
+
+
+ROWS = [
+    _gemm_row("M x d -> 3d (qkv)", 0),
+    _gemm_row("M x d -> d (attention output)", 1),
+    _gemm_row("M x d -> 4d (fc1)", 2),
+    _gemm_row("M x 4d -> d (fc2)", 3),
+    Row("q scale (q * head_dim^-0.5)", "other", lambda b: lambda: b.q * b.scale, lambda b: 2 * b.nbytes(b.q)),
+    Row("rotary q (Rotary.apply, fp32 math)", "rotary", lambda b: lambda: b.rotary.apply(b.q, b.cos, b.sin),
+        lambda b: 2 * b.nbytes(b.q)),
+    Row("rotary k", "rotary", lambda b: lambda: b.rotary.apply(b.k, b.cos, b.sin), lambda b: 2 * b.nbytes(b.k)),
+    Row("q scale + rotary q, k (as EsmLayer._qkv)", "rotary", _qkv_elementwise, lambda b: 4 * b.nbytes(b.q)),
+    Row("LayerNorm (attn_norm)", "norm", lambda b: lambda: b.layer.attn_norm(b.x), lambda b: 2 * b.nbytes(b.x)),
+    Row("GELU (pointwise.gelu) on fc1's output", "activation", _gelu,
+        lambda b: 2 * b.nbytes(b.h)),
+    Row("residual add", "residual", lambda b: lambda: b.x + b.y, lambda b: 3 * b.nbytes(b.x)),
+    Row("write_kv_cache (k, v)", "attention", _write_kv, lambda b: 4 * b.nbytes(b.k)),
+    Row("paged_attention (ours, bidirectional)", "attention", _paged, lambda b: 4 * b.nbytes(b.q), _attention_flops),
+    Row("SDPA flash, nested jagged (varlen)", "attention", _sdpa_varlen, lambda b: 4 * b.nbytes(b.q), _attention_flops),
+]
+
+
+# ---- fused kernels (issue 35 item 3, written in a parallel branch): one line each ---------------------------------
+# fused(label, family, "module:attribute", call(fn, buffers) -> the call to time, bytes(buffers)): a row only when
+# triton_kernels exposes module.attribute; a call whose arguments differ from the guess prints its error in its row.
+# The names below are guesses of the branch's: correct them (and the calls) when it lands.
+def fused(label: str, family: str, target: str, call, nbytes=lambda b: 0.0, flops=lambda b: 0.0) -> Row | None:
+    module, _, attribute = target.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError):
+        return Row(f"{label}: not in triton_kernels ({target})", family, None)
+    return Row(label, family, lambda b: call(fn, b), nbytes, flops)
+
+
+FUSED = [
+    fused("fused q scale + rotary (q, k)", "rotary", "triton_kernels.rotary:rotary_qk",
+          lambda fn, b: lambda: fn(b.qkv, b.cos, b.sin, b.q.shape[1], scale=b.scale), lambda b: 4 * b.nbytes(b.q)),
+    fused("fused add + LayerNorm", "norm", "triton_kernels.add_layer_norm:add_layer_norm",
+          lambda fn, b: lambda: fn(b.x, b.y, b.layer.mlp_norm.weight, b.layer.mlp_norm.bias, b.layer.mlp_norm.eps),
+          lambda b: 4 * b.nbytes(b.x)),
+    fused("attention from the QKV output (varlen, no KV write)", "attention",
+          "triton_kernels.paged_attention:varlen_attention",
+          lambda fn, b: lambda: fn(b.q_rot, b.k_rot, b.v, b.ctx.cu_seqlens, causal=False, scale=1.0),
+          lambda b: 4 * b.nbytes(b.q), _attention_flops),
+]
+
+
+def buffers(setting: Setting) -> Buffers:
+    from pipeline.engine.sequence import Sequence
+    tokenizer = esm_tokenizer(setting.scratch / "esm_tokenizer")
+    engine = native_engine(setting, tokenizer)
+    engine.runner.allocate()
+    scheduler = engine._scheduler()
+    for i, seq in enumerate(tokenizer(step_texts(setting))["input_ids"]):
+        scheduler.add(Sequence(i, seq))
+    ctx = engine.runner.prepare(scheduler.schedule(), scheduler.blocks)
+    layer, rotary = engine.model.layers[0], engine.model.rotary
+    T, d, dev, dt = ctx.num_tokens, layer.qkv.in_features, setting.device, setting.dtype
+    rand = lambda *shape: torch.randn(*shape, device=dev).to(dt)   # noqa: E731
+    with torch.inference_mode():
+        x = rand(T, d)
+        qkv = layer.qkv(layer.attn_norm(x))
+        q, k, v = qkv.view(T, 3, layer.num_heads, layer.head_dim).unbind(1)
+        cos, sin = rotary.cos_sin(ctx.positions, dt)
+        q_rot, k_rot = rotary.apply(q * layer.head_dim ** -0.5, cos, sin), rotary.apply(k, cos, sin)
+    return Buffers(layer, rotary, ctx, x, rand(T, d), qkv, q, k, v, q_rot, k_rot, cos, sin,
+                   rand(T, layer.fc1.out_features), layer.head_dim ** -0.5, setting.gemm_rows)
+
+
+def run(setting: Setting, report: Report) -> None:
+    b = buffers(setting)
+    report.line(f"layer 0 of the ESM-2 {b.x.shape[1]}-wide shape; {b.T:,} tokens in {b.ctx.num_seqs} sequences (the "
+                f"engine's prepared step); GEMMs on {b.gemm_rows:,} rows; attention launch "
+                f"{b.ctx.attention_launch or 'torch path'}")
+    t = report.table("op", "family", "ms (median)", "GB/s at min bytes", "TFLOP/s")
+    for row in ROWS + [r for r in FUSED if r is not None]:
+        if row.make is None:
+            report.line(f"- {row.name}: skipped")
+            continue
+        try:
+            with torch.inference_mode():
+                fn = row.make(b)
+                ms = bench_ms(fn, setting)
+        except Exception as e:  # noqa: BLE001 - one op failing is a row's result, not the step's end
+            t.row(row.name, row.family, f"failed: {type(e).__name__}: {str(e)[:120]}", "", "")
+            continue
+        gbps, tflops = row.nbytes(b) / ms / 1e6, row.flops(b) / ms / 1e9
+        name = row.name + (f": {fn.label}" if hasattr(fn, "label") else "")
+        t.row(name, row.family, ms, gbps if gbps else "", tflops if tflops else "")
+        report.keep(row.name, {"ms": ms, "GBps": gbps, "TFLOPs": tflops})
+    numbers = load(report.out).get(report.step, {})
+    gemm = [numbers[r.name]["TFLOPs"] for r in ROWS if r.family == "GEMM" and r.name in numbers]
+    paged, flash = numbers.get(ROWS[-2].name, {}).get("ms"), numbers.get(ROWS[-1].name, {}).get("ms")
+    rotary = numbers.get(ROWS[7].name, {}).get("ms")
+    if gemm:
+        report.headline(f"cuBLAS at the step's shapes: {min(gemm):,.0f}-{max(gemm):,.0f} TFLOP/s; q scale + rotary "
+                        f"{rotary if rotary is None else f'{rotary:.3f}'} ms per layer; paged attention "
+                        + (f"{paged:.3f} ms vs SDPA {flash:.3f} ms ({flash / paged:.2f}x)" if paged and flash else "n/a"))

@@ -1,0 +1,81 @@
+"""bench/gpu_profile.sh, the one-shot GPU profile (issue 35 item 7): it parses; without a GPU it refuses (exit 3)
+unless --smoke, which runs every step's real code on CPU at toy sizes; each step prints its table and the few
+flat files land in OUT; STEPS picks steps and a step that cannot run does not stop the others."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from .tiny_models import REPO
+
+SCRIPT = REPO / "bench" / "gpu_profile.sh"
+FILES = {"gpu_profile.md", "gpu_profile.json", "gpu_profile.log"}
+# What each step prints: its tables' first columns (the script's output is all a lent GPU's user may get).
+PRINTS = {"env": ["| software / device | version |", "| ceiling | size | ms | rate |", "device-to-device copy"],
+          "esm_step": ["| native engine | steps |", "NativeEngine.forward", "| CPU op (--smoke: no GPU kernels) |",
+                       "| transformers EsmModel (SDPA, padded) |", "native is"],
+          "micro": ["| op | family | ms (median) |", "| F.linear M x d -> 3d (qkv) | GEMM |",
+                    "| rotary q (Rotary.apply, fp32 math) | rotary |", "| LayerNorm (attn_norm) | norm |",
+                    "| GELU (pointwise.gelu) on fc1's output | activation |", "| write_kv_cache (k, v) | attention |",
+                    "| paged_attention (ours, bidirectional) | attention |", "SDPA flash, nested jagged (varlen)"],
+          "host": ["| host work per step |", "SequenceTokenizer.encode (EsmTokenizer)", "| ModelRunner.prepare |",
+                   "| EmbedTask.compute", "| synchronisation (CPU dispatch audit"],
+          "gdn": ["| shape | implementation | ms (median) | vs fla |", "| H2/HV4, 128 tokens in 4 seqs | ours |",
+                  "| shape | implementation | kernel | calls per run |", "fla-core rows: GPU only"],
+          "e2e": ["| engine | whole run s |", "| native |", "| hf |", "rows native vs hf: 20 rows, cosine min"],
+          "pll": ["| transformers |", "| native |", "largest difference between the two's sums"]}
+
+
+def run_script(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "OUT": str(tmp_path / "out"),
+            "PYTHON": sys.executable, "TMPDIR": str(tmp_path), **env}
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=900)
+
+
+def test_the_script_parses():
+    res = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the script would run its steps")
+def test_without_a_gpu_it_refuses_before_running_anything(tmp_path):
+    res = run_script(tmp_path)
+    assert res.returncode == 3, res.stderr
+    assert "no GPU visible" in res.stderr and "nothing was run" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_step_on_cpu_and_writes_its_files(tmp_path):
+    res = run_script(tmp_path, "--smoke")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for step, texts in PRINTS.items():
+        assert f"== {step} (limit " in res.stdout
+        for text in texts:
+            assert text in res.stdout, f"{step} did not print {text!r}"
+    summary = res.stdout[res.stdout.index("## summary"):]
+    for step in PRINTS:
+        assert f"- {step}: ok(" in summary
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} == FILES   # flat, few: what a lent GPU's call brings back
+    numbers = json.loads((out / "gpu_profile.json").read_text())
+    assert set(numbers) == set(PRINTS)
+    assert numbers["e2e"]["agreement"]["rows"] == 20 and numbers["e2e"]["agreement"]["cosine_min"] > 0.999
+    assert numbers["host"]["encode_us_per_residue"] > 0 and numbers["esm_step"]["steps"] == 1
+    markdown = (out / "gpu_profile.md").read_text()
+    assert all(f"## {step}:" in markdown for step in PRINTS) and "## summary" in markdown
+    assert "| native engine |" in (out / "gpu_profile.log").read_text()
+    assert not list(tmp_path.glob("gpu_profile.*"))   # the scratch folder (checkpoints, runs) was removed
+
+
+def test_steps_picks_the_steps_and_one_that_cannot_run_does_not_stop_the_rest(tmp_path):
+    res = run_script(tmp_path, "--smoke", STEPS="nosuchstep env")
+    assert res.returncode == 1
+    assert "unknown step 'nosuchstep'" in res.stderr and "| ceiling | size | ms | rate |" in res.stdout
+    assert "- env: ok(" in res.stdout and "== esm_step" not in res.stdout
+    assert "steps that did not finish: nosuchstep" in res.stderr
