@@ -196,12 +196,46 @@ def _conv_window_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     return window, window
 
 
+def _rotate_qk_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    qkv, cos, sin, rows = L.args[:4]
+    c = L.constexprs
+    # Each (token, head) row's rotated halves are read and written once; a query head's unrotated rest too when
+    # scaled. cos and sin: the first half of each token's table, once (the heads of a token share it in cache).
+    touched = rows * 2 * c["HALF"] * qkv.element_size()
+    if c["SCALE_Q"] and c["REST"]:
+        touched += (rows // c["NUM_HEADS"]) * c["NUM_Q_HEADS"] * c["REST"] * qkv.element_size()
+    tables = (rows // c["NUM_HEADS"]) * c["HALF"] * (cos.element_size() + sin.element_size())
+    return touched + tables, touched
+
+
+def _add_layer_norm_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    x, y, w, b, s, out = L.args[:6]
+    c = L.constexprs
+    read = _nb(x) + (_nb(y) if c["HAS_Y"] else 0) + _nb(w) + (_nb(b) if c["HAS_BIAS"] else 0)
+    return read, _nb(out) + (_nb(s) if c["HAS_Y"] else 0)
+
+
+def _linear_gelu_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    x, w, b, out = L.args[:4]
+    return _nb(x) + _nb(w) + (_nb(b) if L.constexprs["HAS_BIAS"] else 0), _nb(out)
+
+
 KERNEL_BYTES = {f.__name__: f for f in (_write_kv_cache, _paged_attention_fwd, _combine_splits, _chunk_prep_kernel,
-                                        _chunk_walk_kernel, _causal_conv_kernel, _conv_window_kernel)}
+                                        _chunk_walk_kernel, _causal_conv_kernel, _conv_window_kernel,
+                                        _rotate_qk_kernel, _add_layer_norm_kernel, _linear_gelu_kernel)}
 KERNEL_FAMILY = {"_write_kv_cache": "attention", "_paged_attention_fwd": "attention", "_combine_splits": "attention",
                  "_chunk_prep_kernel": "delta rule", "_chunk_walk_kernel": "delta rule",
                  "_causal_conv_kernel": "delta rule", "_conv_window_kernel": "delta rule",
-                 "_recurrent_kernel": "delta rule"}
+                 "_recurrent_kernel": "delta rule", "_rotate_qk_kernel": "rotary", "_add_layer_norm_kernel": "norm",
+                 "_linear_gelu_kernel": "GEMM"}
+
+
+def kernel_flops(launch: Launch) -> float:
+    """Matrix-product FLOPs of a Triton launch that is a product (the linear + GELU), else 0."""
+    if kernel_name(launch) == "_linear_gelu_kernel":
+        x, w = launch.args[:2]
+        return 2.0 * x.shape[0] * w.shape[0] * w.shape[1]
+    return 0.0
 
 
 def kernel_name(launch: Launch) -> str:
@@ -436,6 +470,7 @@ def _summarise(model_name, model, ops: list[Op], launches: list[Launch], step: S
         r["written"] += written
         r["exact"] = r["exact"] and exact
         r["family"] = kernel_family(name)
+        gemm_flops += kernel_flops(launch)
         f = fam[r["family"]]
         f["kernels"] += 1
         f["read"] += read
