@@ -38,12 +38,13 @@ def native(setting: Setting, report: Report, ids: list[list[int]]) -> float:
     t.row("NativeEngine.forward (schedule, prepare, run, output copy)", steps, tokens, step_ms, min(times), max(times),
           tokens / step_ms * 1e3)
     t.row("ModelRunner.run on a prepared step", 1, tokens, model_ms, float("nan"), float("nan"), tokens / model_ms * 1e3)
+    variants = _variants(engine, ctx, setting, tokens, t)
     kernels, busy_ms, wall_ms = profile(forward, setting)
     kernel_table(report, setting, kernels, step_ms)
     report.line(f"kernel time {busy_ms:.1f} ms in a profiled step of {wall_ms:.1f} ms wall: {busy(setting)} "
                 f"{busy_ms / wall_ms:.0%} "
                 f"(of the unprofiled {step_ms:.1f} ms step: {busy_ms / step_ms:.0%})")
-    for key, value in (("step_ms", step_ms), ("model_ms", model_ms), ("tokens", tokens), ("steps", steps),
+    for key, value in (("step_ms", step_ms), ("model_ms", model_ms), ("variants_ms", variants), ("tokens", tokens), ("steps", steps),
                        ("tok_per_s", tokens / step_ms * 1e3), ("kernel_ms", busy_ms), ("busy_fraction", busy_ms / step_ms),
                        ("top_kernels", [(k.name[:120], k.count, round(k.ms, 3)) for k in kernels[:30]])):
         report.keep(key, value)
@@ -51,6 +52,33 @@ def native(setting: Setting, report: Report, ids: list[list[int]]) -> float:
                     f"(model alone {model_ms:.1f} ms); {busy(setting)} {busy_ms / step_ms:.0%}")
     del engine, ctx
     return step_ms
+
+
+def _variants(engine, ctx, setting: Setting, tokens: int, t) -> dict:
+    """ModelRunner.run on the same prepared step with parts of the fusion turned off: the unfused layers (before
+    issue 35's kernels), and the fused layers with cuBLAS + a GELU pass instead of linear_gelu (the launch table's
+    epilogue_gelu choice)."""
+    from dataclasses import replace
+
+    import pipeline.models.esm as esm
+    out = {}
+    model, knobs = engine.model, esm.gemm_knobs
+    for label, fused, gelu in (("unfused layers (rotary x14, KV write, separate adds, norms, GELU)", False, None),
+                               ("fused, GELU as cuBLAS + a GELU pass", True, False),
+                               ("fused, GELU in linear_gelu's epilogue", True, True)):
+        if setting.seconds_left() < 20:
+            t.row(f"{label}: left out ({setting.seconds_left():.0f} s left)", "", "", "", "", "", "")
+            continue
+        model.fuse_elementwise = fused
+        esm.gemm_knobs = knobs if gelu is None else (lambda device, g=gelu, **k: replace(knobs(device, **k),
+                                                                                            epilogue_gelu=g))
+        try:
+            ms = median(time_ms(lambda: engine.runner.run(ctx, frozenset()), setting))
+        finally:
+            model.fuse_elementwise, esm.gemm_knobs = True, knobs
+        out[label] = ms
+        t.row(f"ModelRunner.run, {label}", 1, tokens, ms, float("nan"), float("nan"), tokens / ms * 1e3)
+    return out
 
 
 def transformers_padded(setting: Setting, report: Report, ids: list[list[int]], native_ms: float) -> None:

@@ -154,10 +154,9 @@ ROWS = [
 ]
 
 
-# ---- fused kernels (issue 35 item 3, written in a parallel branch): one line each ---------------------------------
-# fused(label, family, "module:attribute", call(fn, buffers) -> the call to time, bytes(buffers)): a row only when
-# triton_kernels exposes module.attribute; a call whose arguments differ from the guess prints its error in its row.
-# The names below are guesses of the branch's: correct them (and the calls) when it lands.
+# ---- the fused kernels of issue 35 item 3 (EsmLayer.forward_fused): one line each -------------------------------------
+# fused(label, family, "module:attribute", call(fn, buffers) -> the call to time, bytes(buffers), flops(buffers)): a row
+# only when triton_kernels exposes module.attribute; a call that fails prints its error in its row.
 def fused(label: str, family: str, target: str, call, nbytes=lambda b: 0.0, flops=lambda b: 0.0) -> Row | None:
     module, _, attribute = target.partition(":")
     try:
@@ -167,16 +166,54 @@ def fused(label: str, family: str, target: str, call, nbytes=lambda b: 0.0, flop
     return Row(label, family, lambda b: call(fn, b), nbytes, flops)
 
 
+def _rotate(fn, b: Buffers):
+    qkv = b.qkv.clone()   # rotated in place again each call: b.q, b.k, b.v stay as the other rows read them
+    H, D = b.q.shape[1], b.q.shape[2]
+    return lambda: fn(qkv, b.cos, b.sin, num_q_heads=H, num_kv_heads=H, head_dim=D, q_scale=1.0)
+
+
+def _linear_gelu(**knobs):
+    def call(fn, b: Buffers):
+        x = torch.randn(b.gemm_rows, b.layer.fc1.in_features, device=b.x.device).to(b.x.dtype)
+        return lambda: fn(x, b.layer.fc1.weight, b.layer.fc1.bias, **knobs)
+    return call
+
+
+def _fc1_flops(b: Buffers) -> float:
+    return 2.0 * b.gemm_rows * b.layer.fc1.in_features * b.layer.fc1.out_features
+
+
+def _fc1_bytes(b: Buffers) -> float:
+    f = b.layer.fc1
+    return 2.0 * (b.gemm_rows * (f.in_features + f.out_features) + f.in_features * f.out_features)
+
+
+def _unfused_fc1_gelu(b: Buffers):
+    from triton_kernels import pointwise
+    x = torch.randn(b.gemm_rows, b.layer.fc1.in_features, device=b.x.device).to(b.x.dtype)
+    return lambda: pointwise.gelu(F.linear(x, b.layer.fc1.weight, b.layer.fc1.bias))
+
+
 FUSED = [
-    fused("fused q scale + rotary (q, k)", "rotary", "triton_kernels.rotary:rotary_qk",
-          lambda fn, b: lambda: fn(b.qkv, b.cos, b.sin, b.q.shape[1], scale=b.scale), lambda b: 4 * b.nbytes(b.q)),
-    fused("fused add + LayerNorm", "norm", "triton_kernels.add_layer_norm:add_layer_norm",
+    fused("fused q scale + rotary of q, k in place (rotate_qk_)", "rotary", "triton_kernels.rotary:rotate_qk_", _rotate,
+          lambda b: 4 * b.nbytes(b.q)),
+    fused("fused residual add + LayerNorm (add_layer_norm)", "norm", "triton_kernels.layer_norm:add_layer_norm",
           lambda fn, b: lambda: fn(b.x, b.y, b.layer.mlp_norm.weight, b.layer.mlp_norm.bias, b.layer.mlp_norm.eps),
           lambda b: 4 * b.nbytes(b.x)),
-    fused("attention from the QKV output (varlen, no KV write)", "attention",
+    fused("attention from the QKV output (varlen_attention, no KV write)", "attention",
           "triton_kernels.paged_attention:varlen_attention",
-          lambda fn, b: lambda: fn(b.q_rot, b.k_rot, b.v, b.ctx.cu_seqlens, causal=False, scale=1.0),
+          lambda fn, b: lambda: fn(b.q_rot, b.k_rot, b.v, b.ctx.cu_seqlens, b.ctx.kv_lens, causal=False, scale=1.0,
+                                   **b.ctx.attention_launch),
           lambda b: 4 * b.nbytes(b.q), _attention_flops),
+    Row("F.linear fc1 + pointwise.gelu (unfused)", "GEMM", _unfused_fc1_gelu, _fc1_bytes, _fc1_flops),
+    fused("linear_gelu fc1 (launch table)", "GEMM", "triton_kernels.linear_gelu:linear_gelu", _linear_gelu(),
+          _fc1_bytes, _fc1_flops),
+    fused("linear_gelu fc1, 128x128x64 w8 s4", "GEMM", "triton_kernels.linear_gelu:linear_gelu",
+          _linear_gelu(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4), _fc1_bytes, _fc1_flops),
+    fused("linear_gelu fc1, 128x256x64 w8 s3 (spills 72 B)", "GEMM", "triton_kernels.linear_gelu:linear_gelu",
+          _linear_gelu(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3), _fc1_bytes, _fc1_flops),
+    fused("linear_gelu fc1, 64x128x64 w4 s4", "GEMM", "triton_kernels.linear_gelu:linear_gelu",
+          _linear_gelu(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4), _fc1_bytes, _fc1_flops),
 ]
 
 

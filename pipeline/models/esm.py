@@ -187,6 +187,9 @@ class EsmModel(NativeModel):
             num_kv_heads=config.num_attention_heads, head_dim=head_dim, max_tokens=limit)
 
     computes_rows = True
+    # The Triton path fuses each layer's elementwise work (forward_fused); a benchmark may turn it off to time the
+    # unfused layers on the same GPU.
+    fuse_elementwise = True
 
     def forward(self, ctx, capture=frozenset(), rows=None):
         ids = ctx.input_ids
@@ -209,7 +212,7 @@ class EsmModel(NativeModel):
         layers = list(self.layers) if rows is None else list(self.layers[:-1])
         repeats = self.repeated_inputs(ctx) if layers else None
         captured = {}
-        if ctx.triton_kernels:
+        if ctx.triton_kernels and self.fuse_elementwise:
             x, normed = self._fused_layers(x, cos, sin, ctx, layers, capture, captured, repeats, rows is None)
             if rows is None:
                 return normed, captured
