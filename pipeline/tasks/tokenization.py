@@ -7,6 +7,10 @@ of pooling); everything else is content: pooled, scored and stored per residue.
 
 Truncation keeps the leading and trailing special tokens (e.g. <cls> ... <eos>) and cuts the content tokens
 in between, so a truncated sequence still looks like a sequence to the model.
+
+Where the tokenizer gives each residue a token of its own, batches are encoded by table lookup
+(residue_lookup.py), checked against the tokenizer when built and identical to it; sequences the table cannot
+answer for, and other tokenizers, go through the tokenizer (a fast one in batch, in Rust).
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..models.conventions import PLAIN, Convention
+from . import residue_lookup
 
-PROBE = "ACDEFGHIKLMNPQRSTVWY"
+PROBE = residue_lookup.STANDARD   # the 20 standard amino acids
 
 
 @dataclass
@@ -44,7 +49,10 @@ def _special_ids(tokenizer) -> set[int]:
 
 
 class SequenceTokenizer:
-    def __init__(self, tokenizer, convention: Convention = PLAIN, max_tokens: int | None = None):
+    def __init__(self, tokenizer, convention: Convention = PLAIN, max_tokens: int | None = None,
+                 lookup: bool = True):
+        """`lookup=False` keeps every sequence on the tokenizer's own path (the reference the tests and
+        bench/bench_tokenize.py compare the table lookup with)."""
         self.tokenizer, self.convention, self.max_tokens = tokenizer, convention, max_tokens
         self.unk_id = tokenizer.unk_token_id
         self._special_ids = np.array(sorted(_special_ids(tokenizer)), np.int64)
@@ -63,6 +71,8 @@ class SequenceTokenizer:
         one = self._encode("A")
         # Tokens a sequence may have beyond one per residue (a word marker, the prefix's line break).
         self.overhead = 0 if self.char_level else max(content - len(PROBE), len(one.ids) - self.num_special - 1, 0) + 1
+        self._lookup = (residue_lookup.build(tokenizer, convention, self._reference, self._by_unit)
+                        if self.char_level and lookup else None)
 
     def tokens_for_residues(self, residues: np.ndarray) -> np.ndarray:
         """Tokens per sequence (exact for one token per residue, an upper bound otherwise)."""
@@ -71,11 +81,43 @@ class SequenceTokenizer:
         breaks = residues // width if width else 0
         return residues + breaks + self.num_special + self.overhead
 
+    @property
+    def looks_up(self) -> bool:
+        """Batches are encoded by table lookup (residue_lookup.py), not by the tokenizer."""
+        return self._lookup is not None
+
     def encode(self, sequences: list[str]) -> list[Tokenized]:
         """Each sequence's tokens, cut to max_tokens where set."""
+        if self._lookup is None:
+            return self._by_tokenizer(sequences, self.max_tokens)
+        found = self._lookup.ids(sequences)
+        out = [None if ids is None else self._looked_up(seq, ids) for seq, ids in zip(sequences, found)]
+        rest = [i for i, t in enumerate(out) if t is None]
+        if rest:
+            for i, tok in zip(rest, self._by_tokenizer([sequences[i] for i in rest], self.max_tokens)):
+                out[i] = tok
+        return out
+
+    def _by_tokenizer(self, sequences: list[str], max_tokens: int | None) -> list[Tokenized]:
+        """The tokenizer's own path: the texts in one batch call."""
         texts = [self.convention.text(s) for s in sequences]
         enc = self.tokenizer(texts, add_special_tokens=True, return_attention_mask=False)
-        return [self._tokenized(seq, ids, self.max_tokens) for seq, ids in zip(sequences, enc["input_ids"])]
+        return [self._tokenized(seq, ids, max_tokens) for seq, ids in zip(sequences, enc["input_ids"])]
+
+    def _reference(self, sequences: list[str]) -> list[tuple[list[int], np.ndarray]]:
+        """(ids, special mask) of the tokenizer's own path, uncut: what the lookup must equal."""
+        return [(t.ids, t.special) for t in self._by_tokenizer(sequences, None)]
+
+    def _looked_up(self, seq: str, ids: np.ndarray) -> Tokenized:
+        """A sequence from the lookup's ids (lead, one per residue, trail), cut as _truncate cuts."""
+        lead, trail = len(self._lookup.lead), len(self._lookup.trail)
+        truncated = bool(self.max_tokens) and len(ids) > self.max_tokens
+        if truncated:
+            keep = max(0, self.max_tokens - lead - trail)
+            ids = np.concatenate((ids[:lead + keep], ids[len(ids) - trail:]))
+        body = len(ids) - lead - trail
+        unknown = 0 if self.unk_id is None else int(np.count_nonzero(ids[lead:lead + body] == self.unk_id))
+        return Tokenized(ids.tolist(), self._lookup.special(body), truncated, unknown, seq)
 
     def _encode(self, seq: str) -> Tokenized:
         return self._tokenized(seq, self.tokenizer(self.convention.text(seq))["input_ids"], None)
