@@ -168,10 +168,13 @@ def test_a_steady_batch_launches_without_a_sync_and_waits_once(checkpoints, path
     first_out = kinds.index("to_host_async")
     assert set(kinds[first_out:]) == {"to_host_async"} and "to_device_async" in kinds[:first_out]
     assert kinds.count("to_host_async") == copies
-    for name, value in want.columns.items():   # and the same numbers as a batch taken at once
-        assert np.array_equal(value, got.columns[name]), name
+    # and the numbers of a batch taken at once: the same bits on a CPU; on a GPU the mean pool's index_add_
+    # adds in any order (atomics), so to float32 rounding
+    same = np.array_equal if device.type == "cpu" else (lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-6))
+    for name, value in want.columns.items():
+        assert same(value, got.columns[name]), name
     for name, value in want.values.items():
-        assert np.array_equal(value, got.values[name]), name
+        assert same(value, got.values[name]), name
 
 
 @pytest.mark.usefixtures("one_torch_thread")

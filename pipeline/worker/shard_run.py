@@ -300,8 +300,9 @@ class ShardRun:
         path = shard.writer.finalize(row_bytes)
         stats["seconds"] = time.time() - t0
         self.stats = stats
-        log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s)", path, stats["sequences"],
-                 stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9))
+        log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s; computing %.1f s, %.0f tok/s)",
+                 path, stats["sequences"], stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9),
+                 stats["compute_seconds"], stats["tokens"] / max(stats["compute_seconds"], 1e-9))
         self.reporter.send("done", **stats)
 
 
