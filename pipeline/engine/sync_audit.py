@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..models import transfers
+from ..models import transfers as _transfers
 
 SYNC_KINDS = ("item", "tolist", "cpu", "numpy", "nonzero", "unique", "bincount", "masked_select", "repeat_interleave",
               "bool_index", "equal", "to_host", "to_device_blocking", "to_device_pageable", "implicit_copy",
@@ -50,7 +50,7 @@ TRANSFER_KINDS = ("to_host_async", "to_device_async")
 WAIT = "wait"
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_OWN_FILES = (os.path.abspath(__file__), os.path.abspath(transfers.__file__))
+_OWN_FILES = (os.path.abspath(__file__), os.path.abspath(_transfers.__file__))
 _TRITON_KERNELS = os.path.join(_REPO, "triton_kernels") + os.sep
 _SITE = os.sep + "site-packages" + os.sep   # (a virtual environment inside the checkout is not its code)
 _SCALAR_READS = {"_local_scalar_dense": "item", "nonzero": "nonzero", "argwhere": "nonzero", "_unique": "unique",
@@ -107,7 +107,7 @@ class SyncAudit(TorchDispatchMode):
     def is_host(self, t: torch.Tensor) -> bool:
         if not self.on_cpu:
             return t.device.type == "cpu"
-        return self._host.get(id(t)) is t or transfers.is_pinned(t)
+        return self._host.get(id(t)) is t or _transfers.is_pinned(t)
 
     def is_device(self, t: torch.Tensor) -> bool:
         if not self.on_cpu:
@@ -144,7 +144,7 @@ class SyncAudit(TorchDispatchMode):
 
     def _transfer(self, op: str, to_host: bool, non_blocking: bool, host: torch.Tensor) -> None:
         """A copy between `host` (the host side) and the device, in either direction."""
-        if non_blocking and transfers.is_pinned(host):
+        if non_blocking and _transfers.is_pinned(host):
             self._record("to_host_async" if to_host else "to_device_async", op)
         elif to_host:
             self._record("to_host", op)
@@ -216,7 +216,7 @@ class SyncAudit(TorchDispatchMode):
         self._wrap(torch.cuda, "synchronize", self._waiting("synchronize", "torch.cuda.synchronize"))
         self._wrap(torch.cuda.Event, "synchronize", self._waiting("synchronize", "Event.synchronize"))
         self._wrap(torch.cuda.Stream, "synchronize", self._waiting("synchronize", "Stream.synchronize"))
-        self._wrap(transfers.HostCopy, "wait", self._waiting(WAIT, "HostCopy.wait"))
+        self._wrap(_transfers.HostCopy, "wait", self._waiting(WAIT, "HostCopy.wait"))
         return super().__enter__()
 
     def __exit__(self, *exc):
