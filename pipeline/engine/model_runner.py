@@ -19,6 +19,7 @@ from ..models.layers.attention import cache_head_dim
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
 from ..models.step import StepContext
+from ..models.transfers import to_device
 from .scheduler import ScheduledSeq
 
 
@@ -70,7 +71,7 @@ class ModelRunner:
                 "fused_recurrent_gated_delta_rule": decode, "causal_conv1d": conv}
 
     def prepare(self, step: list[ScheduledSeq], blocks: BlockManager) -> StepContext:
-        """Host-side tensors of one step, each copied to the device without waiting for it.
+        """Host-side arrays of one step, sent to the device in one copy that does not wait for it.
 
         One pass over the step's sequences reads five numbers each; everything else is vectorised: the
         block table is a gather of the sequences' rows of blocks.tables (written once at admission)."""
@@ -97,16 +98,17 @@ class ModelRunner:
             assert (slots[read] >= 0).all(), "a sequence continues without a state slot"
             state_read = (read, slots[read]) if len(read) else None
             state_write = (write, slots[write]) if len(write) else None
-        dev = self.device
-        to = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)   # noqa: E731
+        # One staging buffer and one copy for all of them (pinned on a GPU: the copy never waits for the device).
+        ids_d, positions_d, cu_d, kv_lens_d, tables_d, slots_d, seg_d = to_device(
+            [ids, positions, cu, (prior + q_lens).astype(np.int32), tables, slot_mapping, seg], self.device)
         ctx = StepContext(
-            input_ids=to(ids), positions=to(positions), cu_seqlens=to(cu), kv_lens=to((prior + q_lens).astype(np.int32)),
-            block_tables=to(tables), slot_mapping=to(slot_mapping), q_lens=q_lens, prior_lens=prior,
+            input_ids=ids_d, positions=positions_d, cu_seqlens=cu_d, kv_lens=kv_lens_d,
+            block_tables=tables_d, slot_mapping=slots_d, q_lens=q_lens, prior_lens=prior,
             state_read=state_read, state_write=state_write, triton_kernels=self.triton,
             attention_launch=self._launch(step, q_lens, tables.shape[1]),
             invariant_block=INVARIANT_SPLIT if self.config.batch_invariant else 0,
             decoding=prior >= prompts, host_ids=ids, host_positions=positions)
-        ctx.memo["segment_ids"] = to(seg)
+        ctx.memo["segment_ids"] = seg_d
         return ctx
 
     def _launch(self, step, q_lens: np.ndarray, width: int) -> dict:
@@ -123,16 +125,21 @@ class ModelRunner:
         return dict(block_q=rule.block_q, pages_per_tile=rule.pages_per_tile, num_warps=rule.num_warps,
                     num_stages=rule.num_stages, num_kv_splits=rule.num_kv_splits)
 
-    def run(self, ctx: StepContext, capture: frozenset[int], rows: torch.Tensor | None = None
+    def run(self, ctx: StepContext, capture: frozenset[int], rows: np.ndarray | None = None
             ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens; with `rows` (grouped by
-        sequence in step order) the final output at those rows only, [len(rows), D]."""
+        """(final norm output [T, D], {layer: hidden [T, D]}) for the step's tokens; with `rows` (host int64,
+        grouped by sequence in step order) the final output at those rows only, [len(rows), D]."""
         self.allocate()
+        index = None
+        if rows is not None:
+            index = ctx.on_device("rows", rows)
+            # Per sequence, how many rows: from the host's own arrays (the model must not read `index` back).
+            ctx.row_counts = np.bincount(ctx.host_segment_ids()[rows], minlength=ctx.num_seqs)
         on_cpu = torch_path_on_cpu() if not self.triton else contextlib.nullcontext()
         with on_cpu, torch.inference_mode(), pointwise.batch_invariant(self.config.batch_invariant):
-            if rows is None:
+            if index is None:
                 return self.model(ctx, capture)
             if self.model.computes_rows:
-                return self.model(ctx, capture, rows)
+                return self.model(ctx, capture, index)
             out, captured = self.model(ctx, capture)
-            return out[rows], captured
+            return out[index], captured

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..models.checkpoint import EngineInfo
+from ..models.transfers import to_device
 from .interface import ForwardOutput, OutOfMemory, logits_rows, target_logprobs
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
@@ -140,8 +141,11 @@ class NativeEngine:
         Once a step has run, its tokens count as computed (a finished encoder-style sequence gives its
         pages back) and on_step(scheduler, step, ctx, final hidden, captured layers) reads the outputs,
         appending or finishing generated tokens. Running out of device memory anywhere in a step releases
-        every sequence and raises OutOfMemory. With `select(step)` (rows of the step, grouped by sequence) the
-        final hidden on_step gets holds those rows only.
+        every sequence and raises OutOfMemory. With `select(step)` (rows of the step, grouped by sequence: a
+        host array) the final hidden on_step gets holds those rows only.
+
+        Nothing here reads the device back (tests/test_sync_audit.py): a step's host arrays go over in pinned
+        copies, so the host runs ahead and queues the next step, or the next batch, while this one computes.
         """
         self._check_fits(seqs)
         scheduler = self._scheduler()
@@ -177,7 +181,7 @@ class NativeEngine:
         capture = frozenset(k for k in layers if k != final)
 
         def on_step(scheduler, step, ctx, out, captured):
-            rows = torch.from_numpy(offsets[[s.seq.seq_id for s in step]]).to(self.device, non_blocking=True)
+            rows = ctx.on_device("output_offsets", offsets[[s.seq.seq_id for s in step]])
             rows = rows[ctx.segment_ids()] + ctx.positions
             with torch.inference_mode():
                 for k in layers:
@@ -186,7 +190,7 @@ class NativeEngine:
                     self._step_logprobs(step, ctx, out, rows, token_logprobs)
 
         self._run(seqs, capture, on_step)
-        return ForwardOutput(cu_seqlens=torch.from_numpy(offsets).to(self.device), hidden=hidden,
+        return ForwardOutput(cu_seqlens=to_device([offsets], self.device)[0], hidden=hidden,
                              token_logprobs=token_logprobs)
 
     def logprobs_at(self, batch: Seq[Seq[int]], positions: Seq[Seq[int]]) -> torch.Tensor:
@@ -200,15 +204,14 @@ class NativeEngine:
 
         chosen = {}
 
-        def select(step):
-            rows, dest = _chosen_rows(step, wanted, first)
-            chosen["dest"] = torch.from_numpy(dest).to(self.device, non_blocking=True)
-            return torch.from_numpy(rows).to(self.device, non_blocking=True)
+        def select(step):   # host arrays: the runner and on_step send them to the device
+            rows, chosen["dest"] = _chosen_rows(step, wanted, first)
+            return rows
 
         def on_step(scheduler, step, ctx, hidden, captured):   # hidden: the chosen rows' final states only
             if hidden is None or not len(hidden):
                 return
-            dest, chunk = chosen["dest"], logits_rows(self.spec.vocab_size)
+            dest, chunk = ctx.on_device("logprobs_dest", chosen["dest"]), logits_rows(self.spec.vocab_size)
             with torch.inference_mode():
                 for a in range(0, len(dest), chunk):
                     logits = self.model.logits(hidden[a:a + chunk])
@@ -225,8 +228,7 @@ class NativeEngine:
         has_next = np.flatnonzero(nxt >= 0)
         if not len(has_next):
             return
-        sel = torch.from_numpy(has_next).to(self.device, non_blocking=True)
-        targets = torch.from_numpy(nxt[has_next]).to(self.device, non_blocking=True)
+        sel, targets = to_device([has_next, nxt[has_next]], self.device)
         dest = rows[sel] + 1
         step_rows = logits_rows(self.spec.vocab_size, copies=2)   # float64 copies: half the rows
         for a in range(0, len(has_next), step_rows):
@@ -248,7 +250,7 @@ class NativeEngine:
             ready = [i for i, s in enumerate(step) if s.completes_known_tokens]
             if not ready:
                 return
-            last = torch.from_numpy(np.cumsum(ctx.q_lens)[ready] - 1).to(self.device, non_blocking=True)
+            last = ctx.on_device("last_rows", np.cumsum(ctx.q_lens)[ready] - 1)
             with torch.inference_mode():
                 logits = self.model.logits(out[last]).float()
                 if params.temperature > 0 and logits.shape[1] > len(self.tokenizer):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..models.transfers import to_device
+
 _M64 = (1 << 64) - 1
 
 
@@ -56,7 +58,7 @@ class Sampler:
         if self.temperature == 0:
             return logits.argmax(dim=-1).tolist()
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
-        u_dev = torch.from_numpy(u).to(probs.device, non_blocking=True)
+        u_dev = to_device([u], probs.device)[0]   # pinned: a pageable copy would wait for the step
         V = probs.shape[1]
         if self.top_p >= 1.0 or self.candidates >= V:
             return _sample_sorted(*probs.sort(dim=-1, descending=True, stable=True), self.top_p, u_dev).tolist()

@@ -198,7 +198,7 @@ class EsmModel(NativeModel):
             is_mask = ids == self.mask_token_id
             x = x.masked_fill(is_mask[:, None], 0.0)
             seg = ctx.segment_ids()
-            lengths = torch.from_numpy(ctx.q_lens).to(ctx.device).float()
+            lengths = ctx.on_device("q_lens", ctx.q_lens).float()
             masked = torch.zeros(ctx.num_seqs, device=ctx.device).index_add_(0, seg, is_mask.float())
             observed = (masked / lengths)[seg][:, None]
             x = (x * (1 - MASK_RATIO_TRAIN) / (1 - observed)).to(x.dtype)
@@ -226,8 +226,8 @@ class EsmModel(NativeModel):
         last = self.layers[-1]
         if len(layers) in capture:
             captured[len(layers)] = x
-        q_counts = np.bincount(ctx.segment_ids()[rows].cpu().numpy(), minlength=ctx.num_seqs)
-        return self.emb_norm_after(last.forward_rows(x, cos, sin, self.rotary, ctx, rows, q_counts)), captured
+        # (counted on the host by the model runner: reading `rows` back would wait for every layer queued above)
+        return self.emb_norm_after(last.forward_rows(x, cos, sin, self.rotary, ctx, rows, ctx.row_counts)), captured
 
     def _fused_layers(self, x, cos, sin, ctx, layers, capture, captured, repeats, final: bool):
         """(residual stream after `layers`, its final norm when `final` else None), each layer fused

@@ -12,6 +12,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .transfers import to_device
+
 
 @dataclass
 class StepContext:
@@ -32,6 +34,9 @@ class StepContext:
     decoding: np.ndarray | None = None  # bool [S] (host): the sequence feeds back a generated token
     host_ids: np.ndarray | None = None        # int64 [T] (host): input_ids as the runner built them
     host_positions: np.ndarray | None = None  # int64 [T] (host): positions likewise
+    # With `rows` (a step whose output is read at some rows only): int64 [S] (host), how many of those rows
+    # each sequence holds, known on the host so the model needs no read-back to lay out their attention.
+    row_counts: np.ndarray | None = None
     memo: dict = field(default_factory=dict)
 
     @property
@@ -65,12 +70,16 @@ class StepContext:
             self.memo[key] = build()
         return self.memo[key]
 
-    def on_device(self, key: str, array: np.ndarray) -> torch.Tensor:
-        """A host index array as an int64 device tensor, built once per step."""
-        return self.cached(key, lambda: torch.from_numpy(np.ascontiguousarray(array, np.int64)).to(
-            self.device, non_blocking=True))
+    def on_device(self, key: str, array: np.ndarray, dtype=np.int64) -> torch.Tensor:
+        """A host index array as a device tensor (int64 unless `dtype` says otherwise), built once per step and
+        sent without waiting (transfers.to_device)."""
+        return self.cached(key, lambda: to_device([np.asarray(array, dtype)], self.device)[0])
+
+    def host_segment_ids(self) -> np.ndarray:
+        """int64 [T] (host): segment_ids as the host knows them."""
+        return np.repeat(np.arange(self.num_seqs), self.q_lens)
 
     def segment_ids(self) -> torch.Tensor:
         """int64 [T]: the sequence (0..S-1) each token belongs to (built on the host: a repeat_interleave
         with repeats on the device would wait for it to learn the output size)."""
-        return self.on_device("segment_ids", np.repeat(np.arange(self.num_seqs), self.q_lens))
+        return self.on_device("segment_ids", self.host_segment_ids())

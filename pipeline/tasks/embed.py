@@ -3,13 +3,15 @@ residue's vector. `mean` is over the sequence's non-special tokens, in float32 (
 first token's state, `last` the last token's (a trailing special token such as <eos> included)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..config import RunConfig
 from ..engine.interface import ForwardOutput, resolve_layers
 from ..models.checkpoint import EngineInfo
+from ..models.transfers import HostCopy, to_device
 from ..output.schema import Column
-from .task import WINDOWS_COLUMN, ForwardTask, Segments, TaskOutput, layer_suffix
+from .task import WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput, layer_suffix
 from .tokenization import Tokenized
 
 
@@ -35,13 +37,16 @@ class EmbedTask(ForwardTask):
                 cols.append(Column(f"per_residue/values{sfx}", self.per_residue_dtype, d, ragged=True))
         return cols + ([WINDOWS_COLUMN] if self.windowed else [])
 
-    def compute(self, out: ForwardOutput, toks: list[Tokenized]) -> TaskOutput:
+    def launch_compute(self, out: ForwardOutput, toks: list[Tokenized]) -> PendingOutput:
         device = out.cu_seqlens.device
         s = Segments.of(out, toks)
         special, seg = s.special, s.seg
         keep = (~special).to(torch.float32)
         count = torch.zeros(len(toks), device=device).index_add_(0, seg, keep)
-        columns, values, ragged_lengths = {}, {}, {}
+        content = None   # rows of the non-special tokens (per-residue values), known on the host
+        if self.per_residue:
+            content = to_device([np.flatnonzero(~np.concatenate([t.special for t in toks]))], device)[0]
+        results = {}
         for layer in self.layers:
             h = out.hidden[layer].float()
             sfx = layer_suffix(layer, self.info.num_layers)
@@ -53,10 +58,15 @@ class EmbedTask(ForwardTask):
                     pooled = h[out.cu_seqlens[:-1]]
                 else:
                     pooled = h[out.cu_seqlens[1:] - 1]
-                columns[f"embeddings/{pool}{sfx}"] = pooled.cpu().numpy()
+                results[f"embeddings/{pool}{sfx}"] = pooled
             if self.per_residue:
                 dtype = torch.float16 if self.per_residue_dtype == "float16" else torch.float32
-                values[f"per_residue/values{sfx}"] = h[~special].to(dtype).cpu().numpy()
-        if self.per_residue:
-            ragged_lengths["per_residue"] = count.round().to(torch.int64).cpu().numpy()
-        return TaskOutput(columns, values, ragged_lengths)
+                results[f"per_residue/values{sfx}"] = h.index_select(0, content).to(dtype)
+        lengths = {"per_residue": np.array([int((~t.special).sum()) for t in toks], np.int64)} if self.per_residue else {}
+
+        def build(host: dict[str, np.ndarray]) -> TaskOutput:
+            columns = {k: v for k, v in host.items() if k.startswith("embeddings/")}
+            values = {k: v for k, v in host.items() if k.startswith("per_residue/")}
+            return TaskOutput(columns, values, lengths)
+
+        return PendingOutput(HostCopy(results), build)

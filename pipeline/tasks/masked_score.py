@@ -22,10 +22,11 @@ import numpy as np
 from ..config import RunConfig
 from ..errors import UserError
 from ..models.checkpoint import EngineInfo
+from ..models.transfers import HostCopy
 from ..output.schema import Column
 from ..output.variant_list import AMINO_ACIDS
 from .residue_tokens import ResidueTokens
-from .task import RESIDUE_LOGPROB, Task, TaskOutput
+from .task import RESIDUE_LOGPROB, PendingOutput, Task, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
 AMINO_ACID_TABLE = Column("per_residue/amino_acids", "float32", len(AMINO_ACIDS), ragged=True)
@@ -68,7 +69,7 @@ class MaskedScoreTask(Task):
         tokens = np.asarray(tokens, np.int64)
         return tokens * tokens if self.method == "pll" else tokens   # L + 2 copies at most, of L + 2 tokens
 
-    def run(self, engine, toks: list[Tokenized], positions: np.ndarray) -> TaskOutput:
+    def launch(self, engine, toks: list[Tokenized], positions: np.ndarray) -> PendingOutput:
         assert self._tokens is not None, "prepare() first: it reads the run's tokenizer"
         content = [np.flatnonzero(~t.special) for t in toks]
         if self.method == "pll":
@@ -79,17 +80,25 @@ class MaskedScoreTask(Task):
             lp = engine.logprobs_at([t.ids for t in toks], [c.tolist() for c in content])
             computed = sum(len(t.ids) for t in toks)
         true = np.concatenate([np.asarray(t.ids, np.int64)[c] for t, c in zip(toks, content)])
-        own = self._tokens.own(lp, true).cpu().numpy()
-        counts = np.array([len(c) for c in content], np.int64)
-        sums = row_sums(own, counts)
-        out = TaskOutput({"score/logprob_sum": sums, "score/num_scored": counts.astype(np.int32),
-                          "score/logprob_mean": sums / counts}, {}, {}, computed_tokens=computed)
+        device = {"own": self._tokens.own(lp, true)}
         if self.per_residue:
-            table = self._tokens.table(lp)
-            out.values = {RESIDUE_LOGPROB.path: own.astype(np.float32),
-                          AMINO_ACID_TABLE.path: table.float().cpu().numpy()}
-            out.lengths = {"per_residue": counts}
-        return out
+            device["table"] = self._tokens.table(lp).float()
+        counts = np.array([len(c) for c in content], np.int64)
+
+        def build(host: dict[str, np.ndarray]) -> TaskOutput:
+            own = host["own"]
+            sums = row_sums(own, counts)
+            out = TaskOutput({"score/logprob_sum": sums, "score/num_scored": counts.astype(np.int32),
+                              "score/logprob_mean": sums / counts}, {}, {}, computed_tokens=computed)
+            if self.per_residue:
+                out.values = {RESIDUE_LOGPROB.path: own.astype(np.float32), AMINO_ACID_TABLE.path: host["table"]}
+                out.lengths = {"per_residue": counts}
+            return out
+
+        return PendingOutput(HostCopy(device), build)
+
+    def run(self, engine, toks: list[Tokenized], positions: np.ndarray) -> TaskOutput:
+        return self.launch(engine, toks, positions).result()
 
 
 def masked_copies(toks: list[Tokenized], content: list[np.ndarray], mask: int) -> tuple[list[list[int]], list[list[int]]]:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..models.transfers import to_device
 from ..output.variant_list import AMINO_ACIDS
 from .tokenization import SequenceTokenizer
 
@@ -59,19 +60,24 @@ class ResidueTokens:
         """`[n]`: log p of each row's residue, whose token is `tokens[i]`, from log-probabilities `lp [n, V]`:
         with paired tokens, a standard residue's is its column of `table` (any other token reads itself)."""
         rows = torch.arange(len(tokens), device=lp.device)
-        own = lp[rows, torch.from_numpy(tokens).to(lp.device)]
+        own = lp[rows, _sent(tokens, lp)]
         if self.amino_acids.shape[1] == 1:
             return own
         column = np.full(len(tokens), -1, np.int64)
         for i, unit in enumerate(self.units):
             column[tokens == unit] = i
-        standard = torch.from_numpy(column >= 0).to(lp.device)
-        summed = self.table(lp)[rows, torch.from_numpy(column.clip(min=0)).to(lp.device)]
+        standard = _sent(column >= 0, lp)
+        summed = self.table(lp)[rows, _sent(column.clip(min=0), lp)]
         return torch.where(standard, summed, own)
 
     def table(self, lp: torch.Tensor) -> torch.Tensor:
         """`[n, 20]`: log p of each amino acid (AMINO_ACIDS order) on each row of `lp [n, V]`."""
         if self.amino_acids.shape[1] == 1:
-            return lp[:, torch.from_numpy(self.amino_acids[:, 0]).to(lp.device)]
-        index = torch.from_numpy(self.amino_acids).to(lp.device)   # [20, P]
+            return lp[:, _sent(self.amino_acids[:, 0], lp)]
+        index = _sent(self.amino_acids, lp)   # [20, P]
         return torch.logsumexp(lp[:, index], dim=-1)
+
+
+def _sent(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A host index array on `like`'s device, sent without waiting for it (models/transfers.py)."""
+    return to_device([array], like.device)[0]

@@ -18,7 +18,8 @@ from ..engine.interface import ForwardOutput
 from ..errors import UserError
 from ..models.checkpoint import EngineInfo
 from ..output.schema import Column
-from .task import RESIDUE_LOGPROB, WINDOWS_COLUMN, ForwardTask, Segments, TaskOutput
+from ..models.transfers import HostCopy
+from .task import RESIDUE_LOGPROB, WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
 def score_task(config: RunConfig, info: EngineInfo):
@@ -40,6 +41,14 @@ def score_task(config: RunConfig, info: EngineInfo):
 def log_likelihoods(out: ForwardOutput, toks: list[Tokenized]) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     """Per sequence: the float64 sum of the scored tokens' log-probabilities, their count, and which tokens are
     scored (bool [sum T]: non-special, with a token before them)."""
+    total, n, scored = log_likelihoods_on_device(out, toks)
+    host = HostCopy({"total": total, "n": n}).wait()
+    return host["total"], host["n"], scored
+
+
+def log_likelihoods_on_device(out: ForwardOutput, toks: list[Tokenized]
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log_likelihoods' three tensors, left on the engine's device."""
     device = out.cu_seqlens.device
     s = Segments.of(out, toks)
     position = torch.arange(len(s.seg), device=device) - out.cu_seqlens[:-1][s.seg]
@@ -47,7 +56,7 @@ def log_likelihoods(out: ForwardOutput, toks: list[Tokenized]) -> tuple[np.ndarr
     lp = torch.where(scored, out.token_logprobs.double(), torch.zeros((), dtype=torch.float64, device=device))
     total = torch.zeros(len(toks), dtype=torch.float64, device=device).index_add_(0, s.seg, lp)
     n = torch.zeros(len(toks), dtype=torch.int64, device=device).index_add_(0, s.seg, scored.long())
-    return total.cpu().numpy(), n.cpu().numpy(), scored
+    return total, n, scored
 
 
 class ScoreTask(ForwardTask):
@@ -76,20 +85,27 @@ class ScoreTask(ForwardTask):
                             "checkpoint's tokenizer groups residues and is not one")
         self.tokenizer = tokenizer
 
-    def compute(self, out: ForwardOutput, toks: list[Tokenized]) -> TaskOutput:
-        total, n, scored = log_likelihoods(out, toks)
-        result = TaskOutput({"score/logprob_sum": total, "score/num_scored": n.astype(np.int32)}, {}, {})
+    def launch_compute(self, out: ForwardOutput, toks: list[Tokenized]) -> PendingOutput:
+        total, n, scored = log_likelihoods_on_device(out, toks)
+        device = {"total": total, "n": n}
         if self.per_residue:
-            values, lengths = self._per_residue(out, toks, scored)
-            result.values[RESIDUE_LOGPROB.path] = values
-            result.lengths["per_residue"] = lengths
-        return result
+            device.update(token_logprobs=out.token_logprobs.double(), scored=scored)
+        bounds = np.concatenate(([0], np.cumsum([len(t.special) for t in toks]))).astype(np.int64)
 
-    def _per_residue(self, out: ForwardOutput, toks: list[Tokenized], scored: torch.Tensor):
-        """Each sequence's residues' log-probabilities (float32) and how many residues each has."""
-        lp = out.token_logprobs.double().cpu().numpy()
-        ok = scored.cpu().numpy()
-        bounds = out.cu_seqlens.cpu().numpy()
+        def build(host: dict[str, np.ndarray]) -> TaskOutput:
+            columns = {"score/logprob_sum": host["total"], "score/num_scored": host["n"].astype(np.int32)}
+            result = TaskOutput(columns, {}, {})
+            if self.per_residue:
+                values, lengths = self._per_residue(host["token_logprobs"], host["scored"], bounds, toks)
+                result.values[RESIDUE_LOGPROB.path] = values
+                result.lengths["per_residue"] = lengths
+            return result
+
+        return PendingOutput(HostCopy(device), build)
+
+    def _per_residue(self, lp: np.ndarray, ok: np.ndarray, bounds: np.ndarray, toks: list[Tokenized]):
+        """Each sequence's residues' log-probabilities (float32) and how many residues each has, from every
+        token's log-probability `lp`, whether it is scored (`ok`) and where each sequence starts (`bounds`)."""
         rows, lengths = [], []
         for i, tok in enumerate(toks):
             content = np.flatnonzero(~tok.special)

@@ -1,14 +1,16 @@
-"""What every task gives the worker: a TaskOutput of per-row columns and ragged values, the hooks planning and
-the worker call (Task), and the ragged layout of an engine's output (which token belongs to which sequence,
-which tokens are special)."""
+"""What every task gives the worker: a TaskOutput of per-row columns and ragged values (or a PendingOutput: one
+still on its way from the device), the hooks planning and the worker call (Task), and the ragged layout of an
+engine's output (which token belongs to which sequence, which tokens are special)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ..engine.interface import ForwardOutput
+from ..models.transfers import HostCopy, to_device
 from ..output.schema import Column
 from .tokenization import SequenceTokenizer, Tokenized
 
@@ -31,8 +33,24 @@ class TaskOutput:
     computed_tokens: int | None = None      # tokens the engine ran, where not the rows' own (masked copies)
 
 
+class PendingOutput:
+    """A batch's TaskOutput while its numbers are still being computed and copied: `result()` waits for the
+    copies (HostCopy: the batch's one wait for the device) and builds the TaskOutput from the host arrays.
+    The worker launches batch N + 1 before it asks for batch N's result."""
+
+    def __init__(self, copies: HostCopy | None, build: Callable[[dict[str, np.ndarray]], TaskOutput]):
+        self._copies, self._build = copies, build
+
+    @classmethod
+    def ready(cls, output: TaskOutput) -> "PendingOutput":
+        return cls(None, lambda _: output)
+
+    def result(self) -> TaskOutput:
+        return self._build(self._copies.wait() if self._copies is not None else {})
+
+
 class Task:
-    """What planning and the worker ask of every task, beyond its columns and `run`."""
+    """What planning and the worker ask of every task, beyond its columns and `run` (or `launch`)."""
 
     def attrs(self) -> dict:
         """Root attributes of the output files (e.g. the order of a table's columns)."""
@@ -47,6 +65,11 @@ class Task:
         are planned on it."""
         return tokens
 
+    def launch(self, engine, toks: list, positions: np.ndarray) -> PendingOutput:
+        """The batch's work queued on the device, its result to be taken later. Tasks that read results back
+        as they go (generation, variants) compute it here and now."""
+        return PendingOutput.ready(self.run(engine, toks, positions))
+
 
 @dataclass
 class Segments:
@@ -57,11 +80,12 @@ class Segments:
 
     @classmethod
     def of(cls, out: ForwardOutput, toks: list[Tokenized]) -> "Segments":
-        device = out.cu_seqlens.device
-        special = torch.from_numpy(np.concatenate([t.special for t in toks])).to(device)
-        lengths = out.cu_seqlens[1:] - out.cu_seqlens[:-1]
-        seg = torch.repeat_interleave(torch.arange(len(toks), device=device), lengths)
-        return cls(special, seg, lengths)
+        """Built on the host from the tokens (an engine returns every token of each sequence) and sent in one
+        copy: a repeat_interleave by the device's lengths would wait for the device to learn its size."""
+        special = np.concatenate([t.special for t in toks])
+        seg = np.repeat(np.arange(len(toks)), [len(t.special) for t in toks])
+        special_d, seg_d = to_device([special, seg], out.cu_seqlens.device)
+        return cls(special_d, seg_d, out.cu_seqlens[1:] - out.cu_seqlens[:-1])
 
 
 class ForwardTask(Task):
@@ -70,7 +94,14 @@ class ForwardTask(Task):
     logprobs: bool
 
     def run(self, engine, toks: list[Tokenized], positions: np.ndarray) -> TaskOutput:
-        return self.compute(engine.forward([t.ids for t in toks], self.layers, self.logprobs), toks)
+        return self.launch(engine, toks, positions).result()
+
+    def launch(self, engine, toks: list[Tokenized], positions: np.ndarray) -> PendingOutput:
+        return self.launch_compute(engine.forward([t.ids for t in toks], self.layers, self.logprobs), toks)
 
     def compute(self, out: ForwardOutput, toks: list[Tokenized]) -> TaskOutput:
+        return self.launch_compute(out, toks).result()
+
+    def launch_compute(self, out: ForwardOutput, toks: list[Tokenized]) -> PendingOutput:
+        """The task's columns from an engine output, queued on its device, their copies to the host started."""
         raise NotImplementedError

@@ -1,8 +1,11 @@
-"""The rows of one batch: statuses (empty, too long, unknown residues), tokenization, the engine run (an
-out-of-memory batch split in two until it fits) and the task's columns, assembled into a RowBlock."""
+"""The rows of one batch, in three parts so that the worker can overlap them with the device: `prepare` (the
+host's part: read the records, statuses (empty, too long, unknown residues), tokenize, digest), `launch` (the
+engine run and the task's device work queued, an out-of-memory batch split in two until it fits) and `finish`
+(wait for the results, assemble a RowBlock). `rows` does all three in turn."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,10 +16,32 @@ from ..errors import UserError
 from ..output import status_codes as sc
 from ..output.schema import BASE_COLUMNS, RowBlock
 from ..output.sequence_digest import digests
+from ..tasks.task import PendingOutput
+from ..tasks.tokenization import Tokenized
 
 log = logging.getLogger("run_shards.worker")
 
 _BASE = {c.path for c in BASE_COLUMNS}
+
+
+@dataclass
+class PreparedBatch:
+    """A batch as the host reads it, before any device work: per row of `todo` (FASTA positions) its length,
+    status, truncation and digest, and the rows to compute with their tokens."""
+    todo: np.ndarray
+    lengths: np.ndarray                      # int32 residues
+    status: np.ndarray                       # int8 status codes
+    truncated: np.ndarray                    # bool
+    digest: np.ndarray                       # uint8 [n, 16]
+    compute: list[tuple[int, Tokenized]]     # (row in todo, its tokens) of the rows the engine runs
+
+
+@dataclass
+class LaunchedBatch:
+    """A batch whose device work is queued: each group of rows (the batch, or its halves after an out of
+    memory) with its task output to come, or None for a group that did not fit even alone."""
+    prepared: PreparedBatch
+    groups: list[tuple[list[tuple[int, Tokenized]], PendingOutput | None]]
 
 
 class BatchComputer:
@@ -29,12 +54,17 @@ class BatchComputer:
     def row_bytes(self, positions: np.ndarray) -> np.ndarray:
         return self.schema.row_bytes(self.index.lengths[positions])
 
-    def rows(self, todo: np.ndarray):
+    def rows(self, todo: np.ndarray) -> tuple[RowBlock, int]:
+        """The batch's RowBlock and the tokens the engine ran for it, one part after the other."""
+        return self.finish(self.launch(self.prepare(todo)))
+
+    def prepare(self, todo: np.ndarray) -> PreparedBatch:
+        """The host's part (no device work): InputChanged when a record no longer holds what the index says,
+        UserError for a sequence over the model's limit (unless --on-long skip)."""
         n = len(todo)
         lengths = self.index.lengths[todo].astype(np.int32)
         status = np.zeros(n, np.int8)
         truncated = np.zeros(n, bool)
-        num_tokens = np.zeros(n, np.int32)
         status[lengths == 0] = sc.EMPTY
         candidates = np.flatnonzero(lengths > 0)
         # (A batch of empty records only has nothing to tokenize: tokenizers fail on an empty list.)
@@ -54,16 +84,28 @@ class BatchComputer:
             if t.unknown:
                 status[i] = sc.UNKNOWN_RESIDUES
             compute.append((int(i), t))
-        results = self._run(compute, todo) if compute else []
+        return PreparedBatch(todo, lengths, status, truncated, digest, compute)
+
+    def launch(self, batch: PreparedBatch) -> LaunchedBatch:
+        """The engine and the task's device work queued (on a CPU: done) for the rows to compute."""
+        groups = self._run(batch.compute, batch.todo) if batch.compute else []
+        return LaunchedBatch(batch, groups)
+
+    def finish(self, launched: LaunchedBatch) -> tuple[RowBlock, int]:
+        """Wait for the batch's results and assemble its RowBlock; also the tokens the engine ran for it."""
+        batch = launched.prepared
+        n, todo, status = len(batch.todo), batch.todo, batch.status.copy()
+        num_tokens = np.zeros(n, np.int32)
         columns = {c.path: c.empty(n) for c in self.schema.row_columns if c.path not in _BASE}
         ragged_lengths = {g: np.zeros(n, np.int64) for g in self.schema.ragged_groups}
         values = {c.path: [] for c in self.schema.ragged_columns}
         computed = 0   # tokens the engine ran: the rows' own, or what the task says (masked copies)
-        for items, out in results:
+        for items, pending in launched.groups:
             rows = np.array([i for i, _ in items])
-            if out is None:
+            if pending is None:
                 status[rows] = sc.OUT_OF_MEMORY
                 continue
+            out = pending.result()
             num_tokens[rows] = [len(t.ids) for _, t in items]
             computed += out.computed_tokens if out.computed_tokens is not None else int(num_tokens[rows].sum())
             if self.windows:
@@ -76,19 +118,19 @@ class BatchComputer:
                 values[k].append(v)
         columns.update({
             "ids": np.array([self.index.id_bytes(int(p)) for p in todo], dtype=object),
-            "index": todo.astype(np.int64), "lengths": lengths, "num_tokens": num_tokens,
-            "truncated": truncated, "status": status, "sequence_digest": digest,
+            "index": todo.astype(np.int64), "lengths": batch.lengths, "num_tokens": num_tokens,
+            "truncated": batch.truncated, "status": status, "sequence_digest": batch.digest,
         })
         values = {c.path: np.concatenate(values[c.path]) if values[c.path] else c.empty(0)
                   for c in self.schema.ragged_columns}
         return RowBlock(self.schema, columns, values, ragged_lengths), computed
 
-    def _run(self, items: list, todo: np.ndarray):
-        """[(items, TaskOutput or None)] in item order; an out-of-memory batch is halved until it fits."""
+    def _run(self, items: list, todo: np.ndarray) -> list:
+        """[(items, PendingOutput or None)] in item order; an out-of-memory batch is halved until it fits."""
         try:
             batch = [t.ids for _, t in items]
             faults.maybe_out_of_memory(batch, padded=self.engine.info.name == "hf")
-            return [(items, self.task.run(self.engine, [t for _, t in items], todo[[i for i, _ in items]]))]
+            return [(items, self.task.launch(self.engine, [t for _, t in items], todo[[i for i, _ in items]]))]
         except (OutOfMemory, torch.OutOfMemoryError) as e:
             _release_memory()
             if len(items) == 1:

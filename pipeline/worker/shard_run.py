@@ -29,7 +29,7 @@ from ..rundir.layout import RunDir
 from ..rundir.locks import ShardLock
 from ..tasks import make_task, schema_for
 from ..tasks.tokenization import SequenceTokenizer
-from .batch_rows import BatchComputer
+from .batch_rows import BatchComputer, LaunchedBatch
 from .batching import plan_batches, plan_generate_batches
 from .cpu_setup import keep_freed_memory, set_cpu_threads, set_strict_matmuls
 
@@ -201,35 +201,82 @@ class ShardRun:
 
     def _compute(self, shard: Opened, computer: BatchComputer, batches: list[tuple[int, int]],
                  tokens: np.ndarray) -> dict:
-        """Run the batches not yet durable, checkpointing when due, until done or told to stop."""
+        """Run the batches not yet durable, checkpointing when due, until done or told to stop.
+
+        Overlapped (GPU workers, see `overlaps`), batch k is launched (its device work queued), then batch k-1's
+        results are taken (the one wait), its rows handed to the writer and a due checkpoint written, then batch
+        k+1 is read and tokenized, all while batch k computes. Otherwise each batch is taken right after its
+        launch. Either way the rows, the checkpoints' contents and any error are those of a serial loop.
+        compute_seconds counts the loop's time in reading, tokenizing, launching, waiting for results and
+        assembling rows (not in checkpoints or messages): overlapped, the host's share hides behind the device's."""
         stats = {"sequences": 0, "tokens": 0, "compute_seconds": 0.0}
-        writer, positions, done = shard.writer, shard.positions, shard.done
-        for k, (a, b) in enumerate(batches):
+        overlap = overlaps(shard.config.on_gpu)
+        positions, done = shard.positions, shard.done
+        work = [(k, positions[a:b][~done[a:b]], int(tokens[a:b][~done[a:b]].sum())) for k, (a, b) in enumerate(batches)]
+        work = [w for w in work if len(w[1])]
+        inflight: _InFlight | None = None   # launched, its rows not yet taken
+        ahead = None                         # the next batch read ahead: a PreparedBatch or _ReadFailed
+        for i, (k, todo, batch_tokens) in enumerate(work):
             if os.getppid() != self.parent_pid:
                 self.stop.set(PARENT_GONE)
             if self.stop:
                 break
-            todo = positions[a:b][~done[a:b]]
-            if len(todo) == 0:
-                continue
-            self.reporter.send("batch", tokens=int(tokens[a:b][~done[a:b]].sum()), budget=shard.config.tokens_per_batch)
+            # (the hang detector allows a batch time for its tokens: those of the batch in flight count too)
+            self.reporter.send("batch", tokens=batch_tokens + (inflight.tokens if inflight else 0),
+                               budget=shard.config.tokens_per_batch)
             faults.before_batch(self.rank, k)
             tc = time.time()
             try:
-                block, ntokens = computer.rows(todo)
+                batch = ahead if ahead is not None else _read(computer, todo)
+                ahead = None
+                if isinstance(batch, _ReadFailed):
+                    raise batch.error
+                launched = _InFlight(computer.launch(batch), len(todo), batch_tokens)
             except InputChanged as e:   # a record read differs from its checksum: nothing of it is kept
+                self._settle(shard, computer, inflight, stats)
                 raise UserError(f"shard {self.rank} stopped: {e}. Its rows up to its last checkpoint, each checked "
                                 "when it was read, are kept; none computed since") from None
+            except BaseException:
+                self._settle(shard, computer, inflight, stats)
+                raise
             stats["compute_seconds"] += time.time() - tc
-            writer.add(block)
-            self.unsaved_tokens += ntokens
-            stats["sequences"] += len(todo)
-            stats["tokens"] += ntokens
-            self.reporter.send("progress", sequences=len(todo), tokens=ntokens)
-            if writer.due():
-                _inputs_still_match(shard.index)
-                self._checkpoint(shard)
+            if inflight is not None:
+                self._take(shard, computer, inflight, stats)
+            inflight = launched
+            if not overlap:
+                self._take(shard, computer, inflight, stats)
+                inflight = None
+            elif i + 1 < len(work):
+                tc = time.time()
+                ahead = _read(computer, work[i + 1][1], deferred=True)
+                stats["compute_seconds"] += time.time() - tc
+        if inflight is not None:
+            self._take(shard, computer, inflight, stats)
         return stats
+
+    def _take(self, shard: Opened, computer: BatchComputer, inflight: "_InFlight", stats: dict) -> None:
+        """A launched batch's rows (waiting for its results) to the writer, and a checkpoint if one is due."""
+        tc = time.time()
+        block, ntokens = computer.finish(inflight.batch)
+        stats["compute_seconds"] += time.time() - tc
+        shard.writer.add(block)
+        self.unsaved_tokens += ntokens
+        stats["sequences"] += inflight.sequences
+        stats["tokens"] += ntokens
+        self.reporter.send("progress", sequences=inflight.sequences, tokens=ntokens)
+        if shard.writer.due():
+            _inputs_still_match(shard.index)
+            self._checkpoint(shard)
+
+    def _settle(self, shard: Opened, computer: BatchComputer, inflight: "_InFlight | None", stats: dict) -> None:
+        """Before an error leaves the loop: the batch in flight taken, as a serial loop would have taken it before
+        meeting the error (its rows, and a checkpoint then due); a failure in doing so leaves the first error."""
+        if inflight is None:
+            return
+        try:
+            self._take(shard, computer, inflight, stats)
+        except Exception:
+            log.exception("the batch in flight could not be finished after an error in the next one")
 
     def _checkpoint(self, shard: Opened) -> None:
         """Make the buffered rows durable, and say so: to the parent, and as a `checkpoint` event with the
@@ -253,9 +300,44 @@ class ShardRun:
         path = shard.writer.finalize(row_bytes)
         stats["seconds"] = time.time() - t0
         self.stats = stats
-        log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s)", path, stats["sequences"],
-                 stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9))
+        log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s; computing %.1f s, %.0f tok/s)",
+                 path, stats["sequences"], stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9),
+                 stats["compute_seconds"], stats["tokens"] / max(stats["compute_seconds"], 1e-9))
         self.reporter.send("done", **stats)
+
+
+def overlaps(on_gpu: bool) -> bool:
+    """Whether batches overlap (batch k+1 read and launched before batch k's results are taken): on GPU workers,
+    where the device computes while the host works; RUN_SHARDS_OVERLAP=1 or 0 says otherwise (the results are
+    the same bits either way; a CPU worker computes at launch, so it has nothing to overlap)."""
+    setting = os.environ.get("RUN_SHARDS_OVERLAP", "")
+    if setting not in ("", "0", "1"):
+        raise UserError(f"RUN_SHARDS_OVERLAP={setting!r}: set it to 1 (overlap batches) or 0 (one at a time)")
+    return on_gpu if setting == "" else setting == "1"
+
+
+@dataclass
+class _InFlight:
+    batch: LaunchedBatch
+    sequences: int   # rows of the batch
+    tokens: int      # tokens the batch was planned at
+
+
+@dataclass
+class _ReadFailed:
+    """Reading a batch ahead failed: the error is raised when that batch's turn comes (it may never come: a stop
+    first), after the batch before it is taken, as a serial loop would have met it."""
+    error: BaseException
+
+
+def _read(computer: BatchComputer, todo: np.ndarray, deferred: bool = False):
+    """computer.prepare(todo); with `deferred`, an Exception is returned (as _ReadFailed) rather than raised."""
+    if not deferred:
+        return computer.prepare(todo)
+    try:
+        return computer.prepare(todo)
+    except Exception as e:
+        return _ReadFailed(e)
 
 
 def _inputs_still_match(index) -> None:

@@ -101,11 +101,13 @@ class PagedAttention:
             if pad:
                 q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))
             write_kv_cache(k, v, self.kv[0], self.kv[1], ctx.slot_mapping)
-            cu = torch.from_numpy(cu_q.astype(np.int32)).to(q.device)
+            cu = ctx.on_device("rows_cu_q", cu_q, np.int32)
             out = paged_attention(q, self.kv[0], self.kv[1], ctx.block_tables, cu, ctx.kv_lens, causal=False,
                                   scale=self.scale, **ctx.attention_launch)
             return out[..., :self.head_dim] if pad else out
-        return _rows_over_keys(q, k, v, cu_q, ctx.cu_seqlens.tolist(), self.scale)
+        cu_kv = np.zeros(ctx.num_seqs + 1, np.int64)   # ctx.cu_seqlens as the host knows it (no read-back)
+        np.cumsum(ctx.q_lens, out=cu_kv[1:])
+        return _rows_over_keys(q, k, v, cu_q, cu_kv.tolist(), self.scale)
 
 
 def _rows_over_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: np.ndarray, cu_kv: list[int],
