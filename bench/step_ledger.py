@@ -307,7 +307,8 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if name in ("to", "_to_copy") and args[0].device.type == "cpu" and isinstance(out, torch.Tensor) \
                 and out.device == self.device:
-            self.host_values[_storage(out)] = args[0].clone()
+            # The bytes as sent (a staging buffer of several arrays, read back later through typed views of it).
+            self.host_values[_storage(out)] = args[0].contiguous().reshape(-1).view(torch.uint8).clone()
         given = list(args) + [v for k, v in kwargs.items() if k != "out"]
         inputs = [a for a in _flat(given) if isinstance(a, torch.Tensor)]
         outputs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
@@ -324,9 +325,10 @@ class _Recorder(TorchDispatchMode):
     def _read_back(self, t: torch.Tensor, dtype) -> torch.Tensor:
         """A meta tensor's values, where it is a whole tensor the step copied from the host: what code that
         reads device values on the host (a sync on a GPU) needs to go on."""
-        values = self.host_values.get(_storage(t))
-        if values is None or values.shape != t.shape:
+        raw = self.host_values.get(_storage(t))
+        if raw is None or raw.numel() % t.element_size():
             raise RuntimeError("the step reads back a device tensor whose values the meta device does not have")
+        values = raw.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
         frame = next(f for f in _frames(sys._getframe(2)) if "/torch/" not in f.f_code.co_filename)
         path = Path(frame.f_code.co_filename)
         where = path.relative_to(REPO) if path.is_relative_to(REPO) else path

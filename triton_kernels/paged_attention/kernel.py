@@ -248,7 +248,7 @@ def paged_attention_triton(
     num_seqs = block_tables.shape[0]
     group = num_q_heads // num_kv_heads
     block_m = max(16, triton.next_power_of_2(knobs.block_q * group))
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = max(16, triton.next_power_of_2(head_dim))   # tl.dot's least K; a smaller head dim is masked
     splits = knobs.num_kv_splits
     if splits > 1:
         part_o = torch.empty((splits, num_tokens, num_q_heads, head_dim), device=q.device, dtype=torch.float32)

@@ -25,8 +25,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
                          f"{tuple(v.shape)}")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of KV heads ({k.shape[1]})")
-    if not 16 <= q.shape[2] <= 256:
-        raise ValueError(f"head dim {q.shape[2]} is not supported (16 to 256)")
+    if not 1 <= q.shape[2] <= 256:
+        raise ValueError(f"head dim {q.shape[2]} is not supported (1 to 256)")
     if any(x.stride(-1) != 1 for x in (q, k, v)):
         raise ValueError("q, k and v must be contiguous along the head dim")
     if q.dtype != k.dtype or k.dtype != v.dtype:
@@ -58,7 +58,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     contiguous head dim; e.g. views of a fused QKV output). cu_seqlens int32 `[S + 1]`: where each sequence
     starts; seq_lens int32 `[S]`: its length (cu_seqlens' differences, kept on the device so nothing is read
     back). causal: a token sees the keys at or before it; else every key of its sequence. scale defaults to
-    D ** -0.5. Head dims 16 to 256 (any, masked to the next power of two). Launch knobs as paged_attention's,
+    D ** -0.5. Head dims 1 to 256 (any: masked to the next power of two, at least 16). Launch knobs as paged_attention's,
     tiles of pages_per_tile x 16 keys; None takes the default rule's values for this shape.
     """
     _check(q, k, v, cu_seqlens, seq_lens)
@@ -72,7 +72,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     knobs = dict(block_q=block_q, pages_per_tile=pages_per_tile, num_warps=num_warps, num_stages=num_stages,
                  num_kv_splits=num_kv_splits)
     if any(value is None for value in knobs.values()):
-        d = 1 << max(4, (q.shape[2] - 1).bit_length())
+        d = max(32, 1 << max(4, (q.shape[2] - 1).bit_length()))   # the rule knows the kernel head dims
         rule = default_launch(num_q_tokens=q.shape[0], num_seqs=seq_lens.shape[0], num_q_heads=q.shape[1],
                               num_kv_heads=k.shape[1], head_dim=d, page_size=CONTIGUOUS_PAGE,
                               max_kv_len=q.shape[0], target=target_of(q.device))
