@@ -28,7 +28,8 @@
 # folder, removed at the end.
 #
 # Wheels in .whl/ (transformers, tokenizers, fla-core... for a machine without network) are installed into a
-# temporary folder put on PYTHONPATH first (not in --smoke, unless WHEELS=1); the environment is not changed.
+# temporary folder put on PYTHONPATH first (not in --smoke, unless WHEELS=1; never with WHEELS=0, for a caller that
+# installed them already); the environment is not changed.
 # It never changes GPU settings. No GPU visible and no --smoke: exit 3 before anything runs. A step that fails
 # or runs out of time does not stop the others; the script then exits 1 naming them.
 set -uo pipefail
@@ -54,7 +55,7 @@ fi
 
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/gpu_profile.XXXXXX")
 trap 'rm -rf "$SCRATCH"' EXIT
-if compgen -G ".whl/*.whl" >/dev/null && { [ -z "$SMOKE" ] || [ "${WHEELS:-0}" = 1 ]; }; then
+if compgen -G ".whl/*.whl" >/dev/null && [ "${WHEELS:-}" != 0 ] && { [ -z "$SMOKE" ] || [ "${WHEELS:-0}" = 1 ]; }; then
     if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$SCRATCH/site" .whl/*.whl; then
         export PYTHONPATH="$SCRATCH/site${PYTHONPATH:+:$PYTHONPATH}"
