@@ -209,7 +209,7 @@ def describe(source: ModelSource, engine: str, tokenizer=None, trust_remote_code
     hidden_size, num_layers = model_shape(text)
     info = EngineInfo(name=engine, hidden_size=hidden_size, num_layers=num_layers,
                       is_causal=source.is_causal, masked_lm=source.is_masked_lm,
-                      max_tokens=model_max_tokens(text, tokenizer, source.family.rotary_only),
+                      max_tokens=model_max_tokens(text, tokenizer, source.family.position_table),
                       architecture=source.facts.architecture, model_fingerprint=source.fingerprint,
                       family=source.family.key)
     trained = getattr(text, "max_position_embeddings", None)
