@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,10 @@ from .checkpoint_facts import CheckpointFacts, read_facts
 from .hf_config import is_causal_lm, is_masked_lm
 from .registry import Family, recognise
 
+log = logging.getLogger("run_shards")
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+READ_AHEAD_CHUNK = 4 << 20
 
 
 @dataclass
@@ -181,6 +186,26 @@ def _download(repo_id: str) -> Path:
         raise UserError(f"--model {repo_id}: not a local directory, and the Hugging Face hub could not "
                         f"provide it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
                         "Pass a local checkpoint directory, or check the id and your network.") from None
+
+
+def read_ahead(path: str | Path) -> threading.Thread:
+    """Read the checkpoint's weight files once in a background thread, so that a load soon after, here or by a
+    worker on this machine, finds them in the page cache instead of waiting on the disk; returns the thread
+    (a daemon: nothing waits for it). The reads release the GIL, so the caller goes on with its imports and
+    planning meanwhile. (posix_fadvise(WILLNEED) asks the kernel for the same, but read 0.6% of a 1.3 GB
+    file here: docs/BENCHMARKS.md.) An unreadable file is left to the load to report."""
+    def read_all() -> None:
+        buffer = memoryview(bytearray(READ_AHEAD_CHUNK))
+        try:
+            for f in sorted(f for f in Path(path).iterdir() if f.suffix in WEIGHT_SUFFIXES):
+                with open(f, "rb", buffering=0) as fh:
+                    while fh.readinto(buffer):
+                        pass
+        except OSError as e:   # the load reads the files again and says what is wrong with them
+            log.debug("read-ahead of %s stopped: %s", path, e)
+    thread = threading.Thread(target=read_all, name="read-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def fingerprint(path: Path) -> str:

@@ -18,7 +18,7 @@ from index.shard_view import open_stride
 from .. import faults
 from ..config import RunConfig
 from ..engine import selection as engines
-from ..models.checkpoint import EngineInfo, load_failure
+from ..models.checkpoint import EngineInfo, load_failure, read_ahead
 from ..models.conventions import PLAIN, Convention
 from ..errors import UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK
@@ -137,6 +137,7 @@ class ShardRun:
     def _load_engine(self, shard: Opened):
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
         config, manifest, t0 = shard.config, shard.manifest, time.time()
+        read_ahead(manifest["model"]["path"])   # the weights come off the disk while transformers imports
         invariant = bool(manifest["attrs"].get("batch_invariant"))
         matmuls = None if config.on_gpu else set_strict_matmuls(invariant, str(self.run_dir.root))
         flushing = set_cpu_threads(self.threads)
