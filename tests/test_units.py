@@ -400,3 +400,38 @@ def test_check_loaded_names_a_parameter_the_loader_did_not_write():
         model[1].bias.zero_()
         model[2].bias.copy_(torch.ones(4))
     check_loaded(model, "tiny")
+
+
+def test_gpu_workers_keep_triton_kernels_in_the_run_shards_cache(tmp_path, monkeypatch):
+    """TRITON_CACHE_DIR: run_shards' cache folder's triton/ when the user set none; theirs when they did; Triton's
+    own default when the folder cannot be made."""
+    import os
+
+    from pipeline.worker.shard_run import use_kernel_cache
+    monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    use_kernel_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
+    assert (tmp_path / "cache" / "triton").is_dir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    use_kernel_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path / "file"))   # triton/ cannot be made below a file
+    use_kernel_cache()
+    assert "TRITON_CACHE_DIR" not in os.environ
+
+
+def test_read_ahead_reads_the_weights_and_leaves_errors_to_the_load(tmp_path):
+    """The read-ahead thread ends after reading every weight file; a checkpoint that is not there (or not
+    readable) raises nothing in the caller, whose load then says what is wrong."""
+    from pipeline.models.checkpoint import read_ahead
+    (tmp_path / "model.safetensors").write_bytes(b"x" * (9 << 20))
+    (tmp_path / "config.json").write_text("{}")
+    thread = read_ahead(tmp_path)
+    thread.join(30)
+    assert not thread.is_alive()
+    gone = read_ahead(tmp_path / "missing")
+    gone.join(30)
+    assert not gone.is_alive()

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from index import InputChanged, SequenceIndex
+from index.cache import cache_dir
 from index.shard_view import open_stride
 
 from .. import faults
@@ -149,6 +150,8 @@ class ShardRun:
             log.info("malloc %s", "keeps freed memory for reuse" if keep_freed_memory() else
                      "left at its defaults (not glibc); CPU runs may spend more time in page faults")
             log.info("matmuls: %s", matmuls.text)
+        if config.on_gpu:
+            use_kernel_cache()
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
@@ -257,6 +260,26 @@ class ShardRun:
         log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s)", path, stats["sequences"],
                  stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9))
         self.reporter.send("done", **stats)
+
+
+def use_kernel_cache() -> None:
+    """Keep the GPU kernels Triton compiles (a few seconds each, at a worker's first batches) in run_shards'
+    cache folder, `$RUN_SHARDS_CACHE/triton` (README), so the next run's workers load them instead, on every
+    node that shares that folder; unless TRITON_CACHE_DIR names a folder of the user's own, or this one cannot
+    be written (then Triton keeps its default, ~/.triton/cache). Triton's cache is keyed by the kernel's
+    source, its compile options, the GPU and Triton's version, and written by atomic renames: workers of
+    several runs and nodes may share it."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return
+    folder = cache_dir() / "triton"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        log.info("Triton keeps its compiled kernels in its default folder: %s cannot be created (%s)", folder,
+                 e.strerror or e)
+        return
+    if os.access(folder, os.W_OK | os.X_OK):
+        os.environ["TRITON_CACHE_DIR"] = str(folder)
 
 
 def _inputs_still_match(index) -> None:
