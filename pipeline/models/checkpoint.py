@@ -24,7 +24,7 @@ from .registry import Family, recognise
 log = logging.getLogger("run_shards")
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-READ_AHEAD_CHUNK = 4 << 20
+READ_AHEAD_CHUNK = 128 << 10   # Linux's default readahead window (read_ahead_kb)
 
 
 @dataclass
@@ -189,18 +189,27 @@ def _download(repo_id: str) -> Path:
 
 
 def read_ahead(path: str | Path) -> threading.Thread:
-    """Read the checkpoint's weight files once in a background thread, so that a load soon after, here or by a
-    worker on this machine, finds them in the page cache instead of waiting on the disk; returns the thread
-    (a daemon: nothing waits for it). The reads release the GIL, so the caller goes on with its imports and
-    planning meanwhile. (posix_fadvise(WILLNEED) asks the kernel for the same, but read 0.6% of a 1.3 GB
-    file here: docs/BENCHMARKS.md.) An unreadable file is left to the load to report."""
+    """Have the kernel read the checkpoint's weight files into the page cache, from a background thread, so
+    that a load soon after, here or by a worker on this machine, finds them in memory instead of waiting on
+    the disk; returns the thread (a daemon: nothing waits for it). The caller goes on with its imports and
+    planning meanwhile.
+
+    posix_fadvise(WILLNEED) queues the reads without copying anything into this process, but the kernel
+    reads at most its readahead window per call (a 1.3 GB file in one call: 0.6% of it cached), hence one
+    call per READ_AHEAD_CHUNK: the whole file cached within ~1 s here, for 0.1 CPU s (docs/BENCHMARKS.md).
+    Without posix_fadvise (macOS) the thread reads the files. An unreadable file is left to the load."""
     def read_all() -> None:
-        buffer = memoryview(bytearray(READ_AHEAD_CHUNK))
         try:
             for f in sorted(f for f in Path(path).iterdir() if f.suffix in WEIGHT_SUFFIXES):
                 with open(f, "rb", buffering=0) as fh:
-                    while fh.readinto(buffer):
-                        pass
+                    if hasattr(os, "posix_fadvise"):
+                        size = os.fstat(fh.fileno()).st_size
+                        for offset in range(0, size, READ_AHEAD_CHUNK):
+                            os.posix_fadvise(fh.fileno(), offset, READ_AHEAD_CHUNK, os.POSIX_FADV_WILLNEED)
+                    else:
+                        buffer = memoryview(bytearray(4 << 20))
+                        while fh.readinto(buffer):
+                            pass
         except OSError as e:   # the load reads the files again and says what is wrong with them
             log.debug("read-ahead of %s stopped: %s", path, e)
     thread = threading.Thread(target=read_all, name="read-ahead", daemon=True)
