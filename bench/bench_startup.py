@@ -86,7 +86,10 @@ def _child_parent(argv: list[str]) -> None:
     from pipeline.models import checkpoint
     from pipeline.planning import devices, plan as plan_mod
     clock.span("import run_shards' CLI and api", wall, cpu)
-    clock.wrap(devices, "resolve", "devices (imports torch)")
+    w, c = time.perf_counter(), time.process_time()
+    import torch  # noqa: F401 - the CLI imports it first for the GPU count (planning/devices.py)
+    clock.span("import torch", w, c)
+    clock.wrap(devices, "resolve", "devices")
     clock.wrap(plan_mod, "read_inputs", "index (build or reuse) and input policies")
     for name, label in (("resolve", "model: resolve, fingerprint, header check"),
                         ("read_config", "model: config (imports transformers)"),
@@ -145,11 +148,13 @@ def _child_worker(root: str, device: str | None, threads: int, first_batch: bool
     init = native.NativeEngine.__init__
     clock.wrap(native.NativeEngine, "__init__", "engine: caches and runner on the device")
     clock.wrap(shard_run, "make_task", "task")
-    if device is not None:
+    w, c = time.perf_counter(), time.process_time()
+    if hasattr(entry, "prepare_worker"):   # what a worker started while planning does before its shard is known
+        entry.prepare_worker(device is not None)
+        clock.span("prepare: transformers and engine imports" + (", CUDA context" if device else ""), w, c)
+    elif device is not None:   # (runs before that: the CUDA context alone, which the load would create)
         import torch
-        w, c = time.perf_counter(), time.process_time()
-        torch.cuda.init()
-        torch.empty(1, device="cuda")
+        torch.zeros(1, device="cuda")
         clock.span("CUDA context", w, c)
 
     class Pipe:
@@ -304,7 +309,8 @@ def main() -> None:
                 *where, *args.extra]
     skip = set(filter(None, args.skip.split(",")))
     _phases(["_parent", *cli_args, "--out", str(work / "warm")], env)   # the index cache, as a second run finds it
-    header = [f"bench_startup: {args.checkpoint.name} ({sum(f.stat().st_size for f in args.checkpoint.iterdir()) / 1e9:.2f} GB), "
+    size = sum(f.stat().st_size for f in args.checkpoint.iterdir()) / 1e9
+    header = [f"bench_startup: {args.checkpoint.name} ({size:.2f} GB), "
               f"{args.fasta.name}, {'1 GPU' if args.gpus else '1 CPU worker'}, {args.runs} run(s), "
               f"{'cold' if args.cold else 'warm'} page cache, {os.cpu_count()} CPU cores, load average "
               f"{os.getloadavg()[0]:.1f}", ""]

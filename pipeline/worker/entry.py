@@ -5,7 +5,9 @@ anything touches CUDA (CPU workers hide every GPU), logs to its own `worker_N.lo
 the parent over its own pipe, and stops cleanly (final checkpoint, exit code 75) on SIGTERM / SIGINT /
 SIGHUP / SIGUSR1 or when the parent goes away. It takes the shard's lock before it writes anything, so a
 second process for the same shard steps aside (exit code 3) without touching its log, record or events.
-The shard itself is computed by shard_run.ShardRun.
+A local run starts its workers while it plans (launchers/early_workers.py): such a worker prepares what
+every worker needs, then waits for the number of its shard. The shard itself is computed by
+shard_run.ShardRun.
 """
 from __future__ import annotations
 
