@@ -147,6 +147,7 @@ def prepare_worker(gpu: bool) -> None:
     from ..engine import hf, native   # noqa: F401 - imported for what they import
     from ..models.hf_config import quiet_transformers
     quiet_transformers()
+    import transformers.activations   # noqa: F401 - what ESM's, Llama's and the demo's loads import first (0.7 s)
     import transformers.models.auto.configuration_auto   # noqa: F401 - AutoConfig, resolved lazily otherwise
     import transformers.models.auto.tokenization_auto   # noqa: F401
     if gpu:
