@@ -238,6 +238,7 @@ def _real_run(cli_args: list[str], out: Path, env: dict, limit: float = 600.0) -
     while loaded is None and proc.poll() is None and time.time() - began < limit:
         time.sleep(0.05)
         loaded = next((e for e in _events(events) if e.get("event") == "loaded"), None)
+    cpu = _cpu_seconds(proc.pid)   # the command's and its workers', up to the load (within 50 ms)
     proc.send_signal(signal.SIGINT)   # twice: the second kills the worker at once, mid-batch (nothing to keep)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
@@ -252,12 +253,28 @@ def _real_run(cli_args: list[str], out: Path, env: dict, limit: float = 600.0) -
     first = lines[0][0]
     spawned = next(t for t, text in lines if "started shard 0" in text)
     start = next(e for e in _events(events) if e.get("event") == "start")
-    return {"before planning (python, imports, devices)": first - began, "planning": spawned - first,
-            "prepare (command start to its worker given the shard)": spawned - began,
-            "worker: shard given to shard opened (imports, lock)": start["t"] - spawned,
-            "worker: opened to loaded": loaded["t"] - start["t"],
-            "worker ready (shard given to loaded)": loaded["t"] - spawned,
-            "command start to worker loaded": loaded["t"] - began}
+    return {"before planning (python, imports, devices)": (first - began, None), "planning": (spawned - first, None),
+            "prepare (command start to its worker given the shard)": (spawned - began, None),
+            "worker: shard given to shard opened (imports, lock)": (start["t"] - spawned, None),
+            "worker: opened to loaded": (loaded["t"] - start["t"], None),
+            "worker ready (shard given to loaded)": (loaded["t"] - spawned, None),
+            "command start to worker loaded (CPU: the command's and its workers')": (loaded["t"] - began, cpu)}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and its live children (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:   # fields[1]: the parent's pid; [11], [12]: utime, stime
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def _table(title: str, rows: list[tuple[str, list[float], list[float] | None]]) -> list[str]:
@@ -321,7 +338,8 @@ def main() -> None:
             if args.cold:
                 _evict(args.checkpoint)
             real.append(_real_run(cli_args, work / f"run{k}", env))
-        rows = [(name, [r[name] for r in real], None) for name in real[0]]
+        rows = [(name, [r[name][0] for r in real], None if real[0][name][1] is None else [r[name][1] for r in real])
+                for name in real[0]]
         lines += _table("run_shards as a user runs it (from its logs)", rows)
     if "phases" not in skip:
         parents, workers = [], []
