@@ -3,6 +3,9 @@
 
     python bench/bench_startup.py CHECKPOINT FASTA [--gpus 1] [--runs 3] [--cold] [--out bench/out/startup.md]
 
+CHECKPOINT and FASTA are made where missing: an ESM-2 650M-shaped checkpoint with random bfloat16 weights
+and the ESM tokenizer (1.3 GB), and 10,000 `tools/make_fasta.py --seed 1` sequences (3.45M residues).
+
 Three measurements, each in fresh processes (imports and caches as a user's run sees them; the index cache
 is warmed once first, as a second run on the same file finds it):
 
@@ -191,6 +194,27 @@ def _child_worker(root: str, device: str | None, threads: int, first_batch: bool
 # ---------------------------------------------------------------------------------------------------------
 # In the bench's own process.
 
+def _make_inputs(checkpoint: Path, fasta: Path) -> None:
+    """Where missing: an ESM-2 650M-shaped checkpoint (EsmForMaskedLM, random bfloat16 weights, the ESM
+    tokenizer; as bench/bench_pll.py writes one) and 10,000 `make_fasta.py --seed 1` sequences, the issue's
+    run without a download. Built on the CPU, in a child process: this one never touches the GPU."""
+    if not (checkpoint / "config.json").exists():
+        code = (f"import sys, torch; sys.path.insert(0, {str(REPO / 'bench')!r}); sys.path.insert(0, {str(REPO)!r})\n"
+                "from pathlib import Path\n"
+                "from bench_pll import ESM2_COMMON, ESM_VOCAB, SHAPES\n"
+                "from transformers import EsmConfig, EsmForMaskedLM, EsmTokenizer\n"
+                f"path = Path({str(checkpoint)!r}); path.mkdir(parents=True, exist_ok=True)\n"
+                "(path / 'vocab.txt').write_text('\\n'.join(ESM_VOCAB) + '\\n')\n"
+                "EsmTokenizer(str(path / 'vocab.txt'), model_max_length=1024).save_pretrained(path)\n"
+                "torch.manual_seed(0); torch.set_default_dtype(torch.bfloat16)\n"
+                "config = EsmConfig(**SHAPES['esm2-650m'], **ESM2_COMMON, dtype='bfloat16')\n"
+                "EsmForMaskedLM(config).save_pretrained(path)\n")
+        subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    if not fasta.exists():
+        subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "10000", "--seed", "1",
+                        str(fasta)], check=True, capture_output=True)
+
+
 def _evict(checkpoint: Path) -> None:
     """Drop the checkpoint's weight files from the page cache (clean pages only; no root needed)."""
     for f in checkpoint.iterdir():
@@ -316,6 +340,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the tables here (markdown)")
     ap.add_argument("extra", nargs="*", help="more run_shards options, after --")
     args = ap.parse_args()
+    _make_inputs(args.checkpoint, args.fasta)
     work = Path(tempfile.mkdtemp(prefix="bench_startup_"))
     env = dict(os.environ, RUN_SHARDS_REPORT="0", RUN_SHARDS_CACHE=str(work / "cache"))
     env.pop("TRITON_INTERPRET", None)

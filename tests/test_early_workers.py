@@ -1,14 +1,13 @@
 """Workers started while the parent plans (pipeline/launchers/early_workers.py): they compute the same rows as
 workers started after the plan, and a worker no shard needs is gone without having written anything."""
 import os
-import time
 import uuid
 
 from pipeline.launchers.early_workers import EarlyWorkers
 from pipeline.launchers.supervisor import spawn_worker
 from pipeline.rundir.layout import RunDir
 
-from .run_helpers import log_text, raw_datasets
+from .run_helpers import log_text, raw_datasets, wait_for
 from .tiny_models import run_cli
 
 FASTA = ">a\nMKVLAAGLLW\n>b\nMKKLLAAGG\n>c\nMQ\n>d\nMSTNPKPQRKTKRNTNRRPQDVKFPGG\n>e\nMAAAAAAAA\n"
@@ -68,7 +67,7 @@ def test_waiting_workers_are_killed_unused_and_a_dead_one_is_not_handed_a_shard(
     run = RunDir(tmp_path / "out")
     run.root.mkdir()
     early = EarlyWorkers({slot: spawn_worker(run, None, slot, False, 1) for slot in ("0", "1")})
-    assert len(_processes_tagged(tag)) == 2
+    wait_for(lambda: len(_processes_tagged(tag)) == 2, timeout=30, what="both workers' processes")   # (exec'd)
     died = early.waiting["0"].context.processes[0]
     os.kill(died.pid, 9)
     died.join(30)
@@ -77,8 +76,5 @@ def test_waiting_workers_are_killed_unused_and_a_dead_one_is_not_handed_a_shard(
     other = early.waiting["1"].context.processes[0]
     early.close()
     assert other.exitcode is not None and early.waiting == {}
-    deadline = time.time() + 10
-    while _processes_tagged(tag) and time.time() < deadline:
-        time.sleep(0.1)
     assert _processes_tagged(tag) == []
     assert list(run.root.iterdir()) == []

@@ -146,6 +146,8 @@ def prepare_worker(gpu: bool) -> None:
     the CPU: a batch-invariant run's MKL mode and the threads are set later, before the first op."""
     from ..engine import hf, native   # noqa: F401 - imported for what they import
     from ..models.hf_config import quiet_transformers
+    if not gpu:   # as the hf engine does on a CPU, before transformers could import fla-core (engine/hf.py)
+        hf.keep_transformers_torch_kernels()
     quiet_transformers()
     import transformers.activations   # noqa: F401 - what ESM's, Llama's and the demo's loads import first (0.7 s)
     import transformers.models.auto.configuration_auto   # noqa: F401 - AutoConfig, resolved lazily otherwise
