@@ -139,7 +139,6 @@ def _child_worker(root: str, device: str | None, threads: int, first_batch: bool
     clock.span("imports (torch, transformers' first parts, run_shards)", wall, cpu)
     from pipeline.engine import native
     from pipeline.models import checkpoint, registry
-    from pipeline.models.layers import loader
     from pipeline.rundir.layout import RunDir
     from pipeline.rundir.locks import ShardLock
     from pipeline.worker import shard_run
