@@ -65,6 +65,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     When planning refuses (or the user interrupts it) before the run's manifest exists, the output
     directory is left as it was found: removed if this command created it. `config` is not changed.
     """
+    from .launchers.early_workers import start_early
     run_dir = RunDir(config.out)
     existed = run_dir.root.exists()
     run_dir.create()
@@ -72,11 +73,16 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
         with command_session(run_dir, "run"):
             log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
             started = time.time()
-            planned = plan(config)
-            with planned.index as index:
-                manifest = planned.record(run_dir)
-                return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, None, show_progress,
-                                                              started, dict(dry_run=dry_run, wait=wait)), "run")
+            early = start_early(config, run_dir)   # workers import and set up their devices while this plans
+            try:
+                planned = plan(config)
+                with planned.index as index:
+                    manifest = planned.record(run_dir)
+                    options = dict(dry_run=dry_run, wait=wait, early=early)
+                    return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, None, show_progress,
+                                                                  started, options), "run")
+            finally:
+                early.close()
     except (UserError, FastaError, KeyboardInterrupt):
         if not run_dir.exists():
             run_dir.discard_unstarted(remove_root=not existed)
@@ -151,7 +157,8 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     timings = None
     if ranks:
         job = ShardJob(run, manifest, index, ranks, {r: states[r].expected - states[r].durable for r in ranks},
-                       show_progress, dry_run=bool(options.get("dry_run")), wait=bool(options.get("wait")))
+                       show_progress, dry_run=bool(options.get("dry_run")), wait=bool(options.get("wait")),
+                       early=options.get("early"))
         outcome = launchers.launch(job)
         if isinstance(outcome, Submitted):
             return outcome

@@ -314,24 +314,124 @@ def test_rotary_is_transformers_rotate_half_bit_for_bit(dtype, float32_math, rot
     assert torch.equal(rotary.apply(x[:, :2], cos, sin), expected[:, :2])   # a strided view (ESM's k of qkv)
 
 
-def test_rotary_only_model_types_have_no_position_table_when_built():
-    """The planning shortcut (a registry family marked rotary_only answers 'no position table' without building
-    the model) agrees with building each such family on the meta device; and a learned table is still found."""
-    from transformers import (AutoModel, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3_5TextConfig,
-                              Qwen3Config)
+def test_registry_position_tables_agree_with_building_the_model():
+    """The planning shortcut (a registry family's position_table reads the learned table's size off the config,
+    without building the model) agrees with building the model on the meta device, for every family that has
+    one: rotary and relative-position families have none, ESM's depends on its position type and pad id; and a
+    learned table is still found by building."""
+    from transformers import (EsmConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3_5TextConfig,
+                              Qwen3Config, T5Config)
 
     from pipeline.models import hf_config, registry
     small = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2)
-    configs = {"llama": LlamaConfig(**small), "qwen3": Qwen3Config(head_dim=8, **small),
-               "qwen3_5": Qwen3_5TextConfig(head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2,
-                                            linear_key_head_dim=8, linear_value_head_dim=8, **small),
-               "mistral": MistralConfig(**small), "qwen2": Qwen2Config(**small)}
-    assert set(configs) == {f.key for f in registry.FAMILIES if f.rotary_only}
-    for name, config in configs.items():
-        assert hf_config.position_table_tokens(config) is None
-        with torch.device("meta"):
-            model = AutoModel.from_config(config)
-        assert not [n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)
-                    and ("position" in n.rsplit(".", 1)[-1] or n.endswith("wpe"))], name
+    esm = dict(vocab_size=33, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+               max_position_embeddings=1026)
+    t5 = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
+    esm_configs = [EsmConfig(**esm, position_embedding_type="rotary", pad_token_id=1),
+                   EsmConfig(**esm, position_embedding_type="absolute", pad_token_id=1),   # ESM-1b: 1024
+                   EsmConfig(**esm, pad_token_id=0), EsmConfig(**esm, pad_token_id=None)]
+    configs = {"llama": [LlamaConfig(**small)], "qwen3": [Qwen3Config(head_dim=8, **small)],
+               "qwen3_5": [Qwen3_5TextConfig(head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2,
+                                             linear_key_head_dim=8, linear_value_head_dim=8, **small)],
+               "mistral": [MistralConfig(**small)], "qwen2": [Qwen2Config(**small)],
+               "esm": esm_configs, "saprot": esm_configs, "nucleotide_transformer": esm_configs,
+               "prott5": [T5Config(**t5)], "prostt5": [T5Config(**t5)],
+               "ankh": [T5Config(**t5, tie_word_embeddings=False)]}
+    families = {f.key: f for f in registry.FAMILIES}
+    assert set(configs) == {k for k, f in families.items() if f.position_table is not None}
+    answers = set()
+    for name, cases in configs.items():
+        for config in cases:
+            answers.add(families[name].position_table(config))
+            assert families[name].position_table(config) == hf_config.position_table_tokens(config), (name, config)
+    assert answers == {None, 1024, 1025, 1026}   # each ESM case differs, so each was really compared
     assert hf_config.position_table_tokens(GPT2Config(n_positions=64, n_embd=32, n_layer=1, n_head=4)) == 64
+
+
+@pytest.mark.parametrize("kind", ["esm2", "llama"])
+def test_checkpoint_loads_to_the_same_bits_without_a_sentinel_fill(kind, tmp_path, monkeypatch):
+    """The loader allocates parameters without filling them first (materialize) and knows which it wrote by
+    their version counters (check_loaded): the model loads to exactly the bits it loaded to when every
+    parameter was NaN-filled first, and its embedding table is the checkpoint's."""
+    from safetensors import safe_open
+
+    from pipeline.models import registry
+    from pipeline.models.layers import loader
+    from tests.tiny_checkpoints import write_tiny
+    path = write_tiny(kind, tmp_path / kind)
+    model = registry.load_model(str(path), torch.device("cpu"), torch.float32)
+    fast = {k: v.clone() for k, v in model.state_dict().items()}
+    materialize = loader.materialize
+
+    def filled_first(module, device, dtype):   # the sentinel pass the loader used to make
+        materialize(module, device, dtype)
+        with torch.no_grad():
+            for p in module.parameters():
+                p.fill_(float("nan"))
+    for owner in (loader, sys.modules[type(model).__module__]):
+        if hasattr(owner, "materialize"):
+            monkeypatch.setattr(owner, "materialize", filled_first)
+    slow = registry.load_model(str(path), torch.device("cpu"), torch.float32).state_dict()
+    assert fast.keys() == slow.keys()
+    assert all(torch.equal(fast[k], slow[k]) for k in fast), [k for k in fast if not torch.equal(fast[k], slow[k])]
+    assert not any(torch.isnan(v).any() for v in fast.values() if v.is_floating_point())
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        name = next(n for n in f.keys() if n.endswith("embed_tokens.weight") or n.endswith("word_embeddings.weight"))
+        table = next(v for k, v in fast.items() if k.endswith(("embed_tokens.weight", "word_embeddings.weight")))
+        assert torch.equal(table, f.get_tensor(name))
+
+
+def test_check_loaded_names_a_parameter_the_loader_did_not_write():
+    """A parameter never written (still as materialize allocated it) is named; one written in place, or replaced
+    by a written one (a tied embedding), is not."""
+    from pipeline.models.layers.loader import check_loaded, materialize
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+    materialize(model, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        model[0].weight.copy_(torch.ones(4, 4))
+        model[0].bias.copy_(torch.zeros(4))
+        model[1].weight.copy_(torch.ones(4))
+        model[2].weight = model[0].weight   # tied to a written parameter
+    with pytest.raises(AssertionError, match=r"parameters not loaded from the checkpoint: \['1.bias', '2.bias'\]"):
+        check_loaded(model, "tiny")
+    with torch.no_grad():
+        model[1].bias.zero_()
+        model[2].bias.copy_(torch.ones(4))
+    check_loaded(model, "tiny")
+
+
+def test_gpu_workers_keep_triton_kernels_in_the_run_shards_cache(tmp_path, monkeypatch):
+    """TRITON_CACHE_DIR: run_shards' cache folder's triton/ when the user set none; theirs when they did; Triton's
+    own default when the folder cannot be made."""
+    import os
+
+    from pipeline.worker.shard_run import use_kernel_cache
+    monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    use_kernel_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
+    assert (tmp_path / "cache" / "triton").is_dir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    use_kernel_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path / "file"))   # triton/ cannot be made below a file
+    use_kernel_cache()
+    assert "TRITON_CACHE_DIR" not in os.environ
+
+
+def test_read_ahead_reads_the_weights_and_leaves_errors_to_the_load(tmp_path):
+    """The read-ahead thread ends after reading every weight file; a checkpoint that is not there (or not
+    readable) raises nothing in the caller, whose load then says what is wrong."""
+    from pipeline.models.checkpoint import read_ahead
+    (tmp_path / "model.safetensors").write_bytes(b"x" * (9 << 20))
+    (tmp_path / "config.json").write_text("{}")
+    thread = read_ahead(tmp_path)
+    thread.join(30)
+    assert not thread.is_alive()
+    gone = read_ahead(tmp_path / "missing")
+    gone.join(30)
+    assert not gone.is_alive()

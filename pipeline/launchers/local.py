@@ -43,7 +43,7 @@ def launch(job: ShardJob) -> Launched:
     for r in job.ranks:
         board.expect(r, job.remaining[r])
     supervisor = Supervisor(run, job.ranks, slots, config.on_gpu, config.threads_per_worker, board,
-                            config.worker_timeout)
+                            config.worker_timeout, job.early)
     try:
         results = supervisor.wait()
     finally:

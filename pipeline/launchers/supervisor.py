@@ -70,11 +70,40 @@ def signals_deferred(signals: tuple[int, ...]):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
+@dataclass
+class Spawned:
+    """A worker process as spawned: its torch ProcessContext, the read end of its messages, and, for one
+    started before its shard was known (early_workers.py), the write end of its orders."""
+    context: object
+    conn: multiprocessing.connection.Connection
+    orders: multiprocessing.connection.Connection | None = None
+
+
+def spawn_worker(run: RunDir, rank: int | None, slot: str, gpu: bool, threads: int) -> Spawned:
+    """Start a worker process for shard `rank` on `slot` (a GPU id, or a CPU worker slot); with `rank` None, one
+    that prepares itself and waits for its shard on its orders pipe."""
+    context = multiprocessing.get_context("spawn")
+    recv, send = context.Pipe(duplex=False)
+    orders_recv, orders = context.Pipe(duplex=False) if rank is None else (None, None)
+    # The worker starts with the stop signals blocked, until it installs its own handlers, so a Ctrl-C
+    # while it imports torch cannot print a traceback on the terminal; here, one that arrives while it
+    # spawns reaches the parent's handler (after, or at once through another thread), never lost.
+    with signals_deferred(STOP_SIGNALS):
+        process = torch.multiprocessing.start_processes(
+            worker_entry, args=(str(run.root), rank, send, slot if gpu else None, threads, os.getpid(), orders_recv),
+            nprocs=1, join=False, daemon=False, start_method="spawn")
+    send.close()   # the child holds the only write end: EOF here means it is gone
+    if orders_recv is not None:
+        orders_recv.close()
+    return Spawned(process, recv, orders)
+
+
 class Supervisor:
     def __init__(self, run: RunDir, ranks: list[int], slots: list[str], gpu: bool, threads: int,
-                 board: ProgressBoard, worker_timeout: float):
+                 board: ProgressBoard, worker_timeout: float, early=None):
         self.run, self.pending, self.slots = run, list(ranks), list(slots)
         self.gpu, self.threads, self.board, self.worker_timeout = gpu, threads, board, worker_timeout
+        self.early = early   # early_workers.EarlyWorkers: processes started while the parent planned, by slot
         self.started_at = time.time()
         self.active: list[ShardProcess] = []
         self.finished: list[ShardProcess] = []
@@ -82,23 +111,17 @@ class Supervisor:
         self.killed_at_once: list[int] = []     # shards killed by a second signal, before their checkpoint
 
     def _start(self, rank: int, slot: str) -> None:
-        recv, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
-        # The worker starts with the stop signals blocked, until it installs its own handlers, so a Ctrl-C
-        # while it imports torch cannot print a traceback on the terminal; here, one that arrives while it
-        # spawns reaches the parent's handler (after, or at once through another thread), never lost.
-        with signals_deferred(STOP_SIGNALS):
-            context = torch.multiprocessing.start_processes(
-                worker_entry, args=(str(self.run.root), rank, send, slot if self.gpu else None, self.threads,
-                                    os.getpid()),
-                nprocs=1, join=False, daemon=False, start_method="spawn")
-        send.close()   # the child holds the only write end: EOF here means it is gone
-        self.active.append(ShardProcess(rank, slot, context, recv))
+        spawned = self.early.take(slot, rank) if self.early is not None else None
+        early = spawned is not None
+        spawned = spawned or spawn_worker(self.run, rank, slot, self.gpu, self.threads)
+        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn))
+        pid = spawned.context.processes[0].pid
         if self.interrupted:   # a stop signal came while it spawned: it stops too
             self.active[-1].killed_for = f"run_shards received {self.interrupted} and asked it to stop"
-            _kill(context.processes[0].pid, signal.SIGTERM)
+            _kill(pid, signal.SIGTERM)
         self.board.add_worker(rank, f"GPU {slot}" if self.gpu else "CPU")
-        log.info("started shard %d on %s (pid %d)", rank, f"GPU {slot}" if self.gpu else "CPU",
-                 context.processes[0].pid)
+        log.info("started shard %d on %s (pid %d%s)", rank, f"GPU {slot}" if self.gpu else "CPU", pid,
+                 ", a worker started while planning" if early else "")
 
     def _fill_slots(self) -> None:
         busy = {p.slot for p in self.active}
@@ -138,6 +161,8 @@ class Supervisor:
         try:
             self.slots = self.slots[:max(1, len(self.slots))]
             self._fill_slots()
+            if self.early is not None:   # every slot that will compute has its worker now
+                self.early.close()
             while self.active:
                 self._pump(0.5)
                 self._reap()

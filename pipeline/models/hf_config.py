@@ -95,10 +95,11 @@ def _special_tokens_of(path) -> dict:
     return found
 
 
-def model_max_tokens(config, tokenizer, rotary_only: bool = False) -> int | None:
+def model_max_tokens(config, tokenizer, position_table=None) -> int | None:
     """The hard per-sequence token limit: a learned position table, or the tokenizer's trained maximum.
-    `rotary_only` (the registry's word for the family) skips looking for a table."""
-    limits = [n for n in (None if rotary_only else position_table_tokens(config),) if n]
+    `position_table(config)` (the registry's, for families that fix where the table is) says the table's size
+    without building the model; without one the model is built on the meta device to find it."""
+    limits = [n for n in ((position_table or position_table_tokens)(config),) if n]
     mml = getattr(tokenizer, "model_max_length", None)
     if isinstance(mml, int) and 0 < mml < 10**7:
         limits.append(mml)

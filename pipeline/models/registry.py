@@ -32,7 +32,9 @@ class Family:
     hf_kwargs: dict = field(default_factory=dict)
     tokenizer_json: bool = False         # read tokenizer.json as written (AutoTokenizer would rebuild it)
     not_native: str = ""                 # why the native engine does not run it (hf-only families)
-    rotary_only: bool = False            # positions only rotary (no learned table): planning need not build it
+    position_table: Callable | None = None   # config -> tokens its learned position table holds (None: no table),
+    #                                      where the family fixes where it is; unset: found by building the
+    #                                      model on the meta device (hf_config.position_table_tokens), ~1 s
     causal: bool | None = False          # a causal LM (its text model, for Qwen3.5's multimodal checkpoints);
     #                                      None: told by its architecture names (hf_config.is_causal_lm)
     card: str = ""
@@ -58,37 +60,53 @@ def _gpt2_protein(f: CheckpointFacts) -> bool:
     return f.model_type == "gpt2" and f.vocab.get("<|endoftext|>") == 0
 
 
+def _no_position_table(config) -> None:
+    """Positions by rotation (Llama, Qwen) or relative buckets (T5): no learned table to fill."""
+    return None
+
+
+def _esm_position_table(config) -> int | None:
+    """ESM's learned table (ESM-1b, ESM-1v, Nucleotide Transformer; transformers' EsmEmbeddings builds it when
+    position_embedding_type is absolute, its default), indexed from padding_idx + 1; ESM-2 rotates instead."""
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return None
+    pad = getattr(config, "pad_token_id", None)
+    return config.max_position_embeddings - (pad + 1 if pad is not None else 0)
+
+
 _NO_POOLER = {"add_pooling_layer": False}   # embeddings are hidden states; the pooler head is never used
 
 FAMILIES: tuple[Family, ...] = (
     # Protein and DNA encoders: embed.
     Family("saprot", "SaProt", "model_type esm; a vocabulary of residue+3Di pairs ('A#', 'Ap', ...)",
            lambda f: f.model_type == "esm" and f.has_tokens("A#", "L#"), native="esm",
-           convention=cv.SAPROT_NO_STRUCTURE, hf_kwargs=_NO_POOLER,
+           position_table=_esm_position_table, convention=cv.SAPROT_NO_STRUCTURE, hf_kwargs=_NO_POOLER,
            convention_source="sequence only: each 3Di letter is the '#' placeholder (card: 'M#E#V#...')",
            card="https://huggingface.co/westlake-repl/SaProt_650M_AF2"),
     Family("nucleotide_transformer", "Nucleotide Transformer v1", "model_type esm; a DNA 6-mer vocabulary",
-           lambda f: f.model_type == "esm" and _is_kmer_vocab(f), native="esm", convention=cv.PLAIN,
-           hf_kwargs=_NO_POOLER, convention_source="the raw DNA string; the tokenizer cuts 6-mers (single "
-           "nucleotides where it cannot); one row per token, not per nucleotide",
+           lambda f: f.model_type == "esm" and _is_kmer_vocab(f), native="esm", position_table=_esm_position_table,
+           convention=cv.PLAIN, hf_kwargs=_NO_POOLER, convention_source="the raw DNA string; the tokenizer cuts "
+           "6-mers (single nucleotides where it cannot); one row per token, not per nucleotide",
            card="https://huggingface.co/InstaDeepAI/nucleotide-transformer-500m-human-ref"),
     Family("esm", "ESM-2 / ESM-1b / ESM-1v", "model_type esm (after SaProt and Nucleotide Transformer)",
-           lambda f: f.model_type == "esm", native="esm", convention=cv.PLAIN, hf_kwargs=_NO_POOLER,
+           lambda f: f.model_type == "esm", native="esm", position_table=_esm_position_table, convention=cv.PLAIN,
+           hf_kwargs=_NO_POOLER,
            convention_source="raw residues (card: AutoTokenizer on the sequence)",
            card="https://huggingface.co/facebook/esm2_t33_650M_UR50D"),
     Family("prostt5", "ProstT5 (amino-acid mode)", "model_type t5; a vocabulary with '<AA2fold>'",
            lambda f: f.model_type == "t5" and f.has_tokens("<AA2fold>"), convention=cv.PROSTT5_AA,
-           native="t5", hf_class="T5EncoderModel",
+           native="t5", position_table=_no_position_table, hf_class="T5EncoderModel",
            convention_source="card: '<AA2fold>' + ' ' + residues upper-cased and spaced, U/Z/O/B as X; the "
            "prefix token is not a residue", card="https://huggingface.co/Rostlab/ProstT5"),
     Family("prott5", "ProtT5", "model_type t5; a SentencePiece vocabulary of word-initial residues ('▁A')",
            lambda f: f.model_type == "t5" and f.has_tokens("▁A", "▁L"), convention=cv.SPACED_RARE_AS_X,
-           native="t5", hf_class="T5EncoderModel",
+           native="t5", position_table=_no_position_table, hf_class="T5EncoderModel",
            convention_source="card: ' '.join(list(re.sub(r'[UZOB]', 'X', sequence)))",
            card="https://huggingface.co/Rostlab/prot_t5_xl_half_uniref50-enc"),
     Family("ankh", "Ankh", "model_type t5; a single-letter residue vocabulary without '▁'",
            lambda f: f.model_type == "t5" and f.has_tokens("A", "L") and not f.has_tokens("▁A"),
-           convention=cv.PLAIN, native="t5", hf_class="T5EncoderModel", tokenizer_json=True,
+           convention=cv.PLAIN, native="t5", position_table=_no_position_table, hf_class="T5EncoderModel",
+           tokenizer_json=True,
            convention_source="card: the residues as single letters through the checkpoint's own tokenizer.json "
            "(one token per residue)", card="https://github.com/agemagician/Ankh"),
     Family("protbert", "ProtBert / ProtBert-BFD", "BERT (model_type or architecture); a word-level vocabulary "
@@ -102,20 +120,20 @@ FAMILIES: tuple[Family, ...] = (
            convention_source="card (perplexity): FASTA lines of 60 residues between <|endoftext|> separators",
            card="https://huggingface.co/nferruz/ProtGPT2"),
     Family("llama", "Llama 2 / 3.x", "model_type llama", lambda f: f.model_type == "llama", native="llama",
-           rotary_only=True, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
+           position_table=_no_position_table, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
            card="https://huggingface.co/meta-llama/Llama-3.2-1B"),
     Family("qwen3", "Qwen3", "model_type qwen3", lambda f: f.model_type == "qwen3", native="qwen3",
-           rotary_only=True, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
+           position_table=_no_position_table, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
            card="https://huggingface.co/Qwen/Qwen3-0.6B"),
     Family("qwen3_5", "Qwen3.5 (and the demo model)", "model_type qwen3_5 or qwen3_5_text",
-           lambda f: f.model_type in ("qwen3_5", "qwen3_5_text"), native="qwen3_5", rotary_only=True,
-           causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT),
-    Family("mistral", "Mistral", "model_type mistral", lambda f: f.model_type == "mistral", rotary_only=True,
-           causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
+           lambda f: f.model_type in ("qwen3_5", "qwen3_5_text"), native="qwen3_5",
+           position_table=_no_position_table, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT),
+    Family("mistral", "Mistral", "model_type mistral", lambda f: f.model_type == "mistral",
+           position_table=_no_position_table, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
            not_native="its sliding-window attention is not in the native engine",
            card="https://huggingface.co/mistralai/Mistral-7B-v0.1"),
-    Family("qwen2", "Qwen2 / Qwen2.5", "model_type qwen2", lambda f: f.model_type == "qwen2", rotary_only=True,
-           causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
+    Family("qwen2", "Qwen2 / Qwen2.5", "model_type qwen2", lambda f: f.model_type == "qwen2",
+           position_table=_no_position_table, causal=True, convention=cv.PLAIN, convention_source=RAW_TEXT,
            not_native="Qwen2's attention biases are not in the native engine",
            card="https://huggingface.co/Qwen/Qwen2.5-0.5B"),
     Family("gpt2", "GPT-2", "model_type gpt2", lambda f: f.model_type == "gpt2", causal=True, convention=cv.PLAIN,

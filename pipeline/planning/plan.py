@@ -154,6 +154,8 @@ def choose_model(config: RunConfig) -> Model:
     from ..models import checkpoint
     _settle_matmul_mode(config)
     source = checkpoint.resolve(config.model, cache_dir())
+    if config.launcher == "local":   # its workers, on this machine, then find the weights in memory
+        checkpoint.read_ahead(source.path)
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)

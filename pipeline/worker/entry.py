@@ -5,14 +5,18 @@ anything touches CUDA (CPU workers hide every GPU), logs to its own `worker_N.lo
 the parent over its own pipe, and stops cleanly (final checkpoint, exit code 75) on SIGTERM / SIGINT /
 SIGHUP / SIGUSR1 or when the parent goes away. It takes the shard's lock before it writes anything, so a
 second process for the same shard steps aside (exit code 3) without touching its log, record or events.
-The shard itself is computed by shard_run.ShardRun.
+A local run starts its workers while it plans (launchers/early_workers.py): such a worker prepares what
+every worker needs, then waits for the number of its shard. The shard itself is computed by
+shard_run.ShardRun.
 """
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import signal
 import sys
+import time
 
 from index import FastaError
 
@@ -31,10 +35,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 log = logging.getLogger("run_shards.worker")
 
 
-def worker_entry(_process: int, root: str, rank: int, conn, device: str | None, threads: int, parent: int) -> None:
+def worker_entry(_process: int, root: str, rank: int | None, conn, device: str | None, threads: int, parent: int,
+                 orders=None) -> None:
     """Entry point for torch.multiprocessing.spawn (one process, `_process` 0): compute shard `rank` of the
     run in `root` on GPU `device` (None: CPU); `parent` is the pid of the process that started it, which
-    the worker watches."""
+    the worker watches. With `rank` None the worker was started while the parent plans: it prepares what
+    every worker needs, then computes the shard `orders` names (or exits, unused, at the pipe's end)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = device if device is not None else ""   # before anything touches CUDA
     run = RunDir(root)
     stop = StopFlag()
@@ -46,11 +52,19 @@ def worker_entry(_process: int, root: str, rank: int, conn, device: str | None, 
     signal.signal(signal.SIGUSR2, lambda s, f: stop.set(PARENT_GONE))
     if not on_parent_death(parent, signal.SIGUSR2):
         stop.set(PARENT_GONE)
+    held, waited = None, ""
+    if rank is None:
+        held = _hold_logs()   # nothing is written for a shard before its lock is held
+        began = time.time()
+        rank = _wait_for_shard(orders, parent, device is not None)
+        if rank is None:   # the parent needs no worker here, or is gone
+            os._exit(EXIT_OK)
+        waited = f"; started {time.time() - began:.1f} s before its shard was known, while the run was planned"
     reporter = Reporter(conn, rank, stop)
     lock = _lock_or_leave(run, rank, reporter, stop)
-    _setup_logging(run.worker_log(rank))   # only the lock's holder writes the shard's log
+    _setup_logging(run.worker_log(rank), held)   # only the lock's holder writes the shard's log
     where = f"GPU {device}" if device is not None else "CPU"
-    log.info("worker for shard %d started (pid %d, %s, %d threads)", rank, os.getpid(), where, threads)
+    log.info("worker for shard %d started (pid %d, %s, %d threads%s)", rank, os.getpid(), where, threads, waited)
     run.clear_failure(rank)   # this attempt's outcome replaces the last one's (the events keep them all)
     shard = ShardRun(run, rank, reporter, stop, threads, parent, lock, where)
     code, message = EXIT_ERROR, ""
@@ -105,9 +119,59 @@ def _record_outcome(run: RunDir, rank: int, code: int, reason: str, stats: dict)
         run.record_failure(rank, run.new_failure(rank, code, reason))
 
 
-def _setup_logging(path) -> None:
+def _wait_for_shard(orders, parent: int, gpu: bool) -> int | None:
+    """For a worker started before its shard was known: import what every worker's load imports and, on a
+    GPU, create the CUDA context, then wait for the shard's number; None when the orders pipe ends without
+    one (the parent needs no worker here) or the parent is gone. Stop signals meanwhile are only recorded:
+    the parent that sent them stops this process itself if it gives it no shard."""
+    try:
+        prepare_worker(gpu)
+    except Exception as e:   # noqa: BLE001 - the shard's own load meets it again and reports it in the shard's log
+        log.warning("preparing before the shard was known failed (%s: %s)", type(e).__name__, e)
+    while True:
+        try:
+            if orders.poll(0.5):
+                kind, rank = orders.recv()
+                assert kind == "shard", kind
+                return rank
+        except (EOFError, OSError):
+            return None
+        if os.getppid() != parent:
+            return None
+
+
+def prepare_worker(gpu: bool) -> None:
+    """What every worker does before it can load a model, whatever its shard: import transformers (its
+    configs and tokenizers) and the engines, and on a GPU create the CUDA context. Nothing here computes on
+    the CPU: a batch-invariant run's MKL mode and the threads are set later, before the first op."""
+    from ..engine import hf, native   # noqa: F401 - imported for what they import
+    from ..models.hf_config import quiet_transformers
+    if not gpu:   # as the hf engine does on a CPU, before transformers could import fla-core (engine/hf.py)
+        hf.keep_transformers_torch_kernels()
+    quiet_transformers()
+    import transformers.activations   # noqa: F401 - what ESM's, Llama's and the demo's loads import first (0.7 s)
+    import transformers.models.auto.configuration_auto   # noqa: F401 - AutoConfig, resolved lazily otherwise
+    import transformers.models.auto.tokenization_auto   # noqa: F401
+    if gpu:
+        import torch
+        torch.zeros(1, device="cuda")
+
+
+def _hold_logs() -> logging.handlers.MemoryHandler:
+    """Log records (and Python warnings) kept in memory until the worker knows its shard and holds its lock,
+    then written to its log (`_setup_logging`)."""
+    held = logging.handlers.MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
+    root = logging.getLogger()
+    root.handlers[:] = [held]
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    return held
+
+
+def _setup_logging(path, held: logging.handlers.MemoryHandler | None = None) -> None:
     """Everything the worker prints goes to its own log: Python logging, and (through file descriptor 2)
-    what native libraries such as HDF5 write to stderr, so the user's terminal shows only the parent."""
+    what native libraries such as HDF5 write to stderr, so the user's terminal shows only the parent.
+    `held`: records kept while the worker waited for its shard, written first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stderr.flush()
@@ -119,6 +183,9 @@ def _setup_logging(path) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
+    if held is not None:
+        held.setTarget(handler)
+        held.close()   # flushes what it held into the log
     # After a failed write (disk full), h5py objects can fail again while being freed; that is already
     # reported, so such late errors get one log line instead of a traceback in the log's tail.
     sys.unraisablehook = lambda u: log.warning("ignored during cleanup: %s: %s", type(u.exc_value).__name__,

@@ -13,12 +13,13 @@ import numpy as np
 import torch
 
 from index import InputChanged, SequenceIndex
+from index.cache import cache_dir
 from index.shard_view import open_stride
 
 from .. import faults
 from ..config import RunConfig
 from ..engine import selection as engines
-from ..models.checkpoint import EngineInfo, load_failure
+from ..models.checkpoint import EngineInfo, load_failure, read_ahead
 from ..models.conventions import PLAIN, Convention
 from ..errors import UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK
@@ -137,6 +138,7 @@ class ShardRun:
     def _load_engine(self, shard: Opened):
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
         config, manifest, t0 = shard.config, shard.manifest, time.time()
+        read_ahead(manifest["model"]["path"])   # the weights come off the disk while transformers imports
         invariant = bool(manifest["attrs"].get("batch_invariant"))
         matmuls = None if config.on_gpu else set_strict_matmuls(invariant, str(self.run_dir.root))
         flushing = set_cpu_threads(self.threads)
@@ -148,6 +150,8 @@ class ShardRun:
             log.info("malloc %s", "keeps freed memory for reuse" if keep_freed_memory() else
                      "left at its defaults (not glibc); CPU runs may spend more time in page faults")
             log.info("matmuls: %s", matmuls.text)
+        if config.on_gpu:
+            use_kernel_cache()
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
@@ -338,6 +342,26 @@ def _read(computer: BatchComputer, todo: np.ndarray, deferred: bool = False):
         return computer.prepare(todo)
     except Exception as e:
         return _ReadFailed(e)
+
+
+def use_kernel_cache() -> None:
+    """Keep the GPU kernels Triton compiles (a few seconds each, at a worker's first batches) in run_shards'
+    cache folder, `$RUN_SHARDS_CACHE/triton` (README), so the next run's workers load them instead, on every
+    node that shares that folder; unless TRITON_CACHE_DIR names a folder of the user's own, or this one cannot
+    be written (then Triton keeps its default, ~/.triton/cache). Triton's cache is keyed by the kernel's
+    source, its compile options, the GPU and Triton's version, and written by atomic renames: workers of
+    several runs and nodes may share it."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return
+    folder = cache_dir() / "triton"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        log.info("Triton keeps its compiled kernels in its default folder: %s cannot be created (%s)", folder,
+                 e.strerror or e)
+        return
+    if os.access(folder, os.W_OK | os.X_OK):
+        os.environ["TRITON_CACHE_DIR"] = str(folder)
 
 
 def _inputs_still_match(index) -> None:
