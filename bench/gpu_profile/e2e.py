@@ -23,7 +23,8 @@ from .setting import Setting
 
 TIMINGS = re.compile(r"timings: prepare ([\d.]+) s, start workers and load model ([\d.]+) s, compute ([\d.]+) s, "
                      r"finish shards and merge ([\d.]+) s; total ([\d.]+) s")
-SHARD = re.compile(r"shard complete: .*\((\d+) sequences, (\d+) tokens, ([\d.]+) s, (\d+) tok/s\)")
+SHARD = re.compile(r"shard complete: .*\((\d+) sequences, (\d+) tokens, ([\d.]+) s, (\d+) tok/s"
+                   r"(?:; computing ([\d.]+) s, (\d+) tok/s)?\)")
 ENGINE = re.compile(r"(native engine: .*)$", re.M)
 
 
@@ -47,7 +48,8 @@ def one_run(setting: Setting, fasta: Path, checkpoint: Path, engine: str) -> dic
     if (m := TIMINGS.search(run_log)):
         result.update(zip(("prepare", "start_load", "compute", "finish_merge", "total"), map(float, m.groups())))
     if (m := SHARD.search(worker_log)):
-        result.update(zip(("sequences", "tokens", "shard_seconds", "shard_tok_s"), map(float, m.groups())))
+        result.update((k, float(v)) for k, v in zip(("sequences", "tokens", "shard_seconds", "shard_tok_s",
+                                                     "computing_seconds", "computing_tok_s"), m.groups()) if v)
     if (m := ENGINE.search(worker_log)):
         result["engine_stats"] = m.group(1)
     return result
@@ -73,21 +75,22 @@ def run(setting: Setting, report: Report) -> None:
     report.line(f"{setting.e2e_sequences:,} make_fasta.py sequences (seed 1); ESM-2 {shape['hidden_size']}-wide x "
                 f"{shape['num_hidden_layers']} layers checkpoint written in {time.perf_counter() - start:.1f} s")
     t = report.table("engine", "whole run s", "prepare s", "start + load s", "compute s", "finish + merge s",
-                     "shard tok/s", "engine stats")
+                     "shard tok/s", "computing tok/s", "engine stats")
     runs = {}
     # E2E_ENGINES="native" leaves the hf run out (a lease with little time left).
     for engine in os.environ.get("E2E_ENGINES", "native hf").split():
         r = runs[engine] = one_run(setting, fasta, checkpoint, engine)
         if r["returncode"]:
             error = " / ".join(r["error"])[:300]
-            t.row(engine, r["seconds"], f"FAILED (exit {r['returncode']}): {error}", "", "", "", "", "")
+            t.row(engine, r["seconds"], f"FAILED (exit {r['returncode']}): {error}", "", "", "", "", "", "")
             continue
         t.row(engine, r["seconds"], r.get("prepare", "?"), r.get("start_load", "?"), r.get("compute", "?"),
-              r.get("finish_merge", "?"), r.get("shard_tok_s", "?"), r.get("engine_stats", ""))
+              r.get("finish_merge", "?"), r.get("shard_tok_s", "?"), r.get("computing_tok_s", "?"),
+              r.get("engine_stats", ""))
         report.keep(engine, {k: v for k, v in r.items() if k != "out"})
         report.headline(f"e2e {engine}: {r['seconds']:.1f} s whole run (prepare {r.get('prepare', '?')} s, start + load "
                         f"{r.get('start_load', '?')} s, compute {r.get('compute', '?')} s), shard "
-                        f"{r.get('shard_tok_s', 0):,.0f} tok/s")
+                        f"{r.get('shard_tok_s', 0):,.0f} tok/s, computing {r.get('computing_tok_s', 0):,.0f} tok/s")
     if set(runs) == {"native", "hf"} and all(r["returncode"] == 0 for r in runs.values()):
         a = agreement(runs["native"]["out"], runs["hf"]["out"])
         report.line(f"rows native vs hf: {a['rows']:,} rows, cosine min {a['cosine_min']:.6f}, median "
