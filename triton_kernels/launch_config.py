@@ -125,6 +125,10 @@ TABLE: dict[int, LaunchRow] = {
     # K steps of 64, 8 warps, 3 stages (HGMMA with cp.async on sm_90: 123-125 registers, 96 KiB of shared
     # memory, two programs per SM; 153-170 registers and 64 KiB on sm_80); 128 x 256 tiles spill 72 B at 255
     # registers on sm_90 with the erf epilogue, 256 x 128 spill 40 B. Triton 3.6 and 3.9 alike.
+    # epilogue_gelu False on both: on an H100 (2026-11-27, docs/BENCHMARKS.md) the product with the GELU in its
+    # epilogue ran ESM-2 650M's fc1 (32k x 1,280 -> 5,120) in 0.947 ms (454 TFLOP/s; 128 x 256 tiles 0.900 ms),
+    # cuBLAS in 0.681 ms (630 TFLOP/s) plus 0.233 ms for the GELU pass: 0.892 ms, and a whole step in 90.5 ms
+    # against 95.0. Not measured on an A100: cuBLAS there too until it is.
     80: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=32, num_warps=4, num_stages=1, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
@@ -132,7 +136,7 @@ TABLE: dict[int, LaunchRow] = {
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
                   rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
-                                 epilogue_gelu=True)),
+                                 epilogue_gelu=False)),
     90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
@@ -140,7 +144,7 @@ TABLE: dict[int, LaunchRow] = {
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
                   rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
-                                 epilogue_gelu=True)),
+                                 epilogue_gelu=False)),
 }
 
 # Rows that differ on older Triton versions: {(major, minor): {arch: {part: {knob: value}}}}; versions up
