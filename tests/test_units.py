@@ -1,6 +1,7 @@
 """Fast unit tests: options, device choice, batching, tokenization, pooling, the demo model."""
 import dataclasses
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
