@@ -77,9 +77,9 @@ def test_the_other_commands_print_what_the_command_line_prints(result, fasta, tm
 def test_options_go_by_their_names_and_are_refused_as_the_command_line_refuses_them(fasta):
     config = run_shards.run_config(fasta, out="o", gpus=0, workers=2, pool="mean,cls", layers="-1,1",
                                    checkpoint_every=7, max_tokens_per_batch=512, batch_invariant=False)
-    assert config == RunConfig(fasta=[str(fasta)], out="o", devices=[], workers=2, threads_per_worker=config.threads_per_worker,
-                               pools=["mean", "cls"], layers=[-1, 1], checkpoint_sequences=7,
-                               max_tokens_per_batch=512, batch_invariant=False)
+    assert config == RunConfig(fasta=[str(fasta)], out="o", devices=[], workers=2,
+                               threads_per_worker=config.threads_per_worker, pools=["mean", "cls"], layers=[-1, 1],
+                               checkpoint_sequences=7, max_tokens_per_batch=512, batch_invariant=False)
     assert run_shards.run_config([fasta, fasta], gpus=0, reuse="old", pools=["last"]).reuse == ["old"]
     refusals = [
         (dict(pol="mean"), "run() has no option 'pol'; did you mean 'pool'?"),
