@@ -93,4 +93,4 @@ def test_a_worker_checks_the_mode_after_its_threads_are_set_up():
             "probe = torch.full((3 << 16,), 1e-30)\n"
             "print(flushing, bool(((probe * 1e-10) == 0).all()), mode == mkl_cnr.strict_matmuls())\n")
     flushing, every_thread, same = _python(code).split()
-    assert same == "True" and every_thread == flushing
+    assert same == "True" and flushing == every_thread == "True"   # (x86 flushes denormals)
