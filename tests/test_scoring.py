@@ -166,8 +166,8 @@ def test_pll_is_batch_invariant_where_claimed_and_a_killed_run_resumes_to_the_sa
 def test_on_a_cpu_without_strict_matmuls_a_pll_run_is_not_claimed_batch_invariant(fasta, esm, tmp_path):
     """MKL_ENABLE_INSTRUCTIONS=SSE4_2 makes MKL run its SSE4.2 code branch, which its strict mode does not cover,
     in its default mode, as an AMD EPYC's MKL runs: there this PLL path's rows changed with the budget and thread
-    count (docs/engine.md, "MKL outside strict mode"), so the result must not claim they do not. Before issue
-    37 the default mode was claimed batch-invariant."""
+    count (docs/engine.md, "MKL outside strict mode"), so the result must not claim batch invariance. Before
+    issue 37 the default mode was claimed."""
     out = tmp_path / "sse42"
     res = run_cli(fasta, "--out", str(out), "--model", esm, "--task", "score", *COMMON,
                   env={"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"})
