@@ -250,23 +250,15 @@ def run_command(fasta, out, gpus, workers, threads, dry_run, wait, no_progress, 
     Example:
         run_shards run proteins.fasta --out emb --model facebook/esm2_t33_650M_UR50D --pool mean,cls
     """
-    import os
-
     from .api import run
-    from .planning import devices
+    from .commands import run_config
 
     ctx = click.get_current_context()
     wrong = misplaced(_given(ctx), {"task": settings["task"], "launcher": settings["launcher"]})
     if wrong:
         raise click.UsageError(wrong)
     _setup_logging(quiet)
-    if settings["launcher"] == "local":
-        gpu_ids, nworkers, threads = _run_step(devices.resolve, gpus, workers, threads)
-    else:   # decided here for every shard; each task uses the devices its node gives it
-        gpu_ids, nworkers = (["0"] if _run_step(devices.tasks_get_gpu, gpus, settings["sbatch"]) else []), 1
-        threads = threads or 1
-    config = _run_step(RunConfig, fasta=[os.path.abspath(f) for f in fasta], out=out, devices=gpu_ids,
-                       workers=nworkers, threads_per_worker=threads, **settings)
+    config = _run_step(run_config, list(fasta), out, gpus, workers, threads, **settings)
     _finish(_run_step(run, config, show_progress=not no_progress, dry_run=dry_run, wait=wait), quiet)
 
 

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "index", "triton_kernels")
+PACKAGES = ("run_shards", "pipeline", "index", "triton_kernels")
 
 
 def module_name(path: Path) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 
+import h5py
 import numpy as np
 import pytest
 import torch
 
 from pipeline.config import RunConfig
+from pipeline.engine import mkl_cnr
 from pipeline.errors import UserError
 
 from . import scoring_reference as ref
@@ -66,6 +68,11 @@ def pll_run(fasta, esm, tmp_path_factory):
     return run(fasta, out, "--model", esm, "--task", "score", "--per-residue", *COMMON), out
 
 
+def claims_batch_invariance(out) -> bool:
+    with h5py.File(out / "result.h5") as f:
+        return bool(f.attrs["batch_invariant"])
+
+
 def residues(got: dict, name: str, i: int) -> np.ndarray:
     a, b = got["per_residue/offsets"][i:i + 2]
     return got[name][a:b]
@@ -96,7 +103,7 @@ def test_pll_and_its_per_residue_table_match_transformers_by_hand(pll_run, esm):
     got, out = pll_run
     assert_masked_scores(got, esm, ref.pll)
     assert got["status"].tolist() == [0, 0, 2, 0, 0]     # P3's J is no ESM token
-    with __import__("h5py").File(out / "result.h5") as f:
+    with h5py.File(out / "result.h5") as f:
         assert f.attrs["score_method"] == "pll" and f.attrs["engine"] == "native"
         assert f.attrs["per_residue_amino_acids"] == "ACDEFGHIKLMNPQRSTVWY"
     # every residue's masked copy was computed, and the logs count those tokens
@@ -116,16 +123,28 @@ def test_pll_on_the_hf_engine_matches_transformers_by_hand(fasta, esm, tmp_path)
     """The hf engine scores a masked LM too (AutoModelForMaskedLM, its logits at the masks)."""
     got = run(fasta, tmp_path / "hf", "--model", esm, "--task", "score", "--per-residue", "--engine", "hf", *COMMON)
     assert_masked_scores(got, esm, ref.pll)
-    with __import__("h5py").File(tmp_path / "hf" / "result.h5") as f:
+    with h5py.File(tmp_path / "hf" / "result.h5") as f:
         assert f.attrs["engine"] == "hf"
 
 
-def test_pll_is_batch_invariant_and_a_killed_run_resumes_to_the_same_bits(pll_run, fasta, esm, tmp_path):
+def test_pll_is_batch_invariant_where_claimed_and_a_killed_run_resumes_to_the_same_bits(pll_run, fasta, esm, tmp_path):
+    """1 worker (2 threads) with a 64-token budget against 2 workers (1 thread each) with 256: the same bits
+    exactly where the results claim it (`batch_invariant`), which is where this CPU's MKL runs in strict CNR
+    mode and products check out (engine/mkl_cnr.py: Intel CPUs). On an AMD EPYC, MKL's default mode gave these
+    scores other bits (issue 37), and the results now say they are not batch-invariant. A run killed and
+    continued with the same settings gives the same bits on any CPU."""
     want = raw_datasets(pll_run[1] / "result.h5")
+    claimed = claims_batch_invariance(pll_run[1])
+    assert claimed == mkl_cnr.strict_matmuls().holds   # this process answers as a fresh worker does (conftest.py)
     one = tmp_path / "one_worker"
-    run(fasta, one, "--model", esm, "--task", "score", "--per-residue", "--gpus", "0", "--workers", "1",
-        "--max-tokens-per-batch", "64", "--no-progress")
-    assert raw_datasets(one / "result.h5") == want
+    res = run_cli(fasta, "--out", str(one), "--model", esm, "--task", "score", "--per-residue", "--gpus", "0",
+                  "--workers", "1", "--max-tokens-per-batch", "64", "--no-progress")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert claims_batch_invariance(one) == claimed
+    if claimed:
+        assert raw_datasets(one / "result.h5") == want
+    else:   # said on the terminal, with why
+        assert "this run's values are not batch-invariant" in res.stderr and mkl_cnr.strict_matmuls().text in res.stderr
     killed = tmp_path / "killed"
     res = run_cli(fasta, "--out", str(killed), "--model", esm, "--task", "score", "--per-residue", *COMMON,
                   env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "0",
@@ -142,6 +161,21 @@ def test_pll_is_batch_invariant_and_a_killed_run_resumes_to_the_same_bits(pll_ru
     assert run_cli("report", str(killed)).returncode == 0
     shards = html_cells((killed / "report.html").read_text(), "shards")
     assert [int(row[5].replace(",", "")) for row in shards] == logged and [row[7] for row in shards] == ["2", "1"]
+
+
+def test_on_a_cpu_without_strict_matmuls_a_pll_run_is_not_claimed_batch_invariant(fasta, esm, tmp_path):
+    """MKL_ENABLE_INSTRUCTIONS=SSE4_2 makes MKL run its SSE4.2 code branch, which its strict mode does not cover,
+    in its default mode, as an AMD EPYC's MKL runs: there this PLL path's rows changed with the budget and thread
+    count (docs/engine.md, "MKL outside strict mode"), so the result must not claim batch invariance. Before
+    issue 37 the default mode was claimed."""
+    out = tmp_path / "sse42"
+    res = run_cli(fasta, "--out", str(out), "--model", esm, "--task", "score", *COMMON,
+                  env={"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not claims_batch_invariance(out)
+    said = "MKL in its default mode: its strict CNR mode does not apply to this CPU's code branch"
+    assert "this run's values are not batch-invariant" in res.stderr and said in res.stderr
+    assert all(f"matmuls: {said}" in (out / "logs" / f"worker_{r}.log").read_text() for r in (0, 1))
 
 
 def test_causal_score_is_kept_and_per_residue_adds_each_residues_log_probability(fasta, llama, tmp_path):

@@ -28,15 +28,24 @@ def batch_invariance_holds(budget: int, on_cpu: bool, dtype: torch.dtype) -> boo
     """Whether a batch-invariant run keeps the property: on CPU (on a GPU cuBLAS picks a matmul's
     algorithm by its shape), in float32, with a step budget of at least INVARIANT_SPLIT tokens, where this
     process's matmuls give each row the same bits whatever the row and thread count (mkl_cnr.strict_matmuls:
-    MKL in strict CNR mode, which asking here sets if nothing in this process computed yet). 16-bit
-    products on CPU run through oneDNN, which has no such mode: a 1,280 -> 5,120 bfloat16 product's rows
-    change with the row count and the thread count (docs/engine.md).
+    MKL in strict CNR mode, which asking here sets if nothing in this process computed yet, and products
+    checked on this CPU). 16-bit products on CPU run through oneDNN, which has no such mode: a 1,280 -> 5,120
+    bfloat16 product's rows change with the row count and the thread count (docs/engine.md).
 
     The engine (in each worker) and the result's attribute (pipeline/engine/selection.py, in the parent)
-    both ask here. The parent computes nothing, so its answer is the one a fresh worker of the same torch
-    and environment gets; a worker whose own answer is no (MKL used before its strict mode could be set,
-    another environment) refuses to compute the run's rows (worker/cpu_setup.set_strict_matmuls)."""
-    return on_cpu and budget >= INVARIANT_SPLIT and dtype == torch.float32 and strict_matmuls().holds
+    both ask here. The parent's answer is the one a fresh worker of the same CPU, torch and environment
+    gets; a worker whose own answer is no (MKL used before its strict mode could be set, another
+    environment, another CPU) refuses to compute the run's rows (worker/cpu_setup.py)."""
+    return invariant_paths_apply(budget, on_cpu, dtype) and strict_matmuls().holds
+
+
+def invariant_paths_apply(budget: int, on_cpu: bool, dtype: torch.dtype) -> bool:
+    """Whether the engine's batch-invariant paths (cuts on the INVARIANT_SPLIT grid, causal attention in
+    blocks, position-independent element-wise functions, fixed delta-rule chunks) make sense: on CPU, in
+    float32, with a budget of at least INVARIANT_SPLIT tokens. They run there even where MKL's products keep
+    no such property (batch_invariance_holds says no and the run does not claim it): everything else then
+    still gives a row the same bits, and the outputs are those such a CPU always gave."""
+    return on_cpu and budget >= INVARIANT_SPLIT and dtype == torch.float32
 
 
 def not_invariant_reason(budget: int, dtype: torch.dtype) -> str:
@@ -65,7 +74,7 @@ class EngineConfig:
     gdn_launch: dict = field(default_factory=dict)   # extra knobs for the delta-rule kernels, by function name
     kernels: str = "auto"               # auto: Triton on CUDA, the kernels' torch code on CPU; "triton":
                                         # Triton everywhere (CPU only under TRITON_INTERPRET=1: tests)
-    batch_invariant: bool = True        # every stored value the same bits whatever the batch (see `resolve`)
+    batch_invariant: bool = True        # run the batch-invariant paths (invariant_paths_apply; see `resolve`)
 
     def triton_kernels(self, device: torch.device) -> bool:
         return self.kernels == "triton" or (self.kernels == "auto" and device.type == "cuda")
@@ -97,12 +106,13 @@ class EngineConfig:
         # Not asked for on a GPU, where it cannot hold: the kernels' own batch-invariant modes (no walk
         # segments) would only cost parallelism.
         on_cpu = not self.triton_kernels(device) and device.type == "cpu"
-        invariant = self.batch_invariant and batch_invariance_holds(self.max_tokens_per_step, on_cpu, dtype)
-        if self.batch_invariant and on_cpu and not invariant:
+        budget = self.max_tokens_per_step
+        paths = self.batch_invariant and invariant_paths_apply(budget, on_cpu, dtype)
+        if self.batch_invariant and on_cpu and not (paths and batch_invariance_holds(budget, on_cpu, dtype)):
             log.warning("outputs are not batch-invariant (they may change in the last bits with the batch): %s",
-                        not_invariant_reason(self.max_tokens_per_step, dtype))
+                        not_invariant_reason(budget, dtype))
         resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk,
-                           batch_invariant=invariant)
+                           batch_invariant=paths)
         resolved._check_memory(spec, device, dtype)
         return resolved
 

@@ -1,6 +1,12 @@
 """MKL's strict conditional numerical reproducibility (CNR) mode: what keeps a CPU matmul's row results
-the same bits whatever its row count and thread count on Intel CPUs, set and checked through MKL's own
-functions (docs/engine.md, "Batch invariance")."""
+the same bits whatever its row count and thread count, set and read back through MKL's own functions, then
+checked on this CPU by computing products (docs/engine.md, "Batch invariance").
+
+Nothing else is claimed to keep them: outside strict mode MKL documents no such property, and measured
+none (docs/engine.md, "MKL outside strict mode"): in its default mode on the SSE4.2, AVX2 and
+COMPATIBLE branches (MKL_ENABLE_INSTRUCTIONS or MKL_CBWR on an Intel Xeon) rows of a 32 -> 96 product
+changed with the row count from 17 rows up, even on one thread, and an AMD EPYC, whose MKL stays in its
+default mode, stored other pseudo-log-likelihoods under another budget and thread count (issue 37)."""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..models.layers.linear import MIN_ROWS
+from ..models.layers.linear import linear
 
 # oneMKL's mkl_types.h: mkl_cbwr_get's option for the whole setting, the strict flag, the branches and
 # the status of a mode change refused because MKL already computed something.
@@ -24,6 +30,16 @@ _BRANCHES = {0: "OFF", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE
 # records the flag but runs standard CNR, which changes results with the thread count.
 STRICT_BRANCHES = frozenset({10, 11, 12, 13, 14})
 _FIX = "unset MKL_CBWR (workers then set AUTO,STRICT themselves) or set it to AUTO,STRICT"
+
+# What `strict_matmuls` computes to check that the mode MKL reports is the one it runs: products of these
+# (in, out) features at these row counts (fewer than linear.py's MIN_ROWS are padded, as the engine's are)
+# against the rows of one 100-row product on one thread, at each of CHECK_THREADS. Every mode but strict
+# failed it on this project's machines (docs/engine.md): the 32 -> 96 and 32 -> 33 shapes (the test
+# models' hidden size and ESM's vocabulary) on the SSE4.2, AVX2 and COMPATIBLE branches, 1,024 -> 256 at 2 and
+# 3 threads in the default mode of an AVX-512 Xeon. About 0.2 s, once per process.
+CHECK_SHAPES = ((32, 96), (32, 33), (64, 96), (96, 64), (1024, 256))
+CHECK_ROWS = (1, 5, 16, 17, 19, 20, 21, 23, 25, 27, 31, 33, 47, 64)
+CHECK_THREADS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -95,17 +111,17 @@ def current() -> MatmulMode:
                                  f"mode on an AVX2 or AVX-512 code branch (this CPU's: {_name(auto)}): a matmul's "
                                  f"row results may depend on its row and thread count; {_FIX}")
     if auto not in STRICT_BRANCHES and branch in (0, 1):
-        return MatmulMode(True, f"MKL in its default mode: strict CNR mode does not apply to this CPU's code "
-                                f"branch ({_name(auto)}); in this mode products of {MIN_ROWS} rows or more "
-                                "(models/layers/linear.py pads smaller ones) were measured to give every row the "
-                                "same bits at any row and thread count on AMD EPYC (docs/engine.md), which "
-                                "tests/test_batch_invariance.py checks on the machine that runs it")
+        return MatmulMode(False, f"MKL in its default mode: its strict CNR mode does not apply to this CPU's code "
+                                 f"branch ({_name(auto)}), and outside it a matmul's row results may depend on its "
+                                 "row and thread count (MKL documents no such property, and on other branches they "
+                                 "did: docs/engine.md)")
     return MatmulMode(False, f"MKL is not in strict CNR mode (CNR setting {setting:#x}): a matmul's row results "
                              "may depend on its row and thread count")
 
 
-def strict_matmuls() -> MatmulMode:
-    """Put MKL in strict CNR mode on its automatic branch if it is not and still can be, and say what holds.
+def set_strict_mode() -> MatmulMode:
+    """Put MKL in strict CNR mode on its automatic branch if it is not and still can be, and say what MKL
+    reports, computing nothing (`strict_matmuls` also checks it).
 
     MKL takes a mode before its first computation only (then mkl_cbwr_set refuses a change), so a worker
     calls this before its first op (worker/cpu_setup.py). A user's MKL_CBWR is kept as it is: MKL reads
@@ -123,3 +139,41 @@ def strict_matmuls() -> MatmulMode:
         return MatmulMode(False, f"MKL refused strict CNR mode (mkl_cbwr_set returned {status}): a matmul's "
                                  "row results may depend on its row and thread count")
     return current()
+
+
+def strict_matmuls() -> MatmulMode:
+    """`set_strict_mode`, then, where MKL reports strict mode, the mode checked on this CPU (`rows_differ` at
+    CHECK_THREADS): what holds. It computes (once per process; it changes torch's thread count meanwhile),
+    so a worker calls it after its threads are set up (worker/cpu_setup.py), and the parent's answer, written
+    into the result, is a fresh worker's on the same CPU."""
+    mode = set_strict_mode()
+    if not mode.holds:
+        return mode
+    differ = rows_differ(CHECK_THREADS)
+    if differ:
+        return MatmulMode(False, f"MKL reports strict CNR mode, but on this CPU a product's rows still change with "
+                                 f"its row or thread count ({differ}): a matmul's row results depend on them here")
+    return mode
+
+
+@functools.lru_cache(maxsize=None)
+def rows_differ(threads: tuple[int, ...], shapes: tuple[tuple[int, int], ...] = CHECK_SHAPES,
+                product: Callable = linear) -> str | None:
+    """Where a row of `product(x, w)` (linear.py's, as the models run it) is other bits than the same row of one
+    100-row product on one thread, at CHECK_ROWS rows and each thread count of `threads` (restored after), in
+    words; None where every row agrees. Cached per process: MKL's mode cannot change once it has computed."""
+    before = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for k, n in shapes:
+            w, x = torch.randn(n, k, generator=gen), torch.randn(100, k, generator=gen)
+            torch.set_num_threads(1)
+            reference = product(x, w)
+            for t in threads:
+                torch.set_num_threads(t)
+                for m in CHECK_ROWS:
+                    if not torch.equal(product(x[:m], w), reference[:m]):
+                        return f"{k} -> {n} features, {m} rows, {t} thread(s)"
+    finally:
+        torch.set_num_threads(before)
+    return None

@@ -1,5 +1,6 @@
 """How a CPU worker process tunes itself before its first op: MKL in strict CNR mode, torch threads that
-flush float denormals, and a malloc that keeps freed memory (docs/engine.md and docs/BENCHMARKS.md)."""
+flush float denormals, the strict mode checked, and a malloc that keeps freed memory (docs/engine.md and
+docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -12,8 +13,9 @@ if TYPE_CHECKING:
 
 def set_strict_matmuls(batch_invariant: bool = True, run_dir: str | None = None) -> "MatmulMode":
     """For a batch-invariant process, put MKL in strict CNR mode before its first op; else leave MKL as it
-    is. Returns what holds. With `run_dir` (a worker of a run whose result says it is batch-invariant), a
-    UserError if it does not hold here.
+    is. Returns what MKL reports (computing nothing: `check_strict_matmuls`, once the threads are set up,
+    checks it). With `run_dir` (a worker of a run whose result says it is batch-invariant), a UserError if it
+    does not hold here.
 
     Why: on Intel CPUs MKL's sgemm otherwise splits a product's reduction by its row count and the thread
     count (rows of a 1,024 -> 256 product with 2 threads differed in the last bits from 1 thread's for
@@ -22,14 +24,33 @@ def set_strict_matmuls(batch_invariant: bool = True, run_dir: str | None = None)
     batch-invariant keep MKL's default mode: strict mode makes tiny products slower (the demo model 7%;
     docs/BENCHMARKS.md). The parent promised the property after asking the same question in its own
     process (engine/config.batch_invariance_holds); a worker that cannot keep it (its MKL used before this
-    call, another MKL_CBWR) must not write rows under that promise. (torch is imported here, not with the
-    module, as in the functions below.)"""
+    call, another MKL_CBWR, another CPU) must not write rows under that promise. (torch is imported here,
+    not with the module, as in the functions below.)"""
     from ..engine import mkl_cnr
-    mode = mkl_cnr.strict_matmuls() if batch_invariant else mkl_cnr.current()
+    mode = mkl_cnr.set_strict_mode() if batch_invariant else mkl_cnr.current()
     if batch_invariant and run_dir and not mode.holds:
-        raise UserError(f"this worker cannot compute the run's rows batch-invariant, as its result file will say "
-                        f"they are: {mode.text}. Fix that, then `run_shards rerun {run_dir}`")
+        raise _cannot_keep(mode, run_dir)
     return mode
+
+
+def check_strict_matmuls(run_dir: str | None = None) -> "MatmulMode":
+    """After set_strict_matmuls and set_cpu_threads: whether this process's products keep their rows' bits
+    at any row and thread count, checked by computing some (engine/mkl_cnr.strict_matmuls: the mode MKL
+    reports is not taken on trust, since a CPU may report strict mode and run otherwise). With `run_dir`,
+    as set_strict_matmuls, a UserError where it does not hold.
+
+    Why after the threads: the check runs products on 1 to 3 threads, which starts torch's thread pool, and
+    threads take set_cpu_threads' denormal flush only if they start after it."""
+    from ..engine import mkl_cnr
+    mode = mkl_cnr.strict_matmuls()
+    if run_dir and not mode.holds:
+        raise _cannot_keep(mode, run_dir)
+    return mode
+
+
+def _cannot_keep(mode: "MatmulMode", run_dir: str) -> UserError:
+    return UserError(f"this worker cannot compute the run's rows batch-invariant, as its result file will say they "
+                     f"are: {mode.text}. Fix that, then `run_shards rerun {run_dir}`")
 
 
 def set_cpu_threads(threads: int, flush_denormals: bool = True) -> bool:

@@ -32,7 +32,7 @@ from ..tasks import make_task, schema_for
 from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer, LaunchedBatch
 from .batching import plan_batches, plan_generate_batches
-from .cpu_setup import keep_freed_memory, set_cpu_threads, set_strict_matmuls
+from .cpu_setup import check_strict_matmuls, keep_freed_memory, set_cpu_threads, set_strict_matmuls
 
 log = logging.getLogger("run_shards.worker")
 
@@ -142,6 +142,8 @@ class ShardRun:
         invariant = bool(manifest["attrs"].get("batch_invariant"))
         matmuls = None if config.on_gpu else set_strict_matmuls(invariant, str(self.run_dir.root))
         flushing = set_cpu_threads(self.threads)
+        if invariant and not config.on_gpu:   # MKL's reported mode, checked by computing (once its threads flush)
+            matmuls = check_strict_matmuls(str(self.run_dir.root))
         log.info("%d CPU thread(s); float denormals %s", self.threads,
                  "flushed to zero" if flushing else
                  "NOT flushed on every thread (unsupported, or torch's thread pool started first); CPU math on "

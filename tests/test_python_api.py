@@ -1,0 +1,121 @@
+"""`import run_shards` (docs/python.md): each command a function of the same name and arguments, computing
+what the command line computes; options by their names, refused as the command line refuses them; and the
+package installed with the project (the wheel `pip install .` builds holds it, beside the console script)."""
+from __future__ import annotations
+
+import glob
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import run_shards
+from pipeline.config import RunConfig
+
+from .run_helpers import raw_datasets
+from .tiny_models import REPO, run_cli
+
+FASTA = ">first one\nMKTAYIAKQRQISFVKSHFSRQLEERLGLIEV\n>second\nGSHMKT\n>third\nMVLSPADKTNVKAAWGKVGAHAGE\n"
+
+
+@pytest.fixture(scope="module")
+def fasta(tmp_path_factory):
+    path = tmp_path_factory.mktemp("python_api") / "three.fasta"
+    path.write_text(FASTA)
+    return path
+
+
+@pytest.fixture(scope="module")
+def result(fasta):
+    """A run made with run_shards.run, and the same run made by the command line."""
+    py = fasta.parent / "py_out"
+    got = run_shards.run(fasta, out=py, gpus=0, workers=2, pool="mean,cls", per_residue=True,
+                         per_residue_dtype="float32", max_tokens_per_batch=128, checkpoint_every=1,
+                         show_progress=False)
+    cli = fasta.parent / "cli_out"
+    res = run_cli(str(fasta), "--out", str(cli), "--gpus", "0", "--workers", "2", "--pool", "mean,cls", "--per-residue",
+                  "--per-residue-dtype", "float32", "--max-tokens-per-batch", "128", "--checkpoint-every", "1",
+                  "--no-progress")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return got, py, cli
+
+
+@pytest.mark.slow
+def test_run_computes_what_the_command_line_computes(result):
+    got, py, cli = result
+    assert got == py / "result.h5"
+    assert raw_datasets(got) == raw_datasets(cli / "result.h5")
+    with run_shards.open_result(py) as res:
+        assert len(res) == 3 and res.attrs["config"] and "embeddings/cls" in res.columns
+        assert res.get("second")["per_residue/values"].shape[0] == 6
+        with pytest.raises(run_shards.MissingIds, match="'fourth'"):
+            res.rows(["first", "fourth"])
+
+
+@pytest.mark.slow
+def test_the_other_commands_print_what_the_command_line_prints(result, fasta, tmp_path):
+    _, py, cli = result
+    def lines(text: str, out) -> list[str]:   # (the free disk space changes from one call to the next)
+        return [line for line in text.strip().replace(str(out), "OUT").splitlines() if not line.startswith("disk:")]
+
+    assert lines(run_shards.status(py), py) == lines(run_cli("status", str(cli)).stdout, cli)
+    assert run_shards.get(py, ["second", "first"], format="json") == \
+        run_cli("get", str(cli), "second", "first", "--format", "json").stdout.strip()
+    ids = tmp_path / "ids.txt"
+    ids.write_text("third\n")
+    assert run_shards.get(py, ids_from=ids) == run_cli("get", str(cli), "--ids-from", str(ids)).stdout.strip()
+    printed = run_cli("index", str(fasta), "--workers", "2").stdout.strip()   # (built here, then reused)
+    assert run_shards.index(fasta, workers=2) == printed.replace("index: built", "index: reused cached")
+    written = run_shards.export(py, "per-id-h5", tmp_path / "per-id.h5", column="embeddings/mean")
+    assert written == tmp_path / "per-id.h5" and written.exists()
+    assert run_shards.merge(py) == py / "result.h5"
+    assert run_shards.report(py) == py / "report.html" and (py / "report.html").exists()
+
+
+def test_options_go_by_their_names_and_are_refused_as_the_command_line_refuses_them(fasta):
+    config = run_shards.run_config(fasta, out="o", gpus=0, workers=2, pool="mean,cls", layers="-1,1",
+                                   checkpoint_every=7, max_tokens_per_batch=512, batch_invariant=False)
+    assert config == RunConfig(fasta=[str(fasta)], out="o", devices=[], workers=2,
+                               threads_per_worker=config.threads_per_worker, pools=["mean", "cls"], layers=[-1, 1],
+                               checkpoint_sequences=7, max_tokens_per_batch=512, batch_invariant=False)
+    assert run_shards.run_config([fasta, fasta], gpus=0, reuse="old", pools=["last"]).reuse == ["old"]
+    refusals = [
+        (dict(pol="mean"), "run() has no option 'pol'; did you mean 'pool'?"),
+        (dict(pool="mean", pools=["cls"]), "run() was given --pool twice"),
+        (dict(temperature=0.7), "--temperature applies only to --task generate (this run's task is embed)"),
+        (dict(task="generate", per_residue=True), "--per-residue applies only to --task embed"),
+        (dict(dry_run=True), "--dry-run applies only to --launcher slurm"),
+        (dict(task="variants"), "--task variants needs --variants FILE"),
+    ]
+    for options, message in refusals:
+        with pytest.raises(run_shards.UserError) as e:
+            run_shards.run(fasta, out=fasta.parent / "never", gpus=0, **options)
+        assert message in str(e.value), (options, str(e.value))
+        assert not (fasta.parent / "never").exists()
+    for call, message in ((lambda: run_shards.get("x", ["a"], format="csv"), "--format 'csv': not one of tsv, json"),
+                          (lambda: run_shards.export("x", "csv"), "--format 'csv': not one of parquet, per-id-h5"),
+                          (lambda: run_shards.report(fasta.parent), "not a run_shards output directory")):
+        with pytest.raises(run_shards.UserError, match=message):
+            call()
+
+
+def test_the_package_is_installed_with_the_project(tmp_path):
+    """What `pip install .` (and `-e .`) installs: run_shards/ beside the rooms, and the console script. Built
+    from a copy, so the checkout gets no build/ folder."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for package in ("run_shards", "pipeline", "index", "triton_kernels"):
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                           str(tmp_path), str(source)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = glob.glob(str(tmp_path / "*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "run_shards/__init__.py" in names and "pipeline/commands.py" in names and "index/__init__.py" in names
+    assert "run_shards = pipeline.cli:entry" in entry_points
