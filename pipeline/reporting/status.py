@@ -102,7 +102,7 @@ def _table(run: RunDir, states: list, full: bool) -> list[str]:
     for s in states:
         if full or s.state not in ("complete", "pending"):
             rows.append((str(s.rank), s.state, f"{s.durable:,}", f"{s.expected:,}",
-                         f"{100.0 * s.durable / max(1, s.expected):.1f}%", s.detail))
+                         f"{100.0 * s.durable / s.expected if s.expected else 100.0:.1f}%", s.detail))
     lines = []
     if not full:
         lines.append(_state_counts(states, len(rows) - 1, run))
