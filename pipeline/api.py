@@ -22,7 +22,7 @@ from .output import result as result_merge, shard_state
 from .output.h5io import CorruptFile, Reader
 from .planning.continued import with_launch_settings
 from .planning.plan import plan
-from .planning.run_index import load_run_index, start_over_advice
+from .planning.run_index import free_out, load_run_index, start_over_advice
 from .reporting.facts import unknown_residues_line
 from .rundir import events, run_log
 from .rundir.layout import RunDir
@@ -156,7 +156,8 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         log.info("%s is complete: %s holds all %s rows; nothing was computed or merged again", run.root,
                  run.result_path.name, f"{finished:,}")
         return run.result_path
-    checkpoint.check_unchanged(manifest["model"])
+    checkpoint.check_unchanged(manifest["model"], "start a new run on the checkpoint as it is now: "
+                               f"`{config.as_command(free_out(run.root))}`")
     states = _settled_states(run, index, config.world)
     ranks = [r for r in (only or range(config.world)) if states[r].state != "complete"]
     for r in (only or []):

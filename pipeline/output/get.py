@@ -18,7 +18,9 @@ from typing import Iterable, TextIO
 import numpy as np
 
 from ..errors import UserError
-from .result_reader import ResultFile
+from . import run_inputs
+from .result_reader import ResultFile, result_path
+from .run_inputs import refuse_if_read
 from .schema import Column
 
 FORMATS = ("tsv", "json", "npy")
@@ -44,6 +46,8 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
     there; then the return value says where."""
     if fmt == "npy" and not target:
         raise UserError("--format npy writes a file: give it with -o, e.g. -o rows.npz")
+    if target:
+        refuse_if_read("-o", target, run_inputs.of_result(result_path(out)))
     with ResultFile(out) as res:
         rows = res.rows(ids)
         records = [res.row(int(r)) for r in rows]
