@@ -225,8 +225,10 @@ class SequenceIndex:
         raise InputChanged(self.path_of(i), f"the file changed after it was indexed: record {i + 1:,} (at byte "
                            f"{int(self.offsets[i]):,}) no longer holds the text the index describes (an edit in "
                            "place, same length)", seq_id=self.id(i),
-                           hint="No row was computed from it. Restore the file as it was when the run started, or "
-                                "start a new run on the file as it is now")
+                           hint="No row was computed from it. Restore the file as it was when it was indexed; or, to "
+                                "use it as it is now, index it anew with `run_shards index --rebuild FILE` (its size "
+                                "and modification time are as they were, so the cached index looked current) and "
+                                "start a new run on it (in another --out where a run was planned on the old text)")
 
     def header(self, i: int) -> str:
         """The header line of record i without the '>' (id and description), read up to its line end."""

@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from index import SequenceIndex, load_or_build
+from index import InputChanged, SequenceIndex, load_or_build
 from index.cache import cache_dir
 
 from .. import __version__, faults
@@ -82,7 +82,21 @@ def plan(config: RunConfig) -> Plan:
     there consistently); UserError, naming what to change, for anything that would fail later."""
     run = RunDir(config.out)
     old = run.read_manifest() if run.exists() else None
-    index = read_inputs(config)
+    index, reused = read_inputs(config)
+    try:
+        return _plan(config, run, old, index)
+    except InputChanged as e:
+        index.close()
+        if old is not None or not reused:   # (a planned run's own index: its refusal says what to do)
+            raise
+        # An edit that kept the file's size and modification time: the cached index looked current, and a
+        # record's checksum told otherwise. A new run indexes the files anew and plans on them as they are.
+        log.warning("the cached index of %s is stale (%s, though the file's size and modification time are as "
+                    "they were): indexing the input anew", e.path, e.message)
+        index, _ = read_inputs(config, rebuild=True)
+    except BaseException:
+        index.close()
+        raise
     try:
         return _plan(config, run, old, index)
     except BaseException:
@@ -90,18 +104,19 @@ def plan(config: RunConfig) -> Plan:
         raise
 
 
-def read_inputs(config: RunConfig) -> SequenceIndex:
-    """The FASTA files' index (built, or reused from the cache), with the input policies applied."""
+def read_inputs(config: RunConfig, rebuild: bool = False) -> tuple[SequenceIndex, bool]:
+    """The FASTA files' index (built, or reused from the cache unless `rebuild`), with the input policies
+    applied, and whether it came from the cache."""
     cache = cache_dir()
     if cache.exists() and not cache.is_dir():
         variable = "RUN_SHARDS_CACHE" if os.environ.get("RUN_SHARDS_CACHE") else "the cache path"
         raise UserError(f"{variable} {cache} is a file, not a directory: point RUN_SHARDS_CACHE at a directory "
                         "(run_shards keeps its index and model caches there)")
-    index, reused = load_or_build(config.fasta)
+    index, reused = load_or_build(config.fasta, rebuild=rebuild)
     log.info("index %s: %d records, %d residues, %d file(s)", "reused from cache" if reused else "built",
              len(index), index.total_residues, len(index.inputs))
     try:
-        return apply_input_policies(index, config)
+        return apply_input_policies(index, config), reused
     except BaseException:
         index.close()
         raise
