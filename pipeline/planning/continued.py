@@ -63,15 +63,15 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
             f"{run.root} already holds a run with other inputs (changed: {', '.join(inputs + changed)}). To run on "
             f"the inputs as they are now, use another --out: {retry}. To finish the run that is there, restore "
             f"its inputs as they were and run `run_shards rerun {run.root}`.")
-    if changed:
-        raise RunDirError(f"{run.root} already holds a run with other settings (changed: {', '.join(changed)}). "
-                          f"Use another --out ({retry}), or `run_shards rerun {run.root}` to continue that run as "
-                          "it was.")
-    if old_config.on_gpu != config.on_gpu:
+    if old_config.on_gpu != config.on_gpu:   # (first: `auto` settings, the dtype, resolve otherwise on each)
         was = "GPUs" if old_config.on_gpu else "CPU workers"
         raise RunDirError(f"--gpus: {run.root} holds a run computed on {was}, and all of a run's rows come from "
                           f"one kind of device (its dtype and kernels depend on it). Continue it with "
                           f"{'--gpus N' if old_config.on_gpu else '--gpus 0'}, or use another --out: {retry}.")
+    if changed:
+        raise RunDirError(f"{run.root} already holds a run with other settings (changed: {', '.join(changed)}). "
+                          f"Use another --out ({retry}), or `run_shards rerun {run.root}` to continue that run as "
+                          "it was.")
     log.info("%s holds this same run: continuing from its checkpoints", run.root)
     launch = {k: getattr(config, k) for k in RunConfig.fields_with_role("launch")}
     manifest = with_launch_settings(old, launch, "this command's")
@@ -99,7 +99,7 @@ def with_launch_settings(manifest: dict, values: dict, whose: str) -> dict:
 def _launch_value(config: RunConfig, name: str) -> str:
     """A launch setting's value in a log line: an unset token budget as the default it stands for."""
     if name == "max_tokens_per_batch" and config.max_tokens_per_batch is None:
-        return f"not given (default {config.tokens_per_batch})"
+        return f"default {config.tokens_per_batch}"
     return repr(getattr(config, name))
 
 

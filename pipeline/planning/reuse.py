@@ -94,6 +94,8 @@ def _differences(reader: Reader, config: RunConfig, model, schema: Schema, resol
                      f"{'; '.join(changes)})")
     if attrs.get("task") != config.task:
         found.append(f"with --task {attrs.get('task')} (this run: {config.task})")
+    if not recorded:   # (a token limit it did not record: --max-length compared as given)
+        resolved = dict(resolved, max_length=config.max_length)
     found += [f"with {option} {was} (this run: {now})" for option, was, now in
               run_identity.settings_changes(old, old_resolved, config, resolved, leave_out=("task", "model"))]
     if bool(old.devices) != config.on_gpu:

@@ -43,9 +43,11 @@ def resolved(manifest: dict) -> dict:
         return attrs["resolved"]
     config = RunConfig.from_dict(manifest["config"])
     model = manifest["model"]
-    return {"model": "demo" if model.get("name") == "demo" else model["path"], "engine": manifest["engine"],
-            "dtype": attrs["dtype"], "input_format": attrs.get("input_format", config.input_format),
-            "max_length": manifest.get("max_tokens"), "score_method": attrs.get("score_method", config.score_method)}
+    return {"model": "demo" if model.get("name") == "demo" else model.get("path", config.model),
+            "engine": manifest.get("engine", config.engine), "dtype": attrs.get("dtype", config.torch_dtype_name),
+            "input_format": attrs.get("input_format", config.input_format),
+            "max_length": manifest.get("max_tokens", config.max_length),
+            "score_method": attrs.get("score_method", config.score_method)}
 
 
 def of_result(attrs: dict) -> tuple[dict, bool]:
