@@ -188,9 +188,9 @@ def check_unchanged(identity: dict, start_over: str = "start a new run with anot
                  "config.json and weights are compared")
     changes = identity_changes(identity, {"fingerprint": fingerprint(path), "files": file_digests(path)})
     if changes:
-        raise UserError(f"the model checkpoint of this run, {path}, changed since the run started ({'; '.join(changes)}),"
-                        " so new rows would not match the ones computed. Restore it as it was and run the same "
-                        f"command again, or {start_over}.")
+        raise UserError(f"the model checkpoint of this run, {path}, changed since the run started "
+                        f"({'; '.join(changes)}), so new rows would not match the ones computed. Restore it as it "
+                        f"was and run the same command again, or {start_over}.")
 
 
 def identity_changes(old: dict, new: dict) -> list[str]:

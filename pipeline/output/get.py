@@ -76,8 +76,9 @@ def _refuse_missing(res: ResultFile, error: MissingIds) -> None:
     if not absent:
         raise error
     run = res.path.parent
-    how = (f"`run_shards rerun {run}` computes them and merges, after which `get` finds them" if (run / "manifest.json").exists()
-           else "rerun the run it was merged in (`run_shards rerun OUT`), which computes them and merges")
+    how = (f"`run_shards rerun {run}` computes them and merges, after which `get` finds them"
+           if (run / "manifest.json").exists() else
+           "rerun the run it was merged in (`run_shards rerun OUT`), which computes them and merges")
     shown = ", ".join(repr(i) for i in sorted(absent)[:MAX_NAMED]) + (f" (and {len(absent) - MAX_NAMED:,} more)"
                                                                      if len(absent) > MAX_NAMED else "")
     others = [i for i in error.missing if i not in absent]

@@ -41,7 +41,8 @@ def of_run(out: str | os.PathLike | None, fasta: list[str], variants: str | None
     if variants:
         found.append(ReadFile("is the --variants file", Path(variants)))
     if model_path:
-        found.append(ReadFile("lies in the model checkpoint's folder, whose every file is part of the model", Path(model_path), folder=True))
+        found.append(ReadFile("lies in the model checkpoint's folder, whose every file is part of the model",
+                              Path(model_path), folder=True))
     if out is not None:
         found.append(ReadFile("is one of the run directory's own files", Path(out), run=True))
     return found

@@ -55,8 +55,8 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
         inputs.append(f"FASTA files ({_shown(old_config.fasta)} -> {_shown(config.fasta)})")
     inputs += [what for what, key in (("FASTA content", "index"), ("variants file content", "variants"))
                if (old.get(key) or {}).get("fingerprint") != (new.get(key) or {}).get("fingerprint")]
-    changed = [f"{option} ({was} -> {now})" for option, was, now in
-               run_identity.settings_changes(old_config, run_identity.resolved(old), config, run_identity.resolved(new))]
+    changed = [f"{option} ({was} -> {now})" for option, was, now in run_identity.settings_changes(
+        old_config, run_identity.resolved(old), config, run_identity.resolved(new))]
     retry = f"`{config.as_command(free_out(run.root))}`"
     if inputs:   # `rerun` would refuse too: say how to get either run
         raise RunDirError(

@@ -100,7 +100,7 @@ def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict 
             return Copies(dict(plan.counts), plan.sources)
         finally:
             plan.close()
-    sources = reuse_sources(config, model, schema, resolved)   # (refuses --reuse for a run whose rows are not by sequence)
+    sources = reuse_sources(config, model, schema, resolved)   # (refuses --reuse where rows are not by sequence)
     if not_by_sequence(config):
         return Copies()
     counts, pending = _match(run, index, sources)

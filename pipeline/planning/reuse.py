@@ -24,6 +24,7 @@ from . import run_identity
 
 log = logging.getLogger("run_shards")
 
+
 def not_by_sequence(config: RunConfig) -> str | None:
     """Why a run's rows may depend on more than each record's sequence (then nothing is copied), or None."""
     if config.task == "generate" and config.temperature > 0:
@@ -82,13 +83,13 @@ def _differences(reader: Reader, config: RunConfig, model, schema: Schema, resol
     except (KeyError, ValueError, UserError) as e:
         return [f"by a run whose settings cannot be read ({type(e).__name__}: {e})"]
     found = []
-    files = json.loads(attrs["model_files"]) if "model_files" in attrs else None
-    if files is None:
+    made_with = {"fingerprint": attrs.get("model_fingerprint")}
+    if "model_files" in attrs:
+        made_with["files"] = json.loads(attrs["model_files"])
+    else:
         log.warning("--reuse %s: written before results recorded the model's tokenizer files: only its config.json "
                     "and weights are compared%s", reader.path, "" if recorded else ", and --max-length as given")
-    changes = identity_changes({"fingerprint": attrs.get("model_fingerprint"), **({"files": files} if files is not None
-                                                                                  else {})},
-                               {"fingerprint": model.source.fingerprint, "files": model.source.files})
+    changes = identity_changes(made_with, {"fingerprint": model.source.fingerprint, "files": model.source.files})
     if changes:
         found.append(f"with another model ({attrs.get('model')!r}; this run's {config.model!r}: "
                      f"{'; '.join(changes)})")
