@@ -24,9 +24,11 @@ import subprocess
 import sys
 
 import h5py
+import numpy as np
 import pytest
 
 from index import InputChanged, SequenceIndex
+from index.stride import Only
 
 from .run_helpers import raw_datasets, status_rows, suggested_commands, undocumented_files
 from .tiny_models import REPO, run_cli
@@ -107,6 +109,16 @@ def test_reuse_of_every_record_merges_and_the_same_command_then_does_nothing(fas
             in again.stderr
         after = os.stat(out / "result.h5")
         assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_stride_table_of_no_records(tmp_path):
+    """The run index of a run that copies every record: a stride table of one empty shard (at b99ea2f its
+    ids' blob could not be reshaped)."""
+    path = tmp_path / "a.fasta"
+    path.write_text(">a\nMKV\n>bb\nMK\n")
+    SequenceIndex.build([path]).save(tmp_path / "run.rsidx", world=1, only=Only(0, lambda p: np.zeros(len(p), bool)))
+    run = SequenceIndex.load(tmp_path / "run.rsidx")
+    assert len(run) == 2 and run.stride_shard(0, 1).tolist() == [] and run.shard_stats(1).sequences.tolist() == [0]
 
 
 def test_a_crash_in_planning_leaves_out_as_it_was(fasta, models, tmp_path):
