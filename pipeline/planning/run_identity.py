@@ -52,7 +52,7 @@ def resolved(manifest: dict) -> dict:
 
 def of_result(attrs: dict) -> tuple[dict, bool]:
     """(the resolved settings of a result, from its attributes; whether it recorded them): a result written
-    before they were recorded gives its --max-length and --score-method as given, and no model path."""
+    before they were recorded gives its --max-length as given, and no model path."""
     if "resolved" in attrs:
         return json.loads(attrs["resolved"]), True
     config = RunConfig.from_dict(json.loads(attrs["config"]))
