@@ -1,4 +1,5 @@
-"""The index cache: reuse a saved index while every input keeps its size and mtime, else rebuild.
+"""The index cache: reuse a saved index while every input keeps its size and mtime, else rebuild (or when
+asked: an edit that keeps both goes unseen until a record's checksum tells it).
 
 Cache files live in `$RUN_SHARDS_CACHE` (default `$XDG_CACHE_HOME/run_shards` or `~/.cache/run_shards`),
 under `index/`, named by a hash of the inputs' absolute paths. A truncated or corrupt cache file is
@@ -34,14 +35,16 @@ def cache_path(paths: Sequence[str | os.PathLike], directory: Path | None = None
 
 
 def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = None,
-                  threads: int | None = None) -> tuple[SequenceIndex, bool]:
+                  threads: int | None = None, rebuild: bool = False) -> tuple[SequenceIndex, bool]:
     """The index of `paths` and whether it came from the cache. BGZF files are indexed in place; other gzip
     files through their decompressed copies (compressed.py), which the index then names; an error in the text
-    of either names the compressed file."""
+    of either names the compressed file. `rebuild`: index the files anew whatever the cache holds (an edit
+    that kept a file's size and modification time leaves a cache that looks current: `run_shards index
+    --rebuild`)."""
     sources = [os.fspath(p) for p in paths]
     paths = readable_paths(paths, directory or cache_dir())
     path = cache_path(paths, directory)
-    if path.exists():
+    if path.exists() and not rebuild:
         try:
             index = SequenceIndex.load(path)
             current = [InputFile.stat(p) for p in paths]

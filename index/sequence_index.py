@@ -222,11 +222,24 @@ class SequenceIndex:
     def _verify(self, i: int, found: int) -> None:
         if self.checksums is None or int(self.checksums[i]) == found:
             return   # (an index of format 1 or 2 has no checksums: runs started before them read unchecked)
+        if not self._stat_unchanged(int(self.file_no[i])):
+            hint = ("No row was computed from it. Restore the file as it was when the run started, or start a new "
+                    "run on the file as it is now")
+        else:   # an edit that kept the file's size and mtime: a cached index of it still looks current
+            hint = ("No row was computed from it. Restore the file as it was when it was indexed; or, to use it as "
+                    "it is now, index it anew with `run_shards index --rebuild FILE` (its size and modification "
+                    "time are as they were, so its cached index looks current) and start a new run on it (in "
+                    "another --out where a run was planned on the old text)")
         raise InputChanged(self.path_of(i), f"the file changed after it was indexed: record {i + 1:,} (at byte "
                            f"{int(self.offsets[i]):,}) no longer holds the text the index describes (an edit in "
-                           "place, same length)", seq_id=self.id(i),
-                           hint="No row was computed from it. Restore the file as it was when the run started, or "
-                                "start a new run on the file as it is now")
+                           "place, same length)", seq_id=self.id(i), hint=hint)
+
+    def _stat_unchanged(self, k: int) -> bool:
+        """Whether input k still has the size and modification time it was indexed with."""
+        try:
+            return InputFile.stat(self.inputs[k].path).state == self.inputs[k].state
+        except OSError:
+            return False
 
     def header(self, i: int) -> str:
         """The header line of record i without the '>' (id and description), read up to its line end."""

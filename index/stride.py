@@ -105,7 +105,8 @@ def _build(index, world: int, root: str, only: Only | None) -> list[index_file.P
             cols[f].append(rec[f])
         if fixed:
             lens = rec["id_len"].astype(np.int64)
-            blob = np.ascontiguousarray(rec["id"]).view(np.uint8).reshape(len(rec), -1)[np.arange(max(1, width)) < lens[:, None]]
+            padded = np.ascontiguousarray(rec["id"]).view(np.uint8).reshape(len(rec), max(1, width))   # (0 rows too)
+            blob = padded[np.arange(max(1, width)) < lens[:, None]]
             offsets = np.concatenate(([0], np.cumsum(lens)))
         id_offsets.append(offsets[1:] + end)
         id_blob.append(blob)

@@ -22,7 +22,7 @@ from .output import result as result_merge, shard_state
 from .output.h5io import CorruptFile, Reader
 from .planning.continued import with_launch_settings
 from .planning.plan import plan
-from .planning.run_index import load_run_index, start_over_advice
+from .planning.run_index import free_out, load_run_index, start_over_advice
 from .reporting.facts import unknown_residues_line
 from .rundir import events, run_log
 from .rundir.layout import RunDir
@@ -62,8 +62,9 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     """Plan (index, input checks, manifest), launch the shards, merge. Returns the merged file's path, or
     what a scheduler was handed (`dry_run`, `wait`: --launcher slurm).
 
-    When planning refuses (or the user interrupts it) before the run's manifest exists, the output
-    directory is left as it was found: removed if this command created it. `config` is not changed.
+    When planning stops before the run's manifest exists (a refusal, an interruption, or any other error),
+    the output directory is left as it was found: removed if this command created it, nothing half-made
+    kept in it. `config` is not changed.
     """
     from .launchers.early_workers import start_early
     run_dir = RunDir(config.out)
@@ -83,7 +84,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
                                                                   started, options), "run")
             finally:
                 early.close()
-    except (UserError, FastaError, KeyboardInterrupt):
+    except BaseException:
         if not run_dir.exists():
             run_dir.discard_unstarted(remove_root=not existed)
         raise
@@ -126,7 +127,7 @@ def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path
     # (run.log keeps what the merge says, a SLURM merge job's too)
     with command_session(run_dir, "merge", lock_wait) as lock:
         manifest = run_dir.read_manifest()
-        if lock.waited and _merged(run_dir):
+        if lock.waited and _finished_rows(run_dir) is not None:
             log.info("%s was merged meanwhile by the command this one waited for", run_dir.result_path)
             return run_dir.result_path
         wait_for_running_shards(run_dir, manifest["world"], lock_wait)
@@ -135,12 +136,14 @@ def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path
                              "merge")
 
 
-def _merged(run: RunDir) -> bool:
+def _finished_rows(run: RunDir) -> int | None:
+    """The rows of the run's merged result when it is complete (a result.h5 exists only once merged and
+    validated: output/result.py renames it into place), else None."""
     try:
         with Reader(run.result_path) as r:
-            return bool(r.attrs.get("complete"))
+            return r.rows if r.attrs.get("complete") else None
     except (OSError, CorruptFile):
-        return False
+        return None
 
 
 def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[int] | None,
@@ -148,7 +151,13 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     """Verify what is on disk, hand the unfinished shards to the run's launcher, merge when they are done."""
     from .models import checkpoint
     config = RunConfig.from_manifest(manifest)
-    checkpoint.check_unchanged(manifest["model"])
+    finished = _finished_rows(run)
+    if finished is not None:   # the same command again: the result stands (merging again would rewrite it)
+        log.info("%s is complete: %s holds all %s rows; nothing was computed or merged again", run.root,
+                 run.result_path.name, f"{finished:,}")
+        return run.result_path
+    checkpoint.check_unchanged(manifest["model"], "start a new run on the checkpoint as it is now: "
+                               f"`{config.as_command(free_out(run.root))}`")
     states = _settled_states(run, index, config.world)
     ranks = [r for r in (only or range(config.world)) if states[r].state != "complete"]
     for r in (only or []):

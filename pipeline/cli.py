@@ -286,11 +286,14 @@ def _finish(outcome, quiet: bool = False) -> None:
 @click.argument("fasta", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True,
               help="Worker count for the imbalance figures.")
-def index_command(fasta, workers):
+@click.option("--rebuild", is_flag=True,
+              help="Index the files anew, whatever the cache holds: after an edit that kept a file's size and "
+                   "modification time, which the cache takes for no change.")
+def index_command(fasta, workers, rebuild):
     """Build (or reuse) the index of FASTA file(s) and print its statistics."""
     from .planning.index_stats import index_report
     _setup_logging(False)
-    click.echo(_run_step(index_report, list(fasta), workers))
+    click.echo(_run_step(index_report, list(fasta), workers, rebuild))
 
 
 @main.command("status")

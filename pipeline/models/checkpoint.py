@@ -24,6 +24,11 @@ from .registry import Family, recognise
 log = logging.getLogger("run_shards")
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+# Files of a checkpoint directory that nothing reads to compute: its documentation and hidden files
+# (.gitattributes). Every other file beside config.json and the weights is part of the model's identity.
+NOT_READ = ("README", "LICENSE", "LICENCE", "NOTICE", "CITATION", ".")
+NOT_READ_SUFFIXES = (".md", ".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".html")
+WHOLE_FILE_BYTES = 64 << 20   # a larger file beside the weights is digested like a weight file
 READ_AHEAD_CHUNK = 128 << 10   # Linux's default readahead window (read_ahead_kb)
 
 
@@ -56,9 +61,10 @@ class ModelSource:
     path: str          # local directory
     model_type: str
     architectures: list[str]
-    fingerprint: str   # changes when the checkpoint changes
+    fingerprint: str   # changes when config.json or a weight file changes
     facts: CheckpointFacts | None = None
     family: Family | None = None
+    files: dict[str, str] = field(default_factory=dict)   # every other file it reads -> digest (file_digests)
 
     @property
     def is_causal(self) -> bool:
@@ -71,7 +77,10 @@ class ModelSource:
         return not self.is_causal and is_masked_lm(self.architectures)
 
     def identity(self) -> dict:
-        return {"name": self.name, "path": self.path, "model_type": self.model_type, "fingerprint": self.fingerprint}
+        """What the run directory keeps of the model: later commands check the checkpoint against it
+        (`check_unchanged`, `identity_changes`)."""
+        return {"name": self.name, "path": self.path, "model_type": self.model_type, "fingerprint": self.fingerprint,
+                "files": self.files}
 
 
 def resolve(name: str, cache_root: Path) -> ModelSource:
@@ -92,7 +101,8 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
     except (OSError, ValueError) as e:
         raise UserError(f"--model {name}: cannot read {config_file} ({e}); replace it with an intact copy") from None
     return ModelSource(name=name, path=str(path), model_type=facts.model_type, architectures=list(facts.architectures),
-                       fingerprint=fingerprint(Path(path)), facts=facts, family=recognise(facts))
+                       fingerprint=fingerprint(Path(path)), facts=facts, family=recognise(facts),
+                       files=file_digests(Path(path)))
 
 
 def local_source(path: str, fingerprint_: str = "") -> ModelSource:
@@ -160,9 +170,11 @@ def load_failure(error: BaseException, path: str) -> str | None:
     return None
 
 
-def check_unchanged(identity: dict) -> None:
+def check_unchanged(identity: dict, start_over: str = "start a new run with another --out") -> None:
     """Before workers of an existing run load its model: the demo model is verified (rebuilt if damaged);
-    any other checkpoint must still be there, unchanged (fingerprint) and whole (weight headers)."""
+    any other checkpoint must still be there, unchanged and whole (weight headers). Unchanged: config.json
+    and the weights (fingerprint) and, for a run that recorded them, every other file (`file_digests`: the
+    tokenizer's). `start_over`: the refusal's other way out, after restoring the checkpoint."""
     path = Path(identity["path"])
     if identity["name"] == demo_model.NAME:
         demo_model.ensure(path.parents[1])
@@ -171,10 +183,29 @@ def check_unchanged(identity: dict) -> None:
         raise UserError(f"the model checkpoint of this run, {path}, is gone (no config.json there). Restore it and "
                         "run the same command again.")
     _refuse_damaged(identity["name"], path)
-    if fingerprint(path) != identity["fingerprint"]:
-        raise UserError(f"the model checkpoint of this run, {path}, changed since the run started (its config or "
-                        "weight files differ), so new rows would not match the ones computed. Restore it as it was "
-                        "and run the same command again, or start a new run with another --out.")
+    if "files" not in identity:
+        log.info("this run was planned before run_shards recorded a checkpoint's tokenizer files: only its "
+                 "config.json and weights are compared")
+    changes = identity_changes(identity, {"fingerprint": fingerprint(path), "files": file_digests(path)})
+    if changes:
+        raise UserError(f"the model checkpoint of this run, {path}, changed since the run started "
+                        f"({'; '.join(changes)}), so new rows would not match the ones computed. Restore it as it "
+                        f"was and run the same command again, or {start_over}.")
+
+
+def identity_changes(old: dict, new: dict) -> list[str]:
+    """How the checkpoint `new` differs from `old` (identities as `ModelSource.identity` writes them, or the
+    same keys from a result's attributes), each file named: [] when it is the same model. Where `old`
+    recorded no files (an older run_shards), only config.json and the weights are compared."""
+    changes = []
+    if old.get("fingerprint") != new.get("fingerprint"):
+        changes.append("config.json or the weight files differ")
+    if "files" in old and "files" in new:
+        was, now = old["files"], new["files"]
+        changes += [f"{name} {'changed' if name in now else 'removed'}" for name in sorted(was)
+                    if now.get(name) != was[name]]
+        changes += [f"{name} added" for name in sorted(set(now) - set(was))]
+    return changes
 
 
 def _download(repo_id: str) -> Path:
@@ -227,6 +258,30 @@ def fingerprint(path: Path) -> str:
             with open(f, "rb") as fh:
                 h.update(fh.read(1 << 20))
     return h.hexdigest()[:16]
+
+
+def file_digests(path: Path) -> dict[str, str]:
+    """sha256 (16 hex digits) of each file of the checkpoint beside config.json and the weights, by name:
+    whatever its tokenizer reads (vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+    spiece.model, merges.txt, added_tokens.json, ..., whichever its tokenizer class names) and anything else
+    transformers may read (generation_config.json, a chat template, remote code), so that no file that
+    decides a run's bits can change unnoticed, and a refusal names the file. Documentation and hidden files
+    (NOT_READ) are left out; a file over WHOLE_FILE_BYTES is digested by its size and first MiB."""
+    digests = {}
+    for f in sorted(path.iterdir()):
+        if (not f.is_file() or f.name == "config.json" or f.suffix in WEIGHT_SUFFIXES
+                or f.name.upper().startswith(NOT_READ) or f.suffix.lower() in NOT_READ_SUFFIXES):
+            continue
+        size = f.stat().st_size
+        h = hashlib.sha256(str(size).encode() if size > WHOLE_FILE_BYTES else b"")
+        with open(f, "rb") as fh:
+            if size > WHOLE_FILE_BYTES:
+                h.update(fh.read(1 << 20))
+            else:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        digests[f.name] = h.hexdigest()[:16]
+    return digests
 
 
 def describe(source: ModelSource, engine: str, tokenizer=None, trust_remote_code: bool = False,

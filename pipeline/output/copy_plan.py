@@ -84,21 +84,23 @@ class CopyPlan:
         self.mapped.close()
 
 
-def summary(counts: dict, sources: list[str]) -> str:
+def summary(counts: dict, sources: list[str], planned: bool = False) -> str:
     """'N records: C computed, D copied from an earlier record of the same sequence, R reused from X'
-    (`sources`: the reused results as --reuse named them)."""
-    parts = [f"{counts['computed']:,} computed"]
+    (`sources`: the reused results as --reuse named them); `planned`: what a run will do ('C to compute,
+    D to copy from ..., R to reuse from X'), for a run not merged yet."""
+    done = ("computed", "copied", "reused") if not planned else ("to compute", "to copy", "to reuse")
+    parts = [f"{counts['computed']:,} {done[0]}"]
     if counts["duplicates"]:
-        parts.append(f"{counts['duplicates']:,} copied from an earlier record of the same sequence")
+        parts.append(f"{counts['duplicates']:,} {done[1]} from an earlier record of the same sequence")
     for name, r in zip(sources, counts["reused"]):
-        parts.append(f"{r:,} reused from {name}")
+        parts.append(f"{r:,} {done[2]} from {name}")
     return f"{counts['records']:,} records: " + ", ".join(parts)
 
 
-def described(manifest: dict) -> str | None:
+def described(manifest: dict, planned: bool = False) -> str | None:
     """The summary of a run's copies as its manifest records them (None: it copies nothing)."""
     copies = manifest.get("copies")
-    return summary(copies["counts"], copies["sources"]) if copies else None
+    return summary(copies["counts"], copies["sources"], planned) if copies else None
 
 
 def write(path: str | os.PathLike, n: int, parts: list[index_file.Part], sources: list[SourceFile],

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 from ..errors import UserError
-from . import status_codes
+from . import run_inputs, status_codes
 from .result_reader import ResultFile, result_path
 from .schema import BASE_COLUMNS, STR, Column
 
@@ -32,6 +32,7 @@ def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None
     """Write the result of `source` (a run directory or result.h5) as `fmt`; returns the file written."""
     path = result_path(source)
     target = Path(target) if target else path.parent / FORMATS[fmt]
+    run_inputs.refuse_if_read("-o", target, run_inputs.of_result(path))
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
         with ResultFile(path) as res:

@@ -18,7 +18,9 @@ from typing import Iterable, TextIO
 import numpy as np
 
 from ..errors import UserError
-from .result_reader import ResultFile
+from . import run_inputs
+from .result_reader import MAX_NAMED, MissingIds, ResultFile, result_path
+from .run_inputs import refuse_if_read
 from .schema import Column
 
 FORMATS = ("tsv", "json", "npy")
@@ -44,8 +46,13 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
     there; then the return value says where."""
     if fmt == "npy" and not target:
         raise UserError("--format npy writes a file: give it with -o, e.g. -o rows.npz")
+    if target:
+        refuse_if_read("-o", target, run_inputs.of_result(result_path(out)))
     with ResultFile(out) as res:
-        rows = res.rows(ids)
+        try:
+            rows = res.rows(ids)
+        except MissingIds as e:
+            _refuse_missing(res, e)
         records = [res.row(int(r)) for r in rows]
         columns = res.schema.columns
         if fmt == "npy":
@@ -56,6 +63,29 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
         Path(target).write_text(text)
         return f"wrote {len(records)} row(s) to {target}"
     return text.rstrip("\n")
+
+
+def _refuse_missing(res: ResultFile, error: MissingIds) -> None:
+    """Ids the result lacks: those of a partial result's `missing_ids` said as such (their rows were not
+    computed when it was merged) with the command that computes them; the others as not in the input."""
+    wanted = set(error.missing)
+    listed = res.file.get("missing_ids")
+    absent = set()
+    for a in range(0, 0 if listed is None else len(listed), 1 << 16):
+        absent |= wanted & {i.decode() if isinstance(i, bytes) else str(i) for i in listed[a:a + (1 << 16)]}
+    if not absent:
+        raise error
+    run = res.path.parent
+    how = (f"`run_shards rerun {run}` computes them and merges, after which `get` finds them"
+           if (run / "manifest.json").exists() else
+           "rerun the run it was merged in (`run_shards rerun OUT`), which computes them and merges")
+    shown = ", ".join(repr(i) for i in sorted(absent)[:MAX_NAMED]) + (f" (and {len(absent) - MAX_NAMED:,} more)"
+                                                                     if len(absent) > MAX_NAMED else "")
+    others = [i for i in error.missing if i not in absent]
+    raise UserError(f"{len(absent):,} id(s) missing from {res.path}, a partial result (merged with --allow-partial "
+                    f"before every shard finished; it lists them in `missing_ids`): {shown}. They are in the input, "
+                    f"but their rows were not computed yet: {how}"
+                    + (f". Besides, {MissingIds(res.path, others)}" if others else ""))
 
 
 def _cell(value) -> str:

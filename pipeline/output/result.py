@@ -40,9 +40,12 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
     schema = Schema.from_json(manifest["schema"])
     world = manifest["world"]
     readers, not_ready = [], []
+    sizes = index.shard_stats(world).sequences
     try:
         for r in range(world):
             path = run.shard_path(r)
+            if sizes[r] == 0 and not path.exists():
+                continue   # nothing to compute (a run that copies every row): no file, nothing to merge from it
             if path.exists():
                 try:
                     readers.append(_check_shard(Reader(path, cache_bytes=0), manifest, r, run))

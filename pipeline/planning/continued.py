@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 
 from ..config import RunConfig, option_name
 from ..errors import RunDirError
 from ..rundir.layout import RunDir
+from . import run_identity
 from .run_index import free_out
 
 log = logging.getLogger("run_shards")
@@ -43,28 +45,33 @@ def shard_count(config: RunConfig, old: dict | None, records: int, run: RunDir) 
 def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
     """The manifest a command continues `run` with: `old` (the run's) with this command's launch settings,
     after refusing other inputs, other result settings, or another kind of device. `new` is the manifest
-    this command planned and `config` its settings as planned."""
+    this command planned and `config` its settings as planned. Settings are compared as they resolved
+    (run_identity.py): `./ck/esm2/` and its absolute path, `--dtype float32` and `auto` on CPU are the same."""
+    from ..models.checkpoint import identity_changes
     old_config = RunConfig.from_manifest(old)
-    inputs = [what for what, key in (("model checkpoint", "model"), ("FASTA content", "index"),
-                                      ("variants file content", "variants"))
-              if (old.get(key) or {}).get("fingerprint") != (new.get(key) or {}).get("fingerprint")]
-    changed = [f"{option_name(k)} ({_shown(getattr(old_config, k))} -> {_shown(v)})"
-               for k, v in config.result_fields().items() if getattr(old_config, k) != v]
+    model_changes = identity_changes(old["model"], new["model"])
+    inputs = [f"model checkpoint: {'; '.join(model_changes)}"] if model_changes else []
+    if [os.path.abspath(f) for f in old_config.fasta] != [os.path.abspath(f) for f in config.fasta]:
+        inputs.append(f"FASTA files ({_shown(old_config.fasta)} -> {_shown(config.fasta)})")
+    inputs += [what for what, key in (("FASTA content", "index"), ("variants file content", "variants"))
+               if (old.get(key) or {}).get("fingerprint") != (new.get(key) or {}).get("fingerprint")]
+    changed = [f"{option} ({was} -> {now})" for option, was, now in run_identity.settings_changes(
+        old_config, run_identity.resolved(old), config, run_identity.resolved(new))]
     retry = f"`{config.as_command(free_out(run.root))}`"
     if inputs:   # `rerun` would refuse too: say how to get either run
         raise RunDirError(
             f"{run.root} already holds a run with other inputs (changed: {', '.join(inputs + changed)}). To run on "
             f"the inputs as they are now, use another --out: {retry}. To finish the run that is there, restore "
             f"its inputs as they were and run `run_shards rerun {run.root}`.")
-    if changed:
-        raise RunDirError(f"{run.root} already holds a run with other settings (changed: {', '.join(changed)}). "
-                          f"Use another --out ({retry}), or `run_shards rerun {run.root}` to continue that run as "
-                          "it was.")
-    if old_config.on_gpu != config.on_gpu:
+    if old_config.on_gpu != config.on_gpu:   # (first: `auto` settings, the dtype, resolve otherwise on each)
         was = "GPUs" if old_config.on_gpu else "CPU workers"
         raise RunDirError(f"--gpus: {run.root} holds a run computed on {was}, and all of a run's rows come from "
                           f"one kind of device (its dtype and kernels depend on it). Continue it with "
                           f"{'--gpus N' if old_config.on_gpu else '--gpus 0'}, or use another --out: {retry}.")
+    if changed:
+        raise RunDirError(f"{run.root} already holds a run with other settings (changed: {', '.join(changed)}). "
+                          f"Use another --out ({retry}), or `run_shards rerun {run.root}` to continue that run as "
+                          "it was.")
     log.info("%s holds this same run: continuing from its checkpoints", run.root)
     launch = {k: getattr(config, k) for k in RunConfig.fields_with_role("launch")}
     manifest = with_launch_settings(old, launch, "this command's")
@@ -82,10 +89,18 @@ def with_launch_settings(manifest: dict, values: dict, whose: str) -> dict:
     changed = {k: v for k, v in values.items() if getattr(config, k) != v}
     if not changed:
         return manifest
-    log.info("with %s %s", whose, ", ".join(f"{option_name(k)} {v!r} (was {getattr(config, k)!r})"
-                                          for k, v in changed.items()))
-    stored = json.loads(dataclasses.replace(config, **changed).to_json())
+    now = dataclasses.replace(config, **changed)
+    log.info("with %s %s", whose, ", ".join(f"{option_name(k)} {_launch_value(now, k)} (was {_launch_value(config, k)})"
+                                          for k in changed))
+    stored = json.loads(now.to_json())
     return dict(manifest, config=stored, attrs=dict(manifest["attrs"], config=stored))
+
+
+def _launch_value(config: RunConfig, name: str) -> str:
+    """A launch setting's value in a log line: an unset token budget as the default it stands for."""
+    if name == "max_tokens_per_batch" and config.max_tokens_per_batch is None:
+        return f"default {config.tokens_per_batch}"
+    return repr(getattr(config, name))
 
 
 def _shown(value) -> str:

@@ -83,9 +83,10 @@ class Copies:
         return Only(self.counts["computed"], kept), plan
 
 
-def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict | None) -> Copies:
-    """For a new run: check `config.reuse`, match every record and write OUT/copies.rsidx. For a run planned
-    before: what it copies, as planned (a --reuse that differs is refused)."""
+def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict | None, resolved: dict) -> Copies:
+    """For a new run: check `config.reuse` (against this run's settings as they `resolved`: run_identity.py),
+    match every record and write OUT/copies.rsidx. For a run planned before: what it copies, as planned (a
+    --reuse that differs is refused)."""
     if old is not None:
         planned = RunConfig.from_manifest(old).reuse
         if config.reuse and config.reuse != planned:
@@ -99,11 +100,11 @@ def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict 
             return Copies(dict(plan.counts), plan.sources)
         finally:
             plan.close()
-    sources = reuse_sources(config, model, schema)   # (refuses --reuse for a run whose rows are not by sequence)
+    sources = reuse_sources(config, model, schema, resolved)   # (refuses --reuse where rows are not by sequence)
     if not_by_sequence(config):
         return Copies()
     counts, pending = _match(run, index, sources)
-    log.info("copies: %s", copy_plan.summary(counts, [s.given for s in sources]))
+    log.info("copies: %s", copy_plan.summary(counts, [s.given for s in sources], planned=True))
     return Copies(counts, sources, pending)
 
 

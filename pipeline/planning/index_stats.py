@@ -7,9 +7,10 @@ from index import load_or_build
 from .input_policies import where_in_input
 
 
-def index_report(fasta: list[str], workers: int) -> str:
-    """`run_shards index`: records, residues, length percentiles, per-worker token imbalance."""
-    index, reused = load_or_build(fasta)
+def index_report(fasta: list[str], workers: int, rebuild: bool = False) -> str:
+    """`run_shards index`: records, residues, length percentiles, per-worker token imbalance; `rebuild`:
+    index the files anew, whatever the cache holds."""
+    index, reused = load_or_build(fasta, rebuild=rebuild)
     pct = index.length_percentiles((0, 10, 50, 90, 99, 100))
     stats = index.shard_stats(workers)
     lines = [

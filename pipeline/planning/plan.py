@@ -12,16 +12,17 @@ import logging
 import os
 from dataclasses import dataclass
 
-from index import SequenceIndex, load_or_build
+from index import InputChanged, SequenceIndex, load_or_build
 from index.cache import cache_dir
 
-from .. import __version__
+from .. import __version__, faults
 from ..config import LISTED_SHARDS, RunConfig
 from ..errors import UserError
-from ..output import status_codes
+from ..output import run_inputs, status_codes
 from ..output.schema import BASE_COLUMNS, Schema
 from ..output.variant_list import VariantList
 from ..rundir.layout import RunDir
+from . import run_identity
 from .continued import reconcile, shard_count
 from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
@@ -60,6 +61,7 @@ class Plan:
             self.index.adopt_stride(run.index_path)
             if self.variants is not None:
                 self.variants.save(run.variants_path)
+            faults.maybe_crash_planning()
         if not run.exists() or run.read_manifest() != self.manifest:
             run.write_manifest(self.manifest)
         return run.read_manifest()
@@ -80,7 +82,21 @@ def plan(config: RunConfig) -> Plan:
     there consistently); UserError, naming what to change, for anything that would fail later."""
     run = RunDir(config.out)
     old = run.read_manifest() if run.exists() else None
-    index = read_inputs(config)
+    index, reused = read_inputs(config)
+    try:
+        return _plan(config, run, old, index)
+    except InputChanged as e:
+        index.close()
+        if old is not None or not reused:   # (a planned run's own index: its refusal says what to do)
+            raise
+        # An edit that kept the file's size and modification time: the cached index looked current, and a
+        # record's checksum told otherwise. A new run indexes the files anew and plans on them as they are.
+        log.warning("the cached index of %s is stale (%s, though the file's size and modification time are as "
+                    "they were): indexing the input anew", e.path, e.message)
+        index, _ = read_inputs(config, rebuild=True)
+    except BaseException:
+        index.close()
+        raise
     try:
         return _plan(config, run, old, index)
     except BaseException:
@@ -88,18 +104,19 @@ def plan(config: RunConfig) -> Plan:
         raise
 
 
-def read_inputs(config: RunConfig) -> SequenceIndex:
-    """The FASTA files' index (built, or reused from the cache), with the input policies applied."""
+def read_inputs(config: RunConfig, rebuild: bool = False) -> tuple[SequenceIndex, bool]:
+    """The FASTA files' index (built, or reused from the cache unless `rebuild`), with the input policies
+    applied, and whether it came from the cache."""
     cache = cache_dir()
     if cache.exists() and not cache.is_dir():
         variable = "RUN_SHARDS_CACHE" if os.environ.get("RUN_SHARDS_CACHE") else "the cache path"
         raise UserError(f"{variable} {cache} is a file, not a directory: point RUN_SHARDS_CACHE at a directory "
                         "(run_shards keeps its index and model caches there)")
-    index, reused = load_or_build(config.fasta)
+    index, reused = load_or_build(config.fasta, rebuild=rebuild)
     log.info("index %s: %d records, %d residues, %d file(s)", "reused from cache" if reused else "built",
              len(index), index.total_residues, len(index.inputs))
     try:
-        return apply_input_policies(index, config)
+        return apply_input_policies(index, config), reused
     except BaseException:
         index.close()
         raise
@@ -110,9 +127,10 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     planned = dataclasses.replace(config, out=str(run.root), shards=shards, **_absolute(config, "variants",
                                                                                         "variants_out"))
     variants = read_variants(planned.variants, index) if planned.task == "variants" else None
-    if planned.variants_out:
-        check_variants_out(planned.variants_out)
     model = choose_model(planned)
+    if planned.variants_out:
+        check_variants_out(planned.variants_out, run_inputs.of_run(run.root, planned.fasta, planned.variants,
+                                                                   model.source.path))
     model.convention = decide_and_check(index, model.source, model.hf_tokenizer, planned.input_format)
     limit = token_limit(model.info.max_tokens, planned.max_length)
     planned = _fit_lengths(planned, index, model, limit)
@@ -122,13 +140,15 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     task.prepare(SequenceTokenizer(model.hf_tokenizer, model.convention))
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
-    copies = plan_copies(planned, model, schema, index, run, old)   # duplicates and --reuse (copies.py)
+    resolved = run_identity.of_plan(planned, model, limit, task.attrs())
+    copies = plan_copies(planned, model, schema, index, run, old, resolved)   # duplicates and --reuse (copies.py)
     try:
         planned = dataclasses.replace(planned, shards=copies.shards(shards))
         check_storage(schema, index, planned.shards, run.root)
         _log_shards(index, planned.shards, copies.computed)
         manifest = _manifest(planned, model, schema, limit, index)
         manifest["attrs"].update(task.attrs())
+        manifest["attrs"]["resolved"] = resolved   # (what a continued run and --reuse of its result compare)
         if variants is not None:
             manifest["variants"] = {"file": variants.source, "fingerprint": variants.sha256, "count": len(variants)}
             log.info("variants: %d in %s, for %d record(s)", len(variants), variants.source,
@@ -144,8 +164,12 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
 
 
 def _absolute(config: RunConfig, *names: str) -> dict:
-    """File options as absolute paths: workers, a merge job and later commands may start elsewhere."""
-    return {n: os.path.abspath(getattr(config, n)) for n in names if getattr(config, n)}
+    """File options as absolute paths: workers, a merge job and later commands may start elsewhere (and
+    the commands messages suggest work from there). --model is one where it names a local directory."""
+    found = {n: os.path.abspath(getattr(config, n)) for n in names if getattr(config, n)}
+    if config.model != "demo" and os.path.isdir(config.model):
+        found["model"] = os.path.abspath(config.model)
+    return found
 
 
 def choose_model(config: RunConfig) -> Model:
@@ -218,6 +242,7 @@ def _manifest(config: RunConfig, model: Model, schema: Schema, limit: int | None
     stored = json.loads(config.to_json())
     attrs = {
         "task": config.task, "model": config.model, "model_fingerprint": model.source.fingerprint,
+        "model_files": model.source.files,
         "model_type": model.source.model_type, "model_family": model.source.family.key,
         "input_format": model.convention.words(), "dtype": config.torch_dtype_name, "engine": model.engine,
         "batch_invariant": engines.batch_invariant(model.engine, config), "config": stored,

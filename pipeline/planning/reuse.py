@@ -1,28 +1,28 @@
 """`--reuse OLD_OUT`: earlier results whose rows a new run copies instead of computing them, checked before
 anything is computed. A result is accepted only when each of its rows is what this run would compute for
-the same sequence: the same model (fingerprint), task, engine and dtype as resolved, the same kind of
-device, the same columns, and every output-affecting setting (config.RESULT) equal. Otherwise it is
-refused, each difference named; nothing is reused from it.
+the same sequence: the same model (config.json, weights and every file its tokenizer reads, wherever the
+checkpoint lies), the same task, every output-affecting setting (config.RESULT) equal as it resolved
+(run_identity.py: engine, dtype, input format, token limit, score method), the same kind of device and
+batch invariance, the same columns. Otherwise it is refused, each difference named; nothing is reused from it.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
 
-from ..config import RESULT, RunConfig, option_name
+from ..config import RunConfig
 from ..errors import UserError
 from ..output import status_codes
 from ..output.copy_plan import SourceFile
 from ..output.h5io import CorruptFile, Reader
 from ..output.result_reader import result_path
 from ..output.schema import Schema
+from . import run_identity
 
-# Settings compared as the results record them resolved (attributes), not as given: "auto" may differ.
-_RESOLVED = {"engine": "engine", "dtype": "dtype"}
-# Not compared as settings: the inputs (fasta) and the model's path, whose fingerprint is compared instead.
-_NOT_SETTINGS = ("fasta", "model")
+log = logging.getLogger("run_shards")
 
 
 def not_by_sequence(config: RunConfig) -> str | None:
@@ -35,8 +35,9 @@ def not_by_sequence(config: RunConfig) -> str | None:
     return None
 
 
-def reuse_sources(config: RunConfig, model, schema: Schema) -> list[SourceFile]:
-    """The results of `config.reuse`, each checked against this run (UserError naming every difference)."""
+def reuse_sources(config: RunConfig, model, schema: Schema, resolved: dict) -> list[SourceFile]:
+    """The results of `config.reuse`, each checked against this run, whose settings resolved to `resolved`
+    (run_identity.py; UserError naming every difference)."""
     if not config.reuse:
         return []
     why = not_by_sequence(config)
@@ -50,7 +51,7 @@ def reuse_sources(config: RunConfig, model, schema: Schema) -> list[SourceFile]:
             raise UserError(f"--reuse {given}: {e}") from None
         try:
             with Reader(path) as reader:
-                problems = _differences(reader, config, model, schema)
+                problems = _differences(reader, config, model, schema, resolved)
                 source = SourceFile(path=str(path.resolve()), given=given, rows=reader.rows,
                                     checksums=str(reader.attrs.get("crc32")), size=path.stat().st_size,
                                     mtime_ns=path.stat().st_mtime_ns)
@@ -68,36 +69,45 @@ def reuse_sources(config: RunConfig, model, schema: Schema) -> list[SourceFile]:
     return found
 
 
-def _differences(reader: Reader, config: RunConfig, model, schema: Schema) -> list[str]:
-    """How the rows of `reader` were computed otherwise than this run would, in words."""
+def _differences(reader: Reader, config: RunConfig, model, schema: Schema, resolved: dict) -> list[str]:
+    """How the rows of `reader` were computed otherwise than this run would, in words. Settings are compared
+    as they resolved (run_identity.py), the model by its files, wherever it lies (not by its path)."""
     from ..engine import selection as engines
+    from ..models.checkpoint import identity_changes
     attrs = reader.attrs
     if "sequence_digest" not in {c.path for c in reader.schema.columns}:
         return ["before results kept a sequence digest per row (they cannot be matched by sequence)"]
     try:
         old = RunConfig.from_dict(json.loads(attrs["config"]))
+        old_resolved, recorded = run_identity.of_result(attrs)
     except (KeyError, ValueError, UserError) as e:
         return [f"by a run whose settings cannot be read ({type(e).__name__}: {e})"]
     found = []
-    if attrs.get("model_fingerprint") != model.source.fingerprint:
-        found.append(f"with another model ({attrs.get('model')!r}, fingerprint {attrs.get('model_fingerprint')}; "
-                     f"this run: {config.model!r}, {model.source.fingerprint})")
-    now = {"task": config.task, "engine": model.engine, "dtype": config.torch_dtype_name}
-    for key, value in now.items():
-        if attrs.get(key) != value:
-            found.append(f"with {option_name(key)} {attrs.get(key)} (this run: {value})")
-    for name in RunConfig.fields_with_role(RESULT):
-        if name in _NOT_SETTINGS or name in _RESOLVED or name == "task":
-            continue
-        if getattr(old, name) != getattr(config, name):
-            found.append(f"with {option_name(name)} {_shown(getattr(old, name))} (this run: {_shown(getattr(config, name))})")
+    made_with = {"fingerprint": attrs.get("model_fingerprint")}
+    if "model_files" in attrs:
+        made_with["files"] = json.loads(attrs["model_files"])
+    else:
+        log.warning("--reuse %s: written before results recorded the model's tokenizer files: only its config.json "
+                    "and weights are compared%s", reader.path, "" if recorded else ", and --max-length as given")
+    changes = identity_changes(made_with, {"fingerprint": model.source.fingerprint, "files": model.source.files})
+    if changes:
+        found.append(f"with another model ({attrs.get('model')!r}; this run's {config.model!r}: "
+                     f"{'; '.join(changes)})")
+    if attrs.get("task") != config.task:
+        found.append(f"with --task {attrs.get('task')} (this run: {config.task})")
+    if not recorded:   # (a token limit it did not record: --max-length compared as given)
+        resolved = dict(resolved, max_length=config.max_length)
+    found += [f"with {option} {was} (this run: {now})" for option, was, now in
+              run_identity.settings_changes(old, old_resolved, config, resolved, leave_out=("task", "model"))]
     if bool(old.devices) != config.on_gpu:
         found.append(f"on {'GPUs' if old.devices else 'CPU workers'} (this run: {'GPUs' if config.on_gpu else 'CPU workers'}), "
                      "whose kernels give other bits")
     invariant = engines.batch_invariant(model.engine, config)
     if bool(attrs.get("batch_invariant")) != invariant:
-        found.append(f"{'with' if attrs.get('batch_invariant') else 'without'} batch-invariant outputs (this run: "
-                     f"{'with' if invariant else 'without'}; a budget below 64 tokens turns them off)")
+        cause = (f"this run's are not: {run_identity.why_not_invariant(model.engine, config)}" if not invariant else
+                 f"the earlier run's were not: {run_identity.why_not_invariant(attrs.get('engine'), old)}")
+        found.append(f"{'with' if attrs.get('batch_invariant') else 'without'} batch-invariant outputs ({cause}), "
+                     "so its rows may differ in their last bits from what this run computes")
     if reader.schema.without_result_columns() != schema and not found:
         found.append("with other columns or dimensions")
     return found
@@ -110,9 +120,3 @@ def usable_rows(reader: Reader, a: int, b: int) -> tuple[np.ndarray, np.ndarray]
     status = reader.file["status"][a:b]
     good = (status != status_codes.OUT_OF_MEMORY) & digests.any(axis=1)
     return digests[good], a + np.flatnonzero(good)
-
-
-def _shown(value) -> str:
-    if value is None:
-        return "not given"
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)

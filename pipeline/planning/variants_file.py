@@ -15,6 +15,7 @@ from index import SequenceIndex
 from index.id_hash import id_hashes
 
 from ..errors import UserError
+from ..output.run_inputs import ReadFile, refuse_if_read
 from ..output.variant_list import MalformedMutant, VariantList, parse_mutant
 
 SHOWN = 10   # problems listed in one refusal (the count says how many more)
@@ -128,8 +129,11 @@ def _check_against_records(index: SequenceIndex, rows: list, records: list[int])
     return problems
 
 
-def check_variants_out(path: str) -> None:
-    """--variants-out must be a file name in an existing, writable directory (checked before any compute)."""
+def check_variants_out(path: str, reads: list[ReadFile]) -> None:
+    """--variants-out must be a file name in an existing, writable directory, and none of the files the run
+    `reads` (its FASTA, its variants file, its model's files, the run directory's own: checked before any
+    compute)."""
+    refuse_if_read("--variants-out", path, reads)
     target = Path(path)
     if target.is_dir():
         raise UserError(f"--variants-out {path}: is a directory; give a file name, e.g. {target / 'variants.csv'}")

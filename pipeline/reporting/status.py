@@ -45,8 +45,7 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         lines.append(f"inputs: CHANGED - {e}")
         index = SequenceIndex.load(run.index_path, verify=False)
     lines.append(f"sequences: {len(index):,} in {world:,} shard(s)")
-    if copy_plan.described(manifest):   # rows copied instead of computed (duplicates, --reuse)
-        lines.append(f"rows: {copy_plan.described(manifest)}")
+    rows_at = len(lines)   # (the line on rows copied instead of computed follows, once the shards are read)
     holder = RunLock.active_holder(run)
     if holder:
         alive = "alive" if holder.get("host") == socket.gethostname() else "another host: not checked"
@@ -63,6 +62,9 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         from . import slurm_status
         queue = Queue.read(run, world)
         slurm_status.amend(states, queue)
+    rows = _rows_line(run, manifest, states)
+    if rows:
+        lines.insert(rows_at, rows)
     lines += _table(run, states, every_shard or world <= LISTED_SHARDS)
     lines.append(f"checksums: every finished file read back ({human_bytes(stored)})" if verify else
                  f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
@@ -97,12 +99,31 @@ def _states(run: RunDir, index: SequenceIndex, world: int, verify: bool,
     return states
 
 
+def _rows_line(run: RunDir, manifest: dict, states: list) -> str | None:
+    """Rows copied instead of computed (duplicates, --reuse), as done once the result is merged, else as
+    planned with what is durable so far."""
+    if not manifest.get("copies"):
+        return None
+    if _complete_result(run):
+        return f"rows: {copy_plan.described(manifest)}"
+    durable = sum(s.durable for s in states)
+    return f"rows: {copy_plan.described(manifest, planned=True)} ({durable:,} computed and durable so far)"
+
+
+def _complete_result(run: RunDir) -> bool:
+    try:
+        with Reader(run.result_path) as r:
+            return bool(r.attrs.get("complete"))
+    except (OSError, CorruptFile):
+        return False
+
+
 def _table(run: RunDir, states: list, full: bool) -> list[str]:
     rows = [("shard", "state", "durable", "of", "progress", "detail")]
     for s in states:
         if full or s.state not in ("complete", "pending"):
             rows.append((str(s.rank), s.state, f"{s.durable:,}", f"{s.expected:,}",
-                         f"{100.0 * s.durable / max(1, s.expected):.1f}%", s.detail))
+                         f"{100.0 * s.durable / s.expected if s.expected else 100.0:.1f}%", s.detail))
     lines = []
     if not full:
         lines.append(_state_counts(states, len(rows) - 1, run))

@@ -117,6 +117,16 @@ class RunDir:
         return name in self.EARLY_ENTRIES or name.startswith(("index.rsidx.tmp", ".manifest.json.tmp",
                                                               "copies.rsidx.tmp", ".rs-"))
 
+    # The run directory's own files (besides what is under shards/ and logs/): no output option may name one.
+    OWN_FILES = EARLY_ENTRIES | {"manifest.json", "result.h5", "report.html", "merge_problems.tsv"}
+
+    def owns(self, path: str | os.PathLike) -> bool:
+        """Whether `path` is one of the run directory's own files, or lies under its shards/ or logs/."""
+        path = Path(os.path.realpath(path))
+        if path.parent == self.root:
+            return path.name in self.OWN_FILES or self._early_entry(path.name)
+        return self.root in path.parents and path.relative_to(self.root).parts[0] in ("shards", "logs")
+
     def create(self) -> None:
         """Create the run directory, or check that an existing one is a run's (never overwrite other files)."""
         if self.root.exists() and not self.root.is_dir():
