@@ -125,6 +125,10 @@ TABLE: dict[int, LaunchRow] = {
     # tiles compile at 186 / 193 on sm_80, 175 / 162 on sm_90 (bias_tile_keys).
     # The delta rule's prep kernel: 8 warps on both, clean under Triton 3.6 and 3.9 since its A stage reads
     # its keys again (3.6 spilled 8 B on sm_80 before; 56 B in 4 warps, 992 B in 16; no stage count helped).
+    # The walk's min_block_v 16 on both (issue 36): few sequences x value heads walk in blocks of 32 or 16
+    # before any sequence is cut into segments. Compiled clean (Triton 3.9): block_v 16 on sm_90 in 2 stages
+    # at 116-126 registers and 120 KiB of shared memory (one block an SM, as at 64: the q, k, w, p tiles fill
+    # it whatever the V block), on sm_80 in 1 stage at 200 registers and 46 KiB (two an SM, by registers).
     # ESM's fused kernels (32k-token steps of ESM-2 650M and 3B): the rotary pass and add + norm are streams of
     # a few elements per thread (44-48 and 32-42 registers). The linear + GELU product: 128 x 128 output tiles,
     # K steps of 64, 8 warps, 3 stages (HGMMA with cp.async on sm_90: 123-125 registers, 96 KiB of shared
