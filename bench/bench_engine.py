@@ -2,8 +2,15 @@
 
     python bench/bench_engine.py cpu                     # demo model + Qwen3.5 at ~1/8 of 0.8B, 20k sequences
     python bench/bench_engine.py cpu --n 2000 --models qwen35-eighth --threads 2
-    python bench/bench_engine.py gpu                     # Qwen3.5-0.8B-shaped and ESM-2-650M-shaped, bf16, 50k
+    python bench/bench_engine.py gpu                     # Qwen3.5-0.8B-shaped and ESM-2-650M-shaped, bf16, 2,000
                                                          # sequences, plus one 32k-token sequence (native)
+    python bench/bench_engine.py gpu --models qwen35-0.8b [--fla-backend triton|flash_qla]   # ~1-2 min on an H100
+    python bench/bench_engine.py gpu --smoke             # the GPU run's code on the CPU, toy sizes (a test runs it)
+
+Everything prints as it happens (flushed): each phase with its seconds (checkpoint, sequences, engine loads, a
+warm-up batch per engine that compiles the kernels and is not counted), each slice of the timed run, each
+engine's row, the long sequence (a first call that compiles, then a timed one). A GPU run builds its random
+checkpoint on the GPU in the run's dtype, and says which fla backend the hf engine's Qwen3.5 runs on.
 
 `--engines hf,native,native-variant` also times the native engine without batch invariance
 (--no-batch-invariant), the engines taking turns as below. On CPU the process first puts MKL in strict
@@ -34,6 +41,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))   # (bench_gated_delta_rule's fla helpers, when imported from elsewhere)
 
 from pipeline.models import demo as demo_model  # noqa: E402
 from pipeline.worker.batching import plan_batches  # noqa: E402
@@ -53,24 +61,44 @@ ESM2_650M = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=33,
 # 1 thread, what other processes' load does not stretch).
 CLOCK = [time.perf_counter]
 ESM2_8M = dict(hidden_size=320, intermediate_size=1280, num_hidden_layers=6, num_attention_heads=20, **ESM2_COMMON)
+# --smoke's model: Qwen3.5's layer pattern (three delta-rule layers, then gated attention) at toy sizes.
+QWEN35_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=32, tie_word_embeddings=True)
+QWEN35_SHAPES = {"qwen35-0.8b": QWEN35_08B, "qwen35-eighth": QWEN35_EIGHTH, "qwen35-tiny": QWEN35_TINY}
+
+
+def say(*lines: str) -> None:
+    """Print now (flushed: the output may be all a lent GPU's run leaves) and keep for --out."""
+    for line in lines:
+        OUTPUT.append(line)
+        print(line, flush=True)
+
+
+OUTPUT: list[str] = []
 
 
 def write_checkpoint(name: str, path: Path, dtype: torch.dtype, device: torch.device) -> Path:
-    """A checkpoint directory for `name` (random weights), with the demo's protein tokenizer."""
+    """A checkpoint directory for `name` (random weights), with the demo's protein tokenizer. The model is built
+    on `device` in `dtype` (on a GPU: no float32 copy on the host, nothing converted), then saved."""
     if name == "demo":
         return demo_model.write(path)
     from transformers import EsmConfig, EsmModel, Qwen3_5ForCausalLM, Qwen3_5TextConfig
     torch.manual_seed(0)
-    with torch.device(device):
-        if name.startswith("qwen35"):
-            shape = QWEN35_EIGHTH if name == "qwen35-eighth" else QWEN35_08B
-            config = Qwen3_5TextConfig(**shape, max_position_embeddings=65536, pad_token_id=0, bos_token_id=1,
-                                       eos_token_id=2)
-            model = Qwen3_5ForCausalLM(config)
-        elif name in ("esm2-650m", "esm2-8m"):
-            model = EsmModel(EsmConfig(**(ESM2_650M if name == "esm2-650m" else ESM2_8M)), add_pooling_layer=False)
-        else:
-            raise SystemExit(f"unknown model {name}")
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            if name in QWEN35_SHAPES:
+                config = Qwen3_5TextConfig(**QWEN35_SHAPES[name], max_position_embeddings=65536, pad_token_id=0,
+                                           bos_token_id=1, eos_token_id=2)
+                model = Qwen3_5ForCausalLM(config)
+            elif name in ("esm2-650m", "esm2-8m"):
+                model = EsmModel(EsmConfig(**(ESM2_650M if name == "esm2-650m" else ESM2_8M)), add_pooling_layer=False)
+            else:
+                raise SystemExit(f"unknown model {name}")
+    finally:
+        torch.set_default_dtype(default_dtype)
     model.to(dtype).save_pretrained(path)
     tokenizer = demo_model.build_tokenizer()
     tokenizer.model_max_length = 1024 if name.startswith("esm") else 65536
@@ -117,34 +145,66 @@ def embed(engine, batch_ids, kind: str, budget: int, max_seqs: int, device: torc
     return CLOCK[0]() - start
 
 
+def warm_up(engines: dict, ids, budget: int, max_seqs: int, device: torch.device) -> None:
+    """One batch per engine before the timed run (kernels compile, caches allocate), its seconds printed apart:
+    the longest sequences up to a full token budget (the shapes the run starts with), then the 8 shortest."""
+    longest = []
+    for x in ids:
+        if sum(map(len, longest)) + len(x) > budget or len(longest) == max_seqs:
+            break
+        longest.append(x)
+    for kind, engine in engines.items():
+        took = embed(engine, (longest or ids[:1]) + ids[-min(len(ids), 8):], kind, budget, max_seqs, device)
+        say(f"warm-up (not counted): {kind} {took:.1f} s")
+
+
 def embed_interleaved(engines: dict, ids, budget: int, max_seqs: int, device: torch.device,
                       slices: int = 40) -> dict[str, float]:
     """Seconds per engine over all of `ids`, the engines taking turns on consecutive slices of the
-    (length-sorted) sequences, so that a shared machine's changing load hits every engine alike."""
+    (length-sorted) sequences, so that a shared machine's changing load hits every engine alike. Each
+    slice's seconds are printed when it is done."""
     seconds = {kind: 0.0 for kind in engines}
-    for kind, engine in engines.items():   # warm-up, not timed
-        engine.forward(ids[-min(len(ids), 8):], [engine.info.num_layers], False)
     slices = max(1, min(slices, len(ids) // 200))   # a slice holds enough sequences for full batches
     bounds = np.linspace(0, len(ids), slices + 1).astype(int)
     for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         order = list(engines) if i % 2 == 0 else list(engines)[::-1]
+        took = {}
         for kind in order:
-            seconds[kind] += embed(engines[kind], ids[a:b], kind, budget, max_seqs, device)
+            took[kind] = embed(engines[kind], ids[a:b], kind, budget, max_seqs, device)
+            seconds[kind] += took[kind]
+        tokens = sum(map(len, ids[a:b]))
+        say(f"slice {i + 1}/{slices}: {b - a} sequences, {tokens} tokens; "
+            + ", ".join(f"{kind} {took[kind]:.2f} s" for kind in engines))
     return seconds
 
 
 def long_sequence(engine, n_tokens: int, device: torch.device) -> str:
-    """Embed one n_tokens-long sequence on the native engine: seconds and peak GPU memory."""
-    ids = [1] + list(np.random.default_rng(0).integers(4, 29, n_tokens - 2)) + [2]
-    torch.cuda.reset_peak_memory_stats(device)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = engine.forward([ids], [engine.info.num_layers], False)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    """Embed one n_tokens-long sequence on the native engine twice: the first call (new kernel variants
+    compile: a lone long sequence walks in narrower blocks) and a timed second one, with the peak GPU memory."""
+    ids = [1] + [int(x) for x in np.random.default_rng(0).integers(4, 29, n_tokens - 2)] + [2]
+    gpu = device.type == "cuda"
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    seconds = []
+    for _ in range(2):
+        if gpu:
+            torch.cuda.reset_peak_memory_stats(device)
+        sync()
+        start = time.perf_counter()
+        out = engine.forward([ids], [engine.info.num_layers], False)
+        sync()
+        seconds.append(time.perf_counter() - start)
+    memory = f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if gpu else ""
     ok = bool(torch.isfinite(out.hidden[engine.info.num_layers]).all())
-    return f"{n_tokens} tokens in {seconds:.2f} s, peak GPU memory {peak:.1f} GiB, finite: {ok}"
+    return (f"{n_tokens} tokens in {seconds[1]:.2f} s ({n_tokens / seconds[1]:,.0f} tok/s; first call, with "
+            f"compiles, {seconds[0]:.2f} s){memory}, finite: {ok}")
+
+
+def fla_line() -> str:
+    """Which fla-core the hf engine's Qwen3.5 runs on (transformers sends its delta rule to fla when it imports)."""
+    from bench_gated_delta_rule import fla_backend_line, load_fla
+    fla_chunk, _, name = load_fla()
+    return "hf engine: " + fla_backend_line(name, fla_chunk is not None) + (
+        "" if fla_chunk is not None else ": its Qwen3.5 delta rule runs transformers' torch fallback")
 
 
 def mkl_default_mode() -> str:
@@ -158,11 +218,13 @@ def mkl_default_mode() -> str:
     return mode.text
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("device", choices=["cpu", "gpu"])
-    parser.add_argument("--n", type=int, default=None, help="sequences (default 20000 on CPU, 50000 on GPU)")
-    parser.add_argument("--models", default=None, help="comma-separated: demo, qwen35-eighth, esm2-8m (CPU); qwen35-0.8b, esm2-650m (GPU)")
+    parser.add_argument("--n", type=int, default=None, help="sequences (default 20000 on CPU, 2000 on GPU)")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated: demo, qwen35-eighth, qwen35-tiny, esm2-8m (CPU); qwen35-0.8b, esm2-650m "
+                             "(GPU)")
     parser.add_argument("--engines", default="hf,native",
                         help="comma-separated: hf, native (batch-invariant, the default), native-variant "
                              "(--no-batch-invariant: what the property costs)")
@@ -186,13 +248,27 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="time with wall time or this process's CPU time (cpu: for 1 thread on a shared machine)")
     parser.add_argument("--out", default=None, help="also write the table here")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="gpu: run the GPU benchmark's code on the CPU at toy sizes (a Qwen3.5 of 4 tiny layers, "
+                             "40 sequences cut to 120 tokens, steps of 1,024, a 600-token long one): checks the "
+                             "script, its numbers mean nothing")
+    parser.add_argument("--fla-backend", choices=["triton", "flash_qla"], default="triton",
+                        help="gpu: what fla-core runs for the hf engine's Qwen3.5: its Triton kernels or FlashQLA")
+    args = parser.parse_args(argv)
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
 
-    gpu = args.device == "gpu"
+    gpu = args.device == "gpu" and not args.smoke
     if gpu and not torch.cuda.is_available():
-        raise SystemExit("gpu benchmark: no CUDA device visible")
+        raise SystemExit("gpu benchmark: no CUDA device visible (--smoke runs its code on the CPU)")
+    if args.device == "gpu":
+        from bench_gated_delta_rule import set_fla_backend
+        set_fla_backend(args.fla_backend)   # before transformers imports fla
+    if args.smoke:
+        args.n = args.n or 40
+        args.models = args.models or "qwen35-tiny"
+        args.long = min(args.long, 600)
+        args.max_tokens_per_batch = args.max_tokens_per_batch or 1024
     device = torch.device("cuda:0" if gpu else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
     from pipeline.worker.cpu_setup import keep_freed_memory, set_cpu_threads, set_strict_matmuls
@@ -203,60 +279,67 @@ def main() -> None:
         import pipeline.models.layers.gated_deltanet as gdn
         gdn.CPU_CHUNK_SIZE = args.delta_chunk_size
     first, _, stop = (args.slice or ":").partition(":")
-    n = args.n or (50000 if gpu else 20000)
-    budget = args.max_tokens_per_batch or (32768 if gpu else 4096)
+    n = args.n or (2000 if gpu else 20000)
+    budget = args.max_tokens_per_batch or (32768 if args.device == "gpu" else 4096)
     models = (args.models or ("qwen35-0.8b,esm2-650m" if gpu else "demo,qwen35-eighth")).split(",")
     kinds = args.engines.split(",")
     from pipeline.models.hf_config import quiet_transformers
     quiet_transformers()
 
-    lines = [f"device: {torch.cuda.get_device_name(0) if gpu else f'CPU, {args.threads} thread(s)'}; "
-             f"dtype {str(dtype).removeprefix('torch.')}; {n} make_fasta.py sequences (seed 1); "
-             f"token budget {budget}, max {args.max_seqs} sequences per batch; torch {torch.__version__}; "
-             f"denormals {'flushed' if flushing else 'kept'}"
-             + ("" if gpu else f"; malloc {'keeps freed memory' if keeping else 'defaults'}; matmuls: {matmuls}")
-             + (f"; sequences {args.slice} of the sorted {n}" if args.slice else "")
-             + (f"; native delta-rule chunk {args.delta_chunk_size}" if args.delta_chunk_size else "")
-             + ("; seconds are CPU time" if args.clock == "cpu" else ""),
-             "", "| model | engine | sequences | tokens | seconds | tok/s | vs hf |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    notes = []
-    if gpu:
-        try:
-            import fla  # noqa: F401
-            notes.append("hf engine: flash-linear-attention (fla-core) installed: its Qwen3.5 path uses fla's kernels")
-        except ImportError:
-            notes.append("hf engine: fla-core NOT installed: its Qwen3.5 delta rule runs transformers' torch fallback")
+    where = torch.cuda.get_device_name(0) if gpu else f"CPU, {args.threads} thread(s)"
+    say(f"device: {where}{' (--smoke: the GPU run on the CPU, toy sizes)' if args.smoke else ''}; "
+        f"dtype {str(dtype).removeprefix('torch.')}; {n} make_fasta.py sequences (seed 1); "
+        f"token budget {budget}, max {args.max_seqs} sequences per batch; torch {torch.__version__}; "
+        f"denormals {'flushed' if flushing else 'kept'}"
+        + ("" if args.device == "gpu" else f"; malloc {'keeps freed memory' if keeping else 'defaults'}; "
+           f"matmuls: {matmuls}")
+        + (f"; sequences {args.slice} of the sorted {n}" if args.slice else "")
+        + (f"; native delta-rule chunk {args.delta_chunk_size}" if args.delta_chunk_size else "")
+        + ("; seconds are CPU time" if args.clock == "cpu" else ""))
+    if args.device == "gpu":
+        say(fla_line())
+    header = ["| model | engine | sequences | tokens | seconds | tok/s | vs hf |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for name in models:
+        start = time.perf_counter()
         path = write_checkpoint(name, Path(tempfile.mkdtemp()) / name, dtype, device)
+        say(f"{name}: checkpoint built on {device.type} and saved in {time.perf_counter() - start:.1f} s")
+        start = time.perf_counter()
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(path)
-        ids = sequences(n, tokenizer, tokenizer.model_max_length)
+        ids = sequences(n, tokenizer, min(tokenizer.model_max_length, 120 if args.smoke else 1 << 30))
         ids = ids[int(first or 0):int(stop) if stop else None]
-        engines = {kind: load_engine(kind, path, device, dtype, budget, args.max_seqs) for kind in kinds}
         tokens = sum(map(len, ids))
+        say(f"{name}: {len(ids)} sequences, {tokens} tokens, made and tokenized in {time.perf_counter() - start:.1f} s")
+        engines = {}
+        for kind in kinds:
+            start = time.perf_counter()
+            engines[kind] = load_engine(kind, path, device, dtype, budget, args.max_seqs)
+            say(f"{name}: {kind} engine loaded in {time.perf_counter() - start:.1f} s")
+        warm_up(engines, ids, budget, args.max_seqs, device)
         seconds = embed_interleaved(engines, ids, budget, args.max_seqs, device)
+        say("", *header)
         for kind in kinds:
             rate = tokens / seconds[kind]
             speedup = f"{rate / (tokens / seconds['hf']):.2f}x" if "hf" in seconds else ""
-            lines.append(f"| {name} | {kind} | {len(ids)} | {tokens} | {seconds[kind]:.1f} | {rate:,.0f} | {speedup} |")
-            print(lines[-1], flush=True)
+            say(f"| {name} | {kind} | {len(ids)} | {tokens} | {seconds[kind]:.1f} | {rate:,.0f} | {speedup} |")
+        say("")
+        for kind in kinds:
             engine = engines[kind]
-            if gpu and kind == "native" and args.long and name.startswith("qwen35"):
-                notes.append(f"{name} native, one long sequence: {long_sequence(engine, args.long, device)}")
+            if args.device == "gpu" and kind == "native" and args.long and name.startswith("qwen35"):
+                say(f"- {name} native, one long sequence: {long_sequence(engine, args.long, device)}")
             if hasattr(engine, "stats_line"):
-                notes.append(f"{name} {kind}: {engine.stats_line()}")
+                say(f"- {name} {kind}: {engine.stats_line()}")
         if "native" in seconds and "native-variant" in seconds:
-            notes.append(f"{name}: batch invariance costs {seconds['native'] / seconds['native-variant'] - 1:+.1%} "
-                         "of native's time (native vs native-variant)")
+            say(f"- {name}: batch invariance costs {seconds['native'] / seconds['native-variant'] - 1:+.1%} "
+                "of native's time (native vs native-variant)")
         del engines
         gc.collect()
         if gpu:
             torch.cuda.empty_cache()
-    text = "\n".join(lines + [""] + [f"- {x}" for x in notes]) + "\n"
-    print("\n" + text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        Path(args.out).write_text("\n".join(OUTPUT) + "\n")
 
 
 if __name__ == "__main__":

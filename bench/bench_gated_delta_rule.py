@@ -1,21 +1,27 @@
-"""Benchmark our gated delta rule against fla-core and transformers' torch reference, same inputs.
+"""Benchmark our gated delta rule against fla-core on the same inputs, printing each row as it is measured.
 
 GPU (bfloat16, Qwen3.5-like shapes; fla-core installed beside, see docs/kernels/gated_delta_rule.md):
-    python bench/bench_gated_delta_rule.py --out bench/out/gated_delta_rule.md
+    python bench/bench_gated_delta_rule.py --out bench/out/gated_delta_rule.md [--fla-backend triton|flash_qla]
 CPU smoke run (tiny shapes; proves the script runs, its numbers mean nothing):
-    python bench/bench_gated_delta_rule.py --smoke --out bench/out/gated_delta_rule_smoke.md
-Compile report, no GPU needed (registers, spills, shared memory of each kernel for sm_90 per knob choice):
+    python bench/bench_gated_delta_rule.py --smoke
+Compile report, no GPU needed (the compile matrix's delta-rule rows: registers, spills, shared memory, blocks
+per SM and waves at these shapes, the walk's instructions per chunk):
     python bench/bench_gated_delta_rule.py --compile-report
 
-Prefill: time (median of triton.testing.do_bench, warm-up and compilation excluded), effective TFLOP/s
-and bytes under the models below, error against the torch reference. Decode: one token per sequence
-through the recurrent kernel, bandwidth achieved on the state bytes read and written, against peak.
+Prefill: time (median of triton.testing.do_bench, after a first call that compiles, timed apart), effective
+TFLOP/s and bytes under the models below, error against transformers' torch function (run once, untimed).
+Decode: one token per sequence through the recurrent kernel, bandwidth on the state bytes read and written,
+against peak. fla 0.6.0 runs FlashQLA (TileLang) instead of its Triton kernels when the `flash_qla` package
+imports; --fla-backend sets which one (FLA_FLASH_QLA, before fla is imported) and the report says which ran.
+About a minute on an H100 with the defaults (most of it our kernels' and fla's first compiles).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import math
+import os
 import platform
 import sys
 import time
@@ -25,9 +31,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from anywhere without installing
 from triton_kernels import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
-from triton_kernels._device import use_triton  # noqa: E402
+from triton_kernels._device import target_of, use_triton  # noqa: E402
 
 CHUNK = 64
 PEAK_HBM_BYTES_PER_S = {"H100 PCIe": 2.0e12, "H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
@@ -47,7 +54,8 @@ class Case:
 
     @property
     def label(self) -> str:
-        kind = "single" if len(self.lengths) == 1 else f"varlen x{len(self.lengths)}"
+        n = len(self.lengths)
+        kind = "single" if n == 1 else f"{n} x {self.lengths[0]}" if len(set(self.lengths)) == 1 else f"varlen x{n}"
         return f"H={self.H} HV={self.HV} K={self.K} V={self.V} T={self.tokens} {kind}"
 
     def flops(self) -> float:
@@ -83,6 +91,22 @@ def mixed_lengths(total: int, count: int, seed: int) -> tuple[int, ...]:
     return tuple(int(x) for x in lengths)
 
 
+def prefill_cases(smoke: bool, tokens: list[int] = ()) -> list[Case]:
+    """The prefill shapes: issue 36's table (the published anchor's 16/16 heads x 8 x 8,192; Qwen3.5-0.8B-like
+    16/32 heads at 16k tokens, one sequence and 64 mixed; 2/8 heads at 16k, one and 64), K = V = 128; plus,
+    for each of `tokens`, 16/32 and 2/8 heads as one sequence and as 64 mixed ones. The compile matrix
+    (tests/kernels/compile_matrix.py) compiles the same shapes."""
+    if smoke:
+        return [Case(2, 4, 32, 32, (256,)), Case(2, 4, 32, 32, mixed_lengths(256, 4, seed=256))]
+    cases = [Case(16, 16, 128, 128, (8192,) * 8),
+             Case(16, 32, 128, 128, (16384,)), Case(16, 32, 128, 128, mixed_lengths(16384, 64, seed=16384)),
+             Case(2, 8, 128, 128, (16384,)), Case(2, 8, 128, 128, mixed_lengths(16384, 64, seed=16384))]
+    for T in tokens:
+        cases += [Case(H, HV, 128, 128, lengths) for H, HV in ((16, 32), (2, 8))
+                  for lengths in ((T,), mixed_lengths(T, 64, seed=T))]
+    return cases
+
+
 def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     T = case.tokens
@@ -103,8 +127,29 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
 
 # --- the implementations, each called as fn(inputs) -> (o, final_state) ---------------------------
 
+_HOST_BOUNDS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id(cu_seqlens): (it, its host copy)
+
+
 def ours(inputs, **knobs):
-    return chunk_gated_delta_rule(**inputs, use_qk_l2norm_in_kernel=True, output_final_state=True, **knobs)
+    """Our chunked kernels, the sequence bounds also given in host memory (as the engine passes them: the
+    call then never waits for the GPU). The host copy is made once per cu_seqlens tensor, outside the timing."""
+    cu = inputs.get("cu_seqlens")
+    host = {}
+    if cu is not None:
+        if _HOST_BOUNDS.get(id(cu), (None,))[0] is not cu:
+            _HOST_BOUNDS[id(cu)] = (cu, cu.cpu())
+        host = {"cu_seqlens_cpu": _HOST_BOUNDS[id(cu)][1]}
+    return chunk_gated_delta_rule(**inputs, **host, use_qk_l2norm_in_kernel=True, output_final_state=True, **knobs)
+
+
+def walk_description(case: Case, device: str, **knobs) -> str:
+    """How our walk runs this case on this GPU: V block, segments (walk_layout.plan_walk)."""
+    from triton_kernels.gated_delta_rule.chunk import chunk_knobs
+    from triton_kernels.gated_delta_rule.walk_layout import plan_walk
+    row = chunk_knobs(torch.device(device), **knobs)
+    plan = plan_walk(list(case.lengths), case.HV, case.V, CHUNK, block_v=row.block_v, min_block_v=row.min_block_v,
+                     num_sms=target_of(torch.device(device)).num_sms)
+    return f"block_v {plan.block_v}" + (f", {plan.pieces} segments" if plan.pieces > 1 else "")
 
 
 def load_transformers_reference():
@@ -134,6 +179,27 @@ def make_transformers_fn(reference):
             states.append(s)
         return torch.cat(outs, dim=1), torch.cat(states)
     return run
+
+
+FLA_BACKENDS = {"triton": "0", "flash_qla": "1"}   # --fla-backend -> FLA_FLASH_QLA
+
+
+def set_fla_backend(backend: str) -> None:
+    """Choose fla's backend before fla is imported: FLA_FLASH_QLA=0 keeps its Triton kernels, 1 lets fla
+    dispatch to FlashQLA when the flash_qla package imports (fla 0.6.0: backends/flash_qla.py)."""
+    os.environ["FLA_FLASH_QLA"] = FLA_BACKENDS[backend]
+
+
+def fla_backend_line(fla_name: str, available: bool) -> str:
+    """Which fla the rows compare with, in words (the line both benchmarks print)."""
+    if not available:
+        return f"fla backend: none ({fla_name})"
+    qla = importlib.util.find_spec("flash_qla") is not None
+    flag = os.environ.get("FLA_FLASH_QLA", "unset")
+    if flag != "0" and qla:
+        return f"fla backend: FlashQLA (flash_qla installed, FLA_FLASH_QLA={flag}; {fla_name})"
+    why = "flash_qla not installed" if not qla else "flash_qla installed but disabled"
+    return f"fla backend: Triton path ({fla_name}; FLA_FLASH_QLA={flag}, {why})"
 
 
 def load_fla():
@@ -171,8 +237,18 @@ def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
 
 
+def first_call_s(fn, device: str) -> float:
+    """Seconds of the first call (Triton compiles, fla autotunes): the warm-up, reported apart."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
 def time_ms(fn, device: str) -> float:
-    fn()  # compile / autotune outside the timing
+    """Median ms of fn after warm-up (its first call is first_call_s's)."""
     if device == "cuda":
         from triton.testing import do_bench
         return do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -184,55 +260,71 @@ def time_ms(fn, device: str) -> float:
     return best * 1e3
 
 
+class Report:
+    """Markdown lines, each printed (and flushed) the moment it is known, kept for --out."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, *lines: str) -> None:
+        for line in lines:
+            self.lines.append(line)
+            print(line, flush=True)
+
+
 # --- the two benchmarks ---------------------------------------------------------------------------
 
-def bench_prefill(cases, device, dtype, torch_max_tokens, fla_chunk, block_vs):
+def bench_prefill(report: Report, cases, device, dtype, torch_max_tokens, fla_chunk, block_vs):
+    """One row per (case, implementation), printed when measured: fla first, so that each of our rows can say
+    its speed against it."""
     reference, ref_name = load_transformers_reference()
     hf = make_transformers_fn(reference) if reference else None
     elem = torch.finfo(dtype).bits // 8
-    rows = ["| shape | implementation | time (ms) | TFLOP/s | GB moved (model) | GB/s | rel. RMS vs torch ref "
-            "| speed vs fla |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    report("| shape | implementation | first call (s) | time (ms) | TFLOP/s | GB moved (model) | GB/s "
+           "| rel. RMS vs torch ref | speed vs fla |", "|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for case in cases:
         inputs = make_inputs(case, device, dtype)
-        o_ours, _ = ours(inputs)
+        impls = []
+        if fla_chunk is not None:   # fla's layout (native HV > H, or q and k repeated) chosen against our output
+            fn, name = make_fla_fn(fla_chunk, inputs, ours(inputs)[0])
+            impls.append((name, fn, case.min_bytes(elem)))
         if device == "cuda":
-            impls = [(f"ours (block_v={bv})", lambda inp, bv=bv: ours(inp, block_v=bv), case.our_bytes(elem))
-                     for bv in block_vs]
+            impls.append((f"ours ({walk_description(case, device)})", ours, case.our_bytes(elem)))
+            impls += [(f"ours (block_v {bv} fixed)", lambda inp, bv=bv: ours(inp, block_v=bv, min_block_v=bv),
+                       case.our_bytes(elem)) for bv in block_vs]
         else:
             where = "Triton interpreter" if use_triton(inputs["q"]) else "torch path"
-            impls = [(f"ours ({where})", ours, case.our_bytes(elem))]
-        if fla_chunk is not None:
-            fla_fn, fla_name = make_fla_fn(fla_chunk, inputs, o_ours)
-            impls.append((fla_name, fla_fn, case.min_bytes(elem)))
+            impls.append((f"ours ({where})", ours, case.our_bytes(elem)))
         o_ref = None
         if hf is not None and case.tokens <= torch_max_tokens:
-            o_ref, _ = hf(inputs)
-            impls.append((f"{ref_name} (torch)", hf, case.min_bytes(elem)))
-        results = []
+            o_ref = hf(inputs)[0]   # the error column's reference: run once, not timed
+        fla_ms = None
         for name, fn, nbytes in impls:
-            ms = time_ms(lambda: fn(inputs), device)
+            try:
+                warm = first_call_s(lambda: fn(inputs), device)
+                ms = time_ms(lambda: fn(inputs), device)
+            except Exception as exc:  # noqa: BLE001 - a failing implementation is its row's result
+                report(f"| {case.label} | {name} | failed: {type(exc).__name__}: {str(exc)[:80]} | | | | | | |")
+                continue
             err = f"{rel_rms(fn(inputs)[0], o_ref):.1e}" if o_ref is not None else "-"
-            results.append((name, ms, nbytes, err))
-        fla_ms = next((ms for name, ms, _, _ in results if name.startswith("fla")), None)
-        for name, ms, nbytes, err in results:
+            fla_ms = ms if name.startswith("fla") else fla_ms
             vs_fla = f"{fla_ms / ms:.2f}x" if fla_ms and not name.startswith("fla") else "-"
-            rows.append(f"| {case.label} | {name} | {ms:.3f} | {case.flops() / ms / 1e9:.3g} | "
-                        f"{nbytes / 1e9:.3f} | {nbytes / ms / 1e6:.0f} | {err} | {vs_fla} |")
-        if hf is not None and o_ref is None:
-            rows.append(f"| {case.label} | torch reference | skipped (> {torch_max_tokens} tokens) | | | | | |")
-        inputs = o_ours = o_ref = None   # freed before the next case is allocated
+            report(f"| {case.label} | {name} | {warm:.2f} | {ms:.3f} | {case.flops() / ms / 1e9:.3g} | "
+                   f"{nbytes / 1e9:.3f} | {nbytes / ms / 1e6:.0f} | {err} | {vs_fla} |")
+        inputs = o_ref = None   # freed before the next case is allocated
         if device == "cuda":
             torch.cuda.empty_cache()
-    return rows
 
 
-def bench_decode(cases, device, dtype, fla_recurrent, peak):
-    rows = ["| shape | implementation | time (us) | state GB/s | % of peak HBM |", "|---|---|---:|---:|---:|"]
+def bench_decode(report: Report, cases, device, dtype, fla_recurrent, peak):
+    report("| shape | implementation | first call (s) | time (us) | state GB/s | % of peak HBM |",
+           "|---|---|---:|---:|---:|---:|")
     for case in cases:
         N = len(case.lengths)
         inputs = make_inputs(case, device, dtype, seed=1)
         h0 = torch.randn(N, case.HV, case.K, case.V, device=device)
         state_bytes = 2 * case.state_bytes()  # read and written once
+
         def run_ours(inp=inputs):
             return fused_recurrent_gated_delta_rule(**inp, initial_state=h0, output_final_state=True,
                                                     use_qk_l2norm_in_kernel=True)
@@ -244,81 +336,21 @@ def bench_decode(cases, device, dtype, fla_recurrent, peak):
         label = f"H={case.H} HV={case.HV} K={case.K} V={case.V} decode N={N}"
         for name, fn in impls:
             try:
+                warm = first_call_s(fn, device)
                 ms = time_ms(fn, device)
             except Exception as exc:  # noqa: BLE001 - a peer failing on a shape is a result, not a crash
-                rows.append(f"| {label} | {name} | failed: {type(exc).__name__} | | |")
+                report(f"| {label} | {name} | failed: {type(exc).__name__} | | | |")
                 continue
             gbps = state_bytes / ms / 1e6
             pct = f"{100 * gbps * 1e9 / peak:.0f}%" if peak else "-"
-            rows.append(f"| {label} | {name} | {ms * 1e3:.1f} | {gbps:.0f} | {pct} |")
-    return rows
+            report(f"| {label} | {name} | {warm:.2f} | {ms * 1e3:.1f} | {gbps:.0f} | {pct} |")
 
 
-def compile_report(arch: int) -> list[str]:
-    """Compile the kernels for `arch` (e.g. 90) without a GPU and report their resources: a spill
-    (local-memory stack) in the sequential walk is the first thing to rule out when tuning knobs."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from triton_kernels.gated_delta_rule import chunk, fused_recurrent
-
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    fp32_args = {"g", "gamma", "q_scale", "k_scale", "h0", "ht"}
-    int_args = {"chunk_bounds", "seq_bounds", "seq_ranges", "seq_order"}
-
-    def build(kernel, dt, consts, num_warps, num_stages):
-        constexpr_names = {kernel.arg_names[i] for i in kernel.constexprs}
-        sig = {}
-        for name in kernel.arg_names:
-            if name in constexpr_names:
-                sig[name] = "constexpr"
-            elif name == "scale":
-                sig[name] = "fp32"
-            else:
-                sig[name] = "*fp32" if name in fp32_args else "*i32" if name in int_args else f"*{dt}"
-        # Real launches specialise 16-byte-aligned pointers; without it nothing vectorises.
-        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
-        compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
-                                  target=GPUTarget("cuda", arch, 32),
-                                  options=dict(num_warps=num_warps, num_stages=num_stages))
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(compiled.asm["cubin"])
-        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-        os.unlink(f.name)
-        m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S)
-        return (m.group(1), m.group(2)) if m else ("?", "?"), compiled.metadata.shared
-
-    rows = ["| kernel | dtype | K=V | knobs | registers | spill stack (B) | shared (KB) |",
-            "|---|---|---|---|---:|---:|---:|"]
-    for dt in ("bf16", "fp32"):
-        prec = "ieee" if dt == "fp32" else "tf32"
-        for D in (128, 64):
-            for nw in (4, 8):
-                consts = dict(H=2, HV=8, K=D, V=D, BT=64, BK=D, BVALL=D, USE_L2NORM=True, DOT_PREC=prec)
-                (regs, stack), shared = build(chunk._chunk_prep_kernel, dt, consts, nw, 1)
-                rows.append(f"| prep | {dt} | {D} | prep_num_warps={nw} | {regs} | {stack} | {shared / 1024:.0f} |")
-            for bv, nw, ns in ((64, 4, 2), (32, 4, 2), (64, 8, 2), (64, 4, 1), (128, 8, 2)):
-                if bv > D:
-                    continue
-                consts = dict(H=2, HV=8, K=D, V=D, BT=64, BK=D, BV=bv, NV=D // bv, USE_H0=True, STORE_HT=True,
-                              DOT_PREC=prec, USE_U=True, WRITE_O=True)
-                (regs, stack), shared = build(chunk._chunk_walk_kernel, dt, consts, nw, ns)
-                rows.append(f"| walk | {dt} | {D} | block_v={bv} num_warps={nw} num_stages={ns} | {regs} | {stack} "
-                            f"| {shared / 1024:.0f} |")
-            if dt != "fp32":
-                for bv, nw in ((32, 4), (16, 4), (32, 2)):
-                    consts = dict(H=2, HV=8, K=D, V=D, BK=D, BV=bv, NV=D // bv, USE_L2NORM=True, USE_H0=True,
-                                  STORE_HT=True)
-                    (regs, stack), shared = build(fused_recurrent._recurrent_kernel, dt, consts, nw, 1)
-                    rows.append(f"| recurrent | {dt} | {D} | block_v={bv} num_warps={nw} | {regs} | {stack} "
-                                f"| {shared / 1024:.0f} |")
-    return rows
+def compile_report() -> int:
+    """The compile matrix's delta-rule rows (engine and bench shapes), for sm_80 and sm_90: registers,
+    spills, shared memory, blocks per SM, waves, and the walk's instructions per chunk. No GPU needed."""
+    from tests.kernels import compile_matrix
+    return compile_matrix.main(["--only", "delta"])
 
 
 def peak_bandwidth(device: str, override_tbps: float | None) -> float | None:
@@ -334,67 +366,57 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script, not speed")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384, 65536])
-    parser.add_argument("--torch-max-tokens", type=int, default=65536,
-                        help="skip transformers' torch reference above this many tokens (it is slow)")
+    parser.add_argument("--tokens", type=int, nargs="*", default=[],
+                        help="extra prefill sizes: 16/32 and 2/8 heads, one sequence and 64, at each token count")
+    parser.add_argument("--torch-max-tokens", type=int, default=16384,
+                        help="transformers' torch reference (the error column, run once) up to this many tokens")
     parser.add_argument("--peak-tbps", type=float, help="peak HBM bandwidth in TB/s (default: from the GPU name)")
-    parser.add_argument("--block-v", type=int, nargs="+", default=[64, 32],
-                        help="walk-kernel block_v values to time ours with (one row each)")
+    parser.add_argument("--block-v", type=int, nargs="*", default=[],
+                        help="also time ours with the walk's block_v fixed at each of these (one row each)")
+    parser.add_argument("--fla-backend", choices=sorted(FLA_BACKENDS), default="triton",
+                        help="fla-core's implementation to compare with: its Triton kernels (default) or FlashQLA")
     parser.add_argument("--compile-report", action="store_true",
-                        help="no GPU needed: compile the kernels for --arch and report registers / spills")
-    parser.add_argument("--arch", type=int, default=90, help="compute capability for --compile-report")
+                        help="no GPU needed: the compile matrix's delta-rule rows (sm_80 and sm_90)")
     args = parser.parse_args(argv)
 
     if args.compile_report:
-        report = "\n".join([f"# Gated delta rule kernels compiled for sm_{args.arch} (H=2, HV=8, l2norm)", "",
-                            *compile_report(args.arch), ""])
-        print(report)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(report)
-        return 0
+        return compile_report()
 
     if args.smoke:
         torch.set_num_threads(1)  # tiny tensors: on a busy CPU, thread synchronisation dominates
         device, dtype = "cpu", torch.float32
-        heads, tokens, varlen_seqs, decode_seqs = [(2, 4, 32, 32)], [256], 4, [8]
+        heads, decode_seqs = [(2, 4, 32, 32)], [8]
     else:
         if not torch.cuda.is_available():
             parser.error("no CUDA GPU: run on a GPU machine, or pass --smoke for a CPU check of the script")
         device, dtype = "cuda", torch.bfloat16
-        heads, tokens, varlen_seqs, decode_seqs = [(16, 32, 128, 128), (2, 8, 128, 128)], args.tokens, 64, [64, 1024]
-
-    cases = [Case(H, HV, K, V, lengths) for H, HV, K, V in heads for T in tokens
-             for lengths in ((T,), mixed_lengths(T, varlen_seqs, seed=T))]
-    if not args.smoke:   # the published anchor's shape (docs/BENCHMARKS.md): Qwen3.5-0.8B's heads, 8 x 8,192 tokens
-        cases.append(Case(16, 16, 128, 128, (8192,) * 8))
+        heads, decode_seqs = [(16, 32, 128, 128), (2, 8, 128, 128)], [64, 1024]
+    set_fla_backend(args.fla_backend)
+    cases = prefill_cases(args.smoke, args.tokens)
     decode_cases = [Case(H, HV, K, V, (1,) * N) for H, HV, K, V in heads for N in decode_seqs]
-    fla_chunk, fla_recurrent, fla_name = load_fla() if device == "cuda" else (None, None, "fla-core: GPU only")
+    fla_chunk, fla_recurrent, fla_name = load_fla() if device == "cuda" else (None, None, "GPU only")
     peak = peak_bandwidth(device, args.peak_tbps)
 
     import triton
+    report = Report()
     peak_text = f"peak {peak / 1e12:.2f} TB/s" if peak else "peak unknown"
     where = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
-    title = ("SMOKE RUN on CPU: tiny shapes, float32, numbers are meaningless" if args.smoke
-             else "Gated delta rule, bfloat16")
-    lines = [f"# {title}", "",
-             f"Device: {where}; torch {torch.__version__}, triton {triton.__version__}; {fla_name}.", "",
-             "## Prefill (chunk_gated_delta_rule, l2norm in kernel, final state out)", "",
-             *bench_prefill(cases, device, dtype, args.torch_max_tokens, fla_chunk,
-                            args.block_v), "",
-             f"TFLOP/s: {Case.flops.__doc__.split(':', 1)[1].strip()} (chunk C = {CHUNK}).",
-             "GB moved: ours under our kernels' traffic model (see Case.our_bytes); peers under the minimum any "
-             "implementation must move (inputs, output, final state), so their GB/s is a lower bound.",
-             "Speed vs fla: fla's time / this row's time (> 1 means faster than fla).", "",
-             "## Decode step (fused_recurrent_gated_delta_rule, one token per sequence)", "",
-             *bench_decode(decode_cases, device, dtype, fla_recurrent, peak), "",
-             f"State GB/s: fp32 state read + written once ({peak_text}).",
-             ""]
-    report = "\n".join(lines)
-    print(report)
+    title = "SMOKE RUN on CPU: tiny shapes, float32, numbers are meaningless" if args.smoke else "Gated delta rule, bf16"
+    report(f"# {title}", "", f"Device: {where}; torch {torch.__version__}, triton {triton.__version__}.",
+           fla_backend_line(fla_name, fla_chunk is not None) + ".", "",
+           "## Prefill (chunk_gated_delta_rule, l2norm in kernel, final state out)", "")
+    bench_prefill(report, cases, device, dtype, args.torch_max_tokens, fla_chunk, args.block_v)
+    report("", f"TFLOP/s: {Case.flops.__doc__.split(':', 1)[1].strip()} (chunk C = {CHUNK}).",
+           "GB moved: ours under our kernels' traffic model (see Case.our_bytes); peers under the minimum any "
+           "implementation must move (inputs, output, final state), so their GB/s is a lower bound.",
+           "First call: seconds of the first call (compiles, autotuning), not in the time column. "
+           "Speed vs fla: fla's time / this row's time (> 1: faster than fla).", "",
+           "## Decode step (fused_recurrent_gated_delta_rule, one token per sequence)", "")
+    bench_decode(report, decode_cases, device, dtype, fla_recurrent, peak)
+    report("", f"State GB/s: fp32 state read + written once ({peak_text}).", "")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+        args.out.write_text("\n".join(report.lines))
     return 0
 
 

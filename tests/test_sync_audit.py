@@ -194,3 +194,51 @@ def test_a_generate_step_reads_back_its_tokens_only(checkpoints, path, sampling)
     assert [(e.kind, e.where.split(":")[0]) for e in audit.syncs] == [("tolist", "pipeline/engine/sampler.py")] * steps, \
         describe(audit.syncs)
     assert [(g.token_ids, g.finish_reason) for g in got] == [(g.token_ids, g.finish_reason) for g in want]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("path", PATHS, ids=[p[0] for p in PATHS])
+def test_a_qwen35_step_runs_the_delta_rule_without_a_sync(tmp_path, monkeypatch, path):
+    """A Qwen3.5 embed batch (delta-rule layers and gated attention), steps of at most 128 tokens so that the
+    200-token sequence is prefilled in two steps, the second from its stored state; the walk cut into
+    segments of 64 tokens (forced), so the segment chaining runs on the device: no sync from the batch's
+    first copy to the device to its last copy back. On the Triton path the delta rule reads the sequences'
+    bounds from the host's copy (cu_seqlens_cpu). The causal conv reads its tables back on purpose when its
+    tensors are on the CPU (its checks, which a GPU call skips: triton_kernels/causal_conv/kernel.py), so
+    on a CPU device those reads are left out of the count."""
+    from tests.tiny_checkpoints import write_tiny
+    from triton_kernels.gated_delta_rule import chunk as chunk_module, walk_layout
+
+    _, device, kernels = path
+    monkeypatch.setattr(walk_layout, "walk_segment_tokens", lambda *args: 64)
+    segmented, continued = [], []
+    walk = chunk_module._segmented_walk
+    monkeypatch.setattr(chunk_module, "_segmented_walk", lambda *a, **k: segmented.append(1) or walk(*a, **k))
+    import pipeline.models.layers.gated_deltanet as gdn
+    chunked = gdn.chunk_gated_delta_rule
+    monkeypatch.setattr(gdn, "chunk_gated_delta_rule",
+                        lambda *a, **k: continued.append(k["initial_state"] is not None) or chunked(*a, **k))
+    engine = NativeEngine.load(str(write_tiny("qwen3_5", tmp_path / "q")), device, torch.float32, "",
+                               max_tokens_per_step=128, **({"kernels": kernels} if kernels else {}))
+    task = make_task(RunConfig(fasta=["x"], out="o", task="embed", pools=["mean"]), engine.info, None)
+    tokenizer = SequenceTokenizer(engine.tokenizer)
+    task.prepare(tokenizer)
+    residues = np.random.default_rng(5).choice(list("ACDEFGHIKLMNPQRSTVWY"), 280)
+    toks = tokenizer.encode(["".join(residues[:198]), "".join(residues[198:258]), "".join(residues[258:])])
+    keys = np.arange(len(toks))
+    want = task.run(engine, toks, keys)   # the warm-up batch
+    segmented.clear()
+    continued.clear()
+    with SyncAudit(device, torch_kernels=kernels is None) as audit:
+        pending = task.launch(engine, toks, keys)
+        launched = audit.take()
+        got = pending.result()
+        finished = audit.take()
+    cpu_checks = "triton_kernels/causal_conv/layout.py" if device.type == "cpu" else None
+    syncs = [e for e in launched if e.kind in SYNC_KINDS and not (cpu_checks and e.where.startswith(cpu_checks))]
+    assert syncs == [], describe(syncs)
+    assert [e.kind for e in finished] == ["wait"], describe(finished)
+    assert any(continued) and not all(continued)   # a step continued a stored state, another started afresh
+    assert bool(segmented) == (kernels == "triton")   # the Triton path walked in segments, chained on the device
+    for name, value in want.columns.items():
+        assert np.allclose(value, got.columns[name], rtol=1e-5, atol=1e-6), name

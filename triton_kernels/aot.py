@@ -3,8 +3,9 @@
 `compile_spec` turns a launch recorded by `_launch.dry_run` into plain data (kernel by module and name,
 signature, constexprs, alignment attributes, num_warps, num_stages, compute capability), specialised
 the way Triton's JIT specialises a real launch of the same arguments; `compile_and_measure` compiles it
-with `triton.compile` and reads the cubin's registers, spill stack and shared memory. Needs triton
-compiled mode: not under TRITON_INTERPRET=1, which makes triton.jit build interpreted functions.
+with `triton.compile` and reads the cubin's registers, spill stack and shared memory; `cubin_sass` prints
+its machine code. Needs triton compiled mode: not under TRITON_INTERPRET=1, which makes triton.jit build
+interpreted functions.
 """
 from __future__ import annotations
 
@@ -75,34 +76,48 @@ def compile_spec(launch: Launch, arch: int) -> CompileSpec:
                        launch.num_warps, launch.num_stages, arch)
 
 
-def compile_and_measure(spec: CompileSpec) -> Resources:
-    """Compile `spec` (through Triton's cache) and read what the cubin uses."""
+def compile_kernel(spec: CompileSpec):
+    """Compile `spec` through Triton's cache: the CompiledKernel (asm["cubin"], metadata)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
 
-    start = time.perf_counter()
     fn = getattr(importlib.import_module(spec.module), spec.kernel)
     target = GPUTarget("cuda", spec.arch, 32)
     backend = make_backend(target)
     src = ASTSource(fn, dict(spec.signature), {(i,): v for i, v in spec.constexprs},
                     {(i,): backend.parse_attr(a) for i, a in spec.attrs})
-    compiled = triton.compile(src, target=target, options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+    return triton.compile(src, target=target, options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+
+
+def compile_and_measure(spec: CompileSpec) -> Resources:
+    """Compile `spec` (through Triton's cache) and read what the cubin uses."""
+    start = time.perf_counter()
+    compiled = compile_kernel(spec)
     registers, stack = _cubin_usage(compiled.asm["cubin"], spec.kernel)
     return Resources(registers, stack, compiled.metadata.shared, time.perf_counter() - start)
 
 
+def cubin_sass(cubin: bytes) -> str:
+    """The cubin's machine code as `cuobjdump -sass` prints it (one instruction a line, with its address)."""
+    return _cuobjdump(cubin, "-sass")
+
+
 def _cubin_usage(cubin: bytes, name: str) -> tuple[int, int]:
     """(registers, stack bytes) of kernel `name`, from `cuobjdump --dump-resource-usage` (shipped with triton)."""
+    report = _cuobjdump(cubin, "--dump-resource-usage")
+    m = re.search(rf"Function {re.escape(name)}:\s*REG:(\d+) STACK:(\d+)", report)
+    if m is None:
+        raise RuntimeError(f"no resource usage for {name} in cuobjdump's report:\n{report}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _cuobjdump(cubin: bytes, option: str) -> str:
+    """cuobjdump (shipped with triton) run on the cubin with `option`: its output."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        report = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                                check=True).stdout
-    m = re.search(rf"Function {re.escape(name)}:\s*REG:(\d+) STACK:(\d+)", report)
-    if m is None:
-        raise RuntimeError(f"no resource usage for {name} in cuobjdump's report:\n{report}")
-    return int(m.group(1)), int(m.group(2))
+        return subprocess.run([tool, option, f.name], capture_output=True, text=True, check=True).stdout

@@ -16,12 +16,17 @@ from ._launch import GpuTarget
 
 @dataclass(frozen=True)
 class DeltaRuleChunkKnobs:
-    """Chunked delta rule (prefill): the walk's block_v / num_warps / num_stages, the prep kernel's warps."""
+    """Chunked delta rule (prefill): the walk's block_v / num_warps / num_stages, the prep kernel's warps.
+
+    block_v is the walk's widest V block; min_block_v the narrowest it takes when its programs would leave
+    SMs idle (few sequences x value heads), before it cuts sequences into segments
+    (gated_delta_rule/walk_layout.plan_walk)."""
 
     block_v: int
     num_warps: int
     num_stages: int
     prep_num_warps: int
+    min_block_v: int
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,10 @@ TABLE: dict[int, LaunchRow] = {
     # tiles compile at 186 / 193 on sm_80, 175 / 162 on sm_90 (bias_tile_keys).
     # The delta rule's prep kernel: 8 warps on both, clean under Triton 3.6 and 3.9 since its A stage reads
     # its keys again (3.6 spilled 8 B on sm_80 before; 56 B in 4 warps, 992 B in 16; no stage count helped).
+    # The walk's min_block_v 16 on both (issue 36): few sequences x value heads walk in blocks of 32 or 16
+    # before any sequence is cut into segments. Compiled clean (Triton 3.9): block_v 16 on sm_90 in 2 stages
+    # at 116-126 registers and 120 KiB of shared memory (one block an SM, as at 64: the q, k, w, p tiles fill
+    # it whatever the V block), on sm_80 in 1 stage at 200 registers and 46 KiB (two an SM, by registers).
     # ESM's fused kernels (32k-token steps of ESM-2 650M and 3B): the rotary pass and add + norm are streams of
     # a few elements per thread (44-48 and 32-42 registers). The linear + GELU product: 128 x 128 output tiles,
     # K steps of 64, 8 warps, 3 stages (HGMMA with cp.async on sm_90: 123-125 registers, 96 KiB of shared
@@ -129,7 +138,7 @@ TABLE: dict[int, LaunchRow] = {
     # epilogue ran ESM-2 650M's fc1 (32k x 1,280 -> 5,120) in 0.947 ms (454 TFLOP/s; 128 x 256 tiles 0.900 ms),
     # cuBLAS in 0.681 ms (630 TFLOP/s) plus 0.233 ms for the GELU pass: 0.892 ms, and a whole step in 90.5 ms
     # against 95.0. Not measured on an A100: cuBLAS there too until it is.
-    80: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=32, num_warps=4, num_stages=1, prep_num_warps=8),
+    80: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=32, num_warps=4, num_stages=1, prep_num_warps=8, min_block_v=16),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
                                            rows_for_8_warps_wide=64, bias_tile_keys=32),
@@ -137,7 +146,7 @@ TABLE: dict[int, LaunchRow] = {
                   rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
                                  epilogue_gelu=False)),
-    90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8),
+    90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8, min_block_v=16),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
                                            rows_for_8_warps_wide=128, bias_tile_keys=32),

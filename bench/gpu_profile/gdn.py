@@ -18,7 +18,8 @@ from .report import Report  # noqa: E402
 from .setting import Setting  # noqa: E402
 from .timing import bench_ms, profile, short  # noqa: E402
 
-VARIANTS = {"prep_num_warps=4": dict(prep_num_warps=4), "block_v=32": dict(block_v=32), "num_stages=1": dict(num_stages=1)}
+VARIANTS = {"prep_num_warps=4": dict(prep_num_warps=4), "block_v=32": dict(block_v=32, min_block_v=32),  # fixed
+            "num_stages=1": dict(num_stages=1)}
 PROFILED_RUNS = 5   # calls per profile on the GPU (1 in --smoke)
 
 

@@ -3,9 +3,13 @@ compiled ahead of time for A100 (sm_80) and H100 (sm_90) in bfloat16 and float16
 
 Each case calls a public op on `meta` tensors inside `dry_run(target)`, so the launches (grid, knobs,
 constexprs, argument types) are the ones the op's own launch code picks for that GPU; identical
-specialisations are compiled once, in parallel over the CPU cores, through Triton's cache.
+specialisations are compiled once, in parallel over the CPU cores, through Triton's cache. Each row reads
+registers, spills and shared memory from the cubin, then how many blocks an SM holds and in how many waves
+the grid runs (sm_model.py); the delta rule's walk also gets the instructions of one chunk, from its SASS.
+The delta rule runs at the engine's shapes and at bench_gated_delta_rule.py's (issue 36).
 
-    python -m tests.kernels.compile_matrix [--json OUT]    # prints the table (not under TRITON_INTERPRET=1)
+    python -m tests.kernels.compile_matrix [--json OUT] [--only TEXT]   # prints the tables (not under
+                                                                         # TRITON_INTERPRET=1)
 """
 from __future__ import annotations
 
@@ -26,9 +30,14 @@ from triton_kernels.linear_gelu import linear_gelu
 from triton_kernels.paged_attention import varlen_attention
 from triton_kernels.rotary import rotate_qk_
 from triton_kernels._launch import A100, H100, Launch, dry_run
-from triton_kernels.aot import SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_spec
+from triton_kernels.aot import (SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_kernel,
+                                compile_spec, cubin_sass)
+
+from tests.kernels.sm_model import blocks_per_sm, kernel_counts, loop_counts, waves
 
 TARGETS = (A100, H100)
+SMS = {target.arch: target.num_sms for target in TARGETS}
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 META = torch.device("meta")
 PAGE_SIZE = 16
@@ -59,14 +68,36 @@ def _empty(*shape, dtype):
     return torch.empty(*shape, dtype=dtype, device=META)
 
 
-def delta_prefill(dtype, num_seqs: int, seq_len: int, continues: bool, keeps_state: bool) -> None:
-    H, HV, D = DELTA_HEADS, DELTA_V_HEADS, DELTA_DIM
+def delta_prefill(dtype, num_seqs: int, seq_len: int, continues: bool, keeps_state: bool,
+                  heads: int | None = None) -> None:
+    """A prefill at Qwen3.5-0.8B's delta-rule shapes (`heads`: that many key and value heads instead)."""
+    H, HV, D = heads or DELTA_HEADS, heads or DELTA_V_HEADS, DELTA_DIM
     q, k = _empty(num_seqs, seq_len, H, D, dtype=dtype), _empty(num_seqs, seq_len, H, D, dtype=dtype)
     v = _empty(num_seqs, seq_len, HV, D, dtype=dtype)
     g, beta = _empty(num_seqs, seq_len, HV, dtype=torch.float32), _empty(num_seqs, seq_len, HV, dtype=dtype)
     h0 = _empty(num_seqs, HV, D, D, dtype=torch.float32) if continues else None
     chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=keeps_state,
                            use_qk_l2norm_in_kernel=True, chunk_size=64)
+
+
+def delta_bench_prefill(dtype, H: int, HV: int, D: int, lengths: tuple[int, ...]) -> None:
+    """One call as bench_gated_delta_rule.py makes it: sequences packed with cu_seqlens (their bounds also in
+    host memory, as the engine passes them: meta tensors have no values), final states out."""
+    T = sum(lengths)
+    q, k = _empty(1, T, H, D, dtype=dtype), _empty(1, T, H, D, dtype=dtype)
+    v = _empty(1, T, HV, D, dtype=dtype)
+    g, beta = _empty(1, T, HV, dtype=torch.float32), _empty(1, T, HV, dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]) if len(lengths) > 1 else None
+    chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True, chunk_size=64,
+                           cu_seqlens=None if cu is None else _empty(len(lengths) + 1, dtype=torch.int32),
+                           cu_seqlens_cpu=cu)
+
+
+def bench_cases() -> list:
+    """bench_gated_delta_rule.py's prefill shapes (bench/ is not a package: its folder goes on the path)."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from bench_gated_delta_rule import prefill_cases
+    return prefill_cases(smoke=False)
 
 
 def delta_decode(dtype, num_seqs: int) -> None:
@@ -150,12 +181,19 @@ def cases() -> list[tuple[str, object]]:
         ("... 8 x 4k continuing, state kept", lambda dt: delta_prefill(dt, 8, 4096, continues=True, keeps_state=True)),
         ("... 8 x 4k continuing, last chunk", lambda dt: delta_prefill(dt, 8, 4096, continues=True, keeps_state=False)),
         (f"... 1 x {LONG // 1024}k prefill", lambda dt: delta_prefill(dt, 1, LONG, continues=False, keeps_state=False)),
+        # Few heads: the walk cut into segments (local states, transitions from the identity, outputs).
+        (f"... 2 value heads, 1 x {2 * LONG // 1024}k continuing (segmented)",
+         lambda dt: delta_prefill(dt, 1, 2 * LONG, continues=True, keeps_state=True, heads=2)),
         ("... decode 256 sequences", lambda dt: delta_decode(dt, 256)),
         (f"conv C={CONV_CHANNELS}: 8 x 4k prefill", lambda dt: conv_step(dt, 8, 4096, windows=False)),
         ("... 8 x 4k, windows kept", lambda dt: conv_step(dt, 8, 4096, windows=True)),
         (f"... 1 x {LONG // 1024}k prefill", lambda dt: conv_step(dt, 1, LONG, windows=False)),
         ("... decode 256 sequences", lambda dt: conv_step(dt, 256, 1, windows=True)),
     ]
+    for case in bench_cases():
+        n = len(case.lengths)
+        label = f"bench delta H={case.H} HV={case.HV}: {case.tokens // 1024}k tokens in {n} seq{'s' * (n > 1)}"
+        out.append((label, lambda dt, c=case: delta_bench_prefill(dt, c.H, c.HV, c.K, c.lengths)))
     for model in (ESM2_650M, ESM2_3B):
         out.append((f"{model.name} layer ({ENCODER_TOKENS // 1024}k tokens)", lambda dt, m=model: encoder_layer(dt, m)))
     for model in (QWEN35_ATTENTION, ESM2, LLAMA8B, PROTT5, ANKH_LARGE):
@@ -176,19 +214,28 @@ class Row:
     arch: int
     grid: tuple[int, ...]
     knobs: str
+    num_warps: int
 
 
-def plan() -> tuple[list[Row], list[CompileSpec]]:
-    """Every (case, dtype, target) launch as a table row, and the spec each row compiles."""
+def plan(only: str | None = None) -> tuple[list[Row], list[CompileSpec]]:
+    """Every (case, dtype, target) launch as a table row, and the spec each row compiles; `only`: the cases
+    whose label holds this text (a case labelled "..." continues the one above: it goes with it)."""
     rows, specs = [], []
+    chosen, keep = [], False
+    for shape, make in cases():
+        keep = keep if shape.startswith("...") else (only is None or only in shape)
+        if keep:
+            chosen.append((shape, make))
     for target in TARGETS:
         for dt_name, dtype in DTYPES.items():
-            for shape, make in cases():
+            for shape, make in chosen:
+                if shape.startswith("bench") and dt_name != "bf16":
+                    continue   # the benchmark runs bfloat16 only
                 with dry_run(target) as launches:
                     make(dtype)
                 for launch in launches:
                     rows.append(Row(launch.kernel.fn.__name__.strip("_"), shape, dt_name, target.arch, launch.grid,
-                                    _knobs(launch)))
+                                    _knobs(launch), launch.num_warps))
                     specs.append(compile_spec(launch, target.arch))
     return rows, specs
 
@@ -200,42 +247,86 @@ def _knobs(launch: Launch) -> str:
     if launch.constexprs.get("HAS_BIAS") and "HALF" in launch.constexprs:   # T5's bias in attention
         shown.append(f"+bias/{2 * launch.constexprs['HALF']}")
     for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o"),
-                          ("CONTIGUOUS_KV", "contiguous"), ("HAS_Y", "add")):
+                          ("H0_IDENTITY", "eye"), ("CONTIGUOUS_KV", "contiguous"), ("HAS_Y", "add")):
         if flag in launch.constexprs:
             shown.append(("+" if launch.constexprs[flag] else "-") + meaning)
     return " ".join(shown + [f"w{launch.num_warps}", f"s{launch.num_stages}"])
 
 
-def compile_all(specs: list[CompileSpec], workers: int) -> dict[CompileSpec, Resources]:
+# Kernels whose instructions the report counts from their SASS: the walk's main loop (what one chunk chains), the
+# prep kernel whole (one chunk's intra-chunk algebra).
+LOOP_KERNELS = ("_chunk_walk_kernel",)
+WHOLE_KERNELS = ("_chunk_prep_kernel",)
+
+
+def measure(spec: CompileSpec) -> tuple[Resources, dict | None]:
+    """Resources of the compiled spec, and its counted instructions (LOOP_KERNELS, WHOLE_KERNELS), else None."""
+    found = compile_and_measure(spec)
+    if spec.kernel not in LOOP_KERNELS + WHOLE_KERNELS:
+        return found, None
+    sass = cubin_sass(compile_kernel(spec).asm["cubin"])   # (the compile is cached)
+    return found, loop_counts(sass) if spec.kernel in LOOP_KERNELS else kernel_counts(sass)
+
+
+def compile_all(specs: list[CompileSpec], workers: int) -> dict[CompileSpec, tuple[Resources, dict | None]]:
     """Each distinct spec compiled once, over `workers` processes, longest kernels first."""
     unique = sorted(set(specs), key=lambda s: (s.kernel != "_chunk_prep_kernel", s.kernel, s.arch))
     if workers <= 1:
-        return {s: compile_and_measure(s) for s in unique}
+        return {s: measure(s) for s in unique}
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        return dict(zip(unique, pool.map(compile_and_measure, unique)))
+        return dict(zip(unique, pool.map(measure, unique)))
 
 
-def table(rows: list[Row], specs: list[CompileSpec], found: dict[CompileSpec, Resources]) -> list[str]:
-    lines = ["| kernel | shape | dtype | arch | grid | knobs | registers | spills (B) | shared (B) |",
-             "|---|---|---|---|---|---|---:|---:|---:|"]
+def occupancy(row: Row, r: Resources) -> tuple[int, str, int]:
+    """(blocks per SM, what limits them, waves of the row's grid) on its GPU."""
+    per_sm, limiter = blocks_per_sm(row.arch, r.registers, row.num_warps, r.shared_bytes)
+    programs = 1
+    for n in row.grid:
+        programs *= n
+    return per_sm, limiter, waves(programs, SMS[row.arch], per_sm)
+
+
+def table(rows: list[Row], specs: list[CompileSpec], found: dict) -> list[str]:
+    lines = ["| kernel | shape | dtype | arch | grid | knobs | registers | spills (B) | shared (B) | blocks/SM "
+             "| waves |", "|---|---|---|---|---|---|---:|---:|---:|---:|---:|"]
     for row, spec in zip(rows, specs):
-        r = found[spec]
+        r = found[spec][0]
+        per_sm, limiter, n = occupancy(row, r)
         grid = " x ".join(map(str, row.grid))
         lines.append(f"| {row.kernel} | {row.shape} | {row.dtype} | sm_{row.arch} | {grid} | {row.knobs} | "
-                     f"{r.registers} | {r.spill_bytes} | {r.shared_bytes} |")
+                     f"{r.registers} | {r.spill_bytes} | {r.shared_bytes} | {per_sm} ({limiter}) | {n} |")
     return lines
 
 
-def problems(rows: list[Row], specs: list[CompileSpec], found: dict[CompileSpec, Resources]) -> list[str]:
+def loop_table(rows: list[Row], specs: list[CompileSpec], found: dict) -> list[str]:
+    """One line per distinct compiled kernel whose instructions are counted (see measure), by kind."""
+    from tests.kernels.sm_model import SASS_KINDS
+    kinds = [*SASS_KINDS, "instructions"]
+    lines = [f"| kernel | first shape | dtype | arch | knobs | {' | '.join(kinds)} |",
+             "|---|---|---|---|---|" + "---:|" * len(kinds)]
+    seen = set()
+    for row, spec in zip(rows, specs):
+        counts = found[spec][1]
+        if counts is None or spec in seen:
+            continue
+        seen.add(spec)
+        lines.append(f"| {row.kernel} | {row.shape} | {row.dtype} | sm_{row.arch} | {row.knobs} | "
+                     f"{' | '.join(str(counts[k]) for k in kinds)} |")
+    return lines
+
+
+def problems(rows: list[Row], specs: list[CompileSpec], found: dict) -> list[str]:
     out = []
     for row, spec in zip(rows, specs):
-        r = found[spec]
+        r = found[spec][0]
         where = f"{row.kernel} [{row.shape}] {row.dtype} sm_{row.arch} ({row.knobs})"
         if r.spill_bytes:
             out.append(f"{where} spills {r.spill_bytes} B at {r.registers} registers")
         if r.shared_bytes > SHARED_MEMORY_PER_BLOCK[row.arch]:
             out.append(f"{where} needs {r.shared_bytes} B of shared memory, over sm_{row.arch}'s "
                        f"{SHARED_MEMORY_PER_BLOCK[row.arch]}")
+        if spec.kernel in LOOP_KERNELS and found[spec][1] is None:
+            out.append(f"{where}: no loop found in its SASS")
     return out
 
 
@@ -243,29 +334,38 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write rows, resources and timings here")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--only", help="just the cases whose label holds this text (e.g. 'delta')")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
     start = time.perf_counter()
-    rows, specs = plan()
+    rows, specs = plan(args.only)
     planned = time.perf_counter()
     found = compile_all(specs, args.workers)
     done = time.perf_counter()
     import triton
     print(f"# {len(rows)} launches, {len(found)} distinct compiles, triton {triton.__version__}: planned in "
           f"{planned - start:.1f} s, compiled in {done - planned:.1f} s over {args.workers} process(es) "
-          f"(compile seconds summed: {sum(r.seconds for r in found.values()):.1f})")
+          f"(compile seconds summed: {sum(r.seconds for r, _ in found.values()):.1f})")
     print("\n".join(table(rows, specs, found)))
+    print(f"\n# Instructions by kind, from the SASS: the main loop of {', '.join(LOOP_KERNELS)} (one trip = one "
+          f"chunk), the whole of {', '.join(WHOLE_KERNELS)} (one chunk)\n")
+    print("\n".join(loop_table(rows, specs, found)))
     bad = problems(rows, specs, found)
     for line in bad:
         print("PROBLEM:", line)
     if args.json:
+        out = []
+        for r, s in zip(rows, specs):
+            res, counts = found[s]
+            per_sm, limiter, n = occupancy(r, res)
+            out.append(dict(kernel=r.kernel, shape=r.shape, dtype=r.dtype, arch=r.arch, grid=list(r.grid),
+                            knobs=r.knobs, num_warps=r.num_warps, registers=res.registers, spill_bytes=res.spill_bytes,
+                            shared_bytes=res.shared_bytes, blocks_per_sm=per_sm, limiter=limiter, waves=n,
+                            sass=counts))
         with open(args.json, "w") as f:
             json.dump({"triton": triton.__version__, "plan_s": planned - start, "compile_s": done - planned,
-                       "distinct": len(found), "problems": bad,
-                       "rows": [dict(kernel=r.kernel, shape=r.shape, dtype=r.dtype, arch=r.arch, grid=list(r.grid),
-                                     knobs=r.knobs, registers=found[s].registers, spill_bytes=found[s].spill_bytes,
-                                     shared_bytes=found[s].shared_bytes) for r, s in zip(rows, specs)]}, f, indent=1)
+                       "distinct": len(found), "problems": bad, "rows": out}, f, indent=1)
     return 1 if bad else 0
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import triton_kernels
-from triton_kernels.gated_delta_rule import chunk as chunk_module
+from triton_kernels.gated_delta_rule import chunk as chunk_module, walk_layout
 from triton_kernels.paged_attention import paged_attention
 
 from tests.kernels.test_gated_delta_rule import make_inputs, random_cu_seqlens
@@ -48,9 +48,9 @@ def test_paged_attention_rows_do_not_depend_on_the_other_sequences(splits):
 def test_delta_rule_sequences_do_not_depend_on_the_other_sequences(monkeypatch):
     """With batch_invariant the walk is never segmented (the number of segments follows the batch): a
     lone sequence long enough to be segmented on an H100 gives the bits it gives among others."""
-    monkeypatch.setattr(chunk_module, "MIN_SEGMENT_TOKENS", 2)
+    monkeypatch.setattr(walk_layout, "MIN_SEGMENT_TOKENS", 2)
     lengths = [320, 40, 130, 64]
-    assert chunk_module.walk_segment_tokens([320], 2, 64, 132) is not None   # would be cut when alone
+    assert walk_layout.walk_segment_tokens([320], 2, 64, 132) is not None   # would be cut when alone
     segmented = []
     original = chunk_module._segmented_walk
     monkeypatch.setattr(chunk_module, "_segmented_walk", lambda *a, **k: segmented.append(1) or original(*a, **k))

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from triton_kernels._launch import A100, H100
+
+from tests.kernels.sm_model import blocks_per_sm, kernel_counts, loop_counts, waves
 from triton_kernels.launch_config import launch_row
 from triton_kernels.paged_attention.launch import KV_SPLIT_COUNTS, default_launch
 
@@ -49,6 +51,26 @@ def test_every_kernel_compiles_for_a100_and_h100_without_spills(tmp_path):
     assert all(r["spill_bytes"] == 0 and 0 < r["registers"] <= 255 for r in rows)
     limits = {80: 163 * 1024, 90: 227 * 1024}
     assert all(r["shared_bytes"] <= limits[r["arch"]] for r in rows)
+    # Every launch fits an SM at least once, and its waves follow from its grid and SM count.
+    for r in rows:
+        programs = 1
+        for n in r["grid"]:
+            programs *= n
+        sms = {80: A100.num_sms, 90: H100.num_sms}[r["arch"]]
+        assert r["blocks_per_sm"] >= 1 and r["waves"] == -(-programs // (sms * r["blocks_per_sm"])), r
+    # The walk's chunk loop was found in its SASS: its products on tensor cores (wgmma on sm_90, mma.sync on
+    # sm_80), barriers between them, shared-memory traffic for its operands.
+    walks = [r for r in rows if r["kernel"] == "chunk_walk_kernel"]
+    assert walks and all(r["sass"] is not None for r in walks)
+    for r in walks:
+        mma = r["sass"]["HGMMA"] if r["arch"] == 90 else r["sass"]["HMMA"]
+        assert mma >= 4 and r["sass"]["BAR.SYNC"] >= 1 and r["sass"]["LDS"] + r["sass"]["STS"] > 0, r
+    # and the prep kernel's whole code: more instructions than any walk's chunk, tensor-core products among them
+    for r in (r for r in rows if r["kernel"] == "chunk_prep_kernel"):
+        assert r["sass"]["instructions"] > max(w["sass"]["instructions"] for w in walks if w["arch"] == r["arch"])
+        assert r["sass"]["HGMMA"] + r["sass"]["HMMA"] > 0, r
+    # The delta rule at the benchmark's shapes is in the matrix (its waves are what the GPU run will see).
+    assert any(r["shape"].startswith("bench delta H=16 HV=16: 64k tokens in 8") for r in rows)
     # The conv compiled with its launch-table row for each GPU, with and without windows.
     for arch, target in ((80, A100), (90, H100)):
         conv = launch_row(target).conv
@@ -86,3 +108,44 @@ def test_knobs_differ_by_gpu_where_the_compile_matrix_needs_it():
     assert launch_row(H100, (3, 9)).attention.rows_for_8_warps_wide == 128
     assert launch_row(H100, (3, 6)).attention.rows_for_8_warps_wide == 64   # Triton 3.6 spills in 4 warps
     assert launch_row(A100, (3, 6)) == launch_row(A100, (3, 9))
+
+
+def test_blocks_per_sm_by_hand():
+    """The occupancy rule on cases worked out by hand (registers rounded to 256 a warp, 16,384 a quarter-SM)."""
+    # the prep kernel: 254 registers x 8 warps: 8,192 a warp, 2 warps a quarter, 8 an SM: one block
+    assert blocks_per_sm(90, 254, 8, 12 * 1024) == (1, "registers")
+    # the walk at block_v 64, 2 stages: registers would allow 2 blocks of 4 warps, 144 KiB of shared memory 1
+    assert blocks_per_sm(90, 227, 4, 144 * 1024) == (1, "shared")
+    assert blocks_per_sm(90, 227, 4, 0)[0] == 2
+    # the A100 walk at block_v 32, 1 stage: 236 registers -> 7,680 a warp, 2 a quarter: 2 blocks of 4 warps
+    assert blocks_per_sm(80, 236, 4, 52 * 1024) == (2, "registers")
+    # 53 KiB + 1 KiB reserved, in 128-byte units: 164 KiB / 54 KiB = 3 on an A100, 228 / 54 = 4 on an H100
+    assert blocks_per_sm(80, 32, 4, 53 * 1024) == (3, "shared")
+    assert blocks_per_sm(90, 32, 4, 53 * 1024) == (4, "shared")
+    assert blocks_per_sm(90, 16, 16, 0) == (4, "threads")    # 2,048 threads / 512
+    assert blocks_per_sm(90, 16, 1, 0) == (32, "blocks")     # at most 32 resident blocks
+    assert waves(16 * 1024, 132, 1) == 125 and waves(256, 132, 1) == 2 and waves(256, 132, 2) == 1
+
+
+def test_loop_counts_on_hand_written_sass():
+    """The main loop is the body of the backward branch with the most matrix instructions; the trailing
+    branch to itself after EXIT is no loop."""
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                  /* 0x00000a0000017a02 */
+        /*0010*/                   LDS.U.128 R8, [R2] ;                    /* 0x0000000002087984 */
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;   /* 0x0000000c0804723c */
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;           /* 0x0000000000007b1d */
+        /*0040*/                   LDSM.16.M88.4 R12, [R3] ;               /* 0x000000000300783b */
+        /*0050*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;   /* 0x0000000c0804723c */
+        /*0060*/                   STS.128 [R3], R4 ;                      /* 0x0000000403007388 */
+        /*0070*/                   FFMA R5, R5, R6, R7 ;                   /* 0x0000000605057223 */
+        /*0080*/               @!P0 BRA 0x10 ;                             /* 0xffffff8000000947 */
+        /*0090*/                   ISETP.NE.AND P1, PT, R0, RZ, PT ;       /* 0x000000ff0000720c */
+        /*00a0*/               @P1 BRA 0x90 ;                              /* 0xfffffff000001947 */
+        /*00b0*/                   EXIT ;                                  /* 0x000000000000794d */
+        /*00c0*/                   BRA 0xc0;                               /* 0xfffffffc00fc7947 */
+    """
+    assert loop_counts(sass) == {"HGMMA": 0, "HMMA": 2, "BAR.SYNC": 1, "LDS": 2, "STS": 1, "LDGSTS": 0, "LDG": 0,
+                                 "FFMA": 1, "instructions": 8}
+    assert loop_counts(sass.replace("@!P0 BRA 0x10", "@!P0 BRA 0xb0").replace("@P1 BRA 0x90", "NOP")) is None
+    assert kernel_counts(sass)["instructions"] == 13 and kernel_counts(sass)["HMMA"] == 2

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import triton_kernels
 from triton_kernels.gated_delta_rule import chunk as chunk_module
 from triton_kernels.gated_delta_rule import fused_recurrent as recurrent_module
+from triton_kernels.gated_delta_rule import walk_layout
 from triton_kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 
 from tests.float64_reference import FACTOR, FLOOR, float64_everywhere
@@ -251,13 +252,16 @@ def test_chunk_launch_knobs_reach_the_kernels(monkeypatch):
     assert prep_grid == (2 * 2, 2) and prep_kw["num_warps"] == 2 and prep_kw["BT"] == 64
     assert walk_grid == (2 * 2 * (64 // 16),)
     assert (walk_kw["BV"], walk_kw["NV"], walk_kw["num_warps"], walk_kw["num_stages"]) == (16, 4, 8, 3)
-    # Defaults are what the docstring says, and block_v is capped at V.
-    walk.launches.clear()
-    prep.launches.clear()
-    chunk_gated_delta_rule(**make_inputs(1, 10, 1, 1, 16, 32, seed=11))
-    (_, walk_kw), = walk.launches
-    (_, prep_kw), = prep.launches
-    assert (walk_kw["BV"], walk_kw["num_warps"], walk_kw["num_stages"], prep_kw["num_warps"]) == (32, 4, 2, 8)
+    # Defaults are the launch table's (an H100's without a GPU): block_v 64 capped at V = 32, then narrowed
+    # to min_block_v 16, since one sequence of one value head leaves the GPU idle; min_block_v = block_v
+    # keeps the block as given.
+    for knobs, block in ((dict(), 16), (dict(min_block_v=64), 32)):
+        walk.launches.clear()
+        prep.launches.clear()
+        chunk_gated_delta_rule(**make_inputs(1, 10, 1, 1, 16, 32, seed=11), **knobs)
+        (_, walk_kw), = walk.launches
+        (_, prep_kw), = prep.launches
+        assert (walk_kw["BV"], walk_kw["num_warps"], walk_kw["num_stages"], prep_kw["num_warps"]) == (block, 4, 2, 8)
 
 
 def test_recurrent_launch_knobs_reach_the_kernel(monkeypatch):
@@ -273,6 +277,8 @@ def test_bad_launch_knobs_and_inputs_are_rejected():
     inputs = make_inputs(2, 8, 1, 2, 16, 16, seed=13)
     with pytest.raises(ValueError, match="block_v"):
         chunk_gated_delta_rule(**inputs, block_v=24)
+    with pytest.raises(ValueError, match="min_block_v"):
+        chunk_gated_delta_rule(**inputs, min_block_v=8)
     with pytest.raises(ValueError, match="chunk_size"):
         chunk_gated_delta_rule(**inputs, chunk_size=32)
     with pytest.raises(ValueError, match="batch size must be 1"):
@@ -284,6 +290,13 @@ def test_bad_launch_knobs_and_inputs_are_rejected():
     flat = {name: t[:1] if t.dim() else t for name, t in inputs.items() if t is not None}
     with pytest.raises(ValueError, match="end at the token count"):
         chunk_gated_delta_rule(**flat, cu_seqlens=torch.tensor([0, 3, 9], device=DEVICE))
+    cu = torch.tensor([0, 3, 8], device=DEVICE)
+    with pytest.raises(ValueError, match="cu_seqlens_cpu comes with cu_seqlens"):
+        chunk_gated_delta_rule(**flat, cu_seqlens_cpu=cu.cpu())
+    with pytest.raises(ValueError, match="cu_seqlens_cpu must be"):
+        chunk_gated_delta_rule(**flat, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="end at the token count"):   # the host copy's values are checked
+        chunk_gated_delta_rule(**flat, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 3, 9]))
     if DEVICE == "cpu":  # on the GPU the decode kernel trusts cu_seqlens (reading it would sync)
         with pytest.raises(ValueError, match="non-decreasing"):
             fused_recurrent_gated_delta_rule(**flat, cu_seqlens=torch.tensor([0, 5, 3, 8], device=DEVICE))
@@ -418,20 +431,34 @@ def test_bfloat16_decode_batch():
     check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
 
 
-# --- a lone long sequence: the walk split into segments (issue 20) -----------------------------------
+# --- few sequences, many tokens: narrower V blocks, then segments chained on the device (issues 20, 36) -------
 
 @pytest.mark.parametrize("use_h0", [False, True], ids=["fresh", "initial-state"])
 def test_segmented_walk_matches_reference(use_h0, monkeypatch):
     """Segments of 64 tokens (forced; the planner splits only long sequences): sequences of 1, 2 and 4
-    segments, one ending off the chunk grid and an empty one, against the float64 reference."""
-    monkeypatch.setattr(chunk_module, "walk_segment_tokens", lambda *args: 64)
+    segments, one ending off the chunk grid and an empty one (the shorter ones padded with empty segments),
+    against the float64 reference; and the same bits when the offsets also come in host memory."""
+    monkeypatch.setattr(walk_layout, "walk_segment_tokens", lambda *args: 64)
     lengths = [200, 64, 0, 100]
     inputs = make_inputs(1, sum(lengths), 2, 4, 32, 32, l2norm=True, num_states=4 if use_h0 else None, seed=21)
-    check(chunk_gated_delta_rule, inputs, cu_seqlens=random_cu_seqlens(lengths), l2norm=True, block_v=16)
+    cu = random_cu_seqlens(lengths)
+    o, s = check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True, block_v=16)
+    o2, s2 = chunk_gated_delta_rule(**inputs, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu(), output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True, block_v=16)
+    assert torch.equal(o, o2) and torch.equal(s, s2)
+
+
+def test_segmented_walk_of_one_sequence(monkeypatch):
+    """One sequence in three segments, the last off the chunk grid, without a final state asked for."""
+    monkeypatch.setattr(walk_layout, "walk_segment_tokens", lambda *args: 64)
+    inputs = make_inputs(1, 150, 1, 2, 16, 32, num_states=1, seed=23)
+    ref, _ = naive_recurrent_gated_delta_rule(**inputs)
+    o, s = chunk_gated_delta_rule(**inputs, block_v=32)
+    assert s is None and rel_rms(o, ref) < TOL[torch.float32]
 
 
 def _walk_grids(target, batch, T, HV=16, K=128):
-    """Grids of the walk launches chunk_gated_delta_rule makes for `target` (planned on meta tensors, not run)."""
+    """(grid, BV) of the walk launches chunk_gated_delta_rule makes for `target` (planned on meta tensors)."""
     from triton_kernels._launch import dry_run
 
     def empty(*shape, dtype=torch.bfloat16):
@@ -441,18 +468,78 @@ def _walk_grids(target, batch, T, HV=16, K=128):
         chunk_gated_delta_rule(empty(batch, T, HV, K), empty(batch, T, HV, K), empty(batch, T, HV, K),
                                empty(batch, T, HV, dtype=torch.float32), empty(batch, T, HV),
                                output_final_state=True, use_qk_l2norm_in_kernel=True)
-    return [launch.grid for launch in launches if launch.kernel.fn.__name__ == "_chunk_walk_kernel"]
+    return [(launch.grid, launch.constexprs["BV"]) for launch in launches
+            if launch.kernel.fn.__name__ == "_chunk_walk_kernel"]
 
 
-def test_a_lone_32k_sequence_fills_the_gpu():
-    """Qwen3.5-0.8B's 16 value heads of 128: whole, the walk would be 32 (H100) or 64 (A100) programs."""
+def test_few_sequences_narrow_the_v_blocks_before_segmenting():
+    """Qwen3.5-0.8B's 16 value heads of 128, one 32k-token sequence: whole, in blocks of 64, the walk would be
+    32 programs; an H100 (132 SMs) walks it in blocks of 16 (128 programs), an A100 (108) in blocks of 32
+    (64: blocks of 16 would need two waves). Neither segments it (three walks pay only at 4 segments or more
+    in one wave). Two value heads (H100: 16 programs in blocks of 16) are cut into 8 segments of 8k, walked
+    by up to 128 programs; an A100 cuts them into 4 of 16k (64 programs)."""
     from triton_kernels._launch import A100, H100
 
-    for target in (H100, A100):
-        grids = _walk_grids(target, 1, 32768)
-        assert len(grids) == 3 and all(grid[0] >= target.num_sms for grid in grids), (target, grids)
-    assert _walk_grids(H100, 8, 32768) == [(8 * 16 * 2,)]   # a full batch: one walk, no segments
-    assert _walk_grids(H100, 1, 2048) == [(16 * 2,)]        # too short to split
+    assert _walk_grids(H100, 1, 32768) == [((128,), 16)]
+    assert _walk_grids(A100, 1, 32768) == [((64,), 32)]
+    assert _walk_grids(H100, 8, 32768) == [((8 * 16 * 2,), 64)]   # a full batch: the table's block_v
+    # (local states of segments 0-6 and transitions of 1-7: 7 x 16 programs; then all 8 x 16)
+    assert _walk_grids(H100, 1, 65536, HV=2) == [((112,), 16), ((112,), 16), ((128,), 16)]
+    assert _walk_grids(A100, 1, 65536, HV=2) == [((48,), 16), ((48,), 16), ((64,), 16)]
+    assert _walk_grids(H100, 1, 2048, HV=2) == [((16,), 16)]   # too short to split
+
+
+def test_walk_plan_by_hand():
+    """plan_walk's rule on small numbers: narrow while SMs are idle and the narrower walk fits one wave."""
+    plan = walk_layout.plan_walk
+    assert plan([16384], 32, 128, 64, block_v=64, min_block_v=16, num_sms=132) == walk_layout.WalkPlan(32, None, 1)
+    assert plan([16384], 32, 128, 64, block_v=64, min_block_v=64, num_sms=132) == walk_layout.WalkPlan(64, None, 1)
+    assert plan([16384], 32, 128, 64, block_v=64, min_block_v=16, num_sms=132,
+                batch_invariant=True) == walk_layout.WalkPlan(64, None, 1)
+    assert plan([100] * 70, 16, 128, 64, block_v=64, min_block_v=16, num_sms=132).block_v == 64
+    assert plan([10], 1, 32, 64, block_v=64, min_block_v=16, num_sms=132) == walk_layout.WalkPlan(16, None, 1)
+    # 1 x 10,000 tokens of 1 head: 8 programs; 16 segments would fit the SMs, 8 of 1,280 tokens keep >= 1,024 each
+    assert plan([10000], 1, 128, 64, block_v=64, min_block_v=16, num_sms=132) == walk_layout.WalkPlan(16, 1280, 8)
+    assert plan([10000, 5], 1, 128, 64, block_v=64, min_block_v=16, num_sms=132) == walk_layout.WalkPlan(16, 1280, 8)
+    assert plan([10000], 4, 128, 64, block_v=64, min_block_v=16, num_sms=132) == walk_layout.WalkPlan(16, 2560, 4)
+    assert plan([10000], 8, 128, 64, block_v=64, min_block_v=16, num_sms=132).segment is None   # 64 programs: 2 fit
+
+
+def test_launch_tables_are_segment_major_and_longest_first():
+    from triton_kernels.gated_delta_rule.layout import SequenceLayout
+
+    layout = SequenceLayout((0, 300, 300, 420))   # lengths 300, 0, 120
+    tables = walk_layout.launch_tables(layout, 64, 128, torch.device("cpu"))
+    assert tables.chunks.tolist() == [list(c) for c in layout.chunk_bounds(64)]
+    ranges, order = tables.walks["all"]   # 3 segments of each sequence, segment-major
+    assert ranges.tolist() == [[0, 128], [300, 300], [300, 420],
+                               [128, 256], [300, 300], [420, 420],
+                               [256, 300], [300, 300], [420, 420]]
+    assert order.tolist() == [0, 3, 2, 6, 1, 4, 5, 7, 8]
+    assert walk_layout.launch_tables(layout, 64, 128, torch.device("cpu")) is tables   # cached per layout
+    local, _ = tables.walks["local"]
+    transition, _ = tables.walks["transition"]
+    assert local.tolist() == ranges.tolist()[:6] and transition.tolist() == ranges.tolist()[3:]
+    whole, order = walk_layout.launch_tables(layout, 64, None, torch.device("cpu")).walks["all"]
+    assert whole.tolist() == [[0, 300], [300, 300], [300, 420]] and order.tolist() == [0, 2, 1]
+
+
+def test_segment_starts_chain_on_the_device_as_the_affine_maps_say():
+    """chain_segment_starts against the chain written out per sequence in float64."""
+    gen = torch.Generator().manual_seed(5)
+    pieces, N, HV, K, V = 4, 3, 2, 8, 4
+    local = torch.randn((pieces - 1) * N, HV, K, V, generator=gen)
+    transition = 0.3 * torch.randn((pieces - 1) * N, HV, K, K, generator=gen)
+    h0 = torch.randn(N, HV, K, V, generator=gen)
+    for initial in (None, h0):
+        start = walk_layout.chain_segment_starts(local, transition, initial, pieces, N).double()
+        for n in range(N):
+            want = [torch.zeros(HV, K, V, dtype=torch.float64) if initial is None else h0[n].double(),
+                    local[n].double()]   # segment 0 was walked from the initial state: A_0 is where it ends
+            for j in range(2, pieces):   # S(j) = A_{j-1} + M_{j-1} S(j-1)
+                want.append(local[(j - 1) * N + n].double() + transition[(j - 2) * N + n].double() @ want[-1])
+            for j in range(pieces):
+                assert torch.allclose(start[j * N + n], want[j], rtol=1e-5, atol=1e-5), (n, j)
 
 
 # --- decode in place in a state pool (issue 20) -------------------------------------------------------

@@ -28,6 +28,7 @@ from triton_kernels._device import target_of, use_triton
 from triton_kernels._launch import launch
 from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs
 from triton_kernels.gated_delta_rule.torch_path import chunk_fwd_torch
+from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segment_starts, launch_tables, plan_walk
 from triton_kernels.launch_config import DeltaRuleChunkKnobs, launch_row
 
 TRITON_CHUNK_SIZES = (64, 128)
@@ -354,10 +355,11 @@ def _chunk_walk_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
-    USE_U: tl.constexpr = True, WRITE_O: tl.constexpr = True,
+    USE_U: tl.constexpr = True, WRITE_O: tl.constexpr = True, H0_IDENTITY: tl.constexpr = False,
 ):
-    """USE_U=False walks with U = 0 (from S = I it yields the segment's transition matrix, see
-    `_segmented_walk`); WRITE_O=False only carries the state (no q, p or output traffic)."""
+    """USE_U=False walks with U = 0, and H0_IDENTITY starts from S = I (V = K, no h0 read): together they
+    yield a segment's transition matrix (see `_segmented_walk`); WRITE_O=False only carries the state (no
+    q, p or output traffic)."""
     # One flat grid, sequence-major: every head of the longest sequence is scheduled first.
     pid = tl.program_id(0)
     i_n = tl.load(seq_order + pid // (HV * NV))
@@ -368,7 +370,10 @@ def _chunk_walk_kernel(
     eos = tl.load(seq_ranges + 2 * i_n + 1).to(tl.int64)
     v0 = i_v * BV
 
-    if USE_H0:
+    if H0_IDENTITY:
+        o_k = tl.arange(0, BK)
+        S = ((o_k[:, None] == (v0 + tl.arange(0, BV))[None, :]) & (o_k < K)[:, None]).to(tl.float32)
+    elif USE_H0:
         S = _load_state(h0, i_n, i_hv, HV, K, V, BK, BV, v0)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
@@ -415,9 +420,11 @@ def chunk_gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = 64,
     block_v: int | None = None,
+    min_block_v: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
     prep_num_warps: int | None = None,
@@ -432,6 +439,8 @@ def chunk_gated_delta_rule(
         initial_state: [N, HV, K, V] (float32 math), zeros when None.
         output_final_state: also return the final states [N, HV, K, V] float32.
         cu_seqlens: [N+1] int32/int64 token offsets of N sequences packed in a B == 1 batch.
+        cu_seqlens_cpu: the same offsets in host memory (a CPU tensor), as fla takes them: given, the call
+            reads these, and a GPU call never waits for the device (cu_seqlens' values are trusted to match).
         use_qk_l2norm_in_kernel: normalise q and k rows: x * rsqrt(sum(x^2) + 1e-6).
         chunk_size: tokens per chunk; the Triton kernels take 64 or 128, the torch path any size.
         batch_invariant: every sequence's outputs and final state bitwise the same whatever the other
@@ -441,6 +450,9 @@ def chunk_gated_delta_rule(
             a later call computes what one call over it would when it was cut at a multiple of chunk_size.
     Launch knobs (Triton only; explicit, never tuned behind the caller's back):
         block_v: V columns per walk program (power of two >= 16; capped at V rounded up to a power of two).
+        min_block_v: the walk narrows its V blocks from block_v down to this while its programs leave SMs
+            idle, before it cuts sequences into segments (walk_layout.plan_walk; not under batch_invariant).
+            min_block_v = block_v keeps block_v whatever the shape.
         num_warps, num_stages: of the sequential walk kernel (num_stages pipelines its chunk loop).
         prep_num_warps: of the parallel per-chunk kernel.
         A knob left as None takes the value of triton_kernels/launch_config.py for the tensors' GPU
@@ -449,8 +461,8 @@ def chunk_gated_delta_rule(
     Returns:
         o [B, T, HV, V] in q's dtype, and the final states or None.
     """
-    dims = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
-    layout = SequenceLayout.from_inputs(dims, cu_seqlens)
+    dims = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    layout = SequenceLayout.from_inputs(dims, cu_seqlens, cu_seqlens_cpu)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     scale = dims.head_k_dim**-0.5 if scale is None else float(scale)
@@ -459,8 +471,8 @@ def chunk_gated_delta_rule(
                 batch_invariant=batch_invariant)
     if not use_triton(q):
         return chunk_fwd_torch(q, k, v, g, beta, **args)
-    knobs = chunk_knobs(q.device, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
-                        prep_num_warps=prep_num_warps)
+    knobs = chunk_knobs(q.device, block_v=block_v, min_block_v=min_block_v, num_warps=num_warps,
+                        num_stages=num_stages, prep_num_warps=prep_num_warps)
     return chunk_fwd_triton(q, k, v, g, beta, **args, **vars(knobs))
 
 
@@ -481,51 +493,9 @@ def _pow2_block(dim: int) -> int:
     return max(16, triton.next_power_of_2(dim))
 
 
-@functools.lru_cache(maxsize=16)
-def _launch_tables(layout: SequenceLayout, chunk_size: int, device: torch.device):
-    """int32 device tables: chunk bounds [chunks, 2], and the walk's sequence ranges [N, 2] and order [N].
-
-    Cached: every layer of an engine step sends the same layout, and rebuilding costs host time and
-    three host-to-device copies per call.
-    """
-    chunks = layout.chunk_bounds(chunk_size)
-    return (torch.tensor(chunks, dtype=torch.int32, device=device).reshape(-1, 2),
-            *_walk_tables(list(zip(layout.bounds, layout.bounds[1:])), device))
-
-
-def _walk_tables(ranges: list[tuple[int, int]], device: torch.device):
-    """The walk's int32 tables for sequences (or segments) with these token ranges: ranges, longest first."""
-    order = sorted(range(len(ranges)), key=lambda n: (ranges[n][0] - ranges[n][1], n))
-    return (torch.tensor(ranges, dtype=torch.int32, device=device).reshape(-1, 2),
-            torch.tensor(order, dtype=torch.int32, device=device))
-
-
-# A sequence's walk is split into segments (see `_segmented_walk`) only down to this many tokens.
-MIN_SEGMENT_TOKENS = 1024
-# Segmenting walks twice (the segments' local states and transitions, then the outputs), so it pays
-# only with at least this many segments; fewer would be slower than the one walk it replaces.
-MIN_SEGMENTS = 4
-
-
-def walk_segment_tokens(lengths: list[int], programs_per_sequence: int, chunk_size: int, num_sms: int) -> int | None:
-    """Segment length (a multiple of chunk_size) that gives the walk at least `num_sms` programs, or
-    None to walk whole sequences: when they already fill the GPU, or are too short to split.
-
-    A lone 32k-token Qwen3.5-0.8B sequence walks as 16 heads x 2 column blocks = 32 programs on an
-    H100's 132 SMs; in 8 segments of 4k tokens it has 256."""
-    programs = len(lengths) * programs_per_sequence
-    longest = max(lengths, default=0)
-    if programs == 0 or programs >= num_sms:
-        return None
-    pieces = max(MIN_SEGMENTS, triton.next_power_of_2(-(-num_sms // programs)))
-    if longest < pieces * MIN_SEGMENT_TOKENS:
-        return None
-    return -(-longest // (pieces * chunk_size)) * chunk_size
-
-
 def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
                      layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool, chunk_size: int,
-                     block_v: int, num_warps: int, num_stages: int, prep_num_warps: int,
+                     block_v: int, min_block_v: int, num_warps: int, num_stages: int, prep_num_warps: int,
                      batch_invariant: bool = False):
     """Launch the prep and walk kernels; arguments already validated by `chunk_gated_delta_rule`."""
     if chunk_size not in TRITON_CHUNK_SIZES:
@@ -551,88 +521,63 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
     u = torch.empty(tokens, HV, V, dtype=q.dtype, device=device)
     p = torch.empty(tokens, HV, chunk_size, dtype=q.dtype, device=device)
     gamma, q_scale, k_scale = torch.empty(3, tokens, HV, dtype=torch.float32, device=device)
-    chunk_table, seq_ranges, seq_order = _launch_tables(layout, chunk_size, device)
-    if chunk_table.shape[0]:
-        launch(_chunk_prep_kernel, (chunk_table.shape[0], HV),
-               q, k, v, g, beta, w, u, p, gamma, q_scale, k_scale, chunk_table, scale,
+    _block_size("block_v", block_v)
+    _block_size("min_block_v", min_block_v)
+    plan = plan_walk(layout.lengths, HV, V, chunk_size, block_v=block_v, min_block_v=min_block_v,
+                     num_sms=target_of(device).num_sms, batch_invariant=batch_invariant)
+    tables = launch_tables(layout, chunk_size, plan.segment if plan.pieces > 1 else None, device)
+    if tables.chunks.shape[0]:
+        launch(_chunk_prep_kernel, (tables.chunks.shape[0], HV),
+               q, k, v, g, beta, w, u, p, gamma, q_scale, k_scale, tables.chunks, scale,
                H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=_pow2_block(V),
                USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=prep_num_warps)
 
-    BV = min(_block_size("block_v", block_v), _pow2_block(V))
-    NV = triton.cdiv(V, BV)
     walk = functools.partial(_walk, q, k, w, u, p, gamma, q_scale, k_scale, H=H, HV=HV, K=K, BT=chunk_size, BK=BK,
-                             BV=BV, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
-    segment = None if batch_invariant else walk_segment_tokens(layout.lengths, HV * NV, chunk_size,
-                                                                 target_of(device).num_sms)
-    if segment is None:
-        walk(seq_ranges, seq_order, o, h0, final)
+                             BV=plan.block_v, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
+    if plan.pieces == 1:
+        walk(*tables.walks["all"], o, h0, final)
     else:
-        _segmented_walk(walk, layout, segment, o, h0, final, HV=HV, K=K, V=V)
+        _segmented_walk(walk, tables, plan.pieces, N, o, h0, final, HV=HV, K=K, V=V)
     return o.reshape(d.batch, d.seq_len, HV, V), final
 
 
 def _walk(q, k, w, u, p, gamma, q_scale, k_scale, seq_ranges, seq_order, o, h0, ht, *, H, HV, K, BT, BK, BV,
-          DOT_PREC, num_warps, num_stages, V=None, use_u=True, write_o=True):
+          DOT_PREC, num_warps, num_stages, V=None, use_u=True, write_o=True, from_identity=False):
     """One launch of the walk over the sequences (or segments) of seq_ranges; V defaults to o's width."""
     V = o.shape[-1] if V is None else V
     NV = triton.cdiv(V, BV)
     launch(_chunk_walk_kernel, (seq_order.shape[0] * HV * NV,),
            q, k, w, u, p, gamma, q_scale, k_scale, o, h0, ht, seq_ranges, seq_order,
            H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV, USE_H0=h0 is not None, STORE_HT=ht is not None,
-           DOT_PREC=DOT_PREC, USE_U=use_u, WRITE_O=write_o, num_warps=num_warps, num_stages=num_stages)
+           DOT_PREC=DOT_PREC, USE_U=use_u, WRITE_O=write_o, H0_IDENTITY=from_identity, num_warps=num_warps,
+           num_stages=num_stages)
 
 
-def _segmented_walk(walk, layout: SequenceLayout, segment: int, o, h0, final, *, HV: int, K: int, V: int):
-    """The walk with each sequence cut into segments of `segment` tokens, walked in parallel.
+def _segmented_walk(walk, tables: LaunchTables, pieces: int, num_sequences: int, o, h0, final, *,
+                    HV: int, K: int, V: int):
+    """The walk with each sequence cut into `pieces` segments (rows segment-major, see LaunchTables), walked in
+    parallel, without the host reading or indexing anything on the device.
 
     Over a segment the state evolves affinely, S_end = M S_start + A, where A is the end state of the
-    segment walked from S_start = 0 (or from the sequence's initial state for its first segment) and
-    the transition M [K, K] is the end state of a walk from S = I with U = 0 (Vn = -W S). Three
-    launches: A for every segment but each sequence's last, M for every segment but its first (both
-    state only, no output), then, with the start states chained on the host side in float32
-    (S_start(j) = M(j - 1) S_start(j - 1) + A(j - 1)), the usual walk of every segment from its true
-    start, which writes the outputs and the final states.
+    segment walked from S_start = 0 (or from the sequence's initial state for its first segment) and the
+    transition M [K, K] is the end state of a walk from S = I with U = 0 (Vn = -W S). Three launches: A for
+    every segment but each sequence's last, M for every segment but its first (both state only, no output),
+    then, with the start states chained on the device (walk_layout.chain_segment_starts), the usual walk of
+    every segment from its true start, which writes the outputs and the final states. A sequence shorter
+    than the others has empty segments at its end: A = S_start, M = I, so they pass its state on.
     """
-    device = o.device
-    pieces = []   # (sequence, index in the sequence, first token, end token)
-    for n, (bos, eos) in enumerate(zip(layout.bounds, layout.bounds[1:])):
-        starts = list(range(bos, eos, segment)) or [bos]
-        pieces += [(n, j, t, min(t + segment, eos)) for j, t in enumerate(starts)]
-    count = {}
-    for n, *_ in pieces:
-        count[n] = count.get(n, 0) + 1
-    first = [i for i, (n, j, *_) in enumerate(pieces) if j < count[n] - 1]   # segments with a successor
-    later = [i for i, (n, j, *_) in enumerate(pieces) if j >= 1]             # segments with a predecessor
-    ranges = [(t0, t1) for _, _, t0, t1 in pieces]
-
-    f32 = dict(dtype=torch.float32, device=device)
+    N = num_sequences
+    f32 = dict(dtype=torch.float32, device=o.device)
     a_h0 = None
-    if h0 is not None:
-        a_h0 = torch.zeros(len(first), HV, K, V, **f32)
-        rows = [r for r, i in enumerate(first) if pieces[i][1] == 0]
-        a_h0[rows] = h0[[pieces[first[r]][0] for r in rows]]
-    local = torch.empty(len(first), HV, K, V, **f32)
-    walk(*_walk_tables([ranges[i] for i in first], device), o, a_h0, local, write_o=False)
-    transition = torch.empty(len(later), HV, K, K, **f32)
-    identity = torch.eye(K, **f32).expand(len(later), HV, K, K).contiguous()
-    walk(*_walk_tables([ranges[i] for i in later], device), o, identity, transition, V=K, use_u=False,
-         write_o=False)
-
-    start = torch.zeros(len(pieces), HV, K, V, **f32)
-    if h0 is not None:
-        heads = [i for i, piece in enumerate(pieces) if piece[1] == 0]
-        start[heads] = h0[[pieces[i][0] for i in heads]]
-    local_row = {i: r for r, i in enumerate(first)}
-    trans_row = {i: r for r, i in enumerate(later)}
-    for j in range(1, max(count.values())):   # segment j starts where segment j - 1 ended
-        now = [i for i in later if pieces[i][1] == j]
-        prev = [i - 1 for i in now]   # pieces of a sequence are consecutive
-        ended = local[[local_row[i] for i in prev]]
-        if j > 1:
-            ended = ended + torch.matmul(transition[[trans_row[i] for i in prev]], start[prev])
-        start[now] = ended
-    ht = None if final is None else torch.empty(len(pieces), HV, K, V, **f32)
-    walk(*_walk_tables(ranges, device), o, start, ht)
-    if final is not None:
-        last = [i for i, (n, j, *_) in enumerate(pieces) if j == count[n] - 1]
-        final.copy_(ht[last])
+    if h0 is not None:   # only the first segments start from a state; the others' A are from zero
+        a_h0 = torch.zeros((pieces - 1) * N, HV, K, V, **f32)
+        a_h0[:N] = h0
+    local = torch.empty((pieces - 1) * N, HV, K, V, **f32)
+    walk(*tables.walks["local"], o, a_h0, local, write_o=False)
+    transition = torch.empty((pieces - 1) * N, HV, K, K, **f32)
+    walk(*tables.walks["transition"], o, None, transition, V=K, use_u=False, write_o=False, from_identity=True)
+    start = chain_segment_starts(local, transition, h0, pieces, N)
+    ht = None if final is None else torch.empty(pieces * N, HV, K, V, **f32)
+    walk(*tables.walks["all"], o, start, ht)
+    if final is not None:   # every sequence's last segment (possibly empty: then its carried state)
+        final.copy_(ht[(pieces - 1) * N:])

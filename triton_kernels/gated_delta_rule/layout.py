@@ -21,24 +21,30 @@ class SequenceLayout:
     bounds: tuple[int, ...]
 
     @classmethod
-    def from_inputs(cls, dims: "Dims", cu_seqlens: torch.Tensor | None) -> "SequenceLayout":
+    def from_inputs(cls, dims: "Dims", cu_seqlens: torch.Tensor | None,
+                    cu_seqlens_cpu: torch.Tensor | None = None) -> "SequenceLayout":
         """Host copy of the sequence bounds.
 
-        Reading a GPU tensor syncs the device; the engine passes the same cu_seqlens tensor to every
-        layer of a step, so the last GPU one read is remembered by identity (and version counter where
-        torch tracks one: not for inference-mode tensors, so never write into a cu_seqlens in place).
+        `cu_seqlens_cpu` (fla's name: the same offsets in host memory, which the caller already has) is read
+        instead of `cu_seqlens`, and nothing waits for the device. Without it, reading a GPU tensor syncs the
+        device; the engine passes the same cu_seqlens tensor to every layer of a step, so the last GPU one
+        read is remembered by identity (and version counter where torch tracks one: not for inference-mode
+        tensors, so never write into a cu_seqlens in place).
         """
         B, T = dims.batch, dims.seq_len
         if cu_seqlens is None:
             return cls(tuple(t * T for t in range(B + 1)))
-        version = None if cu_seqlens.is_inference() else cu_seqlens._version
-        last = _last_read
-        if cu_seqlens.is_cuda and last and last[0] is cu_seqlens and last[1] == version:
-            bounds = last[2]
+        if cu_seqlens_cpu is not None:
+            bounds = tuple(int(x) for x in cu_seqlens_cpu.tolist())
         else:
-            bounds = tuple(int(x) for x in cu_seqlens.tolist())
-            if cu_seqlens.is_cuda:
-                _last_read[:] = [cu_seqlens, version, bounds]
+            version = None if cu_seqlens.is_inference() else cu_seqlens._version
+            last = _last_read
+            if cu_seqlens.is_cuda and last and last[0] is cu_seqlens and last[1] == version:
+                bounds = last[2]
+            else:
+                bounds = tuple(int(x) for x in cu_seqlens.tolist())
+                if cu_seqlens.is_cuda:
+                    _last_read[:] = [cu_seqlens, version, bounds]
         if bounds[0] != 0 or bounds[-1] != T or any(b < a for a, b in zip(bounds, bounds[1:])):
             raise ValueError(
                 f"cu_seqlens must start at 0, be non-decreasing and end at the token count {T}; "
@@ -90,10 +96,13 @@ def check_inputs(
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
     state_indices: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> Dims:
     """Validate shapes, dtypes and devices without reading any tensor's values; return the sizes.
 
     With state_indices [N] (in-place decode), initial_state is a float32 state pool [slots, HV, K, V].
+    cu_seqlens_cpu, given with cu_seqlens, holds the same offsets in host memory (its values are trusted to
+    equal cu_seqlens': reading those would make the host wait for the device).
 
     Raises ValueError naming the offending tensor. (cu_seqlens' values are checked by
     SequenceLayout.from_inputs, which the chunked paths call.)
@@ -124,6 +133,14 @@ def check_inputs(
             raise ValueError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
         devices.add(cu_seqlens.device)
         N = cu_seqlens.numel() - 1
+    if cu_seqlens_cpu is not None:
+        if cu_seqlens is None:
+            raise ValueError("cu_seqlens_cpu comes with cu_seqlens: the same offsets, in host memory")
+        if (cu_seqlens_cpu.device.type != "cpu" or cu_seqlens_cpu.shape != cu_seqlens.shape
+                or cu_seqlens_cpu.dtype not in (torch.int32, torch.int64)):
+            raise ValueError(f"cu_seqlens_cpu must be an int32 or int64 CPU tensor shaped like cu_seqlens "
+                             f"{tuple(cu_seqlens.shape)}; got {cu_seqlens_cpu.dtype} {tuple(cu_seqlens_cpu.shape)} "
+                             f"on {cu_seqlens_cpu.device}")
     if state_indices is not None:
         if initial_state is None:
             raise ValueError("state_indices needs initial_state: the state pool its entries index")

@@ -15,6 +15,7 @@ from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurren
 from triton_kernels.causal_conv.torch_path import causal_conv1d_torch, conv_index
 
 from ..step import StepContext
+from ..transfers import to_device
 from .linear import Linear
 from .norms import GatedRMSNorm
 
@@ -31,8 +32,8 @@ def conv_slots(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor] | None:
     if ctx.state_read is not None:   # the engine reads and writes a sequence's window in its one slot
         assert (slots[ctx.state_read[0]] == ctx.state_read[1]).all(), "a window read from one slot, kept in another"
         reads[ctx.state_read[0]] = True
-    return (torch.from_numpy(slots).to(ctx.device, non_blocking=True),
-            torch.from_numpy(reads).to(ctx.device, non_blocking=True))
+    # One copy from pinned memory: a non-blocking copy from pageable memory still waits for the device.
+    return tuple(to_device([slots, reads], ctx.device))
 
 
 # Chunk size of the delta rule's torch path on CPU, after the path's grouping and triangular solve of
@@ -87,7 +88,8 @@ class GatedDeltaNet(nn.Module):
             o = self._recurrent(q, k, v, g, beta, recurrent, ctx.cu_seqlens,
                                 ctx.on_device("write_slots", ctx.state_write[1]))
         else:
-            o = self._chunked(q, k, v, g, beta, recurrent, ctx.cu_seqlens, ctx.num_seqs,
+            host_cu = ctx.cached("host_cu_seqlens", lambda: torch.from_numpy(np.cumsum(np.r_[0, ctx.q_lens])))
+            o = self._chunked(q, k, v, g, beta, recurrent, ctx.cu_seqlens, host_cu, ctx.num_seqs,
                               ctx.state_read, ctx.state_write, ctx, "")
         return self._output(o, z, T)
 
@@ -98,10 +100,12 @@ class GatedDeltaNet(nn.Module):
             use_qk_l2norm_in_kernel=True, **self.kernel_args.get("fused_recurrent_gated_delta_rule", {}))
         return o
 
-    def _chunked(self, q, k, v, g, beta, recurrent, cu_seqlens, num_seqs, state_read, state_write, ctx, key: str):
+    def _chunked(self, q, k, v, g, beta, recurrent, cu_seqlens, host_cu, num_seqs, state_read, state_write, ctx,
+                 key: str):
         """Sequences of any length from their stored state (state_read: rows, slots) or from zero, the
         final states of state_write's rows stored in their slots. `key` names the step's index tensors
-        (built once per step, for every layer)."""
+        (built once per step, for every layer). host_cu: cu_seqlens' values in host memory, so that the
+        kernels never read them back from the device."""
         initial = None
         if state_read is not None:
             rows = ctx.on_device(key + "read_rows", state_read[0])
@@ -116,7 +120,8 @@ class GatedDeltaNet(nn.Module):
         if not knobs.get("chunk_size"):
             knobs = dict(knobs, chunk_size=CPU_CHUNK_SIZE)
         o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial, output_final_state=keep,
-                                          cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True, **knobs)
+                                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=host_cu,
+                                          use_qk_l2norm_in_kernel=True, **knobs)
         if keep:
             recurrent[ctx.on_device(key + "write_slots", state_write[1])] = final[
                 ctx.on_device(key + "write_rows", state_write[0])]
@@ -149,7 +154,7 @@ class GatedDeltaNet(nn.Module):
         read = np.flatnonzero(reads[pre])
         write = np.flatnonzero(slot_of[pre] >= 0)
         part = [x[:, rows] for x in (q, k, v, g, beta)]
-        o[:, rows] = self._chunked(*part, recurrent, ctx.on_device("pre_cu", cu), len(pre),
+        o[:, rows] = self._chunked(*part, recurrent, ctx.on_device("pre_cu", cu), torch.from_numpy(cu), len(pre),
                                    (read, slot_of[pre][read]) if len(read) else None,
                                    (write, slot_of[pre][write]) if len(write) else None, ctx, "pre_").to(o.dtype)
         return o
