@@ -43,15 +43,18 @@ _ID = re.compile(rb"[^\x00-\x20]+")
 NUCLEOTIDES = b"ACGTUN"
 
 
-def sequence_text(record: bytes) -> str:
+def sequence_text(record: bytes, keep_case: bool = False) -> str:
     """The sequence the model sees for one raw record (header line included).
 
-    Whitespace removed, upper-cased (lowercase marks soft-masked residues, not different ones), a trailing
-    '*' stop symbol dropped.
+    Whitespace removed, upper-cased (lowercase marks soft-masked residues, not different ones) unless
+    `keep_case` (input whose case is meaning: SaProt's structure-aware pairs, ProstT5's 3Di states), a
+    trailing '*' stop symbol dropped.
     """
     end = _LINE_END.search(record)
     body = b"" if end is None else record[end.start():]
-    body = body.translate(None, _DELETE_WS).upper()
+    body = body.translate(None, _DELETE_WS)
+    if not keep_case:
+        body = body.upper()
     if body.endswith(b"*"):
         body = body[:-1]
     return body.decode("ascii")

@@ -1,5 +1,5 @@
 """Every record's sequence digest, BLAKE2b-128 of its residues as the index reads them (whitespace removed,
-upper-cased, a trailing '*' dropped: `fasta_scan.sequence_text`), computed straight from the FASTA text a
+upper-cased unless the run's input keeps its case, a trailing '*' dropped: `fasta_scan.sequence_text`), computed straight from the FASTA text a
 block of whole records at a time, in FASTA order, with bounded memory.
 
 A block is read with one positioned read and its records' checksums are checked (record_checksum.py), so
@@ -30,9 +30,10 @@ def digest(text: bytes | str) -> bytes:
     return hashlib.blake2b(text.encode("ascii") if isinstance(text, str) else text, digest_size=SIZE).digest()
 
 
-def record_digests(index, start: int = 0, stop: int | None = None) -> Iterator[np.ndarray]:
-    """[k, 16] uint8 digests of records start .. stop - 1, in order, a few thousand at a time. The text read
-    is checked against each record's checksum (InputChanged when the file changed since it was indexed)."""
+def record_digests(index, start: int = 0, stop: int | None = None, keep_case: bool = False) -> Iterator[np.ndarray]:
+    """[k, 16] uint8 digests of records start .. stop - 1, in order, a few thousand at a time (of the text as
+    written, not upper-cased, with `keep_case`). The text read is checked against each record's checksum
+    (InputChanged when the file changed since it was indexed)."""
     stop = len(index) if stop is None else stop
     for a in range(start, stop, _STEP):
         b = min(stop, a + _STEP)
@@ -41,11 +42,11 @@ def record_digests(index, start: int = 0, stop: int | None = None) -> Iterator[n
         i = 0
         while i < b - a:
             if rec.nbytes[i] > BLOCK_BYTES:   # a long record, alone, piece by piece
-                out[i] = np.frombuffer(digest(index.sequence(a + i)), np.uint8)
+                out[i] = np.frombuffer(digest(index.sequence(a + i, keep_case)), np.uint8)
                 i += 1
                 continue
             j = rec.block_end(i)
-            _block(index, rec, a, i, j, out)
+            _block(index, rec, a, i, j, out, keep_case)
             i = j
         index.release()
         yield out
@@ -74,7 +75,7 @@ class _Fields:
         return max(i + 1, min(j, run_end))
 
 
-def _block(index, rec: _Fields, a: int, i: int, j: int, out: np.ndarray) -> None:
+def _block(index, rec: _Fields, a: int, i: int, j: int, out: np.ndarray, keep_case: bool) -> None:
     """Digests of records a + i .. a + j - 1, which lie back to back in one file, read in one piece."""
     start, stop = int(rec.offsets[i]), int(rec.ends[j - 1])
     grid = start - start % 8   # checksum words sit at multiples of 8 in the text
@@ -90,11 +91,11 @@ def _block(index, rec: _Fields, a: int, i: int, j: int, out: np.ndarray) -> None
         bad = np.flatnonzero(found != rec.checksums[i:j])
         if len(bad):
             index._verify(a + i + int(bad[0]), int(found[bad[0]]))   # raises InputChanged, naming the record
-    _digests_of(buf, rel, rec.nbytes[i:j], rec.lengths[i:j], out[i:j], index, a + i)
+    _digests_of(buf, rel, rec.nbytes[i:j], rec.lengths[i:j], out[i:j], index, a + i, keep_case)
 
 
 def _digests_of(buf: np.ndarray, rel: np.ndarray, nbytes: np.ndarray, lengths: np.ndarray, out: np.ndarray,
-                index, first: int) -> None:
+                index, first: int, keep_case: bool = False) -> None:
     """Digests of the records at `rel` (each `nbytes` long, header included) in `buf`."""
     ends = rel + nbytes
     line_ends = np.flatnonzero((buf == 10) | (buf == 13))
@@ -107,7 +108,7 @@ def _digests_of(buf: np.ndarray, rel: np.ndarray, nbytes: np.ndarray, lengths: n
     where = np.flatnonzero(keep)
     starts = np.searchsorted(where, rel)
     kept = np.searchsorted(where, ends) - starts
-    residues = _UPPER[buf[where]].tobytes()
+    residues = (buf[where] if keep_case else _UPPER[buf[where]]).tobytes()
     view = memoryview(residues)
     blake = hashlib.blake2b
     raw = bytearray()
@@ -116,4 +117,4 @@ def _digests_of(buf: np.ndarray, rel: np.ndarray, nbytes: np.ndarray, lengths: n
         raw += blake(view[s:s + n], digest_size=SIZE).digest()
     out[:] = np.frombuffer(bytes(raw), np.uint8).reshape(-1, SIZE)
     for i in odd.tolist():   # (never for text the scanner accepted; kept as a safe path)
-        out[i] = np.frombuffer(digest(index.sequence(first + i)), np.uint8)
+        out[i] = np.frombuffer(digest(index.sequence(first + i, keep_case)), np.uint8)

@@ -195,15 +195,15 @@ class SequenceIndex:
             return None
         return self.bgzf_blocks[self.bgzf_spans[k]:self.bgzf_spans[k + 1]]
 
-    def sequence(self, i: int) -> str:
-        """The residues the model sees (see `index.fasta_scan.sequence_text`), read piece by piece, so a
-        record takes about twice its residue count in memory, whatever its size or whitespace. The bytes
-        read are checked against the record's checksum (InputChanged when they differ)."""
+    def sequence(self, i: int, keep_case: bool = False) -> str:
+        """The residues the model sees (see `index.fasta_scan.sequence_text`; with `keep_case` not upper-cased),
+        read piece by piece, so a record takes about twice its residue count in memory, whatever its size or
+        whitespace. The bytes read are checked against the record's checksum (InputChanged when they differ)."""
         n = int(self.nbytes[i])
         if n <= _READ_BYTES:
             data = self.read_record(i)
             self._verify(i, checksum(data, int(self.offsets[i])))
-            return sequence_text(data)
+            return sequence_text(data, keep_case)
         text, in_header, total = bytearray(), True, 0
         for at in range(0, n, _READ_BYTES):
             piece = self.read_record(i, at, at + _READ_BYTES)
@@ -213,7 +213,8 @@ class SequenceIndex:
                 if end < 0:
                     continue
                 piece, in_header = piece[end:], False
-            text += piece.translate(None, _BLANKS).upper()
+            piece = piece.translate(None, _BLANKS)
+            text += piece if keep_case else piece.upper()
         self._verify(i, total)
         if text.endswith(b"*"):
             del text[-1]

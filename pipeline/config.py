@@ -22,7 +22,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 PER_RESIDUE_DTYPES = ("float16", "float32")
 ON_LONG = ("error", "truncate", "skip", "window")
 ON_DUPLICATE = ("error", "rename")
-INPUT_FORMATS = ("auto", "plain", "spaced")   # how residues are written for the tokenizer (docs/models.md)
+# How residues are written for the tokenizer (docs/models.md); aa, saprot-sa and 3di name the forms of a
+# vocabulary that reads structure (models/structure_input.py).
+INPUT_FORMATS = ("auto", "plain", "spaced", "aa", "saprot-sa", "3di")
 LAUNCHERS = ("local", "slurm", "ray")
 # Above this many shards, logs, `status` and report.html summarise the shards instead of a line each
 # (10,000 lines of "pending" bury the two that failed).
@@ -138,7 +140,10 @@ class RunConfig:
              "faster, values may differ in the last bits.")
     input_format: str = setting(RESULT, "--input-format", default="auto", choices=INPUT_FORMATS,
                                 help="How residues are written for the tokenizer: auto = the model family's card "
-                                     "(docs/models.md); plain = as written; spaced = space-separated.")
+                                     "(docs/models.md), or the structure form the input is written in; plain = as "
+                                     "written; spaced = space-separated; for a vocabulary that reads structure: "
+                                     "aa = amino acids, saprot-sa = SaProt's residue + 3Di pairs ('MdEvVp', "
+                                     "'M#E#V#'), 3di = ProstT5's 3Di states (lower case, after <fold2AA>).")
     trust_remote_code: bool = setting(LAUNCH, "--trust-remote-code", default=False,
                                       help="Let transformers run a checkpoint's own Python code (hf engine).")
     checkpoint_sequences: int = setting(LAUNCH, "--checkpoint-every", default=20000, minimum=1,

@@ -1,12 +1,15 @@
 """How a sequence's residues become the text a model's tokenizer reads (an input convention): as written,
 space-separated for word-level vocabularies, rare residues written as X, a prefix, line breaks. Each family
-in registry.py names its model card's convention; `--input-format` names one where none can be told."""
+in registry.py names its model card's convention; `--input-format` names one where none can be told.
+Conventions whose input carries structure (SaProt's residue + 3Di pairs, ProstT5's 3Di strings) keep the
+input's case and say which characters they read: structure_input.py holds them and decides when they apply."""
 from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
 
 RARE_RESIDUES = re.compile(r"[UZOB]")
+_PAIR = re.compile(r"[A-Z#][a-z#]|.", re.DOTALL)   # a residue letter and the structure letter after it, or one alone
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,14 @@ class Convention:
     # `pairs_with` (SaProt's 3Di states), an amino acid's probability is the sum over its pairings.
     masked_residue: str = ""
     pairs_with: str = ""
+    # Input that carries structure (structure_input.py). `keeps_case`: the residues are read from the FASTA with
+    # their case (case is meaning: 3Di letters are lower case), not upper-cased as the index gives them.
+    # `paired_with`: each residue is two characters, a residue letter of `alphabet` and its structure letter of
+    # these (SaProt's 'Mp', 'M#', '#p'): one token and one per-residue row. `alphabet`: the residue letters the
+    # convention reads; a residue outside it is odd (its row gets status 2, as an unknown character's does).
+    keeps_case: bool = False
+    paired_with: str = ""
+    alphabet: str = ""
 
     def text(self, residues: str) -> str:
         """The tokenizer's input for one sequence."""
@@ -45,12 +56,42 @@ class Convention:
             residues = residues.upper()
         if self.rare_to_x:
             residues = RARE_RESIDUES.sub("X", residues)
-        return [r + self.unit_suffix for r in residues]
+        return [r + self.unit_suffix for r in self.residues(residues)]
+
+    def residues(self, text: str) -> list[str]:
+        """The residues of a sequence's text: its characters, or with `paired_with` a residue letter with the
+        structure letter after it ('Mp'); a character that pairs with none stands alone (an odd residue)."""
+        if not self.paired_with:
+            return list(text)
+        return _PAIR.findall(text)
+
+    def count(self, text: str) -> int:
+        """How many residues (per-residue rows) a sequence's text holds."""
+        return len(self.residues(text)) if self.paired_with else len(text)
+
+    def odd(self, text: str) -> int:
+        """How many residues of `text` the convention does not read (outside `alphabet`, or a lone letter where
+        residues are pairs); 0 where it names no alphabet."""
+        if not self.alphabet:
+            return 0
+        if not self.paired_with:
+            return len(text) - sum(text.count(c) for c in set(text) if c in self.alphabet)
+        return sum(1 for r in self.residues(text)
+                   if len(r) != 2 or r[0] not in self.alphabet or r[1] not in self.paired_with)
+
+    def example(self, residues: str) -> str:
+        """`residues` (upper-case amino acids) as this convention's input writes them: each with the no-structure
+        letter '#' where residues are pairs, lower case for a lower-case alphabet (3Di)."""
+        if self.paired_with:
+            return "".join(r + "#" for r in residues)
+        if self.alphabet and self.alphabet.islower():
+            return residues.lower()
+        return residues
 
     def _units(self, residues: str) -> str:
         if not self.separator and not self.unit_suffix:
             return residues
-        return self.separator.join(r + self.unit_suffix for r in residues)
+        return self.separator.join(r + self.unit_suffix for r in self.residues(residues))
 
     @property
     def one_unit_per_residue(self) -> bool:
@@ -60,7 +101,11 @@ class Convention:
     def words(self) -> str:
         """What the convention does, in words (run.log, docs/models.md)."""
         parts = ["residues space-separated" if self.separator == " " else
-                 f"each residue followed by '{self.unit_suffix}'" if self.unit_suffix else "residues as written"]
+                 f"each residue followed by '{self.unit_suffix}'" if self.unit_suffix else
+                 "each residue a residue letter and its 3Di letter as written ('Mp', 'M#', '#p')" if self.paired_with
+                 else "residues as written"]
+        if self.keeps_case:
+            parts.append("case kept" + (" (3Di states in lower case)" if self.alphabet.islower() else ""))
         if self.upper:
             parts.append("upper-cased")
         if self.rare_to_x:
@@ -98,5 +143,5 @@ PROTGPT2_FASTA = Convention("ProtGPT2 FASTA lines", prefix="<|endoftext|>\n", su
                             line_width=60)
 
 # --input-format values other than auto (config.INPUT_FORMATS), which takes the family's convention or the
-# one its tokenizer shows (planning/tokenization_check.py).
+# one its tokenizer shows (planning/tokenization_check.py); aa, saprot-sa and 3di are structure_input.py's.
 BY_OPTION = {"plain": PLAIN, "spaced": SPACED}

@@ -103,14 +103,15 @@ def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict 
     sources = reuse_sources(config, model, schema, resolved)   # (refuses --reuse where rows are not by sequence)
     if not_by_sequence(config):
         return Copies()
-    counts, pending = _match(run, index, sources)
+    counts, pending = _match(run, index, sources, model.convention.keeps_case)
     log.info("copies: %s", copy_plan.summary(counts, [s.given for s in sources], planned=True))
     return Copies(counts, sources, pending)
 
 
-def _match(run: RunDir, index, sources: list[SourceFile]) -> tuple[dict, Path]:
+def _match(run: RunDir, index, sources: list[SourceFile], keep_case: bool) -> tuple[dict, Path]:
     """The counts, and the plan written in a new `.rs-copies-*` folder (in OUT, or beside it while OUT does not
-    exist yet) with the spill files, which are removed here; a killed command's folder the next one removes."""
+    exist yet) with the spill files, which are removed here; a killed command's folder the next one removes.
+    `keep_case`: the input convention reads the text's case (structure input), so the digests keep it too."""
     n = len(index)
     where = next((d for d in (run.root, run.root.parent) if d.is_dir()), Path(tempfile.gettempdir()))
     folder = Path(tempfile.mkdtemp(prefix=".rs-copies-", dir=where))
@@ -121,7 +122,7 @@ def _match(run: RunDir, index, sources: list[SourceFile]) -> tuple[dict, Path]:
         total = n + sum(s.rows for s in sources)
         buckets = HashBuckets(total, tmp, window=_WINDOW, payload=[("lo", "<u8"), ("src", "<i4")])
         at = 0
-        for chunk in record_digests(index):   # this run's records (src -1)
+        for chunk in record_digests(index, keep_case=keep_case):   # this run's records (src -1)
             digests.append(chunk.view("V16").reshape(-1))
             _add(buckets, chunk, np.arange(at, at + len(chunk), dtype=np.int64), -1)
             at += len(chunk)

@@ -43,8 +43,9 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
     if int(tokenizer.tokens_for_residues(np.array([index.max_length]))[0]) <= limit:
         return   # (the longest record fits: nothing to read)
     long = index.positions_where(lambda lengths: tokenizer.tokens_for_residues(lengths) > limit)
-    if len(long) and not tokenizer.char_level:  # the residue estimate is an upper bound: count exactly
-        exact = tokenizer.encode([index.sequence(int(i)) for i in long])
+    if len(long) and not tokenizer.exact_counts:  # the residue estimate is an upper bound: count exactly
+        keep_case = tokenizer.convention.keeps_case
+        exact = tokenizer.encode([index.sequence(int(i), keep_case) for i in long])
         long = long[[len(t.ids) > limit for t in exact]]
     if len(long) == 0:
         return

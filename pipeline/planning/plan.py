@@ -18,6 +18,7 @@ from index.cache import cache_dir
 from .. import __version__, faults
 from ..config import LISTED_SHARDS, RunConfig
 from ..errors import UserError
+from ..models import structure_input
 from ..output import run_inputs, status_codes
 from ..output.schema import BASE_COLUMNS, Schema
 from ..output.variant_list import VariantList
@@ -132,6 +133,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
         check_variants_out(planned.variants_out, run_inputs.of_run(run.root, planned.fasta, planned.variants,
                                                                    model.source.path))
     model.convention = decide_and_check(index, model.source, model.hf_tokenizer, planned.input_format)
+    structure_input.check_task(model.convention, planned.task)
     limit = token_limit(model.info.max_tokens, planned.max_length)
     planned = _fit_lengths(planned, index, model, limit)
     from ..tasks import make_task, schema_for

@@ -1,8 +1,9 @@
 """Before any model runs, in the parent: how residues are written for this checkpoint (its family's input
-convention, the one its tokenizer shows, or --input-format), and whether its tokenizer reads this input, on a
-sample (the longest, the shortest and a few hundred more). Residues that become unknown tokens in bulk, or
-fewer tokens than the residues could make, refuse the run; a few odd characters are logged and their rows
-get status 2.
+convention, the one its tokenizer shows, the structure form its vocabulary reads and the sample is written in
+(models/structure_input.py), or --input-format), and whether its tokenizer reads this input, on a sample (the
+longest, the shortest and a few hundred more). Residues that become unknown tokens in bulk (or residues a
+structure form does not read), or fewer tokens than the residues could make, refuse the run; a few odd
+characters are logged and their rows get status 2.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from index import SequenceIndex
 
 from ..errors import UserError
+from ..models import structure_input
 from ..models.conventions import BY_OPTION, PLAIN, SPACED, Convention
 from ..output import status_codes
 from ..tasks.tokenization import SequenceTokenizer
@@ -63,11 +65,19 @@ def decide_and_check(index: SequenceIndex, source, tokenizer, input_format: str)
     positions = sample_positions(index)
     if len(positions) == 0:
         return source.family.convention or PLAIN
-    texts = [index.sequence(int(p))[:SAMPLE_RESIDUES] for p in positions]
+    as_written = [index.sequence(int(p), keep_case=True)[:SAMPLE_RESIDUES] for p in positions]
+    upper = [t.upper() for t in as_written]   # what the index reads for a convention that does not keep case
+    texts_for = lambda c: as_written if c.keeps_case else upper  # noqa: E731
     longest = _max_residues_per_token(tokenizer)
-    look = lambda c: _seen(c, tokenizer, positions, texts, longest)  # noqa: E731
+    look = lambda c: _seen(c, tokenizer, positions, texts_for(c), longest)  # noqa: E731
     family = source.family
-    if input_format != "auto":
+    structure = structure_input.choose(tokenizer, input_format, as_written, [index.id(int(p)) for p in positions],
+                                       f"{source.name} ({family.name})")
+    if structure is not None:
+        convention, why = structure
+        if input_format == "auto" and convention == family.convention:
+            why = f"{family.name} (recognised by {family.recognised_by}): {family.convention_source}"
+    elif input_format != "auto":
         convention, why = BY_OPTION[input_format], f"--input-format {input_format}"
         if family.convention and family.convention != convention:
             log.warning("--input-format %s for a %s checkpoint, whose card writes residues so: %s", input_format,
@@ -83,7 +93,15 @@ def decide_and_check(index: SequenceIndex, source, tokenizer, input_format: str)
     log.info("input format: %s; %s", convention.words(), why)
     if seen.unknown_rows:
         rows = seen.unknown_rows
+        texts = texts_for(convention)
         chars = _unknown_characters(tokenizer, convention, [texts[list(positions).index(p)] for p in rows])
+        if convention.alphabet:   # (structure input: residues its form does not read are flagged too)
+            log.warning("%d of %d sampled sequences contain residues this input format (%s) does not read, or "
+                        "characters this model's tokenizer does not know (%s), e.g. %s; such rows are computed as "
+                        "the tokenizer reads them and get status %d", len(rows), seen.rows, convention.words(),
+                        chars or "unknown in context", listing([f"'{index.id(p)}'" for p in rows[:3]]),
+                        status_codes.UNKNOWN_RESIDUES)
+            return convention
         log.warning("%d of %d sampled sequences contain characters this model's tokenizer does not know (%s), e.g. "
                     "%s; such rows are computed with its unknown token and get status %d", len(rows), seen.rows,
                     chars or "unknown in context", listing([f"'{index.id(p)}'" for p in rows[:3]]),
@@ -143,9 +161,10 @@ def _max_residues_per_token(tokenizer) -> int:
 
 
 def _unknown_characters(tokenizer, convention: Convention, texts: list[str]) -> str:
-    """The characters of `texts` that are unknown tokens on their own, e.g. "'J', 'B'"."""
+    """The characters of `texts` that are unknown tokens on their own, or residues the convention does not read
+    (a lone letter where residues are residue + 3Di pairs), e.g. "'J', 'B'"."""
     probe = SequenceTokenizer(tokenizer, convention)
-    chars = sorted(set("".join(texts)))
+    chars = sorted({r for t in texts for r in convention.residues(t)})
     unknown = [c for c, t in zip(chars, probe.encode(chars)) if t.unknown]
     return ", ".join(repr(c) for c in unknown[:10])
 
@@ -154,7 +173,7 @@ def _refusal(source, seen: Seen, index, tokenizer, convention: Convention, why: 
     """What was seen, and the fix."""
     what = []
     if seen.unknown:
-        chars = _unknown_characters(tokenizer, convention, [index.sequence(p)[:SAMPLE_RESIDUES]
+        chars = _unknown_characters(tokenizer, convention, [index.sequence(p, convention.keeps_case)[:SAMPLE_RESIDUES]
                                                             for p in seen.unknown_rows[:20]])
         alone = f" (unknown on their own: {chars})" if chars else ""
         what.append(f"{seen.unknown:,} of its {seen.tokens:,} tokens are the unknown token {tokenizer.unk_token!r}"
@@ -164,7 +183,7 @@ def _refusal(source, seen: Seen, index, tokenizer, convention: Convention, why: 
         what.append(f"{len(seen.impossible)} sequence(s) became fewer tokens than their residues can make "
                     f"(e.g. '{index.id(p)}': {residues:,} residues as {tokens} token(s))")
     fixes = []
-    for option, other in BY_OPTION.items():
+    for option, other in list(BY_OPTION.items()) + structure_input.alternatives(tokenizer):
         if option != input_format and other != convention and not look(other).bulk:
             fixes.append(f"--input-format {option} ({other.words()}) tokenizes the sample with no more than a few "
                          "unknown tokens")

@@ -77,6 +77,8 @@ def build(tokenizer, convention: Convention, reference: Reference, by_unit: bool
     the vocabulary's token for its unit (SequenceTokenizer._per_unit), which the table must then equal."""
     if convention.line_width:
         return _none("line breaks every few residues are tokens of their own")
+    if convention.paired_with:
+        return _none("each residue is two characters (a residue letter and its 3Di letter)")
     standard_ids, standard_special = reference([STANDARD])[0]
     shape = _lead_and_trail(standard_ids, standard_special, len(STANDARD))
     if shape is None:

@@ -29,12 +29,13 @@ class Tokenized:
     ids: list[int]
     special: np.ndarray      # bool per token
     truncated: bool
-    num_unknown: int = 0     # content tokens that are the unknown token
+    num_unknown: int = 0     # content tokens that are the unknown token (at least), or residues the input
+                             # convention does not read (Convention.odd: SaProt's lone letters, upper case in 3Di)
     residues: str = ""       # the sequence text it was made from
 
     @property
     def unknown(self) -> bool:
-        """A residue became the unknown token."""
+        """A residue became the unknown token, or is one the input convention does not read (status 2)."""
         return self.num_unknown > 0
 
 
@@ -59,7 +60,7 @@ class SequenceTokenizer:
         self._prefix_tokens = (len(tokenizer(convention.prefix, add_special_tokens=False)["input_ids"])
                                if convention.prefix_excluded else 0)
         self.char_level = False
-        probe = self._encode(PROBE)
+        probe = self._encode(convention.example(PROBE))
         # Special tokens before and after every sequence's content (what a window repeats).
         self.head = int(np.argmin(probe.special)) if not probe.special.all() else len(probe.ids)
         self.tail = int(np.argmin(probe.special[::-1])) if not probe.special.all() else 0
@@ -68,18 +69,24 @@ class SequenceTokenizer:
         # One token per residue (ESM, the demo model; spaced ProtT5/ProtBert; SaProt's residue#): token counts
         # are known from residue counts before tokenizing anything.
         self.char_level = content == len(PROBE)
-        one = self._encode("A")
+        one = self._encode(convention.example("A"))
         # Tokens a sequence may have beyond one per residue (a word marker, the prefix's line break).
         self.overhead = 0 if self.char_level else max(content - len(PROBE), len(one.ids) - self.num_special - 1, 0) + 1
         self._lookup = (residue_lookup.build(tokenizer, convention, self._reference, self._by_unit)
                         if self.char_level and lookup else None)
 
     def tokens_for_residues(self, residues: np.ndarray) -> np.ndarray:
-        """Tokens per sequence (exact for one token per residue, an upper bound otherwise)."""
+        """Tokens per sequence of `residues` characters (the index's lengths): exact for one token per residue
+        (`exact_counts`), an upper bound otherwise (residues of two characters: SaProt's residue + 3Di pairs)."""
         residues = np.asarray(residues, np.int64)
         width = self.convention.line_width
         breaks = residues // width if width else 0
         return residues + breaks + self.num_special + self.overhead
+
+    @property
+    def exact_counts(self) -> bool:
+        """`tokens_for_residues` is exact: one token per residue, each residue one character."""
+        return self.char_level and not self.convention.paired_with
 
     @property
     def looks_up(self) -> bool:
@@ -117,21 +124,22 @@ class SequenceTokenizer:
             ids = np.concatenate((ids[:lead + keep], ids[len(ids) - trail:]))
         body = len(ids) - lead - trail
         unknown = 0 if self.unk_id is None else int(np.count_nonzero(ids[lead:lead + body] == self.unk_id))
-        return Tokenized(ids.tolist(), self._lookup.special(body), truncated, unknown, seq)
+        return Tokenized(ids.tolist(), self._lookup.special(body), truncated, max(unknown, self.convention.odd(seq)),
+                         seq)
 
     def _encode(self, seq: str) -> Tokenized:
         return self._tokenized(seq, self.tokenizer(self.convention.text(seq))["input_ids"], None)
 
     def _tokenized(self, seq: str, ids: list[int], max_tokens: int | None) -> Tokenized:
         special = self._special(ids)
-        if self.char_level and self._by_unit and len(ids) - int(special.sum()) != len(seq):
+        if self.char_level and self._by_unit and len(ids) - int(special.sum()) != self.convention.count(seq):
             ids, special = self._per_unit(seq, ids, special)
         truncated = False
         if max_tokens and len(ids) > max_tokens:
             ids, special = self._truncate(ids, special, max_tokens)
             truncated = True
         unknown = 0 if self.unk_id is None else sum(1 for t, s in zip(ids, special) if t == self.unk_id and not s)
-        return Tokenized(list(ids), special, truncated, unknown, seq)
+        return Tokenized(list(ids), special, truncated, max(unknown, self.convention.odd(seq)), seq)
 
     def unit(self, residue: str) -> str:
         """The text of one residue as the model reads it (a token of its own with a token per residue)."""

@@ -29,7 +29,7 @@ class PreparedBatch:
     """A batch as the host reads it, before any device work: per row of `todo` (FASTA positions) its length,
     status, truncation and digest, and the rows to compute with their tokens."""
     todo: np.ndarray
-    lengths: np.ndarray                      # int32 residues
+    lengths: np.ndarray                      # int32 residues (a residue + 3Di pair is one)
     status: np.ndarray                       # int8 status codes
     truncated: np.ndarray                    # bool
     digest: np.ndarray                       # uint8 [n, 16]
@@ -68,7 +68,10 @@ class BatchComputer:
         status[lengths == 0] = sc.EMPTY
         candidates = np.flatnonzero(lengths > 0)
         # (A batch of empty records only has nothing to tokenize: tokenizers fail on an empty list.)
-        texts = [self.index.sequence(int(todo[i])) for i in candidates]
+        convention = self.tokenizer.convention   # (structure input keeps its case; a residue + 3Di pair is one)
+        texts = [self.index.sequence(int(todo[i]), convention.keeps_case) for i in candidates]
+        if convention.paired_with:
+            lengths[candidates] = [convention.count(t) for t in texts]
         toks = self.tokenizer.encode(texts) if len(candidates) else []
         digest = np.repeat(digests([""]), n, axis=0)   # (an empty record's digest is the empty text's)
         digest[candidates] = digests(texts)
