@@ -229,5 +229,5 @@ def test_docs_models_md_holds_every_family_of_the_registry():
         if family.convention is not None:
             words = family.convention.words()
             assert (words.split(", after")[0] if family.key == "protgpt2" else words) in text, family.key
-    assert "--input-format auto|plain|spaced" in text and "--trust-remote-code" in text
+    assert "--input-format auto|plain|spaced|aa|saprot-sa|3di" in text and "--trust-remote-code" in text
     assert "docs/models.md" in (REPO / "README.md").read_text()

@@ -146,6 +146,8 @@ def test_odd_structure_input_is_flagged_as_on_esm2(family_checkpoint, tmp_path, 
     assert [t.num_unknown for t in toks] == [1, 1, 16]
     with pytest.raises(UserError, match="--input-format aa"):   # amino acids named as SA pairs: all lone letters
         _planned(path, {"A1": "MEVQLKTRAW", "A2": "KTRAWMEVQL"}, tmp_path, "saprot-sa")
+    with pytest.raises(UserError, match=r"lower-case its sequence lines first .*awk"):   # Foldseek's upper case
+        _planned(family_checkpoint("prostt5"), {"T1": "DVVLVVLLPDP", "T2": "DPVVSVVCS"}, tmp_path, "3di")
 
 
 # --------------------------------------------------------------------------------------------------- ProstT5

@@ -111,6 +111,15 @@ def alternatives(tokenizer) -> list[tuple[str, Convention]]:
     return [] if found is None else [(AMINO_ACIDS_OPTION, found.amino_acids), (found.option, found.structure)]
 
 
+def refusal_hint(convention: Convention) -> str | None:
+    """What to do when input given as this structure form is odd in bulk, beyond another --input-format."""
+    if convention == PROSTT5_3DI:
+        return ("if the input is 3Di written in upper case (as Foldseek writes it), lower-case its sequence lines "
+                "first (ProstT5 reads 3Di states in lower case), e.g. "
+                "`awk '/^>/ {print; next} {print tolower($0)}' in.fa > in.3di.fa`")
+    return None
+
+
 def check_task(convention: Convention, task: str) -> None:
     """Structure input is embedded; the masked-LM scores read amino acids (SaProt's mutation scoring writes a
     masked residue '#' beside its 3Di letter, per position), which this run does not do for it."""

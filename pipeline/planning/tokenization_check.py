@@ -175,14 +175,21 @@ def _refusal(source, seen: Seen, index, tokenizer, convention: Convention, why: 
     if seen.unknown:
         chars = _unknown_characters(tokenizer, convention, [index.sequence(p, convention.keeps_case)[:SAMPLE_RESIDUES]
                                                             for p in seen.unknown_rows[:20]])
-        alone = f" (unknown on their own: {chars})" if chars else ""
-        what.append(f"{seen.unknown:,} of its {seen.tokens:,} tokens are the unknown token {tokenizer.unk_token!r}"
-                    f"{alone}, in {len(seen.unknown_rows)} of {seen.rows} sampled sequences")
+        if convention.alphabet:   # (structure input: residues its form does not read count too)
+            alone = f" (on their own: {chars})" if chars else ""
+            what.append(f"{seen.unknown:,} of its {seen.tokens:,} tokens are residues this form does not read or "
+                        f"the unknown token {tokenizer.unk_token!r}{alone}, in {len(seen.unknown_rows)} of "
+                        f"{seen.rows} sampled sequences")
+        else:
+            alone = f" (unknown on their own: {chars})" if chars else ""
+            what.append(f"{seen.unknown:,} of its {seen.tokens:,} tokens are the unknown token "
+                        f"{tokenizer.unk_token!r}{alone}, in {len(seen.unknown_rows)} of {seen.rows} sampled sequences")
     if seen.impossible:
         p, residues, tokens = max(seen.impossible, key=lambda x: x[1])
         what.append(f"{len(seen.impossible)} sequence(s) became fewer tokens than their residues can make "
                     f"(e.g. '{index.id(p)}': {residues:,} residues as {tokens} token(s))")
-    fixes = []
+    hint = structure_input.refusal_hint(convention)
+    fixes = [hint] if hint else []
     for option, other in list(BY_OPTION.items()) + structure_input.alternatives(tokenizer):
         if option != input_format and other != convention and not look(other).bulk:
             fixes.append(f"--input-format {option} ({other.words()}) tokenizes the sample with no more than a few "
