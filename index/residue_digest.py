@@ -1,6 +1,6 @@
 """Every record's sequence digest, BLAKE2b-128 of its residues as the index reads them (whitespace removed,
-upper-cased unless the run's input keeps its case, a trailing '*' dropped: `fasta_scan.sequence_text`), computed straight from the FASTA text a
-block of whole records at a time, in FASTA order, with bounded memory.
+upper-cased unless the run's input keeps its case, a trailing '*' dropped: `fasta_scan.sequence_text`),
+computed straight from the FASTA text a block of whole records at a time, in FASTA order, with bounded memory.
 
 A block is read with one positioned read and its records' checksums are checked (record_checksum.py), so
 a digest is never taken of text other than the index describes; the residues of the whole block are

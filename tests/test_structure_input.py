@@ -27,7 +27,8 @@ from pipeline.planning.tokenization_check import decide_and_check
 from pipeline.tasks.tokenization import SequenceTokenizer
 from tests.families import card_usage
 
-from .family_runs import assert_embeddings_as_accurate, family_checkpoint, per_residue_rows, result, write_fasta  # noqa: F401
+from .family_runs import (assert_embeddings_as_accurate, family_checkpoint, per_residue_rows, result,  # noqa: F401
+                          write_fasta)
 from .tiny_models import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -164,8 +165,8 @@ def test_prostt5_3di_is_embedded_after_fold2aa_as_its_card_does(family_checkpoin
     assert texts == list(THREE_DI.values())
     source = checkpoint.local_source(str(path))
     config = RunConfig(fasta=["x.fa"], out="x", model=str(path), per_residue=True, per_residue_dtype="float32")
-    info = checkpoint.describe(source, "native", checkpoint.read_tokenizer(source, checkpoint.read_config(source, False),
-                                                                            False), False)
+    hf_tokenizer = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
+    info = checkpoint.describe(source, "native", hf_tokenizer, False)
     engine = selection.load("native", str(path), torch.device("cpu"), torch.float32, logprobs=False, info=info,
                             config=config)
     tokenizer = SequenceTokenizer(engine.tokenizer, convention)
