@@ -22,7 +22,7 @@ from pipeline.errors import UserError
 
 from . import scoring_reference as ref
 from .float64_reference import assert_as_accurate
-from .run_helpers import raw_datasets, read, undocumented_files
+from .run_helpers import raw_datasets, read, undocumented_files, undocumented_in_schema
 from .slurm_helpers import html_cells
 from .tiny_models import run_cli, save_esm, save_llama
 
@@ -58,7 +58,7 @@ def llama(tmp_path_factory) -> str:
 def run(fasta: str, out, *args: str, env: dict | None = None) -> dict:
     res = run_cli(fasta, "--out", str(out), *args, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert undocumented_files(out) == []
+    assert undocumented_files(out) == [] and undocumented_in_schema(out / "result.h5") == []
     return read(out / "result.h5")
 
 
