@@ -83,6 +83,9 @@ class VariantsTask(Task):
                 for r in rows}
         return len(keys)
 
+    def runs(self, position: int) -> bool:
+        return int(position) in self._variants()   # a record without variants has nothing to score
+
     def batch_tokens(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         by_record = self._variants()
         empty = np.zeros(0, np.int64)
