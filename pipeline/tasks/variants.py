@@ -154,7 +154,7 @@ class VariantsTask(Task):
         mutant_toks = self._tokenizer.encode(list(index)) if index else []
         batch = list(toks) + mutant_toks
         out = engine.forward([t.ids for t in batch], [], True)
-        ll = log_likelihoods(out, batch)[0]
+        ll = log_likelihoods(out, batch, self._tokenizer.unk_id)[0]   # (unknown residues: context, not scored)
         llr = [[float(ll[index[mutated(tok.residues, v)]] - ll[i]) for v in variants]
                for i, (tok, variants) in enumerate(zip(toks, subs))]
         return {"llr": llr}, sum(len(t.ids) for t in batch)
