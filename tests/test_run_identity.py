@@ -284,7 +284,7 @@ def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, mod
 def test_status_get_and_the_reuse_refusal_say_the_truth(fasta, finished, models, tmp_path):
     """An interrupted run's status says what is planned and what is durable; a continued run names a default
     budget by its value; `get` of an id a partial result lacks says why and what computes it; the --reuse
-    refusal names --no-batch-invariant and --engine hf as the cause, not a small budget."""
+    refusal names --no-batch-invariant, --engine hf and bfloat16 as the cause, not a small budget."""
     out = tmp_path / "out"
     stopped_run(fasta, models["esm"], out)
     rows = status_rows(out)
@@ -302,7 +302,8 @@ def test_status_get_and_the_reuse_refusal_say_the_truth(fasta, finished, models,
     res = run_cli(str(fasta), "--out", str(out), "--model", models["esm"], *COMMON[:4], *COMMON[6:])
     assert res.returncode == 0 and "--max-tokens-per-batch default 4096 (was 500)" in res.stderr, res.stderr
     for option, cause in ((("--no-batch-invariant",), "this run's are not: --no-batch-invariant"),
-                          (("--engine", "hf"), "this run's are not: --engine hf")):
+                          (("--engine", "hf"), "this run's are not: --engine hf"),
+                          (("--dtype", "bfloat16"), "this run's are not: bfloat16 products on CPU run through oneDNN")):
         res = run_cli(str(fasta), "--out", str(tmp_path / "refused"), "--model", models["esm"], *COMMON, *option,
                       "--reuse", str(finished))
         assert res.returncode == 2 and cause in res.stderr and "budget" not in res.stderr, res.stderr
