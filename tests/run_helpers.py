@@ -183,3 +183,22 @@ def triton_test_device():
     if interpret:
         return torch.device("cpu")
     pytest.skip("needs a GPU, or TRITON_INTERPRET=1 for the interpreter", allow_module_level=True)
+
+
+def undocumented_in_schema(result: Path) -> list[str]:
+    """Datasets and root attributes of a result file that README's "Output schema" section does not name. Every
+    name in backticks there is a pattern: `<pool>`, `<k>` stand for one part of a name, `...` and `*` for the
+    rest (`embeddings/<pool>_layer<k>`, `variants/...`)."""
+    section = (REPO / "README.md").read_text().split("\n## Output schema", 1)[1].split("\n## ", 1)[0]
+    names = [n for n in re.findall(r"`([^`\s]+)`", section) if re.fullmatch(r"[a-z_][\w<>]*(/[\w<>.*]+)?", n)]
+    patterns = [re.escape(n).replace(r"\.\.\.", ".*").replace(r"\*", ".*") for n in names]
+    pattern = re.compile("|".join(re.sub(r"<[a-z]+>", "[^/]+", p) for p in patterns))
+    with h5py.File(result) as f:
+        names = [f"dataset {n}" for n in _datasets(f)] + [f"attribute {a}" for a in f.attrs]
+    return sorted(n for n in names if not pattern.fullmatch(n.split(" ", 1)[1]))
+
+
+def _datasets(f: h5py.File) -> list[str]:
+    names = []
+    f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+    return names

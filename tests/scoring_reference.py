@@ -43,22 +43,30 @@ def unmasked_logprobs(path: str, ids: list[int], exact: bool) -> np.ndarray:
 
 
 def pll(path: str, seq: str, exact: bool) -> tuple[float, np.ndarray, np.ndarray]:
-    """Pseudo-log-likelihood of `seq`: (sum, each residue's own term, the 20 amino acids' table `[L, 20]`)."""
+    """Pseudo-log-likelihood of `seq`: (sum, each residue's own term, the 20 amino acids' table `[L, 20]`). A
+    residue that is the unknown token is masked in turn like the others but not scored: its term is NaN and
+    the sum leaves it out."""
     _, tok = model_and_tokenizer(path, exact, causal=False)
     ids = tok(seq)["input_ids"]
     residues = list(range(1, len(ids) - 1))          # <cls> residues <eos>
     rows = np.stack([lp[0] for lp in masked_logprobs(path, ids, [[p] for p in residues], exact)])
-    own = rows[np.arange(len(residues)), [ids[p] for p in residues]]
-    return float(own.sum()), own, rows[:, tok.convert_tokens_to_ids(list(AMINO_ACIDS))]
+    own = _unknown_as_nan(tok, rows[np.arange(len(residues)), [ids[p] for p in residues]], ids[1:-1])
+    return float(own[~np.isnan(own)].sum()), own, rows[:, tok.convert_tokens_to_ids(list(AMINO_ACIDS))]
 
 
 def wt_marginal(path: str, seq: str, exact: bool) -> tuple[float, np.ndarray, np.ndarray]:
-    """One unmasked pass: (sum of log p(residue), each residue's term, the 20 amino acids' table `[L, 20]`)."""
+    """One unmasked pass: (sum of log p(residue), each residue's term, the 20 amino acids' table `[L, 20]`); an
+    unknown residue's term is NaN, left out of the sum."""
     _, tok = model_and_tokenizer(path, exact, causal=False)
     ids = tok(seq)["input_ids"]
     rows = unmasked_logprobs(path, ids, exact)[1:len(ids) - 1]
-    own = rows[np.arange(len(rows)), ids[1:len(ids) - 1]]
-    return float(own.sum()), own, rows[:, tok.convert_tokens_to_ids(list(AMINO_ACIDS))]
+    own = _unknown_as_nan(tok, rows[np.arange(len(rows)), ids[1:len(ids) - 1]], ids[1:-1])
+    return float(own[~np.isnan(own)].sum()), own, rows[:, tok.convert_tokens_to_ids(list(AMINO_ACIDS))]
+
+
+def _unknown_as_nan(tok, terms: np.ndarray, ids: list[int]) -> np.ndarray:
+    """`terms` with NaN where the token is the tokenizer's unknown token (a residue outside its alphabet)."""
+    return np.where(np.asarray(ids) == tok.unk_token_id, np.nan, terms)
 
 
 def causal_token_logprobs(path: str, seq: str, exact: bool) -> tuple[list[int], np.ndarray]:
@@ -72,11 +80,11 @@ def causal_token_logprobs(path: str, seq: str, exact: bool) -> tuple[list[int], 
 
 
 def causal_score(path: str, seq: str, exact: bool) -> float:
-    """--task score's definition: the sum over non-special tokens after the first of log p(token | before); an
-    unknown residue's <unk> is a residue's token, not a special one."""
+    """--task score's definition: the sum over non-special tokens after the first of log p(token | before),
+    leaving out an unknown residue's <unk> (fed to the model as context, but not a residue's probability)."""
     _, tok = model_and_tokenizer(path, exact, causal=True)
     ids, lp = causal_token_logprobs(path, seq, exact)
-    special = set(tok.all_special_ids) - {tok.unk_token_id}
+    special = set(tok.all_special_ids) | {tok.unk_token_id}
     return float(sum(lp[t] for t in range(1, len(ids)) if ids[t] not in special))
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from index import SequenceIndex
 
-from .run_helpers import read, undocumented_files
+from .run_helpers import read, undocumented_files, undocumented_in_schema
 from .tiny_models import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -159,6 +159,14 @@ def test_reuse_computes_only_the_new_records_and_gives_the_same_bits(runs):
     assert status.returncode == 0 and "rows: 63 records: 3 computed" in status.stdout
     report = (outs["c"] / "report.html").read_text()
     assert "<p id='copies'>Rows: 63 records: 57 computed, 6 copied" in report
+
+
+def test_the_readme_schema_names_every_dataset_and_attribute_of_copies_and_reuse(runs):
+    """`computed_at`, `reused_from` (column and attribute) and `copies` are in README's "Output schema", with
+    every other dataset and attribute of a result with copied and reused rows (issue 37)."""
+    fastas, outs, logs = runs
+    for k in "ab":
+        assert undocumented_in_schema(outs[k] / "result.h5") == []
 
 
 def test_reuse_refuses_another_model_or_setting(runs, models, tmp_path):

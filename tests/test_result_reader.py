@@ -21,7 +21,7 @@ from pipeline.output import id_index
 from pipeline.output.get import read_ids
 from pipeline.output.result_reader import MissingIds, open_result
 
-from .run_helpers import read, undocumented_files
+from .run_helpers import read, undocumented_files, undocumented_in_schema
 from .tiny_models import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ def result(tmp_path_factory, models):
     res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "2",
                   "--per-residue", "--on-duplicate-id", "rename", "--no-progress")
     assert res.returncode == 0, res.stderr
-    assert undocumented_files(out) == []
+    assert undocumented_files(out) == [] and undocumented_in_schema(out / "result.h5") == []
     data = read(out / "result.h5")
     ids = [i.decode() for i in data["ids"]]
     return out, data, ids

@@ -22,7 +22,7 @@ from pipeline.errors import UserError
 
 from . import scoring_reference as ref
 from .float64_reference import assert_as_accurate
-from .run_helpers import raw_datasets, read, undocumented_files
+from .run_helpers import raw_datasets, read, undocumented_files, undocumented_in_schema
 from .slurm_helpers import html_cells
 from .tiny_models import run_cli, save_esm, save_llama
 
@@ -58,7 +58,7 @@ def llama(tmp_path_factory) -> str:
 def run(fasta: str, out, *args: str, env: dict | None = None) -> dict:
     res = run_cli(fasta, "--out", str(out), *args, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert undocumented_files(out) == []
+    assert undocumented_files(out) == [] and undocumented_in_schema(out / "result.h5") == []
     return read(out / "result.h5")
 
 
@@ -79,24 +79,37 @@ def residues(got: dict, name: str, i: int) -> np.ndarray:
 
 
 def assert_masked_scores(got: dict, model: str, method) -> None:
-    """Sums, counts, means, each residue's term and the amino-acid table against the hand computation."""
+    """Sums, counts, means, each residue's term and the amino-acid table against the hand computation. P3's J,
+    fed as the unknown token, is context but not scored: out of the sum and the count, NaN as a residue's term
+    (before issue 37 its log p(<unk>) was summed)."""
     seqs = list(SEQUENCES.values())
     theirs = [method(model, s, exact=False) for s in seqs]
     exact = [method(model, s, exact=True) for s in seqs]
-    assert got["score/num_scored"].tolist() == [len(s) for s in seqs]
+    assert got["score/num_scored"].tolist() == [len(s) - s.count("J") for s in seqs]
     assert_as_accurate(got["score/logprob_sum"], [t[0] for t in theirs], [e[0] for e in exact], "logprob_sum")
     np.testing.assert_array_equal(got["score/logprob_mean"], got["score/logprob_sum"] / got["score/num_scored"])
     assert np.array_equal(np.diff(got["per_residue/offsets"]), [len(s) for s in seqs])
     for name, k in (("per_residue/logprob", 1), ("per_residue/amino_acids", 2)):
         ours = np.concatenate([residues(got, name, i) for i in range(len(seqs))])
         assert ours.dtype == np.float32
-        assert_as_accurate(ours, np.concatenate([t[k] for t in theirs]), np.concatenate([e[k] for e in exact]), name,
-                           floor=2e-7 * 4)   # stored as float32: its own rounding (2^-24 relative) comes on top
+        assert_as_accurate_where_finite(ours, np.concatenate([t[k] for t in theirs]),
+                                        np.concatenate([e[k] for e in exact]), name, floor=2e-7 * 4)
+        # (stored as float32: its own rounding, 2^-24 relative, comes on top)
+    unknown = residues(got, "per_residue/logprob", 2)[SEQUENCES["P3 an unknown residue"].index("J")]
+    assert np.isnan(unknown) and np.isfinite(residues(got, "per_residue/amino_acids", 2)).all()
     # the table's column for each standard residue is that residue's own term
     table, own = got["per_residue/amino_acids"], got["per_residue/logprob"]
     letters = "".join(seqs)
     standard = [i for i, c in enumerate(letters) if c in ref.AMINO_ACIDS]
     assert np.array_equal(table[standard, [ref.AMINO_ACIDS.index(letters[i]) for i in standard]], own[standard])
+
+
+def assert_as_accurate_where_finite(ours, theirs, exact, what: str, floor: float) -> None:
+    """NaN exactly where the exact values are NaN (residues not scored), and as accurate elsewhere."""
+    ours, theirs, exact = (np.asarray(a, np.float64) for a in (ours, theirs, exact))
+    assert np.array_equal(np.isnan(ours), np.isnan(exact)) and np.array_equal(np.isnan(theirs), np.isnan(exact))
+    finite = ~np.isnan(exact)
+    assert_as_accurate(ours[finite], theirs[finite], exact[finite], what, floor=floor)
 
 
 def test_pll_and_its_per_residue_table_match_transformers_by_hand(pll_run, esm):
@@ -185,12 +198,15 @@ def test_causal_score_is_kept_and_per_residue_adds_each_residues_log_probability
         "per_residue/logprob", "per_residue/offsets", "score/logprob_sum", "score/num_scored"]
     assert_as_accurate(got["score/logprob_sum"], [ref.causal_score(llama, s, False) for s in seqs],
                        [ref.causal_score(llama, s, True) for s in seqs], "logprob_sum")
-    theirs = [ref.causal_token_logprobs(llama, s, False)[1][1:-1] for s in seqs]   # the residues' tokens
-    exact = [ref.causal_token_logprobs(llama, s, True)[1][1:-1] for s in seqs]
+    assert got["score/num_scored"].tolist() == [len(s) - s.count("J") for s in seqs]   # P3's J: unknown, not scored
+
+    def residue_terms(seq: str, exact: bool) -> np.ndarray:   # the residues' tokens; NaN for an unknown one
+        return np.where(np.array(list(seq)) == "J", np.nan, ref.causal_token_logprobs(llama, seq, exact)[1][1:-1])
     ours = np.concatenate([residues(got, "per_residue/logprob", i) for i in range(len(seqs))])
-    assert_as_accurate(ours, np.concatenate(theirs), np.concatenate(exact), "per-residue", floor=1e-6)
+    assert_as_accurate_where_finite(ours, np.concatenate([residue_terms(s, False) for s in seqs]),
+                                    np.concatenate([residue_terms(s, True) for s in seqs]), "per-residue", floor=1e-6)
     for i in range(len(seqs)):   # a token per residue: the residues' terms are the score's
-        assert residues(got, "per_residue/logprob", i).astype(np.float64).sum() == pytest.approx(
+        assert np.nansum(residues(got, "per_residue/logprob", i).astype(np.float64)) == pytest.approx(
             got["score/logprob_sum"][i], rel=1e-6)
 
 

@@ -26,7 +26,7 @@ from pipeline.planning.variants_file import read_variants
 
 from . import scoring_reference as ref
 from .float64_reference import assert_as_accurate
-from .run_helpers import raw_datasets, skip_or_fail, status_rows, undocumented_files
+from .run_helpers import raw_datasets, skip_or_fail, status_rows, undocumented_files, undocumented_in_schema
 from .slurm_helpers import SLURM_LAYOUT, html_cells, job_ids, wait_finished
 from .tiny_models import run_cli, save_esm, save_llama
 
@@ -116,7 +116,7 @@ def test_masked_and_wt_marginals_match_transformers_by_hand_in_file_order(masked
     logged = [re.search(r"shard complete: \S+ \(\d+ sequences, (\d+) tokens", (out / "logs" / f"worker_{r}.log")
                         .read_text()) for r in (0, 1)]
     assert sum(int(m[1]) for m in logged) == expected
-    assert undocumented_files(out) == []
+    assert undocumented_files(out) == [] and undocumented_in_schema(out / "result.h5") == []
 
 
 def test_a_changed_variants_file_is_refused_when_the_run_continues(masked_run, inputs, esm, tmp_path):

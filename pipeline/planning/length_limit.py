@@ -29,9 +29,11 @@ def token_limit(model_limit: int | None, max_length: int | None) -> int | None:
     return max_length
 
 
-def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None, config: RunConfig) -> None:
+def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None, config: RunConfig,
+               runs: np.ndarray | None = None) -> None:
     """Refuse, before any work, sequences over the limit unless --on-long says what to do with them
-    (`config` as planned: with --on-long window, its window is fixed)."""
+    (`config` as planned: with --on-long window, its window is fixed). `runs`: the FASTA positions of the
+    records the model runs, where not all (--task variants: those with variants); the others may be any length."""
     if config.on_long == "window":
         limit = config.window
     if not limit:
@@ -43,6 +45,8 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
     if int(tokenizer.tokens_for_residues(np.array([index.max_length]))[0]) <= limit:
         return   # (the longest record fits: nothing to read)
     long = index.positions_where(lambda lengths: tokenizer.tokens_for_residues(lengths) > limit)
+    if runs is not None:
+        long = long[np.isin(long, runs)]
     if len(long) and not tokenizer.exact_counts:  # the residue estimate is an upper bound: count exactly
         keep_case = tokenizer.convention.keeps_case
         exact = tokenizer.encode([index.sequence(int(i), keep_case) for i in long])
@@ -50,13 +54,14 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
     if len(long) == 0:
         return
     what = "the --max-length limit" if config.max_length == limit else "the model's limit"
+    which = "sequence(s)" if runs is None else "sequence(s) with variants"
     if config.on_long == "error":
         longest = int(long[np.argmax(index.lengths[long])])
         shown = listing([f"'{index.id(int(i))}' ({index.lengths[i]} residues)" for i in long[:MAX_LISTED]], len(long))
         window = "" if config.task == "generate" else (
             ", or --on-long window (run as overlapping windows stitched into one row)")
         raise UserError(
-            f"{len(long)} sequence(s) exceed {what} of {limit} tokens ({tokenizer.num_special} of them "
+            f"{len(long)} {which} exceed {what} of {limit} tokens ({tokenizer.num_special} of them "
             f"special), the longest '{index.id(longest)}' with {index.lengths[longest]} residues: {shown}. "
             "Choose --on-long truncate (cut to the limit; recorded in `truncated` and `num_tokens`), "
             f"--on-long skip (kept as rows with status {status_codes.SKIPPED_TOO_LONG}){window}.")
@@ -65,7 +70,7 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
                  "neighbours), stitched into one row each (the `windows` column counts them)", len(long), limit,
                  config.window, config.overlap)
         return
-    log.warning("%d sequence(s) exceed %s of %d tokens and will be %s (--on-long %s)", len(long), what,
+    log.warning("%d %s exceed %s of %d tokens and will be %s (--on-long %s)", len(long), which, what,
                 limit, "truncated" if config.on_long == "truncate" else "skipped", config.on_long)
 
 

@@ -12,6 +12,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from index import InputChanged, SequenceIndex, load_or_build
 from index.cache import cache_dir
 
@@ -135,7 +137,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     model.convention = decide_and_check(index, model.source, model.hf_tokenizer, planned.input_format)
     structure_input.check_task(model.convention, planned.task)
     limit = token_limit(model.info.max_tokens, planned.max_length)
-    planned = _fit_lengths(planned, index, model, limit)
+    planned = _fit_lengths(planned, index, model, limit, None if variants is None else variants.record)
     from ..tasks import make_task, schema_for
     from ..tasks.tokenization import SequenceTokenizer
     task = make_task(planned, model.info)
@@ -209,9 +211,11 @@ def _settle_matmul_mode(config: RunConfig) -> None:
         mkl_cnr.strict_matmuls()
 
 
-def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: int | None) -> RunConfig:
+def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: int | None,
+                 runs: np.ndarray | None = None) -> RunConfig:
     """Check the sequences against the model (alphabet, length limit) and fix the window size for
-    --on-long window; returns the settings with the window fixed."""
+    --on-long window; returns the settings with the window fixed. `runs`: the records the model runs, where
+    not all (--task variants: those with variants; only they must fit the limit)."""
     from index.alphabet import alphabet_mismatch
 
     from ..tasks.tokenization import SequenceTokenizer
@@ -223,7 +227,7 @@ def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: i
         from ..engine import windowed
         config = dataclasses.replace(config)
         windowed.plan(config, limit, tokenizer)   # fixes the copy's window and overlap
-    check_long(index, tokenizer, limit, config)
+    check_long(index, tokenizer, limit, config, runs)
     warn_beyond_training(index, tokenizer, limit, model.info.extra.get("trained_context"))
     return config
 

@@ -1,11 +1,14 @@
 """The --variants file, read and checked while planning, before any model runs: CSV or TSV with a header
 naming the columns `id` and `mutant` (others are ignored), one variant per line. Every problem is refused at
 once (exit 2), naming the file and line: an empty file, a malformed mutant, an id the FASTA does not have, a
-position outside the record, a wild-type letter that is not the record's residue there."""
+position outside the record, a wild-type letter that is not the record's residue there. A line that repeats an
+earlier line's variant (the same id and substitutions, in any order or case) is kept, with a warning naming
+both lines: the variant is scored once, and its scores are written on each of its lines."""
 from __future__ import annotations
 
 import csv
 import hashlib
+import logging
 import os
 from pathlib import Path
 
@@ -18,7 +21,9 @@ from ..errors import UserError
 from ..output.run_inputs import ReadFile, refuse_if_read
 from ..output.variant_list import MalformedMutant, VariantList, parse_mutant
 
-SHOWN = 10   # problems listed in one refusal (the count says how many more)
+SHOWN = 10   # problems listed in one refusal or warning (the count says how many more)
+
+log = logging.getLogger("run_shards")
 
 
 def read_variants(path: str, index: SequenceIndex) -> VariantList:
@@ -36,8 +41,26 @@ def read_variants(path: str, index: SequenceIndex) -> VariantList:
         more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
         raise UserError(f"--variants {path}: {len(problems)} problem(s){more}, nothing was computed:\n  "
                         + "\n  ".join(f"{path}, {p}" for p in problems[:SHOWN]))
+    _warn_repeated(path, rows)
     return VariantList(np.array(records, np.int64), [m for _, _, m in rows], source=str(Path(path).resolve()),
                        sha256=hashlib.sha256(data).hexdigest())
+
+
+def _warn_repeated(path: str, rows: list[tuple[int, str, str]]) -> None:
+    """Warn of lines whose variant an earlier line has (the same id and substitutions), naming both lines.
+    Such a variant is computed once (a record's passes are shared by its variants: tasks/variants.py)."""
+    first: dict[tuple, tuple[int, str]] = {}
+    repeats = []
+    for line, vid, mutant in rows:
+        earlier = first.setdefault((vid, parse_mutant(mutant)), (line, mutant))
+        if earlier[0] != line:
+            same = "" if earlier[1] == mutant else f" (written {earlier[1]} there)"
+            repeats.append(f"line {line} ({vid} {mutant}) repeats line {earlier[0]}{same}")
+    if repeats:
+        more = f" (and {len(repeats) - SHOWN} more)" if len(repeats) > SHOWN else ""
+        log.warning("--variants %s: %d line(s) repeat the variant of an earlier line%s; each such variant is "
+                    "scored once and its scores are written on each of its lines (the table keeps one row per "
+                    "line):\n  %s", path, len(repeats), more, "\n  ".join(f"{path}, {r}" for r in repeats[:SHOWN]))
 
 
 def _read_bytes(path: str) -> bytes:

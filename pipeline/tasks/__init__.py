@@ -5,7 +5,8 @@
   (a trailing special token such as <eos> included, when the tokenizer adds one).
 - score: sum over non-special tokens with at least one token before them of log p(token | all tokens
   before it, special ones included), accumulated in float64; `num_scored` counts those tokens. A masked LM's
-  score is its pseudo-log-likelihood or wild-type marginal (masked_score.py).
+  score is its pseudo-log-likelihood or wild-type marginal (masked_score.py). A residue fed as the unknown
+  token is context, never scored.
 - variants: each variant of the run's variants file scored against its record (variants.py).
 
 embed.py, score.py, masked_score.py, variants.py and generate.py hold one task each; task.py what they share;

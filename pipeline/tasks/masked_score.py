@@ -12,6 +12,11 @@ ragged per residue, `per_residue/logprob` (the residue's own term) and `per_resi
 float32: the log-probabilities of the 20 standard amino acids there, masked there for pll, unmasked for
 wt-marginal, in the order of the `per_residue_amino_acids` attribute: ACDEFGHIKLMNPQRSTVWY). That table is a
 complete single-substitution scan: a single mutant's masked marginal is table[p, mutant] - table[p, wild type].
+
+A residue the tokenizer does not know (a row of status 2) is fed as the unknown token, the context of the
+others, but is not scored: log p(<unk>) says nothing about a residue, so it is left out of `logprob_sum` and
+`num_scored` (and so of `logprob_mean`, NaN when no residue is left), and its `per_residue/logprob` is NaN; its
+`per_residue/amino_acids` row is still the model's prediction there.
 """
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ class MaskedScoreTask(Task):
         self.method = "pll" if config.score_method == "auto" else config.score_method
         self.per_residue = config.per_residue
         self._tokens: ResidueTokens | None = None
+        self._unknown = -1   # the unknown token's id (prepare); -1: the tokenizer has none
 
     def columns(self) -> list[Column]:
         cols = [Column("score/logprob_sum", "float64"), Column("score/num_scored", "int32"),
@@ -64,6 +70,7 @@ class MaskedScoreTask(Task):
     def prepare(self, tokenizer: SequenceTokenizer) -> None:
         need_one_token_per_residue(tokenizer, f"--score-method {self.method}" if self.method == "pll" else "scoring")
         self._tokens = ResidueTokens.of(tokenizer)
+        self._unknown = -1 if tokenizer.unk_id is None else int(tokenizer.unk_id)
 
     def batch_tokens(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
@@ -84,12 +91,15 @@ class MaskedScoreTask(Task):
         if self.per_residue:
             device["table"] = self._tokens.table(lp).float()
         counts = np.array([len(c) for c in content], np.int64)
+        known = true != self._unknown   # (an unknown residue is context, not scored)
+        scored = np.bincount(np.repeat(np.arange(len(toks)), counts)[known], minlength=len(toks)).astype(np.int64)
 
         def build(host: dict[str, np.ndarray]) -> TaskOutput:
-            own = host["own"]
-            sums = row_sums(own, counts)
-            out = TaskOutput({"score/logprob_sum": sums, "score/num_scored": counts.astype(np.int32),
-                              "score/logprob_mean": sums / counts}, {}, {}, computed_tokens=computed)
+            own = np.where(known, host["own"], np.nan)
+            sums = row_sums(own[known], scored)
+            mean = np.divide(sums, scored, out=np.full(len(sums), np.nan), where=scored > 0)
+            out = TaskOutput({"score/logprob_sum": sums, "score/num_scored": scored.astype(np.int32),
+                              "score/logprob_mean": mean}, {}, {}, computed_tokens=computed)
             if self.per_residue:
                 out.values = {RESIDUE_LOGPROB.path: own.astype(np.float32), AMINO_ACID_TABLE.path: host["table"]}
                 out.lengths = {"per_residue": counts}

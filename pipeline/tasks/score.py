@@ -7,6 +7,9 @@ With --per-residue a causal LM stores each residue's log-probability, `per_resid
 tokenizer with a token per residue; where a token stands for several residues (subword tokenizers), each of
 them gets an equal share of the token's log-probability, so a sequence's residues still sum to its score's
 residue tokens. A residue whose token has no token before it (no BOS) is NaN.
+
+A residue the tokenizer does not know (a row of status 2) is fed as the unknown token, context for the tokens
+after it, but is not scored: its log p(<unk>) is left out of the sum and the count, and its per-residue value is NaN.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from ..engine.interface import ForwardOutput
 from ..errors import UserError
 from ..models.checkpoint import EngineInfo
 from ..output.schema import Column
-from ..models.transfers import HostCopy
+from ..models.transfers import HostCopy, to_device
 from .task import RESIDUE_LOGPROB, WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
@@ -38,21 +41,25 @@ def score_task(config: RunConfig, info: EngineInfo):
                     "probabilities). Use --task embed, or pass such a checkpoint with --model.")
 
 
-def log_likelihoods(out: ForwardOutput, toks: list[Tokenized]) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+def log_likelihoods(out: ForwardOutput, toks: list[Tokenized], unknown: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     """Per sequence: the float64 sum of the scored tokens' log-probabilities, their count, and which tokens are
-    scored (bool [sum T]: non-special, with a token before them)."""
-    total, n, scored = log_likelihoods_on_device(out, toks)
+    scored (bool [sum T]: non-special, not the `unknown` token's id, with a token before them)."""
+    total, n, scored = log_likelihoods_on_device(out, toks, unknown)
     host = HostCopy({"total": total, "n": n}).wait()
     return host["total"], host["n"], scored
 
 
-def log_likelihoods_on_device(out: ForwardOutput, toks: list[Tokenized]
+def log_likelihoods_on_device(out: ForwardOutput, toks: list[Tokenized], unknown: int | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log_likelihoods' three tensors, left on the engine's device."""
     device = out.cu_seqlens.device
     s = Segments.of(out, toks)
     position = torch.arange(len(s.seg), device=device) - out.cu_seqlens[:-1][s.seg]
     scored = (~s.special) & (position >= 1)
+    if unknown is not None and any(t.unknown for t in toks):   # an unknown residue is context, not scored
+        residue = np.concatenate([np.asarray(t.ids, np.int64) != unknown for t in toks])
+        scored = scored & to_device([residue], device)[0]
     lp = torch.where(scored, out.token_logprobs.double(), torch.zeros((), dtype=torch.float64, device=device))
     total = torch.zeros(len(toks), dtype=torch.float64, device=device).index_add_(0, s.seg, lp)
     n = torch.zeros(len(toks), dtype=torch.int64, device=device).index_add_(0, s.seg, scored.long())
@@ -86,7 +93,7 @@ class ScoreTask(ForwardTask):
         self.tokenizer = tokenizer
 
     def launch_compute(self, out: ForwardOutput, toks: list[Tokenized]) -> PendingOutput:
-        total, n, scored = log_likelihoods_on_device(out, toks)
+        total, n, scored = log_likelihoods_on_device(out, toks, self.tokenizer.unk_id if self.tokenizer else None)
         device = {"total": total, "n": n}
         if self.per_residue:
             device.update(token_logprobs=out.token_logprobs.double(), scored=scored)

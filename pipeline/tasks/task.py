@@ -65,6 +65,11 @@ class Task:
         are planned on it."""
         return tokens
 
+    def runs(self, position: int) -> bool:
+        """Whether the record at this FASTA position goes through the model at all: the length limit applies
+        only to those that do (a variants task runs only the records that have variants)."""
+        return True
+
     def launch(self, engine, toks: list, positions: np.ndarray) -> PendingOutput:
         """The batch's work queued on the device, its result to be taken later. Tasks that read results back
         as they go (generation, variants) compute it here and now."""

@@ -83,6 +83,9 @@ class VariantsTask(Task):
                 for r in rows}
         return len(keys)
 
+    def runs(self, position: int) -> bool:
+        return int(position) in self._variants()   # a record without variants has nothing to score
+
     def batch_tokens(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         by_record = self._variants()
         empty = np.zeros(0, np.int64)
@@ -151,7 +154,7 @@ class VariantsTask(Task):
         mutant_toks = self._tokenizer.encode(list(index)) if index else []
         batch = list(toks) + mutant_toks
         out = engine.forward([t.ids for t in batch], [], True)
-        ll = log_likelihoods(out, batch)[0]
+        ll = log_likelihoods(out, batch, self._tokenizer.unk_id)[0]   # (unknown residues: context, not scored)
         llr = [[float(ll[index[mutated(tok.residues, v)]] - ll[i]) for v in variants]
                for i, (tok, variants) in enumerate(zip(toks, subs))]
         return {"llr": llr}, sum(len(t.ids) for t in batch)

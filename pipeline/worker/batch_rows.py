@@ -60,7 +60,7 @@ class BatchComputer:
 
     def prepare(self, todo: np.ndarray) -> PreparedBatch:
         """The host's part (no device work): InputChanged when a record no longer holds what the index says,
-        UserError for a sequence over the model's limit (unless --on-long skip)."""
+        UserError for a sequence over the model's limit that the task runs (unless --on-long skip)."""
         n = len(todo)
         lengths = self.index.lengths[todo].astype(np.int32)
         status = np.zeros(n, np.int8)
@@ -77,7 +77,8 @@ class BatchComputer:
         digest[candidates] = digests(texts)
         compute = []
         for i, t in zip(candidates, toks):
-            if self.limit and len(t.ids) > self.limit and not self.windows:   # only when not truncating
+            if self.limit and len(t.ids) > self.limit and not self.windows \
+                    and self.task.runs(int(todo[i])):   # (only when not truncating)
                 if self.config.on_long == "skip":
                     status[i] = sc.SKIPPED_TOO_LONG
                     continue
