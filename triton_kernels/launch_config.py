@@ -20,13 +20,22 @@ class DeltaRuleChunkKnobs:
 
     block_v is the walk's widest V block; min_block_v the narrowest it takes when its programs would leave
     SMs idle (few sequences x value heads), before it cuts sequences into segments
-    (gated_delta_rule/walk_layout.plan_walk)."""
+    (gated_delta_rule/walk_layout.plan_walk).
+
+    design: "fused" (chunk.py: a prep kernel, then a walk that also writes the outputs) or "split" (split.py,
+    issue 36: a 4-warp prep, a state-only walk, a fully parallel output kernel). The walk knobs above are the
+    state walk's in the split design; solve_num_warps is its prep kernel's, output_block_v / output_num_warps its
+    output kernel's (prep_num_warps stays the fused design's)."""
 
     block_v: int
     num_warps: int
     num_stages: int
     prep_num_warps: int
     min_block_v: int
+    design: str = "fused"
+    solve_num_warps: int = 4
+    output_block_v: int = 64
+    output_num_warps: int = 4
 
 
 @dataclass(frozen=True)
