@@ -192,7 +192,8 @@ def _split_output_kernel(
     rk = _inv_norms(b_k, USE_L2NORM)
     b_gamma = _load_vec(gamma, bos, eos, i_hv, HV, BT)
     t = tl.arange(0, BT)
-    keep = t[:, None] >= t[None, :]
+    # Rows past the chunk's end read gamma = 0: masked too, so that exp never sees a positive argument.
+    keep = (t[:, None] >= t[None, :]) & (t < eos - bos)[:, None]
     p = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * (rq[:, None] * rk[None, :])
     p = tl.where(keep, p * tl.exp(tl.where(keep, b_gamma[:, None] - b_gamma[None, :], 0.0)), 0.0)
     S_c = _load_state(states, i_c, i_hv, HV, K, V, BK, BV, v0)
