@@ -9,7 +9,8 @@ per SM and waves at these shapes, the walk's instructions per chunk):
     python bench/bench_gated_delta_rule.py --compile-report
 
 Prefill: time (median of triton.testing.do_bench, after a first call that compiles, timed apart), effective
-TFLOP/s and bytes under the models below, error against transformers' torch function (run once, untimed).
+TFLOP/s and bytes under the models below, error against transformers' torch function (run once, untimed); ours
+in both designs of the chunked kernels, a row each ("fused", the default, and "split"; --design picks).
 Decode: one token per sequence through the recurrent kernel, bandwidth on the state bytes read and written,
 against peak. fla 0.6.0 runs FlashQLA (TileLang) instead of its Triton kernels when the `flash_qla` package
 imports; --fla-backend sets which one (FLA_FLASH_QLA, before fla is imported) and the report says which ran.
@@ -78,6 +79,14 @@ class Case:
         per_token_head = elem * (6 * K + 4 * V + 2 * CHUNK + 1) + 4 * 6
         return T * HV * per_token_head + self.state_bytes()
 
+    def split_bytes(self, elem: int) -> float:
+        """The split design's HBM traffic (design="split"), counted as our_bytes: prep reads k, v, g, beta and
+        writes w, u, gamma, k_scale; the state walk reads k, w, u, k_scale and writes each chunk's start state
+        (K V per chunk) and Vn; the output kernel reads q, k, gamma, the chunk states and Vn and writes o."""
+        T, HV, K, V = self.tokens, self.HV, self.K, self.V
+        per_token_head = elem * (6 * K + 6 * V + 1) + elem * 2 * K * V / CHUNK + 4 * 5
+        return T * HV * per_token_head + self.state_bytes()
+
     def state_bytes(self) -> float:
         return len(self.lengths) * self.HV * self.K * self.V * 4
 
@@ -140,6 +149,26 @@ def ours(inputs, **knobs):
             _HOST_BOUNDS[id(cu)] = (cu, cu.cpu())
         host = {"cu_seqlens_cpu": _HOST_BOUNDS[id(cu)][1]}
     return chunk_gated_delta_rule(**inputs, **host, use_qk_l2norm_in_kernel=True, output_final_state=True, **knobs)
+
+
+DESIGNS = ("fused", "split")   # the chunked kernels' designs (chunk.DESIGNS); the launch table's default first
+
+
+def our_rows(case: Case, device: str, elem: int, designs, block_vs) -> list:
+    """(row name, fn(inputs), bytes under its model) of each of our rows: on a GPU, every design as the launch table
+    runs it and, per design, one row per fixed block_v; elsewhere one row (the torch path or the interpreter, the
+    launch table's design)."""
+    if device != "cuda":
+        return [("ours ({where})", ours, case.our_bytes(elem))]
+    rows = []
+    for design in designs:
+        nbytes = case.split_bytes(elem) if design == "split" else case.our_bytes(elem)
+        rows.append((f"ours {design} ({walk_description(case, device)})",
+                     lambda inp, d=design: ours(inp, design=d), nbytes))
+        rows += [(f"ours {design} (block_v {bv} fixed)",
+                  lambda inp, d=design, bv=bv: ours(inp, design=d, block_v=bv, min_block_v=bv), nbytes)
+                 for bv in block_vs]
+    return rows
 
 
 def walk_description(case: Case, device: str, **knobs) -> str:
@@ -274,9 +303,9 @@ class Report:
 
 # --- the two benchmarks ---------------------------------------------------------------------------
 
-def bench_prefill(report: Report, cases, device, dtype, torch_max_tokens, fla_chunk, block_vs):
+def bench_prefill(report: Report, cases, device, dtype, torch_max_tokens, fla_chunk, block_vs, designs=DESIGNS):
     """One row per (case, implementation), printed when measured: fla first, so that each of our rows can say
-    its speed against it."""
+    its speed against it; then ours, each design in `designs` (our_rows)."""
     reference, ref_name = load_transformers_reference()
     hf = make_transformers_fn(reference) if reference else None
     elem = torch.finfo(dtype).bits // 8
@@ -288,13 +317,9 @@ def bench_prefill(report: Report, cases, device, dtype, torch_max_tokens, fla_ch
         if fla_chunk is not None:   # fla's layout (native HV > H, or q and k repeated) chosen against our output
             fn, name = make_fla_fn(fla_chunk, inputs, ours(inputs)[0])
             impls.append((name, fn, case.min_bytes(elem)))
-        if device == "cuda":
-            impls.append((f"ours ({walk_description(case, device)})", ours, case.our_bytes(elem)))
-            impls += [(f"ours (block_v {bv} fixed)", lambda inp, bv=bv: ours(inp, block_v=bv, min_block_v=bv),
-                       case.our_bytes(elem)) for bv in block_vs]
-        else:
-            where = "Triton interpreter" if use_triton(inputs["q"]) else "torch path"
-            impls.append((f"ours ({where})", ours, case.our_bytes(elem)))
+        where = "Triton interpreter" if use_triton(inputs["q"]) else "torch path"
+        impls += [(name.format(where=where), fn, nbytes)
+                  for name, fn, nbytes in our_rows(case, device, elem, designs, block_vs)]
         o_ref = None
         if hf is not None and case.tokens <= torch_max_tokens:
             o_ref = hf(inputs)[0]   # the error column's reference: run once, not timed
@@ -373,6 +398,8 @@ def main(argv=None) -> int:
     parser.add_argument("--peak-tbps", type=float, help="peak HBM bandwidth in TB/s (default: from the GPU name)")
     parser.add_argument("--block-v", type=int, nargs="*", default=[],
                         help="also time ours with the walk's block_v fixed at each of these (one row each)")
+    parser.add_argument("--design", choices=DESIGNS, nargs="+", default=list(DESIGNS),
+                        help="our chunked kernels' designs to time, one row each (default: both; on a GPU only)")
     parser.add_argument("--fla-backend", choices=sorted(FLA_BACKENDS), default="triton",
                         help="fla-core's implementation to compare with: its Triton kernels (default) or FlashQLA")
     parser.add_argument("--compile-report", action="store_true",
@@ -405,9 +432,10 @@ def main(argv=None) -> int:
     report(f"# {title}", "", f"Device: {where}; torch {torch.__version__}, triton {triton.__version__}.",
            fla_backend_line(fla_name, fla_chunk is not None) + ".", "",
            "## Prefill (chunk_gated_delta_rule, l2norm in kernel, final state out)", "")
-    bench_prefill(report, cases, device, dtype, args.torch_max_tokens, fla_chunk, args.block_v)
+    bench_prefill(report, cases, device, dtype, args.torch_max_tokens, fla_chunk, args.block_v, args.design)
     report("", f"TFLOP/s: {Case.flops.__doc__.split(':', 1)[1].strip()} (chunk C = {CHUNK}).",
-           "GB moved: ours under our kernels' traffic model (see Case.our_bytes); peers under the minimum any "
+           "GB moved: ours under our kernels' traffic model (Case.our_bytes, the split design Case.split_bytes); "
+           "peers under the minimum any "
            "implementation must move (inputs, output, final state), so their GB/s is a lower bound.",
            "First call: seconds of the first call (compiles, autotuning), not in the time column. "
            "Speed vs fla: fla's time / this row's time (> 1: faster than fla).", "",

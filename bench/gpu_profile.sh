@@ -18,8 +18,8 @@
 #                  when triton_kernels has them (bench/gpu_profile/micro.py: FUSED)
 #   host (40)      tokenizer us/residue, ModelRunner.prepare, EmbedTask.compute, and every host-device sync of
 #                  one forward + compute with the project frame that caused it
-#   gdn (85)       the delta rule per kernel, ours and fla-core's Triton path, at bench_gated_delta_rule's shapes,
-#                  plus one launch-knob variant each of ours
+#   gdn (85)       the delta rule per kernel, ours (both designs: the default "fused" and "split") and fla-core's
+#                  Triton path, at bench_gated_delta_rule's shapes, plus one launch-knob variant each of ours
 #   e2e (145)      bin/run_shards on 10,000 make_fasta sequences, ESM-2 650M shape, native then --engine hf
 #   pll (55)       bench/bench_pll.py gpu with small arguments
 # Then a summary of every step's status and headline numbers, last (the end of the output may be all that comes

@@ -78,6 +78,31 @@ def test_delta_rule_bench_prints_each_row_when_measured(monkeypatch):
     assert "first call (s)" in text
 
 
+@pytest.mark.usefixtures("bench_modules")
+def test_delta_rule_bench_times_both_designs_on_a_gpu(monkeypatch):
+    """On a GPU the benchmark has a row for each design of our chunked kernels (issue 36: "fused", the default,
+    and "split"), each with its fixed-block_v rows, calling the kernels with that design and counting its bytes
+    under its own model; --design picks. (Planned here without a GPU: the rows' functions are only listed.)"""
+    import bench_gated_delta_rule as bench
+
+    calls = []
+    monkeypatch.setattr(bench, "walk_description", lambda case, device, **knobs: "block_v 16")
+    monkeypatch.setattr(bench, "ours", lambda inputs, **knobs: calls.append(knobs))
+    case = bench.Case(16, 32, 128, 128, (16384,))
+    rows = bench.our_rows(case, "cuda", 2, bench.DESIGNS, [32])
+    assert [name for name, _, _ in rows] == ["ours fused (block_v 16)", "ours fused (block_v 32 fixed)",
+                                             "ours split (block_v 16)", "ours split (block_v 32 fixed)"]
+    for _, fn, _ in rows:
+        fn({})
+    assert calls == [dict(design="fused"), dict(design="fused", block_v=32, min_block_v=32),
+                     dict(design="split"), dict(design="split", block_v=32, min_block_v=32)]
+    # bytes per token and value head at K = V = 128 in bf16 (the final state apart): fused 2,842, split 4,118
+    assert [round((nbytes - case.state_bytes()) / (case.tokens * case.HV)) for _, _, nbytes in rows] == \
+        [2842, 2842, 4118, 4118]
+    assert [name for name, _, _ in bench.our_rows(case, "cuda", 2, ["split"], [])] == ["ours split (block_v 16)"]
+    assert [name for name, _, _ in bench.our_rows(case, "cpu", 2, bench.DESIGNS, [32])] == ["ours ({where})"]
+
+
 def test_delta_rule_bench_smoke_runs_as_a_command(tmp_path):
     out = tmp_path / "gdn.md"
     done = subprocess.run([sys.executable, str(BENCH / "bench_gated_delta_rule.py"), "--smoke", "--out", str(out)],

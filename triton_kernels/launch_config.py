@@ -20,13 +20,22 @@ class DeltaRuleChunkKnobs:
 
     block_v is the walk's widest V block; min_block_v the narrowest it takes when its programs would leave
     SMs idle (few sequences x value heads), before it cuts sequences into segments
-    (gated_delta_rule/walk_layout.plan_walk)."""
+    (gated_delta_rule/walk_layout.plan_walk).
+
+    design: "fused" (chunk.py: a prep kernel, then a walk that also writes the outputs) or "split" (split.py,
+    issue 36: a 4-warp prep, a state-only walk, a fully parallel output kernel). The walk knobs above are the
+    state walk's in the split design; solve_num_warps is its prep kernel's, output_block_v / output_num_warps its
+    output kernel's (prep_num_warps stays the fused design's)."""
 
     block_v: int
     num_warps: int
     num_stages: int
     prep_num_warps: int
     min_block_v: int
+    design: str = "fused"
+    solve_num_warps: int = 4
+    output_block_v: int = 64
+    output_num_warps: int = 4
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,10 @@ TABLE: dict[int, LaunchRow] = {
     # before any sequence is cut into segments. Compiled clean (Triton 3.9): block_v 16 on sm_90 in 2 stages
     # at 116-126 registers and 120 KiB of shared memory (one block an SM, as at 64: the q, k, w, p tiles fill
     # it whatever the V block), on sm_80 in 1 stage at 200 registers and 46 KiB (two an SM, by registers).
+    # The delta rule's split design (issue 36; design="split", not the default until a GPU has timed it): its prep
+    # at 4 warps compiles clean at 231 registers on sm_90 and 255 on sm_80 (2 blocks an SM; 8 warps: 210, one
+    # block), its output kernel at 64 columns and 4 warps at 154-160 / 255, its state walk with the walk's knobs at
+    # 76-226 / 128-214 (Triton 3.9; docs/kernels/gated_delta_rule.md, "The split design").
     # ESM's fused kernels (32k-token steps of ESM-2 650M and 3B): the rotary pass and add + norm are streams of
     # a few elements per thread (44-48 and 32-42 registers). The linear + GELU product: 128 x 128 output tiles,
     # K steps of 64, 8 warps, 3 stages (HGMMA with cp.async on sm_90: 123-125 registers, 96 KiB of shared

@@ -1,8 +1,10 @@
 """Step gdn: the gated delta rule prefill, ours (triton_kernels/gated_delta_rule) beside fla-core's
 chunk_gated_delta_rule on its Triton path (FLA_FLASH_QLA=0 is set before fla is imported, so that a FlashQLA
 install does not stand in for it; the kernel names in the table show what ran), at bench_gated_delta_rule.py's
-shapes, bf16, K = V = 128: total ms (triton's do_bench median), then each kernel's ms per call from
-torch.profiler, then one launch-knob variant each of ours (prep_num_warps 4, block_v 32, num_stages 1). The
+shapes, bf16, K = V = 128: total ms (triton's do_bench median), ours in both designs of the chunked kernels
+(the launch table's default "fused" as "ours", and "ours split", issue 36's rewrite, on a GPU), then each
+kernel's ms per call from torch.profiler, then one launch-knob variant each of ours (prep_num_warps 4, block_v
+32, num_stages 1). The
 three tables print in that order, so the totals come first if the step runs out of time (variants compile anew)."""
 from __future__ import annotations
 
@@ -60,15 +62,18 @@ def run(setting: Setting, report: Report) -> None:
     for case in cases(setting):
         inputs = make_inputs(case, str(setting.device), setting.dtype)
         impls = {"ours": lambda inp=inputs: ours(inp)}
+        if setting.gpu:   # on the CPU both designs are the torch path
+            impls["ours split"] = lambda inp=inputs: ours(inp, design="split")
         if fla_chunk is not None:
             fn, name = make_fla_fn(fla_chunk, inputs, ours(inputs)[0])
             impls[name] = lambda inp=inputs, fn=fn: fn(inp)
         times = {name: bench_ms(fn, setting) for name, fn in impls.items()}
         fla_ms = next((ms for name, ms in times.items() if name.startswith("fla")), None)
         for name, ms in times.items():
-            totals.row(label(case), name, ms, f"{fla_ms / ms:.2f}x" if fla_ms and name == "ours" else "")
+            totals.row(label(case), name, ms, f"{fla_ms / ms:.2f}x" if fla_ms and name.startswith("ours") else "")
             report.keep(f"{label(case)} / {name}", ms)
         report.headline(f"delta rule {label(case)}: ours {times['ours']:.3f} ms"
+                        + (f", split {times['ours split']:.3f} ms" if "ours split" in times else "")
                         + (f", fla {fla_ms:.3f} ms ({fla_ms / times['ours']:.2f}x)" if fla_ms else ""))
         prepared.append((case, inputs, impls))
 

@@ -69,18 +69,19 @@ def _empty(*shape, dtype):
 
 
 def delta_prefill(dtype, num_seqs: int, seq_len: int, continues: bool, keeps_state: bool,
-                  heads: int | None = None) -> None:
-    """A prefill at Qwen3.5-0.8B's delta-rule shapes (`heads`: that many key and value heads instead)."""
+                  heads: int | None = None, design: str | None = None) -> None:
+    """A prefill at Qwen3.5-0.8B's delta-rule shapes (`heads`: that many key and value heads instead; `design`:
+    the chunked kernels' design, default the launch table's)."""
     H, HV, D = heads or DELTA_HEADS, heads or DELTA_V_HEADS, DELTA_DIM
     q, k = _empty(num_seqs, seq_len, H, D, dtype=dtype), _empty(num_seqs, seq_len, H, D, dtype=dtype)
     v = _empty(num_seqs, seq_len, HV, D, dtype=dtype)
     g, beta = _empty(num_seqs, seq_len, HV, dtype=torch.float32), _empty(num_seqs, seq_len, HV, dtype=dtype)
     h0 = _empty(num_seqs, HV, D, D, dtype=torch.float32) if continues else None
     chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=keeps_state,
-                           use_qk_l2norm_in_kernel=True, chunk_size=64)
+                           use_qk_l2norm_in_kernel=True, chunk_size=64, design=design)
 
 
-def delta_bench_prefill(dtype, H: int, HV: int, D: int, lengths: tuple[int, ...]) -> None:
+def delta_bench_prefill(dtype, H: int, HV: int, D: int, lengths: tuple[int, ...], design: str | None = None) -> None:
     """One call as bench_gated_delta_rule.py makes it: sequences packed with cu_seqlens (their bounds also in
     host memory, as the engine passes them: meta tensors have no values), final states out."""
     T = sum(lengths)
@@ -90,7 +91,7 @@ def delta_bench_prefill(dtype, H: int, HV: int, D: int, lengths: tuple[int, ...]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]) if len(lengths) > 1 else None
     chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True, chunk_size=64,
                            cu_seqlens=None if cu is None else _empty(len(lengths) + 1, dtype=torch.int32),
-                           cu_seqlens_cpu=cu)
+                           cu_seqlens_cpu=cu, design=design)
 
 
 def bench_cases() -> list:
@@ -185,6 +186,13 @@ def cases() -> list[tuple[str, object]]:
         (f"... 2 value heads, 1 x {2 * LONG // 1024}k continuing (segmented)",
          lambda dt: delta_prefill(dt, 1, 2 * LONG, continues=True, keeps_state=True, heads=2)),
         ("... decode 256 sequences", lambda dt: delta_decode(dt, 256)),
+        # The split design (issue 36; design="split"): prep, state walk (whole and segmented), output kernel.
+        (f"delta split H={DELTA_HEADS} HV={DELTA_V_HEADS} K=V={D}: 8 x 4k continuing, state kept",
+         lambda dt: delta_prefill(dt, 8, 4096, continues=True, keeps_state=True, design="split")),
+        (f"... 1 x {LONG // 1024}k prefill",
+         lambda dt: delta_prefill(dt, 1, LONG, continues=False, keeps_state=False, design="split")),
+        (f"... 2 value heads, 1 x {2 * LONG // 1024}k continuing (segmented)",
+         lambda dt: delta_prefill(dt, 1, 2 * LONG, continues=True, keeps_state=True, heads=2, design="split")),
         (f"conv C={CONV_CHANNELS}: 8 x 4k prefill", lambda dt: conv_step(dt, 8, 4096, windows=False)),
         ("... 8 x 4k, windows kept", lambda dt: conv_step(dt, 8, 4096, windows=True)),
         (f"... 1 x {LONG // 1024}k prefill", lambda dt: conv_step(dt, 1, LONG, windows=False)),
@@ -194,6 +202,8 @@ def cases() -> list[tuple[str, object]]:
         n = len(case.lengths)
         label = f"bench delta H={case.H} HV={case.HV}: {case.tokens // 1024}k tokens in {n} seq{'s' * (n > 1)}"
         out.append((label, lambda dt, c=case: delta_bench_prefill(dt, c.H, c.HV, c.K, c.lengths)))
+        out.append((label.replace("bench delta", "bench delta split"),
+                    lambda dt, c=case: delta_bench_prefill(dt, c.H, c.HV, c.K, c.lengths, design="split")))
     for model in (ESM2_650M, ESM2_3B):
         out.append((f"{model.name} layer ({ENCODER_TOKENS // 1024}k tokens)", lambda dt, m=model: encoder_layer(dt, m)))
     for model in (QWEN35_ATTENTION, ESM2, LLAMA8B, PROTT5, ANKH_LARGE):
@@ -246,7 +256,7 @@ def _knobs(launch: Launch) -> str:
     shown = [f"{n}={launch.constexprs[n]}" for n in names if n in launch.constexprs]
     if launch.constexprs.get("HAS_BIAS") and "HALF" in launch.constexprs:   # T5's bias in attention
         shown.append(f"+bias/{2 * launch.constexprs['HALF']}")
-    for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o"),
+    for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o"), ("STORE_CHUNKS", "s"),
                           ("H0_IDENTITY", "eye"), ("CONTIGUOUS_KV", "contiguous"), ("HAS_Y", "add")):
         if flag in launch.constexprs:
             shown.append(("+" if launch.constexprs[flag] else "-") + meaning)
@@ -255,8 +265,8 @@ def _knobs(launch: Launch) -> str:
 
 # Kernels whose instructions the report counts from their SASS: the walk's main loop (what one chunk chains), the
 # prep kernel whole (one chunk's intra-chunk algebra).
-LOOP_KERNELS = ("_chunk_walk_kernel",)
-WHOLE_KERNELS = ("_chunk_prep_kernel",)
+LOOP_KERNELS = ("_chunk_walk_kernel", "_split_state_kernel")
+WHOLE_KERNELS = ("_chunk_prep_kernel", "_split_prep_kernel", "_split_output_kernel")
 
 
 def measure(spec: CompileSpec) -> tuple[Resources, dict | None]:
@@ -270,7 +280,7 @@ def measure(spec: CompileSpec) -> tuple[Resources, dict | None]:
 
 def compile_all(specs: list[CompileSpec], workers: int) -> dict[CompileSpec, tuple[Resources, dict | None]]:
     """Each distinct spec compiled once, over `workers` processes, longest kernels first."""
-    unique = sorted(set(specs), key=lambda s: (s.kernel != "_chunk_prep_kernel", s.kernel, s.arch))
+    unique = sorted(set(specs), key=lambda s: ("prep" not in s.kernel, s.kernel, s.arch))
     if workers <= 1:
         return {s: measure(s) for s in unique}
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:

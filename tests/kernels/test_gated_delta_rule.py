@@ -16,6 +16,7 @@ each other, since how each rounds depends on the device's kernels.
 """
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -125,22 +126,31 @@ def test_chunk_matches_reference(K, V, H, HV, batch, lengths, use_h0, l2norm):
     check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=l2norm)
 
 
+# The split design (issue 36: design="split") on a few of the sweep's cases: K and V unequal and off 64, value
+# heads sharing key heads, batched and packed, with and without initial state and l2norm (the interpreter is slow).
+@pytest.mark.parametrize("K,V,H,HV,batch,lengths,use_h0,l2norm", [TRITON_SWEEP[i] for i in (1, 2, 5)])
+def test_split_design_matches_reference(K, V, H, HV, batch, lengths, use_h0, l2norm):
+    inputs, cu = _sweep_inputs(K, V, H, HV, batch, lengths, use_h0, l2norm)
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=l2norm, design="split")
+
+
 @pytest.mark.parametrize("K,V,H,HV,batch,lengths,use_h0,l2norm", TRITON_SWEEP[1::2])
 def test_fused_recurrent_matches_reference(K, V, H, HV, batch, lengths, use_h0, l2norm):
     inputs, cu = _sweep_inputs(K, V, H, HV, batch, lengths, use_h0, l2norm, seed=1)
     check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=l2norm, block_v=V)
 
 
-@pytest.mark.parametrize("num_seqs", [3, 20])
-def test_varlen_batches_with_short_sequences(num_seqs):
+@pytest.mark.parametrize("num_seqs,design", [(3, "fused"), (20, "fused"), (20, "split")])
+def test_varlen_batches_with_short_sequences(num_seqs, design):
     """Packed sequences of 1-60 tokens (a length-1 one included) each start from their own state."""
     rng = random.Random(num_seqs)
     lengths = [1] + [rng.randint(1, 60) for _ in range(num_seqs - 1)]
     rng.shuffle(lengths)
     inputs = make_inputs(1, sum(lengths), 1, 2, 32, 32, num_states=num_seqs, l2norm=True, seed=num_seqs)
     cu = random_cu_seqlens(lengths)
-    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
-    check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True, design=design)
+    if design == "fused":
+        check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
 
 
 def float32_gamma_floor(inputs: dict, chunk_size: int) -> dict:
@@ -155,7 +165,8 @@ def float32_gamma_floor(inputs: dict, chunk_size: int) -> dict:
     return {**inputs, "g": seen.to(inputs["g"].device)}
 
 
-def test_extreme_gates_stay_finite_and_exact():
+@pytest.mark.parametrize("design", ["fused", "split"])
+def test_extreme_gates_stay_finite_and_exact(design):
     """g ~ -1e-6 (no decay) mixed with g down to -1e4 (state wiped): no inf/NaN, still matches. Gammas reach
     -1e5 here, where a float32 ulp is 0.008, so the chunked kernel's bound is the float32-gamma floor (1.2e-5
     here; a float32 scan on an H200 gave 7.6e-4), not the normal gates' 1e-4."""
@@ -164,20 +175,24 @@ def test_extreme_gates_stay_finite_and_exact():
     floor_o, _ = naive_recurrent_gated_delta_rule(**float32_gamma_floor(inputs, 64))
     floor = rel_rms(floor_o, ref_o)
     assert floor > 1e-6   # the gates do reach where float32 gammas lose digits
-    check(chunk_gated_delta_rule, inputs, tol=FACTOR * floor + FLOOR)
-    check(fused_recurrent_gated_delta_rule, inputs, block_v=32)
+    check(chunk_gated_delta_rule, inputs, tol=FACTOR * floor + FLOOR, design=design)
+    if design == "fused":
+        check(fused_recurrent_gated_delta_rule, inputs, block_v=32)
 
 
-def test_float16():
+@pytest.mark.parametrize("design", ["fused", "split"])
+def test_float16(design):
     inputs = make_inputs(1, 130, 1, 2, 64, 64, dtype=torch.float16, l2norm=True, num_states=1, seed=4)
     inputs["g"] = inputs["g"].to(torch.float16)  # the kernels accept any float dtype for g and beta
-    check(chunk_gated_delta_rule, inputs, l2norm=True)
-    check(fused_recurrent_gated_delta_rule, inputs, l2norm=True, block_v=64)
+    check(chunk_gated_delta_rule, inputs, l2norm=True, design=design)
+    if design == "fused":
+        check(fused_recurrent_gated_delta_rule, inputs, l2norm=True, block_v=64)
 
 
-def test_chunk_size_128():
+@pytest.mark.parametrize("design", ["fused", "split"])
+def test_chunk_size_128(design):
     inputs = make_inputs(1, 200, 1, 1, 32, 32, num_states=1, seed=5)
-    check(chunk_gated_delta_rule, inputs, chunk_size=128)
+    check(chunk_gated_delta_rule, inputs, chunk_size=128, design=design)
 
 
 def test_chunked_and_recurrent_forms_agree():
@@ -188,18 +203,19 @@ def test_chunked_and_recurrent_forms_agree():
     check(fused_recurrent_gated_delta_rule, inputs, l2norm=True, block_v=32)
 
 
-def test_pieces_carried_by_state_equal_whole_sequence():
+@pytest.mark.parametrize("design", ["fused", "split"])
+def test_pieces_carried_by_state_equal_whole_sequence(design):
     """Chunked prefill: pieces off the chunk grid, each starting from the last one's state, then decode
     steps, are as accurate against the float64 reference as one run over the whole sequence (itself
     checked against it: a mistake shared by both runs must not loosen the bound)."""
     T, cuts = 203, [0, 50, 127, 200, 201, 202, 203]
     inputs = make_inputs(1, T, 1, 2, 32, 32, l2norm=True, num_states=1, seed=7)
-    o_whole, s_whole = check(chunk_gated_delta_rule, inputs, l2norm=True)
+    o_whole, s_whole = check(chunk_gated_delta_rule, inputs, l2norm=True, design=design)
     o_ref, s_ref = naive_recurrent_gated_delta_rule(**inputs, output_final_state=True, use_qk_l2norm_in_kernel=True)
     state, outs = inputs["initial_state"], []
     for a, b in zip(cuts, cuts[1:]):
         piece = {name: inputs[name][:, a:b] for name in ("q", "k", "v", "g", "beta")}
-        fn = chunk_gated_delta_rule if b - a > 1 else fused_recurrent_gated_delta_rule
+        fn = functools.partial(chunk_gated_delta_rule, design=design) if b - a > 1 else fused_recurrent_gated_delta_rule
         o, state = fn(**piece, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
         outs.append(o)
     pieces = (torch.cat(outs, dim=1), state)
@@ -212,7 +228,8 @@ def test_empty_sequences_keep_their_state():
     lengths = [0, 5, 0, 70]
     inputs = make_inputs(1, sum(lengths), 1, 1, 16, 16, num_states=4, seed=8)
     cu = random_cu_seqlens(lengths)
-    for fn in (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule):
+    split = functools.partial(chunk_gated_delta_rule, design="split")
+    for fn in (chunk_gated_delta_rule, split, fused_recurrent_gated_delta_rule):
         _, s = check(fn, inputs, cu_seqlens=cu)
         assert torch.equal(s[0], inputs["initial_state"][0]) and torch.equal(s[2], inputs["initial_state"][2])
 
@@ -262,6 +279,60 @@ def test_chunk_launch_knobs_reach_the_kernels(monkeypatch):
         (_, walk_kw), = walk.launches
         (_, prep_kw), = prep.launches
         assert (walk_kw["BV"], walk_kw["num_warps"], walk_kw["num_stages"], prep_kw["num_warps"]) == (block, 4, 2, 8)
+
+
+def test_split_design_launch_knobs_reach_its_kernels(monkeypatch):
+    """design="split" launches its three kernels (and none of the fused design's), each with its knobs: the prep
+    (solve_num_warps) and the output kernel (output_block_v, output_num_warps) over every chunk and value head, the
+    state walk with the walk's knobs. The launch table keeps the fused design as the default."""
+    from triton_kernels.gated_delta_rule import split as split_module
+    from triton_kernels.launch_config import launch_row
+    from triton_kernels._launch import A100, H100
+
+    recorders = {}
+    for module, name in ((split_module, "_split_prep_kernel"), (split_module, "_split_state_kernel"),
+                         (split_module, "_split_output_kernel"), (chunk_module, "_chunk_prep_kernel"),
+                         (chunk_module, "_chunk_walk_kernel")):
+        recorders[name] = LaunchRecorder(getattr(module, name))
+        monkeypatch.setattr(module, name, recorders[name])
+    inputs = make_inputs(2, 70, 1, 2, 16, 64, num_states=2, seed=10)
+    check(chunk_gated_delta_rule, inputs, design="split", block_v=16, num_warps=8, num_stages=3, solve_num_warps=2,
+          output_block_v=32, output_num_warps=1)
+    assert not recorders["_chunk_prep_kernel"].launches and not recorders["_chunk_walk_kernel"].launches
+    (prep_grid, prep_kw), = recorders["_split_prep_kernel"].launches
+    (walk_grid, walk_kw), = recorders["_split_state_kernel"].launches
+    (out_grid, out_kw), = recorders["_split_output_kernel"].launches
+    assert prep_grid == (2 * 2, 2) and prep_kw["num_warps"] == 2 and prep_kw["BT"] == 64
+    assert walk_grid == (2 * 2 * (64 // 16),) and walk_kw["STORE_CHUNKS"]
+    assert (walk_kw["BV"], walk_kw["NV"], walk_kw["num_warps"], walk_kw["num_stages"]) == (16, 4, 8, 3)
+    assert out_grid == (2 * 2, 2, 64 // 32) and (out_kw["BV"], out_kw["num_warps"]) == (32, 1)
+    for target in (A100, H100):
+        assert launch_row(target).chunk.design == "fused"
+    with pytest.raises(ValueError, match="output_block_v"):
+        chunk_gated_delta_rule(**inputs, design="split", output_block_v=48)
+    with pytest.raises(ValueError, match="design must be one of"):
+        chunk_gated_delta_rule(**inputs, design="fast")
+
+
+def test_split_design_is_batch_invariant(monkeypatch):
+    """batch_invariant with the split design (the fused one: tests/kernels/test_batch_invariant_kernels.py): a
+    sequence's outputs and final state are the same bits alone and packed among others, even where alone it
+    would be cut into segments (the number follows the batch); the engine may select either design."""
+    design = "split"
+    monkeypatch.setattr(walk_layout, "MIN_SEGMENT_TOKENS", 2)
+    lengths = [200, 40, 64]
+    assert walk_layout.walk_segment_tokens([200], 2, 64, 132) is not None   # would be cut when alone
+    segmented = _count_segmented_walks(monkeypatch)
+    inputs = make_inputs(1, sum(lengths), 1, 2, 16, 32, l2norm=True, num_states=len(lengths), seed=24)
+    cu = random_cu_seqlens(lengths)
+    knobs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, batch_invariant=True, design=design)
+    out, final = chunk_gated_delta_rule(**inputs, cu_seqlens=cu, **knobs)
+    for i, n in enumerate(lengths):
+        a, b = int(cu[i]), int(cu[i + 1])
+        one = {name: x[:, a:b] if name != "initial_state" else x[i:i + 1] for name, x in inputs.items()}
+        o, f = chunk_gated_delta_rule(**one, cu_seqlens=random_cu_seqlens([n]), **knobs)
+        assert torch.equal(o, out[:, a:b]) and torch.equal(f[0], final[i]), n
+    assert not segmented
 
 
 def test_recurrent_launch_knobs_reach_the_kernel(monkeypatch):
@@ -414,13 +485,15 @@ def test_matches_transformers(path, monkeypatch):
 # --- GPU only: bfloat16 at realistic sizes ---------------------------------------------------------
 
 @cuda_only
+@pytest.mark.parametrize("design", ["fused", "split"])
 @pytest.mark.parametrize("lengths", [[4096], [1, 17, 64, 700, 2000, 1314]])
-def test_bfloat16_realistic_shapes(lengths):
+def test_bfloat16_realistic_shapes(lengths, design):
     inputs = make_inputs(1, sum(lengths), 16, 32, 128, 128, dtype=torch.bfloat16, device="cuda", l2norm=True,
                          num_states=len(lengths), seed=16)
     cu = random_cu_seqlens(lengths, "cuda")
-    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
-    check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
+    check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True, design=design)
+    if design == "fused":
+        check(fused_recurrent_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True)
 
 
 @cuda_only
@@ -433,8 +506,9 @@ def test_bfloat16_decode_batch():
 
 # --- few sequences, many tokens: narrower V blocks, then segments chained on the device (issues 20, 36) -------
 
-@pytest.mark.parametrize("use_h0", [False, True], ids=["fresh", "initial-state"])
-def test_segmented_walk_matches_reference(use_h0, monkeypatch):
+@pytest.mark.parametrize("use_h0,design", [(False, "fused"), (True, "fused"), (True, "split")],
+                         ids=["fresh", "initial-state", "split-initial-state"])
+def test_segmented_walk_matches_reference(use_h0, design, monkeypatch):
     """Segments of 64 tokens (forced; the planner splits only long sequences): sequences of 1, 2 and 4
     segments, one ending off the chunk grid and an empty one (the shorter ones padded with empty segments),
     against the float64 reference; and the same bits when the offsets also come in host memory."""
@@ -442,19 +516,39 @@ def test_segmented_walk_matches_reference(use_h0, monkeypatch):
     lengths = [200, 64, 0, 100]
     inputs = make_inputs(1, sum(lengths), 2, 4, 32, 32, l2norm=True, num_states=4 if use_h0 else None, seed=21)
     cu = random_cu_seqlens(lengths)
-    o, s = check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True, block_v=16)
+    segmented = _count_segmented_walks(monkeypatch)
+    o, s = check(chunk_gated_delta_rule, inputs, cu_seqlens=cu, l2norm=True, block_v=16, design=design)
     o2, s2 = chunk_gated_delta_rule(**inputs, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu(), output_final_state=True,
-                                    use_qk_l2norm_in_kernel=True, block_v=16)
+                                    use_qk_l2norm_in_kernel=True, block_v=16, design=design)
     assert torch.equal(o, o2) and torch.equal(s, s2)
+    assert segmented == {design: 2}
 
 
-def test_segmented_walk_of_one_sequence(monkeypatch):
+def _count_segmented_walks(monkeypatch) -> dict:
+    """Counts the calls of each design's segmented walk (so a test knows the path it meant to take was taken)."""
+    from triton_kernels.gated_delta_rule import split as split_module
+    calls = {}
+    for design, module, name in (("fused", chunk_module, "_segmented_walk"),
+                                 ("split", split_module, "_segmented_state_walk")):
+        original = getattr(module, name)
+
+        def counted(*args, design=design, original=original, **kwargs):
+            calls[design] = calls.get(design, 0) + 1
+            return original(*args, **kwargs)
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("design", ["fused", "split"])
+def test_segmented_walk_of_one_sequence(design, monkeypatch):
     """One sequence in three segments, the last off the chunk grid, without a final state asked for."""
     monkeypatch.setattr(walk_layout, "walk_segment_tokens", lambda *args: 64)
+    segmented = _count_segmented_walks(monkeypatch)
     inputs = make_inputs(1, 150, 1, 2, 16, 32, num_states=1, seed=23)
     ref, _ = naive_recurrent_gated_delta_rule(**inputs)
-    o, s = chunk_gated_delta_rule(**inputs, block_v=32)
+    o, s = chunk_gated_delta_rule(**inputs, block_v=32, design=design)
     assert s is None and rel_rms(o, ref) < TOL[torch.float32]
+    assert segmented == {design: 1}
 
 
 def _walk_grids(target, batch, T, HV=16, K=128):
@@ -517,11 +611,18 @@ def test_launch_tables_are_segment_major_and_longest_first():
                                [256, 300], [300, 300], [420, 420]]
     assert order.tolist() == [0, 3, 2, 6, 1, 4, 5, 7, 8]
     assert walk_layout.launch_tables(layout, 64, 128, torch.device("cpu")) is tables   # cached per layout
+    # the split design's state walk stores each row's chunk-start states from its first chunk's index on
+    # (chunks: 0-4 of the first sequence, 5-6 of the third; an empty segment's index is never used)
+    assert tables.first_chunks["all"].tolist() == [0, 5, 5, 2, 5, 6, 4, 5, 6]
     local, _ = tables.walks["local"]
     transition, _ = tables.walks["transition"]
     assert local.tolist() == ranges.tolist()[:6] and transition.tolist() == ranges.tolist()[3:]
-    whole, order = walk_layout.launch_tables(layout, 64, None, torch.device("cpu")).walks["all"]
+    assert tables.first_chunks["local"].tolist() == tables.first_chunks["all"].tolist()[:6]
+    assert tables.first_chunks["transition"].tolist() == tables.first_chunks["all"].tolist()[3:]
+    whole_tables = walk_layout.launch_tables(layout, 64, None, torch.device("cpu"))
+    whole, order = whole_tables.walks["all"]
     assert whole.tolist() == [[0, 300], [300, 300], [300, 420]] and order.tolist() == [0, 2, 1]
+    assert whole_tables.first_chunks["all"].tolist() == [0, 5, 5]
 
 
 def test_segment_starts_chain_on_the_device_as_the_affine_maps_say():

@@ -32,6 +32,8 @@ from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segm
 from triton_kernels.launch_config import DeltaRuleChunkKnobs, launch_row
 
 TRITON_CHUNK_SIZES = (64, 128)
+# "fused": the two kernels below (the default); "split": split.py's prep, state walk and output kernel.
+DESIGNS = ("fused", "split")
 
 
 @triton.jit
@@ -428,6 +430,10 @@ def chunk_gated_delta_rule(
     num_warps: int | None = None,
     num_stages: int | None = None,
     prep_num_warps: int | None = None,
+    design: str | None = None,
+    solve_num_warps: int | None = None,
+    output_block_v: int | None = None,
+    output_num_warps: int | None = None,
     batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule over whole sequences, chunk by chunk (prefill). fla-compatible arguments.
@@ -455,6 +461,11 @@ def chunk_gated_delta_rule(
             min_block_v = block_v keeps block_v whatever the shape.
         num_warps, num_stages: of the sequential walk kernel (num_stages pipelines its chunk loop).
         prep_num_warps: of the parallel per-chunk kernel.
+        design: "fused" (this module's prep kernel and a walk that also writes the outputs) or "split"
+            (split.py: a 4-warp prep, a state-only walk storing chunk-start states, a parallel output kernel).
+            block_v, min_block_v, num_warps and num_stages are the walk's in both.
+        solve_num_warps: of the split design's prep kernel. output_block_v, output_num_warps: of its output
+            kernel (V columns per program, a power of two >= 16).
         A knob left as None takes the value of triton_kernels/launch_config.py for the tensors' GPU
         (compiled there without spilling registers at K = V = 128 in 16-bit: see the compile-matrix
         test); timings are left to the benchmark.
@@ -472,11 +483,13 @@ def chunk_gated_delta_rule(
     if not use_triton(q):
         return chunk_fwd_torch(q, k, v, g, beta, **args)
     knobs = chunk_knobs(q.device, block_v=block_v, min_block_v=min_block_v, num_warps=num_warps,
-                        num_stages=num_stages, prep_num_warps=prep_num_warps)
+                        num_stages=num_stages, prep_num_warps=prep_num_warps, design=design,
+                        solve_num_warps=solve_num_warps, output_block_v=output_block_v,
+                        output_num_warps=output_num_warps)
     return chunk_fwd_triton(q, k, v, g, beta, **args, **vars(knobs))
 
 
-def chunk_knobs(device: torch.device, **given: int | None) -> DeltaRuleChunkKnobs:
+def chunk_knobs(device: torch.device, **given: int | str | None) -> DeltaRuleChunkKnobs:
     """The chunk kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
     row = launch_row(target_of(device)).chunk
     return replace(row, **{name: value for name, value in given.items() if value is not None})
@@ -496,10 +509,13 @@ def _pow2_block(dim: int) -> int:
 def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
                      layout: SequenceLayout, dims: Dims, use_qk_l2norm: bool, chunk_size: int,
                      block_v: int, min_block_v: int, num_warps: int, num_stages: int, prep_num_warps: int,
-                     batch_invariant: bool = False):
-    """Launch the prep and walk kernels; arguments already validated by `chunk_gated_delta_rule`."""
+                     design: str = "fused", solve_num_warps: int = 4, output_block_v: int = 64,
+                     output_num_warps: int = 4, batch_invariant: bool = False):
+    """Launch the kernels of `design` (DESIGNS); arguments already validated by `chunk_gated_delta_rule`."""
     if chunk_size not in TRITON_CHUNK_SIZES:
         raise ValueError(f"the Triton kernels take chunk_size in {TRITON_CHUNK_SIZES}, got {chunk_size}")
+    if design not in DESIGNS:
+        raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
     d = dims
     H, HV, K, V = d.num_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim
     tokens = d.batch * d.seq_len
@@ -516,16 +532,24 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
     # fp32 inputs keep full fp32 products (tests hold them to 1e-4); 16-bit inputs run tensor cores.
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     BK = _pow2_block(K)
-
-    w = torch.empty(tokens, HV, K, dtype=q.dtype, device=device)
-    u = torch.empty(tokens, HV, V, dtype=q.dtype, device=device)
-    p = torch.empty(tokens, HV, chunk_size, dtype=q.dtype, device=device)
-    gamma, q_scale, k_scale = torch.empty(3, tokens, HV, dtype=torch.float32, device=device)
     _block_size("block_v", block_v)
     _block_size("min_block_v", min_block_v)
     plan = plan_walk(layout.lengths, HV, V, chunk_size, block_v=block_v, min_block_v=min_block_v,
                      num_sms=target_of(device).num_sms, batch_invariant=batch_invariant)
     tables = launch_tables(layout, chunk_size, plan.segment if plan.pieces > 1 else None, device)
+    if design == "split":
+        from triton_kernels.gated_delta_rule.split import chunk_fwd_split   # (split.py imports this module)
+        chunk_fwd_split(q, k, v, g, beta, o, final, h0, tables=tables, pieces=plan.pieces, num_sequences=N,
+                        scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, dot_prec=dot_prec,
+                        block_v=plan.block_v, num_warps=num_warps, num_stages=num_stages,
+                        solve_num_warps=solve_num_warps, output_block_v=_block_size("output_block_v", output_block_v),
+                        output_num_warps=output_num_warps)
+        return o.reshape(d.batch, d.seq_len, HV, V), final
+
+    w = torch.empty(tokens, HV, K, dtype=q.dtype, device=device)
+    u = torch.empty(tokens, HV, V, dtype=q.dtype, device=device)
+    p = torch.empty(tokens, HV, chunk_size, dtype=q.dtype, device=device)
+    gamma, q_scale, k_scale = torch.empty(3, tokens, HV, dtype=torch.float32, device=device)
     if tables.chunks.shape[0]:
         launch(_chunk_prep_kernel, (tables.chunks.shape[0], HV),
                q, k, v, g, beta, w, u, p, gamma, q_scale, k_scale, tables.chunks, scale,

@@ -93,10 +93,13 @@ class LaunchTables:
     """int32 device tables of one call: chunk bounds [chunks, 2] (the prep kernel), and per walk launch its
     ranges [rows, 2] (first token, end token) and order [rows] (rows longest first). Whole sequences: one
     walk, `walks["all"]`. Segmented (`pieces` > 1), rows are segment-major (row j * N + n is segment j of
-    sequence n): "local" holds segments 0..pieces-2, "transition" segments 1..pieces-1, "all" every one."""
+    sequence n): "local" holds segments 0..pieces-2, "transition" segments 1..pieces-1, "all" every one.
+    first_chunks[name]: int32 [rows], the index in `chunks` of each row's first chunk (where the split design's
+    state walk stores that row's chunk-start states)."""
 
     chunks: torch.Tensor
     walks: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    first_chunks: dict[str, torch.Tensor]
 
 
 @functools.lru_cache(maxsize=16)
@@ -108,9 +111,12 @@ def launch_tables(layout: SequenceLayout, chunk_size: int, segment: int | None, 
     bounds = np.asarray(layout.bounds, np.int64)
     starts, ends = bounds[:-1], bounds[1:]
     arrays = [_chunk_bounds(starts, ends, chunk_size)]
+    counts = -(-(ends - starts) // chunk_size)
+    seq_first_chunk = np.cumsum(counts) - counts
     if segment is None:
         names = ["all"]
         arrays += _ranges_and_order(starts, ends)
+        firsts = [seq_first_chunk]
     else:
         pieces = max(1, -(-int((ends - starts).max()) // segment))
         j = np.arange(pieces)[:, None]
@@ -120,8 +126,12 @@ def launch_tables(layout: SequenceLayout, chunk_size: int, segment: int | None, 
         arrays += _ranges_and_order(piece_starts[:-1].ravel(), piece_ends[:-1].ravel())
         arrays += _ranges_and_order(piece_starts[1:].ravel(), piece_ends[1:].ravel())
         arrays += _ranges_and_order(piece_starts.ravel(), piece_ends.ravel())
-    sent = upload(arrays, device)
-    return LaunchTables(sent[0], {name: (sent[1 + 2 * i], sent[2 + 2 * i]) for i, name in enumerate(names)})
+        # A segment starts at a multiple of chunk_size from its sequence's start (an empty one's index is unused).
+        first = seq_first_chunk[None, :] + (piece_starts - starts[None, :]) // chunk_size
+        firsts = [first[:-1].ravel(), first[1:].ravel(), first.ravel()]
+    sent = upload(arrays + firsts, device)
+    walks = {name: (sent[1 + 2 * i], sent[2 + 2 * i]) for i, name in enumerate(names)}
+    return LaunchTables(sent[0], walks, dict(zip(names, sent[1 + 2 * len(names):])))
 
 
 def _chunk_bounds(starts: np.ndarray, ends: np.ndarray, chunk_size: int) -> np.ndarray:
