@@ -106,7 +106,8 @@ def test_a_tokenizer_with_a_token_per_residue_says_so(family_checkpoint):
     from pipeline.models import checkpoint
     from pipeline.tasks import make_task
     from pipeline.tasks.tokenization import SequenceTokenizer
-    for name, spread in (("esm2_t6_8m", ONE_TOKEN_PER_RESIDUE), ("nucleotide_transformer_v1", TOKEN_STATE_ON_ITS_RESIDUES)):
+    for name, spread in (("esm2_t6_8m", ONE_TOKEN_PER_RESIDUE),
+                         ("nucleotide_transformer_v1", TOKEN_STATE_ON_ITS_RESIDUES)):
         source = checkpoint.local_source(str(family_checkpoint(name)))
         hf_config = checkpoint.read_config(source)
         tokenizer = checkpoint.read_tokenizer(source, hf_config)
@@ -114,3 +115,18 @@ def test_a_tokenizer_with_a_token_per_residue_says_so(family_checkpoint):
         task = make_task(RunConfig(fasta=["x.fa"], out="x", task="embed", per_residue=True), info)
         task.prepare(SequenceTokenizer(tokenizer, source.family.convention))
         assert task.attrs() == {"per_residue_unit": "residue", "per_residue_tokens": spread}, name
+
+
+def test_a_python_tokenizer_whose_tokens_cannot_be_placed_is_refused_before_any_work(family_checkpoint):
+    """Nucleotide Transformer's tokenizer has no offsets; its tokens are placed by their own text. One whose
+    tokens' text is not the text it read cannot be placed: --per-residue is refused, saying what to do."""
+    from pipeline.errors import UserError
+    from pipeline.models import checkpoint
+    from pipeline.tasks.residue_spans import refuse_unplaced_tokens
+    from pipeline.tasks.tokenization import SequenceTokenizer
+    source = checkpoint.local_source(str(family_checkpoint("nucleotide_transformer_v1")))
+    hf = checkpoint.read_tokenizer(source, checkpoint.read_config(source))
+    refuse_unplaced_tokens(SequenceTokenizer(hf, source.family.convention))   # as it is: placed
+    hf.convert_tokens_to_string = lambda tokens: "".join(t[::-1] for t in tokens)
+    with pytest.raises(UserError, match="Leave out --per-residue, or give the checkpoint its tokenizer.json"):
+        refuse_unplaced_tokens(SequenceTokenizer(hf, source.family.convention))

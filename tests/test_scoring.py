@@ -182,9 +182,12 @@ def test_causal_score_is_kept_and_per_residue_adds_each_residues_log_probability
     got = run(fasta, tmp_path / "causal", "--model", llama, "--task", "score", "--per-residue", *COMMON)
     seqs = list(SEQUENCES.values())
     assert sorted(k for k in got if k.startswith(("score", "per_residue"))) == [
-        "per_residue/logprob", "per_residue/offsets", "score/logprob_sum", "score/num_scored"]
+        "per_residue/logprob", "per_residue/offsets", "score/eos_logprob", "score/logprob_sum", "score/num_scored"]
     assert_as_accurate(got["score/logprob_sum"], [ref.causal_score(llama, s, False) for s in seqs],
                        [ref.causal_score(llama, s, True) for s in seqs], "logprob_sum")
+    # its tokenizer ends each sequence with </s>: that term is kept apart, log p(</s> | the sequence)
+    assert_as_accurate(got["score/eos_logprob"], [ref.causal_token_logprobs(llama, s, False)[1][-1] for s in seqs],
+                       [ref.causal_token_logprobs(llama, s, True)[1][-1] for s in seqs], "eos_logprob")
     theirs = [ref.causal_token_logprobs(llama, s, False)[1][1:-1] for s in seqs]   # the residues' tokens
     exact = [ref.causal_token_logprobs(llama, s, True)[1][1:-1] for s in seqs]
     ours = np.concatenate([residues(got, "per_residue/logprob", i) for i in range(len(seqs))])

@@ -16,7 +16,7 @@ from ..engine.interface import ForwardOutput, resolve_layers
 from ..models.checkpoint import EngineInfo
 from ..models.transfers import HostCopy, to_device
 from ..output.schema import ONE_TOKEN_PER_RESIDUE, PER_RESIDUE_UNIT, TOKEN_STATE_ON_ITS_RESIDUES, Column
-from .residue_spans import token_of_residue
+from .residue_spans import refuse_unplaced_tokens, token_of_residue
 from .task import WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput, layer_suffix
 from .tokenization import SequenceTokenizer, Tokenized
 
@@ -36,6 +36,8 @@ class EmbedTask(ForwardTask):
     logprobs = False
 
     def prepare(self, tokenizer: SequenceTokenizer) -> None:
+        if self.per_residue:
+            refuse_unplaced_tokens(tokenizer)
         self.tokenizer = tokenizer
 
     def attrs(self) -> dict:

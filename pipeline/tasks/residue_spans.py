@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UserError
 from ..models.conventions import Convention
 from .residue_lookup import SPACE_MARKS
 
@@ -34,17 +35,18 @@ def char_owner(convention: Convention, residues: str) -> np.ndarray:
     return np.asarray(owner, np.int64)
 
 
-def token_char_spans(tokenizer, texts: list[str]) -> list[tuple[list[int], np.ndarray]]:
+def token_char_spans(tokenizer, texts: list[str], strict: bool = False) -> list[tuple[list[int], np.ndarray]]:
     """Per text: (its token ids with the tokenizer's special tokens, int64 [T, 2] the characters [start, end)
-    each token stands for; (0, 0) for an added special token)."""
+    each token stands for; (0, 0) for an added special token). `strict`: ValueError where a Python tokenizer's
+    token other than the unknown one is not found where it should be (the check on probes)."""
     if getattr(tokenizer, "is_fast", False):
         enc = tokenizer(texts, add_special_tokens=True, return_offsets_mapping=True, return_attention_mask=False)
         return [(list(ids), np.asarray(offsets, np.int64).reshape(-1, 2))
                 for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"])]
-    return [_by_token_text(tokenizer, text) for text in texts]
+    return [_by_token_text(tokenizer, text, strict) for text in texts]
 
 
-def _by_token_text(tokenizer, text: str) -> tuple[list[int], np.ndarray]:
+def _by_token_text(tokenizer, text: str, strict: bool) -> tuple[list[int], np.ndarray]:
     """A Python tokenizer's tokens placed on `text` by their own text (see the module's docstring)."""
     ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
     pieces = tokenizer.tokenize(text)
@@ -52,6 +54,8 @@ def _by_token_text(tokenizer, text: str) -> tuple[list[int], np.ndarray]:
     spans = np.zeros((len(ids), 2), np.int64)
     at = next((k for k in range(len(ids) - len(pieces) + 1) if ids[k:k + len(pieces)] == piece_ids), None)
     if at is None:   # the added special tokens are not around the pieces: nothing is placed
+        if strict:
+            raise ValueError(f"the tokens of {text[:40]!r} are not its pieces with special tokens around them")
         return ids, spans
     words = [_piece_text(tokenizer, p) for p in pieces]
     folded = text.lower()
@@ -62,6 +66,8 @@ def _by_token_text(tokenizer, text: str) -> tuple[list[int], np.ndarray]:
         if word and folded.startswith(word.lower(), cursor):
             end = cursor + len(word)
         else:   # not found where it should be (an unknown token): up to where the next one is found
+            if strict and piece_ids[k] != tokenizer.unk_token_id:
+                raise ValueError(f"token {pieces[k]!r} is not found at character {cursor} of {text[:40]!r}")
             following = next((w for w in words[k + 1:] if w), "")
             found = folded.find(following.lower(), cursor + 1) if following else -1
             end = found if found > cursor else len(text)
@@ -119,3 +125,13 @@ def token_of_residue(spans: np.ndarray) -> np.ndarray:
         offsets = np.arange(len(tokens)) - np.repeat(np.cumsum(widths[covering]) - widths[covering], widths[covering])
         np.maximum.at(found, starts + offsets, tokens)
     return found
+
+
+def refuse_unplaced_tokens(tokenizer) -> None:
+    """UserError where the run's tokenizer (tokenization.SequenceTokenizer) groups residues and its tokens
+    cannot be placed on them (see this module's docstring)."""
+    if not tokenizer.one_token_per_residue and not tokenizer.spans_cover_residues():
+        raise UserError("--per-residue places each token on the residues it stands for, by the tokenizer's "
+                        "character offsets (a fast tokenizer: tokenizer.json) or its tokens' own text; this "
+                        "checkpoint's tokenizer gives neither for sample sequences. Leave out --per-residue, or "
+                        "give the checkpoint its tokenizer.json.")

@@ -25,6 +25,7 @@ from ..errors import UserError
 from ..models.checkpoint import EngineInfo
 from ..output.schema import ONE_TOKEN_PER_RESIDUE, PER_RESIDUE_UNIT, TOKEN_LOGPROB_SHARED, Column
 from ..models.transfers import HostCopy, to_device
+from .residue_spans import refuse_unplaced_tokens
 from .task import EOS_LOGPROB, RESIDUE_LOGPROB, WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
@@ -85,10 +86,13 @@ class ScoreTask(ForwardTask):
     def attrs(self) -> dict:
         if not self.per_residue:
             return {"score_method": "causal"}
-        spread = ONE_TOKEN_PER_RESIDUE if self.tokenizer and self.tokenizer.one_token_per_residue else TOKEN_LOGPROB_SHARED
+        one = self.tokenizer is not None and self.tokenizer.one_token_per_residue
+        spread = ONE_TOKEN_PER_RESIDUE if one else TOKEN_LOGPROB_SHARED
         return {"score_method": "causal", "per_residue_unit": PER_RESIDUE_UNIT, "per_residue_tokens": spread}
 
     def prepare(self, tokenizer: SequenceTokenizer) -> None:
+        if self.per_residue:
+            refuse_unplaced_tokens(tokenizer)
         self.tokenizer = tokenizer
         self.eos_id = getattr(tokenizer.tokenizer, "eos_token_id", None)
 

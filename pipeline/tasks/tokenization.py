@@ -143,18 +143,33 @@ class SequenceTokenizer:
         marker for none, start == end): residue_spans.py."""
         return self.content_spans_of([tok])[0]
 
-    def content_spans_of(self, toks: list[Tokenized]) -> list[np.ndarray]:
-        """content_spans of each of `toks`, the texts tokenized again in one call (with offsets)."""
+    def content_spans_of(self, toks: list[Tokenized], strict: bool = False) -> list[np.ndarray]:
+        """content_spans of each of `toks`, the texts tokenized again in one call (with offsets); `strict`:
+        residue_spans.token_char_spans'."""
         if self.one_token_per_residue:
             return [np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64)
                     for n in (int((~t.special).sum()) for t in toks)]
         texts = [self.convention.text(t.residues) for t in toks]
         found = []
-        for tok, (ids, chars) in zip(toks, residue_spans.token_char_spans(self.tokenizer, texts)):
+        for tok, (ids, chars) in zip(toks, residue_spans.token_char_spans(self.tokenizer, texts, strict)):
             spans = residue_spans.residue_spans(chars, residue_spans.char_owner(self.convention, tok.residues))
             n = int((~tok.special).sum())
             found.append(spans[~self._special(ids)][:n])   # (a truncated sequence keeps its first n)
         return found
+
+    def spans_cover_residues(self) -> bool:
+        """The residue spans of probe sequences (amino acids, nucleotides) cover each residue: a Python
+        tokenizer's tokens are placed on its text by their own text (residue_spans.py), which must hold."""
+        toks = self.encode([PROBE * 3, "ACGT" * 8 + "N" + "TTGCA" * 5])
+        try:
+            placed = self.content_spans_of(toks, strict=True)
+        except ValueError:
+            return False
+        for tok, spans in zip(toks, placed):
+            covered = residue_spans.token_of_residue(spans)
+            if (covered < 0).any() or (not tok.truncated and len(covered) != len(tok.residues)):
+                return False
+        return True
 
     @property
     def one_token_per_residue(self) -> bool:

@@ -4,10 +4,11 @@ preprocessing, its pooling over residues only), as the reference run_shards' fid
 `embed(ckpt_dir, sequences, dtype)` gives per sequence (per_residue [L, D], mean [D]) from the final hidden state
 (after the final norm): a row per residue, the state of the token that covers it (a token of several residues,
 a k-mer or a BPE oligomer, on each of them; a line break on none), and the mean over the non-special tokens,
-which for a tokenizer with a token per residue is the mean of those rows; `score(ckpt_dir, sequences, dtype)` gives per sequence (sum of
-log p(token | preceding tokens) over non-special tokens that have a preceding token, their count), as
-docs/DESIGN.md defines logprob_sum. The card is chosen from the checkpoint's files (`recognise`), never from
-its name or path. One sequence per forward call (a card's batch of one), so padding plays no part.
+which for a tokenizer with a token per residue is the mean of those rows; `score(ckpt_dir, sequences, dtype)`
+gives per sequence (sum of log p(token | preceding tokens) over non-special tokens that have a preceding token,
+their count), as docs/DESIGN.md defines logprob_sum; `perplexity` the card's exp(model(ids, labels=ids).loss).
+The card is chosen from the checkpoint's files (`recognise`), never from its name or path. One sequence per
+forward call (a card's batch of one), so padding plays no part.
 """
 from __future__ import annotations
 
@@ -225,4 +226,27 @@ def score(ckpt_dir: str | Path, sequences: Sequence[str],
             token_logp = logp.gather(1, ids[0, 1:, None])[:, 0]
             scored = torch.tensor([t not in special for t in ids[0, 1:].tolist()])
             results.append((float(token_logp[scored].sum()), int(scored.sum())))
+    return results
+
+
+def perplexity(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32) -> list[float]:
+    """Per sequence the card's perplexity, ProtGPT2's calculatePerplexity (https://huggingface.co/nferruz/ProtGPT2):
+    `input_ids = torch.tensor(tokenizer.encode(sequence)).unsqueeze(0)`, `outputs = model(input_ids,
+    labels=input_ids)`, `math.exp(outputs[0])` on its card's text; the other causal LMs the same on their
+    tokenizer's encoding of the residues (Llama 3's adds <|begin_of_text|>, no end token)."""
+    import math
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    ckpt = Path(ckpt_dir)
+    card = recognise(ckpt)
+    if card not in ("causal_lm", "protgpt2"):
+        raise ValueError(f"{ckpt}: recognised as {card!r}, not a causal language model")
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    results = []
+    with _precision(dtype):
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()
+        for s in sequences:
+            input_ids = torch.tensor(tokenizer.encode(protgpt2_text(s) if card == "protgpt2" else s)).unsqueeze(0)
+            outputs = model(input_ids, labels=input_ids)
+            results.append(math.exp(outputs[0]))
     return results
