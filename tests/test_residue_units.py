@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.output.schema import ONE_TOKEN_PER_RESIDUE, TOKEN_STATE_ON_ITS_RESIDUES
 from tests.families import card_usage
 
 from .family_runs import (DNA, PROTEIN, assert_embeddings_as_accurate, family_checkpoint,  # noqa: F401
@@ -63,6 +62,7 @@ def protgpt2_run(family_checkpoint, tmp_path_factory):
 def test_the_result_says_its_per_residue_rows_are_residues_as_the_estimate_counts(protgpt2_run):
     """One row per residue in result.h5 (ProtGPT2's line breaks give none), as many as the storage estimate
     counts (the records' residues), and the unit and how tokens map in its attributes."""
+    from pipeline.output.schema import TOKEN_STATE_ON_ITS_RESIDUES
     out, records = protgpt2_run
     data = result(out)
     assert [len(r) for r in per_residue_rows(data)] == [len(s) for s in records.values()]
@@ -104,6 +104,7 @@ def test_a_tokenizer_with_a_token_per_residue_says_so(family_checkpoint):
     """ESM-2: rows are its residue tokens, and the attribute says one token per residue."""
     from pipeline.config import RunConfig
     from pipeline.models import checkpoint
+    from pipeline.output.schema import ONE_TOKEN_PER_RESIDUE, TOKEN_STATE_ON_ITS_RESIDUES
     from pipeline.tasks import make_task
     from pipeline.tasks.tokenization import SequenceTokenizer
     for name, spread in (("esm2_t6_8m", ONE_TOKEN_PER_RESIDUE),

@@ -94,6 +94,8 @@ def _older_rows(old: dict, new: dict, config: RunConfig) -> str | None:
                                     new["attrs"].get("per_residue_tokens") == ONE_TOKEN_PER_RESIDUE)
     if older:
         return older
+    if "schema" not in old or "schema" not in new:
+        return None
     digest = "sequence_digest"   # (a run planned before rows kept it continues without it: the worker's check)
     was = [c for c in old["schema"] if c[0] != digest]
     now = [c for c in new["schema"] if c[0] != digest]
