@@ -144,8 +144,8 @@ class SequenceTokenizer:
         return self.content_spans_of([tok])[0]
 
     def content_spans_of(self, toks: list[Tokenized], strict: bool = False) -> list[np.ndarray]:
-        """content_spans of each of `toks`, the texts tokenized again in one call (with offsets); `strict`:
-        residue_spans.token_char_spans'."""
+        """content_spans of each of `toks`, the texts tokenized again in one call (with offsets); `strict` as
+        residue_spans.token_char_spans takes it."""
         if self.one_token_per_residue:
             return [np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64)
                     for n in (int((~t.special).sum()) for t in toks)]
