@@ -195,10 +195,13 @@ def test_causal_score_is_kept_and_per_residue_adds_each_residues_log_probability
     got = run(fasta, tmp_path / "causal", "--model", llama, "--task", "score", "--per-residue", *COMMON)
     seqs = list(SEQUENCES.values())
     assert sorted(k for k in got if k.startswith(("score", "per_residue"))) == [
-        "per_residue/logprob", "per_residue/offsets", "score/logprob_sum", "score/num_scored"]
+        "per_residue/logprob", "per_residue/offsets", "score/eos_logprob", "score/logprob_sum", "score/num_scored"]
     assert_as_accurate(got["score/logprob_sum"], [ref.causal_score(llama, s, False) for s in seqs],
                        [ref.causal_score(llama, s, True) for s in seqs], "logprob_sum")
     assert got["score/num_scored"].tolist() == [len(s) - s.count("J") for s in seqs]   # P3's J: unknown, not scored
+    # its tokenizer ends each sequence with </s>: that term is kept apart, log p(</s> | the sequence)
+    assert_as_accurate(got["score/eos_logprob"], [ref.causal_token_logprobs(llama, s, False)[1][-1] for s in seqs],
+                       [ref.causal_token_logprobs(llama, s, True)[1][-1] for s in seqs], "eos_logprob")
 
     def residue_terms(seq: str, exact: bool) -> np.ndarray:   # the residues' tokens; NaN for an unknown one
         return np.where(np.array(list(seq)) == "J", np.nan, ref.causal_token_logprobs(llama, seq, exact)[1][1:-1])

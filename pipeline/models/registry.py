@@ -87,7 +87,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("nucleotide_transformer", "Nucleotide Transformer v1", "model_type esm; a DNA 6-mer vocabulary",
            lambda f: f.model_type == "esm" and _is_kmer_vocab(f), native="esm", position_table=_esm_position_table,
            convention=cv.PLAIN, hf_kwargs=_NO_POOLER, convention_source="the raw DNA string; the tokenizer cuts "
-           "6-mers (single nucleotides where it cannot); one row per token, not per nucleotide",
+           "6-mers (single nucleotides where it cannot); per-residue rows per nucleotide, each its token's state",
            card="https://huggingface.co/InstaDeepAI/nucleotide-transformer-500m-human-ref"),
     Family("esm", "ESM-2 / ESM-1b / ESM-1v", "model_type esm (after SaProt and Nucleotide Transformer)",
            lambda f: f.model_type == "esm", native="esm", position_table=_esm_position_table, convention=cv.PLAIN,

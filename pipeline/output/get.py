@@ -1,7 +1,7 @@
 """`run_shards get OUT ID...`: the rows of some ids, printed or written as TSV, JSON or numpy arrays.
 
 - tsv: a header line of column names, then one line per id; a vector as comma-separated values, a
-  per-residue column as its token vectors separated by ';'.
+  per-residue column as its residue vectors separated by ';'.
 - json: one JSON object per line and id (JSON Lines), every column of its row, arrays as lists, NaN as null.
 - npy: a numpy .npz archive (np.load reads it): one array per column, rows in the order of the ids; a
   per-residue column as its values back to back plus `COLUMN.offsets` (row k is values[offsets[k]:offsets[k+1]]).

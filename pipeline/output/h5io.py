@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .schema import STR, Column, RowBlock, Schema
+from .schema import STR, Column, RowBlock, Schema, group_attrs
 from ..rundir.layout import fsync_path
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ class Writer:
         for g in schema.ragged_groups:
             self.file.create_dataset(f"{g}/offsets", data=np.zeros(1, np.int64), maxshape=(None,),
                                      chunks=(min(65536, (rows_hint or 65535) + 1),))
+            for k, v in group_attrs(g, attrs).items():
+                self.file[g].attrs[k] = v
         for k, v in attrs.items():
             self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
         self.file.attrs["schema"] = json.dumps(schema.to_json())

@@ -8,7 +8,7 @@ and Python users (numpy, pandas) read a result.h5 with.
         res.rows(["a", "b"])                       # their rows (MissingIds names any that are absent)
         res.at_position(17)                        # the row of the FASTA's 18th record
         for chunk in res.chunks(100_000, ["ids", "embeddings/mean"]): ...   # {column: array}
-        res.per_residue(row, "per_residue/values") # a row's per-residue values, [tokens, dim]
+        res.per_residue(row, "per_residue/values") # a row's per-residue values, [residues, dim]
 
 Lookups go through the id index the merge writes (id_index.py); a result written before it is searched
 by reading its ids once, a chunk at a time.
@@ -164,7 +164,7 @@ class ResultFile:
         return out
 
     def per_residue(self, i: int, path: str) -> np.ndarray:
-        """The values of ragged column `path` for row `i` (e.g. [tokens, dim] hidden states)."""
+        """The values of ragged column `path` for row `i` (e.g. [residues, dim] hidden states)."""
         column = self._column(path)
         if not column.ragged:
             raise UserError(f"{path} holds one value per row, not per residue")

@@ -42,6 +42,25 @@ class Column:
         return np.full(shape, fill, dtype=self.dtype)
 
 
+# Per-residue rows (the `per_residue` group) are residues for every tokenizer. How they come from the tokens
+# (the root attribute `per_residue_tokens`, and `token_spread` of the group):
+PER_RESIDUE_UNIT = "residue"
+ONE_TOKEN_PER_RESIDUE = "one token per residue"
+TOKEN_STATE_ON_ITS_RESIDUES = "each token's vector on every residue it covers; tokens covering none give no row"
+TOKEN_LOGPROB_SHARED = ("each token's log-probability shared equally among the residues it covers; tokens "
+                        "covering none give no row")
+
+
+def group_attrs(group: str, file_attrs: dict) -> dict:
+    """The attributes of a ragged group in a file with root attributes `file_attrs`: the `per_residue` group
+    says its unit (`unit`, always residues) and how its rows come from the tokens (`token_spread`: one token
+    per residue where a task records nothing else, as masked-LM scores need)."""
+    if group != "per_residue":
+        return {}
+    return {"unit": file_attrs.get("per_residue_unit", PER_RESIDUE_UNIT),
+            "token_spread": file_attrs.get("per_residue_tokens", ONE_TOKEN_PER_RESIDUE)}
+
+
 BASE_COLUMNS = (
     Column("ids", STR),
     Column("index", "int64"),

@@ -72,6 +72,10 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
         raise RunDirError(f"{run.root} already holds a run with other settings (changed: {', '.join(changed)}). "
                           f"Use another --out ({retry}), or `run_shards rerun {run.root}` to continue that run as "
                           "it was.")
+    older = _older_rows(old, new, config)
+    if older:
+        raise RunDirError(f"{run.root} holds a run planned by an earlier run_shards, computed {older}; its rows "
+                          f"and this version's cannot make one result. Use another --out: {retry}.")
     log.info("%s holds this same run: continuing from its checkpoints", run.root)
     launch = {k: getattr(config, k) for k in RunConfig.fields_with_role("launch")}
     manifest = with_launch_settings(old, launch, "this command's")
@@ -80,6 +84,27 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
         # their last bits from a run at another budget, and so may the result: its attribute says so
         manifest = dict(manifest, attrs=dict(manifest["attrs"], batch_invariant=False))
     return manifest
+
+
+def _older_rows(old: dict, new: dict, config: RunConfig) -> str | None:
+    """How the rows of `old`, planned by an earlier run_shards with the same settings, differ from the rows
+    this version computes, in words (run_identity.older_rows; other columns), or None."""
+    from ..output.schema import ONE_TOKEN_PER_RESIDUE
+    older = run_identity.older_rows(config, old["attrs"],
+                                    new["attrs"].get("per_residue_tokens") == ONE_TOKEN_PER_RESIDUE)
+    if older:
+        return older
+    if "schema" not in old or "schema" not in new:
+        return None
+    digest = "sequence_digest"   # (a run planned before rows kept it continues without it: the worker's check)
+    was = [c for c in old["schema"] if c[0] != digest]
+    now = [c for c in new["schema"] if c[0] != digest]
+    if was != now:
+        added = [c[0] for c in now if c not in was]
+        gone = [c[0] for c in was if c not in now]
+        return "with other columns: " + "; ".join(
+            [f"this version adds {', '.join(added)}"] * bool(added) + [f"without {', '.join(gone)}"] * bool(gone))
+    return None
 
 
 def with_launch_settings(manifest: dict, values: dict, whose: str) -> dict:

@@ -108,9 +108,18 @@ def _differences(reader: Reader, config: RunConfig, model, schema: Schema, resol
                  f"the earlier run's were not: {run_identity.why_not_invariant(attrs.get('engine'), old)}")
         found.append(f"{'with' if attrs.get('batch_invariant') else 'without'} batch-invariant outputs ({cause}), "
                      "so its rows may differ in their last bits from what this run computes")
+    older = run_identity.older_rows(config, attrs, _one_token_per_residue(model))
+    if older:
+        found.append(older)
     if reader.schema.without_result_columns() != schema and not found:
         found.append("with other columns or dimensions")
     return found
+
+
+def _one_token_per_residue(model) -> bool:
+    """The run's tokenizer gives each residue a token of its own (planning's Model: tokenizer and convention)."""
+    from ..tasks.tokenization import SequenceTokenizer
+    return SequenceTokenizer(model.hf_tokenizer, model.convention, lookup=False).one_token_per_residue
 
 
 def usable_rows(reader: Reader, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,8 @@ def check_storage(schema: Schema, index: SequenceIndex, world: int, where: Path,
     """Log the estimate, as a warning when it will not fit on the disk holding `where`; returns its text.
 
     Shards hold the rows once, the merged result once more, and a shard being finalised briefly holds
-    its checkpoints beside it: the peak is about 2 x result + 1 shard.
+    its checkpoints beside it: the peak is about 2 x result + 1 shard. Per-residue values are counted per
+    residue, which they are for every tokenizer (tasks/residue_spans.py); a truncated record has fewer.
     """
     result = int((schema.row_bytes(index.length_values) * index.length_counts).sum()) + int(index.id_offsets[-1])
     peak = 2 * result + result // max(1, world)

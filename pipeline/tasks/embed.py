@@ -1,6 +1,11 @@
 """The embed task: pooled embeddings (`mean`, `cls`, `last`) of chosen hidden states, and optionally every
 residue's vector. `mean` is over the sequence's non-special tokens, in float32 (DESIGN.md); `cls` is the
-first token's state, `last` the last token's (a trailing special token such as <eos> included)."""
+first token's state, `last` the last token's (a trailing special token such as <eos> included).
+
+Per-residue rows are residues for every tokenizer: with a token per residue, each non-special token's state;
+where a token stands for several residues (subword and k-mer tokenizers: ProtGPT2, Llama, Nucleotide
+Transformer), its state on every residue it covers, and a token that covers none (a line break) gives no row
+(residue_spans.py). The result says so (`per_residue_tokens`, output/schema.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +15,10 @@ from ..config import RunConfig
 from ..engine.interface import ForwardOutput, resolve_layers
 from ..models.checkpoint import EngineInfo
 from ..models.transfers import HostCopy, to_device
-from ..output.schema import Column
+from ..output.schema import ONE_TOKEN_PER_RESIDUE, PER_RESIDUE_UNIT, TOKEN_STATE_ON_ITS_RESIDUES, Column
+from .residue_spans import refuse_unplaced_tokens, token_of_residue
 from .task import WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput, layer_suffix
-from .tokenization import Tokenized
+from .tokenization import SequenceTokenizer, Tokenized
 
 
 class EmbedTask(ForwardTask):
@@ -25,8 +31,19 @@ class EmbedTask(ForwardTask):
         self.per_residue = config.per_residue
         self.per_residue_dtype = config.per_residue_dtype
         self.windowed = config.on_long == "window"
+        self.tokenizer: SequenceTokenizer | None = None   # the run's (prepare): residue spans of its tokens
 
     logprobs = False
+
+    def prepare(self, tokenizer: SequenceTokenizer) -> None:
+        if self.per_residue:
+            refuse_unplaced_tokens(tokenizer)
+        self.tokenizer = tokenizer
+
+    def attrs(self) -> dict:
+        if not self.per_residue:
+            return {}
+        return {"per_residue_unit": PER_RESIDUE_UNIT, "per_residue_tokens": per_residue_tokens(self.tokenizer)}
 
     def columns(self) -> list[Column]:
         d, cols = self.info.hidden_size, []
@@ -43,9 +60,11 @@ class EmbedTask(ForwardTask):
         special, seg = s.special, s.seg
         keep = (~special).to(torch.float32)
         count = torch.zeros(len(toks), device=device).index_add_(0, seg, keep)
-        content = None   # rows of the non-special tokens (per-residue values), known on the host
+        rows = lengths = missing = None   # per residue: the token row it takes, known on the host
         if self.per_residue:
-            content = to_device([np.flatnonzero(~np.concatenate([t.special for t in toks]))], device)[0]
+            host_rows, host_missing, lengths = self._residue_rows(toks)
+            rows = to_device([host_rows], device)[0]
+            missing = None if host_missing is None else to_device([host_missing], device)[0]
         results = {}
         for layer in self.layers:
             h = out.hidden[layer].float()
@@ -61,8 +80,11 @@ class EmbedTask(ForwardTask):
                 results[f"embeddings/{pool}{sfx}"] = pooled
             if self.per_residue:
                 dtype = torch.float16 if self.per_residue_dtype == "float16" else torch.float32
-                results[f"per_residue/values{sfx}"] = h.index_select(0, content).to(dtype)
-        lengths = {"per_residue": np.array([int((~t.special).sum()) for t in toks], np.int64)} if self.per_residue else {}
+                values = h.index_select(0, rows)
+                if missing is not None:   # a residue no token covers (a character the tokenizer dropped)
+                    values = values.index_fill(0, missing, float("nan"))
+                results[f"per_residue/values{sfx}"] = values.to(dtype)
+        lengths = {"per_residue": lengths} if self.per_residue else {}
 
         def build(host: dict[str, np.ndarray]) -> TaskOutput:
             columns = {k: v for k, v in host.items() if k.startswith("embeddings/")}
@@ -70,3 +92,30 @@ class EmbedTask(ForwardTask):
             return TaskOutput(columns, values, lengths)
 
         return PendingOutput(HostCopy(results), build)
+
+    def _residue_rows(self, toks: list[Tokenized]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """(for each residue of the batch, the row of the engine output it takes its state from; the residues no
+        token covers, None if there are none; each sequence's residue count)."""
+        if self.tokenizer is None:
+            raise RuntimeError("EmbedTask.prepare(tokenizer) must be called before per-residue rows are computed")
+        starts = np.concatenate(([0], np.cumsum([len(t.special) for t in toks])[:-1])).astype(np.int64)
+        if self.tokenizer.one_token_per_residue:
+            special = np.concatenate([t.special for t in toks])
+            counts = np.array([int((~t.special).sum()) for t in toks], np.int64)
+            return np.flatnonzero(~special), None, counts
+        rows, counts = [], []
+        for start, tok, spans in zip(starts, toks, self.tokenizer.content_spans_of(toks)):
+            token = token_of_residue(spans)
+            content = start + np.flatnonzero(~tok.special)
+            rows.append(np.where(token >= 0, content[token.clip(min=0)], -1))
+            counts.append(len(token))
+        flat = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        missing = np.flatnonzero(flat < 0)
+        return flat.clip(min=0), (missing if len(missing) else None), np.asarray(counts, np.int64)
+
+
+def per_residue_tokens(tokenizer: SequenceTokenizer | None) -> str:
+    """How an embedding's per-residue rows come from the tokens, in words (the result's attribute)."""
+    if tokenizer is not None and tokenizer.one_token_per_residue:
+        return ONE_TOKEN_PER_RESIDUE
+    return TOKEN_STATE_ON_ITS_RESIDUES

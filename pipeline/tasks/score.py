@@ -3,6 +3,12 @@ least one token before them of log p(token | all tokens before it, special ones 
 float64 (DESIGN.md); `num_scored` counts those tokens. A masked LM's (pseudo-log-likelihood or wild-type
 marginal) is masked_score.py's; `score_task` picks the one the model has.
 
+`score/eos_logprob` keeps the end-of-sequence term apart: log p(<eos> | every token before it) where the
+sequence's tokens end with the tokenizer's end-of-sequence token (ProtGPT2's card text ends with
+<|endoftext|>), NaN where they end with none (Llama, Mistral, Qwen: their tokenizers add no <eos>). With it the
+card's perplexity, `exp(model(input_ids, labels=input_ids).loss)`, which averages every token after the first
+(the <eos> included), is `exp(-(logprob_sum + eos_logprob) / (num_scored + 1))`.
+
 With --per-residue a causal LM stores each residue's log-probability, `per_residue/logprob`: its token's, for a
 tokenizer with a token per residue; where a token stands for several residues (subword tokenizers), each of
 them gets an equal share of the token's log-probability, so a sequence's residues still sum to its score's
@@ -20,9 +26,10 @@ from ..config import RunConfig
 from ..engine.interface import ForwardOutput
 from ..errors import UserError
 from ..models.checkpoint import EngineInfo
-from ..output.schema import Column
+from ..output.schema import ONE_TOKEN_PER_RESIDUE, PER_RESIDUE_UNIT, TOKEN_LOGPROB_SHARED, Column
 from ..models.transfers import HostCopy, to_device
-from .task import RESIDUE_LOGPROB, WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput
+from .residue_spans import refuse_unplaced_tokens
+from .task import EOS_LOGPROB, RESIDUE_LOGPROB, WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
 def score_task(config: RunConfig, info: EngineInfo):
@@ -75,32 +82,37 @@ class ScoreTask(ForwardTask):
         self.windowed = config.on_long == "window"
         self.per_residue = config.per_residue
         self.tokenizer: SequenceTokenizer | None = None   # the run's (prepare): residue spans of subword tokens
+        self.eos_id: int | None = None                      # its end-of-sequence token
 
     logprobs = True
 
     def columns(self) -> list[Column]:
-        return [Column("score/logprob_sum", "float64"), Column("score/num_scored", "int32")] + (
+        return [Column("score/logprob_sum", "float64"), Column("score/num_scored", "int32"), EOS_LOGPROB] + (
             [RESIDUE_LOGPROB] if self.per_residue else []) + ([WINDOWS_COLUMN] if self.windowed else [])
 
     def attrs(self) -> dict:
-        return {"score_method": "causal"}
+        if not self.per_residue:
+            return {"score_method": "causal"}
+        one = self.tokenizer is not None and self.tokenizer.one_token_per_residue
+        spread = ONE_TOKEN_PER_RESIDUE if one else TOKEN_LOGPROB_SHARED
+        return {"score_method": "causal", "per_residue_unit": PER_RESIDUE_UNIT, "per_residue_tokens": spread}
 
     def prepare(self, tokenizer: SequenceTokenizer) -> None:
-        if self.per_residue and not tokenizer.char_level and not getattr(tokenizer.tokenizer, "is_fast", False):
-            raise UserError("--per-residue with --task score maps each token to its residues through the "
-                            "tokenizer's offsets, which only a fast tokenizer (tokenizer.json) gives; this "
-                            "checkpoint's tokenizer groups residues and is not one")
+        if self.per_residue:
+            refuse_unplaced_tokens(tokenizer)
         self.tokenizer = tokenizer
+        self.eos_id = getattr(tokenizer.tokenizer, "eos_token_id", None)
 
     def launch_compute(self, out: ForwardOutput, toks: list[Tokenized]) -> PendingOutput:
         total, n, scored = log_likelihoods_on_device(out, toks, self.tokenizer.unk_id if self.tokenizer else None)
-        device = {"total": total, "n": n}
+        device = {"total": total, "n": n, "eos": self._eos_logprob(out, toks)}
         if self.per_residue:
             device.update(token_logprobs=out.token_logprobs.double(), scored=scored)
         bounds = np.concatenate(([0], np.cumsum([len(t.special) for t in toks]))).astype(np.int64)
 
         def build(host: dict[str, np.ndarray]) -> TaskOutput:
-            columns = {"score/logprob_sum": host["total"], "score/num_scored": host["n"].astype(np.int32)}
+            columns = {"score/logprob_sum": host["total"], "score/num_scored": host["n"].astype(np.int32),
+                       EOS_LOGPROB.path: host["eos"]}
             result = TaskOutput(columns, {}, {})
             if self.per_residue:
                 values, lengths = self._per_residue(host["token_logprobs"], host["scored"], bounds, toks)
@@ -110,14 +122,25 @@ class ScoreTask(ForwardTask):
 
         return PendingOutput(HostCopy(device), build)
 
+    def _eos_logprob(self, out: ForwardOutput, toks: list[Tokenized]) -> torch.Tensor:
+        """float64 [B]: each sequence's last token's log-probability where that token is the tokenizer's
+        end-of-sequence token (special, with a token before it); NaN for the others."""
+        ends = np.array([self.eos_id is not None and len(t.ids) > 1 and bool(t.special[-1]) and t.ids[-1] == self.eos_id
+                         for t in toks])
+        last = out.cu_seqlens[1:] - 1
+        lp = out.token_logprobs.double()[last]
+        has = to_device([ends], lp.device)[0]
+        return torch.where(has, lp, torch.full_like(lp, float("nan")))
+
     def _per_residue(self, lp: np.ndarray, ok: np.ndarray, bounds: np.ndarray, toks: list[Tokenized]):
         """Each sequence's residues' log-probabilities (float32) and how many residues each has, from every
         token's log-probability `lp`, whether it is scored (`ok`) and where each sequence starts (`bounds`)."""
         rows, lengths = [], []
+        all_spans = self.tokenizer.content_spans_of(toks)
         for i, tok in enumerate(toks):
             content = np.flatnonzero(~tok.special)
             token_lp = np.where(ok[bounds[i]:bounds[i + 1]][content], lp[bounds[i]:bounds[i + 1]][content], np.nan)
-            spans = self.tokenizer.content_spans(tok)
+            spans = all_spans[i]
             count = int(spans[:, 1].max()) if len(spans) else 0
             residue = np.full(count, np.nan)
             for (a, b), value in zip(spans, token_lp):

@@ -17,6 +17,8 @@ from .tokenization import SequenceTokenizer, Tokenized
 # --on-long window: how many windows each row ran as (1 for a sequence within the limit; 0 for a row
 # that was not computed).
 WINDOWS_COLUMN = Column("windows", "int32")
+# A causal LM's score: log p(<eos> | the sequence) where its tokens end with the tokenizer's <eos>, else NaN.
+EOS_LOGPROB = Column("score/eos_logprob", "float64")
 # score --per-residue: each residue's log-probability (causal and masked LMs alike).
 RESIDUE_LOGPROB = Column("per_residue/logprob", "float32", ragged=True)
 

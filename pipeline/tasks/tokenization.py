@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..models.conventions import PLAIN, Convention
-from . import residue_lookup
+from . import residue_lookup, residue_spans
 
 PROBE = residue_lookup.STANDARD   # the 20 standard amino acids
 
@@ -147,36 +147,42 @@ class SequenceTokenizer:
 
     def content_spans(self, tok: Tokenized) -> np.ndarray:
         """int64 `[content tokens, 2]`: the residues [start, end) each non-special token of `tok` stands for (one
-        each with a token per residue; a subword token may stand for several, a line break or word marker for
-        none, start == end), from the tokenizer's offsets into the convention's text. Needs a fast tokenizer
-        where tokens group residues."""
-        n = int((~tok.special).sum())
-        if self.char_level:
-            return np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64)
-        owner = self._residue_of_char(tok.residues)
-        enc = self.tokenizer(self.convention.text(tok.residues), add_special_tokens=True, return_offsets_mapping=True)
-        special = self._special(enc["input_ids"])
-        spans = []
-        for (start, end), is_special in zip(enc["offset_mapping"], special):
-            if not is_special:
-                covered = owner[start:end][owner[start:end] >= 0]
-                spans.append((covered.min(), covered.max() + 1) if len(covered) else (0, 0))
-        return np.asarray(spans[:n], np.int64).reshape(-1, 2)
+        each with a token per residue; a subword or k-mer token may stand for several, a line break or word
+        marker for none, start == end): residue_spans.py."""
+        return self.content_spans_of([tok])[0]
 
-    def _residue_of_char(self, residues: str) -> np.ndarray:
-        """For each character of the convention's text of `residues`, the residue it belongs to (-1: a prefix,
-        separator, line break or suffix). The convention keeps one character per residue in place."""
-        conv, owner = self.convention, []
-        owner += [-1] * len(conv.prefix)
-        width = conv.line_width or max(len(residues), 1)
-        for i in range(len(residues)):
-            if i and i % width == 0:
-                owner.append(-1)                       # the line break
-            elif i:
-                owner += [-1] * len(conv.separator)
-            owner += [i] * (1 + len(conv.unit_suffix))
-        owner += [-1] * len(conv.suffix)
-        return np.asarray(owner, np.int64)
+    def content_spans_of(self, toks: list[Tokenized], strict: bool = False) -> list[np.ndarray]:
+        """content_spans of each of `toks`, the texts tokenized again in one call (with offsets); `strict` as
+        residue_spans.token_char_spans takes it."""
+        if self.one_token_per_residue:
+            return [np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64)
+                    for n in (int((~t.special).sum()) for t in toks)]
+        texts = [self.convention.text(t.residues) for t in toks]
+        found = []
+        for tok, (ids, chars) in zip(toks, residue_spans.token_char_spans(self.tokenizer, texts, strict)):
+            spans = residue_spans.residue_spans(chars, residue_spans.char_owner(self.convention, tok.residues))
+            n = int((~tok.special).sum())
+            found.append(spans[~self._special(ids)][:n])   # (a truncated sequence keeps its first n)
+        return found
+
+    def spans_cover_residues(self) -> bool:
+        """The residue spans of probe sequences (amino acids, nucleotides) cover each residue: a Python
+        tokenizer's tokens are placed on its text by their own text (residue_spans.py), which must hold."""
+        toks = self.encode([PROBE * 3, "ACGT" * 8 + "N" + "TTGCA" * 5])
+        try:
+            placed = self.content_spans_of(toks, strict=True)
+        except ValueError:
+            return False
+        for tok, spans in zip(toks, placed):
+            covered = residue_spans.token_of_residue(spans)
+            if (covered < 0).any() or (not tok.truncated and len(covered) != len(tok.residues)):
+                return False
+        return True
+
+    @property
+    def one_token_per_residue(self) -> bool:
+        """Every non-special token is one residue, in order (no line breaks between them)."""
+        return self.char_level and not self.convention.line_width
 
     @property
     def _by_unit(self) -> bool:

@@ -1,11 +1,14 @@
 """Each family's model card usage in transformers, as the card writes it (its tokenizer and model classes, its
 preprocessing, its pooling over residues only), as the reference run_shards' fidelity tests compare with.
 
-`embed(ckpt_dir, sequences, dtype)` gives per sequence (per_residue [L, D], mean over those rows [D]) from the
-final hidden state (after the final norm); `score(ckpt_dir, sequences, dtype)` gives per sequence (sum of
-log p(token | preceding tokens) over non-special tokens that have a preceding token, their count), as
-docs/DESIGN.md defines logprob_sum. The card is chosen from the checkpoint's files (`recognise`), never from
-its name or path. One sequence per forward call (a card's batch of one), so padding plays no part.
+`embed(ckpt_dir, sequences, dtype)` gives per sequence (per_residue [L, D], mean [D]) from the final hidden state
+(after the final norm): a row per residue, the state of the token that covers it (a token of several residues,
+a k-mer or a BPE oligomer, on each of them; a line break on none), and the mean over the non-special tokens,
+which for a tokenizer with a token per residue is the mean of those rows; `score(ckpt_dir, sequences, dtype)`
+gives per sequence (sum of log p(token | preceding tokens) over non-special tokens that have a preceding token,
+their count), as docs/DESIGN.md defines logprob_sum; `perplexity` the card's exp(model(ids, labels=ids).loss).
+The card is chosen from the checkpoint's files (`recognise`), never from its name or path. One sequence per
+forward call (a card's batch of one), so padding plays no part.
 """
 from __future__ import annotations
 
@@ -127,22 +130,63 @@ def _saprot(ckpt: Path, seqs: Sequence[str], dtype: torch.dtype) -> list[Embeddi
 def _nucleotide_transformer(ckpt: Path, seqs: Sequence[str], dtype: torch.dtype) -> list[Embedding]:
     # https://huggingface.co/InstaDeepAI/nucleotide-transformer-500m-human-ref: AutoTokenizer +
     # AutoModelForMaskedLM on the raw DNA string (6-mers, then single nucleotides where a 6-mer cannot be
-    # formed), no <eos>. Rows are tokens (mostly 6-mers), not nucleotides; the card's own mean also counts
-    # <cls> (its attention mask); here <cls> is left out as DESIGN.md's mean is (FAMILIES.md).
+    # formed), no <eos>. A row per nucleotide: its token's state (a 6-mer's on each of its six); the card's own
+    # mean also counts <cls> (its attention mask); here <cls> is left out as DESIGN.md's mean is (FAMILIES.md).
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     model = AutoModelForMaskedLM.from_pretrained(ckpt, dtype=dtype).eval()
     out = []
     for s in seqs:
         ids = tokenizer(s, return_tensors="pt")
-        hidden = model.esm(**ids).last_hidden_state
-        out.append(_residues(hidden, 1, ids.input_ids.shape[1] - 1, end=0))
+        tokens = tokenizer.convert_ids_to_tokens(ids.input_ids[0])
+        if tokens[0] != tokenizer.cls_token or "".join(tokens[1:]) != s:
+            raise ValueError(f"{s!r} is not <cls> and its nucleotides' tokens: {tokens}")
+        hidden = model.esm(**ids).last_hidden_state[0, 1:]
+        rows = hidden.repeat_interleave(torch.tensor([len(t) for t in tokens[1:]]), dim=0)
+        out.append((rows, hidden.mean(0)))
     return out
+
+
+def _residue_chars(text: str, seq: str, card: str) -> list[int]:
+    """Where each residue of `seq` sits in the card's text of it: after ProtGPT2's "<|endoftext|>\n", one
+    line break per 60 residues before it; in the plain text, at its own position."""
+    if card != "protgpt2":
+        return list(range(len(seq)))
+    start = len("<|endoftext|>\n")
+    at = [start + r + r // 60 for r in range(len(seq))]
+    assert "".join(text[i] for i in at) == seq
+    return at
+
+
+def _causal_lm(card: str) -> Callable[[Path, Sequence[str], torch.dtype], list[Embedding]]:
+    """A causal LM's hidden states as its card feeds it (ProtGPT2's FASTA-like text, the others' tokenizer on
+    the residues), AutoModel's last_hidden_state (after the final norm): each residue takes the state of the
+    token whose characters (the fast tokenizer's offsets) hold it."""
+    def embed(ckpt: Path, seqs: Sequence[str], dtype: torch.dtype) -> list[Embedding]:
+        from transformers import AutoModel, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(ckpt)
+        model = AutoModel.from_pretrained(ckpt, dtype=dtype).eval()
+        special = set(tokenizer.all_special_ids)
+        out = []
+        for s in seqs:
+            text = protgpt2_text(s) if card == "protgpt2" else s
+            enc = tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
+            hidden = model(input_ids=enc.input_ids).last_hidden_state[0]
+            offsets = enc.offset_mapping[0].tolist()
+            content = torch.tensor([t not in special for t in enc.input_ids[0].tolist()])
+            covering = []
+            for char in _residue_chars(text, s, card):
+                (token,) = [k for k, (a, b) in enumerate(offsets) if a <= char < b and content[k]]
+                covering.append(token)
+            out.append((hidden[covering], hidden[content].mean(0)))
+        return out
+    return embed
 
 
 _EMBED: dict[str, Callable[[Path, Sequence[str], torch.dtype], list[Embedding]]] = {
     "esm": _esm, "prott5": _prott5, "prostt5": _prostt5, "ankh": _ankh, "protbert": _protbert,
-    "saprot": _saprot, "nucleotide_transformer": _nucleotide_transformer}
+    "saprot": _saprot, "nucleotide_transformer": _nucleotide_transformer, "protgpt2": _causal_lm("protgpt2"),
+    "causal_lm": _causal_lm("causal_lm")}
 
 
 def embed(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32) -> list[Embedding]:
@@ -182,4 +226,27 @@ def score(ckpt_dir: str | Path, sequences: Sequence[str],
             token_logp = logp.gather(1, ids[0, 1:, None])[:, 0]
             scored = torch.tensor([t not in special for t in ids[0, 1:].tolist()])
             results.append((float(token_logp[scored].sum()), int(scored.sum())))
+    return results
+
+
+def perplexity(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32) -> list[float]:
+    """Per sequence the card's perplexity, ProtGPT2's calculatePerplexity (https://huggingface.co/nferruz/ProtGPT2):
+    `input_ids = torch.tensor(tokenizer.encode(sequence)).unsqueeze(0)`, `outputs = model(input_ids,
+    labels=input_ids)`, `math.exp(outputs[0])` on its card's text; the other causal LMs the same on their
+    tokenizer's encoding of the residues (Llama 3's adds <|begin_of_text|>, no end token)."""
+    import math
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    ckpt = Path(ckpt_dir)
+    card = recognise(ckpt)
+    if card not in ("causal_lm", "protgpt2"):
+        raise ValueError(f"{ckpt}: recognised as {card!r}, not a causal language model")
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    results = []
+    with _precision(dtype):
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()
+        for s in sequences:
+            input_ids = torch.tensor(tokenizer.encode(protgpt2_text(s) if card == "protgpt2" else s)).unsqueeze(0)
+            outputs = model(input_ids, labels=input_ids)
+            results.append(math.exp(outputs[0]))
     return results
