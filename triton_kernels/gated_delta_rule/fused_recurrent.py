@@ -16,8 +16,9 @@ import triton.language as tl
 
 from triton_kernels._device import target_of, use_triton
 from triton_kernels._launch import launch
-from triton_kernels.gated_delta_rule.chunk import _block_size, _load_state, _pow2_block, _store_state
+from triton_kernels.gated_delta_rule.chunk import _block_size, _pow2_block
 from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs, check_state_indices
+from triton_kernels.gated_delta_rule.tiles import _load_state, _store_state
 from triton_kernels.gated_delta_rule.torch_path import recurrent_fwd_torch
 from triton_kernels.launch_config import DeltaRuleDecodeKnobs, launch_row
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels._launch import launch
-from triton_kernels.gated_delta_rule.chunk import (_inv_norms, _load_rows, _load_state, _load_vec, _store_rows,
+from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_state, _load_vec, _store_rows,
                                                    _store_state)
 from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segment_starts
 
