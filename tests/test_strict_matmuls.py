@@ -29,14 +29,14 @@ def _python(code: str, **env: str) -> str:
 def test_the_check_names_a_product_whose_rows_follow_the_row_count():
     """A product whose rows take other bits at 20 to 99 rows (as MKL's default mode does at some counts) is
     found, with where; one whose rows never do is not."""
+    def row_by_row(x, w):   # each row alone: the same call whatever the row count (on every CPU and MKL mode)
+        return torch.cat([F.linear(x[i:i + 1], w) for i in range(len(x))])
+
     def drifting(x, w):
-        out = F.linear(x, w)
+        out = row_by_row(x, w)
         return out * (1 + 2 ** -20) if 20 <= len(x) < 100 else out
 
     assert mkl_cnr.rows_differ((1,), ((32, 33),), drifting) == "32 -> 33 features, 20 rows, 1 thread(s)"
-    def row_by_row(x, w):   # each row alone: the same call whatever the row count
-        return torch.cat([F.linear(x[i:i + 1], w) for i in range(len(x))])
-
     assert mkl_cnr.rows_differ((1, 2), ((32, 33),), row_by_row) is None
 
 

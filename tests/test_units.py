@@ -1,6 +1,7 @@
 """Fast unit tests: options, device choice, batching, tokenization, pooling, the demo model."""
 import dataclasses
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -189,7 +190,9 @@ def test_pooling_and_scoring_definitions():
         def __init__(self, special):
             self.special = np.array(special)
     toks = [T([True, False, False, True]), T([True, False, True])]
-    res = EmbedTask(config, info).compute(out, toks)
+    embed = EmbedTask(config, info)
+    embed.tokenizer = types.SimpleNamespace(one_token_per_residue=True)   # as prepare() finds for a residue vocabulary
+    res = embed.compute(out, toks)
     assert res.columns["embeddings/mean"].tolist() == [[3., 6.], [5., 7.]]
     assert res.columns["embeddings/cls"].tolist() == [[1., 1.], [3., 3.]]
     assert res.columns["embeddings/last"].tolist() == [[9., 9.], [6., 6.]]
