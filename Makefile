@@ -44,8 +44,11 @@ test-deps:
 	sh tests/setup/install_slurm.sh
 	sh tests/setup/install_chromium.sh
 
+# Two pytest-xdist workers: most tests wait on worker processes, schedulers and timeouts, so one pytest process
+# keeps a 2-core machine about 60% busy. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: install test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 clean:
 	rm -rf $(VENV) demo_out run_shards_out

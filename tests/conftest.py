@@ -32,6 +32,19 @@ from .slurm_helpers import small_fasta, small_local_four  # noqa: E402,F401  (on
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
 
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup; most tests wait on worker processes,
+# schedulers and timeouts, so one process keeps 2 cores about 60% busy). Tests that share one external service
+# per session go to one worker together: a single SLURM cluster, a single Ray head.
+XDIST_GROUPS = {"slurm_session": "slurm", "ray_head": "ray"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, group in XDIST_GROUPS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
 
 @pytest.fixture
 def one_torch_thread():
