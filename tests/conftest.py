@@ -39,11 +39,22 @@ XDIST_GROUPS = {"slurm_session": "slurm", "ray_head": "ray"}
 
 
 def pytest_collection_modifyitems(config, items):
+    grouped = set()
     for item in items:
         for fixture, group in XDIST_GROUPS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+                grouped.add(item)
                 break
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None or config.getoption("numprocesses", None):
+        # The groups first: each is one long unit of mostly waiting, best started while the other worker computes.
+        items.sort(key=lambda item: item not in grouped)
+
+
+if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+    # One torch thread in each xdist worker's own process (the runs it starts choose their own): two workers
+    # already keep both cores busy, and idle intra-op threads would only spin-wait.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
