@@ -28,8 +28,8 @@ from triton_kernels._device import target_of, use_triton
 from triton_kernels._launch import launch
 from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs
 from triton_kernels.gated_delta_rule.split import chunk_fwd_split
-from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_state, _load_vec, _store_rows,
-                                                   _store_state)
+from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_vec, _start_state,
+                                                   _store_rows, _store_state, _walk_program)
 from triton_kernels.gated_delta_rule.torch_path import chunk_fwd_torch
 from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segment_starts, launch_tables, plan_walk
 from triton_kernels.launch_config import DeltaRuleChunkKnobs, launch_row
@@ -290,22 +290,8 @@ def _chunk_walk_kernel(
     yield a segment's transition matrix (see `_segmented_walk`); WRITE_O=False only carries the state (no
     q, p or output traffic)."""
     # One flat grid, sequence-major: every head of the longest sequence is scheduled first.
-    pid = tl.program_id(0)
-    i_n = tl.load(seq_order + pid // (HV * NV))
-    i_hv = (pid // NV) % HV
-    i_v = pid % NV
-    i_h = i_hv // (HV // H)
-    bos = tl.load(seq_ranges + 2 * i_n).to(tl.int64)
-    eos = tl.load(seq_ranges + 2 * i_n + 1).to(tl.int64)
-    v0 = i_v * BV
-
-    if H0_IDENTITY:
-        o_k = tl.arange(0, BK)
-        S = ((o_k[:, None] == (v0 + tl.arange(0, BV))[None, :]) & (o_k < K)[:, None]).to(tl.float32)
-    elif USE_H0:
-        S = _load_state(h0, i_n, i_hv, HV, K, V, BK, BV, v0)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+    i_n, i_hv, i_h, bos, eos, v0 = _walk_program(seq_order, seq_ranges, H, HV, NV, BV)
+    S = _start_state(h0, i_n, i_hv, v0, HV, K, V, BK, BV, USE_H0, H0_IDENTITY)
 
     for t0 in range(bos, eos, BT):
         if WRITE_O:

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from triton_kernels._launch import launch
-from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_state, _load_vec, _store_rows,
-                                                   _store_state)
+from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_state, _load_vec, _start_state,
+                                                   _store_rows, _store_state, _walk_program)
 from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segment_starts
 
 
@@ -128,22 +128,8 @@ def _split_state_kernel(
 ):
     """The sequential part: per chunk, S_c and Vn out, the state carried. USE_U=False with H0_IDENTITY yields a
     segment's transition matrix, STORE_CHUNKS=False only carries the state (the segmented path's first walks)."""
-    pid = tl.program_id(0)
-    i_n = tl.load(seq_order + pid // (HV * NV))
-    i_hv = (pid // NV) % HV
-    i_v = pid % NV
-    i_h = i_hv // (HV // H)
-    bos = tl.load(seq_ranges + 2 * i_n).to(tl.int64)
-    eos = tl.load(seq_ranges + 2 * i_n + 1).to(tl.int64)
-    v0 = i_v * BV
-
-    if H0_IDENTITY:
-        o_k = tl.arange(0, BK)
-        S = ((o_k[:, None] == (v0 + tl.arange(0, BV))[None, :]) & (o_k < K)[:, None]).to(tl.float32)
-    elif USE_H0:
-        S = _load_state(h0, i_n, i_hv, HV, K, V, BK, BV, v0)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+    i_n, i_hv, i_h, bos, eos, v0 = _walk_program(seq_order, seq_ranges, H, HV, NV, BV)
+    S = _start_state(h0, i_n, i_hv, v0, HV, K, V, BK, BV, USE_H0, H0_IDENTITY)
     if STORE_CHUNKS:
         i_chunk = tl.load(first_chunk + i_n).to(tl.int64)
 

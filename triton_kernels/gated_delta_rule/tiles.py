@@ -78,3 +78,31 @@ def _load_vec(ptr, row0, eos, i_hv, HV: tl.constexpr, BC: tl.constexpr):
     """[BC] float32 of a [tokens, HV] tensor at rows row0.. of head i_hv, zero from eos on."""
     rows = row0 + tl.arange(0, BC).to(tl.int64)
     return tl.load(ptr + rows * HV + i_hv, mask=rows < eos, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _walk_program(seq_order, seq_ranges, H: tl.constexpr, HV: tl.constexpr, NV: tl.constexpr, BV: tl.constexpr):
+    """What a walk program walks, from its index in the flat, sequence-major grid (every head of the longest
+    sequence first): (sequence, value head, key head, first and end token, first V column)."""
+    pid = tl.program_id(0)
+    i_n = tl.load(seq_order + pid // (HV * NV))
+    i_hv = (pid // NV) % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(seq_ranges + 2 * i_n).to(tl.int64)
+    eos = tl.load(seq_ranges + 2 * i_n + 1).to(tl.int64)
+    return i_n, i_hv, i_h, bos, eos, (pid % NV) * BV
+
+
+@triton.jit
+def _start_state(h0, i_n, i_hv, v0, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr, USE_H0: tl.constexpr, H0_IDENTITY: tl.constexpr):
+    """A walk's [BK, BV] float32 start state: the identity's columns v0.. (a segment's transition matrix,
+    V = K), the given state's, or zeros."""
+    if H0_IDENTITY:
+        o_k = tl.arange(0, BK)
+        S = ((o_k[:, None] == (v0 + tl.arange(0, BV))[None, :]) & (o_k < K)[:, None]).to(tl.float32)
+    elif USE_H0:
+        S = _load_state(h0, i_n, i_hv, HV, K, V, BK, BV, v0)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    return S
