@@ -125,9 +125,11 @@ class ScoreTask(ForwardTask):
     def _eos_logprob(self, out: ForwardOutput, toks: list[Tokenized]) -> torch.Tensor:
         """float64 [B]: each sequence's last token's log-probability where that token is the tokenizer's
         end-of-sequence token (special, with a token before it); NaN for the others."""
-        ends = np.array([self.eos_id is not None and len(t.ids) > 1 and bool(t.special[-1]) and t.ids[-1] == self.eos_id
-                         for t in toks])
         last = out.cu_seqlens[1:] - 1
+        if self.eos_id is None:   # a tokenizer without an end-of-sequence token: nothing to copy to the device
+            return torch.full(last.shape, float("nan"), dtype=torch.float64, device=last.device)
+        ends = np.array([len(t.ids) > 1 and bool(t.special[-1]) and t.ids[-1] == self.eos_id
+                         for t in toks])
         lp = out.token_logprobs.double()[last]
         has = to_device([ends], lp.device)[0]
         return torch.where(has, lp, torch.full_like(lp, float("nan")))
