@@ -76,7 +76,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
             started = time.time()
             early = start_early(config, run_dir)   # workers import and set up their devices while this plans
             try:
-                planned = plan(config)
+                planned = plan(config, on_model=early.load_ahead)
                 with planned.index as index:
                     manifest = planned.record(run_dir)
                     options = dict(dry_run=dry_run, wait=wait, early=early)

@@ -1,7 +1,18 @@
-"""Workers started while the parent plans (pipeline/launchers/early_workers.py): they compute the same rows as
-workers started after the plan, and a worker no shard needs is gone without having written anything."""
+"""Workers started while the parent plans (pipeline/launchers/early_workers.py): they load the run's model
+while it plans and compute the same rows as workers started after the plan; a model loaded ahead is used only
+for exactly the checkpoint, device and dtype the shard asks for; a worker no shard needs is gone without having
+written anything."""
 import os
+import shutil
 import uuid
+
+import pytest
+import torch
+
+from pipeline.engine.native import NativeEngine
+from pipeline.models import preload
+from pipeline.models.checkpoint import fingerprint
+from pipeline.worker import process_setup
 
 from pipeline.launchers.early_workers import EarlyWorkers
 from pipeline.launchers.supervisor import spawn_worker
@@ -42,6 +53,8 @@ def test_workers_started_while_planning_compute_the_rows_of_workers_started_afte
         assert f"started shard {r} on CPU (pid" in early.stderr
         assert "before its shard was known, while the run was planned" in log_text(tmp_path / "early", r)
         assert "before its shard was known" not in log_text(tmp_path / "late", r)
+        assert "using the model loaded ahead" in log_text(tmp_path / "early", r)   # weights read while planning
+        assert "loaded ahead" not in log_text(tmp_path / "late", r)
     assert early.stderr.count("a worker started while planning") == 2
     assert "a worker started while planning" not in late.stderr
     assert raw_datasets(tmp_path / "early" / "result.h5") == raw_datasets(tmp_path / "late" / "result.h5")
@@ -78,3 +91,35 @@ def test_waiting_workers_are_killed_unused_and_a_dead_one_is_not_handed_a_shard(
     assert other.exitcode is not None and early.waiting == {}
     assert _processes_tagged(tag) == []
     assert list(run.root.iterdir()) == []
+
+
+def test_a_model_loaded_ahead_serves_only_the_checkpoint_device_and_dtype_it_was_loaded_for(models, tmp_path):
+    path = tmp_path / "esm"
+    shutil.copytree(models["esm"], path)
+    print_ = fingerprint(path)
+    wanted = preload.Wanted.of(path, print_, torch.device("cpu"), torch.float32)
+    assert preload.load(wanted)
+    for other in (preload.Wanted.of(path, print_, "cpu", torch.bfloat16), preload.Wanted.of(path, "0" * 16, "cpu",
+                                                                                            "float32")):
+        assert preload.take(other) is None   # another dtype, another checkpoint: loaded as usual
+    assert preload.take(wanted) is None      # (a take drops what it does not use)
+
+    assert preload.load(wanted)
+    held = preload._held[wanted][0]
+    engine = NativeEngine.load(str(path), torch.device("cpu"), torch.float32, print_)
+    usual = NativeEngine.load(str(path), torch.device("cpu"), torch.float32, print_)   # nothing held any more
+    assert engine.model is held and usual.model is not held
+    assert all(torch.equal(a, b) for a, b in zip(engine.model.state_dict().values(), usual.model.state_dict().values()))
+
+    (path / "config.json").write_text((path / "config.json").read_text().replace("}", ', "note": 1}', 1))
+    assert not preload.load(wanted)   # the checkpoint changed since the parent fingerprinted it: nothing kept
+    assert preload.take(wanted) is None
+
+
+def test_a_worker_is_set_up_once_and_never_for_another_run_setting(tmp_path, monkeypatch):
+    """The load ahead sets the process up (threads, MKL's mode) for the run the parent named; the shard's own load
+    with the same settings finds it done, and any other settings are a bug, not a silent second set-up."""
+    monkeypatch.setattr(process_setup, "_done", (False, True, str(tmp_path), 1))
+    process_setup.set_up(False, True, tmp_path, 1)   # done already: nothing computes or changes
+    with pytest.raises(RuntimeError, match="set up for"):
+        process_setup.set_up(False, False, tmp_path, 1)

@@ -427,7 +427,7 @@ def test_gpu_workers_keep_triton_kernels_in_the_run_shards_cache(tmp_path, monke
     own default when the folder cannot be made."""
     import os
 
-    from pipeline.worker.shard_run import use_kernel_cache
+    from pipeline.worker.process_setup import use_kernel_cache
     monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     use_kernel_cache()

@@ -97,16 +97,19 @@ class NativeEngine:
              info: EngineInfo | None = None, run_limit: int | None = None, **overrides) -> "NativeEngine":
         """The engine for a checkpoint directory, its budgets from the run's options (RunConfig). `info`: the
         run's EngineInfo (None: described here); `run_limit`: the run's token limit per sequence (None: the
-        model's own, from `info`)."""
+        model's own, from `info`). With the checkpoint's `fingerprint`, a model this process loaded ahead of
+        its shard for the same checkpoint, device and dtype is used (models/preload.py)."""
         from dataclasses import replace
 
         from ..models import checkpoint
         from ..models.hf_config import quiet_transformers, text_config
+        from ..models import preload
         from ..models.registry import load_model
 
         quiet_transformers()
         source = checkpoint.local_source(model_path, fingerprint)
-        model = load_model(model_path, device, dtype, source.family)
+        ahead = preload.take(preload.Wanted.of(model_path, fingerprint, device, dtype)) if fingerprint else None
+        model = ahead if ahead is not None else load_model(model_path, device, dtype, source.family)
         config = checkpoint.read_config(source)
         tokenizer = checkpoint.read_tokenizer(source, config)
         info = replace(info or checkpoint.describe(source, "native", tokenizer, config=config), name="native")

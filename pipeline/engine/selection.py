@@ -70,9 +70,11 @@ def check_dtype(engine: str, dtype: str, on_gpu: bool) -> None:
 
 
 def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool, info=None,
-         config=None, run_limit: int | None = None):
+         config=None, run_limit: int | None = None, fingerprint: str = ""):
     """The engine. `info`: the run's EngineInfo (models/checkpoint.describe, made once by the parent; None:
-    described here); `run_limit`: the run's per-sequence token limit (the model's, or --max-length's below it)."""
+    described here); `run_limit`: the run's per-sequence token limit (the model's, or --max-length's below it);
+    `fingerprint`: the checkpoint's, as the run recorded it (the native engine then uses a model loaded ahead
+    for it: models/preload.py)."""
     trust = bool(config is not None and getattr(config, "trust_remote_code", False))
     if name == "hf":
         from .hf import HFEngine
@@ -80,5 +82,6 @@ def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, l
         return HFEngine(model_path, device, dtype, logprobs, info=info, trust_remote_code=trust, **budget)
     if name == "native":
         from .native import NativeEngine
-        return NativeEngine.load(model_path, device, dtype, run_config=config, info=info, run_limit=run_limit)
+        return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config, info=info,
+                                 run_limit=run_limit)
     raise UserError(f"engine {name!r} is not available in this build")

@@ -1,7 +1,9 @@
 """Workers started while the parent plans: a local run spawns one process per slot (GPU, or CPU worker slot)
 before it plans; each imports torch, transformers and the engine and, on a GPU, creates its CUDA context,
 then waits for the shard the supervisor gives it (worker/entry.py), which it computes as any worker does.
-Planning and a worker's start then take the time of the longer, not of both. A process no shard needs (the
+Planning and a worker's start then take the time of the longer, not of both. As soon as the parent has chosen a
+native model, each waiting worker also loads it (`load_ahead`, models/preload.py), so the weights come off the
+disk and onto the device while the parent finishes planning. A process no shard needs (the
 plan refused the run, fewer shards than slots were left) is killed before it has written anything.
 
 RUN_SHARDS_EARLY_WORKERS=0 starts every worker only once its shard is known, as before.
@@ -43,6 +45,17 @@ class EarlyWorkers:
                  "starting another", slot, spawned.context.processes[0].exitcode)
         _stop(spawned)
         return None
+
+    def load_ahead(self, path: str, fingerprint: str, dtype: str, batch_invariant: bool) -> None:
+        """Tell every waiting worker the run's native model, chosen by the parent (`planning.plan`'s on_model):
+        each loads it onto its device while the parent plans on, and its shard's engine uses it if the run's
+        manifest names the same checkpoint, fingerprint and dtype (models/preload.py)."""
+        order = {"path": path, "fingerprint": fingerprint, "dtype": dtype, "batch_invariant": batch_invariant}
+        for slot, spawned in self.waiting.items():
+            try:
+                spawned.orders.send(("load", order))
+            except OSError as e:   # it ended: `take` starts another for its shard, and says why
+                log.debug("the worker started early on slot %s is gone (%s)", slot, e)
 
     def close(self) -> None:
         """Stop every process still waiting: it holds no lock and has written nothing, so it is killed at once."""

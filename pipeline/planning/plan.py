@@ -80,14 +80,16 @@ class Model:
     convention: object = None   # models.conventions.Convention: how residues are written (tokenization_check)
 
 
-def plan(config: RunConfig) -> Plan:
+def plan(config: RunConfig, on_model=None) -> Plan:
     """Plan the run `config` describes in `config.out` (or check that a later command continues the run
-    there consistently); UserError, naming what to change, for anything that would fail later."""
+    there consistently); UserError, naming what to change, for anything that would fail later. For a new run
+    on the native engine, `on_model(path, fingerprint, dtype, batch_invariant)` is told the model as soon as
+    it is chosen (before its config and tokenizer are read), for workers to load it meanwhile."""
     run = RunDir(config.out)
     old = run.read_manifest() if run.exists() else None
     index, reused = read_inputs(config)
     try:
-        return _plan(config, run, old, index)
+        return _plan(config, run, old, index, on_model)
     except InputChanged as e:
         index.close()
         if old is not None or not reused:   # (a planned run's own index: its refusal says what to do)
@@ -101,7 +103,7 @@ def plan(config: RunConfig) -> Plan:
         index.close()
         raise
     try:
-        return _plan(config, run, old, index)
+        return _plan(config, run, old, index, on_model)
     except BaseException:
         index.close()
         raise
@@ -125,12 +127,12 @@ def read_inputs(config: RunConfig, rebuild: bool = False) -> tuple[SequenceIndex
         raise
 
 
-def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex) -> Plan:
+def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex, on_model=None) -> Plan:
     shards = shard_count(config, old, len(index), run)   # first: a contradicting --shards costs nothing
     planned = dataclasses.replace(config, out=str(run.root), shards=shards, **_absolute(config, "variants",
                                                                                         "variants_out"))
     variants = read_variants(planned.variants, index) if planned.task == "variants" else None
-    model = choose_model(planned)
+    model = choose_model(planned, on_model if old is None else None)
     if planned.variants_out:
         check_variants_out(planned.variants_out, run_inputs.of_run(run.root, planned.fasta, planned.variants,
                                                                    model.source.path))
@@ -176,8 +178,9 @@ def _absolute(config: RunConfig, *names: str) -> dict:
     return found
 
 
-def choose_model(config: RunConfig) -> Model:
-    """The checkpoint, the engine that runs it and what it is (its config and tokenizer; no weights)."""
+def choose_model(config: RunConfig, on_model=None) -> Model:
+    """The checkpoint, the engine that runs it and what it is (its config and tokenizer; no weights).
+    `on_model`: told a native model's path, fingerprint, dtype and batch invariance as soon as they are known."""
     from ..engine import selection as engines
     from ..models import checkpoint
     _settle_matmul_mode(config)
@@ -187,6 +190,8 @@ def choose_model(config: RunConfig) -> Model:
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
+    if on_model is not None and engine == "native":
+        on_model(source.path, source.fingerprint, config.torch_dtype_name, engines.batch_invariant(engine, config))
     hf_config = checkpoint.read_config(source, config.trust_remote_code)
     hf_tokenizer = checkpoint.read_tokenizer(source, hf_config, config.trust_remote_code)
     info = checkpoint.describe(source, engine, hf_tokenizer, config.trust_remote_code, hf_config)

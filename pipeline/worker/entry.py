@@ -26,6 +26,7 @@ from ..rundir import events
 from ..rundir.layout import RunDir
 from ..rundir.locks import ShardLock
 from .parent_death import on_parent_death
+from .process_setup import set_up
 from .shard_run import PARENT_GONE, Reporter, ShardRun, StopFlag
 
 # The signals that ask a worker to stop at its next batch with a final checkpoint (SIGUSR1: the SLURM batch
@@ -56,7 +57,8 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     if rank is None:
         held = _hold_logs()   # nothing is written for a shard before its lock is held
         began = time.time()
-        rank = _wait_for_shard(orders, parent, device is not None)
+        rank = _wait_for_shard(orders, parent, device is not None,
+                               lambda order: _load_ahead(order, run, device is not None, threads))
         if rank is None:   # the parent needs no worker here, or is gone
             os._exit(EXIT_OK)
         waited = f"; started {time.time() - began:.1f} s before its shard was known, while the run was planned"
@@ -119,10 +121,11 @@ def _record_outcome(run: RunDir, rank: int, code: int, reason: str, stats: dict)
         run.record_failure(rank, run.new_failure(rank, code, reason))
 
 
-def _wait_for_shard(orders, parent: int, gpu: bool) -> int | None:
+def _wait_for_shard(orders, parent: int, gpu: bool, load_ahead) -> int | None:
     """For a worker started before its shard was known: import what every worker's load imports and, on a
     GPU, create the CUDA context, then wait for the shard's number; None when the orders pipe ends without
-    one (the parent needs no worker here) or the parent is gone. Stop signals meanwhile are only recorded:
+    one (the parent needs no worker here) or the parent is gone. A ("load", order) meanwhile (the run's model,
+    as soon as the parent has chosen it) is handed to `load_ahead`. Stop signals meanwhile are only recorded:
     the parent that sent them stops this process itself if it gives it no shard."""
     try:
         prepare_worker(gpu)
@@ -131,13 +134,29 @@ def _wait_for_shard(orders, parent: int, gpu: bool) -> int | None:
     while True:
         try:
             if orders.poll(0.5):
-                kind, rank = orders.recv()
+                kind, what = orders.recv()
+                if kind == "load":
+                    load_ahead(what)
+                    continue
                 assert kind == "shard", kind
-                return rank
+                return what
         except (EOFError, OSError):
             return None
         if os.getppid() != parent:
             return None
+
+
+def _load_ahead(order: dict, run: RunDir, gpu: bool, threads: int) -> None:
+    """Set this process up for the run and load its model before the shard is known (models/preload.py), as
+    the parent's `order` says (early_workers.EarlyWorkers.load_ahead). A failure is only logged: the shard's
+    own load meets it again and reports it in the shard's log."""
+    from ..models import preload
+    try:
+        set_up(gpu, order["batch_invariant"], run.root, threads)
+        preload.load(preload.Wanted.of(order["path"], order["fingerprint"], "cuda:0" if gpu else "cpu",
+                                       order["dtype"]))
+    except Exception as e:   # noqa: BLE001
+        log.warning("loading the model before the shard was known failed (%s: %s)", type(e).__name__, e)
 
 
 def prepare_worker(gpu: bool) -> None:

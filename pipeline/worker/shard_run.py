@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from index import InputChanged, SequenceIndex
-from index.cache import cache_dir
 from index.shard_view import open_stride
 
 from .. import faults
@@ -32,7 +31,7 @@ from ..tasks import make_task, schema_for
 from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer, LaunchedBatch
 from .batching import plan_batches, plan_generate_batches
-from .cpu_setup import check_strict_matmuls, keep_freed_memory, set_cpu_threads, set_strict_matmuls
+from .process_setup import set_up
 
 log = logging.getLogger("run_shards.worker")
 
@@ -139,21 +138,7 @@ class ShardRun:
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
         config, manifest, t0 = shard.config, shard.manifest, time.time()
         read_ahead(manifest["model"]["path"])   # the weights come off the disk while transformers imports
-        invariant = bool(manifest["attrs"].get("batch_invariant"))
-        matmuls = None if config.on_gpu else set_strict_matmuls(invariant, str(self.run_dir.root))
-        flushing = set_cpu_threads(self.threads)
-        if invariant and not config.on_gpu:   # MKL's reported mode, checked by computing (once its threads flush)
-            matmuls = check_strict_matmuls(str(self.run_dir.root))
-        log.info("%d CPU thread(s); float denormals %s", self.threads,
-                 "flushed to zero" if flushing else
-                 "NOT flushed on every thread (unsupported, or torch's thread pool started first); CPU math on "
-                 "tiny values may run slower, results are unaffected")
-        if not config.on_gpu:
-            log.info("malloc %s", "keeps freed memory for reuse" if keep_freed_memory() else
-                     "left at its defaults (not glibc); CPU runs may spend more time in page faults")
-            log.info("matmuls: %s", matmuls.text)
-        if config.on_gpu:
-            use_kernel_cache()
+        set_up(config.on_gpu, bool(manifest["attrs"].get("batch_invariant")), self.run_dir.root, self.threads)
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
@@ -161,7 +146,7 @@ class ShardRun:
         try:
             engine = engines.load(manifest["engine"], model["path"], device, dtype,
                                   logprobs=config.task in ("score", "variants"), info=info, config=config,
-                                  run_limit=manifest["max_tokens"])
+                                  run_limit=manifest["max_tokens"], fingerprint=model.get("fingerprint", ""))
         except Exception as e:
             problem = load_failure(e, model["path"])
             if problem is None:
@@ -344,26 +329,6 @@ def _read(computer: BatchComputer, todo: np.ndarray, deferred: bool = False):
         return computer.prepare(todo)
     except Exception as e:
         return _ReadFailed(e)
-
-
-def use_kernel_cache() -> None:
-    """Keep the GPU kernels Triton compiles (a few seconds each, at a worker's first batches) in run_shards'
-    cache folder, `$RUN_SHARDS_CACHE/triton` (README), so the next run's workers load them instead, on every
-    node that shares that folder; unless TRITON_CACHE_DIR names a folder of the user's own, or this one cannot
-    be written (then Triton keeps its default, ~/.triton/cache). Triton's cache is keyed by the kernel's
-    source, its compile options, the GPU and Triton's version, and written by atomic renames: workers of
-    several runs and nodes may share it."""
-    if os.environ.get("TRITON_CACHE_DIR"):
-        return
-    folder = cache_dir() / "triton"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        log.info("Triton keeps its compiled kernels in its default folder: %s cannot be created (%s)", folder,
-                 e.strerror or e)
-        return
-    if os.access(folder, os.W_OK | os.X_OK):
-        os.environ["TRITON_CACHE_DIR"] = str(folder)
 
 
 def _inputs_still_match(index) -> None:
