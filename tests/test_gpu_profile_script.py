@@ -27,7 +27,9 @@ PRINTS = {"env": ["| software / device | version |", "| ceiling | size | ms | ra
                    "| EmbedTask.compute", "| synchronisation (CPU dispatch audit"],
           "gdn": ["| shape | implementation | ms (median) | vs fla |", "| H2/HV4, 128 tokens in 4 seqs | ours |",
                   "| shape | implementation | kernel | calls per run |", "fla-core rows: GPU only"],
-          "e2e": ["| engine | whole run s |", "| native |", "| hf |", "rows native vs hf: 20 rows, cosine min"],
+          "e2e": ["| engine | whole run s |", "| native |", "| hf |", "rows native vs hf: 20 rows, cosine min",
+                  "| native: s since the command started | log | line |", "| run | run_shards ", "| worker_0 | worker for shard 0 started",
+                  "the command exited"],
           "pll": ["| transformers |", "| native |", "largest difference between the two's sums"]}
 
 

@@ -2,10 +2,12 @@
 an ESM-2 650M-shaped checkpoint on local disk (random bf16 weights, ESM's tokenizer files built offline):
 `--gpus 1 --on-long truncate`, the native engine, then `--engine hf`. For each: the whole run's seconds (this
 process's clock around the command), the run log's split (prepare, start + load, compute, finish + merge), the
-worker log's shard tok/s and engine stats; then how far the two results' rows agree (cosine of the mean
-embeddings)."""
+worker log's shard tok/s and engine stats, and a timeline of the run log's and the worker log's lines in seconds
+since the command started (where the fixed costs go: planning, the worker's start, the model's load, the merge,
+the report); then how far the two results' rows agree (cosine of the mean embeddings)."""
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shutil
@@ -26,6 +28,8 @@ TIMINGS = re.compile(r"timings: prepare ([\d.]+) s, start workers and load model
 SHARD = re.compile(r"shard complete: .*\((\d+) sequences, (\d+) tokens, ([\d.]+) s, (\d+) tok/s"
                    r"(?:; computing ([\d.]+) s, (\d+) tok/s)?\)")
 ENGINE = re.compile(r"(native engine: .*)$", re.M)
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?:\w+ )?(?:run_shards[\w.]*: |pipeline\.[\w.]+: )?(.*)$")
+QUIET = re.compile(r"checkpoint part_|^\s*\d+\s+(CPU|GPU)|per-shard summary|^shard\s+device")   # repeated lines
 
 
 def one_run(setting: Setting, fasta: Path, checkpoint: Path, engine: str) -> dict:
@@ -37,9 +41,10 @@ def one_run(setting: Setting, fasta: Path, checkpoint: Path, engine: str) -> dic
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # workers run as in production
     if setting.smoke:
         env["RUN_SHARDS_REPORT"] = "0"   # the HTML page: a second of a CPU check's time, not what it checks
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    result = {"engine": engine, "seconds": time.perf_counter() - start, "returncode": res.returncode, "out": out}
+    result = {"engine": engine, "seconds": time.perf_counter() - start, "returncode": res.returncode, "out": out,
+              "began": began}
     if res.returncode != 0:
         result["error"] = (res.stderr or res.stdout).strip().splitlines()[-5:]
         return result
@@ -53,6 +58,19 @@ def one_run(setting: Setting, fasta: Path, checkpoint: Path, engine: str) -> dic
     if (m := ENGINE.search(worker_log)):
         result["engine_stats"] = m.group(1)
     return result
+
+
+def timeline(out: Path, began: float, limit: int = 40) -> list[tuple[float, str, str]]:
+    """The run log's and the worker logs' lines as (seconds since the command started, log, text), in time
+    order; lines that repeat per checkpoint or per shard left out, at most `limit` (the first and the last)."""
+    lines = []
+    for path in [out / "logs" / "run.log", *sorted((out / "logs").glob("worker_*.log"))]:
+        for text in path.read_text().splitlines():
+            if (m := LOG_LINE.match(text)) and not QUIET.search(m.group(2)):
+                when = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                lines.append((when - began, path.stem, m.group(2)[:110]))
+    lines.sort(key=lambda line: line[0])
+    return lines[:limit // 2] + lines[-(limit - limit // 2):] if len(lines) > limit else lines
 
 
 def agreement(a: Path, b: Path) -> dict:
@@ -88,6 +106,10 @@ def run(setting: Setting, report: Report) -> None:
               r.get("finish_merge", "?"), r.get("shard_tok_s", "?"), r.get("computing_tok_s", "?"),
               r.get("engine_stats", ""))
         report.keep(engine, {k: v for k, v in r.items() if k != "out"})
+        lines = report.table(f"{engine}: s since the command started", "log", "line")
+        for seconds, log, text in timeline(r["out"], r["began"]):
+            lines.row(f"{seconds:.2f}", log, text.replace("|", "/"))
+        lines.row(f"{r['seconds']:.2f}", "-", "the command exited (its report.html written, unless RUN_SHARDS_REPORT=0)")
         report.headline(f"e2e {engine}: {r['seconds']:.1f} s whole run (prepare {r.get('prepare', '?')} s, start + load "
                         f"{r.get('start_load', '?')} s, compute {r.get('compute', '?')} s), shard "
                         f"{r.get('shard_tok_s', 0):,.0f} tok/s, computing {r.get('computing_tok_s', 0):,.0f} tok/s")
