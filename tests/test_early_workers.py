@@ -2,16 +2,21 @@
 while it plans and compute the same rows as workers started after the plan; a model loaded ahead is used only
 for exactly the checkpoint, device and dtype the shard asks for; a worker no shard needs is gone without having
 written anything."""
+import dataclasses
+import json
 import os
 import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
 
+from pipeline.config import RunConfig
+from pipeline.engine import selection as engines
 from pipeline.engine.native import NativeEngine
-from pipeline.models import preload
-from pipeline.models.checkpoint import fingerprint
+from pipeline.models import checkpoint, preload
+from pipeline.models.checkpoint import EngineInfo, fingerprint
 from pipeline.worker import process_setup
 
 from pipeline.launchers.early_workers import EarlyWorkers
@@ -97,23 +102,43 @@ def test_a_model_loaded_ahead_serves_only_the_checkpoint_device_and_dtype_it_was
     path = tmp_path / "esm"
     shutil.copytree(models["esm"], path)
     print_ = fingerprint(path)
-    wanted = preload.Wanted.of(path, print_, torch.device("cpu"), torch.float32)
-    assert preload.load(wanted)
-    for other in (preload.Wanted.of(path, print_, "cpu", torch.bfloat16), preload.Wanted.of(path, "0" * 16, "cpu",
-                                                                                            "float32")):
-        assert preload.take(other) is None   # another dtype, another checkpoint: loaded as usual
+    cpu = torch.device("cpu")
+    wanted = preload.Wanted.of("native", path, print_, cpu, torch.float32)
+    assert engines.load_ahead("native", str(path), print_, cpu, torch.float32, logprobs=False, trust_remote_code=False)
+    for other in (preload.Wanted.of("native", path, print_, "cpu", torch.bfloat16),
+                  preload.Wanted.of("native", path, "0" * 16, "cpu", "float32"),
+                  preload.Wanted.of("hf", path, print_, "cpu", "float32")):
+        assert preload.take(other) is None   # another dtype, checkpoint or engine: loaded as usual
     assert preload.take(wanted) is None      # (a take drops what it does not use)
 
-    assert preload.load(wanted)
+    assert engines.load_ahead("native", str(path), print_, cpu, torch.float32, logprobs=False, trust_remote_code=False)
     held = preload._held[wanted][0]
     engine = NativeEngine.load(str(path), torch.device("cpu"), torch.float32, print_)
     usual = NativeEngine.load(str(path), torch.device("cpu"), torch.float32, print_)   # nothing held any more
     assert engine.model is held and usual.model is not held
     assert all(torch.equal(a, b) for a, b in zip(engine.model.state_dict().values(), usual.model.state_dict().values()))
 
-    (path / "config.json").write_text((path / "config.json").read_text().replace("}", ', "note": 1}', 1))
-    assert not preload.load(wanted)   # the checkpoint changed since the parent fingerprinted it: nothing kept
+    (path / "config.json").write_text((path / "config.json").read_text().replace("{", '{"note": 1, ', 1))
+    assert not preload.load(wanted, lambda: 1 / 0)   # the checkpoint changed since it was planned: nothing built
     assert preload.take(wanted) is None
+
+
+def test_an_hf_engine_loaded_ahead_is_the_one_the_shard_uses_with_the_runs_description_and_budget(models):
+    path, cpu = models["esm"], torch.device("cpu")
+    print_ = fingerprint(Path(path))
+    source = checkpoint.local_source(path, print_)
+    info = checkpoint.describe(source, "hf", trust_remote_code=False)
+    run_info = EngineInfo.from_json(json.loads(json.dumps(info.to_json())))   # as the manifest gives it back
+    config = RunConfig(fasta=["x"], out="o", max_tokens_per_batch=1234)
+    assert engines.load_ahead("hf", path, print_, cpu, torch.float32, logprobs=True, trust_remote_code=False)
+    held = preload._held[preload.Wanted.of("hf", path, print_, cpu, torch.float32, True)][0]
+    engine = engines.load("hf", path, cpu, torch.float32, True, info=run_info, config=config, fingerprint=print_)
+    assert engine is held and engine.tokens_per_batch == 1234 and engine.lm is not None
+    assert engines.load_ahead("hf", path, print_, cpu, torch.float32, logprobs=True, trust_remote_code=False)
+    other = dataclasses.replace(run_info, max_tokens=run_info.max_tokens - 1)   # not what it found: built anew
+    assert engines.load("hf", path, cpu, torch.float32, True, info=other, config=config, fingerprint=print_) is not held
+    assert engines.load_ahead("hf", path, print_, cpu, torch.float32, logprobs=False, trust_remote_code=False)
+    assert engines.load("hf", path, cpu, torch.float32, True, info=run_info, fingerprint=print_).lm is not None
 
 
 def test_a_worker_is_set_up_once_and_never_for_another_run_setting(tmp_path, monkeypatch):

@@ -108,7 +108,7 @@ class NativeEngine:
 
         quiet_transformers()
         source = checkpoint.local_source(model_path, fingerprint)
-        ahead = preload.take(preload.Wanted.of(model_path, fingerprint, device, dtype)) if fingerprint else None
+        ahead = preload.take(preload.Wanted.of("native", model_path, fingerprint, device, dtype)) if fingerprint else None
         model = ahead if ahead is not None else load_model(model_path, device, dtype, source.family)
         config = checkpoint.read_config(source)
         tokenizer = checkpoint.read_tokenizer(source, config)

@@ -77,11 +77,35 @@ def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, l
     for it: models/preload.py)."""
     trust = bool(config is not None and getattr(config, "trust_remote_code", False))
     if name == "hf":
+        from ..models import preload
         from .hf import HFEngine
         budget = {"tokens_per_batch": config.tokens_per_batch} if config is not None else {}
+        ahead = preload.take(preload.Wanted.of("hf", model_path, fingerprint, device, dtype, logprobs, trust)) \
+            if fingerprint else None
+        if ahead is not None:
+            if ahead.adopt(info, **budget):
+                return ahead
+            del ahead   # (its memory freed before another model is built)
         return HFEngine(model_path, device, dtype, logprobs, info=info, trust_remote_code=trust, **budget)
     if name == "native":
         from .native import NativeEngine
         return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config, info=info,
                                  run_limit=run_limit)
     raise UserError(f"engine {name!r} is not available in this build")
+
+
+def load_ahead(name: str, model_path: str, fingerprint: str, device: torch.device, dtype: torch.dtype,
+               logprobs: bool, trust_remote_code: bool) -> bool:
+    """Load engine `name`'s model for a run not yet planned to the end, for `load` to take (models/preload.py):
+    the native model, or the hf engine whole (the run's budget and description adopted when `load` takes it).
+    True when it is held."""
+    from ..models import preload
+    wanted = preload.Wanted.of(name, model_path, fingerprint, device, dtype, logprobs, trust_remote_code)
+    if name == "native":
+        from ..models.registry import load_model
+        return preload.load(wanted, lambda: load_model(model_path, device, dtype))
+    if name == "hf":
+        from .hf import HFEngine
+        return preload.load(wanted, lambda: HFEngine(model_path, device, dtype, logprobs, fingerprint,
+                                                     trust_remote_code=trust_remote_code))
+    return False

@@ -2,7 +2,7 @@
 before it plans; each imports torch, transformers and the engine and, on a GPU, creates its CUDA context,
 then waits for the shard the supervisor gives it (worker/entry.py), which it computes as any worker does.
 Planning and a worker's start then take the time of the longer, not of both. As soon as the parent has chosen a
-native model, each waiting worker also loads it (`load_ahead`, models/preload.py), so the weights come off the
+model, each waiting worker also loads it (`load_ahead`, models/preload.py), so the weights come off the
 disk and onto the device while the parent finishes planning. A process no shard needs (the
 plan refused the run, fewer shards than slots were left) is killed before it has written anything.
 
@@ -46,11 +46,11 @@ class EarlyWorkers:
         _stop(spawned)
         return None
 
-    def load_ahead(self, path: str, fingerprint: str, dtype: str, batch_invariant: bool) -> None:
-        """Tell every waiting worker the run's native model, chosen by the parent (`planning.plan`'s on_model):
-        each loads it onto its device while the parent plans on, and its shard's engine uses it if the run's
-        manifest names the same checkpoint, fingerprint and dtype (models/preload.py)."""
-        order = {"path": path, "fingerprint": fingerprint, "dtype": dtype, "batch_invariant": batch_invariant}
+    def load_ahead(self, order: dict) -> None:
+        """Tell every waiting worker the run's model, as the parent chose it (`planning.plan`'s on_model: engine,
+        path, fingerprint, dtype, batch_invariant, logprobs, trust_remote_code): each loads it onto its device
+        while the parent plans on, and its shard's engine uses it if the run's manifest asks for exactly that
+        (models/preload.py)."""
         for slot, spawned in self.waiting.items():
             try:
                 spawned.orders.send(("load", order))

@@ -1,10 +1,11 @@
-"""A native model loaded before its shard was known. A local run's workers start while the parent plans
+"""A model loaded before its shard was known. A local run's workers start while the parent plans
 (launchers/early_workers.py); as soon as the parent has chosen the checkpoint, the engine and the dtype, it
-tells them, and each loads the weights onto its device while the parent finishes planning (the tokenizer
-check, the storage estimate, the manifest). The shard's engine then takes that model instead of reading the
-weights again, when it asks for the same checkpoint (directory and fingerprint, the fingerprint checked
-before and after the load), device and dtype; anything else loads as usual, so a model loaded ahead never
-decides what a run computes, only when its weights were read.
+tells them, and each loads the model onto its device while the parent finishes planning (the config and
+tokenizer checks, the storage estimate, the manifest). The shard's engine then takes what was loaded instead of
+reading the weights again, when it asks for exactly the same (`Wanted`: engine, checkpoint directory and
+fingerprint, the fingerprint checked before and after the load, device, dtype, and for the hf engine the head
+and --trust-remote-code); anything else loads as usual, so a model loaded ahead never decides what a run
+computes, only when its weights were read.
 """
 from __future__ import annotations
 
@@ -12,50 +13,53 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger("run_shards.worker")
 
 
 @dataclass(frozen=True)
 class Wanted:
-    """A native model as a run asks for it."""
+    """A model as a run asks for it."""
+    engine: str    # "native" (the native model) or "hf" (the hf engine, built whole)
     path: str
     fingerprint: str
     device: str    # torch.device's text: "cuda:0", "cpu"
     dtype: str     # torch dtype name: "bfloat16"
+    logprobs: bool = False            # hf: with the LM head (score, variants); the native model is the same either way
+    trust_remote_code: bool = False   # hf
 
     @classmethod
-    def of(cls, path, fingerprint: str, device, dtype) -> "Wanted":
-        return cls(str(Path(path)), fingerprint, str(device), str(dtype).removeprefix("torch."))
+    def of(cls, engine: str, path, fingerprint: str, device, dtype, logprobs: bool = False,
+           trust_remote_code: bool = False) -> "Wanted":
+        return cls(engine, str(Path(path)), fingerprint, str(device), str(dtype).removeprefix("torch."),
+                   logprobs and engine == "hf", trust_remote_code)
 
 
-_held: dict[Wanted, tuple[object, float]] = {}   # the model, and the seconds its load took
+_held: dict[Wanted, tuple[object, float]] = {}   # what was loaded, and the seconds its load took
 
 
-def load(wanted: Wanted) -> bool:
-    """Load the native model `wanted` names and keep it for `take`; True when kept. Nothing is kept when the
+def load(wanted: Wanted, build: Callable[[], object]) -> bool:
+    """`build()` the model `wanted` names and keep it for `take`; True when kept. Nothing is kept when the
     checkpoint is not the one the parent fingerprinted (changed before or during the load)."""
-    import torch
-
     from .checkpoint import fingerprint
-    from .registry import load_model
     began = time.time()
     if fingerprint(Path(wanted.path)) != wanted.fingerprint:
         log.info("not loading the model ahead: %s changed since the run was planned", wanted.path)
         return False
-    model = load_model(wanted.path, torch.device(wanted.device), getattr(torch, wanted.dtype))
+    built = build()
     if fingerprint(Path(wanted.path)) != wanted.fingerprint:
         log.info("the model loaded ahead is not kept: %s changed while it loaded", wanted.path)
         return False
     seconds = time.time() - began
-    _held[wanted] = (model, seconds)
-    log.info("model loaded ahead on %s (%s) in %.1f s, while the run was planned", wanted.device, wanted.dtype,
-             seconds)
+    _held[wanted] = (built, seconds)
+    log.info("model loaded ahead on %s (%s, engine %s) in %.1f s, while the run was planned", wanted.device,
+             wanted.dtype, wanted.engine, seconds)
     return True
 
 
 def take(wanted: Wanted):
-    """The model loaded ahead for exactly `wanted` (given up: a second call gets None), or None. Any other model
+    """What was loaded ahead for exactly `wanted` (given up: a second call gets None), or None. Anything else
     held is dropped: this process computes one shard of one run."""
     found = _held.pop(wanted, None)
     _held.clear()

@@ -82,9 +82,9 @@ class Model:
 
 def plan(config: RunConfig, on_model=None) -> Plan:
     """Plan the run `config` describes in `config.out` (or check that a later command continues the run
-    there consistently); UserError, naming what to change, for anything that would fail later. For a new run
-    on the native engine, `on_model(path, fingerprint, dtype, batch_invariant)` is told the model as soon as
-    it is chosen (before its config and tokenizer are read), for workers to load it meanwhile."""
+    there consistently); UserError, naming what to change, for anything that would fail later. For a new run,
+    `on_model(order)` is told the model as soon as it is chosen, before its config and tokenizer are read, for
+    workers to load it meanwhile (`choose_model`)."""
     run = RunDir(config.out)
     old = run.read_manifest() if run.exists() else None
     index, reused = read_inputs(config)
@@ -180,7 +180,8 @@ def _absolute(config: RunConfig, *names: str) -> dict:
 
 def choose_model(config: RunConfig, on_model=None) -> Model:
     """The checkpoint, the engine that runs it and what it is (its config and tokenizer; no weights).
-    `on_model`: told a native model's path, fingerprint, dtype and batch invariance as soon as they are known."""
+    `on_model`: told, as soon as they are known, what a worker's engine load asks for: engine, path,
+    fingerprint, dtype, batch_invariant, logprobs and trust_remote_code (models/preload.py)."""
     from ..engine import selection as engines
     from ..models import checkpoint
     _settle_matmul_mode(config)
@@ -190,8 +191,10 @@ def choose_model(config: RunConfig, on_model=None) -> Model:
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
-    if on_model is not None and engine == "native":
-        on_model(source.path, source.fingerprint, config.torch_dtype_name, engines.batch_invariant(engine, config))
+    if on_model is not None:
+        on_model({"engine": engine, "path": source.path, "fingerprint": source.fingerprint,
+                  "dtype": config.torch_dtype_name, "batch_invariant": engines.batch_invariant(engine, config),
+                  "logprobs": config.task in ("score", "variants"), "trust_remote_code": config.trust_remote_code})
     hf_config = checkpoint.read_config(source, config.trust_remote_code)
     hf_tokenizer = checkpoint.read_tokenizer(source, hf_config, config.trust_remote_code)
     info = checkpoint.describe(source, engine, hf_tokenizer, config.trust_remote_code, hf_config)

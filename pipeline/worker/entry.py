@@ -150,11 +150,14 @@ def _load_ahead(order: dict, run: RunDir, gpu: bool, threads: int) -> None:
     """Set this process up for the run and load its model before the shard is known (models/preload.py), as
     the parent's `order` says (early_workers.EarlyWorkers.load_ahead). A failure is only logged: the shard's
     own load meets it again and reports it in the shard's log."""
-    from ..models import preload
+    import torch
+
+    from ..engine import selection as engines
     try:
         set_up(gpu, order["batch_invariant"], run.root, threads)
-        preload.load(preload.Wanted.of(order["path"], order["fingerprint"], "cuda:0" if gpu else "cpu",
-                                       order["dtype"]))
+        engines.load_ahead(order["engine"], order["path"], order["fingerprint"],
+                           torch.device("cuda:0" if gpu else "cpu"), getattr(torch, order["dtype"]),
+                           order["logprobs"], order["trust_remote_code"])
     except Exception as e:   # noqa: BLE001
         log.warning("loading the model before the shard was known failed (%s: %s)", type(e).__name__, e)
 
