@@ -125,3 +125,11 @@ def test_text_is_escaped_and_the_svg_is_an_image_with_its_label():
     assert root.get("role") == "img" and root.get("aria-label") == 'lengths "a" <b>'
     assert {"<b>&", "model's limit (<1> & \"2\")", "no checkpoint yet"} <= set(root.itertext())
     assert not re.search(r"<(?!/?(svg|title|g|rect|path|circle|text)\b)", svg)   # nothing but the drawing
+
+
+def test_nothing_in_pipeline_imports_matplotlib():
+    """matplotlib is no dependency of run_shards (setup.cfg): an import of it would fail in a fresh install."""
+    from pathlib import Path
+    rooms = Path(__file__).resolve().parents[1] / "pipeline"
+    found = [str(p) for p in rooms.rglob("*.py") if re.search(r"^\s*(import|from)\s+matplotlib", p.read_text(), re.M)]
+    assert found == []
