@@ -61,9 +61,9 @@ def measure(page: Path, tmp_path: Path) -> list[dict]:
     const charts = [...document.querySelectorAll("svg")].map(svg => ({
       legend: svg.querySelector("g.legend > rect") ? box(svg.querySelector("g.legend > rect")) : null,
       frames: [...svg.querySelectorAll("rect.frame")].map(box),
-      texts: [...svg.querySelectorAll("text")].map(t => ({text: t.textContent, box: box(t), width: t.getComputedTextLength(),
-                                                          size: parseFloat(t.getAttribute("font-size")),
-                                                          legend: t.closest("g.legend") !== null}))}));
+      texts: [...svg.querySelectorAll("text")].map(t => ({
+        text: t.textContent, box: box(t), width: t.getComputedTextLength(),
+        size: parseFloat(t.getAttribute("font-size")), legend: t.closest("g.legend") !== null}))}));
     const pre = document.createElement("pre"); pre.id = "measured"; pre.textContent = JSON.stringify(charts);
     document.body.appendChild(pre);
     </script>"""
@@ -87,8 +87,8 @@ def charts(page: str) -> list[ET.Element]:
 
 def panels(chart: ET.Element) -> list[dict]:
     """Each panel of a chart: its frame (x0, y0, x1, y1), its bars and horizontal bars (rects: x, y, width,
-    height), its markers (cx, cy, fill), its texts (x, y, anchor, text) and px per unit on each numeric axis
-    (from the tick labels' positions and numbers)."""
+    height), its markers (cx, cy, fill), its lines (path data), its texts (x, y, anchor, text) and px per unit
+    on each numeric axis (from the tick labels' positions and numbers)."""
     out = []
     for g in chart.iter():
         if _tag(g) != "g" or g.get("class") != "panel":
@@ -102,8 +102,11 @@ def panels(chart: ET.Element) -> list[dict]:
         ys = [(ty, v) for tx, ty, anchor, v in numeric if anchor == "end" and tx < x]
         xs = [(tx, v) for tx, ty, anchor, v in numeric if anchor == "middle" and ty > y + h]
         out.append({"frame": (x, y, x + w, y + h), "texts": texts,
-                    "bars": [tuple(float(r.get(k)) for k in ("x", "y", "width", "height")) for r in rects if r is not frame],
-                    "markers": [(float(c.get("cx")), float(c.get("cy")), c.get("fill")) for c in g if _tag(c) == "circle"],
+                    "bars": [tuple(float(r.get(k)) for k in ("x", "y", "width", "height"))
+                             for r in rects if r is not frame],
+                    "markers": [(float(c.get("cx")), float(c.get("cy")), c.get("fill"))
+                                for c in g if _tag(c) == "circle"],
+                    "lines": [p.get("d") for p in g if _tag(p) == "path" and p.get("stroke") != "#333"],  # not ticks
                     "y_per_unit": (ys[0][0] - ys[-1][0]) / (ys[-1][1] - ys[0][1]) if len(ys) > 1 else None,
                     "x_per_unit": (xs[-1][0] - xs[0][0]) / (xs[-1][1] - xs[0][1]) if len(xs) > 1 else None})
     return out
@@ -136,8 +139,7 @@ def assert_renders(page: str, shot: np.ndarray) -> None:
     for svg, label in zip(svgs, CHART_LABELS):
         for panel in panels(svg):
             drawn = [b for b in panel["bars"] if b[2] > 0 and b[3] > 0]
-            lines = [p for p in svg.iter() if _tag(p) == "path" and p.get("fill") == "none"]
-            assert drawn or lines or any("no checkpoint yet" in t for *_, t in panel["texts"]), label
+            assert drawn or panel["lines"] or any("no checkpoint yet" in t for *_, t in panel["texts"]), label
 
 
 def assert_laid_out_clear(measured: list[dict]) -> None:

@@ -91,8 +91,9 @@ def throughput_chart(f: RunFacts) -> str:
                 durable.append(n + (durable[-1] if durable else 0))
                 previous = t
             if xs:
-                series.append((label, number < len(s.attempts), [(a.loaded or a.start) - a.start] + xs, [rates[0]] + rates,
-                               [0.0] + xs, [0] + durable))
+                loaded = (a.loaded or a.start) - a.start
+                series.append((label, number < len(s.attempts), [loaded] + xs, [rates[0]] + rates, [0.0] + xs,
+                               [0] + durable))
     no_tokens = any(tokens is None for s in f.shards for a in s.attempts for *_, tokens in a.checkpoints)
     seconds = Axis(0.0, max([x for *_, xs, _ in series for x in xs] + [0.0]) * 1.05 or 1.0)
     speed = Panel(seconds, limits([r for _, _, _, rates, *_ in series for r in rates]),

@@ -3,9 +3,9 @@ categorical axes, "nice" ticks (1-2-5 steps, powers of ten on a log axis, thousa
 histogram bars, step and line series with markers, vertical reference lines, stacked horizontal bars, a
 centred note; one legend for the chart, in a band above the panels, so it covers no data and no label.
 
-No font metrics exist outside the browser: text widths are estimated from DejaVu Sans' glyph widths, at or
-above the real width (so laid out boxes never overlap where they would not), and a test measures them in
-Chromium.
+No font metrics exist outside a browser: text widths are estimated from DejaVu Sans' glyph widths, never
+below the real width, so that texts laid out apart here stay apart on screen (tests/test_report.py measures
+them in Chromium).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 TICK_SIZE, LABEL_SIZE, TITLE_SIZE = 10.0, 11.0, 11.0   # px
 TICK_LENGTH, PAD, LINE_GAP = 4.0, 4.0, 1.3
+ASCENT, DESCENT = 0.93, 0.24                            # DejaVu Sans', in em: a text's box about its baseline
 SWATCH = 22.0                                           # a legend entry's line or patch
 CYCLE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
          "#17becf")                                     # series colours, in turn (matplotlib's, as before)
@@ -57,12 +58,13 @@ def number(value: float, step: float = 1.0) -> str:
 
 @dataclass
 class Axis:
-    """Data limits and how values map onto them; `names`: a categorical axis (value k is names[k])."""
+    """Data limits and how values map onto them; `names`: a categorical axis (value k is names[k], the first at
+    the top), which may have none yet."""
     lo: float
     hi: float
     log: bool = False
     integer: bool = False
-    names: tuple[str, ...] = ()
+    names: tuple[str, ...] | None = None
     step: float = 0.0          # the ticks' step (0: a nice one)
 
     def __post_init__(self):
@@ -78,7 +80,7 @@ class Axis:
         return (value - self.lo) / (self.hi - self.lo)
 
     def ticks(self) -> list[tuple[float, str]]:
-        if self.names:
+        if self.names is not None:
             return [(float(k), name) for k, name in enumerate(self.names)]
         if self.log:
             first, last = math.ceil(math.log10(self.lo) - 1e-9), math.floor(math.log10(self.hi) + 1e-9)
@@ -117,10 +119,10 @@ class Mark:
     color: str
     label: str = ""
     width: float = 0.8         # bars: in data units; lines: stroke px
-    lefts: list[float] | None = None   # hbars: left ends (xs are lengths, ys rows); bars with edges: right ends
+    x_ends: list[float] | None = None  # bars from xs[k] to x_ends[k] (histogram, hbars); else `width` about xs[k]
     dash: str = "-"
     marker: bool = False
-    edge: str = ""
+    edge: str = ""             # a bar's outline colour (none: "")
 
 
 @dataclass
@@ -140,10 +142,12 @@ class Panel:
     def histogram(self, edges, counts, color: str, label: str = "") -> None:
         """Bars from edges[k] to edges[k + 1], counts[k] high."""
         self.marks.append(Mark("bars", [float(e) for e in edges[:-1]], list(map(float, counts)), color, label,
-                               lefts=[float(e) for e in edges[1:]]))
+                               x_ends=[float(e) for e in edges[1:]]))
 
     def hbar(self, row: int, left: float, length: float, color: str, label: str = "", edge: str = "") -> None:
-        self.marks.append(Mark("hbars", [float(length)], [float(row)], color, label, lefts=[float(left)], edge=edge))
+        """A horizontal bar in row `row` of a categorical y axis, from `left` on; bars end to end stack."""
+        self.marks.append(Mark("hbars", [float(left)], [float(row)], color, label, x_ends=[float(left + length)],
+                               edge=edge))
 
     def step(self, xs, ys, color: str, label: str = "", dash: str = "-", width: float = 1.5) -> None:
         """A step line: ys[k] holds from xs[k - 1] to xs[k] (the value over the interval that ends at xs[k])."""
@@ -208,9 +212,9 @@ class Chart:
         def text(x, y, s, size, role, anchor="middle", rotate=False):
             w = text_width(s, size)
             x0 = {"start": x, "middle": x - w / 2, "end": x - w}[anchor]
-            box = Box(x0, y - size * 0.8, x0 + w, y + size * 0.25)   # baseline y: ascent above, descent below
-            if rotate:   # turned a quarter left about (x, y)
-                box = Box(x - size * 0.8, y - (box.x1 - x), x + size * 0.25, y + (x - box.x0))
+            box = Box(x0, y - size * ASCENT, x0 + w, y + size * DESCENT)   # y: the baseline
+            if rotate:   # a quarter turn anticlockwise about (x, y)
+                box = Box(x - size * ASCENT, y - (box.x1 - x), x + size * DESCENT, y + (x - box.x0))
             texts.append(Text(box, s, role))
             out.append(f'<text x="{_f(x)}" y="{_f(y)}" font-size="{_f(size)}" text-anchor="{anchor}"'
                        + (f' transform="rotate(-90 {_f(x)} {_f(y)})"' if rotate else "") + f">{e(s)}</text>")
@@ -220,7 +224,8 @@ class Chart:
         for p in self.panels:
             widest = max([text_width(t, TICK_SIZE) for _, t in p.y.ticks()] + [0.0])
             lefts.append(PAD + (LABEL_SIZE * LINE_GAP if p.ylabel else 0) + widest + TICK_LENGTH + PAD)
-        right = PAD + max(text_width(t, TICK_SIZE) for p in self.panels for _, t in p.x.ticks()[-1:] or [(0, "")]) / 2
+        last_ticks = [p.x.ticks()[-1][1] for p in self.panels if p.x.ticks()]   # may stand out past the plot
+        right = PAD + max([text_width(t, TICK_SIZE) / 2 for t in last_ticks] + [0.0])
         plot_w = (self.width - sum(lefts) - right * len(self.panels)) / len(self.panels)
         assert plot_w > 40, f"a chart {self.width} px wide cannot hold {len(self.panels)} panel(s)"
 
@@ -248,22 +253,7 @@ class Chart:
             LABEL_SIZE * LINE_GAP if any(p.xlabel for p in self.panels) else 0) + PAD
 
         if legend_box is not None:
-            out.append(f'<g class="legend"><rect x="{_f(legend_box.x0)}" y="{_f(legend_box.y0)}" '
-                       f'width="{_f(legend_box.x1 - legend_box.x0)}" height="{_f(legend_box.y1 - legend_box.y0)}" '
-                       'fill="white" stroke="#ddd"/>')
-            for k, row in enumerate(rows):
-                y = legend_box.y0 + PAD / 2 + (k + 0.5) * TICK_SIZE * 1.6
-                for x, m in row:
-                    if m.kind in ("bars", "hbars"):
-                        out.append(f'<rect x="{_f(x)}" y="{_f(y - 4)}" width="{_f(SWATCH)}" height="8" '
-                                   f'fill="{m.color}"/>')
-                    else:
-                        out.append(f'<path d="M{_f(x)} {_f(y)}h{_f(SWATCH)}" {_stroke(m.color, m.width, m.dash)}/>')
-                        if m.marker:
-                            out.append(f'<circle cx="{_f(x + SWATCH / 2)}" cy="{_f(y)}" r="2" fill="{m.color}"/>')
-                    text(x + SWATCH + PAD, y + TICK_SIZE * 0.35, m.label, TICK_SIZE, "legend", anchor="start")
-            out.append("</g>")
-
+            self._legend(rows, legend_box, out, text)
         plots, x0 = [], 0.0
         for p, left in zip(self.panels, lefts):
             box = Box(x0 + left, plot_top, x0 + left + plot_w, plot_bottom)
@@ -271,12 +261,30 @@ class Chart:
             self._panel(p, box, x0, out, text)
             x0 = box.x1 + right
         svg = (f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{e(label)}" width="{_f(self.width)}" '
-               f'height="{_f(height)}" viewBox="0 0 {_f(self.width)} {_f(height)}" font-family="DejaVu Sans, sans-serif">'
+               f'height="{_f(height)}" viewBox="0 0 {_f(self.width)} {_f(height)}" '
+               'font-family="DejaVu Sans, sans-serif">'
                f'<title>{e(label)}</title>' + "".join(out) + "</svg>")
         return Drawing(svg, self.width, height, plots, legend_box, texts)
 
     def svg(self, label: str) -> str:
         return self.render(label).svg
+
+    @staticmethod
+    def _legend(rows: list[list[tuple[float, Mark]]], box: Box, out: list[str], text) -> None:
+        """The legend's frame, and each entry's swatch (a patch, or a line with its marker) and label."""
+        out.append(f'<g class="legend"><rect x="{_f(box.x0)}" y="{_f(box.y0)}" width="{_f(box.x1 - box.x0)}" '
+                   f'height="{_f(box.y1 - box.y0)}" fill="white" stroke="#ddd"/>')
+        for k, row in enumerate(rows):
+            y = box.y0 + PAD / 2 + (k + 0.5) * TICK_SIZE * 1.6
+            for x, m in row:
+                if m.kind in ("bars", "hbars"):
+                    out.append(f'<rect x="{_f(x)}" y="{_f(y - 4)}" width="{_f(SWATCH)}" height="8" fill="{m.color}"/>')
+                else:
+                    out.append(f'<path d="M{_f(x)} {_f(y)}h{_f(SWATCH)}" {_stroke(m.color, m.width, m.dash)}/>')
+                    if m.marker:
+                        out.append(f'<circle cx="{_f(x + SWATCH / 2)}" cy="{_f(y)}" r="2" fill="{m.color}"/>')
+                text(x + SWATCH + PAD, y + TICK_SIZE * 0.35, m.label, TICK_SIZE, "legend", anchor="start")
+        out.append("</g>")
 
     @staticmethod
     def _panel(p: Panel, box: Box, x_left: float, out: list[str], text) -> None:
@@ -287,7 +295,7 @@ class Chart:
 
         def py(v):   # a categorical axis runs top down (first name at the top)
             f = p.y.fraction(v)
-            return box.y0 + f * h if p.y.names else box.y1 - f * h
+            return box.y0 + f * h if p.y.names is not None else box.y1 - f * h
 
         out.append('<g class="panel">')
         for m in p.marks:
@@ -295,16 +303,17 @@ class Chart:
                 for k, (x, y) in enumerate(zip(m.xs, m.ys)):
                     if y <= 0:
                         continue
-                    a, b = (px(x), px(m.lefts[k])) if m.lefts else (px(x - m.width / 2), px(x + m.width / 2))
+                    a, b = (px(x), px(m.x_ends[k])) if m.x_ends else (px(x - m.width / 2), px(x + m.width / 2))
                     out.append(f'<rect x="{_f(a)}" y="{_f(py(y))}" width="{_f(b - a)}" height="{_f(py(0) - py(y))}" '
                                f'fill="{m.color}"/>')
             elif m.kind == "hbars":
-                a, b = px(m.lefts[0]), px(m.lefts[0] + m.xs[0])
+                a, b = px(m.xs[0]), px(m.x_ends[0])
                 top, bottom = py(m.ys[0] - 0.4), py(m.ys[0] + 0.4)
                 out.append(f'<rect x="{_f(a)}" y="{_f(top)}" width="{_f(b - a)}" height="{_f(bottom - top)}" '
                            f'fill="{m.color}"' + (f' stroke="{m.edge}" stroke-width="1"' if m.edge else "") + "/>")
             elif m.kind == "vline":
-                out.append(f'<path d="M{_f(px(m.xs[0]))} {_f(box.y0)}V{_f(box.y1)}" {_stroke(m.color, m.width, m.dash)}/>')
+                out.append(f'<path d="M{_f(px(m.xs[0]))} {_f(box.y0)}V{_f(box.y1)}" '
+                           f'{_stroke(m.color, m.width, m.dash)}/>')
             elif m.xs:
                 points = [(px(x), py(y)) for x, y in zip(m.xs, m.ys)]
                 d = f"M{_f(points[0][0])} {_f(points[0][1])}"
