@@ -237,8 +237,7 @@ def _log_timings(run: RunDir, timings, started: float) -> None:
 def _reported(run_dir: RunDir, work, command: str):
     """Run `work`, then record how the command ended (an `ended` event: its error, its seconds) and write
     OUT/report.html however it ended, with the error that ended it (not for a submission to a scheduler,
-    whose jobs have not run yet). RUN_SHARDS_REPORT=0 leaves the page out (about a second: scripted runs,
-    the tests)."""
+    whose jobs have not run yet). RUN_SHARDS_REPORT=0 leaves the page out (scripted runs, the tests)."""
     outcome, error, began = None, None, time.time()
     try:
         outcome = work()

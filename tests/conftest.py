@@ -12,8 +12,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Runs write OUT/report.html at their end (about 1.5 s: matplotlib); the suite's hundreds of runs skip it,
-# and tests/test_report.py turns it back on for its own.
+# Runs write OUT/report.html at their end. With its charts plain SVG it costs a run about 0.02 s (docs/BENCHMARKS.md,
+# "Run report"): nothing measurable here (tests/test_result_reader.py's 11 CLI runs took as long with it as without).
+# The suite's runs skip it all the same: a page that cannot be written is only a warning, so writing it would check
+# nothing in them; tests/test_report.py (in Chromium) and the few tests that set RUN_SHARDS_REPORT=1 check the page.
 os.environ.setdefault("RUN_SHARDS_REPORT", "0")
 
 # Matmuls in MKL's strict CNR mode, as workers run them (pipeline/worker/cpu_setup.py), so that in-process

@@ -4,19 +4,20 @@ shows why it failed, `run_shards report OUT` writes it for a run without a resul
 rerun that finished it lists the restart with its reason."""
 from __future__ import annotations
 
-import base64
 import html
-import io
+import json
 import os
 import re
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline.reporting.facts import attempts
+from pipeline.reporting.svg_charts import Box, text_width
 from pipeline.rundir import events
 
 from .run_helpers import read, skip_or_fail, status_rows, undocumented_files
@@ -24,6 +25,8 @@ from .tiny_models import run_cli
 
 REPORT_ON = {"RUN_SHARDS_REPORT": "1"}
 CHART_BLUE = (0x4c, 0x72, 0xb0)   # the length histogram's bars (pipeline/reporting/report.py)
+CHART_LABELS = ["histogram of sequence lengths", "sequences, residues, tokens and seconds per shard",
+                "each worker's throughput and progress over time", "time split of the run and of each shard"]
 
 
 def chromium() -> str:
@@ -46,15 +49,67 @@ def render(page: Path, tmp_path: Path) -> tuple[str, np.ndarray]:
     done = subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and shot.exists(), done.stderr
-    import matplotlib.image
-    return dom.stdout, matplotlib.image.imread(str(shot))[..., :3]
+    from PIL import Image
+    return dom.stdout, np.asarray(Image.open(shot).convert("RGB"), dtype=np.float64) / 255
 
 
-def charts(page: str) -> list[np.ndarray]:
-    """The page's inline images, decoded."""
-    import matplotlib.image
-    return [matplotlib.image.imread(io.BytesIO(base64.b64decode(data)), format="png")[..., :3]
-            for data in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+def measure(page: Path, tmp_path: Path) -> list[dict]:
+    """Each chart's legend frame, plot frames and texts as Chromium lays them out (boxes in px: left, top,
+    right, bottom), measured by a script in a copy of the page (the page itself has none)."""
+    script = """<script>
+    const box = el => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+    const charts = [...document.querySelectorAll("svg")].map(svg => ({
+      legend: svg.querySelector("g.legend > rect") ? box(svg.querySelector("g.legend > rect")) : null,
+      frames: [...svg.querySelectorAll("rect.frame")].map(box),
+      texts: [...svg.querySelectorAll("text")].map(t => ({
+        text: t.textContent, box: box(t), width: t.getComputedTextLength(),
+        size: parseFloat(t.getAttribute("font-size")), legend: t.closest("g.legend") !== null}))}));
+    const pre = document.createElement("pre"); pre.id = "measured"; pre.textContent = JSON.stringify(charts);
+    document.body.appendChild(pre);
+    </script>"""
+    copy = tmp_path / "measured.html"
+    copy.write_text(page.read_text().replace("</body>", script + "</body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1200,1600"]
+    dom = subprocess.run([chromium(), *flags, "--dump-dom", copy.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr
+    return json.loads(html.unescape(re.search(r'<pre id="measured">(.*?)</pre>', dom.stdout, re.S)[1]))
+
+
+def _tag(element: ET.Element) -> str:
+    return element.tag.rsplit("}", 1)[-1]
+
+
+def charts(page: str) -> list[ET.Element]:
+    """The page's inline SVG charts, parsed."""
+    return [ET.fromstring(svg) for svg in re.findall(r"<svg\b.*?</svg>", page, re.S)]
+
+
+def panels(chart: ET.Element) -> list[dict]:
+    """Each panel of a chart: its frame (x0, y0, x1, y1), its bars and horizontal bars (rects: x, y, width,
+    height), its markers (cx, cy, fill), its lines (path data), its texts (x, y, anchor, text) and px per unit
+    on each numeric axis (from the tick labels' positions and numbers)."""
+    out = []
+    for g in chart.iter():
+        if _tag(g) != "g" or g.get("class") != "panel":
+            continue
+        rects = [r for r in g if _tag(r) == "rect"]
+        frame = next(r for r in rects if r.get("class") == "frame")
+        x, y, w, h = (float(frame.get(k)) for k in ("x", "y", "width", "height"))
+        texts = [(float(t.get("x")), float(t.get("y")), t.get("text-anchor"), t.text) for t in g if _tag(t) == "text"]
+        numeric = [(tx, ty, anchor, float(text.replace(",", ""))) for tx, ty, anchor, text in texts
+                   if re.fullmatch(r"-?[\d,]+(\.\d+)?", text)]
+        ys = [(ty, v) for tx, ty, anchor, v in numeric if anchor == "end" and tx < x]
+        xs = [(tx, v) for tx, ty, anchor, v in numeric if anchor == "middle" and ty > y + h]
+        out.append({"frame": (x, y, x + w, y + h), "texts": texts,
+                    "bars": [tuple(float(r.get(k)) for k in ("x", "y", "width", "height"))
+                             for r in rects if r is not frame],
+                    "markers": [(float(c.get("cx")), float(c.get("cy")), c.get("fill"))
+                                for c in g if _tag(c) == "circle"],
+                    "lines": [p.get("d") for p in g if _tag(p) == "path" and p.get("stroke") != "#333"],  # not ticks
+                    "y_per_unit": (ys[0][0] - ys[-1][0]) / (ys[-1][1] - ys[0][1]) if len(ys) > 1 else None,
+                    "x_per_unit": (xs[-1][0] - xs[0][0]) / (xs[-1][1] - xs[0][1]) if len(xs) > 1 else None})
+    return out
 
 
 def cells(page: str, table: str) -> list[list[str]]:
@@ -74,13 +129,37 @@ def shows(page: str, text: str) -> bool:
 
 def assert_renders(page: str, shot: np.ndarray) -> None:
     """Chromium laid the page out and drew its charts: the screenshot holds the histogram's blue, and every
-    inline image has content (a blank or broken image has none)."""
+    chart is an inline SVG with its label and drawn content (bars of positive height, lines, a note)."""
     assert "run_shards report" in page and "Traceback" not in page
     assert not re.search(r"""(?:src|href)=["'](?!data:)""", page) and "<script" not in page   # self-contained
     blue = np.all(np.abs(shot * 255 - CHART_BLUE) < 6, axis=-1)
     assert blue.sum() > 500, "no chart drawn in the screenshot"
-    images = charts(page)
-    assert len(images) == 4 and all(img.std() > 0.05 for img in images), [img.std() for img in images]
+    svgs = charts(page)
+    assert [(svg.get("role"), svg.get("aria-label")) for svg in svgs] == [("img", label) for label in CHART_LABELS]
+    for svg, label in zip(svgs, CHART_LABELS):
+        for panel in panels(svg):
+            drawn = [b for b in panel["bars"] if b[2] > 0 and b[3] > 0]
+            assert drawn or panel["lines"] or any("no checkpoint yet" in t for *_, t in panel["texts"]), label
+
+
+def assert_laid_out_clear(measured: list[dict]) -> None:
+    """In Chromium's layout: text is no wider than svg_charts estimates (its layout rests on that), a legend
+    holds its entries and covers no plot and no other text, and no two texts overlap."""
+    def box(b):
+        return Box(*b)
+    for chart in measured:
+        texts = chart["texts"]
+        for t in texts:
+            assert t["width"] <= text_width(t["text"], t["size"]), t
+        others = [box(t["box"]) for t in texts if not t["legend"]]
+        if chart["legend"]:
+            legend = box(chart["legend"])
+            inside = [box(t["box"]) for t in texts if t["legend"]]
+            assert inside and all(legend.x0 <= b.x0 and b.x1 <= legend.x1 and legend.y0 <= b.y0 and b.y1 <= legend.y1
+                                  for b in inside), chart
+            assert not any(legend.overlaps(b) for b in others + [box(f) for f in chart["frames"]]), chart
+        for k, a in enumerate(others):
+            assert not any(a.overlaps(b) for b in others[k + 1:]), (texts, a)
 
 
 @pytest.mark.slow
@@ -122,6 +201,29 @@ def test_the_report_of_a_finished_run_renders_with_the_runs_numbers(fasta, commo
                         run_log)
     assert shows(page, timings[1])
     assert shows(page, "none: every attempt of every shard finished")
+
+    # The charts show these numbers: bar heights over the axis' px per unit.
+    lengths, balance, throughput, time = (panels(svg) for svg in charts(page))
+    bars = lengths[0]["bars"]
+    counts = [round(h / lengths[0]["y_per_unit"]) for *_, h in bars]
+    assert sum(counts) == int((result["lengths"] > 0).sum()) == 242 and len(bars) > 3   # empty1 has no length
+    assert all(abs(h / lengths[0]["y_per_unit"] - c) < 0.2 for (*_, h), c in zip(bars, counts))
+    assert any(t == f"{len(result['ids']):,} records" for svg in charts(page)[:1] for t in svg.itertext())
+    for panel, column in zip(balance, (3, 4, 5, 6)):     # sequences, residues, tokens, worker seconds
+        expected = [float(shards[r][column].replace(",", "")) for r in sorted(shards)]
+        shown = [h / panel["y_per_unit"] for _, _, _, h in sorted(panel["bars"])]
+        slack = 0.002 * max(expected) + 0.2 / panel["y_per_unit"] + (0.05 if column == 6 else 0)   # px rounding; .1f
+        assert np.all(np.abs(np.subtract(shown, expected)) <= slack), (column, shown, expected)
+    progress = throughput[1]
+    by_series = {}
+    for _, cy, fill in progress["markers"]:
+        by_series[fill] = max(by_series.get(fill, 0.0), (progress["frame"][3] - cy) / progress["y_per_unit"])
+    assert sorted(round(v) for v in by_series.values()) == sorted(number(row[2]) for row in shards.values())
+    assert [t for *_, anchor, t in time[0]["texts"] if anchor == "end"] == ["whole run", "shard 0", "shard 1"]
+    whole_run = [b for b in time[0]["bars"] if b[1] < min(b2[1] for b2 in time[0]["bars"]) + 1]
+    run_seconds = sum(float(v) for v in re.findall(r"([\d.]+) s", timings[1]))
+    assert abs(sum(w for _, _, w, _ in whole_run) / time[0]["x_per_unit"] - run_seconds) < 0.3
+    assert_laid_out_clear(measure(out / "report.html", tmp_path))
 
 
 def _shard_rows(result: dict, rank: int, world: int = 2) -> np.ndarray:
@@ -194,11 +296,9 @@ def test_the_time_charts_legend_is_clear_of_the_axis_label():
                          shards=[ShardFacts(r, "complete", 10, 10, 30, 100, a, None) for r, a in enumerate(attempts_)],
                          statuses={}, rows=0, result="complete", timings=[1.0, 5.0, 20.0, 2.0], timings_end=140.0,
                          error="", written="")
-        fig = time_figure(facts)
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        ax = fig.axes[0]
-        legend = ax.get_legend().get_window_extent(renderer)
-        for item in [ax.xaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()]:
-            assert not legend.overlaps(item.get_window_extent(renderer)), (shards, item.get_text())
-        assert not legend.overlaps(ax.get_window_extent(renderer)), shards
+        drawing = time_figure(facts).render("time")
+        legend, plot = drawing.legend, drawing.plots[0]
+        labels = [t for t in drawing.texts if t.role in ("xlabel", "tick")]
+        assert legend is not None and {t.text for t in labels} >= {"whole run", "seconds since the run started"}
+        assert not any(legend.overlaps(t.box) for t in labels), shards
+        assert not legend.overlaps(plot) and legend.y1 <= plot.y0, shards

@@ -40,7 +40,7 @@ def one_run(setting: Setting, fasta: Path, checkpoint: Path, engine: str) -> dic
            "--on-long", "truncate", "--out", str(out), "--no-progress"] + (["--engine", "hf"] if engine == "hf" else [])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # workers run as in production
     if setting.smoke:
-        env["RUN_SHARDS_REPORT"] = "0"   # the HTML page: a second of a CPU check's time, not what it checks
+        env["RUN_SHARDS_REPORT"] = "0"   # the HTML page: not what a CPU check checks
     start, began = time.perf_counter(), time.time()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     result = {"engine": engine, "seconds": time.perf_counter() - start, "returncode": res.returncode, "out": out,

@@ -1,5 +1,5 @@
-"""OUT/report.html: one self-contained page about a run, finished, partial or failed (charts drawn by
-matplotlib as inline PNG images; no script, no style sheet or font from elsewhere, nothing fetched).
+"""OUT/report.html: one self-contained page about a run, finished, partial or failed (charts as inline SVG,
+drawn by svg_charts.py; no script, no style sheet or font from elsewhere, nothing fetched).
 
 Every `run`, `rerun` and `merge` writes it at its end, and `run_shards report OUT` writes it again; the
 facts come from the run directory (facts.py), so a SLURM or Ray run gets the same page, and a SLURM run a
@@ -7,11 +7,10 @@ section on its jobs (ids, nodes, queue waits, requeues and why, the merge job).
 """
 from __future__ import annotations
 
-import base64
 import datetime
 import html
-import io
 import json
+from itertools import cycle
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from ..config import LISTED_SHARDS
 from ..errors import UserError
 from ..rundir.layout import RunDir, write_atomic
 from .facts import Attempt, RunFacts, gather
+from .svg_charts import CYCLE, Axis, Chart, Panel, limits
 
 GANTT_SHARDS = 48          # rows of the time chart at most
 PHASES = ("prepare", "start workers and load model", "compute", "finish shards and merge")
@@ -40,61 +40,36 @@ def write(out: str | Path, error: str | None = None) -> Path:
     return path
 
 
-def _png(fig, alt: str) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    data = base64.b64encode(buf.getvalue()).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-
-def _figure(width: float, height: float):
-    """A figure on matplotlib's Agg canvas, without pyplot: no display or GUI toolkit, no global state
-    (and 0.4 s less to import)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def lengths_chart(f: RunFacts) -> str:
     """Residues per record on a log scale, so the token budget and the model's limit are always in view."""
-    fig = _figure(7.5, 3)
-    ax = fig.subplots()
     lengths = f.lengths[f.lengths > 0]
     limit = f.manifest.get("max_tokens")
     top = max([int(lengths.max()) if len(lengths) else 1, f.budget or 1, limit or 1])
-    bins = np.geomspace(1, top * 1.2, 60)
-    ax.hist(lengths, bins=bins, color="#4c72b0", label=f"{len(f.lengths):,} records")
-    ax.set_xscale("log")
+    edges = np.geomspace(1, top * 1.2, 60)
+    counts = np.histogram(lengths, bins=edges)[0]
+    panel = Panel(Axis(1.0, top * 1.2, log=True), limits(counts, integer=True),
+                  xlabel="residues per record (log scale; tokens add the model's special tokens)", ylabel="records")
+    panel.histogram(edges, counts, "#4c72b0", label=f"{len(f.lengths):,} records")
     if f.budget:
-        ax.axvline(f.budget, color="#dd8452", ls="--", label=f"token budget per batch ({f.budget:,})")
+        panel.vline(f.budget, "#dd8452", dash="--", label=f"token budget per batch ({f.budget:,})")
     if limit:
-        ax.axvline(limit, color="#c44e52", label=f"model's limit ({limit:,} tokens)")
-    ax.set_xlabel("residues per record (log scale; tokens add the model's special tokens)")
-    ax.set_ylabel("records")
-    ax.legend(fontsize=8)
-    return _png(fig, "histogram of sequence lengths")
+        panel.vline(limit, "#c44e52", label=f"model's limit ({limit:,} tokens)")
+    return Chart([panel], 600, 170).svg("histogram of sequence lengths")
 
 
 def balance_chart(f: RunFacts) -> str:
-    from matplotlib.ticker import MaxNLocator
-    fig = _figure(12, 2.6)
-    axes = fig.subplots(1, 4)
     ranks = [s.rank for s in f.shards]
     values = {"sequences": [s.expected for s in f.shards], "residues": [s.residues for s in f.shards],
               "tokens (durable rows)": [s.tokens for s in f.shards],
               "worker seconds": [_worker_seconds(s.attempts) for s in f.shards]}
-    for ax, (label, ys) in zip(axes, values.items()):
-        ax.bar(ranks, ys, color="#55a868")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("shard")
-        ax.tick_params(labelsize=8)
-        if len(ranks) <= 16:
-            ax.set_xticks(ranks)
-        else:
-            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
-    return _png(fig, "sequences, residues, tokens and seconds per shard")
+    x = Axis(min(ranks, default=0) - 0.6, max(ranks, default=0) + 0.6, integer=True,
+             step=1.0 if len(ranks) <= 16 else 0.0)
+    panels = []
+    for label, ys in values.items():
+        panel = Panel(x, limits(ys, integer=label != "worker seconds"), title=label, xlabel="shard")
+        panel.bars(ranks, ys, "#55a868")
+        panels.append(panel)
+    return Chart(panels, 960, 140, legend=False).svg("sequences, residues, tokens and seconds per shard")
 
 
 def _worker_seconds(attempts: list[Attempt]) -> float:
@@ -103,13 +78,11 @@ def _worker_seconds(attempts: list[Attempt]) -> float:
 
 def throughput_chart(f: RunFacts) -> str:
     """Each worker's tokens per second between checkpoints, and its durable rows, since it started."""
-    fig = _figure(12, 3)
-    speed, rows = fig.subplots(1, 2)
     legend = len(f.shards) <= 12
+    series = []    # (label, dotted, step xs, rates, row xs, durable rows)
     for s in f.shards:
         for number, a in enumerate(s.attempts, 1):
             label = f"shard {s.rank}" + (f", attempt {number}" if len(s.attempts) > 1 else "")
-            style = dict(ls="-" if number == len(s.attempts) else ":", lw=1.5 if legend else 0.7)
             previous = a.loaded or a.start
             xs, rates, durable = [], [], []
             for t, n, tokens in a.checkpoints:
@@ -118,29 +91,30 @@ def throughput_chart(f: RunFacts) -> str:
                 durable.append(n + (durable[-1] if durable else 0))
                 previous = t
             if xs:
-                line, = speed.step([(a.loaded or a.start) - a.start] + xs, [rates[0]] + rates, where="pre",
-                                   label=label, **style)
-                rows.plot([0] + xs, [0] + durable, marker=".", color=line.get_color(), label=label, **style)
+                loaded = (a.loaded or a.start) - a.start
+                series.append((label, number < len(s.attempts), [loaded] + xs, [rates[0]] + rates, [0.0] + xs,
+                               [0] + durable))
     no_tokens = any(tokens is None for s in f.shards for a in s.attempts for *_, tokens in a.checkpoints)
-    speed.set_ylabel("rows per second" if no_tokens else "tokens per second")
-    speed.set_title("throughput between checkpoints", fontsize=9)
-    rows.set_ylabel("rows made durable by this attempt")
-    rows.set_title("progress", fontsize=9)
-    for ax in (speed, rows):
-        ax.set_xlabel("seconds since the worker started")
-        ax.set_ylim(bottom=0)
-        if legend and ax.lines:
-            ax.legend(fontsize=7)
-        elif not ax.lines:
-            ax.text(0.5, 0.5, "no checkpoint yet", ha="center", va="center", transform=ax.transAxes)
-    return _png(fig, "each worker's throughput and progress over time")
+    seconds = Axis(0.0, max([x for *_, xs, _ in series for x in xs] + [0.0]) * 1.05 or 1.0)
+    speed = Panel(seconds, limits([r for _, _, _, rates, *_ in series for r in rates]),
+                  title="throughput between checkpoints", xlabel="seconds since the worker started",
+                  ylabel="rows per second" if no_tokens else "tokens per second")
+    rows = Panel(seconds, limits([n for *_, durable in series for n in durable], integer=True), title="progress",
+                 xlabel="seconds since the worker started", ylabel="rows made durable by this attempt")
+    for (label, earlier, step_xs, rates, xs, durable), color in zip(series, cycle(CYCLE)):
+        style = dict(label=label if legend else "", dash=":" if earlier else "-", width=1.5 if legend else 0.7)
+        speed.step(step_xs, rates, color, **style)
+        rows.line(xs, durable, color, marker=True, **style)
+    if not series:
+        speed.note = rows.note = "no checkpoint yet"
+    return Chart([speed, rows], 960, 180, legend=legend).svg("each worker's throughput and progress over time")
 
 
 def time_chart(f: RunFacts) -> str:
-    return _png(time_figure(f), "time split of the run and of each shard")
+    return time_figure(f).svg("time split of the run and of each shard")
 
 
-def time_figure(f: RunFacts):
+def time_figure(f: RunFacts) -> Chart:
     """The run's time split (its last local run's) above each shard's latest attempt: start and load, compute,
     finish. With the split, shards are placed on the run's own clock, and those that ran in an earlier
     command (before a `rerun`) are left out. The legend sits above the chart, clear of the axis label."""
@@ -151,17 +125,13 @@ def time_figure(f: RunFacts):
         latest = [(r, a) for r, a in latest if origin - 1 <= a.start <= f.timings_end]
     if len(latest) > GANTT_SHARDS:   # the stragglers are the ones to see
         latest = sorted(sorted(latest, key=lambda x: -x[1].end)[:GANTT_SHARDS])
-    fig = _figure(9, 1.4 + 0.28 * (len(latest) + 1))
-    ax = fig.subplots()
-    labels, y = [], 0
+    bars, labels = [], []   # (row, left, length, colour key, legend label)
     if f.timings:
         left = 0.0
         for name, value, key in zip(PHASES, f.timings, ("prepare", "load", "compute", "finish")):
-            ax.barh(y, value, left=left, color=COLORS[key], label=f"run: {name}")
+            bars.append((0, left, value, key, f"run: {name}"))
             left += value
         labels.append("whole run")
-        y += 1
-    seen = set()
     for rank, a in latest:
         end_compute = a.checkpoints[-1][0] if a.checkpoints else a.end
         pieces = [("start and load", a.start, a.loaded or a.end, "load"),
@@ -169,21 +139,18 @@ def time_figure(f: RunFacts):
                   ("finish shard", end_compute, a.completed, "finish")]
         for name, t0, t1, key in pieces:
             if t0 is not None and t1 is not None and t1 >= t0:
-                ax.barh(y, t1 - t0, left=t0 - origin, color=COLORS[key], edgecolor="white",
-                        label=None if key in seen else f"shard: {name}")
-                seen.add(key)
+                bars.append((len(labels), t0 - origin, t1 - t0, key, f"shard: {name}"))
         labels.append(f"shard {rank}")
-        y += 1
-    ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel(("seconds since the run started" if f.timings else "seconds since the first worker started")
+    right = max([left + length for _, left, length, *_ in bars] + [0.0])
+    panel = Panel(Axis(min([0.0] + [left for _, left, *_ in bars]), right * 1.05 or 1.0),
+                  Axis(-0.6, len(labels) - 0.4, names=tuple(labels)),
+                  xlabel=("seconds since the run started" if f.timings else "seconds since the first worker started")
                   + (f"; the {GANTT_SHARDS} shards that finished last" if len(latest) == GANTT_SHARDS else ""))
-    if labels:
-        ax.legend(fontsize=7, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.02), frameon=False)
-    else:
-        ax.text(0.5, 0.5, "no worker has started yet", ha="center", va="center", transform=ax.transAxes)
-    return fig
+    for row, left, length, key, label in bars:
+        panel.hbar(row, left, length, COLORS[key], label=label, edge="white" if label.startswith("shard") else "")
+    if not labels:
+        panel.note = "no worker has started yet"
+    return Chart([panel], 720, 22.4 * max(len(labels), 1) + 8)
 
 
 def _when(t: float) -> str:
