@@ -163,6 +163,9 @@ TABLE: dict[int, LaunchRow] = {
     # K steps of 64, 8 warps, 3 stages (HGMMA with cp.async on sm_90: 123-125 registers, 96 KiB of shared
     # memory, two programs per SM; 153-170 registers and 64 KiB on sm_80); 128 x 256 tiles spill 72 B at 255
     # registers on sm_90 with the erf epilogue, 256 x 128 spill 40 B. Triton 3.6 and 3.9 alike.
+    # The RMS-norm kernels (rms): rows of up to 4,096 elements in 8 warps (4 rows of Qwen3.5-0.8B's 1,024, 32 heads
+    # of 128 for the gated norm), silu_mul tiles of 8 x 512 in 8 warps: 32-42 registers, no spills, at a 32k-token
+    # Qwen3.5-0.8B step on both (Triton 3.9; docs/kernels/rms_norm.md). Not yet timed on a GPU.
     # epilogue_gelu False on both: on an H100 (2026-11-27, docs/BENCHMARKS.md) the product with the GELU in its
     # epilogue ran ESM-2 650M's fc1 (32k x 1,280 -> 5,120) in 0.947 ms (454 TFLOP/s; 128 x 256 tiles 0.900 ms),
     # cuBLAS in 0.681 ms (630 TFLOP/s) plus 0.233 ms for the GELU pass: 0.892 ms, and a whole step in 90.5 ms
