@@ -215,6 +215,22 @@ def _add_layer_norm_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     return read, _nb(out) + (_nb(s) if c["HAS_Y"] else 0)
 
 
+def _add_rms_norm_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    x, y, w, s, out = L.args[:5]
+    has_y = L.constexprs["HAS_Y"]
+    return _nb(x) + (_nb(y) if has_y else 0) + _nb(w), _nb(out) + (_nb(s) if has_y else 0)
+
+
+def _gated_rms_norm_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    o, z, w, out = L.args[:4]   # o and z may be views of wider tensors: their own elements only
+    return _nb(o) + _nb(z) + _nb(w), _nb(out)
+
+
+def _silu_mul_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    g, u, out = L.args[:3]
+    return _nb(g) + _nb(u), _nb(out)
+
+
 def _linear_gelu_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     x, w, b, out = L.args[:4]
     return _nb(x) + _nb(w) + (_nb(b) if L.constexprs["HAS_BIAS"] else 0), _nb(out)
@@ -222,12 +238,14 @@ def _linear_gelu_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
 
 KERNEL_BYTES = {f.__name__: f for f in (_write_kv_cache, _paged_attention_fwd, _combine_splits, _chunk_prep_kernel,
                                         _chunk_walk_kernel, _causal_conv_kernel, _conv_window_kernel,
-                                        _rotate_qk_kernel, _add_layer_norm_kernel, _linear_gelu_kernel)}
+                                        _rotate_qk_kernel, _add_layer_norm_kernel, _linear_gelu_kernel,
+                                        _add_rms_norm_kernel, _gated_rms_norm_kernel, _silu_mul_kernel)}
 KERNEL_FAMILY = {"_write_kv_cache": "attention", "_paged_attention_fwd": "attention", "_combine_splits": "attention",
                  "_chunk_prep_kernel": "delta rule", "_chunk_walk_kernel": "delta rule",
                  "_causal_conv_kernel": "delta rule", "_conv_window_kernel": "delta rule",
                  "_recurrent_kernel": "delta rule", "_rotate_qk_kernel": "rotary", "_add_layer_norm_kernel": "norm",
-                 "_linear_gelu_kernel": "GEMM"}
+                 "_linear_gelu_kernel": "GEMM", "_add_rms_norm_kernel": "norm", "_gated_rms_norm_kernel": "norm",
+                 "_silu_mul_kernel": "activation"}
 
 
 def kernel_flops(launch: Launch) -> float:

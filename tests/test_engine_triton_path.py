@@ -137,3 +137,38 @@ def test_esm_steps_run_fused_on_the_triton_path(tmp_path, monkeypatch):
     fused_gelu = gemm_knobs(DEVICE).epilogue_gelu
     assert calls == dict(rotate_qk_=layers, add_layer_norm=2 * layers + 1, linear_gelu=layers if fused_gelu else 0,
                          varlen_attention=layers, write_kv_cache=0, paged_attention=0), calls
+
+
+@pytest.mark.parametrize("kind", ("qwen3_5", "qwen3"))
+def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, kind):
+    """A Qwen3.5 or Qwen3 step on the Triton path: every norm but the first runs with the residual add before it
+    (2 per layer + 1: the final norm rides with the last layer's add), the MLP's silu(gate) * up is one pass per
+    layer, and Qwen3.5's delta-rule layers run their gated output norm as one; with fuse_elementwise off, and on
+    the torch path (CPU), none of them run."""
+    import pipeline.models.layers.gated_deltanet as gdn
+    import pipeline.models.layers.mlp as mlp
+    import pipeline.models.layers.norms as norms
+
+    calls = {"add_rms_norm": 0, "gated_rms_norm": 0, "silu_mul": 0}
+
+    def count(module, name):
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: calls.__setitem__(name, calls[name] + 1) or fn(*a, **k))
+
+    count(norms, "add_rms_norm")
+    count(gdn, "gated_rms_norm")
+    count(mlp, "silu_mul")
+    path = str(write_tiny(kind, tmp_path / kind))
+    batch = random_sequences([30, 9, 1], seed=4)
+    NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=64).forward(batch, [2], False)
+    assert not any(calls.values()), calls
+    engine = NativeEngine.load(path, DEVICE, torch.float32, "", max_tokens_per_step=64, kernels="triton")
+    engine.runner.model.fuse_elementwise = False   # what a benchmark does to time the unfused layers
+    engine.forward(batch[2:], [2], False)
+    assert not any(calls.values()), calls
+    engine.runner.model.fuse_elementwise = True
+    engine.forward(batch, [engine.info.num_layers], False)
+    layers = engine.info.num_layers
+    delta = len(engine.runner.model.delta_layers())
+    assert (kind == "qwen3_5") == (delta > 0)
+    assert calls == dict(add_rms_norm=2 * layers + 1, gated_rms_norm=delta, silu_mul=layers), calls

@@ -60,6 +60,9 @@ def test_smoke_runs_every_step_on_cpu_and_writes_its_files(tmp_path):
         assert f"== {step} (limit " in res.stdout
         for text in texts:
             assert text in res.stdout, f"{step} did not print {text!r}"
+    fused_rms = [line for line in res.stdout.splitlines() if "(add_rms_norm)" in line or "(gated_rms_norm)" in line
+                 or "(silu_mul)" in line or "GatedRMSNorm" in line or "as GatedMLP" in line or "as Qwen3_5Layer" in line]
+    assert len(fused_rms) == 7 and not any("failed" in line for line in fused_rms), fused_rms
     summary = res.stdout[res.stdout.index("## summary"):]
     for step in PRINTS:
         assert f"- {step}: ok(" in summary

@@ -95,6 +95,21 @@ class NormKnobs:
 
 
 @dataclass(frozen=True)
+class RmsNormKnobs:
+    """The RMS-norm kernels (triton_kernels/rms_norm): add_rms_norm and gated_rms_norm hold whole rows, up to
+    block_elements a program (a row of width d padded to a power of two: rows per program =
+    block_elements // that, at least 1, at most max_rows), in num_warps; silu_mul runs tiles of silu_block_rows
+    x silu_block_cols in silu_num_warps (a stream: read gate and up, write the product)."""
+
+    block_elements: int
+    max_rows: int
+    num_warps: int
+    silu_block_rows: int
+    silu_block_cols: int
+    silu_num_warps: int
+
+
+@dataclass(frozen=True)
 class GemmKnobs:
     """The linear + erf-GELU product (triton_kernels/linear_gelu): output tile, K step, row-tile group (L2 reuse
     of the weight tiles), warps, pipeline stages. epilogue_gelu: whether encoder layers run their first MLP
@@ -118,6 +133,7 @@ class LaunchRow:
     rotary: RotaryKnobs
     norm: NormKnobs
     gemm: GemmKnobs
+    rms: RmsNormKnobs
 
 
 TABLE: dict[int, LaunchRow] = {
@@ -147,6 +163,9 @@ TABLE: dict[int, LaunchRow] = {
     # K steps of 64, 8 warps, 3 stages (HGMMA with cp.async on sm_90: 123-125 registers, 96 KiB of shared
     # memory, two programs per SM; 153-170 registers and 64 KiB on sm_80); 128 x 256 tiles spill 72 B at 255
     # registers on sm_90 with the erf epilogue, 256 x 128 spill 40 B. Triton 3.6 and 3.9 alike.
+    # The RMS-norm kernels (rms): rows of up to 4,096 elements in 8 warps (4 rows of Qwen3.5-0.8B's 1,024, 32 heads
+    # of 128 for the gated norm), silu_mul tiles of 8 x 512 in 8 warps: 32-42 registers, no spills, at a 32k-token
+    # Qwen3.5-0.8B step on both (Triton 3.9; docs/kernels/rms_norm.md). Not yet timed on a GPU.
     # epilogue_gelu False on both: on an H100 (2026-11-27, docs/BENCHMARKS.md) the product with the GELU in its
     # epilogue ran ESM-2 650M's fc1 (32k x 1,280 -> 5,120) in 0.947 ms (454 TFLOP/s; 128 x 256 tiles 0.900 ms),
     # cuBLAS in 0.681 ms (630 TFLOP/s) plus 0.233 ms for the GELU pass: 0.892 ms, and a whole step in 90.5 ms
@@ -158,7 +177,9 @@ TABLE: dict[int, LaunchRow] = {
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
                   rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
-                                 epilogue_gelu=False)),
+                                 epilogue_gelu=False),
+                  rms=RmsNormKnobs(block_elements=4096, max_rows=32, num_warps=8, silu_block_rows=8,
+                                   silu_block_cols=512, silu_num_warps=8)),
     90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8, min_block_v=16),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
@@ -166,7 +187,9 @@ TABLE: dict[int, LaunchRow] = {
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
                   rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
-                                 epilogue_gelu=False)),
+                                 epilogue_gelu=False),
+                  rms=RmsNormKnobs(block_elements=4096, max_rows=32, num_warps=8, silu_block_rows=8,
+                                   silu_block_cols=512, silu_num_warps=8)),
 }
 
 # Rows that differ on older Triton versions: {(major, minor): {arch: {part: {knob: value}}}}; versions up

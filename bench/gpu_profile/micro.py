@@ -188,6 +188,44 @@ def _fc1_bytes(b: Buffers) -> float:
     return 2.0 * (b.gemm_rows * (f.in_features + f.out_features) + f.in_features * f.out_features)
 
 
+def _add_rms(zero_centred: bool):
+    def call(fn, b: Buffers):
+        return lambda: fn(b.x, b.y, b.layer.mlp_norm.weight, 1e-6, zero_centred=zero_centred)
+    return call
+
+
+def _unfused_add_rms(b: Buffers):
+    from pipeline.models.layers.norms import RMSNorm
+    norm = RMSNorm(b.x.shape[1], 1e-6, zero_centred=True).to(b.x.device, b.x.dtype)
+    return lambda: norm(b.x + b.y)
+
+
+def _gated_inputs(b: Buffers):
+    """o [T, d / V, V] and z a view of the same shape in a wider tensor (the mixer's input projection): heads of
+    V = 128 (Qwen3.5's), or one head of d where d is not a multiple of 128 (--smoke's toy model)."""
+    T, d = b.x.shape
+    V = 128 if d % 128 == 0 else d
+    wide = torch.randn(T, 2 * d, device=b.x.device).to(b.x.dtype)
+    return b.x.view(T, d // V, V), wide[:, d:].view(T, d // V, V), b.layer.mlp_norm.weight[:V]
+
+
+def _gated(fn, b: Buffers):
+    o, z, w = _gated_inputs(b)
+    return lambda: fn(o, z, w, 1e-6)
+
+
+def _unfused_gated(b: Buffers):
+    from pipeline.models.layers.norms import GatedRMSNorm
+    o, z, w = _gated_inputs(b)
+    norm = GatedRMSNorm(w.shape[0], 1e-6).to(b.x.device)
+    return lambda: norm(o, z)
+
+
+def _unfused_silu_mul(b: Buffers):
+    gate, up = b.h.clone().chunk(2, dim=-1)   # a copy of its own: GatedMLP's GPU form works in place
+    return lambda: F.silu(gate, inplace=True).mul_(up)
+
+
 def _unfused_fc1_gelu(b: Buffers):
     from triton_kernels import pointwise
     x = torch.randn(b.gemm_rows, b.layer.fc1.in_features, device=b.x.device).to(b.x.dtype)
@@ -214,6 +252,21 @@ FUSED = [
           _linear_gelu(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3), _fc1_bytes, _fc1_flops),
     fused("linear_gelu fc1, 64x128x64 w4 s4", "GEMM", "triton_kernels.linear_gelu:linear_gelu",
           _linear_gelu(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4), _fc1_bytes, _fc1_flops),
+    # The RMS-norm decoders' kernels (docs/kernels/rms_norm.md), at this step's T and d (Qwen3.5's gated norm's
+    # heads of 128 over d channels), each beside the unfused ops it replaces.
+    Row("residual add + RMSNorm, zero-centred (unfused, as Qwen3_5Layer)", "norm", _unfused_add_rms,
+        lambda b: 10 * b.nbytes(b.x)),
+    fused("fused residual add + RMSNorm, zero-centred (add_rms_norm)", "norm", "triton_kernels.rms_norm:add_rms_norm",
+          _add_rms(True), lambda b: 4 * b.nbytes(b.x)),
+    fused("fused residual add + RMSNorm, Llama order (add_rms_norm)", "norm", "triton_kernels.rms_norm:add_rms_norm",
+          _add_rms(False), lambda b: 4 * b.nbytes(b.x)),
+    Row("GatedRMSNorm, heads of 128 (unfused)", "norm", _unfused_gated, lambda b: 3 * b.nbytes(b.x)),
+    fused("fused gated RMSNorm, heads of 128 (gated_rms_norm)", "norm", "triton_kernels.rms_norm:gated_rms_norm",
+          _gated, lambda b: 3 * b.nbytes(b.x)),
+    Row("silu(gate) * up on fc1's output (unfused, as GatedMLP)", "activation", _unfused_silu_mul,
+        lambda b: 1.5 * b.nbytes(b.h)),
+    fused("fused silu(gate) * up on fc1's output (silu_mul)", "activation", "triton_kernels.rms_norm:silu_mul",
+          lambda fn, b: lambda: fn(b.h), lambda b: 1.5 * b.nbytes(b.h)),
 ]
 
 

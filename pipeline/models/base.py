@@ -101,11 +101,33 @@ class RotaryDecoder(NativeModel):
     embeddings, tied to the input ones or not. Subclasses build embed_tokens, layers, norm, rotary, tied
     and lm_head."""
 
+    # The Triton path fuses each layer's elementwise work where its layers can (a `forward_fused`, as ESM's); a
+    # benchmark may turn it off to time the unfused layers on the same GPU.
+    fuse_elementwise = True
+
     def forward(self, ctx, capture=frozenset()):
         x = self.embed_tokens(ctx.input_ids)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
+        if ctx.triton_kernels and self.fuse_elementwise and len(self.layers) and \
+                all(hasattr(layer, "forward_fused") for layer in self.layers):
+            return self._fused_layers(x, cos, sin, ctx, capture)
         x, captured = self.run_layers(x, cos, sin, ctx, capture)
         return self.norm(x), captured
+
+    def _fused_layers(self, x, cos, sin, ctx, capture) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """(final norm output, captured inputs) with each layer fused (`layer.forward_fused(x, h, cos, sin,
+        rotary, ctx, next_norm)`): h = input_layernorm(x) comes in and (x + the layer, next_norm of that) goes
+        out, so every norm but the first runs with the residual add before it (layers/norms.py add_norm); the
+        last layer's next norm is the final one."""
+        from .layers.norms import add_norm
+        captured = {}
+        _, h = add_norm(x, None, self.layers[0].input_layernorm)
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                captured[i] = x
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            x, h = layer.forward_fused(x, h, cos, sin, self.rotary, ctx, nxt)
+        return h, captured
 
     def logits(self, hidden):
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight

@@ -14,7 +14,7 @@ from .layers.attention import PagedAttention
 from .layers.linear import Linear
 from .layers.loader import decoder_from_checkpoint, embedding
 from .layers.mlp import GatedMLP
-from .layers.norms import RMSNorm
+from .layers.norms import RMSNorm, add_norm
 from .layers.rotary import Rotary, rope_frequencies
 
 
@@ -64,6 +64,13 @@ class LlamaLayer(nn.Module):
     def forward(self, x, cos, sin, rotary, ctx):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, rotary, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x, h, cos, sin, rotary, ctx, next_norm: RMSNorm):
+        """The layer with its elementwise work fused (Triton path; RotaryDecoder._fused_layers): h =
+        input_layernorm(x) comes in, (x + this layer, next_norm of that) goes out; the residual adds ride with
+        the norms after them, the MLP's silu(gate) * up is one pass."""
+        x, h = add_norm(x, self.self_attn(h, cos, sin, rotary, ctx), self.post_attention_layernorm)
+        return add_norm(x, self.mlp.forward_fused(h), next_norm)
 
 
 class LlamaModel(RotaryDecoder):

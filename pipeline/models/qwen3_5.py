@@ -20,7 +20,7 @@ from .layers.gated_deltanet import GatedDeltaNet
 from .layers.linear import Linear
 from .layers.loader import decoder_from_checkpoint, embedding
 from .layers.mlp import GatedMLP
-from .layers.norms import RMSNorm
+from .layers.norms import RMSNorm, add_norm
 from .layers.rotary import Rotary, rope_frequencies
 
 
@@ -73,6 +73,15 @@ class Qwen3_5Layer(nn.Module):
         h = self.mixer(h, ctx) if self.is_linear else self.mixer(h, cos, sin, rotary, ctx)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x, h, cos, sin, rotary, ctx, next_norm: RMSNorm):
+        """The layer with its elementwise work fused (Triton path; RotaryDecoder._fused_layers): h =
+        input_layernorm(x) comes in, (x + this layer, next_norm of that) goes out. The mixer's output norm
+        (delta-rule layers) and the MLP's silu(gate) * up run one pass each, the residual adds ride with the
+        norms after them."""
+        a = self.mixer(h, ctx, fused=True) if self.is_linear else self.mixer(h, cos, sin, rotary, ctx)
+        x, h = add_norm(x, a, self.post_attention_layernorm)
+        return add_norm(x, self.mlp.forward_fused(h), next_norm)
 
 
 class Qwen3_5Model(RotaryDecoder):

@@ -27,6 +27,7 @@ import torch
 from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, paged_attention, write_kv_cache
 from triton_kernels.layer_norm import add_layer_norm
 from triton_kernels.linear_gelu import linear_gelu
+from triton_kernels.rms_norm import add_rms_norm, gated_rms_norm, silu_mul
 from triton_kernels.paged_attention import varlen_attention
 from triton_kernels.rotary import rotate_qk_
 from triton_kernels._launch import A100, H100, Launch, dry_run
@@ -172,6 +173,26 @@ def encoder_layer(dtype, model: Encoder) -> None:
     linear_gelu(x, _empty(model.ffn, d, dtype=dtype), _empty(model.ffn, dtype=dtype))
 
 
+QWEN35_HIDDEN, QWEN35_INTERMEDIATE = 1024, 3584
+
+
+def rms_decoder_layer(dtype) -> None:
+    """The fused RMS-norm kernels of a Qwen3.5-0.8B layer on the Triton path (RotaryDecoder._fused_layers): add +
+    norm with and without the residual, zero-centred (Qwen3.5) and in Llama's order (Llama, Qwen3: another
+    specialisation), the delta-rule mixer's gated norm over o [T, 16, 128] with z a view of the input projection,
+    and the MLP's silu(gate) * up over the gate_up product."""
+    T, d, n = ENCODER_TOKENS, QWEN35_HIDDEN, QWEN35_INTERMEDIATE
+    x, w = _empty(T, d, dtype=dtype), _empty(d, dtype=dtype)
+    for zero_centred in (True, False):
+        add_rms_norm(x, x, w, 1e-6, zero_centred=zero_centred)
+        add_rms_norm(x, None, w, 1e-6, zero_centred=zero_centred)
+    HV, V = DELTA_V_HEADS, DELTA_DIM
+    projection = _empty(T, CONV_CHANNELS + HV * V + 2 * HV, dtype=dtype)
+    z = projection[:, CONV_CHANNELS:CONV_CHANNELS + HV * V].view(T, HV, V)
+    gated_rms_norm(_empty(T, HV, V, dtype=dtype), z, _empty(V, dtype=dtype), 1e-6)
+    silu_mul(_empty(T, 2 * n, dtype=dtype))
+
+
 def cases() -> list[tuple[str, object]]:
     """(shape label, function of the dtype that makes the launches)."""
     D = DELTA_DIM
@@ -206,6 +227,7 @@ def cases() -> list[tuple[str, object]]:
                     lambda dt, c=case: delta_bench_prefill(dt, c.H, c.HV, c.K, c.lengths, design="split")))
     for model in (ESM2_650M, ESM2_3B):
         out.append((f"{model.name} layer ({ENCODER_TOKENS // 1024}k tokens)", lambda dt, m=model: encoder_layer(dt, m)))
+    out.append((f"Qwen3.5-0.8B RMS-norm layer ({ENCODER_TOKENS // 1024}k tokens)", rms_decoder_layer))
     for model in (QWEN35_ATTENTION, ESM2, LLAMA8B, PROTT5, ANKH_LARGE):
         label = f"{model.name} {model.num_q_heads}/{model.num_kv_heads} D={model.head_dim}"
         out.append((f"{label}: 8 x 4k prefill", lambda dt, m=model: attention_step(dt, m, 8, 4096, 4096)))
@@ -252,12 +274,13 @@ def plan(only: str | None = None) -> tuple[list[Row], list[CompileSpec]]:
 
 def _knobs(launch: Launch) -> str:
     names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK", "BT", "BC", "BLOCK_ROWS", "BLOCK_N", "BLOCK_M",
-             "BLOCK_K")
+             "BLOCK_K", "BLOCK_COLS")
     shown = [f"{n}={launch.constexprs[n]}" for n in names if n in launch.constexprs]
     if launch.constexprs.get("HAS_BIAS") and "HALF" in launch.constexprs:   # T5's bias in attention
         shown.append(f"+bias/{2 * launch.constexprs['HALF']}")
     for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o"), ("STORE_CHUNKS", "s"),
-                          ("H0_IDENTITY", "eye"), ("CONTIGUOUS_KV", "contiguous"), ("HAS_Y", "add")):
+                          ("H0_IDENTITY", "eye"), ("CONTIGUOUS_KV", "contiguous"), ("HAS_Y", "add"),
+                          ("ZERO_CENTRED", "zc")):
         if flag in launch.constexprs:
             shown.append(("+" if launch.constexprs[flag] else "-") + meaning)
     return " ".join(shown + [f"w{launch.num_warps}", f"s{launch.num_stages}"])

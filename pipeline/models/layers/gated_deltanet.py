@@ -13,6 +13,7 @@ from torch import nn
 
 from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, pointwise
 from triton_kernels.causal_conv.torch_path import causal_conv1d_torch, conv_index
+from triton_kernels.rms_norm import gated_rms_norm
 
 from ..step import StepContext
 from ..transfers import to_device
@@ -68,7 +69,9 @@ class GatedDeltaNet(nn.Module):
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kernel_args: dict = {}
 
-    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StepContext, fused: bool = False) -> torch.Tensor:
+        """fused (the Triton path's fused layers): the output norm in one pass (triton_kernels.rms_norm
+        gated_rms_norm, GatedRMSNorm's arithmetic) instead of its float32 passes."""
         T = x.shape[0]
         qkv, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], -1)
         conv_state, recurrent = self.state
@@ -91,7 +94,7 @@ class GatedDeltaNet(nn.Module):
             host_cu = ctx.cached("host_cu_seqlens", lambda: torch.from_numpy(np.cumsum(np.r_[0, ctx.q_lens])))
             o = self._chunked(q, k, v, g, beta, recurrent, ctx.cu_seqlens, host_cu, ctx.num_seqs,
                               ctx.state_read, ctx.state_write, ctx, "")
-        return self._output(o, z, T)
+        return self._output(o, z, T, fused)
 
     def _recurrent(self, q, k, v, g, beta, recurrent, cu_seqlens, slots):
         """One token per sequence (decode), each state updated in place in its slot."""
@@ -159,8 +162,12 @@ class GatedDeltaNet(nn.Module):
                                    (write, slot_of[pre][write]) if len(write) else None, ctx, "pre_").to(o.dtype)
         return o
 
-    def _output(self, o: torch.Tensor, z: torch.Tensor, T: int) -> torch.Tensor:
-        o = self.norm(o.reshape(T, self.num_v_heads, self.head_v_dim), z.reshape(T, self.num_v_heads, self.head_v_dim))
+    def _output(self, o: torch.Tensor, z: torch.Tensor, T: int, fused: bool = False) -> torch.Tensor:
+        o, z = o.reshape(T, self.num_v_heads, self.head_v_dim), z.reshape(T, self.num_v_heads, self.head_v_dim)
+        if fused:
+            o = gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
+        else:
+            o = self.norm(o, z)
         return self.out_proj(o.reshape(T, self.value_dim))
 
     def _conv(self, x: torch.Tensor, conv_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from triton_kernels import pointwise
+from triton_kernels.rms_norm import silu_mul
 
 from .linear import Linear, linear
 
@@ -34,6 +35,11 @@ class GatedMLP(nn.Module):
         gate = linear(x, w[:n], None if b is None else b[:n])   # row slices of the weight: contiguous views
         up = linear(x, w[n:], None if b is None else b[n:])
         return self.down(pointwise.silu(gate) * up)
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The Triton path's form: silu(gate) * up in one pass over the gate_up product (triton_kernels.rms_norm
+        silu_mul, with forward's GPU rounding points), written contiguous for the down product."""
+        return self.down(silu_mul(self.gate_up(x)))
 
     def load(self, tensors, prefix: str) -> None:
         """Weights from a checkpoint's `{prefix}gate_proj`, `up_proj`, `down_proj`."""

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from triton_kernels import pointwise
+from triton_kernels.rms_norm import add_rms_norm
 
 
 def rms_normalise(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -70,6 +71,12 @@ class RMSNorm(nn.Module):
         if self.zero_centred:
             return rms_normalise(x, self.eps, 1.0 + self.weight.float())
         return self.weight * rms_normalise(x, self.eps).to(x.dtype)
+
+
+def add_norm(x: torch.Tensor, y: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + y, norm(x + y)) in one pass (triton_kernels.rms_norm.add_rms_norm; y None: (x, norm(x))), in the
+    norm's own arithmetic: the fused layers of the Triton path. x, y `[T, d]`."""
+    return add_rms_norm(x, y, norm.weight, norm.eps, zero_centred=norm.zero_centred)
 
 
 class GatedRMSNorm(nn.Module):

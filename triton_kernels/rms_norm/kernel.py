@@ -1,0 +1,180 @@
+"""RMS-norm decoders' elementwise passes, one kernel each, over a step's `[T, d]` rows.
+
+Unfused on a GPU, the residual add and the RMSNorm after it are an add (read two rows, write one), a cast to
+float32 (read, write twice the bytes), torch's rms_norm (read and write float32), a multiply by the weight and
+the cast back: about 30 d bytes per token in 16 bits and five kernels. `add_rms_norm` reads x and y once and
+writes the sum and its normalised form: 8 d bytes, one kernel. `gated_rms_norm` does the delta-rule mixer's
+`rmsnorm(o) * w * silu(z)` in one pass (read o, z, write the output) where the unfused one casts, normalises,
+takes silu and multiplies in float32 passes; `silu_mul` the gated MLP's `silu(gate) * up` (read two, write one)
+where the unfused one runs silu in place then the multiply (read three, write two).
+
+Rounding points are the unfused ones': the sum rounded to x's dtype before it is normalised (as the add stores
+it); statistics and the normalisation in float32; for zero-centred norms (Qwen3.5) the scale (1 + w) applied in
+float32 before the one cast, otherwise (Llama, Qwen3) the normalised value cast to the dtype, then multiplied by
+w and rounded again (transformers' order); silu(gate) rounded to the dtype before the product, as the in-place
+silu stores it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import triton
+import triton.language as tl
+
+from .._device import target_of, use_triton
+from .._launch import launch
+from ..launch_config import RmsNormKnobs, launch_row
+from .torch_path import add_rms_norm_torch, gated_rms_norm_torch, silu_mul_torch
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _add_rms_norm_kernel(
+    x_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, num_rows, stride_x, stride_y, stride_s, stride_o, eps,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_Y: tl.constexpr,
+    ZERO_CENTRED: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    ok = (rows < num_rows)[:, None] & col_ok[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=ok, other=0.0)
+    if HAS_Y:
+        y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=ok, other=0.0)
+        x = (x.to(tl.float32) + y.to(tl.float32)).to(x.dtype)
+        tl.store(sum_ptr + rows[:, None] * stride_s + cols[None, :], x, mask=ok)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    normed = xf * rstd[:, None]
+    if ZERO_CENTRED:
+        out = normed * (1.0 + w[None, :])
+    else:   # rounded to the dtype, then scaled and rounded again (transformers' Llama order)
+        out = normed.to(x.dtype).to(tl.float32) * w[None, :]
+    tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _gated_rms_norm_kernel(
+    o_ptr, z_ptr, w_ptr, out_ptr, num_rows, heads, stride_ot, stride_oh, stride_zt, stride_zh, eps,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):
+    # Row r is head r % heads of token r // heads: o and z may be views with any token and head strides.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    ok = (rows < num_rows)[:, None] & col_ok[None, :]
+    t, h = rows // heads, rows % heads
+    o = tl.load(o_ptr + (t * stride_ot + h * stride_oh)[:, None] + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + (t * stride_zt + h * stride_zh)[:, None] + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(o * o, axis=1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    out = o * rstd[:, None] * w[None, :] * (z / (1.0 + tl.exp(-z)))
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _silu_mul_kernel(
+    g_ptr, u_ptr, out_ptr, num_rows, num_cols, stride_g, stride_u, stride_o,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    ok = (rows < num_rows)[:, None] & (cols < num_cols)[None, :]
+    g = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :], mask=ok, other=0.0)
+    u = tl.load(u_ptr + rows[:, None] * stride_u + cols[None, :], mask=ok, other=0.0)
+    gf = g.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)   # rounded as the in-place silu stores it
+    out = act.to(tl.float32) * u.to(tl.float32)
+    tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def rms_norm_knobs(device: torch.device, **given: int | None) -> RmsNormKnobs:
+    """The kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
+    row = launch_row(target_of(device)).rms
+    return replace(row, **{name: value for name, value in given.items() if value is not None})
+
+
+def _rows_per_program(knobs: RmsNormKnobs, block_n: int) -> int:
+    return max(1, min(knobs.max_rows, knobs.block_elements // block_n))
+
+
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float, *, zero_centred: bool,
+                 num_warps: int | None = None, block_elements: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, RMSNorm(s)) with s = x + y (or x itself when y is None), `[T, d]` in x's dtype.
+
+    x, y `[T, d]` (any row stride, contiguous channels), weight `[d]`. The sum is rounded to x's dtype before it
+    is normalised, as an unfused add stores it; mean square in float32. zero_centred: h = s / rms * (1 + w) in
+    float32, one rounding; else h = w * (s / rms rounded to the dtype), rounded again (as
+    pipeline/models/layers/norms.py RMSNorm). Tensors on CPU run add_rms_norm_torch unless TRITON_INTERPRET=1.
+    Launch knobs (Triton only; None: the launch table's row for the tensors' GPU)."""
+    if x.dim() != 2 or x.stride(1) != 1 or (y is not None and (y.shape != x.shape or y.stride(1) != 1)):
+        raise ValueError(f"x and y must be [T, d] with contiguous channels, got {tuple(x.shape)} and "
+                         f"{None if y is None else tuple(y.shape)}")
+    if not use_triton(x):
+        return add_rms_norm_torch(x, y, weight, eps, zero_centred=zero_centred)
+    T, d = x.shape
+    out = torch.empty(T, d, dtype=x.dtype, device=x.device)
+    s = x if y is None else torch.empty(T, d, dtype=x.dtype, device=x.device)
+    if T == 0:
+        return s, out
+    knobs = rms_norm_knobs(x.device, num_warps=num_warps, block_elements=block_elements)
+    block_n = triton.next_power_of_2(d)
+    block_rows = _rows_per_program(knobs, block_n)
+    launch(_add_rms_norm_kernel, (triton.cdiv(T, block_rows),),
+           x, x if y is None else y, weight, s, out, T, x.stride(0), x.stride(0) if y is None else y.stride(0),
+           s.stride(0), out.stride(0), float(eps),
+           N=d, BLOCK_N=block_n, BLOCK_ROWS=block_rows, HAS_Y=y is not None, ZERO_CENTRED=bool(zero_centred),
+           num_warps=knobs.num_warps)
+    return s, out
+
+
+def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                   num_warps: int | None = None, block_elements: int | None = None) -> torch.Tensor:
+    """`rmsnorm(o) * w * silu(z)` over the last dim, all in float32, rounded once to z's dtype (a new contiguous
+    tensor of o's shape), as pipeline/models/layers/norms.py GatedRMSNorm (the weight applied in float32 with the
+    normalisation).
+
+    o, z `[T, H, V]` or `[T, V]` of the same shape, any token and head strides (views of the projection and of
+    the delta rule's output), contiguous channels; weight `[V]`."""
+    if o.shape != z.shape or o.dim() not in (2, 3) or o.stride(-1) != 1 or z.stride(-1) != 1:
+        raise ValueError(f"o and z must be [T, H, V] or [T, V] of one shape with contiguous channels, got "
+                         f"{tuple(o.shape)} and {tuple(z.shape)}")
+    if not use_triton(o):
+        return gated_rms_norm_torch(o, z, weight, eps)
+    o3, z3 = (o, z) if o.dim() == 3 else (o[:, None], z[:, None])
+    T, H, V = o3.shape
+    out = torch.empty(o.shape, dtype=z.dtype, device=o.device)
+    if T * H == 0:
+        return out
+    knobs = rms_norm_knobs(o.device, num_warps=num_warps, block_elements=block_elements)
+    block_n = triton.next_power_of_2(V)
+    block_rows = _rows_per_program(knobs, block_n)
+    launch(_gated_rms_norm_kernel, (triton.cdiv(T * H, block_rows),),
+           o3, z3, weight, out, T * H, H, o3.stride(0), o3.stride(1), z3.stride(0), z3.stride(1), float(eps),
+           N=V, BLOCK_N=block_n, BLOCK_ROWS=block_rows, num_warps=knobs.num_warps)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor], *, block_rows: int | None = None,
+             block_cols: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """`silu(gate) * up`, a new contiguous `[T, I]` tensor in gate's dtype: gate_up `[T, 2I]` (gate's columns then
+    up's, as GatedMLP's fused projection writes them) or a pair (gate, up) of `[T, I]` (any row strides,
+    contiguous columns). silu in float32 rounded to the dtype (as GatedMLP's in-place silu stores it), then the
+    product in float32 rounded once."""
+    gate, up = gate_up.chunk(2, dim=-1) if torch.is_tensor(gate_up) else gate_up
+    if gate.dim() != 2 or gate.shape != up.shape or gate.stride(1) != 1 or up.stride(1) != 1:
+        raise ValueError(f"gate and up must be [T, I] of one shape with contiguous columns, got "
+                         f"{tuple(gate.shape)} and {tuple(up.shape)}")
+    if not use_triton(gate):
+        return silu_mul_torch((gate, up))
+    T, n = gate.shape
+    out = torch.empty(T, n, dtype=gate.dtype, device=gate.device)
+    if T * n == 0:
+        return out
+    k = rms_norm_knobs(gate.device, silu_block_rows=block_rows, silu_block_cols=block_cols, silu_num_warps=num_warps)
+    launch(_silu_mul_kernel, (triton.cdiv(T, k.silu_block_rows), triton.cdiv(n, k.silu_block_cols)),
+           gate, up, out, T, n, gate.stride(0), up.stride(0), out.stride(0),
+           BLOCK_ROWS=k.silu_block_rows, BLOCK_COLS=k.silu_block_cols, num_warps=k.silu_num_warps)
+    return out
