@@ -13,7 +13,10 @@ engine's row, the long sequence (a first call that compiles, then a timed one). 
 checkpoint on the GPU in the run's dtype, and says which fla backend the hf engine's Qwen3.5 runs on.
 
 `--engines hf,native,native-variant` also times the native engine without batch invariance
-(--no-batch-invariant), the engines taking turns as below. On CPU the process first puts MKL in strict
+(--no-batch-invariant), the engines taking turns as below; `native-unfused` runs the Triton path's layers without
+their fused elementwise kernels (the model's `fuse_elementwise` off: ESM's and the RMS-norm families'), and
+`native-split` the delta rule's split design (docs/kernels/gated_delta_rule.md), e.g. `--engines
+hf,native,native-unfused,native-split --models qwen35-0.8b` on a GPU. On CPU the process first puts MKL in strict
 CNR mode as a worker of a batch-invariant run does, for every engine (`--mkl-default` leaves it in its
 default mode, as a --no-batch-invariant or hf worker runs; bench/mkl_strict_cost.py compares the two,
 which cannot share a process).
@@ -123,8 +126,18 @@ def load_engine(kind: str, path: Path, device: torch.device, dtype: torch.dtype,
         from pipeline.engine.hf import HFEngine
         return HFEngine(str(path), device, dtype, logprobs=False)
     from pipeline.engine.native import NativeEngine
-    return NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget, max_seqs=max_seqs,
-                             batch_invariant=kind != "native-variant")
+    if kind not in NATIVE_KINDS:
+        raise SystemExit(f"--engines: unknown engine {kind!r} (hf, {', '.join(NATIVE_KINDS)})")
+    delta = {"gdn_launch": {"chunk_gated_delta_rule": {"design": "split"}}} if kind == "native-split" else {}
+    engine = NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget, max_seqs=max_seqs,
+                               batch_invariant=kind != "native-variant", **delta)
+    if kind == "native-unfused":   # the Triton path's layers without their fused elementwise kernels
+        engine.model.fuse_elementwise = False
+    return engine
+
+
+# The native engine as a run uses it, and the variants a GPU session compares it with.
+NATIVE_KINDS = ("native", "native-variant", "native-unfused", "native-split")
 
 
 def embed(engine, batch_ids, kind: str, budget: int, max_seqs: int, device: torch.device) -> float:
@@ -227,7 +240,8 @@ def main(argv=None) -> None:
                              "(GPU)")
     parser.add_argument("--engines", default="hf,native",
                         help="comma-separated: hf, native (batch-invariant, the default), native-variant "
-                             "(--no-batch-invariant: what the property costs)")
+                             "(--no-batch-invariant: what the property costs), native-unfused (no fused "
+                             "elementwise kernels), native-split (the delta rule's split design)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (a CPU worker runs 1 by default)")
     parser.add_argument("--max-tokens-per-batch", type=int, default=None, help="default: the pipeline's (4096 CPU, 32768 GPU)")
     parser.add_argument("--max-seqs", type=int, default=256)

@@ -144,3 +144,18 @@ def test_engine_bench_prints_each_phase_slice_and_row_when_done(monkeypatch, tmp
     assert ("measure", "hf") in timed and ("measure", "native") in timed   # the slice's runs come after the warm-ups
     assert "one long sequence: 600 tokens in" in text and "first call, with compiles" in text
     assert (tmp_path / "engine.md").read_text().strip() == text.strip()
+
+
+@pytest.mark.usefixtures("bench_modules")
+def test_engine_bench_builds_the_native_variants_a_gpu_session_compares(tmp_path):
+    """bench_engine.py's `native-unfused` turns the model's fused elementwise layers off, `native-split` asks the
+    delta rule for its split design; an unknown engine is refused by name."""
+    import bench_engine as bench
+
+    path = bench.write_checkpoint("qwen35-tiny", tmp_path / "q", torch.float32, torch.device("cpu"))
+    load = lambda kind: bench.load_engine(kind, path, torch.device("cpu"), torch.float32, 512, 16)   # noqa: E731
+    native, unfused, split = load("native"), load("native-unfused"), load("native-split")
+    assert native.model.fuse_elementwise and not unfused.model.fuse_elementwise and split.model.fuse_elementwise
+    assert split.config.gdn_launch == {"chunk_gated_delta_rule": {"design": "split"}} and native.config.gdn_launch == {}
+    with pytest.raises(SystemExit, match="unknown engine 'native-fast'"):
+        load("native-fast")
