@@ -16,6 +16,7 @@ import triton.language as tl
 
 from .._device import target_of, use_triton
 from .._launch import launch
+from .._residual import residual_rows
 from ..launch_config import NormKnobs, launch_row
 from .torch_path import add_layer_norm_torch
 
@@ -25,15 +26,8 @@ def _add_layer_norm_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr, sum_ptr, out_ptr, num_rows, stride_x, stride_y, stride_s, stride_o, eps,
     N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_Y: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    ok = (rows < num_rows)[:, None] & col_ok[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=ok, other=0.0)
-    if HAS_Y:
-        y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=ok, other=0.0)
-        x = (x.to(tl.float32) + y.to(tl.float32)).to(x.dtype)
-        tl.store(sum_ptr + rows[:, None] * stride_s + cols[None, :], x, mask=ok)
+    rows, cols, col_ok, ok, x = residual_rows(x_ptr, y_ptr, sum_ptr, num_rows, stride_x, stride_y, stride_s,
+                                              N, BLOCK_N, BLOCK_ROWS, HAS_Y)
     xf = x.to(tl.float32)
     mean = tl.sum(xf, axis=1) / N
     centred = tl.where(col_ok[None, :], xf - mean[:, None], 0.0)
