@@ -80,10 +80,14 @@ class CausalConvKnobs:
 @dataclass(frozen=True)
 class RotaryKnobs:
     """The fused query-scale + rotary kernel (triton_kernels/rotary): (token, head) rows per program, warps. A
-    memory-bound pass over the QKV output: tiles of block_rows x half a head dim, a few elements per thread."""
+    memory-bound pass over the QKV output: tiles of block_rows x half a head dim, a few elements per thread.
+    norm_block_rows / norm_num_warps: the same for norm_rotate_ (q/k RMS norm + rotary), whose programs hold
+    whole heads (the two rotary halves and the rest, padded to powers of two)."""
 
     block_rows: int
     num_warps: int
+    norm_block_rows: int
+    norm_num_warps: int
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,8 @@ TABLE: dict[int, LaunchRow] = {
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
                                            rows_for_8_warps_wide=64, bias_tile_keys=32),
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
-                  rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
+                  rotary=RotaryKnobs(block_rows=64, num_warps=4, norm_block_rows=16, norm_num_warps=4),
+                  norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
                                  epilogue_gelu=False),
                   rms=RmsNormKnobs(block_elements=4096, max_rows=32, num_warps=8, silu_block_rows=8,
@@ -185,7 +190,8 @@ TABLE: dict[int, LaunchRow] = {
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
                                            rows_for_8_warps_wide=128, bias_tile_keys=32),
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
-                  rotary=RotaryKnobs(block_rows=64, num_warps=4), norm=NormKnobs(num_warps=8),
+                  rotary=RotaryKnobs(block_rows=64, num_warps=4, norm_block_rows=16, norm_num_warps=4),
+                  norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
                                  epilogue_gelu=False),
                   rms=RmsNormKnobs(block_elements=4096, max_rows=32, num_warps=8, silu_block_rows=8,

@@ -4,6 +4,7 @@ Rotary.apply with float32 math), so the bits are those."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
@@ -30,3 +31,27 @@ def rotate_qk_torch_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
     q[..., :rd] = _rotate(q, cos, sin, rd)
     k[..., :rd] = _rotate(k, cos, sin, rd)
     return qkv
+
+
+def norm_rotate_torch_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None,
+                       eps: float, *, zero_centred: bool, float32_math: bool) -> torch.Tensor:
+    """See norm_rotate.norm_rotate_: RMSNorm's ops (norms.py, as on a GPU), then Rotary.apply's, written back
+    into x; returns x."""
+    T, D = x.shape[0], x.shape[-1]
+    rd = cos.shape[-1]
+    cos, sin = cos.reshape(T, 1, rd), sin.reshape(T, 1, rd)
+    n = x
+    if weight is not None:
+        if zero_centred:
+            n = F.rms_norm(x.float(), (D,), 1.0 + weight.float(), eps).to(x.dtype)
+        else:
+            n = (weight * F.rms_norm(x.float(), (D,), None, eps).to(x.dtype)).to(x.dtype)
+    rot = n[..., :rd].float() if float32_math else n[..., :rd]
+    half = rd // 2
+    out = rot * cos
+    out[..., :half].sub_(rot[..., half:] * sin[..., :half])
+    out[..., half:].add_(rot[..., :half] * sin[..., half:])
+    if weight is not None and rd < D:
+        x[..., rd:] = n[..., rd:]
+    x[..., :rd] = out
+    return x

@@ -1,0 +1,145 @@
+"""The per-head RMS norm of queries or keys and their rotary embedding, in place, in one pass.
+
+An unfused RMS-norm decoder normalises each query and key head (Qwen3.5: zero-centred, (1 + w); Qwen3: Llama's
+order, cast then * w) in a float32 copy, casts it back, then rotates it (pipeline/models/layers/rotary.py
+Rotary.apply: a product with cos, two half-updates, the cast back; with a partial rotation a copy of the rest):
+some ten passes over the tensor, each a kernel, plus two dtype conversions. Here a program takes a tile of
+(token, head) rows of the projection's output, loads each row once as three tiles (the two rotary halves and the
+channels past the rotation), normalises it, rotates the halves and stores it back: 4 bytes an element in 16
+bits, one launch. The tensor may be a view with any token and head strides (Qwen3.5's queries sit between
+their gates, a head stride of 2 head_dim), so nothing is copied out of the projection.
+
+Rounding points are the unfused layer's (pipeline/models/layers/norms.py RMSNorm, then Rotary.apply): mean square
+and normalisation in float32; zero_centred: times (1 + w) in float32, one cast; else cast, then times w and
+rounded again. The rotation of those stored values: with float32_math (ESM's rotaries) in float32, rounded once;
+without (Llama's, Qwen's: the model dtype's ops) each product rounded to the dtype, then their sum rounded, as
+`rot * cos`, `x2 * sin` and the in-place `sub_` / `add_` store them. Each thread loads and stores the same
+elements, so the in-place update needs no barrier.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import triton
+import triton.language as tl
+
+from .._device import target_of, use_triton
+from .._launch import launch
+from ..launch_config import RotaryKnobs, launch_row
+from .torch_path import norm_rotate_torch_
+
+
+@triton.jit
+def _weighted(x, rstd, w_ptr, offs, mask, ZERO_CENTRED: tl.constexpr):
+    """A tile of rows normalised (float32 x times rstd) and weighted in RMSNorm's order, in x's dtype."""
+    normed = x.to(tl.float32) * rstd[:, None]
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if ZERO_CENTRED:
+        return (normed * (1.0 + w[None, :])).to(x.dtype)
+    return (normed.to(x.dtype).to(tl.float32) * w[None, :]).to(x.dtype)
+
+
+@triton.jit
+def _rounded(x, like):
+    """x rounded to like's dtype, back in float32 (where a 16-bit torch op stores its result)."""
+    return x.to(like.dtype).to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _norm_rotate_kernel(
+    x_ptr, cos_ptr, sin_ptr, w_ptr, num_rows, num_heads, stride_t, stride_h, stride_cos, stride_sin, eps,
+    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, REST: tl.constexpr,
+    BLOCK_REST: tl.constexpr, HAS_WEIGHT: tl.constexpr, ZERO_CENTRED: tl.constexpr, FLOAT32_MATH: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+):
+    """Rows r = token * num_heads + head; columns i < HALF of a head's first rotary half, paired with i + HALF;
+    REST channels past the rotation (normalised, not rotated; untouched without a weight)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_ok = rows < num_rows
+    token = rows // num_heads
+    head = rows % num_heads
+    row = x_ptr + (token * stride_t + head * stride_h)[:, None]
+    cols = tl.arange(0, BLOCK_HALF)
+    col_ok = cols < HALF
+    ok = row_ok[:, None] & col_ok[None, :]
+    x1 = tl.load(row + cols[None, :], mask=ok, other=0.0)
+    x2 = tl.load(row + HALF + cols[None, :], mask=ok, other=0.0)
+    if HAS_WEIGHT:
+        a = x1.to(tl.float32)
+        b = x2.to(tl.float32)
+        squares = tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)
+        if REST > 0:
+            rest = tl.arange(0, BLOCK_REST)
+            rest_ok = row_ok[:, None] & (rest < REST)[None, :]
+            xr = tl.load(row + 2 * HALF + rest[None, :], mask=rest_ok, other=0.0)
+            r = xr.to(tl.float32)
+            squares += tl.sum(r * r, axis=1)
+            rstd = 1.0 / tl.sqrt(squares / HEAD_DIM + eps)
+            tl.store(row + 2 * HALF + rest[None, :], _weighted(xr, rstd, w_ptr, 2 * HALF + rest, rest < REST,
+                                                               ZERO_CENTRED), mask=rest_ok)
+        else:
+            rstd = 1.0 / tl.sqrt(squares / HEAD_DIM + eps)
+        x1 = _weighted(x1, rstd, w_ptr, cols, col_ok, ZERO_CENTRED)
+        x2 = _weighted(x2, rstd, w_ptr, HALF + cols, col_ok, ZERO_CENTRED)
+    # cos and sin repeat their first half (the frequencies concatenated twice): one load serves both halves.
+    c = tl.load(cos_ptr + token[:, None] * stride_cos + cols[None, :], mask=ok, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + token[:, None] * stride_sin + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    if FLOAT32_MATH:
+        o1 = a * c - b * s
+        o2 = b * c + a * s
+    else:   # rot * cos, x2 * sin and x1 * sin stored in the dtype, then the sub_ / add_ stored again
+        o1 = _rounded(a * c, x1) - _rounded(b * s, x1)
+        o2 = _rounded(b * c, x2) + _rounded(a * s, x2)
+    tl.store(row + cols[None, :], o1.to(x1.dtype), mask=ok)
+    tl.store(row + HALF + cols[None, :], o2.to(x2.dtype), mask=ok)
+
+
+def norm_rotate_knobs(device: torch.device, **given: int | None) -> RotaryKnobs:
+    """The launch table's rotary row for `device`, with norm_block_rows / norm_num_warps given (not None)."""
+    row = launch_row(target_of(device)).rotary
+    return replace(row, **{name: value for name, value in given.items() if value is not None})
+
+
+def norm_rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
+                 zero_centred: bool, head_dim: int, float32_math: bool = False, block_rows: int | None = None,
+                 num_warps: int | None = None) -> torch.Tensor:
+    """RMS-normalise each head of x over head_dim, then rotate its first rotary_dim channels, in place; returns x.
+
+    x `[T, H, head_dim]`: any token and head strides, contiguous channels (a view of a projection's output).
+    weight `[head_dim]`: pipeline/models/layers/norms.py RMSNorm's (zero_centred: the scale is 1 + w, applied in
+    float32 before the one cast; else the normalised value is cast, then multiplied by w and rounded again);
+    None: no norm, the rotation only (Llama). cos, sin `[T, rotary_dim]` or `[T, 1, rotary_dim]` as Rotary.cos_sin
+    gives them, rotary_dim even and <= head_dim; channels past it are normalised and not rotated. float32_math:
+    Rotary.float32_math (rotate in float32, one rounding) or not (the dtype's ops, rounded as Rotary.apply's).
+
+    Tensors on CPU run norm_rotate_torch_ unless TRITON_INTERPRET=1. Launch knobs (Triton only): block_rows
+    (token, head) rows per program, num_warps; None takes the launch table's row for the tensor's GPU.
+    """
+    rd = cos.shape[-1]
+    if x.dim() != 3 or x.shape[-1] != head_dim or x.stride(-1) != 1:
+        raise ValueError(f"x must be [T, heads, {head_dim}] with contiguous channels, got {tuple(x.shape)} "
+                         f"strides {x.stride()}")
+    T, H, _ = x.shape
+    if rd % 2 or rd == 0 or rd > head_dim or cos.shape != sin.shape or cos.numel() != T * rd:
+        raise ValueError(f"cos and sin must be [T, rotary_dim] with an even rotary_dim <= {head_dim}, got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)} for T = {T}")
+    if weight is not None and weight.shape != (head_dim,):
+        raise ValueError(f"weight must be [{head_dim}], got {tuple(weight.shape)}")
+    if not use_triton(x):
+        return norm_rotate_torch_(x, cos, sin, weight, eps, zero_centred=zero_centred, float32_math=float32_math)
+    if T * H == 0:
+        return x
+    cos, sin = cos.reshape(T, rd), sin.reshape(T, rd)
+    knobs = norm_rotate_knobs(x.device, norm_block_rows=block_rows, norm_num_warps=num_warps)
+    half, rest = rd // 2, head_dim - rd
+    launch(_norm_rotate_kernel, (triton.cdiv(T * H, knobs.norm_block_rows),),
+           x, cos, sin, x if weight is None else weight, T * H, H, x.stride(0), x.stride(1), cos.stride(0),
+           sin.stride(0), float(eps),
+           HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), REST=rest,
+           BLOCK_REST=triton.next_power_of_2(max(rest, 1)), HAS_WEIGHT=weight is not None,
+           ZERO_CENTRED=bool(zero_centred), FLOAT32_MATH=bool(float32_math), BLOCK_ROWS=knobs.norm_block_rows,
+           num_warps=knobs.norm_num_warps)
+    return x
