@@ -25,7 +25,7 @@ DEVICE = triton_test_device()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.mark.parametrize("kind", ("qwen3_5", "esm2", "qwen3"))
+@pytest.mark.parametrize("kind", ("qwen3_5", "esm2", "qwen3", "llama"))
 def test_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
     import pipeline.models.layers.gated_deltanet as gdn
     convs = []   # the delta-rule layers' conv runs the Triton kernel here, chunked prefill included (70 > 48)
@@ -139,17 +139,20 @@ def test_esm_steps_run_fused_on_the_triton_path(tmp_path, monkeypatch):
                          varlen_attention=layers, write_kv_cache=0, paged_attention=0), calls
 
 
-@pytest.mark.parametrize("kind", ("qwen3_5", "qwen3"))
+@pytest.mark.parametrize("kind", ("qwen3_5", "qwen3", "llama"))
 def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, kind):
-    """A Qwen3.5 or Qwen3 step on the Triton path: every norm but the first runs with the residual add before it
-    (2 per layer + 1: the final norm rides with the last layer's add), the MLP's silu(gate) * up is one pass per
-    layer, and Qwen3.5's delta-rule layers run their gated output norm as one; with fuse_elementwise off, and on
+    """A Qwen3.5, Qwen3 or Llama step on the Triton path: every norm but the first runs with the residual add before
+    it (2 per layer + 1: the final norm rides with the last layer's add), the MLP's silu(gate) * up is one pass per
+    layer, Qwen3.5's delta-rule layers run their gated output norm as one, and each attention layer's q and k run
+    their norms (Qwen3.5, Qwen3; none in Llama) with the rotary as one pass each; with fuse_elementwise off, and on
     the torch path (CPU), none of them run."""
     import pipeline.models.layers.gated_deltanet as gdn
     import pipeline.models.layers.mlp as mlp
     import pipeline.models.layers.norms as norms
+    import pipeline.models.layers.rotary as rotary
 
-    calls = {"add_rms_norm": 0, "gated_rms_norm": 0, "silu_mul": 0}
+    calls = {"add_rms_norm": 0, "gated_rms_norm": 0, "silu_mul": 0, "norm_rotate_": 0}
+    normed = []   # whether each norm_rotate_ call normalised (a weight) or only rotated
 
     def count(module, name):
         fn = getattr(module, name)
@@ -158,6 +161,9 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     count(norms, "add_rms_norm")
     count(gdn, "gated_rms_norm")
     count(mlp, "silu_mul")
+    count(rotary, "norm_rotate_")
+    norm_rotate_ = rotary.norm_rotate_
+    monkeypatch.setattr(rotary, "norm_rotate_", lambda *a, **k: normed.append(a[3] is not None) or norm_rotate_(*a, **k))
     path = str(write_tiny(kind, tmp_path / kind))
     batch = random_sequences([30, 9, 1], seed=4)
     NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=64).forward(batch, [2], False)
@@ -170,5 +176,8 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     engine.forward(batch, [engine.info.num_layers], False)
     layers = engine.info.num_layers
     delta = len(engine.runner.model.delta_layers())
-    assert (kind == "qwen3_5") == (delta > 0)
-    assert calls == dict(add_rms_norm=2 * layers + 1, gated_rms_norm=delta, silu_mul=layers), calls
+    attention = len(engine.runner.model.attention_layers())
+    assert (kind == "qwen3_5") == (delta > 0) and attention == layers - delta
+    assert calls == dict(add_rms_norm=2 * layers + 1, gated_rms_norm=delta, silu_mul=layers,
+                         norm_rotate_=2 * attention), calls
+    assert normed == [kind != "llama"] * (2 * attention)

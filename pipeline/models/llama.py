@@ -32,10 +32,15 @@ class LlamaAttention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
                                    causal=True)
 
-    def forward(self, x, cos, sin, rotary: Rotary, ctx):
+    def forward(self, x, cos, sin, rotary: Rotary, ctx, fused: bool = False):
+        """fused (the Triton path's fused layers): q and k (Qwen3: with their norms) normalised and rotated in
+        place in the projection's output, one pass each (Rotary.norm_apply_)."""
         T = x.shape[0]
         q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k, v = (t.view(T, -1, self.head_dim) for t in (q, k, v))
+        if fused:
+            q, k = rotary.norm_apply_(q, cos, sin, self.q_norm), rotary.norm_apply_(k, cos, sin, self.k_norm)
+            return self.o_proj(self.attn(q, k, v, ctx).reshape(T, self.q_size))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
@@ -68,8 +73,8 @@ class LlamaLayer(nn.Module):
     def forward_fused(self, x, h, cos, sin, rotary, ctx, next_norm: RMSNorm):
         """The layer with its elementwise work fused (Triton path; RotaryDecoder._fused_layers): h =
         input_layernorm(x) comes in, (x + this layer, next_norm of that) goes out; the residual adds ride with
-        the norms after them, the MLP's silu(gate) * up is one pass."""
-        x, h = add_norm(x, self.self_attn(h, cos, sin, rotary, ctx), self.post_attention_layernorm)
+        the norms after them, q and k (with Qwen3's norms) and the MLP's silu(gate) * up are one pass each."""
+        x, h = add_norm(x, self.self_attn(h, cos, sin, rotary, ctx, fused=True), self.post_attention_layernorm)
         return add_norm(x, self.mlp.forward_fused(h), next_norm)
 
 

@@ -38,13 +38,19 @@ class GatedAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centred=True)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, causal=True)
 
-    def forward(self, x, cos, sin, rotary: Rotary, ctx):
+    def forward(self, x, cos, sin, rotary: Rotary, ctx, fused: bool = False):
+        """fused (the Triton path's fused layers): q and k normalised and rotated in place in the projection's
+        output, one pass each (Rotary.norm_apply_), where the unfused layer normalises into new tensors and
+        rotates those."""
         T = x.shape[0]
         qg, k, v = self.qkv(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
-        q, k = rotary.apply(q, cos, sin, in_place=True), rotary.apply(k, cos, sin, in_place=True)   # norm outputs
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        if fused:
+            q, k = rotary.norm_apply_(q, cos, sin, self.q_norm), rotary.norm_apply_(k, cos, sin, self.k_norm)
+        else:
+            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rotary.apply(q, cos, sin, in_place=True), rotary.apply(k, cos, sin, in_place=True)   # norm outputs
         o = self.attn(q, k, v.view(T, self.num_kv_heads, self.head_dim), ctx).reshape(T, self.q_size)
         return self.o_proj(o * pointwise.sigmoid(gate.reshape(T, self.q_size)))
 
@@ -77,9 +83,9 @@ class Qwen3_5Layer(nn.Module):
     def forward_fused(self, x, h, cos, sin, rotary, ctx, next_norm: RMSNorm):
         """The layer with its elementwise work fused (Triton path; RotaryDecoder._fused_layers): h =
         input_layernorm(x) comes in, (x + this layer, next_norm of that) goes out. The mixer's output norm
-        (delta-rule layers) and the MLP's silu(gate) * up run one pass each, the residual adds ride with the
-        norms after them."""
-        a = self.mixer(h, ctx, fused=True) if self.is_linear else self.mixer(h, cos, sin, rotary, ctx)
+        (delta-rule layers), the attention's q and k norms with their rotary, and the MLP's silu(gate) * up run
+        one pass each, the residual adds ride with the norms after them."""
+        a = self.mixer(h, ctx, fused=True) if self.is_linear else self.mixer(h, cos, sin, rotary, ctx, fused=True)
         x, h = add_norm(x, a, self.post_attention_layernorm)
         return add_norm(x, self.mlp.forward_fused(h), next_norm)
 

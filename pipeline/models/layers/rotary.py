@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from triton_kernels import pointwise
+from triton_kernels.rotary import norm_rotate_
 
 from ...errors import UserError
 from ..checkpoint_facts import DYNAMIC_ROPE_TYPES
@@ -82,3 +83,12 @@ class Rotary:
             x[..., :rd] = out
             return x
         return torch.cat((out, x[..., rd:]), dim=-1)
+
+    def norm_apply_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm=None) -> torch.Tensor:
+        """x `[T, H, D]` (a view of a projection's output, any token and head strides) normalised by `norm` (an
+        RMSNorm of layers/norms.py over D, or None) and rotated as `apply` does, in place, in one pass
+        (triton_kernels/rotary norm_rotate_): the q/k norms and rotary of the RMS-norm decoders' fused layers
+        on the Triton path. The CPU path keeps `norm(x)` then `apply`."""
+        weight, eps, zero_centred = (None, 0.0, False) if norm is None else (norm.weight, norm.eps, norm.zero_centred)
+        return norm_rotate_(x, cos, sin, weight, eps, zero_centred=zero_centred, head_dim=x.shape[-1],
+                            float32_math=self.float32_math)
