@@ -208,6 +208,16 @@ def _rotate_qk_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     return touched + tables, touched
 
 
+def _norm_rotate_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    x, cos, sin, w, rows = L.args[:5]
+    c = L.constexprs
+    # Each (token, head) row of the view read and written once: its rotary halves, and with a norm the rest too
+    # (without one the rest is not touched). cos and sin: the first half of each token's table, once; the weight.
+    touched = rows * (2 * c["HALF"] + (c["REST"] if c["HAS_WEIGHT"] else 0)) * x.element_size()
+    tables = x.shape[0] * c["HALF"] * (cos.element_size() + sin.element_size())
+    return touched + tables + (_nb(w) if c["HAS_WEIGHT"] else 0), touched
+
+
 def _add_layer_norm_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     x, y, w, b, s, out = L.args[:6]
     c = L.constexprs
@@ -239,13 +249,14 @@ def _linear_gelu_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
 KERNEL_BYTES = {f.__name__: f for f in (_write_kv_cache, _paged_attention_fwd, _combine_splits, _chunk_prep_kernel,
                                         _chunk_walk_kernel, _causal_conv_kernel, _conv_window_kernel,
                                         _rotate_qk_kernel, _add_layer_norm_kernel, _linear_gelu_kernel,
-                                        _add_rms_norm_kernel, _gated_rms_norm_kernel, _silu_mul_kernel)}
+                                        _add_rms_norm_kernel, _gated_rms_norm_kernel, _silu_mul_kernel,
+                                        _norm_rotate_kernel)}
 KERNEL_FAMILY = {"_write_kv_cache": "attention", "_paged_attention_fwd": "attention", "_combine_splits": "attention",
                  "_chunk_prep_kernel": "delta rule", "_chunk_walk_kernel": "delta rule",
                  "_causal_conv_kernel": "delta rule", "_conv_window_kernel": "delta rule",
                  "_recurrent_kernel": "delta rule", "_rotate_qk_kernel": "rotary", "_add_layer_norm_kernel": "norm",
                  "_linear_gelu_kernel": "GEMM", "_add_rms_norm_kernel": "norm", "_gated_rms_norm_kernel": "norm",
-                 "_silu_mul_kernel": "activation"}
+                 "_silu_mul_kernel": "activation", "_norm_rotate_kernel": "rotary"}
 
 
 def kernel_flops(launch: Launch) -> float:
