@@ -81,12 +81,13 @@ class CausalConvKnobs:
 class RotaryKnobs:
     """The fused query-scale + rotary kernel (triton_kernels/rotary): (token, head) rows per program, warps. A
     memory-bound pass over the QKV output: tiles of block_rows x half a head dim, a few elements per thread.
-    norm_block_rows / norm_num_warps: the same for norm_rotate_ (q/k RMS norm + rotary), whose programs hold
-    whole heads (the two rotary halves and the rest, padded to powers of two)."""
+    norm_block_elements / norm_num_warps: norm_rotate_ (q/k RMS norm + rotary), whose programs hold whole heads (the
+    two rotary halves and the rest, each padded to a power of two): as many rows as fit in norm_block_elements,
+    rounded down to a power of two (at least 1)."""
 
     block_rows: int
     num_warps: int
-    norm_block_rows: int
+    norm_block_elements: int
     norm_num_warps: int
 
 
@@ -167,6 +168,10 @@ TABLE: dict[int, LaunchRow] = {
     # K steps of 64, 8 warps, 3 stages (HGMMA with cp.async on sm_90: 123-125 registers, 96 KiB of shared
     # memory, two programs per SM; 153-170 registers and 64 KiB on sm_80); 128 x 256 tiles spill 72 B at 255
     # registers on sm_90 with the erf epilogue, 256 x 128 spill 40 B. Triton 3.6 and 3.9 alike.
+    # The q/k norm + rotary pass (rotary.norm_*): 2,048 elements a program in 4 warps: 4 heads of Qwen3.5-0.8B's 256
+    # (two 32-channel rotary halves and 192 others padded to 256) at 32 registers, 16 of Llama-8B's 128 at 28-36,
+    # no spills at 32k tokens on both. 16 Qwen3.5 heads a program took 128-137 registers (3-4 blocks an SM), 8
+    # spilled 8 B on sm_80 (Triton 3.9).
     # The RMS-norm kernels (rms): rows of up to 4,096 elements in 8 warps (4 rows of Qwen3.5-0.8B's 1,024, 32 heads
     # of 128 for the gated norm), silu_mul tiles of 8 x 512 in 8 warps: 32-42 registers, no spills, at a 32k-token
     # Qwen3.5-0.8B step on both (Triton 3.9; docs/kernels/rms_norm.md). Not yet timed on a GPU.
@@ -179,7 +184,7 @@ TABLE: dict[int, LaunchRow] = {
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
                                            rows_for_8_warps_wide=64, bias_tile_keys=32),
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
-                  rotary=RotaryKnobs(block_rows=64, num_warps=4, norm_block_rows=16, norm_num_warps=4),
+                  rotary=RotaryKnobs(block_rows=64, num_warps=4, norm_block_elements=2048, norm_num_warps=4),
                   norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
                                  epilogue_gelu=False),
@@ -190,7 +195,7 @@ TABLE: dict[int, LaunchRow] = {
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
                                            rows_for_8_warps_wide=128, bias_tile_keys=32),
                   conv=CausalConvKnobs(block_t=32, block_c=128, num_warps=8),
-                  rotary=RotaryKnobs(block_rows=64, num_warps=4, norm_block_rows=16, norm_num_warps=4),
+                  rotary=RotaryKnobs(block_rows=64, num_warps=4, norm_block_elements=2048, norm_num_warps=4),
                   norm=NormKnobs(num_warps=8),
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
                                  epilogue_gelu=False),

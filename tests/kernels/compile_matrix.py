@@ -29,7 +29,7 @@ from triton_kernels.layer_norm import add_layer_norm
 from triton_kernels.linear_gelu import linear_gelu
 from triton_kernels.rms_norm import add_rms_norm, gated_rms_norm, silu_mul
 from triton_kernels.paged_attention import varlen_attention
-from triton_kernels.rotary import rotate_qk_
+from triton_kernels.rotary import norm_rotate_, rotate_qk_
 from triton_kernels._launch import A100, H100, Launch, dry_run
 from triton_kernels.aot import (SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_kernel,
                                 compile_spec, cubin_sass)
@@ -193,6 +193,22 @@ def rms_decoder_layer(dtype) -> None:
     silu_mul(_empty(T, 2 * n, dtype=dtype))
 
 
+def qk_norm_rotary(dtype, model: Attention, rotary_dim: int, norm: str | None) -> None:
+    """The q and k passes of one attention layer on the fused Triton path (norm_rotate_, 32k tokens): Qwen3.5's
+    zero-centred norms and partial rotary on q between its gates (head stride 2 head_dim) and on k; a Llama-shaped
+    layer's rotary alone (norm None) or with Qwen3's norms in Llama's order ("llama")."""
+    T, H, Hkv, D = ENCODER_TOKENS, model.num_q_heads, model.num_kv_heads, model.head_dim
+    gated = norm == "zero_centred"
+    q_width = (2 if gated else 1) * H * D
+    projection = _empty(T, q_width + 2 * Hkv * D, dtype=dtype)
+    q = projection[:, :q_width].view(T, H, 2 * D)[..., :D] if gated else projection[:, :q_width].view(T, H, D)
+    k = projection[:, q_width:q_width + Hkv * D].view(T, Hkv, D)
+    cos = _empty(T, 1, rotary_dim, dtype=dtype)
+    w = None if norm is None else _empty(D, dtype=dtype)
+    for x in (q, k):
+        norm_rotate_(x, cos, cos, w, 1e-6, zero_centred=gated, head_dim=D)
+
+
 def cases() -> list[tuple[str, object]]:
     """(shape label, function of the dtype that makes the launches)."""
     D = DELTA_DIM
@@ -228,6 +244,10 @@ def cases() -> list[tuple[str, object]]:
     for model in (ESM2_650M, ESM2_3B):
         out.append((f"{model.name} layer ({ENCODER_TOKENS // 1024}k tokens)", lambda dt, m=model: encoder_layer(dt, m)))
     out.append((f"Qwen3.5-0.8B RMS-norm layer ({ENCODER_TOKENS // 1024}k tokens)", rms_decoder_layer))
+    out += [(f"Qwen3.5-0.8B q/k norm + rotary ({ENCODER_TOKENS // 1024}k tokens)",
+             lambda dt: qk_norm_rotary(dt, QWEN35_ATTENTION, 64, "zero_centred")),
+            (f"Llama-8B q/k rotary ({ENCODER_TOKENS // 1024}k tokens)", lambda dt: qk_norm_rotary(dt, LLAMA8B, 128, None)),
+            ("... with Qwen3's q/k norms", lambda dt: qk_norm_rotary(dt, LLAMA8B, 128, "llama"))]
     for model in (QWEN35_ATTENTION, ESM2, LLAMA8B, PROTT5, ANKH_LARGE):
         label = f"{model.name} {model.num_q_heads}/{model.num_kv_heads} D={model.head_dim}"
         out.append((f"{label}: 8 x 4k prefill", lambda dt, m=model: attention_step(dt, m, 8, 4096, 4096)))
@@ -280,7 +300,7 @@ def _knobs(launch: Launch) -> str:
         shown.append(f"+bias/{2 * launch.constexprs['HALF']}")
     for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o"), ("STORE_CHUNKS", "s"),
                           ("H0_IDENTITY", "eye"), ("CONTIGUOUS_KV", "contiguous"), ("HAS_Y", "add"),
-                          ("ZERO_CENTRED", "zc")):
+                          ("HAS_WEIGHT", "norm"), ("ZERO_CENTRED", "zc")):
         if flag in launch.constexprs:
             shown.append(("+" if launch.constexprs[flag] else "-") + meaning)
     return " ".join(shown + [f"w{launch.num_warps}", f"s{launch.num_stages}"])

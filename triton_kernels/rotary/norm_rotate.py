@@ -98,7 +98,7 @@ def _norm_rotate_kernel(
 
 
 def norm_rotate_knobs(device: torch.device, **given: int | None) -> RotaryKnobs:
-    """The launch table's rotary row for `device`, with norm_block_rows / norm_num_warps given (not None)."""
+    """The launch table's rotary row for `device`, with norm_block_elements / norm_num_warps given (not None)."""
     row = launch_row(target_of(device)).rotary
     return replace(row, **{name: value for name, value in given.items() if value is not None})
 
@@ -116,7 +116,8 @@ def norm_rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: 
     Rotary.float32_math (rotate in float32, one rounding) or not (the dtype's ops, rounded as Rotary.apply's).
 
     Tensors on CPU run norm_rotate_torch_ unless TRITON_INTERPRET=1. Launch knobs (Triton only): block_rows
-    (token, head) rows per program, num_warps; None takes the launch table's row for the tensor's GPU.
+    (token, head) rows per program (a power of two), num_warps; None takes the launch table's row for the
+    tensor's GPU (rows: as many heads as fit in its norm_block_elements).
     """
     rd = cos.shape[-1]
     if x.dim() != 3 or x.shape[-1] != head_dim or x.stride(-1) != 1:
@@ -133,13 +134,16 @@ def norm_rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: 
     if T * H == 0:
         return x
     cos, sin = cos.reshape(T, rd), sin.reshape(T, rd)
-    knobs = norm_rotate_knobs(x.device, norm_block_rows=block_rows, norm_num_warps=num_warps)
+    knobs = norm_rotate_knobs(x.device, norm_num_warps=num_warps)
     half, rest = rd // 2, head_dim - rd
-    launch(_norm_rotate_kernel, (triton.cdiv(T * H, knobs.norm_block_rows),),
+    block_half, block_rest = triton.next_power_of_2(half), triton.next_power_of_2(max(rest, 1))
+    if block_rows is None:
+        fit = max(1, knobs.norm_block_elements // (2 * block_half + (block_rest if rest else 0)))
+        block_rows = 1 << (fit.bit_length() - 1)
+    launch(_norm_rotate_kernel, (triton.cdiv(T * H, block_rows),),
            x, cos, sin, x if weight is None else weight, T * H, H, x.stride(0), x.stride(1), cos.stride(0),
            sin.stride(0), float(eps),
-           HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), REST=rest,
-           BLOCK_REST=triton.next_power_of_2(max(rest, 1)), HAS_WEIGHT=weight is not None,
-           ZERO_CENTRED=bool(zero_centred), FLOAT32_MATH=bool(float32_math), BLOCK_ROWS=knobs.norm_block_rows,
-           num_warps=knobs.norm_num_warps)
+           HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=block_half, REST=rest, BLOCK_REST=block_rest,
+           HAS_WEIGHT=weight is not None, ZERO_CENTRED=bool(zero_centred), FLOAT32_MATH=bool(float32_math),
+           BLOCK_ROWS=block_rows, num_warps=knobs.norm_num_warps)
     return x
