@@ -232,6 +232,19 @@ def _unfused_fc1_gelu(b: Buffers):
     return lambda: pointwise.gelu(F.linear(x, b.layer.fc1.weight, b.layer.fc1.bias))
 
 
+def _norm_rotate(fn, b: Buffers):
+    q = b.qkv.clone()[:, :b.q.shape[1] * b.q.shape[2]].view(b.q.shape)   # a view of its own, updated each call
+    w = torch.zeros(q.shape[-1], device=q.device, dtype=q.dtype)
+    return lambda: fn(q, b.cos, b.sin, w, 1e-6, zero_centred=True, head_dim=q.shape[-1],
+                      float32_math=b.rotary.float32_math)
+
+
+def _unfused_norm_rotate(b: Buffers):
+    from pipeline.models.layers.norms import RMSNorm
+    norm = RMSNorm(b.q.shape[-1], 1e-6, zero_centred=True).to(b.q.device, b.q.dtype)
+    return lambda: b.rotary.apply(norm(b.q), b.cos, b.sin, in_place=True)
+
+
 FUSED = [
     fused("fused q scale + rotary of q, k in place (rotate_qk_)", "rotary", "triton_kernels.rotary:rotate_qk_", _rotate,
           lambda b: 4 * b.nbytes(b.q)),
@@ -267,6 +280,10 @@ FUSED = [
         lambda b: 1.5 * b.nbytes(b.h)),
     fused("fused silu(gate) * up on fc1's output (silu_mul)", "activation", "triton_kernels.rms_norm:silu_mul",
           lambda fn, b: lambda: fn(b.h), lambda b: 1.5 * b.nbytes(b.h)),
+    Row("q RMSNorm (zero-centred) + rotary, heads of this shape (unfused, as GatedAttention)", "rotary",
+        _unfused_norm_rotate, lambda b: 2 * b.nbytes(b.q)),
+    fused("fused q RMSNorm + rotary in place (norm_rotate_)", "rotary", "triton_kernels.rotary:norm_rotate_",
+          _norm_rotate, lambda b: 2 * b.nbytes(b.q)),
 ]
 
 
