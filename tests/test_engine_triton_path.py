@@ -163,7 +163,8 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     count(mlp, "silu_mul")
     count(rotary, "norm_rotate_")
     norm_rotate_ = rotary.norm_rotate_
-    monkeypatch.setattr(rotary, "norm_rotate_", lambda *a, **k: normed.append(a[3] is not None) or norm_rotate_(*a, **k))
+    monkeypatch.setattr(rotary, "norm_rotate_",
+                        lambda *a, **k: normed.append(a[3] is not None) or norm_rotate_(*a, **k))
     path = str(write_tiny(kind, tmp_path / kind))
     batch = random_sequences([30, 9, 1], seed=4)
     NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=64).forward(batch, [2], False)

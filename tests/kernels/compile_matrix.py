@@ -246,7 +246,8 @@ def cases() -> list[tuple[str, object]]:
     out.append((f"Qwen3.5-0.8B RMS-norm layer ({ENCODER_TOKENS // 1024}k tokens)", rms_decoder_layer))
     out += [(f"Qwen3.5-0.8B q/k norm + rotary ({ENCODER_TOKENS // 1024}k tokens)",
              lambda dt: qk_norm_rotary(dt, QWEN35_ATTENTION, 64, "zero_centred")),
-            (f"Llama-8B q/k rotary ({ENCODER_TOKENS // 1024}k tokens)", lambda dt: qk_norm_rotary(dt, LLAMA8B, 128, None)),
+            (f"Llama-8B q/k rotary ({ENCODER_TOKENS // 1024}k tokens)",
+             lambda dt: qk_norm_rotary(dt, LLAMA8B, 128, None)),
             ("... with Qwen3's q/k norms", lambda dt: qk_norm_rotary(dt, LLAMA8B, 128, "llama"))]
     for model in (QWEN35_ATTENTION, ESM2, LLAMA8B, PROTT5, ANKH_LARGE):
         label = f"{model.name} {model.num_q_heads}/{model.num_kv_heads} D={model.head_dim}"
