@@ -254,10 +254,14 @@ def _chunk_prep_kernel(
     gam3 = _load_vec(gamma, r3, eos, i_hv, HV, BC)
     HK: tl.constexpr = BK // 2 if BK >= 32 else BK   # tl.dot takes no fewer than 16 columns
     for c0 in tl.static_range(0, BK, HK):
-        x0 = _load_token_rows(k, k_stride, r0, eos, i_h, K, BC, HK, c0).to(tl.float32) * (rk0 * beta0 * tl.exp(gam0))[:, None]
-        x1 = _load_token_rows(k, k_stride, r1, eos, i_h, K, BC, HK, c0).to(tl.float32) * (rk1 * beta1 * tl.exp(gam1))[:, None]
-        x2 = _load_token_rows(k, k_stride, r2, eos, i_h, K, BC, HK, c0).to(tl.float32) * (rk2 * beta2 * tl.exp(gam2))[:, None]
-        x3 = _load_token_rows(k, k_stride, r3, eos, i_h, K, BC, HK, c0).to(tl.float32) * (rk3 * beta3 * tl.exp(gam3))[:, None]
+        x0 = (_load_token_rows(k, k_stride, r0, eos, i_h, K, BC, HK, c0).to(tl.float32)
+              * (rk0 * beta0 * tl.exp(gam0))[:, None])
+        x1 = (_load_token_rows(k, k_stride, r1, eos, i_h, K, BC, HK, c0).to(tl.float32)
+              * (rk1 * beta1 * tl.exp(gam1))[:, None])
+        x2 = (_load_token_rows(k, k_stride, r2, eos, i_h, K, BC, HK, c0).to(tl.float32)
+              * (rk2 * beta2 * tl.exp(gam2))[:, None])
+        x3 = (_load_token_rows(k, k_stride, r3, eos, i_h, K, BC, HK, c0).to(tl.float32)
+              * (rk3 * beta3 * tl.exp(gam3))[:, None])
         _store_rows(w, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, K, BC, HK, c0)
         _store_rows(w, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, K, BC, HK, c0)
         _store_rows(w, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, K, BC, HK, c0)
@@ -282,13 +286,17 @@ def _chunk_walk_kernel(
     o,  # output [tokens, HV, V]
     h0, ht,  # initial / final states [N, HV, K, V] float32 (None when unused)
     seq_ranges, seq_order,  # int32 [N, 2] first and end token per sequence; int32 [N] sequences longest first
-    q_stride, k_stride,  # elements between consecutive tokens of q, k (see tiles._load_token_rows)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
     USE_U: tl.constexpr = True, WRITE_O: tl.constexpr = True, H0_IDENTITY: tl.constexpr = False,
+    Q_STRIDE: tl.constexpr = None, K_STRIDE: tl.constexpr = None,
 ):
-    """USE_U=False walks with U = 0, and H0_IDENTITY starts from S = I (V = K, no h0 read): together they
+    """Q_STRIDE, K_STRIDE: elements between consecutive tokens of q and k (tiles._load_token_rows), constexprs
+    here, unlike the prep kernel's: with a run-time stride the chunk loop kept the [BT, BK] offset tiles of q and k
+    live across its iterations (sm_90, block_v 64: 227 -> 254 registers, 16-32 B spilled with a state; sm_80
+    236 -> 255), and an engine's strides are one per model (the conv's width, or H K for gathered rows).
+    USE_U=False walks with U = 0, and H0_IDENTITY starts from S = I (V = K, no h0 read): together they
     yield a segment's transition matrix (see `_segmented_walk`); WRITE_O=False only carries the state (no
     q, p or output traffic)."""
     # One flat grid, sequence-major: every head of the longest sequence is scheduled first.
@@ -297,8 +305,8 @@ def _chunk_walk_kernel(
 
     for t0 in range(bos, eos, BT):
         if WRITE_O:
-            b_q = _load_token_rows(q, q_stride, t0, eos, i_h, K, BT, BK)
-        b_k = _load_token_rows(k, k_stride, t0, eos, i_h, K, BT, BK)
+            b_q = _load_token_rows(q, Q_STRIDE, t0, eos, i_h, K, BT, BK)
+        b_k = _load_token_rows(k, K_STRIDE, t0, eos, i_h, K, BT, BK)
         b_w = _load_rows(w, t0, eos, i_hv, HV, K, BT, BK)
         if USE_U:
             b_u = _load_rows(u, t0, eos, i_hv, HV, V, BT, BV, v0)
@@ -457,9 +465,9 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
                      num_sms=target_of(device).num_sms, batch_invariant=batch_invariant)
     tables = launch_tables(layout, chunk_size, plan.segment if plan.pieces > 1 else None, device)
     if design == "split":
-        chunk_fwd_split(q, k, v, g, beta, o, final, h0, strides=strides, tables=tables, pieces=plan.pieces, num_sequences=N,
-                        scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, dot_prec=dot_prec,
-                        block_v=plan.block_v, num_warps=num_warps, num_stages=num_stages,
+        chunk_fwd_split(q, k, v, g, beta, o, final, h0, strides=strides, tables=tables, pieces=plan.pieces,
+                        num_sequences=N, scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                        dot_prec=dot_prec, block_v=plan.block_v, num_warps=num_warps, num_stages=num_stages,
                         solve_num_warps=solve_num_warps, output_block_v=_block_size("output_block_v", output_block_v),
                         output_num_warps=output_num_warps)
         return o.reshape(d.batch, d.seq_len, HV, V), final
@@ -474,8 +482,9 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
                H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=_pow2_block(V),
                USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=prep_num_warps)
 
-    walk = functools.partial(_walk, q, k, w, u, p, gamma, q_scale, k_scale, q_stride=q_stride, k_stride=k_stride, H=H, HV=HV, K=K, BT=chunk_size, BK=BK,
-                             BV=plan.block_v, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
+    walk = functools.partial(_walk, q, k, w, u, p, gamma, q_scale, k_scale, q_stride=q_stride, k_stride=k_stride, H=H,
+                             HV=HV, K=K, BT=chunk_size, BK=BK, BV=plan.block_v, DOT_PREC=dot_prec, num_warps=num_warps,
+                             num_stages=num_stages)
     if plan.pieces == 1:
         walk(*tables.walks["all"], o, h0, final)
     else:
@@ -489,10 +498,10 @@ def _walk(q, k, w, u, p, gamma, q_scale, k_scale, seq_ranges, seq_order, o, h0, 
     V = o.shape[-1] if V is None else V
     NV = triton.cdiv(V, BV)
     launch(_chunk_walk_kernel, (seq_order.shape[0] * HV * NV,),
-           q, k, w, u, p, gamma, q_scale, k_scale, o, h0, ht, seq_ranges, seq_order, q_stride, k_stride,
-           H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV, USE_H0=h0 is not None, STORE_HT=ht is not None,
-           DOT_PREC=DOT_PREC, USE_U=use_u, WRITE_O=write_o, H0_IDENTITY=from_identity, num_warps=num_warps,
-           num_stages=num_stages)
+           q, k, w, u, p, gamma, q_scale, k_scale, o, h0, ht, seq_ranges, seq_order,
+           Q_STRIDE=q_stride, K_STRIDE=k_stride, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV,
+           USE_H0=h0 is not None, STORE_HT=ht is not None, DOT_PREC=DOT_PREC, USE_U=use_u, WRITE_O=write_o,
+           H0_IDENTITY=from_identity, num_warps=num_warps, num_stages=num_stages)
 
 
 def _segmented_walk(walk, tables: LaunchTables, pieces: int, num_sequences: int, o, h0, final, *,

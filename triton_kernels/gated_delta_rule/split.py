@@ -122,21 +122,23 @@ def _split_state_kernel(
     states, vn,  # outputs in the input dtype: chunk-start states [chunks, HV, K, V], Vn [tokens, HV, V]
     h0, ht,  # initial / final states [rows, HV, K, V] float32 (None when unused)
     seq_ranges, seq_order, first_chunk,  # int32 [rows, 2], [rows] longest first, [rows] index of the first chunk
-    k_stride,  # elements between consecutive tokens of k (see tiles._load_token_rows)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
     USE_U: tl.constexpr = True, STORE_CHUNKS: tl.constexpr = True, H0_IDENTITY: tl.constexpr = False,
+    K_STRIDE: tl.constexpr = None,
 ):
-    """The sequential part: per chunk, S_c and Vn out, the state carried. USE_U=False with H0_IDENTITY yields a
-    segment's transition matrix, STORE_CHUNKS=False only carries the state (the segmented path's first walks)."""
+    """The sequential part: per chunk, S_c and Vn out, the state carried. K_STRIDE: elements between consecutive
+    tokens of k, a constexpr as in chunk._chunk_walk_kernel (a run-time one keeps the loop's offsets live).
+    USE_U=False with H0_IDENTITY yields a segment's transition matrix, STORE_CHUNKS=False only carries the state
+    (the segmented path's first walks)."""
     i_n, i_hv, i_h, bos, eos, v0 = _walk_program(seq_order, seq_ranges, H, HV, NV, BV)
     S = _start_state(h0, i_n, i_hv, v0, HV, K, V, BK, BV, USE_H0, H0_IDENTITY)
     if STORE_CHUNKS:
         i_chunk = tl.load(first_chunk + i_n).to(tl.int64)
 
     for t0 in range(bos, eos, BT):
-        b_k = _load_token_rows(k, k_stride, t0, eos, i_h, K, BT, BK)
+        b_k = _load_token_rows(k, K_STRIDE, t0, eos, i_h, K, BT, BK)
         b_w = _load_rows(w, t0, eos, i_hv, HV, K, BT, BK)
         rows = t0 + tl.arange(0, BT).to(tl.int64)
         ks = tl.load(k_scale + rows * HV + i_hv, mask=rows < eos, other=0.0)
@@ -198,7 +200,8 @@ def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, strides: tuple[int, int, 
                     output_num_warps: int) -> None:
     """Launch the split design's kernels on token-major inputs (q, k [tokens, H, K], v [tokens, HV, V], their
     tokens `strides` elements apart (layout.token_rows); g and beta [tokens, HV], contiguous) into o
-    [tokens, HV, V] and final ([N, HV, K, V] float32, or None); h0 the float32 initial states or None. `tables` and `pieces` (segments per sequence) as chunk_fwd_triton planned them."""
+    [tokens, HV, V] and final ([N, HV, K, V] float32, or None); h0 the float32 initial states or None. `tables`
+    and `pieces` (segments per sequence) as chunk_fwd_triton planned them."""
     tokens, H, K = q.shape
     q_stride, k_stride, v_stride = strides
     HV, V = v.shape[1], v.shape[2]
@@ -215,7 +218,8 @@ def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, strides: tuple[int, int, 
                k_stride, v_stride, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=BVALL, BW=min(64, BK, BVALL),
                USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=solve_num_warps)
     walk = functools.partial(_state_walk, k, w, u, gamma, k_scale, states, vn, k_stride=k_stride, H=H, HV=HV, K=K,
-                             V=V, BT=chunk_size, BK=BK, BV=block_v, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
+                             V=V, BT=chunk_size, BK=BK, BV=block_v, DOT_PREC=dot_prec, num_warps=num_warps,
+                             num_stages=num_stages)
     if pieces == 1:
         walk(tables.walks["all"], tables.first_chunks["all"], h0, final)
     else:
@@ -237,7 +241,7 @@ def _state_walk(k, w, u, gamma, k_scale, states, vn, walk_rows, first_chunk, h0,
     ranges, order = walk_rows
     NV = triton.cdiv(V, BV)
     launch(_split_state_kernel, (order.shape[0] * HV * NV,), k, w, u, gamma, k_scale, states, vn, h0, ht,
-           ranges, order, first_chunk, k_stride, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV,
+           ranges, order, first_chunk, K_STRIDE=k_stride, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV,
            USE_H0=h0 is not None, STORE_HT=ht is not None, DOT_PREC=DOT_PREC, USE_U=use_u, STORE_CHUNKS=store_chunks,
            H0_IDENTITY=from_identity, num_warps=num_warps, num_stages=num_stages)
 
