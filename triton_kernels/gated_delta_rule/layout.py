@@ -1,4 +1,5 @@
-"""How one call's tokens split into sequences and chunks, and the checks on the caller's tensors.
+"""How one call's tokens split into sequences and chunks, the checks on the caller's tensors, and how the
+Triton kernels see q, k, v (token rows a stride apart, read in place when their layout allows: `token_rows`).
 
 Every implementation sees a call as `N` sequences laid end to end along the token axis: equal-length
 batches (`B > 1`, no `cu_seqlens`) become `N = B` sequences of `T` tokens. The small tables the
