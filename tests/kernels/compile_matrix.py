@@ -69,13 +69,19 @@ def _empty(*shape, dtype):
     return torch.empty(*shape, dtype=dtype, device=META)
 
 
+def _conv_columns(B: int, T: int, H: int, HV: int, D: int, dtype) -> tuple[torch.Tensor, ...]:
+    """q, k [B, T, H, D] and v [B, T, HV, D] as the delta-rule mixer hands them over: column views of the causal
+    conv's output [B, T, (2 H + HV) D], read in place by the kernels (their token stride is the conv's width)."""
+    q, k, v = _empty(B, T, (2 * H + HV) * D, dtype=dtype).split([H * D, H * D, HV * D], dim=-1)
+    return q.reshape(B, T, H, D), k.reshape(B, T, H, D), v.reshape(B, T, HV, D)
+
+
 def delta_prefill(dtype, num_seqs: int, seq_len: int, continues: bool, keeps_state: bool,
                   heads: int | None = None, design: str | None = None) -> None:
     """A prefill at Qwen3.5-0.8B's delta-rule shapes (`heads`: that many key and value heads instead; `design`:
     the chunked kernels' design, default the launch table's)."""
     H, HV, D = heads or DELTA_HEADS, heads or DELTA_V_HEADS, DELTA_DIM
-    q, k = _empty(num_seqs, seq_len, H, D, dtype=dtype), _empty(num_seqs, seq_len, H, D, dtype=dtype)
-    v = _empty(num_seqs, seq_len, HV, D, dtype=dtype)
+    q, k, v = _conv_columns(num_seqs, seq_len, H, HV, D, dtype)
     g, beta = _empty(num_seqs, seq_len, HV, dtype=torch.float32), _empty(num_seqs, seq_len, HV, dtype=dtype)
     h0 = _empty(num_seqs, HV, D, D, dtype=torch.float32) if continues else None
     chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=keeps_state,
@@ -104,8 +110,7 @@ def bench_cases() -> list:
 
 def delta_decode(dtype, num_seqs: int) -> None:
     H, HV, D = DELTA_HEADS, DELTA_V_HEADS, DELTA_DIM
-    q, k = _empty(1, num_seqs, H, D, dtype=dtype), _empty(1, num_seqs, H, D, dtype=dtype)
-    v = _empty(1, num_seqs, HV, D, dtype=dtype)
+    q, k, v = _conv_columns(1, num_seqs, H, HV, D, dtype)
     g, beta = _empty(1, num_seqs, HV, dtype=torch.float32), _empty(1, num_seqs, HV, dtype=dtype)
     # As the engine decodes: states read and written in place in their slots of the pool (one per sequence here).
     fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=_empty(num_seqs, HV, D, D, dtype=torch.float32),

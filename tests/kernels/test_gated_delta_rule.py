@@ -695,3 +695,98 @@ def test_in_place_decode_rejects_bad_pools_and_indices():
         run(initial_state=pool.double(), state_indices=torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match="output_final_state"):
         run(initial_state=pool, state_indices=torch.tensor([0, 1, 2]), output_final_state=True)
+
+
+# --- q, k, v read where the conv wrote them: column views of one wider tensor (issue 36) ----------------------
+
+class ArgsRecorder:
+    """Stands in for a Triton kernel: records each launch's positional arguments, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(args)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def _as_conv_columns(inputs, batch, T):
+    """q, k, v as the mixer makes them: column views of one [batch, T, 2 H K + HV V] tensor (the conv's output),
+    split and reshaped; and that tensor."""
+    q, k, v = (inputs[name] for name in ("q", "k", "v"))
+    mixed = torch.cat([x.reshape(batch, T, -1) for x in (q, k, v)], dim=-1)
+    qv, kv, vv = mixed.split([q[0, 0].numel(), k[0, 0].numel(), v[0, 0].numel()], dim=-1)
+    return dict(inputs, q=qv.reshape(q.shape), k=kv.reshape(k.shape), v=vv.reshape(v.shape)), mixed
+
+
+@pytest.mark.parametrize("design", ["fused", "split", "recurrent"])
+def test_column_views_are_read_in_place_and_give_the_contiguous_bits(design, monkeypatch):
+    """q, k, v as column views of the conv's output (packed sequences off the chunk grid, continued from a state,
+    two value heads per key head) give exactly the outputs and final states of the same values passed contiguous,
+    and every kernel that reads them is handed the views themselves (no copy before it); the result also matches
+    the float64 reference."""
+    from triton_kernels.gated_delta_rule import split as split_module
+    names = {"fused": (chunk_module, ("_chunk_prep_kernel", "_chunk_walk_kernel")),
+             "split": (split_module, ("_split_prep_kernel", "_split_state_kernel", "_split_output_kernel")),
+             "recurrent": (recurrent_module, ("_recurrent_kernel",))}
+    module, kernels = names[design]
+    lengths = [1, 2, 1] if design == "recurrent" else [70, 5, 64]
+    inputs = make_inputs(1, sum(lengths), 1, 2, 16, 32, l2norm=True, num_states=len(lengths), seed=50)
+    cu = random_cu_seqlens(lengths)
+    if design == "recurrent":
+        fn = functools.partial(fused_recurrent_gated_delta_rule, block_v=16)
+    else:
+        fn = functools.partial(chunk_gated_delta_rule, design=design, block_v=16)
+    o, s = check(fn, inputs, cu_seqlens=cu, l2norm=True)
+    views, mixed = _as_conv_columns(inputs, 1, sum(lengths))
+    assert not views["q"].is_contiguous() and views["k"].data_ptr() == mixed.data_ptr() + 16 * mixed.element_size()
+    recorders = {name: ArgsRecorder(getattr(module, name)) for name in kernels}
+    for name, recorder in recorders.items():
+        monkeypatch.setattr(module, name, recorder)
+    o2, s2 = fn(**views, cu_seqlens=cu, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(o, o2) and torch.equal(s, s2)
+    in_place = {views[x].data_ptr() for x in ("q", "k", "v")}
+    for name, recorder in recorders.items():
+        assert recorder.launches, name
+        for args in recorder.launches:   # the tensors the kernel reads q, k or v from are views of `mixed`
+            read = {a.data_ptr() for a in args if isinstance(a, torch.Tensor)} & (in_place | {mixed.data_ptr()})
+            assert read and all(a.data_ptr() in in_place for a in args if isinstance(a, torch.Tensor)
+                                and a.untyped_storage().data_ptr() == mixed.untyped_storage().data_ptr()), name
+
+
+def test_batched_column_views_and_other_layouts_give_the_contiguous_bits():
+    """A batch (B = 2, no cu_seqlens) of column views reads them in place too (the batch dim steps by T tokens);
+    q with its channels two elements apart and v with its channels HV apart (heads next to each other) are copied
+    first (the kernels take a token stride only), with the same bits; through the fused design and the recurrent
+    kernel."""
+    inputs = make_inputs(2, 20, 1, 2, 16, 16, l2norm=True, num_states=2, seed=51)
+    views, _ = _as_conv_columns(inputs, 2, 20)
+    wide = torch.stack([inputs["q"], torch.zeros_like(inputs["q"])], dim=-1)[..., 0]   # channel stride 2
+    odd = dict(inputs, q=wide, v=inputs["v"].transpose(2, 3).contiguous().transpose(2, 3))   # heads 1 apart
+    assert wide.stride(-1) == 2 and odd["v"].stride()[2:] == (1, 2) and torch.equal(odd["v"], inputs["v"])
+    for fn in (functools.partial(chunk_gated_delta_rule, block_v=16),
+               functools.partial(fused_recurrent_gated_delta_rule, block_v=16)):
+        want = fn(**inputs, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        for given in (views, odd):
+            got = fn(**given, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+def test_token_rows_keeps_views_whose_tokens_are_rows_and_copies_the_rest():
+    from triton_kernels.gated_delta_rule.layout import token_rows
+    mixed = torch.randn(2, 5, 3 * 4 * 8)
+    q = mixed[..., 32:64].reshape(2, 5, 4, 8)
+    x, stride = token_rows(q, 10, 4, 8)
+    assert x.data_ptr() == q.data_ptr() and stride == 96 and torch.equal(x, q.reshape(10, 4, 8))
+    cut = torch.randn(2, 6, 96)[:, :5, 32:64].reshape(2, 5, 4, 8)   # batch dim 6 tokens apart: reshape copies
+    x, stride = token_rows(cut, 10, 4, 8)
+    assert stride == 32 and x.is_contiguous() and torch.equal(x, cut.reshape(10, 4, 8))
+    for odd in (q.transpose(2, 3).contiguous().transpose(2, 3), torch.randn(2, 5, 4, 16)[..., :8]):   # channels,
+        assert not odd.is_contiguous()                                                               # heads apart
+        x, stride = token_rows(odd, 10, 4, 8)
+        assert stride == 32 and x.is_contiguous() and torch.equal(x, odd.reshape(10, 4, 8))
+    one = torch.randn(1, 1, 96)[..., 32:64].reshape(1, 1, 4, 8)
+    assert token_rows(one, 1, 4, 8)[1] == 32 and token_rows(one, 1, 4, 8)[0].data_ptr() == one.data_ptr()

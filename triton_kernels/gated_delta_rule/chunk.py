@@ -26,9 +26,9 @@ import triton.language as tl
 
 from triton_kernels._device import target_of, use_triton
 from triton_kernels._launch import launch
-from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs
+from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs, token_rows
 from triton_kernels.gated_delta_rule.split import chunk_fwd_split
-from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_vec, _start_state,
+from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_token_rows, _load_vec, _start_state,
                                                    _store_rows, _store_state, _walk_program)
 from triton_kernels.gated_delta_rule.torch_path import chunk_fwd_torch
 from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segment_starts, launch_tables, plan_walk
@@ -40,7 +40,7 @@ DESIGNS = ("fused", "split")
 
 
 @triton.jit
-def _prep_block(k, g, gamma, row0, eos, i_h, i_hv, gamma_before,
+def _prep_block(k, k_stride, g, gamma, row0, eos, i_h, i_hv, gamma_before,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                 USE_L2NORM: tl.constexpr):
     """Raw keys, their inverse norms (l2norm) and gamma of one BC-row block of a chunk; gamma continues
@@ -50,7 +50,7 @@ def _prep_block(k, g, gamma, row0, eos, i_h, i_hv, gamma_before,
     tree on a GPU, so neighbouring gammas got independent roundings of several ulps, and with gates down to
     -1e4 (gammas near -1e5, ulp 0.008) exp(gamma_i - gamma_j) was off by percents where it mattered: 7.6e-4
     output error on an H200 against 1.2e-5 for rounding the exact sums once (tools/gpu_numerics_probe.py)."""
-    b_k = _load_rows(k, row0, eos, i_h, H, K, BC, BK)
+    b_k = _load_token_rows(k, k_stride, row0, eos, i_h, K, BC, BK)
     rows = row0 + tl.arange(0, BC).to(tl.int64)
     in_seq = rows < eos
     b_g = tl.load(g + rows * HV + i_hv, mask=in_seq, other=0.0).to(tl.float64)
@@ -145,6 +145,7 @@ def _chunk_prep_kernel(
     gamma, q_scale, k_scale,  # outputs, float32 [tokens, HV]
     chunk_bounds,  # int32 [num_chunks, 2]: first token, end token
     scale,
+    q_stride, k_stride, v_stride,  # elements between consecutive tokens of q, k, v (see tiles._load_token_rows)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BVALL: tl.constexpr,
     USE_L2NORM: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -156,10 +157,10 @@ def _chunk_prep_kernel(
     BC: tl.constexpr = BT // 4
     r0, r1, r2, r3 = bos, bos + BC, bos + 2 * BC, bos + 3 * BC
 
-    k0, rk0, gam0, end0 = _prep_block(k, g, gamma, r0, eos, i_h, i_hv, 0.0, H, HV, K, BC, BK, USE_L2NORM)
-    k1, rk1, gam1, end1 = _prep_block(k, g, gamma, r1, eos, i_h, i_hv, end0, H, HV, K, BC, BK, USE_L2NORM)
-    k2, rk2, gam2, end2 = _prep_block(k, g, gamma, r2, eos, i_h, i_hv, end1, H, HV, K, BC, BK, USE_L2NORM)
-    k3, rk3, gam3, end3 = _prep_block(k, g, gamma, r3, eos, i_h, i_hv, end2, H, HV, K, BC, BK, USE_L2NORM)
+    k0, rk0, gam0, end0 = _prep_block(k, k_stride, g, gamma, r0, eos, i_h, i_hv, 0.0, H, HV, K, BC, BK, USE_L2NORM)
+    k1, rk1, gam1, end1 = _prep_block(k, k_stride, g, gamma, r1, eos, i_h, i_hv, end0, H, HV, K, BC, BK, USE_L2NORM)
+    k2, rk2, gam2, end2 = _prep_block(k, k_stride, g, gamma, r2, eos, i_h, i_hv, end1, H, HV, K, BC, BK, USE_L2NORM)
+    k3, rk3, gam3, end3 = _prep_block(k, k_stride, g, gamma, r3, eos, i_h, i_hv, end2, H, HV, K, BC, BK, USE_L2NORM)
     g_last = end3.to(tl.float32)   # the last row's gamma, rounded as it was stored
 
     # P = lower(diag(scale / |q|) Q K^T diag(1 / |k|) * decay), written whole (zeros above the diagonal
@@ -167,21 +168,21 @@ def _chunk_prep_kernel(
     # the q blocks are dead before the triangular solve needs the registers; one row block at a time, so
     # that one q block is live, not four (Triton 3.6 spilled here).
     zero = tl.zeros([BC, BC], dtype=tl.float32)
-    q0 = _load_rows(q, r0, eos, i_h, H, K, BC, BK)
+    q0 = _load_token_rows(q, q_stride, r0, eos, i_h, K, BC, BK)
     rq0 = _inv_norms(q0, USE_L2NORM) * scale
     _store_rows(p, _decayed_gram(q0, k0, rq0, rk0, gam0, gam0, 2, BC, DOT_PREC), r0, eos, i_hv, HV, BT, BC, BC, 0)
     _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, BC)
     _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, 2 * BC)
     _store_rows(p, zero, r0, eos, i_hv, HV, BT, BC, BC, 3 * BC)
     _store_row_scales(q_scale, k_scale, r0, eos, i_hv, rq0, rk0, gam0, g_last, HV, BC)
-    q1 = _load_rows(q, r1, eos, i_h, H, K, BC, BK)
+    q1 = _load_token_rows(q, q_stride, r1, eos, i_h, K, BC, BK)
     rq1 = _inv_norms(q1, USE_L2NORM) * scale
     _store_rows(p, _decayed_gram(q1, k0, rq1, rk0, gam1, gam0, 0, BC, DOT_PREC), r1, eos, i_hv, HV, BT, BC, BC, 0)
     _store_rows(p, _decayed_gram(q1, k1, rq1, rk1, gam1, gam1, 2, BC, DOT_PREC), r1, eos, i_hv, HV, BT, BC, BC, BC)
     _store_rows(p, zero, r1, eos, i_hv, HV, BT, BC, BC, 2 * BC)
     _store_rows(p, zero, r1, eos, i_hv, HV, BT, BC, BC, 3 * BC)
     _store_row_scales(q_scale, k_scale, r1, eos, i_hv, rq1, rk1, gam1, g_last, HV, BC)
-    q2 = _load_rows(q, r2, eos, i_h, H, K, BC, BK)
+    q2 = _load_token_rows(q, q_stride, r2, eos, i_h, K, BC, BK)
     rq2 = _inv_norms(q2, USE_L2NORM) * scale
     _store_rows(p, _decayed_gram(q2, k0, rq2, rk0, gam2, gam0, 0, BC, DOT_PREC), r2, eos, i_hv, HV, BT, BC, BC, 0)
     _store_rows(p, _decayed_gram(q2, k1, rq2, rk1, gam2, gam1, 0, BC, DOT_PREC), r2, eos, i_hv, HV, BT, BC, BC, BC)
@@ -189,7 +190,7 @@ def _chunk_prep_kernel(
                 2 * BC)
     _store_rows(p, zero, r2, eos, i_hv, HV, BT, BC, BC, 3 * BC)
     _store_row_scales(q_scale, k_scale, r2, eos, i_hv, rq2, rk2, gam2, g_last, HV, BC)
-    q3 = _load_rows(q, r3, eos, i_h, H, K, BC, BK)
+    q3 = _load_token_rows(q, q_stride, r3, eos, i_h, K, BC, BK)
     rq3 = _inv_norms(q3, USE_L2NORM) * scale
     _store_rows(p, _decayed_gram(q3, k0, rq3, rk0, gam3, gam0, 0, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC, 0)
     _store_rows(p, _decayed_gram(q3, k1, rq3, rk1, gam3, gam1, 0, BC, DOT_PREC), r3, eos, i_hv, HV, BT, BC, BC, BC)
@@ -212,16 +213,16 @@ def _chunk_prep_kernel(
     beta1 = _load_vec(beta, r1, eos, i_hv, HV, BC)
     beta2 = _load_vec(beta, r2, eos, i_hv, HV, BC)
     beta3 = _load_vec(beta, r3, eos, i_hv, HV, BC)
-    kr0 = _load_rows(k, r0, eos, i_h, H, K, BC, BK)
+    kr0 = _load_token_rows(k, k_stride, r0, eos, i_h, K, BC, BK)
     A00 = _decayed_gram(kr0, k0, beta0 * rk0, rk0, gam0, gam0, 1, BC, DOT_PREC)
-    kr1 = _load_rows(k, r1, eos, i_h, H, K, BC, BK)
+    kr1 = _load_token_rows(k, k_stride, r1, eos, i_h, K, BC, BK)
     A10 = _decayed_gram(kr1, k0, beta1 * rk1, rk0, gam1, gam0, 0, BC, DOT_PREC)
     A11 = _decayed_gram(kr1, k1, beta1 * rk1, rk1, gam1, gam1, 1, BC, DOT_PREC)
-    kr2 = _load_rows(k, r2, eos, i_h, H, K, BC, BK)
+    kr2 = _load_token_rows(k, k_stride, r2, eos, i_h, K, BC, BK)
     A20 = _decayed_gram(kr2, k0, beta2 * rk2, rk0, gam2, gam0, 0, BC, DOT_PREC)
     A21 = _decayed_gram(kr2, k1, beta2 * rk2, rk1, gam2, gam1, 0, BC, DOT_PREC)
     A22 = _decayed_gram(kr2, k2, beta2 * rk2, rk2, gam2, gam2, 1, BC, DOT_PREC)
-    kr3 = _load_rows(k, r3, eos, i_h, H, K, BC, BK)
+    kr3 = _load_token_rows(k, k_stride, r3, eos, i_h, K, BC, BK)
     A30 = _decayed_gram(kr3, k0, beta3 * rk3, rk0, gam3, gam0, 0, BC, DOT_PREC)
     A31 = _decayed_gram(kr3, k1, beta3 * rk3, rk1, gam3, gam1, 0, BC, DOT_PREC)
     A32 = _decayed_gram(kr3, k2, beta3 * rk3, rk2, gam3, gam2, 0, BC, DOT_PREC)
@@ -253,10 +254,14 @@ def _chunk_prep_kernel(
     gam3 = _load_vec(gamma, r3, eos, i_hv, HV, BC)
     HK: tl.constexpr = BK // 2 if BK >= 32 else BK   # tl.dot takes no fewer than 16 columns
     for c0 in tl.static_range(0, BK, HK):
-        x0 = _load_rows(k, r0, eos, i_h, H, K, BC, HK, c0).to(tl.float32) * (rk0 * beta0 * tl.exp(gam0))[:, None]
-        x1 = _load_rows(k, r1, eos, i_h, H, K, BC, HK, c0).to(tl.float32) * (rk1 * beta1 * tl.exp(gam1))[:, None]
-        x2 = _load_rows(k, r2, eos, i_h, H, K, BC, HK, c0).to(tl.float32) * (rk2 * beta2 * tl.exp(gam2))[:, None]
-        x3 = _load_rows(k, r3, eos, i_h, H, K, BC, HK, c0).to(tl.float32) * (rk3 * beta3 * tl.exp(gam3))[:, None]
+        x0 = (_load_token_rows(k, k_stride, r0, eos, i_h, K, BC, HK, c0).to(tl.float32)
+              * (rk0 * beta0 * tl.exp(gam0))[:, None])
+        x1 = (_load_token_rows(k, k_stride, r1, eos, i_h, K, BC, HK, c0).to(tl.float32)
+              * (rk1 * beta1 * tl.exp(gam1))[:, None])
+        x2 = (_load_token_rows(k, k_stride, r2, eos, i_h, K, BC, HK, c0).to(tl.float32)
+              * (rk2 * beta2 * tl.exp(gam2))[:, None])
+        x3 = (_load_token_rows(k, k_stride, r3, eos, i_h, K, BC, HK, c0).to(tl.float32)
+              * (rk3 * beta3 * tl.exp(gam3))[:, None])
         _store_rows(w, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, K, BC, HK, c0)
         _store_rows(w, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, K, BC, HK, c0)
         _store_rows(w, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, K, BC, HK, c0)
@@ -264,10 +269,10 @@ def _chunk_prep_kernel(
 
     HVH: tl.constexpr = BVALL // 2 if BVALL >= 32 else BVALL
     for c0 in tl.static_range(0, BVALL, HVH):
-        x0 = _load_rows(v, r0, eos, i_hv, HV, V, BC, HVH, c0).to(tl.float32) * beta0[:, None]
-        x1 = _load_rows(v, r1, eos, i_hv, HV, V, BC, HVH, c0).to(tl.float32) * beta1[:, None]
-        x2 = _load_rows(v, r2, eos, i_hv, HV, V, BC, HVH, c0).to(tl.float32) * beta2[:, None]
-        x3 = _load_rows(v, r3, eos, i_hv, HV, V, BC, HVH, c0).to(tl.float32) * beta3[:, None]
+        x0 = _load_token_rows(v, v_stride, r0, eos, i_hv, V, BC, HVH, c0).to(tl.float32) * beta0[:, None]
+        x1 = _load_token_rows(v, v_stride, r1, eos, i_hv, V, BC, HVH, c0).to(tl.float32) * beta1[:, None]
+        x2 = _load_token_rows(v, v_stride, r2, eos, i_hv, V, BC, HVH, c0).to(tl.float32) * beta2[:, None]
+        x3 = _load_token_rows(v, v_stride, r3, eos, i_hv, V, BC, HVH, c0).to(tl.float32) * beta3[:, None]
         _store_rows(u, tl.dot(T00, x0, input_precision=DOT_PREC), r0, eos, i_hv, HV, V, BC, HVH, c0)
         _store_rows(u, _lower_row2(T10, T11, x0, x1, DOT_PREC), r1, eos, i_hv, HV, V, BC, HVH, c0)
         _store_rows(u, _lower_row3(T20, T21, T22, x0, x1, x2, DOT_PREC), r2, eos, i_hv, HV, V, BC, HVH, c0)
@@ -285,8 +290,13 @@ def _chunk_walk_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
     USE_U: tl.constexpr = True, WRITE_O: tl.constexpr = True, H0_IDENTITY: tl.constexpr = False,
+    Q_STRIDE: tl.constexpr = None, K_STRIDE: tl.constexpr = None,
 ):
-    """USE_U=False walks with U = 0, and H0_IDENTITY starts from S = I (V = K, no h0 read): together they
+    """Q_STRIDE, K_STRIDE: elements between consecutive tokens of q and k (tiles._load_token_rows), constexprs
+    here, unlike the prep kernel's: with a run-time stride the chunk loop kept the [BT, BK] offset tiles of q and k
+    live across its iterations (sm_90, block_v 64: 227 -> 254 registers, 16-32 B spilled with a state; sm_80
+    236 -> 255), and an engine's strides are one per model (the conv's width, or H K for gathered rows).
+    USE_U=False walks with U = 0, and H0_IDENTITY starts from S = I (V = K, no h0 read): together they
     yield a segment's transition matrix (see `_segmented_walk`); WRITE_O=False only carries the state (no
     q, p or output traffic)."""
     # One flat grid, sequence-major: every head of the longest sequence is scheduled first.
@@ -295,8 +305,8 @@ def _chunk_walk_kernel(
 
     for t0 in range(bos, eos, BT):
         if WRITE_O:
-            b_q = _load_rows(q, t0, eos, i_h, H, K, BT, BK)
-        b_k = _load_rows(k, t0, eos, i_h, H, K, BT, BK)
+            b_q = _load_token_rows(q, Q_STRIDE, t0, eos, i_h, K, BT, BK)
+        b_k = _load_token_rows(k, K_STRIDE, t0, eos, i_h, K, BT, BK)
         b_w = _load_rows(w, t0, eos, i_hv, HV, K, BT, BK)
         if USE_U:
             b_u = _load_rows(u, t0, eos, i_hv, HV, V, BT, BV, v0)
@@ -435,9 +445,13 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
     if tokens >= 2**31:
         raise ValueError(f"at most 2**31 - 1 tokens per call, got {tokens}")
     device = q.device
-    q, k = (x.reshape(tokens, H, K).contiguous() for x in (q, k))
-    v = v.reshape(tokens, HV, V).contiguous()
+    # q, k, v are read where they lie (the mixer's are column views of the conv's output): a copy only when a
+    # token's heads and channels are not contiguous (layout.token_rows). g and beta are the mixer's own
+    # contiguous tensors; the kernels index them densely.
+    (q, q_stride), (k, k_stride) = (token_rows(x, tokens, H, K) for x in (q, k))
+    v, v_stride = token_rows(v, tokens, HV, V)
     g, beta = (x.reshape(tokens, HV).contiguous() for x in (g, beta))
+    strides = (q_stride, k_stride, v_stride)
     N = layout.num_sequences
     o = torch.empty(tokens, HV, V, dtype=q.dtype, device=device)
     final = torch.empty(N, HV, K, V, dtype=torch.float32, device=device) if output_final_state else None
@@ -451,9 +465,9 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
                      num_sms=target_of(device).num_sms, batch_invariant=batch_invariant)
     tables = launch_tables(layout, chunk_size, plan.segment if plan.pieces > 1 else None, device)
     if design == "split":
-        chunk_fwd_split(q, k, v, g, beta, o, final, h0, tables=tables, pieces=plan.pieces, num_sequences=N,
-                        scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, dot_prec=dot_prec,
-                        block_v=plan.block_v, num_warps=num_warps, num_stages=num_stages,
+        chunk_fwd_split(q, k, v, g, beta, o, final, h0, strides=strides, tables=tables, pieces=plan.pieces,
+                        num_sequences=N, scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                        dot_prec=dot_prec, block_v=plan.block_v, num_warps=num_warps, num_stages=num_stages,
                         solve_num_warps=solve_num_warps, output_block_v=_block_size("output_block_v", output_block_v),
                         output_num_warps=output_num_warps)
         return o.reshape(d.batch, d.seq_len, HV, V), final
@@ -464,12 +478,13 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
     gamma, q_scale, k_scale = torch.empty(3, tokens, HV, dtype=torch.float32, device=device)
     if tables.chunks.shape[0]:
         launch(_chunk_prep_kernel, (tables.chunks.shape[0], HV),
-               q, k, v, g, beta, w, u, p, gamma, q_scale, k_scale, tables.chunks, scale,
+               q, k, v, g, beta, w, u, p, gamma, q_scale, k_scale, tables.chunks, scale, *strides,
                H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=_pow2_block(V),
                USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=prep_num_warps)
 
-    walk = functools.partial(_walk, q, k, w, u, p, gamma, q_scale, k_scale, H=H, HV=HV, K=K, BT=chunk_size, BK=BK,
-                             BV=plan.block_v, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
+    walk = functools.partial(_walk, q, k, w, u, p, gamma, q_scale, k_scale, q_stride=q_stride, k_stride=k_stride, H=H,
+                             HV=HV, K=K, BT=chunk_size, BK=BK, BV=plan.block_v, DOT_PREC=dot_prec, num_warps=num_warps,
+                             num_stages=num_stages)
     if plan.pieces == 1:
         walk(*tables.walks["all"], o, h0, final)
     else:
@@ -477,16 +492,16 @@ def chunk_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_fi
     return o.reshape(d.batch, d.seq_len, HV, V), final
 
 
-def _walk(q, k, w, u, p, gamma, q_scale, k_scale, seq_ranges, seq_order, o, h0, ht, *, H, HV, K, BT, BK, BV,
-          DOT_PREC, num_warps, num_stages, V=None, use_u=True, write_o=True, from_identity=False):
+def _walk(q, k, w, u, p, gamma, q_scale, k_scale, seq_ranges, seq_order, o, h0, ht, *, q_stride, k_stride, H, HV, K,
+          BT, BK, BV, DOT_PREC, num_warps, num_stages, V=None, use_u=True, write_o=True, from_identity=False):
     """One launch of the walk over the sequences (or segments) of seq_ranges; V defaults to o's width."""
     V = o.shape[-1] if V is None else V
     NV = triton.cdiv(V, BV)
     launch(_chunk_walk_kernel, (seq_order.shape[0] * HV * NV,),
            q, k, w, u, p, gamma, q_scale, k_scale, o, h0, ht, seq_ranges, seq_order,
-           H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV, USE_H0=h0 is not None, STORE_HT=ht is not None,
-           DOT_PREC=DOT_PREC, USE_U=use_u, WRITE_O=write_o, H0_IDENTITY=from_identity, num_warps=num_warps,
-           num_stages=num_stages)
+           Q_STRIDE=q_stride, K_STRIDE=k_stride, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV,
+           USE_H0=h0 is not None, STORE_HT=ht is not None, DOT_PREC=DOT_PREC, USE_U=use_u, WRITE_O=write_o,
+           H0_IDENTITY=from_identity, num_warps=num_warps, num_stages=num_stages)
 
 
 def _segmented_walk(walk, tables: LaunchTables, pieces: int, num_sequences: int, o, h0, final, *,

@@ -17,7 +17,7 @@ import triton.language as tl
 from triton_kernels._device import target_of, use_triton
 from triton_kernels._launch import launch
 from triton_kernels.gated_delta_rule.chunk import _block_size, _pow2_block
-from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs, check_state_indices
+from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs, check_state_indices, token_rows
 from triton_kernels.gated_delta_rule.tiles import _load_state, _store_state
 from triton_kernels.gated_delta_rule.torch_path import recurrent_fwd_torch
 from triton_kernels.launch_config import DeltaRuleDecodeKnobs, launch_row
@@ -32,6 +32,8 @@ def _recurrent_kernel(
     seq_bounds,  # int32 or int64 [N+1]
     state_idx,  # int32 or int64 [N] with INDEXED, else None
     scale,
+    q_stride, k_stride, v_stride,  # elements between consecutive tokens of q, k, v; within a token heads then
+                                   # channels are contiguous (they may be column views of a wider tensor)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, INDEXED: tl.constexpr,
@@ -58,12 +60,12 @@ def _recurrent_kernel(
         S = tl.zeros([BK, BV], dtype=tl.float32)
 
     for t in range(bos, eos):
-        b_q = tl.load(q + (t * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(k + (t * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_q = tl.load(q + (t * q_stride + i_h * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(k + (t * k_stride + i_h * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
         if USE_L2NORM:
             b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + 1e-6)
             b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + 1e-6)
-        b_v = tl.load(v + (t * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        b_v = tl.load(v + (t * v_stride + i_hv * V) + o_v, mask=m_v, other=0.0).to(tl.float32)
         b_g = tl.load(g + t * HV + i_hv).to(tl.float32)
         b_beta = tl.load(beta + t * HV + i_hv).to(tl.float32)
         S = S * tl.exp(b_g)
@@ -139,8 +141,10 @@ def recurrent_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, outpu
     if tokens >= 2**31:
         raise ValueError(f"at most 2**31 - 1 tokens per call, got {tokens}")
     device = q.device
-    q, k = (x.reshape(tokens, H, K).contiguous() for x in (q, k))
-    v = v.reshape(tokens, HV, V).contiguous()
+    # q, k, v read where they lie (the mixer's are column views of the conv's output), copied only when a token's
+    # heads and channels are not contiguous (layout.token_rows); g and beta are contiguous, indexed densely.
+    (q, q_stride), (k, k_stride) = (token_rows(x, tokens, H, K) for x in (q, k))
+    v, v_stride = token_rows(v, tokens, HV, V)
     g, beta = (x.reshape(tokens, HV).contiguous() for x in (g, beta))
     N = d.num_sequences
     o = torch.empty(tokens, HV, V, dtype=q.dtype, device=device)
@@ -157,7 +161,7 @@ def recurrent_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, outpu
     else:
         seq_bounds = cu_seqlens.contiguous()
     launch(_recurrent_kernel, (N * HV * NV,),
-           q, k, v, g, beta, o, h0, final, seq_bounds, state_indices, scale,
+           q, k, v, g, beta, o, h0, final, seq_bounds, state_indices, scale, q_stride, k_stride, v_stride,
            H=H, HV=HV, K=K, V=V, BK=_pow2_block(K), BV=BV, NV=NV,
            USE_L2NORM=use_qk_l2norm, USE_H0=h0 is not None, STORE_HT=final is not None,
            INDEXED=state_indices is not None, num_warps=num_warps, num_stages=num_stages)

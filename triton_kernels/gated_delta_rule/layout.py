@@ -1,4 +1,5 @@
-"""How one call's tokens split into sequences and chunks, and the checks on the caller's tensors.
+"""How one call's tokens split into sequences and chunks, the checks on the caller's tensors, and how the
+Triton kernels see q, k, v (token rows a stride apart, read in place when their layout allows: `token_rows`).
 
 Every implementation sees a call as `N` sequences laid end to end along the token axis: equal-length
 batches (`B > 1`, no `cu_seqlens`) become `N = B` sequences of `T` tokens. The small tables the
@@ -168,3 +169,25 @@ def check_state_indices(state_indices: torch.Tensor, num_slots: int) -> None:
     idx = state_indices.tolist()
     if any(not 0 <= i < num_slots for i in idx) or len(set(idx)) != len(idx):
         raise ValueError(f"state_indices must be distinct slots in [0, {num_slots}); got {idx[:8]}...")
+
+
+# The tile loaders keep a [rows, columns] tile's offsets in int32: rows * row_stride must fit for the largest
+# row tile of any kernel (a 128-token chunk).
+_MAX_TILE_ROWS = 128
+
+
+def token_rows(x: torch.Tensor, tokens: int, heads: int, dim: int) -> tuple[torch.Tensor, int]:
+    """x ([B, T, heads, dim]) as [tokens, heads, dim] for the Triton kernels, and its token row stride (elements
+    between consecutive tokens), read in place when within a token heads then channels are contiguous (a head
+    dim elements after the last, a channel 1): the layout of q, k, v as column views of the causal conv's
+    output [T, 2 * key_dim + value_dim], which the kernels read where the conv wrote them.
+
+    Any other layout (a batch dim that does not step by T tokens, heads or channels apart, a stride too large
+    for the kernels' int32 tile offsets) is copied to a contiguous tensor first: the kernels take one token
+    stride and no other."""
+    x = x.reshape(tokens, heads, dim)   # a view when the batch dim steps by T tokens, else a copy
+    in_place = ((dim == 1 or x.stride(2) == 1) and (heads == 1 or x.stride(1) == dim)
+                and x.stride(0) * _MAX_TILE_ROWS < 2**31)
+    if not in_place:
+        x = x.contiguous()
+    return x, (x.stride(0) if tokens > 1 else heads * dim)

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from triton_kernels._launch import launch
-from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_state, _load_vec, _start_state,
-                                                   _store_rows, _store_state, _walk_program)
+from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load_state, _load_token_rows, _load_vec,
+                                                   _start_state, _store_rows, _store_state, _walk_program)
 from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segment_starts
 
 
@@ -71,6 +71,7 @@ def _split_prep_kernel(
     w, u,  # outputs in the input dtype: w [tokens, HV, K], u [tokens, HV, V]
     gamma, k_scale,  # outputs, float32 [tokens, HV]
     chunk_bounds,  # int32 [num_chunks, 2]: first token, end token
+    k_stride, v_stride,  # elements between consecutive tokens of k, v (see tiles._load_token_rows)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BVALL: tl.constexpr, BW: tl.constexpr,
     USE_L2NORM: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -91,7 +92,7 @@ def _split_prep_kernel(
     tl.store(gamma + rows * HV + i_hv, b_gamma, mask=in_seq)
     g_last = tl.sum(tl.where(o == BT - 1, exact, 0.0), axis=0).to(tl.float32)   # rows past the end have g = 0
 
-    b_k = _load_rows(k, bos, eos, i_h, H, K, BT, BK)
+    b_k = _load_token_rows(k, k_stride, bos, eos, i_h, K, BT, BK)
     rk = _inv_norms(b_k, USE_L2NORM)
     b_beta = _load_vec(beta, bos, eos, i_hv, HV, BT)
     tl.store(k_scale + rows * HV + i_hv, rk * tl.exp(g_last - b_gamma), mask=in_seq)
@@ -108,10 +109,10 @@ def _split_prep_kernel(
     # columns are read again (L2) rather than kept live across the solve.
     kw = rk * b_beta * tl.exp(b_gamma)
     for c0 in tl.static_range(0, BK, BW):
-        x = _load_rows(k, bos, eos, i_h, H, K, BT, BW, c0).to(tl.float32) * kw[:, None]
+        x = _load_token_rows(k, k_stride, bos, eos, i_h, K, BT, BW, c0).to(tl.float32) * kw[:, None]
         _store_rows(w, tl.dot(T, x.to(T.dtype), input_precision=DOT_PREC), bos, eos, i_hv, HV, K, BT, BW, c0)
     for c0 in tl.static_range(0, BVALL, BW):
-        x = _load_rows(v, bos, eos, i_hv, HV, V, BT, BW, c0).to(tl.float32) * b_beta[:, None]
+        x = _load_token_rows(v, v_stride, bos, eos, i_hv, V, BT, BW, c0).to(tl.float32) * b_beta[:, None]
         _store_rows(u, tl.dot(T, x.to(T.dtype), input_precision=DOT_PREC), bos, eos, i_hv, HV, V, BT, BW, c0)
 
 
@@ -125,16 +126,19 @@ def _split_state_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
     USE_U: tl.constexpr = True, STORE_CHUNKS: tl.constexpr = True, H0_IDENTITY: tl.constexpr = False,
+    K_STRIDE: tl.constexpr = None,
 ):
-    """The sequential part: per chunk, S_c and Vn out, the state carried. USE_U=False with H0_IDENTITY yields a
-    segment's transition matrix, STORE_CHUNKS=False only carries the state (the segmented path's first walks)."""
+    """The sequential part: per chunk, S_c and Vn out, the state carried. K_STRIDE: elements between consecutive
+    tokens of k, a constexpr as in chunk._chunk_walk_kernel (a run-time one keeps the loop's offsets live).
+    USE_U=False with H0_IDENTITY yields a segment's transition matrix, STORE_CHUNKS=False only carries the state
+    (the segmented path's first walks)."""
     i_n, i_hv, i_h, bos, eos, v0 = _walk_program(seq_order, seq_ranges, H, HV, NV, BV)
     S = _start_state(h0, i_n, i_hv, v0, HV, K, V, BK, BV, USE_H0, H0_IDENTITY)
     if STORE_CHUNKS:
         i_chunk = tl.load(first_chunk + i_n).to(tl.int64)
 
     for t0 in range(bos, eos, BT):
-        b_k = _load_rows(k, t0, eos, i_h, H, K, BT, BK)
+        b_k = _load_token_rows(k, K_STRIDE, t0, eos, i_h, K, BT, BK)
         b_w = _load_rows(w, t0, eos, i_hv, HV, K, BT, BK)
         rows = t0 + tl.arange(0, BT).to(tl.int64)
         ks = tl.load(k_scale + rows * HV + i_hv, mask=rows < eos, other=0.0)
@@ -161,6 +165,7 @@ def _split_output_kernel(
     q, k, gamma, states, vn,  # q, k [tokens, H, K]; gamma float32 [tokens, HV]; S_c [chunks, HV, K, V]; Vn
     o,  # output [tokens, HV, V]
     chunk_bounds, scale,
+    q_stride, k_stride,  # elements between consecutive tokens of q, k (see tiles._load_token_rows)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -172,8 +177,8 @@ def _split_output_kernel(
     bos = tl.load(chunk_bounds + 2 * i_c).to(tl.int64)
     eos = tl.load(chunk_bounds + 2 * i_c + 1).to(tl.int64)
     v0 = i_v * BV
-    b_q = _load_rows(q, bos, eos, i_h, H, K, BT, BK)
-    b_k = _load_rows(k, bos, eos, i_h, H, K, BT, BK)
+    b_q = _load_token_rows(q, q_stride, bos, eos, i_h, K, BT, BK)
+    b_k = _load_token_rows(k, k_stride, bos, eos, i_h, K, BT, BK)
     rq = _inv_norms(b_q, USE_L2NORM) * scale
     rk = _inv_norms(b_k, USE_L2NORM)
     b_gamma = _load_vec(gamma, bos, eos, i_hv, HV, BT)
@@ -189,13 +194,16 @@ def _split_output_kernel(
     _store_rows(o, b_o, bos, eos, i_hv, HV, V, BT, BV, v0)
 
 
-def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, tables: LaunchTables, pieces: int, num_sequences: int,
-                    scale: float, use_qk_l2norm: bool, chunk_size: int, dot_prec: str, block_v: int, num_warps: int,
-                    num_stages: int, solve_num_warps: int, output_block_v: int, output_num_warps: int) -> None:
-    """Launch the split design's kernels on token-major inputs (q, k [tokens, H, K], v [tokens, HV, V], g and
-    beta [tokens, HV]) into o [tokens, HV, V] and final ([N, HV, K, V] float32, or None); h0 the float32 initial
-    states or None. `tables` and `pieces` (segments per sequence) as chunk_fwd_triton planned them."""
+def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, strides: tuple[int, int, int], tables: LaunchTables,
+                    pieces: int, num_sequences: int, scale: float, use_qk_l2norm: bool, chunk_size: int, dot_prec: str,
+                    block_v: int, num_warps: int, num_stages: int, solve_num_warps: int, output_block_v: int,
+                    output_num_warps: int) -> None:
+    """Launch the split design's kernels on token-major inputs (q, k [tokens, H, K], v [tokens, HV, V], their
+    tokens `strides` elements apart (layout.token_rows); g and beta [tokens, HV], contiguous) into o
+    [tokens, HV, V] and final ([N, HV, K, V] float32, or None); h0 the float32 initial states or None. `tables`
+    and `pieces` (segments per sequence) as chunk_fwd_triton planned them."""
     tokens, H, K = q.shape
+    q_stride, k_stride, v_stride = strides
     HV, V = v.shape[1], v.shape[2]
     BK, BVALL = _pow2(K), _pow2(V)
     device, dtype = q.device, q.dtype
@@ -207,10 +215,11 @@ def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, tables: LaunchTables, pie
     gamma, k_scale = torch.empty(2, tokens, HV, dtype=torch.float32, device=device)
     if num_chunks:
         launch(_split_prep_kernel, (num_chunks, HV), k, v, g, beta, w, u, gamma, k_scale, tables.chunks,
-               H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=BVALL, BW=min(64, BK, BVALL),
+               k_stride, v_stride, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=BVALL, BW=min(64, BK, BVALL),
                USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=solve_num_warps)
-    walk = functools.partial(_state_walk, k, w, u, gamma, k_scale, states, vn, H=H, HV=HV, K=K, V=V, BT=chunk_size,
-                             BK=BK, BV=block_v, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
+    walk = functools.partial(_state_walk, k, w, u, gamma, k_scale, states, vn, k_stride=k_stride, H=H, HV=HV, K=K,
+                             V=V, BT=chunk_size, BK=BK, BV=block_v, DOT_PREC=dot_prec, num_warps=num_warps,
+                             num_stages=num_stages)
     if pieces == 1:
         walk(tables.walks["all"], tables.first_chunks["all"], h0, final)
     else:
@@ -218,7 +227,7 @@ def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, tables: LaunchTables, pie
     if num_chunks:
         BVO = min(output_block_v, BVALL)
         launch(_split_output_kernel, (num_chunks, HV, triton.cdiv(V, BVO)), q, k, gamma, states, vn, o,
-               tables.chunks, scale, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BVO,
+               tables.chunks, scale, q_stride, k_stride, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BVO,
                USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=output_num_warps)
 
 
@@ -226,14 +235,14 @@ def _pow2(dim: int) -> int:
     return max(16, triton.next_power_of_2(dim))
 
 
-def _state_walk(k, w, u, gamma, k_scale, states, vn, walk_rows, first_chunk, h0, ht, *, H, HV, K, V, BT, BK, BV,
-                DOT_PREC, num_warps, num_stages, use_u=True, store_chunks=True, from_identity=False):
+def _state_walk(k, w, u, gamma, k_scale, states, vn, walk_rows, first_chunk, h0, ht, *, k_stride, H, HV, K, V, BT,
+                BK, BV, DOT_PREC, num_warps, num_stages, use_u=True, store_chunks=True, from_identity=False):
     """One launch of the state walk over the rows (sequences or segments) of walk_rows = (ranges, order)."""
     ranges, order = walk_rows
     NV = triton.cdiv(V, BV)
     launch(_split_state_kernel, (order.shape[0] * HV * NV,), k, w, u, gamma, k_scale, states, vn, h0, ht,
-           ranges, order, first_chunk, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV, USE_H0=h0 is not None,
-           STORE_HT=ht is not None, DOT_PREC=DOT_PREC, USE_U=use_u, STORE_CHUNKS=store_chunks,
+           ranges, order, first_chunk, K_STRIDE=k_stride, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=NV,
+           USE_H0=h0 is not None, STORE_HT=ht is not None, DOT_PREC=DOT_PREC, USE_U=use_u, STORE_CHUNKS=store_chunks,
            H0_IDENTITY=from_identity, num_warps=num_warps, num_stages=num_stages)
 
 

@@ -28,6 +28,22 @@ def _load_rows(ptr, row0, row_end, head, NUM_HEADS: tl.constexpr, D: tl.constexp
 
 
 @triton.jit
+def _load_token_rows(ptr, row_stride, row0, row_end, head, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+                     col0=0):
+    """_load_rows for an input whose tokens are `row_stride` elements apart (q, k, v: possibly column views of
+    the conv's output [tokens, 2 * key_dim + value_dim]); within a token, heads then channels are contiguous
+    (head h's columns at h * D..). Zero outside rows < row_end, cols < D. The 64-bit part of the offset is the
+    scalar base, as in _rows_ptrs; the [BR, BD] offsets are int32 (the launchers keep BR * row_stride < 2**31)."""
+    base = ptr + (row0 * row_stride + head * D)  # row0 is int64 in every caller
+    rows = tl.arange(0, BR)
+    cols = col0 + tl.arange(0, BD)
+    mask = (rows < row_end - row0)[:, None]
+    if BD != D:
+        mask = mask & (cols < D)[None, :]
+    return tl.load(base + rows[:, None] * row_stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _store_rows(ptr, value, row0, row_end, head, NUM_HEADS: tl.constexpr, D: tl.constexpr,
                 BR: tl.constexpr, BD: tl.constexpr, col0=0):
     ptrs, mask = _rows_ptrs(ptr, row0, row_end, head, NUM_HEADS, D, BR, BD, col0)
