@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .._device import target_of, use_triton
 from .._launch import launch
-from .._residual import residual_rows
+from .._norm_tiles import residual_rows
 from ..launch_config import NormKnobs, launch_row
 from .torch_path import add_layer_norm_torch
 

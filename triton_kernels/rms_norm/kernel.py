@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .._device import target_of, use_triton
 from .._launch import launch
-from .._residual import residual_rows
+from .._norm_tiles import residual_rows, rms_weighted
 from ..launch_config import RmsNormKnobs, launch_row
 from .torch_path import add_rms_norm_torch, gated_rms_norm_torch, silu_mul_torch
 
@@ -39,12 +39,7 @@ def _add_rms_norm_kernel(
                                               N, BLOCK_N, BLOCK_ROWS, HAS_Y)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / N + eps)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    normed = xf * rstd[:, None]
-    if ZERO_CENTRED:
-        out = normed * (1.0 + w[None, :])
-    else:   # rounded to the dtype, then scaled and rounded again (transformers' Llama order)
-        out = normed.to(x.dtype).to(tl.float32) * w[None, :]
+    out = rms_weighted(x, rstd, w_ptr, cols, col_ok, ZERO_CENTRED)
     tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
 
 

@@ -26,18 +26,9 @@ import triton.language as tl
 
 from .._device import target_of, use_triton
 from .._launch import launch
+from .._norm_tiles import rms_weighted
 from ..launch_config import RotaryKnobs, launch_row
 from .torch_path import norm_rotate_torch_
-
-
-@triton.jit
-def _weighted(x, rstd, w_ptr, offs, mask, ZERO_CENTRED: tl.constexpr):
-    """A tile of rows normalised (float32 x times rstd) and weighted in RMSNorm's order, in x's dtype."""
-    normed = x.to(tl.float32) * rstd[:, None]
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if ZERO_CENTRED:
-        return (normed * (1.0 + w[None, :])).to(x.dtype)
-    return (normed.to(x.dtype).to(tl.float32) * w[None, :]).to(x.dtype)
 
 
 @triton.jit
@@ -76,12 +67,12 @@ def _norm_rotate_kernel(
             r = xr.to(tl.float32)
             squares += tl.sum(r * r, axis=1)
             rstd = 1.0 / tl.sqrt(squares / HEAD_DIM + eps)
-            tl.store(row + 2 * HALF + rest[None, :], _weighted(xr, rstd, w_ptr, 2 * HALF + rest, rest < REST,
+            tl.store(row + 2 * HALF + rest[None, :], rms_weighted(xr, rstd, w_ptr, 2 * HALF + rest, rest < REST,
                                                                ZERO_CENTRED), mask=rest_ok)
         else:
             rstd = 1.0 / tl.sqrt(squares / HEAD_DIM + eps)
-        x1 = _weighted(x1, rstd, w_ptr, cols, col_ok, ZERO_CENTRED)
-        x2 = _weighted(x2, rstd, w_ptr, HALF + cols, col_ok, ZERO_CENTRED)
+        x1 = rms_weighted(x1, rstd, w_ptr, cols, col_ok, ZERO_CENTRED)
+        x2 = rms_weighted(x2, rstd, w_ptr, HALF + cols, col_ok, ZERO_CENTRED)
     # cos and sin repeat their first half (the frequencies concatenated twice): one load serves both halves.
     c = tl.load(cos_ptr + token[:, None] * stride_cos + cols[None, :], mask=ok, other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + token[:, None] * stride_sin + cols[None, :], mask=ok, other=0.0).to(tl.float32)
