@@ -113,9 +113,10 @@ def test_a_model_loaded_ahead_serves_only_the_checkpoint_device_and_dtype_it_was
 
     assert engines.load_ahead("native", str(path), print_, cpu, torch.float32, logprobs=False, trust_remote_code=False)
     held = preload._held[wanted][0]
+    assert preload.holding()   # (the shard's load then reads no weights ahead: they are read)
     engine = NativeEngine.load(str(path), torch.device("cpu"), torch.float32, print_)
     usual = NativeEngine.load(str(path), torch.device("cpu"), torch.float32, print_)   # nothing held any more
-    assert engine.model is held and usual.model is not held
+    assert engine.model is held and usual.model is not held and not preload.holding()
     assert all(torch.equal(a, b) for a, b in zip(engine.model.state_dict().values(), usual.model.state_dict().values()))
 
     (path / "config.json").write_text((path / "config.json").read_text().replace("{", '{"note": 1, ', 1))

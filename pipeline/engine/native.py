@@ -101,9 +101,8 @@ class NativeEngine:
         its shard for the same checkpoint, device and dtype is used (models/preload.py)."""
         from dataclasses import replace
 
-        from ..models import checkpoint
+        from ..models import checkpoint, preload
         from ..models.hf_config import quiet_transformers, text_config
-        from ..models import preload
         from ..models.registry import load_model
 
         quiet_transformers()

@@ -58,6 +58,11 @@ def load(wanted: Wanted, build: Callable[[], object]) -> bool:
     return True
 
 
+def holding() -> bool:
+    """Whether a model loaded ahead waits here (its weights are read: nothing to read ahead for the load)."""
+    return bool(_held)
+
+
 def take(wanted: Wanted):
     """What was loaded ahead for exactly `wanted` (given up: a second call gets None), or None. Anything else
     held is dropped: this process computes one shard of one run."""

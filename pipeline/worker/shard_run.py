@@ -18,6 +18,7 @@ from index.shard_view import open_stride
 from .. import faults
 from ..config import RunConfig
 from ..engine import selection as engines
+from ..models import preload
 from ..models.checkpoint import EngineInfo, load_failure, read_ahead
 from ..models.conventions import PLAIN, Convention
 from ..errors import UserError
@@ -137,7 +138,8 @@ class ShardRun:
     def _load_engine(self, shard: Opened):
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
         config, manifest, t0 = shard.config, shard.manifest, time.time()
-        read_ahead(manifest["model"]["path"])   # the weights come off the disk while transformers imports
+        if not preload.holding():   # (a model loaded ahead has read them)
+            read_ahead(manifest["model"]["path"])   # the weights come off the disk while transformers imports
         set_up(config.on_gpu, bool(manifest["attrs"].get("batch_invariant")), self.run_dir.root, self.threads)
         device = torch.device("cuda:0" if config.on_gpu else "cpu")
         dtype = getattr(torch, config.torch_dtype_name)
