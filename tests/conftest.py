@@ -11,6 +11,12 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # The interpreter as it is, less its repeated patching of triton.language on every helper call (a fifth of
+    # the kernel tests' time): tests/interpreter_patching.py.
+    from .interpreter_patching import skip_repeated_patching
+
+    skip_repeated_patching()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Runs write OUT/report.html at their end. With its charts plain SVG it costs a run about 0.02 s (docs/BENCHMARKS.md,
 # "Run report"): nothing measurable here (tests/test_result_reader.py's 11 CLI runs took as long with it as without).
