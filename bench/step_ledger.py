@@ -210,12 +210,16 @@ def _rotate_qk_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
 
 def _norm_rotate_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     x, cos, sin, w, rows = L.args[:5]
+    w2, rows2 = L.args[12], L.args[13]   # the second tensor's (norm_rotate_qk_: the keys), 0 rows without one
     c = L.constexprs
-    # Each (token, head) row of the view read and written once: its rotary halves, and with a norm the rest too
-    # (without one the rest is not touched). cos and sin: the first half of each token's table, once; the weight.
-    touched = rows * (2 * c["HALF"] + (c["REST"] if c["HAS_WEIGHT"] else 0)) * x.element_size()
-    tables = x.shape[0] * c["HALF"] * (cos.element_size() + sin.element_size())
-    return touched + tables + (_nb(w) if c["HAS_WEIGHT"] else 0), touched
+    # Each (token, head) row of the views read and written once: its rotary halves, and with a norm the rest too
+    # (without one the rest is not touched). cos and sin: the first half of each token's table, once per tensor
+    # (its programs and the other's are apart); the weights.
+    touched = (rows + rows2) * (2 * c["HALF"] + (c["REST"] if c["HAS_WEIGHT"] else 0)) * x.element_size()
+    tensors = 2 if rows2 else 1
+    tables = tensors * x.shape[0] * c["HALF"] * (cos.element_size() + sin.element_size())
+    weights = (_nb(w) + (_nb(w2) if rows2 else 0)) if c["HAS_WEIGHT"] else 0
+    return touched + tables + weights, touched
 
 
 def _add_layer_norm_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:

@@ -41,7 +41,7 @@ class GatedAttention(nn.Module):
 
     def forward(self, x, cos, sin, rotary: Rotary, ctx, fused: bool = False):
         """fused (the Triton path's fused layers): q and k normalised and rotated in place in the projection's
-        output, one pass each (Rotary.norm_apply_), where the unfused layer normalises into new tensors and
+        output, both in one pass (Rotary.norm_apply_qk_), where the unfused layer normalises into new tensors and
         rotates those; the output gate o * sigmoid(gate) in one pass (triton_kernels.gates sigmoid_gate) where the
         unfused layer copies the gate out, takes its sigmoid and multiplies."""
         T = x.shape[0]
@@ -49,7 +49,7 @@ class GatedAttention(nn.Module):
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         if fused:
-            q, k = rotary.norm_apply_(q, cos, sin, self.q_norm), rotary.norm_apply_(k, cos, sin, self.k_norm)
+            q, k = rotary.norm_apply_qk_(q, k, cos, sin, self.q_norm, self.k_norm)
         else:
             q, k = self.q_norm(q), self.k_norm(k)
             q, k = rotary.apply(q, cos, sin, in_place=True), rotary.apply(k, cos, sin, in_place=True)   # norm outputs
