@@ -210,12 +210,16 @@ def _rotate_qk_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
 
 def _norm_rotate_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     x, cos, sin, w, rows = L.args[:5]
+    w2, rows2 = L.args[12], L.args[13]   # the second tensor's (norm_rotate_qk_: the keys), 0 rows without one
     c = L.constexprs
-    # Each (token, head) row of the view read and written once: its rotary halves, and with a norm the rest too
-    # (without one the rest is not touched). cos and sin: the first half of each token's table, once; the weight.
-    touched = rows * (2 * c["HALF"] + (c["REST"] if c["HAS_WEIGHT"] else 0)) * x.element_size()
-    tables = x.shape[0] * c["HALF"] * (cos.element_size() + sin.element_size())
-    return touched + tables + (_nb(w) if c["HAS_WEIGHT"] else 0), touched
+    # Each (token, head) row of the views read and written once: its rotary halves, and with a norm the rest too
+    # (without one the rest is not touched). cos and sin: the first half of each token's table, once per tensor
+    # (its programs and the other's are apart); the weights.
+    touched = (rows + rows2) * (2 * c["HALF"] + (c["REST"] if c["HAS_WEIGHT"] else 0)) * x.element_size()
+    tensors = 2 if rows2 else 1
+    tables = tensors * x.shape[0] * c["HALF"] * (cos.element_size() + sin.element_size())
+    weights = (_nb(w) + (_nb(w2) if rows2 else 0)) if c["HAS_WEIGHT"] else 0
+    return touched + tables + weights, touched
 
 
 def _add_layer_norm_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
@@ -241,6 +245,16 @@ def _silu_mul_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     return _nb(g) + _nb(u), _nb(out)
 
 
+def _sigmoid_gate_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    o, gate, out = L.args[:3]   # o and the gate may be views of wider tensors: their own elements only
+    return _nb(o) + _nb(gate), _nb(out)
+
+
+def _delta_rule_gates_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    a, b, A_log, dt_bias, g, beta = L.args[:6]   # a and b: column views of the input projection
+    return _nb(a) + _nb(b) + _nb(A_log) + _nb(dt_bias), _nb(g) + _nb(beta)
+
+
 def _linear_gelu_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     x, w, b, out = L.args[:4]
     return _nb(x) + _nb(w) + (_nb(b) if L.constexprs["HAS_BIAS"] else 0), _nb(out)
@@ -250,13 +264,14 @@ KERNEL_BYTES = {f.__name__: f for f in (_write_kv_cache, _paged_attention_fwd, _
                                         _chunk_walk_kernel, _causal_conv_kernel, _conv_window_kernel,
                                         _rotate_qk_kernel, _add_layer_norm_kernel, _linear_gelu_kernel,
                                         _add_rms_norm_kernel, _gated_rms_norm_kernel, _silu_mul_kernel,
-                                        _norm_rotate_kernel)}
+                                        _norm_rotate_kernel, _sigmoid_gate_kernel, _delta_rule_gates_kernel)}
 KERNEL_FAMILY = {"_write_kv_cache": "attention", "_paged_attention_fwd": "attention", "_combine_splits": "attention",
                  "_chunk_prep_kernel": "delta rule", "_chunk_walk_kernel": "delta rule",
                  "_causal_conv_kernel": "delta rule", "_conv_window_kernel": "delta rule",
                  "_recurrent_kernel": "delta rule", "_rotate_qk_kernel": "rotary", "_add_layer_norm_kernel": "norm",
                  "_linear_gelu_kernel": "GEMM", "_add_rms_norm_kernel": "norm", "_gated_rms_norm_kernel": "norm",
-                 "_silu_mul_kernel": "activation", "_norm_rotate_kernel": "rotary"}
+                 "_silu_mul_kernel": "activation", "_norm_rotate_kernel": "rotary",
+                 "_sigmoid_gate_kernel": "activation", "_delta_rule_gates_kernel": "delta rule"}
 
 
 def kernel_flops(launch: Launch) -> float:

@@ -144,15 +144,18 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     """A Qwen3.5, Qwen3 or Llama step on the Triton path: every norm but the first runs with the residual add before
     it (2 per layer + 1: the final norm rides with the last layer's add), the MLP's silu(gate) * up is one pass per
     layer, Qwen3.5's delta-rule layers run their gated output norm as one, and each attention layer's q and k run
-    their norms (Qwen3.5, Qwen3; none in Llama) with the rotary as one pass each; with fuse_elementwise off, and on
+    their norms (Qwen3.5, Qwen3; none in Llama) with the rotary in one launch for both; Qwen3.5's gates run one
+    pass each (the attention's output gate, the delta-rule layers' g and beta); with fuse_elementwise off, and on
     the torch path (CPU), none of them run."""
     import pipeline.models.layers.gated_deltanet as gdn
     import pipeline.models.layers.mlp as mlp
     import pipeline.models.layers.norms as norms
     import pipeline.models.layers.rotary as rotary
+    import pipeline.models.qwen3_5 as qwen3_5
 
-    calls = {"add_rms_norm": 0, "gated_rms_norm": 0, "silu_mul": 0, "norm_rotate_": 0}
-    normed = []   # whether each norm_rotate_ call normalised (a weight) or only rotated
+    calls = {"add_rms_norm": 0, "gated_rms_norm": 0, "silu_mul": 0, "norm_rotate_": 0, "norm_rotate_qk_": 0,
+             "sigmoid_gate": 0, "delta_rule_gates": 0}
+    normed = []   # whether each norm_rotate_qk_ call normalised (weights) or only rotated
 
     def count(module, name):
         fn = getattr(module, name)
@@ -162,9 +165,12 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     count(gdn, "gated_rms_norm")
     count(mlp, "silu_mul")
     count(rotary, "norm_rotate_")
-    norm_rotate_ = rotary.norm_rotate_
-    monkeypatch.setattr(rotary, "norm_rotate_",
-                        lambda *a, **k: normed.append(a[3] is not None) or norm_rotate_(*a, **k))
+    count(rotary, "norm_rotate_qk_")
+    count(qwen3_5, "sigmoid_gate")
+    count(gdn, "delta_rule_gates")
+    norm_rotate_qk_ = rotary.norm_rotate_qk_
+    monkeypatch.setattr(rotary, "norm_rotate_qk_",
+                        lambda *a, **k: normed.append(a[4] is not None) or norm_rotate_qk_(*a, **k))
     path = str(write_tiny(kind, tmp_path / kind))
     batch = random_sequences([30, 9, 1], seed=4)
     NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=64).forward(batch, [2], False)
@@ -180,5 +186,6 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     attention = len(engine.runner.model.attention_layers())
     assert (kind == "qwen3_5") == (delta > 0) and attention == layers - delta
     assert calls == dict(add_rms_norm=2 * layers + 1, gated_rms_norm=delta, silu_mul=layers,
-                         norm_rotate_=2 * attention), calls
-    assert normed == [kind != "llama"] * (2 * attention)
+                         norm_rotate_=0, norm_rotate_qk_=attention,
+                         sigmoid_gate=attention if kind == "qwen3_5" else 0, delta_rule_gates=delta), calls
+    assert normed == [kind != "llama"] * attention

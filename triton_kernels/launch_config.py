@@ -130,6 +130,19 @@ class GemmKnobs:
 
 
 @dataclass(frozen=True)
+class GateKnobs:
+    """Qwen3.5's gate kernels (triton_kernels/gates): sigmoid_gate holds whole heads, as many as fit in
+    block_elements (a head padded to a power of two, at least 1), in num_warps (a stream: read o and the gate, write
+    the product); delta_rule_gates takes delta_block_tokens tokens (all their value heads) a program in
+    delta_num_warps."""
+
+    block_elements: int
+    num_warps: int
+    delta_block_tokens: int
+    delta_num_warps: int
+
+
+@dataclass(frozen=True)
 class LaunchRow:
     chunk: DeltaRuleChunkKnobs
     decode: DeltaRuleDecodeKnobs
@@ -139,6 +152,7 @@ class LaunchRow:
     norm: NormKnobs
     gemm: GemmKnobs
     rms: RmsNormKnobs
+    gates: GateKnobs
 
 
 TABLE: dict[int, LaunchRow] = {
@@ -175,6 +189,8 @@ TABLE: dict[int, LaunchRow] = {
     # The RMS-norm kernels (rms): rows of up to 4,096 elements in 8 warps (4 rows of Qwen3.5-0.8B's 1,024, 32 heads
     # of 128 for the gated norm), silu_mul tiles of 8 x 512 in 8 warps: 32-42 registers, no spills, at a 32k-token
     # Qwen3.5-0.8B step on both (Triton 3.9; docs/kernels/rms_norm.md). Not yet timed on a GPU.
+    # Qwen3.5's gates (gates): sigmoid_gate over rows of whole heads, 4,096 elements (16 heads of 256) in 8 warps;
+    # delta_rule_gates 64 tokens x 16 value heads a program in 4 warps. Compile report: docs/kernels/gates.md.
     # epilogue_gelu False on both: on an H100 (2026-11-27, docs/BENCHMARKS.md) the product with the GELU in its
     # epilogue ran ESM-2 650M's fc1 (32k x 1,280 -> 5,120) in 0.947 ms (454 TFLOP/s; 128 x 256 tiles 0.900 ms),
     # cuBLAS in 0.681 ms (630 TFLOP/s) plus 0.233 ms for the GELU pass: 0.892 ms, and a whole step in 90.5 ms
@@ -189,7 +205,8 @@ TABLE: dict[int, LaunchRow] = {
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
                                  epilogue_gelu=False),
                   rms=RmsNormKnobs(block_elements=4096, max_rows=32, num_warps=8, silu_block_rows=8,
-                                   silu_block_cols=512, silu_num_warps=8)),
+                                   silu_block_cols=512, silu_num_warps=8),
+                  gates=GateKnobs(block_elements=4096, num_warps=8, delta_block_tokens=64, delta_num_warps=4)),
     90: LaunchRow(chunk=DeltaRuleChunkKnobs(block_v=64, num_warps=4, num_stages=2, prep_num_warps=8, min_block_v=16),
                   decode=DeltaRuleDecodeKnobs(block_v=32, num_warps=4, num_stages=1),
                   attention=AttentionKnobs(num_stages=3, num_stages_wide=2, rows_for_8_warps=128,
@@ -200,7 +217,8 @@ TABLE: dict[int, LaunchRow] = {
                   gemm=GemmKnobs(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3,
                                  epilogue_gelu=False),
                   rms=RmsNormKnobs(block_elements=4096, max_rows=32, num_warps=8, silu_block_rows=8,
-                                   silu_block_cols=512, silu_num_warps=8)),
+                                   silu_block_cols=512, silu_num_warps=8),
+                  gates=GateKnobs(block_elements=4096, num_warps=8, delta_block_tokens=64, delta_num_warps=4)),
 }
 
 # Rows that differ on older Triton versions: {(major, minor): {arch: {part: {knob: value}}}}; versions up

@@ -245,6 +245,45 @@ def _unfused_norm_rotate(b: Buffers):
     return lambda: b.rotary.apply(norm(b.q), b.cos, b.sin, in_place=True)
 
 
+def _norm_rotate_qk(fn, b: Buffers):
+    qkv = b.qkv.clone()   # views of its own, updated each call
+    n = b.q.shape[1] * b.q.shape[2]
+    q, k = qkv[:, :n].view(b.q.shape), qkv[:, n:2 * n].view(b.k.shape)
+    w = torch.zeros(q.shape[-1], device=q.device, dtype=q.dtype)
+    return lambda: fn(q, k, b.cos, b.sin, w, w, 1e-6, zero_centred=True, head_dim=q.shape[-1],
+                      float32_math=b.rotary.float32_math)
+
+
+def _gate_inputs(b: Buffers):
+    """o contiguous (the attention's output) and the gate a strided view of the same shape (k inside the QKV
+    output: a gate between the queries, as in Qwen3.5's projection)."""
+    return b.q.contiguous(), b.k
+
+
+def _unfused_sigmoid_gate(b: Buffers):
+    from triton_kernels import pointwise
+    o, gate = _gate_inputs(b)
+    T = o.shape[0]
+    return lambda: o.reshape(T, -1) * pointwise.sigmoid(gate.reshape(T, -1))
+
+
+DELTA_HEADS = 16   # Qwen3.5-0.8B's value heads
+
+
+def _delta_gate_inputs(b: Buffers):
+    """a, b: column views of a wider projection output; A_log, dt_bias in the model dtype."""
+    T, HV = b.x.shape[0], DELTA_HEADS
+    wide = torch.randn(T, 2 * HV + 8, device=b.x.device).to(b.x.dtype)
+    A_log, dt_bias = (torch.randn(HV, device=b.x.device).to(b.x.dtype) for _ in range(2))
+    return wide[:, -HV:], wide[:, -2 * HV:-HV], A_log, dt_bias
+
+
+def _unfused_delta_gates(b: Buffers):
+    from triton_kernels import pointwise
+    a, bb, A_log, dt_bias = _delta_gate_inputs(b)
+    return lambda: (pointwise.sigmoid(bb), -A_log.float().exp() * pointwise.softplus(a.float() + dt_bias))
+
+
 FUSED = [
     fused("fused q scale + rotary of q, k in place (rotate_qk_)", "rotary", "triton_kernels.rotary:rotate_qk_", _rotate,
           lambda b: 4 * b.nbytes(b.q)),
@@ -284,6 +323,20 @@ FUSED = [
         _unfused_norm_rotate, lambda b: 2 * b.nbytes(b.q)),
     fused("fused q RMSNorm + rotary in place (norm_rotate_)", "rotary", "triton_kernels.rotary:norm_rotate_",
           _norm_rotate, lambda b: 2 * b.nbytes(b.q)),
+    fused("fused q and k RMSNorm + rotary in place, one launch (norm_rotate_qk_)", "rotary",
+          "triton_kernels.rotary:norm_rotate_qk_", _norm_rotate_qk, lambda b: 2 * (b.nbytes(b.q) + b.nbytes(b.k))),
+    # Qwen3.5's gates (docs/kernels/gates.md), beside the unfused ops they replace.
+    Row("o * sigmoid(gate), the gate strided (unfused, as GatedAttention)", "activation", _unfused_sigmoid_gate,
+        lambda b: 7 * b.nbytes(b.q)),   # the gate copied (2), its sigmoid (2), the product (3)
+    fused("fused o * sigmoid(gate) (sigmoid_gate)", "activation", "triton_kernels.gates:sigmoid_gate",
+          lambda fn, b: (lambda o, gate: lambda: fn(o, gate))(*_gate_inputs(b)), lambda b: 3 * b.nbytes(b.q)),
+    # unfused: a.float() (2 + 4 bytes an element), + dt_bias (4 + 4), softplus (4 + 4), the product (4 + 4),
+    # sigmoid(b) (2 + 2); fused: read a and b, write g and beta
+    Row("delta-rule gates g, beta, 16 heads (unfused, as GatedDeltaNet)", "delta rule", _unfused_delta_gates,
+        lambda b: b.x.shape[0] * DELTA_HEADS * 34),
+    fused("fused delta-rule gates, 16 heads (delta_rule_gates)", "delta rule", "triton_kernels.gates:delta_rule_gates",
+          lambda fn, b: (lambda *args: lambda: fn(*args))(*_delta_gate_inputs(b)),
+          lambda b: b.x.shape[0] * DELTA_HEADS * (2 + 2 + 4 + 2)),
 ]
 
 

@@ -34,12 +34,12 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x, cos, sin, rotary: Rotary, ctx, fused: bool = False):
         """fused (the Triton path's fused layers): q and k (Qwen3: with their norms) normalised and rotated in
-        place in the projection's output, one pass each (Rotary.norm_apply_)."""
+        place in the projection's output, both in one pass (Rotary.norm_apply_qk_)."""
         T = x.shape[0]
         q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k, v = (t.view(T, -1, self.head_dim) for t in (q, k, v))
         if fused:
-            q, k = rotary.norm_apply_(q, cos, sin, self.q_norm), rotary.norm_apply_(k, cos, sin, self.k_norm)
+            q, k = rotary.norm_apply_qk_(q, k, cos, sin, self.q_norm, self.k_norm)
             return self.o_proj(self.attn(q, k, v, ctx).reshape(T, self.q_size))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from triton_kernels import pointwise
+from triton_kernels.gates import sigmoid_gate
 
 from ..errors import UserError
 from .base import DeltaStateSpec, ModelSpec, RotaryDecoder
@@ -40,19 +41,22 @@ class GatedAttention(nn.Module):
 
     def forward(self, x, cos, sin, rotary: Rotary, ctx, fused: bool = False):
         """fused (the Triton path's fused layers): q and k normalised and rotated in place in the projection's
-        output, one pass each (Rotary.norm_apply_), where the unfused layer normalises into new tensors and
-        rotates those."""
+        output, both in one pass (Rotary.norm_apply_qk_), where the unfused layer normalises into new tensors and
+        rotates those; the output gate o * sigmoid(gate) in one pass (triton_kernels.gates sigmoid_gate) where the
+        unfused layer copies the gate out, takes its sigmoid and multiplies."""
         T = x.shape[0]
         qg, k, v = self.qkv(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         if fused:
-            q, k = rotary.norm_apply_(q, cos, sin, self.q_norm), rotary.norm_apply_(k, cos, sin, self.k_norm)
+            q, k = rotary.norm_apply_qk_(q, k, cos, sin, self.q_norm, self.k_norm)
         else:
             q, k = self.q_norm(q), self.k_norm(k)
             q, k = rotary.apply(q, cos, sin, in_place=True), rotary.apply(k, cos, sin, in_place=True)   # norm outputs
-        o = self.attn(q, k, v.view(T, self.num_kv_heads, self.head_dim), ctx).reshape(T, self.q_size)
-        return self.o_proj(o * pointwise.sigmoid(gate.reshape(T, self.q_size)))
+        o = self.attn(q, k, v.view(T, self.num_kv_heads, self.head_dim), ctx)
+        if fused:   # o * sigmoid(gate) in one pass, the gate read where the projection wrote it
+            return self.o_proj(sigmoid_gate(o, gate))
+        return self.o_proj(o.reshape(T, self.q_size) * pointwise.sigmoid(gate.reshape(T, self.q_size)))
 
     def load(self, t, p: str) -> None:
         names = ("q_proj", "k_proj", "v_proj")
@@ -84,7 +88,8 @@ class Qwen3_5Layer(nn.Module):
         """The layer with its elementwise work fused (Triton path; RotaryDecoder._fused_layers): h =
         input_layernorm(x) comes in, (x + this layer, next_norm of that) goes out. The mixer's output norm
         (delta-rule layers), the attention's q and k norms with their rotary, and the MLP's silu(gate) * up run
-        one pass each, the residual adds ride with the norms after them."""
+        one pass each, the residual adds ride with the norms after them; so do the attention's output gate and
+        the delta-rule layers' gates (triton_kernels.gates)."""
         a = self.mixer(h, ctx, fused=True) if self.is_linear else self.mixer(h, cos, sin, rotary, ctx, fused=True)
         x, h = add_norm(x, a, self.post_attention_layernorm)
         return add_norm(x, self.mlp.forward_fused(h), next_norm)

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 import torch
 
 from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, paged_attention, write_kv_cache
+from triton_kernels.gates import delta_rule_gates, sigmoid_gate
 from triton_kernels.layer_norm import add_layer_norm
 from triton_kernels.linear_gelu import linear_gelu
 from triton_kernels.rms_norm import add_rms_norm, gated_rms_norm, silu_mul
 from triton_kernels.paged_attention import varlen_attention
-from triton_kernels.rotary import norm_rotate_, rotate_qk_
+from triton_kernels.rotary import norm_rotate_, norm_rotate_qk_, rotate_qk_
 from triton_kernels._launch import A100, H100, Launch, dry_run
 from triton_kernels.aot import (SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_kernel,
                                 compile_spec, cubin_sass)
@@ -198,10 +199,25 @@ def rms_decoder_layer(dtype) -> None:
     silu_mul(_empty(T, 2 * n, dtype=dtype))
 
 
+def qwen35_gates(dtype) -> None:
+    """Qwen3.5-0.8B's gates on the fused Triton path (triton_kernels.gates, 32k tokens): the attention's output gate
+    over o [T, 8, 256] with the gate between the queries in the projection (head stride 2 x 256), and a delta-rule
+    layer's g and beta from a and b, column views of its input projection."""
+    T, m = ENCODER_TOKENS, QWEN35_ATTENTION
+    H, D = m.num_q_heads, m.head_dim
+    qkv = _empty(T, 2 * H * D + 2 * m.num_kv_heads * D, dtype=dtype)
+    sigmoid_gate(_empty(T, H, D, dtype=dtype), qkv[:, :2 * H * D].view(T, H, 2 * D)[..., D:])
+    HV, V = DELTA_V_HEADS, DELTA_DIM
+    projection = _empty(T, CONV_CHANNELS + HV * V + 2 * HV, dtype=dtype)
+    b, a = projection[:, -2 * HV:-HV], projection[:, -HV:]
+    delta_rule_gates(a, b, _empty(HV, dtype=dtype), _empty(HV, dtype=dtype))
+
+
 def qk_norm_rotary(dtype, model: Attention, rotary_dim: int, norm: str | None) -> None:
-    """The q and k passes of one attention layer on the fused Triton path (norm_rotate_, 32k tokens): Qwen3.5's
-    zero-centred norms and partial rotary on q between its gates (head stride 2 head_dim) and on k; a Llama-shaped
-    layer's rotary alone (norm None) or with Qwen3's norms in Llama's order ("llama")."""
+    """The q and k pass of one attention layer on the fused Triton path (norm_rotate_qk_, 32k tokens; norm_rotate_ of
+    k alone beside it): Qwen3.5's zero-centred norms and partial rotary on q between its gates (head stride 2
+    head_dim) and on k; a Llama-shaped layer's rotary alone (norm None) or with Qwen3's norms in Llama's order
+    ("llama")."""
     T, H, Hkv, D = ENCODER_TOKENS, model.num_q_heads, model.num_kv_heads, model.head_dim
     gated = norm == "zero_centred"
     q_width = (2 if gated else 1) * H * D
@@ -210,8 +226,8 @@ def qk_norm_rotary(dtype, model: Attention, rotary_dim: int, norm: str | None) -
     k = projection[:, q_width:q_width + Hkv * D].view(T, Hkv, D)
     cos = _empty(T, 1, rotary_dim, dtype=dtype)
     w = None if norm is None else _empty(D, dtype=dtype)
-    for x in (q, k):
-        norm_rotate_(x, cos, cos, w, 1e-6, zero_centred=gated, head_dim=D)
+    norm_rotate_qk_(q, k, cos, cos, w, w, 1e-6, zero_centred=gated, head_dim=D)   # the engine's one launch
+    norm_rotate_(k, cos, cos, w, 1e-6, zero_centred=gated, head_dim=D)            # one tensor alone
 
 
 def cases() -> list[tuple[str, object]]:
@@ -249,6 +265,7 @@ def cases() -> list[tuple[str, object]]:
     for model in (ESM2_650M, ESM2_3B):
         out.append((f"{model.name} layer ({ENCODER_TOKENS // 1024}k tokens)", lambda dt, m=model: encoder_layer(dt, m)))
     out.append((f"Qwen3.5-0.8B RMS-norm layer ({ENCODER_TOKENS // 1024}k tokens)", rms_decoder_layer))
+    out.append((f"Qwen3.5-0.8B gates ({ENCODER_TOKENS // 1024}k tokens)", qwen35_gates))
     out += [(f"Qwen3.5-0.8B q/k norm + rotary ({ENCODER_TOKENS // 1024}k tokens)",
              lambda dt: qk_norm_rotary(dt, QWEN35_ATTENTION, 64, "zero_centred")),
             (f"Llama-8B q/k rotary ({ENCODER_TOKENS // 1024}k tokens)",

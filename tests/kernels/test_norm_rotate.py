@@ -18,7 +18,8 @@ import torch
 
 from pipeline.models.layers.norms import RMSNorm
 from pipeline.models.layers.rotary import Rotary
-from triton_kernels.rotary import norm_rotate_, norm_rotate_torch_
+from triton_kernels._device import torch_path_on_cpu
+from triton_kernels.rotary import norm_rotate_, norm_rotate_qk_, norm_rotate_torch_
 from tests.float64_reference import assert_as_accurate
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -142,6 +143,42 @@ def test_norm_rotate_against_float64(dtype, name, H, D, rd, norm, float32_math, 
     assert same == 1.0 if norm is None else same >= 0.98, f"{name}: {same:.3f} of the outputs as the unfused ops"
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+@pytest.mark.parametrize("norm,Hk", [("zero_centred", 2), ("llama", 1), (None, 3)])
+def test_norm_rotate_qk_is_norm_rotate_of_each(dtype, norm, Hk):
+    """q and k in one launch: each bit for bit what norm_rotate_ gives it alone, q between its gates and k after
+    them in one projection row (Qwen3.5's layout), nothing else in the row touched; one key head (multi-query) too.
+    T * heads straddles the 16-row programs, so the first k program follows a partial q one."""
+    T, H, D, rd = 13, 3, 32, 8
+    wide, _, cos, sin, w = _inputs(f"qk {norm}", T, H + Hk, D, rd, norm, "gated", dtype)
+    wide = wide[:, :2 * H * D + Hk * D + 7].contiguous()
+    kw = None if w is None else w.flip(0)   # the keys' own weight
+
+    def views(t):
+        return _view(t, T, H, D, "gated"), t[:, 2 * H * D:2 * H * D + Hk * D].view(T, Hk, D)
+
+    args = dict(zero_centred=norm == "zero_centred", head_dim=D, block_rows=16, num_warps=4)
+    dev = lambda t: None if t is None else t.to(DEVICE)   # noqa: E731
+    one = wide.clone().to(DEVICE)
+    q, k = views(one)
+    assert norm_rotate_qk_(q, k, dev(cos), dev(sin), dev(w), dev(kw), EPS, **args) == (q, k)
+    apart = wide.clone().to(DEVICE)
+    q, k = views(apart)
+    norm_rotate_(q, dev(cos), dev(sin), dev(w), EPS, **args)
+    norm_rotate_(k, dev(cos), dev(sin), dev(kw), EPS, **args)
+    assert torch.equal(one.cpu(), apart.cpu())
+    moved = one.cpu() != wide
+    q, k = views(moved)
+    assert q.any() and k.any() and moved.sum() == q.sum() + k.sum()
+    torch_path = wide.clone()   # the torch path (CPU tensors): the same two calls
+    with torch_path_on_cpu():
+        norm_rotate_qk_(*views(torch_path), cos, sin, w, kw, EPS, zero_centred=norm == "zero_centred", head_dim=D)
+    reference = wide.clone()
+    for x, weight in zip(views(reference), (w, kw)):
+        norm_rotate_torch_(x, cos, sin, weight, EPS, zero_centred=norm == "zero_centred", float32_math=False)
+    assert torch.equal(torch_path, reference)
+
+
 def test_zero_rows_and_bad_shapes():
     x = torch.zeros(0, 2, 8)
     cos = torch.zeros(0, 1, 8)
@@ -153,6 +190,9 @@ def test_zero_rows_and_bad_shapes():
     with pytest.raises(ValueError, match="even rotary_dim"):
         norm_rotate_(torch.zeros(4, 2, 8), torch.zeros(4, 10), torch.zeros(4, 10), None, EPS, zero_centred=False,
                      head_dim=8)
+    with pytest.raises(ValueError, match="both have a weight or neither"):
+        norm_rotate_qk_(torch.zeros(4, 2, 8), torch.zeros(4, 1, 8), torch.zeros(4, 8), torch.zeros(4, 8),
+                        torch.ones(8), None, EPS, zero_centred=False, head_dim=8)
     with pytest.raises(ValueError, match=r"weight must be \[8\]"):
         norm_rotate_(torch.zeros(4, 2, 8), torch.zeros(4, 8), torch.zeros(4, 8), torch.ones(9), EPS,
                      zero_centred=False, head_dim=8)

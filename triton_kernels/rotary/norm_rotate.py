@@ -6,8 +6,10 @@ Rotary.apply: a product with cos, two half-updates, the cast back; with a partia
 some ten passes over the tensor, each a kernel, plus two dtype conversions. Here a program takes a tile of
 (token, head) rows of the projection's output, loads each row once as three tiles (the two rotary halves and the
 channels past the rotation), normalises it, rotates the halves and stores it back: 4 bytes an element in 16
-bits, one launch. The tensor may be a view with any token and head strides (Qwen3.5's queries sit between
-their gates, a head stride of 2 head_dim), so nothing is copied out of the projection.
+bits, one launch (`norm_rotate_qk_`: one for a layer's queries and keys together, the programs split between
+them, each with its own base, strides and weight). The tensor may be a view with any token and head strides
+(Qwen3.5's queries sit between their gates, a head stride of 2 head_dim), so nothing is copied out of the
+projection.
 
 Rounding points are the unfused layer's (pipeline/models/layers/norms.py RMSNorm, then Rotary.apply): mean square
 and normalisation in float32; zero_centred: times (1 + w) in float32, one cast; else cast, then times w and
@@ -37,16 +39,26 @@ def _rounded(x, like):
     return x.to(like.dtype).to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["num_rows"])
+# Not specialised: the token-dependent counts, and the head counts (a 1 would become a constant in one branch of
+# the choice below and an integer in the other).
+@triton.jit(do_not_specialize=["num_rows", "num_heads", "num_rows2", "num_heads2", "programs"])
 def _norm_rotate_kernel(
     x_ptr, cos_ptr, sin_ptr, w_ptr, num_rows, num_heads, stride_t, stride_h, stride_cos, stride_sin, eps,
+    x2_ptr, w2_ptr, num_rows2, num_heads2, stride2_t, stride2_h, programs,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, REST: tl.constexpr,
     BLOCK_REST: tl.constexpr, HAS_WEIGHT: tl.constexpr, ZERO_CENTRED: tl.constexpr, FLOAT32_MATH: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
 ):
     """Rows r = token * num_heads + head; columns i < HALF of a head's first rotary half, paired with i + HALF;
-    REST channels past the rotation (normalised, not rotated; untouched without a weight)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    REST channels past the rotation (normalised, not rotated; untouched without a weight). The first `programs`
+    programs take x (with w), the rest the second tensor x2 (with w2: a layer's keys beside its queries); with
+    num_rows2 = 0 there are no others."""
+    pid = tl.program_id(0)
+    if pid >= programs:   # the second tensor: its own base, rows, heads, strides and weight
+        pid -= programs
+        x_ptr, w_ptr, num_rows, num_heads = x2_ptr, w2_ptr, num_rows2, num_heads2
+        stride_t, stride_h = stride2_t, stride2_h
+    rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_ok = rows < num_rows
     token = rows // num_heads
     head = rows % num_heads
@@ -94,6 +106,20 @@ def norm_rotate_knobs(device: torch.device, **given: int | None) -> RotaryKnobs:
     return replace(row, **{name: value for name, value in given.items() if value is not None})
 
 
+def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None, head_dim: int,
+           name: str = "x") -> None:
+    rd = cos.shape[-1]
+    if x.dim() != 3 or x.shape[-1] != head_dim or x.stride(-1) != 1:
+        raise ValueError(f"{name} must be [T, heads, {head_dim}] with contiguous channels, got {tuple(x.shape)} "
+                         f"strides {x.stride()}")
+    T = x.shape[0]
+    if rd % 2 or rd == 0 or rd > head_dim or cos.shape != sin.shape or cos.numel() != T * rd:
+        raise ValueError(f"cos and sin must be [T, rotary_dim] with an even rotary_dim <= {head_dim}, got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)} for T = {T}")
+    if weight is not None and weight.shape != (head_dim,):
+        raise ValueError(f"{name}'s weight must be [{head_dim}], got {tuple(weight.shape)}")
+
+
 def norm_rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
                  zero_centred: bool, head_dim: int, float32_math: bool = False, block_rows: int | None = None,
                  num_warps: int | None = None) -> torch.Tensor:
@@ -110,20 +136,44 @@ def norm_rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: 
     (token, head) rows per program (a power of two), num_warps; None takes the launch table's row for the
     tensor's GPU (rows: as many heads as fit in its norm_block_elements).
     """
-    rd = cos.shape[-1]
-    if x.dim() != 3 or x.shape[-1] != head_dim or x.stride(-1) != 1:
-        raise ValueError(f"x must be [T, heads, {head_dim}] with contiguous channels, got {tuple(x.shape)} "
-                         f"strides {x.stride()}")
-    T, H, _ = x.shape
-    if rd % 2 or rd == 0 or rd > head_dim or cos.shape != sin.shape or cos.numel() != T * rd:
-        raise ValueError(f"cos and sin must be [T, rotary_dim] with an even rotary_dim <= {head_dim}, got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)} for T = {T}")
-    if weight is not None and weight.shape != (head_dim,):
-        raise ValueError(f"weight must be [{head_dim}], got {tuple(weight.shape)}")
+    _check(x, cos, sin, weight, head_dim)
     if not use_triton(x):
         return norm_rotate_torch_(x, cos, sin, weight, eps, zero_centred=zero_centred, float32_math=float32_math)
-    if T * H == 0:
-        return x
+    _launch(x, weight, None, None, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows, num_warps)
+    return x
+
+
+def norm_rotate_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, *, zero_centred: bool,
+                    head_dim: int, float32_math: bool = False, block_rows: int | None = None,
+                    num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm_rotate_` of an attention layer's queries and keys in one launch: (q, k) updated in place and returned.
+
+    q `[T, Hq, head_dim]`, k `[T, Hk, head_dim]` (each any token and head strides, contiguous channels, one dtype;
+    views of the projection's output), their own norm weights (both None or both given; one convention, eps and
+    rotation), the token's cos and sin shared. Each gets exactly what `norm_rotate_` gives it alone: the programs
+    split between them, none holds rows of both."""
+    _check(q, cos, sin, q_weight, head_dim, "q")
+    _check(k, cos, sin, k_weight, head_dim, "k")
+    if (q_weight is None) != (k_weight is None) or q.dtype != k.dtype or q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must share their tokens and dtype and both have a weight or neither, got "
+                         f"{tuple(q.shape)} {q.dtype} and {tuple(k.shape)} {k.dtype}, weights "
+                         f"{q_weight is not None} and {k_weight is not None}")
+    if not use_triton(q):
+        args = dict(zero_centred=zero_centred, float32_math=float32_math)
+        return (norm_rotate_torch_(q, cos, sin, q_weight, eps, **args),
+                norm_rotate_torch_(k, cos, sin, k_weight, eps, **args))
+    _launch(q, q_weight, k, k_weight, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows, num_warps)
+    return q, k
+
+
+def _launch(x, weight, x2, weight2, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows, num_warps):
+    """One launch over x's (token, head) rows, then x2's (None: none)."""
+    T, H, _ = x.shape
+    H2 = 0 if x2 is None else x2.shape[1]
+    if T * (H + H2) == 0:
+        return
+    rd = cos.shape[-1]
     cos, sin = cos.reshape(T, rd), sin.reshape(T, rd)
     knobs = norm_rotate_knobs(x.device, norm_num_warps=num_warps)
     half, rest = rd // 2, head_dim - rd
@@ -131,10 +181,12 @@ def norm_rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: 
     if block_rows is None:
         fit = max(1, knobs.norm_block_elements // (2 * block_half + (block_rest if rest else 0)))
         block_rows = 1 << (fit.bit_length() - 1)
-    launch(_norm_rotate_kernel, (triton.cdiv(T * H, block_rows),),
-           x, cos, sin, x if weight is None else weight, T * H, H, x.stride(0), x.stride(1), cos.stride(0),
-           sin.stride(0), float(eps),
+    programs = triton.cdiv(T * H, block_rows)
+    x2 = x if x2 is None else x2
+    w, w2 = (x, x2) if weight is None else (weight, weight2 if weight2 is not None else weight)
+    launch(_norm_rotate_kernel, (programs + triton.cdiv(T * H2, block_rows),),
+           x, cos, sin, w, T * H, H, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), float(eps),
+           x2, w2, T * H2, max(H2, 1), x2.stride(0), x2.stride(1), programs,
            HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=block_half, REST=rest, BLOCK_REST=block_rest,
            HAS_WEIGHT=weight is not None, ZERO_CENTRED=bool(zero_centred), FLOAT32_MATH=bool(float32_math),
            BLOCK_ROWS=block_rows, num_warps=knobs.norm_num_warps)
-    return x

@@ -13,6 +13,7 @@ from torch import nn
 
 from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, pointwise
 from triton_kernels.causal_conv.torch_path import causal_conv1d_torch, conv_index
+from triton_kernels.gates import delta_rule_gates
 from triton_kernels.rms_norm import gated_rms_norm
 
 from ..step import StepContext
@@ -71,7 +72,8 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StepContext, fused: bool = False) -> torch.Tensor:
         """fused (the Triton path's fused layers): the output norm in one pass (triton_kernels.rms_norm
-        gated_rms_norm, GatedRMSNorm's arithmetic) instead of its float32 passes."""
+        gated_rms_norm, GatedRMSNorm's arithmetic) instead of its float32 passes, and the gates g and beta in one
+        (triton_kernels.gates delta_rule_gates, the same float32 arithmetic) instead of eight small kernels."""
         T = x.shape[0]
         qkv, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], -1)
         conv_state, recurrent = self.state
@@ -80,8 +82,11 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(1, T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(1, T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(1, T, self.num_v_heads, self.head_v_dim)
-        beta = pointwise.sigmoid(b)[None]
-        g = (-self.A_log.float().exp() * pointwise.softplus(a.float() + self.dt_bias))[None]
+        if fused:   # one pass from a and b where the projection wrote them
+            g, beta = (t[None] for t in delta_rule_gates(a, b, self.A_log, self.dt_bias))
+        else:
+            beta = pointwise.sigmoid(b)[None]
+            g = (-self.A_log.float().exp() * pointwise.softplus(a.float() + self.dt_bias))[None]
 
         form = ctx.delta_rule_form()
         if form == "mixed":

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from triton_kernels import pointwise
-from triton_kernels.rotary import norm_rotate_
+from triton_kernels.rotary import norm_rotate_, norm_rotate_qk_
 
 from ...errors import UserError
 from ..checkpoint_facts import DYNAMIC_ROPE_TYPES
@@ -92,3 +92,15 @@ class Rotary:
         weight, eps, zero_centred = (None, 0.0, False) if norm is None else (norm.weight, norm.eps, norm.zero_centred)
         return norm_rotate_(x, cos, sin, weight, eps, zero_centred=zero_centred, head_dim=x.shape[-1],
                             float32_math=self.float32_math)
+
+    def norm_apply_qk_(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm=None,
+                       k_norm=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`norm_apply_` of an attention layer's queries and keys (each with its norm, both None or both given, of
+        one convention and eps) in one launch (triton_kernels/rotary norm_rotate_qk_); the same results."""
+        if q_norm is None:
+            weights, eps, zero_centred = (None, None), 0.0, False
+        else:
+            assert (k_norm.eps, k_norm.zero_centred) == (q_norm.eps, q_norm.zero_centred), "one launch, one norm kind"
+            weights, eps, zero_centred = (q_norm.weight, k_norm.weight), q_norm.eps, q_norm.zero_centred
+        return norm_rotate_qk_(q, k, cos, sin, *weights, eps, zero_centred=zero_centred, head_dim=q.shape[-1],
+                               float32_math=self.float32_math)
