@@ -37,8 +37,9 @@ else:
 
 @triton.jit
 def sigmoid(x):
-    """torch's float32 sigmoid on a GPU: 1 / (1 + exp(-x))."""
-    return 1.0 / (1.0 + exp(-x))
+    """torch's float32 sigmoid on a GPU: 1 / (1 + exp(-x)), the division correctly rounded as nvcc compiles
+    torch's `/` (Triton's own `/` is the approximate div.full.f32)."""
+    return tl.math.div_rn(1.0, 1.0 + exp(-x))
 
 
 @triton.jit
