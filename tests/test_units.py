@@ -142,6 +142,14 @@ def test_plan_batches_padded_and_ragged():
     assert plan_batches(np.array([1] * 10), 100, 3, padded=False) == [(0, 3), (3, 6), (6, 9), (9, 10)]
     assert sum(b - a for a, b in plan_batches(np.sort(np.random.default_rng(0).integers(1, 99, 500))[::-1],
                                               300, 16, padded=True)) == 500
+    # Counted tokens need not fall where residues do (a subword token covers several): a padded batch costs its
+    # longest sequence, wherever it sits, times its size.
+    assert plan_batches(np.array([10, 100, 10, 10]), 200, 8, padded=True) == [(0, 2), (2, 4)]
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(1, 120, 400)
+    batches = plan_batches(tokens, 300, 16, padded=True)
+    assert [a for a, _ in batches[1:]] == [b for _, b in batches[:-1]] and batches[-1][1] == 400
+    assert all(tokens[a:b].max() * (b - a) <= 300 for a, b in batches)
 
 
 def test_tokenizer_truncation_keeps_special_tokens():

@@ -9,7 +9,8 @@ import numpy as np
 
 
 def plan_batches(tokens: np.ndarray, budget: int, max_seqs: int, padded: bool) -> list[tuple[int, int]]:
-    """[start, stop) ranges over `tokens` (per sequence, non-increasing).
+    """[start, stop) ranges over `tokens` (per sequence, in the shard's order: longest residues first, which
+    need not be most tokens first where a token covers several residues).
 
     Padded batches cost (sequences x longest); ragged batches cost the sum of their tokens. A sequence
     over the budget on its own gets a batch of its own (engines with chunked prefill still bound memory).
@@ -17,9 +18,10 @@ def plan_batches(tokens: np.ndarray, budget: int, max_seqs: int, padded: bool) -
     tokens = np.asarray(tokens, np.int64)
     out, start, n = [], 0, len(tokens)
     while start < n:
-        if padded:
-            # the first sequence is the longest, so the batch costs k * tokens[start]
-            k = max(1, min(max_seqs, budget // max(1, int(tokens[start]))))
+        if padded:   # k sequences cost k times the longest of them
+            longest = np.maximum.accumulate(tokens[start:start + max_seqs])
+            cost = longest * np.arange(1, len(longest) + 1)
+            k = max(1, int(np.searchsorted(cost, budget, "right")))
         else:
             cum = np.cumsum(tokens[start:start + max_seqs])
             k = max(1, int(np.searchsorted(cum, budget, "right")))

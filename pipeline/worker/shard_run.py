@@ -33,6 +33,7 @@ from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer, LaunchedBatch
 from .batching import plan_batches, plan_generate_batches
 from .process_setup import set_up
+from .token_counts import exact_tokens
 
 log = logging.getLogger("run_shards.worker")
 
@@ -177,7 +178,7 @@ class ShardRun:
         batches an uninterrupted one would), and what computes their rows. Long sequences run as windows
         with --on-long window: the engine sees and budgets those."""
         config, index, positions = shard.config, shard.index, shard.positions
-        tokens = tokenizer.tokens_for_residues(index.lengths[positions])
+        tokens = exact_tokens(index, positions, tokenizer, tokenizer.tokens_for_residues(index.lengths[positions]))
         cut = None
         if config.on_long == "window":
             from ..engine.windowed import Windows, WindowedEngine
