@@ -62,3 +62,23 @@ def test_counts_are_what_encoding_gives(family_checkpoint, tmp_path):
         assert (counts < bounds).sum() == 4   # the pairs' sequences: about half their characters
         if limit:
             assert counts.max() == limit
+
+
+def test_the_count_tells_the_parent_and_stops_when_told(family_checkpoint, tmp_path, monkeypatch):
+    """A chunk at a time, each followed by a message (the hang detector's); told to stop, the count ends and
+    the rest keep their bounds (a stopped worker runs no batch)."""
+    from pipeline.worker import token_counts
+    monkeypatch.setattr(token_counts, "CHUNK", 2)
+    source = checkpoint.local_source(str(family_checkpoint("nucleotide_transformer_v1")))
+    hf = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
+    index, _ = load_or_build([str(write_fasta(tmp_path / "d.fa", {f"d{i}": "ACGTTG" * (10 + i) for i in range(5)}))])
+    tokenizer = SequenceTokenizer(hf)
+    positions = np.arange(len(index))
+    bounds = tokenizer.tokens_for_residues(index.lengths[positions])
+    heard = []
+    every = exact_tokens(index, positions, tokenizer, bounds, alive=lambda n: heard.append(n) or True)
+    assert heard == [2, 4, 5] and (every < bounds).all()
+    heard.clear()
+    stopped = exact_tokens(index, positions, tokenizer, bounds, alive=lambda n: heard.append(n) and False)
+    assert heard == [2]
+    assert (stopped[:2] == every[:2]).all() and (stopped[2:] == bounds[2:]).all()

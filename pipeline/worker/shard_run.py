@@ -178,7 +178,8 @@ class ShardRun:
         batches an uninterrupted one would), and what computes their rows. Long sequences run as windows
         with --on-long window: the engine sees and budgets those."""
         config, index, positions = shard.config, shard.index, shard.positions
-        tokens = exact_tokens(index, positions, tokenizer, tokenizer.tokens_for_residues(index.lengths[positions]))
+        tokens = exact_tokens(index, positions, tokenizer, tokenizer.tokens_for_residues(index.lengths[positions]),
+                              alive=self._counting)
         cut = None
         if config.on_long == "window":
             from ..engine.windowed import Windows, WindowedEngine
@@ -192,6 +193,11 @@ class ShardRun:
         else:
             batches = plan_batches(tokens, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf")
         return engine, computer, batches, tokens
+
+    def _counting(self, counted: int) -> bool:
+        """While exact_tokens counts: a message for the hang detector; whether to go on (not told to stop)."""
+        self.reporter.send("counting", sequences=counted)
+        return not self.stop
 
     def _compute(self, shard: Opened, computer: BatchComputer, batches: list[tuple[int, int]],
                  tokens: np.ndarray) -> dict:

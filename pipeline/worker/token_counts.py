@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,11 +26,13 @@ CHUNK = 2048   # sequences encoded at a time (their texts and tokens held at onc
 
 
 def exact_tokens(index: SequenceIndex, positions: np.ndarray, tokenizer: SequenceTokenizer,
-                 bounds: np.ndarray) -> np.ndarray:
+                 bounds: np.ndarray, alive: Callable[[int], bool] = lambda counted: True) -> np.ndarray:
     """Tokens of each sequence at `positions` as `tokenizer.encode` gives them (cut to its max_tokens where
     set); `bounds` (tokens_for_residues) where they are already exact, for empty records (nothing to encode),
     and for a chunk holding a record that no longer reads as indexed (the batch that reads it stops the shard
-    with that error, as without this count)."""
+    with that error, as without this count). `alive(sequences counted)` after each chunk: the worker's message
+    to its parent, whose hang detector hears from it while it counts a large shard; False stops the count (a
+    worker told to stop runs no batch: the rest keep their bounds)."""
     if tokenizer.exact_counts or not len(positions):
         return bounds
     t0 = time.time()
@@ -45,6 +48,8 @@ def exact_tokens(index: SequenceIndex, positions: np.ndarray, tokenizer: Sequenc
         except InputChanged:
             continue
         out[a + rows] = [len(t.ids) for t in tokenizer.encode(texts)]
+        if not alive(a + len(chunk)):
+            break
     log.info("tokens of %d sequences counted by encoding them (%.1f s): %d, where their residues bound them by %d "
              "(the tokenizer is not one token per residue; batches are planned on the counts)", len(positions),
              time.time() - t0, int(out.sum()), int(np.sum(bounds)))
