@@ -34,25 +34,27 @@ from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segm
 
 # Columns of W or U per program of _split_wu_kernel; key columns per step of the solve kernel's K K^T.
 WU_BLOCK = 64
-SOLVE_KEY_BLOCK = 32
+SOLVE_KEY_BLOCK = 16
 
 
 @triton.jit
 def _invert_diagonal_blocks(D, NB: tl.constexpr, BC: tl.constexpr):
     """(I + D_b)^-1 of each of the NB strictly lower BC x BC blocks of D [NB, BC, BC], float32, by forward
-    substitution on vectors: row r of every block at once, T_r = e_r - sum_{j<r} D_rj T_j, as two reductions
+    substitution on vectors: row r of every block at once, T_r = e_r - sum_{j<r} D_rj T_j, one reduction a row
     along the blocks' rows (axis 1), on [NB, BC, BC] tiles rather than masked [NB BC, NB BC] ones. No matrix
-    product per row.
+    product per row. The rows D_r are taken from D transposed once (E = D^T, reduced along its last axis), where
+    they come out already laid along T's rows: taken from D itself they needed a second cross-warp reduction and a
+    layout conversion a row (~6 barriers a row instead of ~2, in the compiled code).
 
     Forward substitution rather than a nilpotent series in A (I - A)(I + A^2)...: that series cancels
     catastrophically when keys in a chunk are alike (its terms grow like binomial coefficients)."""
     i = tl.arange(0, BC)
+    E = tl.permute(D, (0, 2, 1))
     T = tl.broadcast_to((i[:, None] == i[None, :]).to(tl.float32)[None, :, :], [NB, BC, BC])
     for r in tl.static_range(1, BC):
-        at_r = (i == r)[None, :, None]
-        a = tl.sum(tl.where(at_r, D, 0.0), axis=1)   # row r of every block, [NB, BC]
-        x = tl.sum(a[:, :, None] * T, axis=1)        # times its own block of T
-        T = tl.where(at_r, T - x[:, None, :], T)
+        a = tl.sum(tl.where((i == r)[None, None, :], E, 0.0), axis=2)   # row r of every block: a[b, m] = D[b, r, m]
+        x = tl.sum(a[:, :, None] * T, axis=1)                             # times its own block of T
+        T = tl.where((i == r)[None, :, None], T - x[:, None, :], T)
     return T
 
 
@@ -84,20 +86,14 @@ def _split_solve_kernel(
     tl.store(gamma + rows * HV + i_hv, b_gamma, mask=in_seq)
     g_last = tl.sum(tl.where(o == BT - 1, exact, 0.0), axis=0).to(tl.float32)   # rows past the end have g = 0
 
-    # K K^T and the keys' squared norms, KC key columns at a time (a [BT, KC] tile live, not [BT, K]: on sm_80 the
-    # whole tile as both operands of one product held ~250 registers).
+    # 1/|k| from the whole key tile, which then dies; K K^T KC key columns at a time, read again (L2): a [BT, KC]
+    # tile live as both operands, not [BT, K] (on sm_80 the whole tile in one product took the kernel to ~250
+    # registers, 32 columns to 143 in float16).
+    rk = _inv_norms(_load_token_rows(k, k_stride, bos, eos, i_h, K, BT, BK), USE_L2NORM)
     A = tl.zeros([BT, BT], dtype=tl.float32)
-    sq = tl.zeros([BT], dtype=tl.float32)
     for c0 in tl.static_range(0, BK, KC):
         kc = _load_token_rows(k, k_stride, bos, eos, i_h, K, BT, KC, c0)
-        if USE_L2NORM:
-            kf = kc.to(tl.float32)
-            sq += tl.sum(kf * kf, axis=1)
         A = tl.dot(kc, tl.trans(kc), A, input_precision=DOT_PREC)
-    if USE_L2NORM:
-        rk = tl.rsqrt(sq + 1e-6)   # tiles._inv_norms, summed in column blocks
-    else:
-        rk = tl.full([BT], 1.0, tl.float32)
     b_beta = _load_vec(beta, bos, eos, i_hv, HV, BT)
     tl.store(k_scale + rows * HV + i_hv, rk * tl.exp(g_last - b_gamma), mask=in_seq)
     tl.store(w_scale + rows * HV + i_hv, rk * b_beta * tl.exp(b_gamma), mask=in_seq)
@@ -254,7 +250,7 @@ def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, strides: tuple[int, int, 
     if num_chunks:
         t = torch.empty(tokens, HV, chunk_size, dtype=dtype, device=device)
         launch(_split_solve_kernel, (num_chunks, HV), k, g, beta, t, gamma, k_scale, w_scale, tables.chunks, k_stride,
-               H=H, HV=HV, K=K, BT=chunk_size, BK=BK, KC=min(SOLVE_KEY_BLOCK, BK), USE_L2NORM=use_qk_l2norm,
+               H=H, HV=HV, K=K, BT=chunk_size, BK=BK, KC=_solve_key_block(dtype, BK), USE_L2NORM=use_qk_l2norm,
                DOT_PREC=dot_prec, num_warps=solve_num_warps)
         BW = min(WU_BLOCK, BK, BVALL)
         launch(_split_wu_kernel, (num_chunks, HV, BK // BW + BVALL // BW), k, v, beta, t, w_scale, w, u, tables.chunks,
@@ -272,6 +268,13 @@ def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, strides: tuple[int, int, 
         launch(_split_output_kernel, (num_chunks, HV, triton.cdiv(V, BVO)), q, k, gamma, states, vn, o,
                tables.chunks, scale, q_stride, k_stride, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BVO,
                USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=output_num_warps)
+
+
+def _solve_key_block(dtype: torch.dtype, BK: int) -> int:
+    """Key columns per step of the solve kernel's K K^T: SOLVE_KEY_BLOCK for 16-bit inputs (the registers), all of
+    them for float32 (tests only, the engine refuses float32 on a GPU): one product, so its results keep the bits
+    of the one-kernel prep this replaced."""
+    return BK if dtype == torch.float32 else min(SOLVE_KEY_BLOCK, BK)
 
 
 def _pow2(dim: int) -> int:
