@@ -1,15 +1,18 @@
-"""Chunked gated delta rule, the "split" design (issue 36 items 1-2): three kernels, only one of them sequential.
+"""Chunked gated delta rule, the "split" design (issue 36 items 1-2): four kernels, one of them sequential.
 
 Selected by `design="split"` (a launch knob, see launch_config.DeltaRuleChunkKnobs); the "fused" design of
 chunk.py stays the default until a GPU has timed both (docs/kernels/gated_delta_rule.md).
 
-1. `_split_prep_kernel`, one program per (chunk, value head), all in parallel, meant for 4 warps. gamma (the
-   float64 cumulative sum rounded once, as chunk.py), 1/|k|, and A = strict_lower(diag(beta/|k|) K K^T
-   diag(1/|k|) * exp(gamma_i - gamma_j)) as one [BT, BT] product; the four diagonal blocks of (I + A)^-1
-   by forward substitution on vectors (no matrix product per row), all four at once on the whole tile; the
-   off-diagonal blocks by block elimination written as three products (`_merge_blocks`); then
-   W = T (K beta exp(gamma) / |k|) and U = T (V beta) with operands in the input dtype (16-bit: full-rate
-   tensor cores) and float32 accumulation. Stores W, U, gamma and k_scale = exp(gamma_last - gamma) / |k|.
+1. The prep, two kernels, one program per (chunk, value head [, column block]), all in parallel, meant for 4
+   warps. `_split_solve_kernel`: gamma (the float64 cumulative sum rounded once, as chunk.py), 1/|k|, and
+   A = strict_lower(diag(beta/|k|) K K^T diag(1/|k|) * exp(gamma_i - gamma_j)) as one [BT, BT] product (KC key
+   columns a step); the four diagonal blocks of T = (I + A)^-1 by forward substitution on vectors, on [4, BC, BC]
+   tiles (no matrix product per row); the off-diagonal blocks by block elimination written as whole-tile
+   products, one column block of T at a time. Stores T in the input dtype (the rounding the W / U products take),
+   gamma, k_scale = exp(gamma_last - gamma) / |k| and W's row factor w_scale = beta exp(gamma) / |k|.
+   `_split_wu_kernel`: WU_BLOCK columns of W = T (K w_scale) or of U = T (V beta) per program, operands in the
+   input dtype (16-bit: full-rate tensor cores), float32 accumulation. Two kernels rather than one: together they
+   held 231-255 registers (2 blocks an SM); apart, at most 123 (docs/kernels/gated_delta_rule.md).
 2. `_split_state_kernel`, one program per (sequence or segment, value head, V block): per chunk it stores
    the chunk-start state S_c (input dtype, [chunks, HV, K, V]), Vn = U - W S_c (input dtype) and carries
    S <- exp(gamma_last) S + K^T diag(k_scale) Vn: two dependent products a chunk, no q loaded.
