@@ -35,7 +35,7 @@ from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segm
 from triton_kernels.launch_config import DeltaRuleChunkKnobs, launch_row
 
 TRITON_CHUNK_SIZES = (64, 128)
-# "fused": the two kernels below (the default); "split": split.py's prep, state walk and output kernel.
+# "fused": the two kernels below (the default); "split": split.py's prep (two kernels), state walk and output kernel.
 DESIGNS = ("fused", "split")
 
 
