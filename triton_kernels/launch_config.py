@@ -23,9 +23,9 @@ class DeltaRuleChunkKnobs:
     (gated_delta_rule/walk_layout.plan_walk).
 
     design: "fused" (chunk.py: a prep kernel, then a walk that also writes the outputs) or "split" (split.py,
-    issue 36: a 4-warp prep, a state-only walk, a fully parallel output kernel). The walk knobs above are the
-    state walk's in the split design; solve_num_warps is its prep kernel's, output_block_v / output_num_warps its
-    output kernel's (prep_num_warps stays the fused design's)."""
+    issue 36: a 4-warp prep in two kernels, a state-only walk, a fully parallel output kernel). The walk knobs
+    above are the state walk's in the split design; solve_num_warps is its prep kernels' (solve, W / U),
+    output_block_v / output_num_warps its output kernel's (prep_num_warps stays the fused design's)."""
 
     block_v: int
     num_warps: int

@@ -332,7 +332,7 @@ def _knobs(launch: Launch) -> str:
 # Kernels whose instructions the report counts from their SASS: the walk's main loop (what one chunk chains), the
 # prep kernel whole (one chunk's intra-chunk algebra).
 LOOP_KERNELS = ("_chunk_walk_kernel", "_split_state_kernel")
-WHOLE_KERNELS = ("_chunk_prep_kernel", "_split_prep_kernel", "_split_output_kernel")
+WHOLE_KERNELS = ("_chunk_prep_kernel", "_split_solve_kernel", "_split_wu_kernel", "_split_output_kernel")
 
 
 def measure(spec: CompileSpec) -> tuple[Resources, dict | None]:

@@ -267,6 +267,8 @@ def test_chunk_launch_knobs_reach_the_kernels(monkeypatch):
     (prep_grid, prep_kw), = prep.launches
     (walk_grid, walk_kw), = walk.launches
     assert prep_grid == (2 * 2, 2) and prep_kw["num_warps"] == 2 and prep_kw["BT"] == 64
+    # W: K = 16 columns in one block of 16; U: V = 64 columns in four
+    assert wu_grid == (2 * 2, 2, 1 + 4) and (wu_kw["BW"], wu_kw["num_warps"]) == (16, 2)
     assert walk_grid == (2 * 2 * (64 // 16),)
     assert (walk_kw["BV"], walk_kw["NV"], walk_kw["num_warps"], walk_kw["num_stages"]) == (16, 4, 8, 3)
     # Defaults are the launch table's (an H100's without a GPU): block_v 64 capped at V = 32, then narrowed
@@ -282,15 +284,17 @@ def test_chunk_launch_knobs_reach_the_kernels(monkeypatch):
 
 
 def test_split_design_launch_knobs_reach_its_kernels(monkeypatch):
-    """design="split" launches its three kernels (and none of the fused design's), each with its knobs: the prep
-    (solve_num_warps) and the output kernel (output_block_v, output_num_warps) over every chunk and value head, the
-    state walk with the walk's knobs. The launch table keeps the fused design as the default."""
+    """design="split" launches its four kernels (and none of the fused design's), each with its knobs: the prep's
+    solve and W / U kernels (solve_num_warps; W / U over column blocks of K and V) and the output kernel
+    (output_block_v, output_num_warps) over every chunk and value head, the state walk with the walk's knobs. The
+    launch table keeps the fused design as the default."""
     from triton_kernels.gated_delta_rule import split as split_module
     from triton_kernels.launch_config import launch_row
     from triton_kernels._launch import A100, H100
 
     recorders = {}
-    for module, name in ((split_module, "_split_prep_kernel"), (split_module, "_split_state_kernel"),
+    for module, name in ((split_module, "_split_solve_kernel"), (split_module, "_split_wu_kernel"),
+                         (split_module, "_split_state_kernel"),
                          (split_module, "_split_output_kernel"), (chunk_module, "_chunk_prep_kernel"),
                          (chunk_module, "_chunk_walk_kernel")):
         recorders[name] = LaunchRecorder(getattr(module, name))
@@ -299,10 +303,13 @@ def test_split_design_launch_knobs_reach_its_kernels(monkeypatch):
     check(chunk_gated_delta_rule, inputs, design="split", block_v=16, num_warps=8, num_stages=3, solve_num_warps=2,
           output_block_v=32, output_num_warps=1)
     assert not recorders["_chunk_prep_kernel"].launches and not recorders["_chunk_walk_kernel"].launches
-    (prep_grid, prep_kw), = recorders["_split_prep_kernel"].launches
+    (prep_grid, prep_kw), = recorders["_split_solve_kernel"].launches
+    (wu_grid, wu_kw), = recorders["_split_wu_kernel"].launches
     (walk_grid, walk_kw), = recorders["_split_state_kernel"].launches
     (out_grid, out_kw), = recorders["_split_output_kernel"].launches
     assert prep_grid == (2 * 2, 2) and prep_kw["num_warps"] == 2 and prep_kw["BT"] == 64
+    # W: K = 16 columns in one block of 16; U: V = 64 columns in four
+    assert wu_grid == (2 * 2, 2, 1 + 4) and (wu_kw["BW"], wu_kw["num_warps"]) == (16, 2)
     assert walk_grid == (2 * 2 * (64 // 16),) and walk_kw["STORE_CHUNKS"]
     assert (walk_kw["BV"], walk_kw["NV"], walk_kw["num_warps"], walk_kw["num_stages"]) == (16, 4, 8, 3)
     assert out_grid == (2 * 2, 2, 64 // 32) and (out_kw["BV"], out_kw["num_warps"]) == (32, 1)
@@ -730,7 +737,8 @@ def test_column_views_are_read_in_place_and_give_the_contiguous_bits(design, mon
     the float64 reference."""
     from triton_kernels.gated_delta_rule import split as split_module
     names = {"fused": (chunk_module, ("_chunk_prep_kernel", "_chunk_walk_kernel")),
-             "split": (split_module, ("_split_prep_kernel", "_split_state_kernel", "_split_output_kernel")),
+             "split": (split_module, ("_split_solve_kernel", "_split_wu_kernel", "_split_state_kernel",
+                                      "_split_output_kernel")),
              "recurrent": (recurrent_module, ("_recurrent_kernel",))}
     module, kernels = names[design]
     lengths = [1, 2, 1] if design == "recurrent" else [70, 5, 64]

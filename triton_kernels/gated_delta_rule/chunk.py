@@ -35,7 +35,7 @@ from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segm
 from triton_kernels.launch_config import DeltaRuleChunkKnobs, launch_row
 
 TRITON_CHUNK_SIZES = (64, 128)
-# "fused": the two kernels below (the default); "split": split.py's prep, state walk and output kernel.
+# "fused": the two kernels below (the default); "split": split.py's prep (two kernels), state walk and output kernel.
 DESIGNS = ("fused", "split")
 
 
@@ -385,10 +385,11 @@ def chunk_gated_delta_rule(
         num_warps, num_stages: of the sequential walk kernel (num_stages pipelines its chunk loop).
         prep_num_warps: of the parallel per-chunk kernel.
         design: "fused" (this module's prep kernel and a walk that also writes the outputs) or "split"
-            (split.py: a 4-warp prep, a state-only walk storing chunk-start states, a parallel output kernel).
+            (split.py: a 4-warp prep in two kernels, a state-only walk storing chunk-start states, a parallel
+            output kernel).
             block_v, min_block_v, num_warps and num_stages are the walk's in both.
-        solve_num_warps: of the split design's prep kernel. output_block_v, output_num_warps: of its output
-            kernel (V columns per program, a power of two >= 16).
+        solve_num_warps: of the split design's prep kernels (solve, W / U). output_block_v, output_num_warps:
+            of its output kernel (V columns per program, a power of two >= 16).
         A knob left as None takes the value of triton_kernels/launch_config.py for the tensors' GPU
         (compiled there without spilling registers at K = V = 128 in 16-bit: see the compile-matrix
         test); timings are left to the benchmark.

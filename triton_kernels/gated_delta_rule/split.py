@@ -1,15 +1,18 @@
-"""Chunked gated delta rule, the "split" design (issue 36 items 1-2): three kernels, only one of them sequential.
+"""Chunked gated delta rule, the "split" design (issue 36 items 1-2): four kernels, one of them sequential.
 
 Selected by `design="split"` (a launch knob, see launch_config.DeltaRuleChunkKnobs); the "fused" design of
 chunk.py stays the default until a GPU has timed both (docs/kernels/gated_delta_rule.md).
 
-1. `_split_prep_kernel`, one program per (chunk, value head), all in parallel, meant for 4 warps. gamma (the
-   float64 cumulative sum rounded once, as chunk.py), 1/|k|, and A = strict_lower(diag(beta/|k|) K K^T
-   diag(1/|k|) * exp(gamma_i - gamma_j)) as one [BT, BT] product; the four diagonal blocks of (I + A)^-1
-   by forward substitution on vectors (no matrix product per row), all four at once on the whole tile; the
-   off-diagonal blocks by block elimination written as three products (`_merge_blocks`); then
-   W = T (K beta exp(gamma) / |k|) and U = T (V beta) with operands in the input dtype (16-bit: full-rate
-   tensor cores) and float32 accumulation. Stores W, U, gamma and k_scale = exp(gamma_last - gamma) / |k|.
+1. The prep, two kernels, one program per (chunk, value head [, column block]), all in parallel, meant for 4
+   warps. `_split_solve_kernel`: gamma (the float64 cumulative sum rounded once, as chunk.py), 1/|k|, and
+   A = strict_lower(diag(beta/|k|) K K^T diag(1/|k|) * exp(gamma_i - gamma_j)) as one [BT, BT] product (KC key
+   columns a step); the four diagonal blocks of T = (I + A)^-1 by forward substitution on vectors, on [4, BC, BC]
+   tiles (no matrix product per row); the off-diagonal blocks by block elimination written as whole-tile
+   products, one column block of T at a time. Stores T in the input dtype (the rounding the W / U products take),
+   gamma, k_scale = exp(gamma_last - gamma) / |k| and W's row factor w_scale = beta exp(gamma) / |k|.
+   `_split_wu_kernel`: WU_BLOCK columns of W = T (K w_scale) or of U = T (V beta) per program, operands in the
+   input dtype (16-bit: full-rate tensor cores), float32 accumulation. Two kernels rather than one: together they
+   held 231-255 registers (2 blocks an SM); apart, at most 123 (docs/kernels/gated_delta_rule.md).
 2. `_split_state_kernel`, one program per (sequence or segment, value head, V block): per chunk it stores
    the chunk-start state S_c (input dtype, [chunks, HV, K, V]), Vn = U - W S_c (input dtype) and carries
    S <- exp(gamma_last) S + K^T diag(k_scale) Vn: two dependent products a chunk, no q loaded.
@@ -32,56 +35,50 @@ from triton_kernels.gated_delta_rule.tiles import (_inv_norms, _load_rows, _load
                                                    _start_state, _store_rows, _store_state, _walk_program)
 from triton_kernels.gated_delta_rule.walk_layout import LaunchTables, chain_segment_starts
 
+# Columns of W or U per program of _split_wu_kernel; key columns per step of the solve kernel's K K^T.
+WU_BLOCK = 64
+SOLVE_KEY_BLOCK = 16
+
 
 @triton.jit
-def _invert_diagonal_blocks(D, BT: tl.constexpr, BC: tl.constexpr):
-    """(I + D_bb)^-1 of every BC x BC diagonal block of D [BT, BT] (block diagonal, each block strictly
-    lower), float32, by forward substitution on vectors: row r of every block at once,
-    T_r = e_r - sum_{j<r} D_rj T_j, as two masked reductions of the whole tile (the blocks' rows r, then their
-    products with T, which is block diagonal, so the blocks never mix). No matrix product per row.
+def _invert_diagonal_blocks(D, NB: tl.constexpr, BC: tl.constexpr):
+    """(I + D_b)^-1 of each of the NB strictly lower BC x BC blocks of D [NB, BC, BC], float32, by forward
+    substitution on vectors: row r of every block at once, T_r = e_r - sum_{j<r} D_rj T_j, one reduction a row
+    along the blocks' rows (axis 1), on [NB, BC, BC] tiles rather than masked [NB BC, NB BC] ones. No matrix
+    product per row. The rows D_r are taken from D transposed once (E = D^T, reduced along its last axis), where
+    they come out already laid along T's rows: taken from D itself they needed a second cross-warp reduction and a
+    layout conversion a row (~6 barriers a row instead of ~2, in the compiled code).
 
     Forward substitution rather than a nilpotent series in A (I - A)(I + A^2)...: that series cancels
     catastrophically when keys in a chunk are alike (its terms grow like binomial coefficients)."""
-    o = tl.arange(0, BT)
-    same = (o[:, None] // BC) == (o[None, :] // BC)
-    T = (o[:, None] == o[None, :]).to(tl.float32)
+    i = tl.arange(0, BC)
+    E = tl.permute(D, (0, 2, 1))
+    T = tl.broadcast_to((i[:, None] == i[None, :]).to(tl.float32)[None, :, :], [NB, BC, BC])
     for r in tl.static_range(1, BC):
-        at_r = (o % BC) == r
-        a = tl.sum(tl.where(at_r[:, None], D, 0.0), axis=0)   # rows r of every block, in their blocks' columns
-        x = tl.sum(a[:, None] * T, axis=0)                      # those rows times T, block by block
-        T = tl.where(at_r[:, None] & same, T - x[None, :], T)
+        a = tl.sum(tl.where((i == r)[None, None, :], E, 0.0), axis=2)   # row r of every block: a[b, m] = D[b, r, m]
+        x = tl.sum(a[:, :, None] * T, axis=1)                             # times its own block of T
+        T = tl.where((i == r)[None, :, None], T - x[:, None, :], T)
     return T
 
 
 @triton.jit
-def _merge_blocks(Td, L, DOT_PREC: tl.constexpr):
-    """(I + A)^-1 from Td = (I + D)^-1 (the inverted diagonal blocks) and L = A - D (strictly below the
-    diagonal blocks): I + A = (I + D)(I + N) with N = Td L, strictly block lower, N^4 = 0 for four blocks, so
-    (I + A)^-1 = (I - N + N^2 - N^3) Td = Td - N (Td - N (Td - N Td)). This is the block elimination
-    T_ij = -T_ii sum_m A_im T_mj written as whole-tile products (the same terms, no longer series)."""
-    N = tl.dot(Td, L, input_precision=DOT_PREC)
-    Y = Td - tl.dot(N, Td, input_precision=DOT_PREC)
-    Y = Td - tl.dot(N, Y, input_precision=DOT_PREC)
-    return Td - tl.dot(N, Y, input_precision=DOT_PREC)
-
-
-@triton.jit
-def _split_prep_kernel(
-    k, v, g, beta,  # inputs: k [tokens, H, K], v [tokens, HV, V], g and beta [tokens, HV]
-    w, u,  # outputs in the input dtype: w [tokens, HV, K], u [tokens, HV, V]
-    gamma, k_scale,  # outputs, float32 [tokens, HV]
+def _split_solve_kernel(
+    k, g, beta,  # inputs: k [tokens, H, K], g and beta [tokens, HV]
+    t,  # output in the input dtype: t [tokens, HV, BT], row i of its chunk's T = (I + A)^-1
+    gamma, k_scale, w_scale,  # outputs, float32 [tokens, HV]
     chunk_bounds,  # int32 [num_chunks, 2]: first token, end token
-    k_stride, v_stride,  # elements between consecutive tokens of k, v (see tiles._load_token_rows)
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BVALL: tl.constexpr, BW: tl.constexpr,
+    k_stride,  # elements between consecutive tokens of k (see tiles._load_token_rows)
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
     USE_L2NORM: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """BW: columns of W and U built at a time (a [BT, BW] right-hand side live, not [BT, K])."""
+    """gamma, k_scale, the row factor of W (w_scale = beta exp(gamma) / |k|) and T, rounded to the input dtype
+    as the W / U products take it."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     bos = tl.load(chunk_bounds + 2 * i_c).to(tl.int64)
     eos = tl.load(chunk_bounds + 2 * i_c + 1).to(tl.int64)
-    BC: tl.constexpr = BT // 4
+    NB: tl.constexpr = 4
+    BC: tl.constexpr = BT // NB
     o = tl.arange(0, BT)
     rows = bos + o.to(tl.int64)
     in_seq = rows < eos
@@ -92,27 +89,67 @@ def _split_prep_kernel(
     tl.store(gamma + rows * HV + i_hv, b_gamma, mask=in_seq)
     g_last = tl.sum(tl.where(o == BT - 1, exact, 0.0), axis=0).to(tl.float32)   # rows past the end have g = 0
 
-    b_k = _load_token_rows(k, k_stride, bos, eos, i_h, K, BT, BK)
-    rk = _inv_norms(b_k, USE_L2NORM)
+    # 1/|k| from the whole key tile, which then dies; K K^T KC key columns at a time, read again (L2): a [BT, KC]
+    # tile live as both operands, not [BT, K] (on sm_80 the whole tile in one product took the kernel to ~250
+    # registers, 32 columns to 143 in float16).
+    rk = _inv_norms(_load_token_rows(k, k_stride, bos, eos, i_h, K, BT, BK), USE_L2NORM)
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    for c0 in tl.static_range(0, BK, KC):
+        kc = _load_token_rows(k, k_stride, bos, eos, i_h, K, BT, KC, c0)
+        A = tl.dot(kc, tl.trans(kc), A, input_precision=DOT_PREC)
     b_beta = _load_vec(beta, bos, eos, i_hv, HV, BT)
     tl.store(k_scale + rows * HV + i_hv, rk * tl.exp(g_last - b_gamma), mask=in_seq)
+    tl.store(w_scale + rows * HV + i_hv, rk * b_beta * tl.exp(b_gamma), mask=in_seq)
 
-    # A, one product; masked before the exp (above the diagonal gamma_i - gamma_j > 0 could overflow).
-    A = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC) * ((b_beta * rk)[:, None] * rk[None, :])
+    # A = strict_lower(diag(beta/|k|) K K^T diag(1/|k|) * exp(gamma_i - gamma_j)), masked before the exp (above the
+    # diagonal gamma_i - gamma_j > 0 could overflow); then seen as [NB, BC, NB, BC] blocks.
+    A = A * ((b_beta * rk)[:, None] * rk[None, :])
     lower = o[:, None] > o[None, :]
     A = tl.where(lower, A * tl.exp(tl.where(lower, b_gamma[:, None] - b_gamma[None, :], 0.0)), 0.0)
-    same = (o[:, None] // BC) == (o[None, :] // BC)
-    Td = _invert_diagonal_blocks(tl.where(same, A, 0.0), BT, BC)
-    T = _merge_blocks(Td, tl.where(same, 0.0, A), DOT_PREC).to(w.dtype.element_ty)
+    blk = tl.arange(0, NB)
+    same = (blk[:, None] == blk[None, :])[:, None, :, None]
+    A4 = tl.reshape(A, [NB, BC, NB, BC])
+    # The diagonal blocks' inverses Td, on [NB, BC, BC] tiles; then, with L = A below the diagonal blocks,
+    # I + A = (I + D)(I + N), N = Td L (strictly block lower, N^4 = 0), so (I + A)^-1 = (I - N + N^2 - N^3) Td =
+    # Td - N (Td - N (Td - N Td)): the block elimination T_ij = -T_ii sum_m A_im T_mj as whole-tile products (the
+    # same terms, no longer series). N by block rows (Td_b times L's rows of block b: one batched product), T one
+    # column block at a time ([BT, BC] tiles live beside N, not [BT, BT] ones).
+    Td = _invert_diagonal_blocks(tl.sum(tl.where(same, A4, 0.0), axis=2), NB, BC)
+    N = tl.reshape(tl.dot(Td, tl.reshape(tl.where(same, 0.0, A4), [NB, BC, BT]), input_precision=DOT_PREC), [BT, BT])
+    for j in tl.static_range(NB):
+        Tj = tl.reshape(tl.where((blk == j)[:, None, None], Td, 0.0), [BT, BC])   # column block j of Td
+        Y = Tj - tl.dot(N, Tj, input_precision=DOT_PREC)
+        Y = Tj - tl.dot(N, Y, input_precision=DOT_PREC)
+        Y = Tj - tl.dot(N, Y, input_precision=DOT_PREC)
+        _store_rows(t, Y, bos, eos, i_hv, HV, BT, BT, BC, j * BC)
 
-    # W and U: operands in the input dtype (T and the scaled rows rounded once), float32 accumulation. The key
-    # columns are read again (L2) rather than kept live across the solve.
-    kw = rk * b_beta * tl.exp(b_gamma)
-    for c0 in tl.static_range(0, BK, BW):
-        x = _load_token_rows(k, k_stride, bos, eos, i_h, K, BT, BW, c0).to(tl.float32) * kw[:, None]
-        _store_rows(w, tl.dot(T, x.to(T.dtype), input_precision=DOT_PREC), bos, eos, i_hv, HV, K, BT, BW, c0)
-    for c0 in tl.static_range(0, BVALL, BW):
-        x = _load_token_rows(v, v_stride, bos, eos, i_hv, V, BT, BW, c0).to(tl.float32) * b_beta[:, None]
+
+@triton.jit
+def _split_wu_kernel(
+    k, v, beta,  # inputs: k [tokens, H, K], v [tokens, HV, V], beta [tokens, HV]
+    t, w_scale,  # the solve kernel's T [tokens, HV, BT] (input dtype) and W's row factor, float32 [tokens, HV]
+    w, u,  # outputs in the input dtype: w [tokens, HV, K], u [tokens, HV, V]
+    chunk_bounds, k_stride, v_stride,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """BW columns of W = T (K beta exp(gamma) / |k|) (program i_b < BK / BW) or of U = T (V beta) (the rest):
+    operands in the input dtype (T and the scaled rows rounded once), float32 accumulation."""
+    i_c, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(chunk_bounds + 2 * i_c).to(tl.int64)
+    eos = tl.load(chunk_bounds + 2 * i_c + 1).to(tl.int64)
+    T = _load_rows(t, bos, eos, i_hv, HV, BT, BT, BT)
+    NW: tl.constexpr = BK // BW
+    if i_b < NW:
+        x = _load_token_rows(k, k_stride, bos, eos, i_h, K, BT, BW, i_b * BW).to(tl.float32) * \
+            _load_vec(w_scale, bos, eos, i_hv, HV, BT)[:, None]
+        _store_rows(w, tl.dot(T, x.to(T.dtype), input_precision=DOT_PREC), bos, eos, i_hv, HV, K, BT, BW, i_b * BW)
+    else:
+        c0 = (i_b - NW) * BW
+        x = _load_token_rows(v, v_stride, bos, eos, i_hv, V, BT, BW, c0).to(tl.float32) * \
+            _load_vec(beta, bos, eos, i_hv, HV, BT)[:, None]
         _store_rows(u, tl.dot(T, x.to(T.dtype), input_precision=DOT_PREC), bos, eos, i_hv, HV, V, BT, BW, c0)
 
 
@@ -212,11 +249,16 @@ def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, strides: tuple[int, int, 
     u = torch.empty(tokens, HV, V, dtype=dtype, device=device)
     vn = torch.empty(tokens, HV, V, dtype=dtype, device=device)
     states = torch.empty(num_chunks, HV, K, V, dtype=dtype, device=device)
-    gamma, k_scale = torch.empty(2, tokens, HV, dtype=torch.float32, device=device)
+    gamma, k_scale, w_scale = torch.empty(3, tokens, HV, dtype=torch.float32, device=device)
     if num_chunks:
-        launch(_split_prep_kernel, (num_chunks, HV), k, v, g, beta, w, u, gamma, k_scale, tables.chunks,
-               k_stride, v_stride, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BVALL=BVALL, BW=min(64, BK, BVALL),
-               USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=solve_num_warps)
+        t = torch.empty(tokens, HV, chunk_size, dtype=dtype, device=device)
+        launch(_split_solve_kernel, (num_chunks, HV), k, g, beta, t, gamma, k_scale, w_scale, tables.chunks, k_stride,
+               H=H, HV=HV, K=K, BT=chunk_size, BK=BK, KC=_solve_key_block(dtype, BK), USE_L2NORM=use_qk_l2norm,
+               DOT_PREC=dot_prec, num_warps=solve_num_warps)
+        BW = min(WU_BLOCK, BK, BVALL)
+        launch(_split_wu_kernel, (num_chunks, HV, BK // BW + BVALL // BW), k, v, beta, t, w_scale, w, u, tables.chunks,
+               k_stride, v_stride, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BW=BW, DOT_PREC=dot_prec,
+               num_warps=solve_num_warps)
     walk = functools.partial(_state_walk, k, w, u, gamma, k_scale, states, vn, k_stride=k_stride, H=H, HV=HV, K=K,
                              V=V, BT=chunk_size, BK=BK, BV=block_v, DOT_PREC=dot_prec, num_warps=num_warps,
                              num_stages=num_stages)
@@ -229,6 +271,13 @@ def chunk_fwd_split(q, k, v, g, beta, o, final, h0, *, strides: tuple[int, int, 
         launch(_split_output_kernel, (num_chunks, HV, triton.cdiv(V, BVO)), q, k, gamma, states, vn, o,
                tables.chunks, scale, q_stride, k_stride, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BVO,
                USE_L2NORM=use_qk_l2norm, DOT_PREC=dot_prec, num_warps=output_num_warps)
+
+
+def _solve_key_block(dtype: torch.dtype, BK: int) -> int:
+    """Key columns per step of the solve kernel's K K^T: SOLVE_KEY_BLOCK for 16-bit inputs (the registers), all of
+    them for float32 (tests only, the engine refuses float32 on a GPU): one product, so its results keep the bits
+    of the one-kernel prep this replaced."""
+    return BK if dtype == torch.float32 else min(SOLVE_KEY_BLOCK, BK)
 
 
 def _pow2(dim: int) -> int:
