@@ -82,3 +82,34 @@ def test_the_count_tells_the_parent_and_stops_when_told(family_checkpoint, tmp_p
     stopped = exact_tokens(index, positions, tokenizer, bounds, alive=lambda n: heard.append(n) and False)
     assert heard == [2]
     assert (stopped[:2] == every[:2]).all() and (stopped[2:] == bounds[2:]).all()
+
+
+def test_the_encodings_are_kept_for_the_batches_within_their_room(family_checkpoint, tmp_path):
+    """What the count encoded is kept (compactly) for the batch that reads the record, as `encode` gave it, once;
+    not for the records a resumed shard has done, and not past the room (those are encoded again)."""
+    from pipeline.worker.token_counts import Encoded
+    source = checkpoint.local_source(str(family_checkpoint("nucleotide_transformer_v1")))
+    hf = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
+    records = {f"d{i}": "ACGTTGNCA" * (3 + i) for i in range(6)} | {"e": ""}
+    index, _ = load_or_build([str(write_fasta(tmp_path / "d.fa", records))])
+    tokenizer = SequenceTokenizer(hf, max_tokens=20)
+    positions = np.arange(len(index))[::-1]   # any order: the encodings are found by position
+    bounds = tokenizer.tokens_for_residues(index.lengths[positions])
+    wanted = np.array([True, False, True, True, True, True, True])
+    encoded = Encoded(wanted=wanted)
+    counts = exact_tokens(index, positions, tokenizer, bounds, encoded=encoded)
+    assert len(encoded) == 5   # not the done record, not the empty one
+    for nth, p in enumerate(positions):
+        text = index.sequence(int(p))
+        kept = encoded.take(int(p), text)
+        if not wanted[nth] or not text:
+            assert kept is None
+            continue
+        want, = tokenizer.encode([text])
+        assert (kept.ids, kept.special.tolist(), kept.truncated, kept.num_unknown, kept.residues) == \
+            (want.ids, want.special.tolist(), want.truncated, want.num_unknown, text)
+        assert len(kept.ids) == counts[nth] and encoded.take(int(p), text) is None   # taken once
+    assert index.lengths[positions[0]] == 0   # (the empty record comes first here: nothing to keep)
+    small = Encoded(room=int(counts[1] + counts[2] + counts[3] - 1))
+    exact_tokens(index, positions, tokenizer, bounds, encoded=small)
+    assert len(small) == 2 and small.take(int(positions[2]), "") is not None   # the third did not fit, nor any after

@@ -18,6 +18,7 @@ from ..output.schema import BASE_COLUMNS, RowBlock
 from ..output.sequence_digest import digests
 from ..tasks.task import PendingOutput
 from ..tasks.tokenization import Tokenized
+from .token_counts import Encoded
 
 log = logging.getLogger("run_shards.worker")
 
@@ -47,9 +48,12 @@ class LaunchedBatch:
 class BatchComputer:
     """Rows for a batch of positions: statuses, tokenization, the engine (split on OOM), the task."""
 
-    def __init__(self, index, engine, task, tokenizer, schema, config, limit: int | None, windows=None):
+    def __init__(self, index, engine, task, tokenizer, schema, config, limit: int | None, windows=None,
+                 encoded: Encoded | None = None):
+        """`encoded`: encodings made while planning (token_counts.py), taken instead of encoding again."""
         self.index, self.engine, self.task, self.tokenizer = index, engine, task, tokenizer
         self.schema, self.config, self.limit, self.windows = schema, config, limit, windows
+        self.encoded = encoded
 
     def row_bytes(self, positions: np.ndarray) -> np.ndarray:
         return self.schema.row_bytes(self.index.lengths[positions])
@@ -72,7 +76,7 @@ class BatchComputer:
         texts = [self.index.sequence(int(todo[i]), convention.keeps_case) for i in candidates]
         if convention.paired_with:
             lengths[candidates] = [convention.count(t) for t in texts]
-        toks = self.tokenizer.encode(texts) if len(candidates) else []
+        toks = self._encode(todo[candidates], texts)
         digest = np.repeat(digests([""]), n, axis=0)   # (an empty record's digest is the empty text's)
         digest[candidates] = digests(texts)
         compute = []
@@ -89,6 +93,19 @@ class BatchComputer:
                 status[i] = sc.UNKNOWN_RESIDUES
             compute.append((int(i), t))
         return PreparedBatch(todo, lengths, status, truncated, digest, compute)
+
+    def _encode(self, positions: np.ndarray, texts: list[str]) -> list[Tokenized]:
+        """The records' tokens: those kept while planning, the others encoded in one call."""
+        if not texts:
+            return []
+        if not self.encoded:
+            return self.tokenizer.encode(texts)
+        found = [self.encoded.take(int(p), t) for p, t in zip(positions, texts)]
+        rest = [i for i, tok in enumerate(found) if tok is None]
+        if rest:
+            for i, tok in zip(rest, self.tokenizer.encode([texts[i] for i in rest])):
+                found[i] = tok
+        return found
 
     def launch(self, batch: PreparedBatch) -> LaunchedBatch:
         """The engine and the task's device work queued (on a CPU: done) for the rows to compute."""

@@ -33,7 +33,7 @@ from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer, LaunchedBatch
 from .batching import plan_batches, plan_generate_batches
 from .process_setup import set_up
-from .token_counts import exact_tokens
+from .token_counts import Encoded, exact_tokens
 
 log = logging.getLogger("run_shards.worker")
 
@@ -178,8 +178,9 @@ class ShardRun:
         batches an uninterrupted one would), and what computes their rows. Long sequences run as windows
         with --on-long window: the engine sees and budgets those."""
         config, index, positions = shard.config, shard.index, shard.positions
+        encoded = Encoded(wanted=~shard.done)   # (a resumed shard counts its done records too: the same batches)
         tokens = exact_tokens(index, positions, tokenizer, tokenizer.tokens_for_residues(index.lengths[positions]),
-                              alive=self._counting)
+                              alive=self._counting, encoded=encoded)
         cut = None
         if config.on_long == "window":
             from ..engine.windowed import Windows, WindowedEngine
@@ -187,7 +188,8 @@ class ShardRun:
             engine = WindowedEngine(engine, cut)
             tokens = np.array([t if t <= cut.limit else cut.count(int(t)) * cut.limit for t in tokens], np.int64)
         tokens = task.batch_tokens(tokens, positions)   # e.g. a pseudo-log-likelihood's masked copies
-        computer = BatchComputer(index, engine, task, tokenizer, shard.schema, config, shard.manifest["max_tokens"], cut)
+        computer = BatchComputer(index, engine, task, tokenizer, shard.schema, config, shard.manifest["max_tokens"], cut,
+                                 encoded)
         if config.task == "generate":
             batches = plan_generate_batches(tokens, config.max_seqs)
         else:
