@@ -267,8 +267,6 @@ def test_chunk_launch_knobs_reach_the_kernels(monkeypatch):
     (prep_grid, prep_kw), = prep.launches
     (walk_grid, walk_kw), = walk.launches
     assert prep_grid == (2 * 2, 2) and prep_kw["num_warps"] == 2 and prep_kw["BT"] == 64
-    # W: K = 16 columns in one block of 16; U: V = 64 columns in four
-    assert wu_grid == (2 * 2, 2, 1 + 4) and (wu_kw["BW"], wu_kw["num_warps"]) == (16, 2)
     assert walk_grid == (2 * 2 * (64 // 16),)
     assert (walk_kw["BV"], walk_kw["NV"], walk_kw["num_warps"], walk_kw["num_stages"]) == (16, 4, 8, 3)
     # Defaults are the launch table's (an H100's without a GPU): block_v 64 capped at V = 32, then narrowed
