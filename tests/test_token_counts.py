@@ -5,6 +5,7 @@ that sits (tests/test_units.py has plan_batches' own cases)."""
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 
@@ -64,36 +65,55 @@ def test_counts_are_what_encoding_gives(family_checkpoint, tmp_path):
             assert counts.max() == limit
 
 
-def test_the_count_tells_the_parent_and_stops_when_told(family_checkpoint, tmp_path, monkeypatch):
-    """A chunk at a time, each followed by a message (the hang detector's); told to stop, the count ends and
-    the rest keep their bounds (a stopped worker runs no batch)."""
+def test_the_plan_waits_for_counts_telling_the_parent_and_stops_when_told(family_checkpoint, tmp_path, monkeypatch):
+    """Batches planned as the counts arrive are plan_batches' on every count; while the plan waits for counts it
+    calls `alive` (the worker's message for the hang detector), and it ends when that says stop."""
+    import threading
+
     from pipeline.worker import token_counts
+    from pipeline.worker.batching import LazyPlan, plan_batches
+    from pipeline.worker.token_counts import TokenCounter
     monkeypatch.setattr(token_counts, "CHUNK", 2)
+    monkeypatch.setattr(token_counts, "HEARTBEAT_SECONDS", 0.01)
     source = checkpoint.local_source(str(family_checkpoint("nucleotide_transformer_v1")))
     hf = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
-    index, _ = load_or_build([str(write_fasta(tmp_path / "d.fa", {f"d{i}": "ACGTTG" * (10 + i) for i in range(5)}))])
+    index, _ = load_or_build([str(write_fasta(tmp_path / "d.fa", {f"d{i}": "ACGTTG" * (10 + i) for i in range(9)}))])
     tokenizer = SequenceTokenizer(hf)
     positions = np.arange(len(index))
     bounds = tokenizer.tokens_for_residues(index.lengths[positions])
+    every = exact_tokens(index, positions, tokenizer, bounds)
+    assert (every < bounds).all()
+    for padded in (False, True):
+        counter = TokenCounter(index, positions, tokenizer, bounds)
+        plan = LazyPlan(counter, lambda t, a, b: t, 40, 3, padded)
+        got = [(a, b) for _, a, b, _ in plan]
+        counter.close()
+        assert got == plan_batches(every, 40, 3, padded)
+    # A counter held back (its encoder blocked), the plan waits, says so, and stops when told.
+    release = threading.Event()
+    encode = tokenizer.encode
+    monkeypatch.setattr(tokenizer, "encode", lambda texts: release.wait() and encode(texts))
+    counter = TokenCounter(index, positions, tokenizer, bounds)
     heard = []
-    every = exact_tokens(index, positions, tokenizer, bounds, alive=lambda n: heard.append(n) or True)
-    assert heard == [2, 4, 5] and (every < bounds).all()
-    heard.clear()
-    stopped = exact_tokens(index, positions, tokenizer, bounds, alive=lambda n: heard.append(n) and False)
-    assert heard == [2]
-    assert (stopped[:2] == every[:2]).all() and (stopped[2:] == bounds[2:]).all()
+    plan = LazyPlan(counter, lambda t, a, b: t, 40, 3, False, alive=lambda n: heard.append(n) or len(heard) < 3)
+    assert list(plan) == [] and heard == [0, 0, 0]
+    release.set()
+    counter.close()
 
 
-def test_the_encodings_are_kept_for_the_batches_within_their_room(family_checkpoint, tmp_path):
+def test_the_encodings_are_kept_for_the_batches_within_their_room(family_checkpoint, tmp_path, monkeypatch):
     """What the count encoded is kept (compactly) for the batch that reads the record, as `encode` gave it, once;
-    not for the records a resumed shard has done, and not past the room (those are encoded again)."""
-    from pipeline.worker.token_counts import Encoded
+    not for the records a resumed shard has done. Ahead of the batches, the counter stops once what it keeps
+    fills the room, until a batch takes some or the batches wait for more counts."""
+    from pipeline.worker import token_counts
+    from pipeline.worker.token_counts import Encoded, TokenCounter
     source = checkpoint.local_source(str(family_checkpoint("nucleotide_transformer_v1")))
     hf = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
     records = {f"d{i}": "ACGTTGNCA" * (3 + i) for i in range(6)} | {"e": ""}
     index, _ = load_or_build([str(write_fasta(tmp_path / "d.fa", records))])
     tokenizer = SequenceTokenizer(hf, max_tokens=20)
     positions = np.arange(len(index))[::-1]   # any order: the encodings are found by position
+    assert index.lengths[positions[0]] == 0   # (the empty record comes first here: nothing to keep)
     bounds = tokenizer.tokens_for_residues(index.lengths[positions])
     wanted = np.array([True, False, True, True, True, True, True])
     encoded = Encoded(wanted=wanted)
@@ -109,7 +129,18 @@ def test_the_encodings_are_kept_for_the_batches_within_their_room(family_checkpo
         assert (kept.ids, kept.special.tolist(), kept.truncated, kept.num_unknown, kept.residues) == \
             (want.ids, want.special.tolist(), want.truncated, want.num_unknown, text)
         assert len(kept.ids) == counts[nth] and encoded.take(int(p), text) is None   # taken once
-    assert index.lengths[positions[0]] == 0   # (the empty record comes first here: nothing to keep)
-    small = Encoded(room=int(counts[1] + counts[2] + counts[3] - 1))
-    exact_tokens(index, positions, tokenizer, bounds, encoded=small)
-    assert len(small) == 2 and small.take(int(positions[2]), "") is not None   # the third did not fit, nor any after
+    assert encoded.held == 0
+    monkeypatch.setattr(token_counts, "CHUNK", 1)
+    small = Encoded(room=1)
+    counter = TokenCounter(index, positions, tokenizer, bounds, small)
+    try:
+        with small.changed:
+            while counter.counted < 2:
+                small.changed.wait(1)
+        time.sleep(0.2)
+        assert counter.counted == 2 and len(small) == 1   # one kept, past the room: the counter waits
+        assert small.take(int(positions[1]), "") is not None
+        assert counter.wait_for(4) and counter.counted >= 4   # the batches need more: counted past the room
+        assert counter.wait_for(len(positions)) and (counter.tokens == counts).all()
+    finally:
+        counter.close()

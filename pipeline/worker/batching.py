@@ -5,6 +5,8 @@ exactly the batches an uninterrupted run would have.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
 
@@ -18,17 +20,21 @@ def plan_batches(tokens: np.ndarray, budget: int, max_seqs: int, padded: bool) -
     tokens = np.asarray(tokens, np.int64)
     out, start, n = [], 0, len(tokens)
     while start < n:
-        if padded:   # k sequences cost k times the longest of them
-            longest = np.maximum.accumulate(tokens[start:start + max_seqs])
-            cost = longest * np.arange(1, len(longest) + 1)
-            k = max(1, int(np.searchsorted(cost, budget, "right")))
-        else:
-            cum = np.cumsum(tokens[start:start + max_seqs])
-            k = max(1, int(np.searchsorted(cum, budget, "right")))
-        stop = min(n, start + k)
+        stop = start + batch_size(tokens[start:start + max_seqs], budget, padded)
         out.append((start, stop))
         start = stop
     return out
+
+
+def batch_size(ahead: np.ndarray, budget: int, padded: bool) -> int:
+    """How many of the sequences `ahead` (the next --max-seqs of them, or fewer at the end) the next batch takes:
+    plan_batches one batch at a time, for a plan made as the token counts arrive (worker/token_counts.py)."""
+    ahead = np.asarray(ahead, np.int64)
+    if padded:   # k sequences cost k times the longest of them
+        cost = np.maximum.accumulate(ahead) * np.arange(1, len(ahead) + 1)
+    else:
+        cost = np.cumsum(ahead)
+    return min(len(ahead), max(1, int(np.searchsorted(cost, budget, "right"))))
 
 
 # A generate call gets this many times --max-seqs sequences, so that as sequences finish others take
@@ -40,3 +46,32 @@ def plan_generate_batches(tokens: np.ndarray, max_seqs: int) -> list[tuple[int, 
     """Engine calls of GENERATE_QUEUE_FACTOR x --max-seqs sequences each (prompt tokens are not the limit
     here: the engine's own step budget and KV pages bound what runs at once)."""
     return plan_batches(tokens, int(np.sum(tokens)) + 1, GENERATE_QUEUE_FACTOR * max_seqs, padded=False)
+
+
+class LazyPlan:
+    """plan_batches (or plan_generate_batches) made one batch at a time as the token counts arrive: the same
+    batches, each planned once the counts of the sequences it may take are known. `counts`: `tokens` (per
+    sequence) and `wait_for(end, alive)` (worker/token_counts.TokenCounter); `cost(tokens, start, end)`: what
+    sequences start..end cost the budget (their windows, a pseudo-log-likelihood's copies); `alive(counted)`,
+    called while the plan waits for counts, False to stop (the plan then ends early).
+
+    Yields (batch number, start, stop, the batch's sequences' costs)."""
+
+    def __init__(self, counts, cost: Callable[[np.ndarray, int, int], np.ndarray], budget: int, max_seqs: int,
+                 padded: bool, generate: bool = False, alive: Callable[[int], bool] = lambda counted: True):
+        self.counts, self.cost, self.budget, self.padded, self.generate = counts, cost, budget, padded, generate
+        self.max_seqs = GENERATE_QUEUE_FACTOR * max_seqs if generate else max_seqs
+        self.alive = alive
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, np.ndarray]]:
+        n = len(self.counts.tokens)
+        start = k = 0
+        while start < n:
+            end = min(n, start + self.max_seqs)
+            if not self.counts.wait_for(end, self.alive):
+                return
+            ahead = np.asarray(self.cost(self.counts.tokens[start:end], start, end), np.int64)
+            # (generate: prompt tokens are not the limit, as plan_generate_batches)
+            size = len(ahead) if self.generate else batch_size(ahead, self.budget, self.padded)
+            yield k, start, start + size, ahead[:size]
+            start, k = start + size, k + 1

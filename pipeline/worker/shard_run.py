@@ -31,9 +31,9 @@ from ..rundir.locks import ShardLock
 from ..tasks import make_task, schema_for
 from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer, LaunchedBatch
-from .batching import plan_batches, plan_generate_batches
+from .batching import LazyPlan
 from .process_setup import set_up
-from .token_counts import Encoded, exact_tokens
+from .token_counts import Encoded, TokenCounter
 
 log = logging.getLogger("run_shards.worker")
 
@@ -96,8 +96,11 @@ class ShardRun:
             return EXIT_OK
         t0 = time.time()
         engine, task, tokenizer = self._load_engine(shard)
-        engine, computer, batches, tokens = self._plan(shard, engine, task, tokenizer)
-        stats = self._compute(shard, computer, batches, tokens)
+        engine, computer, plan, counter = self._plan(shard, engine, task, tokenizer)
+        try:
+            stats = self._compute(shard, computer, plan)
+        finally:
+            counter.close()
         if self.stop:
             self.lock.mark_stopping()   # a task that wants the shard now waits for this checkpoint
             _inputs_still_match(shard.index)
@@ -175,34 +178,37 @@ class ShardRun:
 
     def _plan(self, shard: Opened, engine, task, tokenizer):
         """The batches, in order (a pure function of the shard and the budget, so a resumed shard runs the
-        batches an uninterrupted one would), and what computes their rows. Long sequences run as windows
-        with --on-long window: the engine sees and budgets those."""
+        batches an uninterrupted one would), planned as its tokens are counted (worker/token_counts.py), and what
+        computes their rows. Long sequences run as windows with --on-long window: the engine sees and budgets
+        those."""
         config, index, positions = shard.config, shard.index, shard.positions
-        encoded = Encoded(wanted=~shard.done)   # (a resumed shard counts its done records too: the same batches)
-        tokens = exact_tokens(index, positions, tokenizer, tokenizer.tokens_for_residues(index.lengths[positions]),
-                              alive=self._counting, encoded=encoded)
+        generate = config.task == "generate"
+        # (a resumed shard counts its done records too: the same batches; generate's batches do not need counts)
+        counter = TokenCounter(index, positions, tokenizer, tokenizer.tokens_for_residues(index.lengths[positions]),
+                               Encoded(wanted=~shard.done), count=not generate)
         cut = None
         if config.on_long == "window":
             from ..engine.windowed import Windows, WindowedEngine
             cut = Windows(config.window, config.overlap, tokenizer.head, tokenizer.tail)
             engine = WindowedEngine(engine, cut)
-            tokens = np.array([t if t <= cut.limit else cut.count(int(t)) * cut.limit for t in tokens], np.int64)
-        tokens = task.batch_tokens(tokens, positions)   # e.g. a pseudo-log-likelihood's masked copies
+
+        def cost(tokens: np.ndarray, start: int, end: int) -> np.ndarray:
+            if cut is not None:
+                tokens = np.array([t if t <= cut.limit else cut.count(int(t)) * cut.limit for t in tokens], np.int64)
+            return task.batch_tokens(tokens, positions[start:end])   # e.g. a pseudo-log-likelihood's masked copies
         computer = BatchComputer(index, engine, task, tokenizer, shard.schema, config, shard.manifest["max_tokens"], cut,
-                                 encoded)
-        if config.task == "generate":
-            batches = plan_generate_batches(tokens, config.max_seqs)
-        else:
-            batches = plan_batches(tokens, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf")
-        return engine, computer, batches, tokens
+                                 counter.encoded)
+        plan = LazyPlan(counter, cost, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf",
+                        generate=generate, alive=self._counting)
+        return engine, computer, plan, counter
 
     def _counting(self, counted: int) -> bool:
-        """While exact_tokens counts: a message for the hang detector; whether to go on (not told to stop)."""
+        """While the batches wait for token counts: a message for the hang detector; whether to go on (not told
+        to stop)."""
         self.reporter.send("counting", sequences=counted)
         return not self.stop
 
-    def _compute(self, shard: Opened, computer: BatchComputer, batches: list[tuple[int, int]],
-                 tokens: np.ndarray) -> dict:
+    def _compute(self, shard: Opened, computer: BatchComputer, plan: LazyPlan) -> dict:
         """Run the batches not yet durable, checkpointing when due, until done or told to stop.
 
         Overlapped (GPU workers, see `overlaps`), batch k is launched (its device work queued), then batch k-1's
@@ -214,11 +220,18 @@ class ShardRun:
         stats = {"sequences": 0, "tokens": 0, "compute_seconds": 0.0}
         overlap = overlaps(shard.config.on_gpu)
         positions, done = shard.positions, shard.done
-        work = [(k, positions[a:b][~done[a:b]], int(tokens[a:b][~done[a:b]].sum())) for k, (a, b) in enumerate(batches)]
-        work = [w for w in work if len(w[1])]
+        work = _Ahead((k, positions[a:b][~done[a:b]], int(cost[~done[a:b]].sum()))
+                      for k, a, b, cost in plan if not done[a:b].all())
         inflight: _InFlight | None = None   # launched, its rows not yet taken
         ahead = None                         # the next batch read ahead: a PreparedBatch or _ReadFailed
-        for i, (k, todo, batch_tokens) in enumerate(work):
+        while True:
+            try:
+                k, todo, batch_tokens = next(work)
+            except StopIteration:
+                break
+            except BaseException:   # planning it (its token counts) failed: as a read would
+                self._settle(shard, computer, inflight, stats)
+                raise
             if os.getppid() != self.parent_pid:
                 self.stop.set(PARENT_GONE)
             if self.stop:
@@ -248,9 +261,9 @@ class ShardRun:
             if not overlap:
                 self._take(shard, computer, inflight, stats)
                 inflight = None
-            elif i + 1 < len(work):
+            elif (following := work.peek()) is not None:
                 tc = time.time()
-                ahead = _read(computer, work[i + 1][1], deferred=True)
+                ahead = _read(computer, following[1], deferred=True)
                 stats["compute_seconds"] += time.time() - tc
         if inflight is not None:
             self._take(shard, computer, inflight, stats)
@@ -323,6 +336,38 @@ class _InFlight:
     batch: LaunchedBatch
     sequences: int   # rows of the batch
     tokens: int      # tokens the batch was planned at
+
+
+class _Ahead:
+    """An iterator that can look one item ahead (`peek`: None at the end, or when producing the item failed: the
+    error is raised by `next` then, in its turn)."""
+
+    def __init__(self, items):
+        self._items, self._next, self._error = iter(items), None, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._next is None and self._error is None:
+            self.peek()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        item, self._next = self._next, None
+        if item is None:
+            raise StopIteration
+        return item
+
+    def peek(self):
+        if self._next is None and self._error is None:
+            try:
+                self._next = next(self._items)
+            except StopIteration:
+                return None
+            except Exception as e:
+                self._error = e
+        return self._next
 
 
 @dataclass
