@@ -14,21 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from triton_kernels.gates import delta_rule_gates, delta_rule_gates_torch, sigmoid_gate, sigmoid_gate_torch
+from tests.kernels.float_cases import DEVICE, randn64, skip_interpreter_bf16
 from tests.float64_reference import FACTOR, FLOOR, assert_as_accurate
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _skip_interpreter_bf16(dtype):
-    if dtype == torch.bfloat16 and DEVICE == "cpu":
-        pytest.skip("the Triton interpreter computes bfloat16 wrongly (a known interpreter limit)")
-
-
-def _randn(g, *shape, scale=1.0, shift=0.0):
-    return torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift
 
 
 def _within_roundings(out, exact, dtype, roundings: int) -> None:
@@ -47,10 +40,10 @@ def _elementwise_relative(x, exact) -> float:
 def test_sigmoid_gate_against_float64(dtype, T, H, D):
     """o a strided view (a padded head dim cut back), the gate between its queries (head stride 2 D), as
     GatedAttention holds them; several heads a program at D = 40, fewer at 256."""
-    _skip_interpreter_bf16(dtype)
+    skip_interpreter_bf16(dtype)
     g = torch.Generator().manual_seed(T * D)
-    o_wide = _randn(g, T, H, D + 8, scale=2).to(dtype)
-    qg = _randn(g, T, H, 2 * D, scale=4).to(dtype)
+    o_wide = randn64(g, T, H, D + 8, scale=2).to(dtype)
+    qg = randn64(g, T, H, 2 * D, scale=4).to(dtype)
     o, gate = o_wide[..., :D], qg[..., D:]
     out = sigmoid_gate(o_wide.to(DEVICE)[..., :D], qg.to(DEVICE)[..., D:])
     assert out.dtype == dtype and out.shape == (T, H * D) and out.is_contiguous()
@@ -69,13 +62,13 @@ def test_sigmoid_gate_against_float64(dtype, T, H, D):
 def test_delta_rule_gates_against_float64(dtype, T, HV):
     """a and b column views of a wider projection output (as the mixer's are); a + dt_bias from -60 to 40, across
     softplus's threshold of 20 and where exp(x) is far below 1 (log1p's range)."""
-    _skip_interpreter_bf16(dtype)
+    skip_interpreter_bf16(dtype)
     g = torch.Generator().manual_seed(T + HV)
-    wide = _randn(g, T, 2 * HV + 9, scale=4).to(dtype)
+    wide = randn64(g, T, 2 * HV + 9, scale=4).to(dtype)
     wide[:, 3:3 + HV] = torch.linspace(-60, 40, T * HV, dtype=torch.float64).reshape(T, HV).to(dtype)
     a, b = wide[:, 3:3 + HV], wide[:, 3 + HV:3 + 2 * HV]
-    A_log = (0.5 * _randn(g, HV)).to(dtype)
-    dt_bias = (0.3 * _randn(g, HV)).to(dtype)
+    A_log = (0.5 * randn64(g, HV)).to(dtype)
+    dt_bias = (0.3 * randn64(g, HV)).to(dtype)
     dev = wide.to(DEVICE)
     out_g, beta = delta_rule_gates(dev[:, 3:3 + HV], dev[:, 3 + HV:3 + 2 * HV], A_log.to(DEVICE), dt_bias.to(DEVICE))
     assert out_g.dtype == torch.float32 and beta.dtype == dtype and out_g.shape == beta.shape == (T, HV)
@@ -95,12 +88,12 @@ def test_delta_rule_gates_against_float64(dtype, T, HV):
 def test_torch_paths_are_the_unfused_ops():
     """What the engine's layers compute (qwen3_5.py GatedAttention, gated_deltanet.py), bit for bit."""
     g = torch.Generator().manual_seed(3)
-    qg = _randn(g, 5, 2, 32).to(torch.bfloat16)
-    o = _randn(g, 5, 2, 16).to(torch.bfloat16)
+    qg = randn64(g, 5, 2, 32).to(torch.bfloat16)
+    o = randn64(g, 5, 2, 16).to(torch.bfloat16)
     gate = qg[..., 16:]
     assert torch.equal(sigmoid_gate_torch(o, gate), o.reshape(5, 32) * torch.sigmoid(gate.reshape(5, 32)))
-    ab = _randn(g, 5, 8, scale=5).to(torch.bfloat16)
-    A_log, dt_bias = _randn(g, 4).to(torch.bfloat16), _randn(g, 4).to(torch.bfloat16)
+    ab = randn64(g, 5, 8, scale=5).to(torch.bfloat16)
+    A_log, dt_bias = randn64(g, 4).to(torch.bfloat16), randn64(g, 4).to(torch.bfloat16)
     gg, beta = delta_rule_gates_torch(ab[:, :4], ab[:, 4:], A_log, dt_bias)
     assert torch.equal(gg, -A_log.float().exp() * F.softplus(ab[:, :4].float() + dt_bias))
     assert torch.equal(beta, torch.sigmoid(ab[:, 4:]))

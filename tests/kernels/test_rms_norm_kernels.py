@@ -17,22 +17,15 @@ import torch.nn.functional as F
 
 from triton_kernels.rms_norm import (add_rms_norm, add_rms_norm_torch, gated_rms_norm, gated_rms_norm_torch,
                                      silu_mul, silu_mul_torch)
+from tests.kernels.float_cases import DEVICE, randn64, skip_interpreter_bf16
 from tests.float64_reference import assert_as_accurate
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 EPS = 1e-6
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _skip_interpreter_bf16(dtype):
-    if dtype == torch.bfloat16 and DEVICE == "cpu":
-        pytest.skip("the Triton interpreter computes bfloat16 wrongly (a known interpreter limit)")
-
-
-def _randn(g, *shape, scale=1.0, shift=0.0):
-    return torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift
 
 
 def _unit_roundoff(dtype) -> float:
@@ -60,11 +53,11 @@ def _rms64(s: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("with_residual", (True, False))
 @pytest.mark.parametrize("zero_centred", (True, False))
 def test_add_rms_norm_against_float64(dtype, T, d, with_residual, zero_centred):
-    _skip_interpreter_bf16(dtype)
+    skip_interpreter_bf16(dtype)
     g = torch.Generator().manual_seed(T + d)
-    x = _randn(g, T, d, scale=3, shift=1).to(dtype)
-    y = _randn(g, T, d).to(dtype) if with_residual else None
-    w = (0.2 * _randn(g, d) + (0.0 if zero_centred else 1.0)).to(dtype)
+    x = randn64(g, T, d, scale=3, shift=1).to(dtype)
+    y = randn64(g, T, d).to(dtype) if with_residual else None
+    w = (0.2 * randn64(g, d) + (0.0 if zero_centred else 1.0)).to(dtype)
     s, out = add_rms_norm(_dev(x), _dev(y), _dev(w), EPS, zero_centred=zero_centred)
     ts, tout = add_rms_norm_torch(x, y, w, EPS, zero_centred=zero_centred)
     assert torch.equal(s.cpu(), ts) and (y is not None or s.data_ptr() == _dev(x).data_ptr() or DEVICE == "cpu")
@@ -80,8 +73,8 @@ def test_add_rms_norm_rounds_where_transformers_does():
     """The Llama order (normalised value rounded, then scaled) and the zero-centred one differ in 16 bits: the
     kernel follows each (float16, where the two give different bits on these rows)."""
     g = torch.Generator().manual_seed(5)
-    x = _randn(g, 8, 64, scale=2).to(torch.float16)
-    w = (1 + 0.3 * _randn(g, 64)).to(torch.float16)
+    x = randn64(g, 8, 64, scale=2).to(torch.float16)
+    w = (1 + 0.3 * randn64(g, 64)).to(torch.float16)
     _, llama = add_rms_norm(_dev(x), None, _dev(w), EPS, zero_centred=False)
     wc = w - 1   # stored as w - 1, not always exactly: the exact scale is 1 + wc
     _, centred = add_rms_norm(_dev(x), None, _dev(wc), EPS, zero_centred=True)
@@ -98,16 +91,16 @@ def test_add_rms_norm_rounds_where_transformers_does():
 @pytest.mark.parametrize("shape", [(13, 3, 40), (20, 96)])
 def test_gated_rms_norm_against_float64(dtype, shape):
     """o contiguous, z a strided view (a column slice of a wider projection output, as the mixer's z is)."""
-    _skip_interpreter_bf16(dtype)
+    skip_interpreter_bf16(dtype)
     g = torch.Generator().manual_seed(len(shape))
     T, V = shape[0], shape[-1]
     width = 1
     for n in shape[1:]:
         width *= n
-    o = _randn(g, *shape, scale=2).to(dtype)
-    wide = _randn(g, T, width + 17, scale=2).to(dtype)
+    o = randn64(g, *shape, scale=2).to(dtype)
+    wide = randn64(g, T, width + 17, scale=2).to(dtype)
     z = wide[:, 5:5 + width].view(shape)
-    w = (1 + 0.2 * _randn(g, V)).to(dtype)
+    w = (1 + 0.2 * randn64(g, V)).to(dtype)
     out = gated_rms_norm(_dev(o), _dev(wide)[:, 5:5 + width].view(shape), _dev(w), EPS)
     assert out.dtype == dtype and out.shape == shape
     exact = _rms64(o) * w.double() * F.silu(z.double())
@@ -121,9 +114,9 @@ def test_gated_rms_norm_against_float64(dtype, shape):
 @pytest.mark.parametrize("T,n", [(19, 300), (3, 1030)])
 def test_silu_mul_against_float64(dtype, T, n):
     """The fused projection's output [T, 2I] (gate then up), and a pair of views."""
-    _skip_interpreter_bf16(dtype)
+    skip_interpreter_bf16(dtype)
     g = torch.Generator().manual_seed(T * n)
-    gate_up = _randn(g, T, 2 * n, scale=3).to(dtype)
+    gate_up = randn64(g, T, 2 * n, scale=3).to(dtype)
     out = silu_mul(_dev(gate_up))
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.equal(out.cpu(), silu_mul((_dev(gate), _dev(up))).cpu())
@@ -137,8 +130,8 @@ def test_silu_mul_against_float64(dtype, T, n):
 
 def test_torch_paths_are_the_unfused_ops():
     g = torch.Generator().manual_seed(3)
-    x, y = _randn(g, 9, 64).to(torch.bfloat16), _randn(g, 9, 64).to(torch.bfloat16)
-    w = (1 + 0.1 * _randn(g, 64)).to(torch.bfloat16)
+    x, y = randn64(g, 9, 64).to(torch.bfloat16), randn64(g, 9, 64).to(torch.bfloat16)
+    w = (1 + 0.1 * randn64(g, 64)).to(torch.bfloat16)
     s, h = add_rms_norm_torch(x, y, w, EPS, zero_centred=False)
     assert torch.equal(s, x + y)
     assert torch.equal(h, w * F.rms_norm((x + y).float(), (64,), None, EPS).to(torch.bfloat16))
