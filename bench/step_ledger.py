@@ -2,6 +2,7 @@
 
     python bench/step_ledger.py esm2-650m            # or esm2-3b, prott5-xl, qwen35-0.8b
     python bench/step_ledger.py esm2-650m --tokens 16384 --json ledger.json
+    python bench/step_ledger.py qwen35-0.8b --delta-design split   # the delta rule's split design
 
 The real model class of each shape (pipeline/models/esm.py, t5.py, qwen3_5.py; published config values) is
 built on the meta device in bfloat16 and run through the native engine's own step (NativeEngine.forward:
@@ -184,6 +185,30 @@ def _chunk_walk_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     return read, written
 
 
+def _split_solve_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    k, g, beta, t, gamma, k_scale, w_scale, bounds = L.args[:8]
+    return sum(map(_nb, (k, g, beta, bounds))), sum(map(_nb, (t, gamma, k_scale, w_scale)))
+
+
+def _split_wu_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    k, v, beta, t, w_scale, w, u, bounds = L.args[:8]
+    return sum(map(_nb, (k, v, beta, t, w_scale, bounds))), _nb(w) + _nb(u)
+
+
+def _split_state_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    k, w, u, gamma, k_scale, states, vn, h0, ht, ranges, order, first = L.args[:12]
+    c = L.constexprs
+    read = sum(map(_nb, (k, w, gamma, k_scale, ranges, order, first)))
+    read += (_nb(u) if c.get("USE_U", True) else 0) + (_nb(h0) if c["USE_H0"] else 0)
+    written = (_nb(states) + _nb(vn) if c.get("STORE_CHUNKS", True) else 0) + (_nb(ht) if c["STORE_HT"] else 0)
+    return read, written
+
+
+def _split_output_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    q, k, gamma, states, vn, o, bounds = L.args[:7]
+    return sum(map(_nb, (q, k, gamma, states, vn, bounds))), _nb(o)
+
+
 def _causal_conv_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     x, w, out = L.args[:3]
     return x.numel() * x.element_size() + _nb(w), _nb(out)   # x may be a column slice: its own elements only
@@ -264,14 +289,18 @@ KERNEL_BYTES = {f.__name__: f for f in (_write_kv_cache, _paged_attention_fwd, _
                                         _chunk_walk_kernel, _causal_conv_kernel, _conv_window_kernel,
                                         _rotate_qk_kernel, _add_layer_norm_kernel, _linear_gelu_kernel,
                                         _add_rms_norm_kernel, _gated_rms_norm_kernel, _silu_mul_kernel,
-                                        _norm_rotate_kernel, _sigmoid_gate_kernel, _delta_rule_gates_kernel)}
+                                        _norm_rotate_kernel, _sigmoid_gate_kernel, _delta_rule_gates_kernel,
+                                        _split_solve_kernel, _split_wu_kernel, _split_state_kernel,
+                                        _split_output_kernel)}
 KERNEL_FAMILY = {"_write_kv_cache": "attention", "_paged_attention_fwd": "attention", "_combine_splits": "attention",
                  "_chunk_prep_kernel": "delta rule", "_chunk_walk_kernel": "delta rule",
                  "_causal_conv_kernel": "delta rule", "_conv_window_kernel": "delta rule",
                  "_recurrent_kernel": "delta rule", "_rotate_qk_kernel": "rotary", "_add_layer_norm_kernel": "norm",
                  "_linear_gelu_kernel": "GEMM", "_add_rms_norm_kernel": "norm", "_gated_rms_norm_kernel": "norm",
                  "_silu_mul_kernel": "activation", "_norm_rotate_kernel": "rotary",
-                 "_sigmoid_gate_kernel": "activation", "_delta_rule_gates_kernel": "delta rule"}
+                 "_sigmoid_gate_kernel": "activation", "_delta_rule_gates_kernel": "delta rule",
+                 "_split_solve_kernel": "delta rule", "_split_wu_kernel": "delta rule",
+                 "_split_state_kernel": "delta rule", "_split_output_kernel": "delta rule"}
 
 
 def kernel_flops(launch: Launch) -> float:
@@ -451,9 +480,11 @@ def attention_flops(model, q_lens: np.ndarray, prior: np.ndarray) -> float:
     return 4.0 * pairs * a.num_heads * a.head_dim * len(layers)
 
 
-def ledger(model_name: str, tokens: int = 32768, layers: int | None = None, lengths=None) -> dict:
+def ledger(model_name: str, tokens: int = 32768, layers: int | None = None, lengths=None,
+           delta_design: str = "fused") -> dict:
     """One engine step of `model_name` (a key of shapes()) on the meta device: kernels, bytes, FLOPs and the
-    predicted step time. `layers` overrides the shape's layer count, `lengths` the step's token counts."""
+    predicted step time. `layers` overrides the shape's layer count, `lengths` the step's token counts,
+    `delta_design` the chunked delta rule's design (fused, the launch table's default, or split)."""
     from pipeline.engine.config import EngineConfig
     from pipeline.engine.native import NativeEngine
     from pipeline.models.checkpoint import EngineInfo
@@ -467,7 +498,7 @@ def ledger(model_name: str, tokens: int = 32768, layers: int | None = None, leng
     lengths = np.asarray(step_lengths(tokens, shape) if lengths is None else lengths, np.int64)
     T, S, L, d = int(lengths.sum()), len(lengths), spec.num_layers, spec.hidden_size
     config = EngineConfig(max_tokens_per_step=max(tokens, T), max_seqs=max(256, S), max_model_len=int(lengths.max()),
-                          kernels="triton")
+                          kernels="triton", gdn_launch={"chunk_gated_delta_rule": {"design": delta_design}})
     info = EngineInfo("native", d, L, spec.is_causal, shape.max_tokens, spec.architecture)
     engine = NativeEngine(model, None, info, config, meta, dtype)
     engine.runner.allocate()   # the caches exist before a step runs: their allocation is not the step's work
@@ -592,12 +623,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=32768, help="the step's token budget (default 32768, a GPU worker's)")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's (per-layer numbers hold)")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    parser.add_argument("--delta-design", choices=("fused", "split"), default="fused",
+                        help="the chunked delta rule's design (docs/kernels/gated_delta_rule.md; default fused)")
     args = parser.parse_args(argv)
     from pipeline.models.hf_config import quiet_transformers
     quiet_transformers()
     results = []
     for name in args.models:
-        results.append(ledger(name, args.tokens, args.layers))
+        results.append(ledger(name, args.tokens, args.layers, delta_design=args.delta_design))
         print(render(results[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

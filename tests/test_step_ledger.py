@@ -212,3 +212,18 @@ def test_qwen35_08b_step_budget(ledgers):
     assert not any(op.startswith(("norm:", "delta rule:", "activation:", "copies:")) for op in r["ops"]), r["ops"]
     assert [op for op in r["ops"] if op.startswith("other:")] == ["other: embedding"], r["ops"]
     assert r["predicted_step_ms"] <= 81
+
+def test_the_split_delta_rule_design_is_counted_by_its_kernels_bytes_models():
+    """`--delta-design split`: the four kernels of the split design in place of the fused prep and walk, each by its
+    bytes model; per token and value head they move more than the fused design (4,640 against 2,842 bytes in
+    docs/kernels/gated_delta_rule.md), which the delta-rule family shows."""
+    lengths = np.array([300, 200, 60])
+    split = step_ledger.ledger("qwen35-0.8b", layers=4, lengths=lengths, delta_design="split")
+    fused = step_ledger.ledger("qwen35-0.8b", layers=4, lengths=lengths)
+    delta = {name: row for name, row in split["triton"].items() if row["family"] == "delta rule"}
+    assert {"_split_solve_kernel", "_split_wu_kernel", "_split_state_kernel", "_split_output_kernel"} <= set(delta)
+    assert not {"_chunk_prep_kernel", "_chunk_walk_kernel"} & set(split["triton"])
+    assert {"_chunk_prep_kernel", "_chunk_walk_kernel"} <= set(fused["triton"])
+    assert all(row["exact"] for row in delta.values())
+    assert split["families"]["delta rule"]["bytes"] > fused["families"]["delta rule"]["bytes"]
+    assert split["predicted_step_ms"] > fused["predicted_step_ms"]   # bytes only: occupancy is not in the model
