@@ -153,7 +153,7 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     import pipeline.models.layers.rotary as rotary
     import pipeline.models.qwen3_5 as qwen3_5
 
-    calls = {"add_rms_norm": 0, "gated_rms_norm": 0, "silu_mul": 0, "norm_rotate_": 0, "norm_rotate_qk_": 0,
+    calls = {"add_rms_norm": 0, "gated_rms_norm": 0, "silu_mul": 0, "norm_rotate_qk_": 0,
              "sigmoid_gate": 0, "delta_rule_gates": 0}
     normed = []   # whether each norm_rotate_qk_ call normalised (weights) or only rotated
 
@@ -164,7 +164,7 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     count(norms, "add_rms_norm")
     count(gdn, "gated_rms_norm")
     count(mlp, "silu_mul")
-    count(rotary, "norm_rotate_")
+    assert not hasattr(rotary, "norm_rotate_")   # q and k go through the one-launch form only
     count(rotary, "norm_rotate_qk_")
     count(qwen3_5, "sigmoid_gate")
     count(gdn, "delta_rule_gates")
@@ -186,6 +186,6 @@ def test_rms_norm_decoders_run_fused_on_the_triton_path(tmp_path, monkeypatch, k
     attention = len(engine.runner.model.attention_layers())
     assert (kind == "qwen3_5") == (delta > 0) and attention == layers - delta
     assert calls == dict(add_rms_norm=2 * layers + 1, gated_rms_norm=delta, silu_mul=layers,
-                         norm_rotate_=0, norm_rotate_qk_=attention,
+                         norm_rotate_qk_=attention,
                          sigmoid_gate=attention if kind == "qwen3_5" else 0, delta_rule_gates=delta), calls
     assert normed == [kind != "llama"] * attention

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from triton_kernels import pointwise
-from triton_kernels.rotary import norm_rotate_, norm_rotate_qk_
+from triton_kernels.rotary import norm_rotate_qk_
 
 from ...errors import UserError
 from ..checkpoint_facts import DYNAMIC_ROPE_TYPES
@@ -84,19 +84,13 @@ class Rotary:
             return x
         return torch.cat((out, x[..., rd:]), dim=-1)
 
-    def norm_apply_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm=None) -> torch.Tensor:
-        """x `[T, H, D]` (a view of a projection's output, any token and head strides) normalised by `norm` (an
-        RMSNorm of layers/norms.py over D, or None) and rotated as `apply` does, in place, in one pass
-        (triton_kernels/rotary norm_rotate_): the q/k norms and rotary of the RMS-norm decoders' fused layers
-        on the Triton path. The CPU path keeps `norm(x)` then `apply`."""
-        weight, eps, zero_centred = (None, 0.0, False) if norm is None else (norm.weight, norm.eps, norm.zero_centred)
-        return norm_rotate_(x, cos, sin, weight, eps, zero_centred=zero_centred, head_dim=x.shape[-1],
-                            float32_math=self.float32_math)
-
     def norm_apply_qk_(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm=None,
                        k_norm=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`norm_apply_` of an attention layer's queries and keys (each with its norm, both None or both given, of
-        one convention and eps) in one launch (triton_kernels/rotary norm_rotate_qk_); the same results."""
+        """An attention layer's queries and keys `[T, H, D]` (views of a projection's output, any token and head
+        strides) normalised by their norms (RMSNorms of layers/norms.py over D, both None or both given, of one
+        convention and eps) and rotated as `apply` does, in place, in one launch (triton_kernels/rotary
+        norm_rotate_qk_): the q/k norms and rotary of the RMS-norm decoders' fused layers on the Triton path. The
+        CPU path keeps `norm(x)` then `apply`."""
         if q_norm is None:
             weights, eps, zero_centred = (None, None), 0.0, False
         else:
