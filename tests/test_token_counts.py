@@ -13,9 +13,19 @@ from index import load_or_build
 from pipeline.models import checkpoint
 from pipeline.models.structure_input import SAPROT_SA
 from pipeline.tasks.tokenization import SequenceTokenizer
-from pipeline.worker.token_counts import exact_tokens
+from pipeline.worker.token_counts import TokenCounter
 
 from .family_runs import family_checkpoint, result, run, write_fasta  # noqa: F401
+
+def exact_tokens(index, positions, tokenizer, bounds, encoded=None) -> np.ndarray:
+    """Every count at once: a TokenCounter waited for."""
+    counter = TokenCounter(index, positions, tokenizer, bounds, encoded)
+    try:
+        assert counter.wait_for(len(counter.positions))
+    finally:
+        counter.close()
+    return counter.tokens
+
 
 STEPS = re.compile(r"native engine: (\d+) steps, (\d+) tokens .*step fill ([\d.]+)% of (\d+) tokens")
 
@@ -72,7 +82,6 @@ def test_the_plan_waits_for_counts_telling_the_parent_and_stops_when_told(family
 
     from pipeline.worker import token_counts
     from pipeline.worker.batching import LazyPlan, plan_batches
-    from pipeline.worker.token_counts import TokenCounter
     monkeypatch.setattr(token_counts, "CHUNK", 2)
     monkeypatch.setattr(token_counts, "HEARTBEAT_SECONDS", 0.01)
     source = checkpoint.local_source(str(family_checkpoint("nucleotide_transformer_v1")))
@@ -106,7 +115,7 @@ def test_the_encodings_are_kept_for_the_batches_within_their_room(family_checkpo
     not for the records a resumed shard has done. Ahead of the batches, the counter stops once what it keeps
     fills the room, until a batch takes some or the batches wait for more counts."""
     from pipeline.worker import token_counts
-    from pipeline.worker.token_counts import Encoded, TokenCounter
+    from pipeline.worker.token_counts import Encoded
     source = checkpoint.local_source(str(family_checkpoint("nucleotide_transformer_v1")))
     hf = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
     records = {f"d{i}": "ACGTTGNCA" * (3 + i) for i in range(6)} | {"e": ""}

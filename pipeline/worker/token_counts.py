@@ -156,13 +156,3 @@ class TokenCounter:
                  "residues bound them by %d (the tokenizer is not one token per residue; batches are planned on the "
                  "counts)", len(positions), time.time() - self._t0, int(self.tokens.sum()), self.bounds_sum)
 
-
-def exact_tokens(index: SequenceIndex, positions: np.ndarray, tokenizer: SequenceTokenizer,
-                 bounds: np.ndarray, encoded: Encoded | None = None) -> np.ndarray:
-    """Every count at once (TokenCounter, waited for)."""
-    counter = TokenCounter(index, positions, tokenizer, bounds, encoded)
-    try:
-        counter.wait_for(len(counter.positions))
-    finally:
-        counter.close()
-    return counter.tokens
