@@ -46,17 +46,27 @@ def test_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
 
 @pytest.mark.parametrize("kind", ("prott5", "ankh"))
 def test_t5_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
-    """T5 encoders: the relative-position bias in the kernel (head dim 16 padded to 32; a 150-token sequence
-    reaches offsets past max_distance 128), against transformers' T5EncoderModel like the torch path. The
-    engine launches it with the launch table's bias tiles (wider ones spill registers on sm_80)."""
+    """T5 encoders: the relative-position bias in the kernel (a 150-token sequence reaches offsets past
+    max_distance 128), against transformers' T5EncoderModel like the torch path. Each layer fused: attention read
+    from the projection with the bias (no KV-cache write, no paged gather), each residual add with the norm after
+    it (the first layer's norm alone, the last add with the final norm). The engine launches the attention with
+    the launch table's bias tiles (wider ones spill registers on sm_80)."""
     import pipeline.models.layers.attention as attention
+    import pipeline.models.layers.norms as norms
     from tests.t5_reference import T5EncoderReference
     from tests.test_t5_native import t5_sequences
     from triton_kernels._device import target_of
     from triton_kernels.launch_config import launch_row
-    launches = []
-    monkeypatch.setattr(attention, "paged_attention",
-                        lambda *a, **k: launches.append(k) or paged_attention(*a, **k))
+    from triton_kernels.paged_attention.varlen import CONTIGUOUS_PAGE
+    calls = {name: [] for name in ("varlen_attention", "write_kv_cache", "paged_attention", "add_rms_norm")}
+
+    def count(module, name):
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: calls[name].append(k) or fn(*a, **k))
+
+    for name in ("varlen_attention", "write_kv_cache", "paged_attention"):
+        count(attention, name)
+    count(norms, "add_rms_norm")
     path = str(write_tiny(kind, tmp_path / kind))
     triton = NativeEngine.load(path, DEVICE, torch.float32, "", max_tokens_per_step=256, kernels="triton")
     torch_path = NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=256)
@@ -64,11 +74,17 @@ def test_t5_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
     layers = [1, triton.info.num_layers]
     hf = T5EncoderReference(path, torch.float32).forward(batch, layers)
     exact = T5EncoderReference(path, torch.float64).forward(batch, layers)
-    for engine in (triton, torch_path):
-        assert_rows_as_accurate(engine.forward(batch, layers, False), hf, exact, layers, False)
-    page = triton.config.page_size
+    assert_rows_as_accurate(torch_path.forward(batch, layers, False), hf, exact, layers, False)
+    assert not any(calls.values()), "the torch path runs none of the fused kernels"
+    assert_rows_as_accurate(triton.forward(batch, layers, False), hf, exact, layers, False)
+    n = triton.info.num_layers
+    steps = len(calls["varlen_attention"]) // n
+    assert steps >= 1 and len(calls["varlen_attention"]) == steps * n
+    assert len(calls["add_rms_norm"]) == steps * (2 * n + 1)
+    assert not calls["write_kv_cache"] and not calls["paged_attention"]
     tile_keys = launch_row(target_of(DEVICE)).attention.bias_tile_keys
-    assert launches and all(k["pages_per_tile"] * page <= tile_keys for k in launches)
+    assert all(k["rel_bias_table"] is not None and k["pages_per_tile"] * CONTIGUOUS_PAGE <= tile_keys
+               for k in calls["varlen_attention"])
 
 
 def test_triton_path_generates_what_the_torch_path_generates(tmp_path):

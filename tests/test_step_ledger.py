@@ -213,6 +213,28 @@ def test_qwen35_08b_step_budget(ledgers):
     assert [op for op in r["ops"] if op.startswith("other:")] == ["other: embedding"], r["ops"]
     assert r["predicted_step_ms"] <= 81
 
+
+def test_prott5_xl_step_budget(ledgers):
+    """ProtT5-XL with its layers fused on the Triton path (pipeline/models/t5.py T5Layer.forward_fused): unfused,
+    17.2 kernels and 189.2 d per token-layer (attention 64.0 with the KV-cache write and the paged gather, norm 49.0
+    in T5LayerNorm's casts, residual 12.0, the ReLU pass 64.0), 188.6 ms predicted; fused, 8.1 and 112.3 d: the
+    attention reads q, k and v where the projection wrote them, with the relative-position bias (32 d: T5's inner
+    dim is four times d_model), each residual add rides with the RMS norm after it (16.2 d), the ReLU pass is left;
+    168.2 ms. Budgets a few percent above."""
+    r = ledgers["prott5-xl"]
+    layers = r["layers"]
+    assert r["kernels_per_layer"] <= 8.5
+    assert r["non_gemm_d_per_token_layer"] <= 115
+    assert "_write_kv_cache" not in r["triton"]
+    assert r["triton"]["_paged_attention_fwd"]["count"] == layers
+    assert r["families"]["attention"]["d_per_token_layer"] == pytest.approx(32, rel=0.01)
+    assert r["triton"]["_add_rms_norm_kernel"]["count"] == 2 * layers + 1
+    assert r["families"]["norm"]["d_per_token_layer"] <= 17
+    assert "residual" not in r["families"] or r["families"]["residual"]["bytes"] == 0
+    assert not any(op.startswith(("norm:", "residual:")) for op in r["ops"]), r["ops"]
+    assert r["predicted_step_ms"] <= 170
+
+
 def test_the_split_delta_rule_design_is_counted_by_its_kernels_bytes_models():
     """`--delta-design split`: the four kernels of the split design in place of the fused prep and walk, each by its
     bytes model; per token and value head they move more than the fused design (4,640 against 2,842 bytes in

@@ -267,6 +267,46 @@ def _unfused_sigmoid_gate(b: Buffers):
     return lambda: o.reshape(T, -1) * pointwise.sigmoid(gate.reshape(T, -1))
 
 
+T5_BUCKETS, T5_MAX_DISTANCE = 32, 128   # ProtT5's relative-position bias
+
+
+def _t5_bias(b: Buffers) -> dict:
+    table = torch.randn(T5_BUCKETS, b.q.shape[1], device=b.x.device).to(b.x.dtype)
+    return dict(rel_bias_table=table, rel_max_distance=T5_MAX_DISTANCE)
+
+
+def _paged_t5(b: Buffers):
+    """What a T5 layer's attention was before it read the projection: the KV write and the paged walk, with the
+    bias (the default rule's bias tiles)."""
+    from triton_kernels import paged_attention, write_kv_cache
+    k_cache, v_cache = b.layer.attn.kv
+    c, bias = b.ctx, _t5_bias(b)
+
+    def call():
+        write_kv_cache(b.k_rot, b.v, k_cache, v_cache, c.slot_mapping)
+        return paged_attention(b.q_rot, k_cache, v_cache, c.block_tables, c.cu_seqlens, c.kv_lens, causal=False,
+                               scale=1.0, **bias)
+    return call
+
+
+def _relu_inputs(b: Buffers):
+    """fc1's shape without its bias (ProtT5's wi has none), and a zero bias for the epilogue's form."""
+    f = b.layer.fc1
+    x = torch.randn(b.gemm_rows, f.in_features, device=b.x.device).to(b.x.dtype)
+    return x, f.weight, torch.zeros(f.out_features, device=b.x.device, dtype=b.x.dtype)
+
+
+def _unfused_relu(b: Buffers):
+    x, w, _ = _relu_inputs(b)
+    return lambda: F.linear(x, w).relu_()
+
+
+def _relu_epilogue(b: Buffers):
+    """torch._addmm_activation with a 1-D bias: on CUDA, cuBLASLt's RELU_BIAS epilogue (no ReLU pass)."""
+    x, w, zero = _relu_inputs(b)
+    return lambda: torch._addmm_activation(zero, x, w.t())
+
+
 DELTA_HEADS = 16   # Qwen3.5-0.8B's value heads
 
 
@@ -325,6 +365,19 @@ FUSED = [
           _norm_rotate, lambda b: 2 * b.nbytes(b.q)),
     fused("fused q and k RMSNorm + rotary in place, one launch (norm_rotate_qk_)", "rotary",
           "triton_kernels.rotary:norm_rotate_qk_", _norm_rotate_qk, lambda b: 2 * (b.nbytes(b.q) + b.nbytes(b.k))),
+    # T5 encoders (docs/kernels/encoder_layer.md, "T5 encoders"): the relative-position bias read from the
+    # projection beside the KV write + paged walk it replaced; the ReLU pass left in ProtT5's feed-forward beside
+    # cuBLASLt's ReLU epilogue (whether the epilogue is worth taking: a GPU decides).
+    Row("T5 bias: write_kv_cache + paged attention (unfused, as the T5 layer was)", "attention", _paged_t5,
+        lambda b: 8 * b.nbytes(b.q), _attention_flops),
+    fused("T5 bias: attention from the QKV output (varlen_attention, rel_bias_table)", "attention",
+          "triton_kernels.paged_attention:varlen_attention",
+          lambda fn, b: (lambda bias: lambda: fn(b.q_rot, b.k_rot, b.v, b.ctx.cu_seqlens, b.ctx.kv_lens, causal=False,
+                                                 scale=1.0, **bias))(_t5_bias(b)),
+          lambda b: 4 * b.nbytes(b.q), _attention_flops),
+    Row("F.linear fc1 without bias + relu_ (unfused, as ProtT5's wi)", "GEMM", _unfused_relu, _fc1_bytes, _fc1_flops),
+    Row("torch._addmm_activation fc1, zero bias (cuBLASLt ReLU epilogue)", "GEMM", _relu_epilogue, _fc1_bytes,
+        _fc1_flops),
     # Qwen3.5's gates (docs/kernels/gates.md), beside the unfused ops they replace.
     Row("o * sigmoid(gate), the gate strided (unfused, as GatedAttention)", "activation", _unfused_sigmoid_gate,
         lambda b: 7 * b.nbytes(b.q)),   # the gate copied (2), its sigmoid (2), the product (3)

@@ -23,7 +23,7 @@ from .base import ModelSpec, NativeModel
 from .layers.attention import PagedAttention
 from .layers.linear import Linear, linear
 from .layers.loader import CheckpointTensors, check_loaded, embedding, materialize
-from .layers.norms import RMSNorm, rms_normalise
+from .layers.norms import RMSNorm, add_norm, rms_normalise
 
 # transformers' activation names (T5Config.dense_act_fn) -> element-wise functions whose every element is
 # the same bits wherever it sits (triton_kernels/pointwise.py; relu is exact anyway).
@@ -65,6 +65,17 @@ class T5FeedForward(nn.Module):
             h = self.act(linear(x, w[:self.d_ff])).mul_(linear(x, w[self.d_ff:]))
         return self.wo(h.to(self.wo.weight.dtype))
 
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """forward on the Triton path (x on a GPU, wo in x's dtype): the one projection, its activation in place
+        (plain), then wo."""
+        h = self.wi(x)
+        if self.gated:
+            gate, up = h.split(self.d_ff, dim=-1)
+            h = self.act(gate).mul_(up)
+        else:
+            h = h.relu_() if self.act is torch.relu else self.act(h)
+        return self.wo(h)
+
     def load(self, t, p: str) -> None:
         names = ("wi_0", "wi_1") if self.gated else ("wi",)
         self.wi.weight.copy_(torch.cat([t.get(f"{p}{n}.weight") for n in names]))
@@ -91,6 +102,17 @@ class T5Layer(nn.Module):
         q, k, v = self.qkv(self.attn_norm(x)).view(T, 3, self.num_heads, self.head_dim).unbind(1)
         x = x + self.o(self.attn(q, k, v, ctx, rel_bias).reshape(T, self.inner))
         return x + self.ff(self.ff_norm(x))
+
+    def forward_fused(self, x: torch.Tensor, h: torch.Tensor, rel_bias: tuple[torch.Tensor, int], ctx,
+                      next_norm: T5LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer with its elementwise work fused (Triton path; T5Encoder._fused_layers): h = attn_norm(x)
+        comes in and (x + the layer, next_norm of that) goes out. Attention reads q, k and v where the
+        projection wrote them (no cache write: an encoder's keys are never read by a later step), and each
+        residual add runs with the norm after it (layers/norms.py add_norm)."""
+        T = x.shape[0]
+        attn = self.attn.from_projection(self.qkv(h), ctx, rel_bias).reshape(T, self.inner)
+        x, h = add_norm(x, self.o(attn), self.ff_norm)
+        return add_norm(x, self.ff.forward_fused(h), next_norm)
 
     def load(self, t, p: str) -> None:
         """From `{p}0.` (self-attention block) and `{p}1.` (feed-forward block) of a T5 encoder block."""
@@ -132,15 +154,35 @@ class T5Encoder(NativeModel):
             is_causal=False, num_attention_layers=config.num_layers, num_kv_heads=config.num_heads,
             head_dim=config.d_kv, max_tokens=None)
 
+    # The Triton path fuses each layer's elementwise work (T5Layer.forward_fused); a benchmark may turn it off to
+    # time the unfused layers on the same GPU.
+    fuse_elementwise = True
+
     def forward(self, ctx, capture=frozenset()):
         x = self.embed_tokens(ctx.input_ids)
         dtype, rel_bias = x.dtype, (self.rel_bias_table, self.max_distance)
+        if ctx.triton_kernels and self.fuse_elementwise and len(self.layers) and \
+                all(layer.ff.wo.weight.dtype == dtype for layer in self.layers):
+            return self._fused_layers(x, rel_bias, ctx, capture)
         captured = {}
         for i, layer in enumerate(self.layers):
             if i in capture:
                 captured[i] = x.to(dtype)   # float16 models carry a float32 residual after layer 0
             x = layer(x, rel_bias, ctx)
         return self.final_norm(x), captured
+
+    def _fused_layers(self, x, rel_bias, ctx, capture) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """(final norm output, captured inputs) with each layer fused: every norm but the first runs with the
+        residual add before it, the last layer's with the final norm. Not for float16 checkpoints, whose
+        float32 `wo` turns the residual stream float32 (their layers run unfused)."""
+        captured = {}
+        _, h = add_norm(x, None, self.layers[0].attn_norm)
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                captured[i] = x
+            nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.final_norm
+            x, h = layer.forward_fused(x, h, rel_bias, ctx, nxt)
+        return h, captured
 
     def attention_layers(self):
         return [layer.attn for layer in self.layers]

@@ -179,6 +179,18 @@ def encoder_layer(dtype, model: Encoder) -> None:
     linear_gelu(x, _empty(model.ffn, d, dtype=dtype), _empty(model.ffn, dtype=dtype))
 
 
+def t5_encoder_attention(dtype, model: Attention) -> None:
+    """A T5 encoder step's attention on the Triton path (t5.py T5Layer.forward_fused): straight from the QKV
+    projection with the relative-position bias (108 sequences of ~300 tokens; the default rule's bias tiles, as
+    the engine's launch), unscaled."""
+    T, H, D = ENCODER_TOKENS, model.num_q_heads, model.head_dim
+    n = H * D
+    qkv = _empty(T, 3 * n, dtype=dtype)
+    varlen_attention(qkv[:, :n].view(T, H, D), qkv[:, n:2 * n].view(T, H, D), qkv[:, 2 * n:].view(T, H, D),
+                     _empty(109, dtype=torch.int32), _empty(108, dtype=torch.int32), scale=1.0,
+                     rel_bias_table=_empty(model.rel_bias[0], H, dtype=dtype), rel_max_distance=model.rel_bias[1])
+
+
 QWEN35_HIDDEN, QWEN35_INTERMEDIATE = 1024, 3584
 
 
@@ -264,6 +276,9 @@ def cases() -> list[tuple[str, object]]:
                     lambda dt, c=case: delta_bench_prefill(dt, c.H, c.HV, c.K, c.lengths, design="split")))
     for model in (ESM2_650M, ESM2_3B):
         out.append((f"{model.name} layer ({ENCODER_TOKENS // 1024}k tokens)", lambda dt, m=model: encoder_layer(dt, m)))
+    for model in (PROTT5, ANKH_LARGE):
+        out.append((f"{model.name} attention from the projection ({ENCODER_TOKENS // 1024}k tokens)",
+                    lambda dt, m=model: t5_encoder_attention(dt, m)))
     out.append((f"Qwen3.5-0.8B RMS-norm layer ({ENCODER_TOKENS // 1024}k tokens)", rms_decoder_layer))
     out.append((f"Qwen3.5-0.8B gates ({ENCODER_TOKENS // 1024}k tokens)", qwen35_gates))
     out += [(f"Qwen3.5-0.8B q/k norm + rotary ({ENCODER_TOKENS // 1024}k tokens)",

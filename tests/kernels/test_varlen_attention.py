@@ -36,7 +36,7 @@ def _step(lens, heads, kv_heads, dim, dtype, seed):
     return q, k, v, cu, torch.tensor(lens, dtype=torch.int32)
 
 
-def _paged_exact(q, k, v, cu, lens, causal, scale):
+def _paged_exact(q, k, v, cu, lens, causal, scale, **bias):
     """float64 attention through the reference's cache: each sequence's keys on pages of its own."""
     pages = [-(-int(n) // PAGE) for n in lens]
     tables = torch.zeros(len(lens), max(pages), dtype=torch.int32)
@@ -49,7 +49,8 @@ def _paged_exact(q, k, v, cu, lens, causal, scale):
     vc = torch.zeros_like(kc)
     kc.view(-1, k.shape[1], k.shape[2])[slots] = k.double()
     vc.view(-1, k.shape[1], k.shape[2])[slots] = v.double()
-    return naive_paged_attention(q.double(), kc, vc, tables, cu, lens, causal=causal, scale=scale), tables, slots
+    bias = {name: (x.double() if torch.is_tensor(x) else x) for name, x in bias.items()}
+    return naive_paged_attention(q.double(), kc, vc, tables, cu, lens, causal=causal, scale=scale, **bias), tables, slots
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
@@ -83,6 +84,40 @@ def test_varlen_attention_against_float64(dtype, heads, kv_heads, dim, causal, s
         paged = paged_attention(qd.contiguous(), kc, vc, dev(tables), dev(cu), dev(n), causal=causal, scale=scale,
                                 **knobs)
         assert torch.equal(ours, paged)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+@pytest.mark.parametrize("splits", (1, 2))
+def test_varlen_attention_with_t5_relative_bias(dtype, splits):
+    """T5's relative-position bias in the contiguous mode (an encoder step of a T5 model): against float64
+    attention with the same bias, as accurate as torch's path on the same inputs; float16 bit for bit the paged
+    mode of the same kernel over a cache holding the same keys. 45 tokens reach offsets past max_distance 20 (in
+    both directions, the farthest buckets shared); head dim 32 and 16 (masked)."""
+    heads, max_distance = 4, 20
+    for dim in (32, 16):
+        lens = [45, 1, 17]
+        q, k, v, cu, n = _step(lens, heads, heads, dim, dtype, seed=7 + dim)
+        table = torch.randn(32, heads, generator=torch.Generator().manual_seed(dim), dtype=torch.float64).to(dtype)
+        bias = dict(rel_bias_table=table, rel_max_distance=max_distance)
+        exact, tables, slots = _paged_exact(q, k, v, cu, n, False, 1.0, **bias)
+        knobs = dict(block_q=16, pages_per_tile=1, num_warps=4, num_stages=1, num_kv_splits=splits)
+        dev = lambda t: t.to(DEVICE)   # noqa: E731
+        qd, kd, vd = (dev(x) for x in (q, k, v))
+        ours = varlen_attention(qd, kd, vd, dev(cu), dev(n), scale=1.0, rel_bias_table=dev(table),
+                                rel_max_distance=max_distance, **knobs)
+        theirs = varlen_attention_torch(q, k, v, cu, causal=False, scale=1.0, out=torch.empty_like(q), **bias)
+        assert_as_accurate(ours, theirs, exact, "varlen_attention with T5's bias")
+        if dtype == torch.float16 and dim == 32:
+            kc = torch.zeros(int(tables.max()) + 1, PAGE, heads, dim, dtype=dtype, device=DEVICE)
+            vc = torch.zeros_like(kc)
+            write_kv_cache(kd.contiguous(), vd.contiguous(), kc, vc, torch.tensor(slots, device=DEVICE))
+            paged = paged_attention(qd.contiguous(), kc, vc, dev(tables), dev(cu), dev(n), causal=False, scale=1.0,
+                                    rel_bias_table=dev(table), rel_max_distance=max_distance, **knobs)
+            assert torch.equal(ours, paged)
+    with pytest.raises(ValueError, match="bidirectional"):
+        varlen_attention(qd, kd, vd, dev(cu), dev(n), causal=True, rel_bias_table=dev(table), rel_max_distance=20)
+    with pytest.raises(ValueError, match="together"):
+        varlen_attention(qd, kd, vd, dev(cu), dev(n), rel_bias_table=dev(table))
 
 
 def test_bad_inputs_are_refused():
