@@ -1,6 +1,6 @@
 """Step ledger: every GPU kernel of one ~32k-token engine step, counted on the meta device, no GPU needed.
 
-    python bench/step_ledger.py esm2-650m            # or esm2-3b, prott5-xl, qwen35-0.8b
+    python bench/step_ledger.py esm2-650m            # or esm2-3b, prott5-xl, ankh-large, qwen35-0.8b
     python bench/step_ledger.py esm2-650m --tokens 16384 --json ledger.json
     python bench/step_ledger.py qwen35-0.8b --delta-design split   # the delta rule's split design
 
@@ -83,6 +83,14 @@ class Shape:
     max_tokens: int | None  # the model's own limit per sequence (longer ones are cut, as --on-long truncate)
 
 
+# Ankh-large's encoder (ElnaggarLab/ankh-large's config.json; tests/families/published_configs.py ankh_large): 48
+# layers of 1,536, 16 heads of 64, a gated-gelu feed-forward of 3,840 (gelu_new), 64 position buckets.
+ANKH_LARGE = dict(vocab_size=144, d_model=1536, d_kv=64, d_ff=3840, num_heads=16, num_layers=48,
+                  relative_attention_num_buckets=64, relative_attention_max_distance=128,
+                  feed_forward_proj="gated-gelu", dense_act_fn="gelu_new", is_gated_act=True, layer_norm_epsilon=1e-6,
+                  is_encoder_decoder=True, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+
+
 def shapes() -> dict[str, Shape]:
     """Published config values of each shape (bench_engine.py / bench_t5.py hold the ones the GPU benches use)."""
     from bench_engine import ESM2_650M, ESM2_COMMON, QWEN35_08B
@@ -91,6 +99,7 @@ def shapes() -> dict[str, Shape]:
     return {"esm2-650m": Shape("esm", ESM2_650M, 2, 1024),
             "esm2-3b": Shape("esm", esm2_3b, 2, 1024),
             "prott5-xl": Shape("t5", dict(PROTT5_XL, num_layers=24), 1, None),
+            "ankh-large": Shape("t5", ANKH_LARGE, 1, None),
             "qwen35-0.8b": Shape("qwen3_5", dict(QWEN35_08B, max_position_embeddings=65536, pad_token_id=0,
                                                  bos_token_id=1, eos_token_id=2), 0, None)}
 
@@ -265,8 +274,8 @@ def _gated_rms_norm_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
     return _nb(o) + _nb(z) + _nb(w), _nb(out)
 
 
-def _silu_mul_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
-    g, u, out = L.args[:3]
+def _act_mul_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
+    g, u, out = L.args[:3]   # silu_mul and gelu_tanh_mul: gate and up (views of one product) read, the output written
     return _nb(g) + _nb(u), _nb(out)
 
 
@@ -288,7 +297,7 @@ def _linear_gelu_kernel(L: Launch, step: StepLengths) -> tuple[int, int]:
 KERNEL_BYTES = {f.__name__: f for f in (_write_kv_cache, _paged_attention_fwd, _combine_splits, _chunk_prep_kernel,
                                         _chunk_walk_kernel, _causal_conv_kernel, _conv_window_kernel,
                                         _rotate_qk_kernel, _add_layer_norm_kernel, _linear_gelu_kernel,
-                                        _add_rms_norm_kernel, _gated_rms_norm_kernel, _silu_mul_kernel,
+                                        _add_rms_norm_kernel, _gated_rms_norm_kernel, _act_mul_kernel,
                                         _norm_rotate_kernel, _sigmoid_gate_kernel, _delta_rule_gates_kernel,
                                         _split_solve_kernel, _split_wu_kernel, _split_state_kernel,
                                         _split_output_kernel)}
@@ -297,7 +306,7 @@ KERNEL_FAMILY = {"_write_kv_cache": "attention", "_paged_attention_fwd": "attent
                  "_causal_conv_kernel": "delta rule", "_conv_window_kernel": "delta rule",
                  "_recurrent_kernel": "delta rule", "_rotate_qk_kernel": "rotary", "_add_layer_norm_kernel": "norm",
                  "_linear_gelu_kernel": "GEMM", "_add_rms_norm_kernel": "norm", "_gated_rms_norm_kernel": "norm",
-                 "_silu_mul_kernel": "activation", "_norm_rotate_kernel": "rotary",
+                 "_act_mul_kernel": "activation", "_norm_rotate_kernel": "rotary",
                  "_sigmoid_gate_kernel": "activation", "_delta_rule_gates_kernel": "delta rule",
                  "_split_solve_kernel": "delta rule", "_split_wu_kernel": "delta rule",
                  "_split_state_kernel": "delta rule", "_split_output_kernel": "delta rule"}
@@ -619,7 +628,7 @@ def render(r: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="+", metavar="MODEL", help="esm2-650m, esm2-3b, prott5-xl, qwen35-0.8b")
+    parser.add_argument("models", nargs="+", metavar="MODEL", help="esm2-650m, esm2-3b, prott5-xl, ankh-large, qwen35-0.8b")
     parser.add_argument("--tokens", type=int, default=32768, help="the step's token budget (default 32768, a GPU worker's)")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's (per-layer numbers hold)")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")

@@ -28,7 +28,8 @@ GB = 1e9
 
 @pytest.fixture(scope="module")
 def ledgers():
-    return {name: step_ledger.ledger(name) for name in ("esm2-650m", "esm2-3b", "prott5-xl", "qwen35-0.8b")}
+    return {name: step_ledger.ledger(name) for name in ("esm2-650m", "esm2-3b", "prott5-xl", "ankh-large",
+                                                        "qwen35-0.8b")}
 
 
 def test_every_shape_runs_one_full_step(ledgers):
@@ -136,6 +137,38 @@ def test_the_gate_kernels_and_the_qk_pass_are_counted_by_hand():
     assert bytes_of[2] == (rows * D * 2 + 2 * T * (rd // 2) * 2 * 2 + 2 * D * 2, rows * D * 2, True)
 
 
+def test_ankh_large_is_its_published_config_and_its_gated_gelu_unfused_today(ledgers):
+    """ankh-large: Ankh-large's published encoder values; its feed-forward still the unfused gelu then mul_ (one
+    wi product, 25 d per token-layer: gelu reads and writes [T, d_ff], mul_ reads two and writes one; d_ff = 2.5 d)."""
+    from tests.families.published_configs import PUBLISHED
+    published = PUBLISHED["ankh_large"]
+    assert {k: published[k] for k in step_ledger.ANKH_LARGE if k in published} == {
+        k: v for k, v in step_ledger.ANKH_LARGE.items() if k in published}
+    assert {"d_model", "d_ff", "num_heads", "d_kv", "num_layers", "feed_forward_proj"} <= published.keys()
+    r = ledgers["ankh-large"]
+    assert (r["layers"], r["hidden"]) == (48, 1536)
+    assert r["families"]["GEMM"]["kernels_per_layer"] == 4
+    assert r["ops"]["activation: gelu"]["count"] == r["ops"]["activation: mul_"]["count"] == 48
+    assert r["families"]["activation"]["d_per_token_layer"] == pytest.approx(25.0)
+
+
+def test_gelu_tanh_mul_in_the_t5_feed_forward_is_counted_by_its_bytes_model(monkeypatch):
+    """Once T5FeedForward calls gelu_tanh_mul on the wi product, the ledger counts one Triton launch a layer in the
+    activation family: gate and up read, the product written, 15 d per token-layer at Ankh-large's d_ff (3 x 2.5 d),
+    and no aten activation op."""
+    import pipeline.models.t5 as t5
+    from triton_kernels.rms_norm import gelu_tanh_mul
+    monkeypatch.setattr(t5.T5FeedForward, "forward", lambda self, x: self.wo(gelu_tanh_mul(self.wi(x))))
+    r = step_ledger.ledger("ankh-large", layers=2, lengths=np.array([300, 200, 60]))
+    assert r["triton"]["_act_mul_kernel"]["count"] == 2 and r["triton"]["_act_mul_kernel"]["exact"]
+    assert r["triton"]["_act_mul_kernel"]["family"] == "activation"
+    T, ff = 560, 3840
+    assert (r["triton"]["_act_mul_kernel"]["read"], r["triton"]["_act_mul_kernel"]["written"]) == (
+        2 * (2 * T * ff * 2), 2 * (T * ff * 2))
+    assert r["families"]["activation"]["d_per_token_layer"] == pytest.approx(15.0)
+    assert not any(op.startswith("activation:") for op in r["ops"])
+
+
 def test_the_command_prints_the_tables_and_writes_json(tmp_path):
     out = tmp_path / "ledger.json"
     res = subprocess.run([sys.executable, str(REPO / "bench" / "step_ledger.py"), "esm2-650m", "--layers", "2",
@@ -205,7 +238,7 @@ def test_qwen35_08b_step_budget(ledgers):
     assert "copies" not in r["families"] or r["families"]["copies"]["kernels"] == 0
     assert r["triton"]["_add_rms_norm_kernel"]["count"] == 2 * layers + 1
     assert r["triton"]["_gated_rms_norm_kernel"]["count"] == delta_layers
-    assert r["triton"]["_silu_mul_kernel"]["count"] == layers
+    assert r["triton"]["_act_mul_kernel"]["count"] == layers
     assert r["triton"]["_norm_rotate_kernel"]["count"] == attention_layers   # q and k in one launch
     assert r["triton"]["_sigmoid_gate_kernel"]["count"] == attention_layers
     assert r["triton"]["_delta_rule_gates_kernel"]["count"] == delta_layers

@@ -103,8 +103,8 @@ class NormKnobs:
 class RmsNormKnobs:
     """The RMS-norm kernels (triton_kernels/rms_norm): add_rms_norm and gated_rms_norm hold whole rows, up to
     block_elements a program (a row of width d padded to a power of two: rows per program =
-    block_elements // that, at least 1, at most max_rows), in num_warps; silu_mul runs tiles of silu_block_rows
-    x silu_block_cols in silu_num_warps (a stream: read gate and up, write the product)."""
+    block_elements // that, at least 1, at most max_rows), in num_warps; silu_mul and gelu_tanh_mul (one kernel) run
+    tiles of silu_block_rows x silu_block_cols in silu_num_warps (a stream: read gate and up, write the product)."""
 
     block_elements: int
     max_rows: int
@@ -188,7 +188,8 @@ TABLE: dict[int, LaunchRow] = {
     # spilled 8 B on sm_80 (Triton 3.9).
     # The RMS-norm kernels (rms): rows of up to 4,096 elements in 8 warps (4 rows of Qwen3.5-0.8B's 1,024, 32 heads
     # of 128 for the gated norm), silu_mul tiles of 8 x 512 in 8 warps: 32-42 registers, no spills, at a 32k-token
-    # Qwen3.5-0.8B step on both (Triton 3.9; docs/kernels/rms_norm.md). Not yet timed on a GPU.
+    # Qwen3.5-0.8B step on both (Triton 3.9; docs/kernels/rms_norm.md). gelu_tanh_mul takes silu_mul's tiles: 37-38
+    # registers at Ankh-large's d_ff (3,840), no spills, 6 blocks an SM. Not yet timed on a GPU.
     # Qwen3.5's gates (gates): sigmoid_gate over rows of whole heads, 4,096 elements (16 heads of 256) in 8 warps;
     # delta_rule_gates 64 tokens x 16 value heads a program in 4 warps. Compile report: docs/kernels/gates.md.
     # epilogue_gelu False on both: on an H100 (2026-11-27, docs/BENCHMARKS.md) the product with the GELU in its

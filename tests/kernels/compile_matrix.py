@@ -28,7 +28,7 @@ from triton_kernels import causal_conv1d, chunk_gated_delta_rule, fused_recurren
 from triton_kernels.gates import delta_rule_gates, sigmoid_gate
 from triton_kernels.layer_norm import add_layer_norm
 from triton_kernels.linear_gelu import linear_gelu
-from triton_kernels.rms_norm import add_rms_norm, gated_rms_norm, silu_mul
+from triton_kernels.rms_norm import add_rms_norm, gated_rms_norm, gelu_tanh_mul, silu_mul
 from triton_kernels.paged_attention import varlen_attention
 from triton_kernels.rotary import norm_rotate_, norm_rotate_qk_, rotate_qk_
 from triton_kernels._launch import A100, H100, Launch, dry_run
@@ -211,6 +211,15 @@ def rms_decoder_layer(dtype) -> None:
     silu_mul(_empty(T, 2 * n, dtype=dtype))
 
 
+ANKH_LARGE_FF = 3840   # Ankh-large's d_ff (tests/families/published_configs.py ankh_large)
+
+
+def t5_gated_gelu(dtype) -> None:
+    """Ankh-large's gated-gelu feed-forward between its two GEMMs: gelu_tanh(gate) * up over the wi product
+    [T, 2 d_ff] (wi_0's columns, then wi_1's)."""
+    gelu_tanh_mul(_empty(ENCODER_TOKENS, 2 * ANKH_LARGE_FF, dtype=dtype))
+
+
 def qwen35_gates(dtype) -> None:
     """Qwen3.5-0.8B's gates on the fused Triton path (triton_kernels.gates, 32k tokens): the attention's output gate
     over o [T, 8, 256] with the gate between the queries in the projection (head stride 2 x 256), and a delta-rule
@@ -281,6 +290,7 @@ def cases() -> list[tuple[str, object]]:
                     lambda dt, m=model: t5_encoder_attention(dt, m)))
     out.append((f"Qwen3.5-0.8B RMS-norm layer ({ENCODER_TOKENS // 1024}k tokens)", rms_decoder_layer))
     out.append((f"Qwen3.5-0.8B gates ({ENCODER_TOKENS // 1024}k tokens)", qwen35_gates))
+    out.append((f"Ankh-large gated-gelu feed-forward ({ENCODER_TOKENS // 1024}k tokens)", t5_gated_gelu))
     out += [(f"Qwen3.5-0.8B q/k norm + rotary ({ENCODER_TOKENS // 1024}k tokens)",
              lambda dt: qk_norm_rotary(dt, QWEN35_ATTENTION, 64, "zero_centred")),
             (f"Llama-8B q/k rotary ({ENCODER_TOKENS // 1024}k tokens)",
@@ -334,6 +344,8 @@ def _knobs(launch: Launch) -> str:
     names = ("BV", "BLOCK_Q", "TILE", "NUM_SPLITS", "BLOCK", "BT", "BC", "BLOCK_ROWS", "BLOCK_N", "BLOCK_M",
              "BLOCK_K", "BLOCK_COLS")
     shown = [f"{n}={launch.constexprs[n]}" for n in names if n in launch.constexprs]
+    if "ACTIVATION" in launch.constexprs:   # the gated MLPs' kernel: silu or gelu_tanh
+        shown.append(launch.constexprs["ACTIVATION"])
     if launch.constexprs.get("HAS_BIAS") and "HALF" in launch.constexprs:   # T5's bias in attention
         shown.append(f"+bias/{2 * launch.constexprs['HALF']}")
     for flag, meaning in (("USE_H0", "h0"), ("STORE_HT", "ht"), ("USE_U", "u"), ("WRITE_O", "o"), ("STORE_CHUNKS", "s"),

@@ -33,19 +33,24 @@ def launched_kernels() -> set[str]:
     return {n.strip("_") for n in names}
 
 
-def test_every_kernel_compiles_for_a100_and_h100_without_spills(tmp_path):
+def compile_matrix(tmp_path, *only: str) -> list[dict]:
+    """The matrix's rows (all, or `--only` these cases), compiled in a subprocess; fails on its problems."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, said explicitly (silences its warning)
     report = tmp_path / "matrix.json"
-    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_matrix", "--json", str(report)],
+    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_matrix", "--json", str(report), *only],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     print(done.stdout)   # the table: registers, spills and shared memory per launch (pytest -s shows it)
     header = done.stdout.partition("\n")[0]   # names the Triton version that compiled the matrix
     assert done.returncode == 0, header + "\n" + done.stdout[-4000:] + done.stderr[-4000:]
     result = json.loads(report.read_text())
-    rows = result["rows"]
     assert not result["problems"]
+    return result["rows"]
+
+
+def test_every_kernel_compiles_for_a100_and_h100_without_spills(tmp_path):
+    rows = compile_matrix(tmp_path)
     assert {r["kernel"] for r in rows} == launched_kernels()
     assert {(r["arch"], r["dtype"]) for r in rows} == {(a, d) for a in (80, 90) for d in ("bf16", "fp16")}
     assert all(r["spill_bytes"] == 0 and 0 < r["registers"] <= 255 for r in rows)
@@ -97,6 +102,18 @@ def test_every_kernel_compiles_for_a100_and_h100_without_spills(tmp_path):
         assert knobs == {f"BT={conv.block_t} BC={conv.block_c} w{conv.num_warps} s1"}
         knobs = {r["knobs"] for r in rows if r["arch"] == arch and r["kernel"] == "conv_window_kernel"}
         assert knobs == {f"BC={conv.block_c} w{conv.num_warps} s1"}
+
+
+def test_gelu_tanh_mul_compiles_at_ankh_large_without_spills(tmp_path):
+    """T5's gated-gelu feed-forward (Ankh-large, d_ff 3,840, 32k tokens) on both GPUs in both 16-bit dtypes: the
+    gated MLPs' kernel with its tanh GELU (libdevice's tanhf inlined), in silu_mul's launch-table knobs."""
+    rows = compile_matrix(tmp_path, "--only", "gated-gelu")
+    assert {(r["arch"], r["dtype"]) for r in rows} == {(a, d) for a in (80, 90) for d in ("bf16", "fp16")}
+    for r in rows:
+        rms = launch_row({80: A100, 90: H100}[r["arch"]]).rms
+        assert r["kernel"] == "act_mul_kernel" and "gelu_tanh" in r["knobs"], r
+        assert r["grid"] == [-(-32768 // rms.silu_block_rows), -(-3840 // rms.silu_block_cols)], r
+        assert r["spill_bytes"] == 0 and 0 < r["registers"] <= 64 and r["blocks_per_sm"] >= 4, r
 
 
 def test_decode_split_counts_come_from_a_fixed_set():

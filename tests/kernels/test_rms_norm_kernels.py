@@ -11,12 +11,14 @@ narrow one with several rows per program, a wide one with one, neither a power o
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from triton_kernels.rms_norm import (add_rms_norm, add_rms_norm_torch, gated_rms_norm, gated_rms_norm_torch,
-                                     silu_mul, silu_mul_torch)
+                                     gelu_tanh_mul, gelu_tanh_mul_torch, silu_mul, silu_mul_torch)
 from tests.kernels.float_cases import DEVICE, randn64, skip_interpreter_bf16
 from tests.float64_reference import assert_as_accurate
 
@@ -110,22 +112,67 @@ def test_gated_rms_norm_against_float64(dtype, shape):
         _within_roundings(out, exact, dtype, 1)
 
 
+def _gelu_tanh64(x: torch.Tensor) -> torch.Tensor:
+    x = x.double()
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+# (fused op, its torch path, the activation in float64)
+GATED = {"silu": (silu_mul, silu_mul_torch, lambda x: F.silu(x.double())),
+         "gelu_tanh": (gelu_tanh_mul, gelu_tanh_mul_torch, _gelu_tanh64)}
+
+
+@pytest.mark.parametrize("activation", GATED)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,n", [(19, 300), (3, 1030)])
-def test_silu_mul_against_float64(dtype, T, n):
-    """The fused projection's output [T, 2I] (gate then up), and a pair of views."""
+@pytest.mark.parametrize("T,n", [(19, 300), (3, 1030), (9, 513)])
+def test_activation_mul_against_float64(activation, dtype, T, n):
+    """The fused projection's output [T, 2I] (gate then up), and a pair of views. Sizes off the 8 x 512 tiles: a
+    partial column tile, three column tiles with a partial last, a row and a column past whole tiles."""
     skip_interpreter_bf16(dtype)
+    fused, torch_path, act64 = GATED[activation]
     g = torch.Generator().manual_seed(T * n)
     gate_up = randn64(g, T, 2 * n, scale=3).to(dtype)
-    out = silu_mul(_dev(gate_up))
+    out = fused(_dev(gate_up))
     gate, up = gate_up.chunk(2, dim=-1)
-    assert torch.equal(out.cpu(), silu_mul((_dev(gate), _dev(up))).cpu())
+    assert torch.equal(out.cpu(), fused((_dev(gate), _dev(up))).cpu())
     assert out.dtype == dtype and out.shape == (T, n) and out.is_contiguous()
-    exact = F.silu(gate.double()) * up.double()
+    exact = act64(gate) * up.double()
     if dtype == torch.float32:
-        assert_as_accurate(out, silu_mul_torch(gate_up), exact, "silu_mul")
+        assert_as_accurate(out, torch_path(gate_up), exact, f"{activation}_mul")
     else:
         _within_roundings(out, exact, dtype, 2)
+
+
+@pytest.mark.parametrize("activation", GATED)
+def test_activation_mul_of_an_empty_step(activation):
+    fused = GATED[activation][0]
+    out = fused(_dev(torch.zeros(0, 2 * 40, dtype=torch.float16)))
+    assert out.shape == (0, 40) and out.dtype == torch.float16
+
+
+def _gelu_tanh_as_cuda(x: torch.Tensor) -> torch.Tensor:
+    """torch's CUDA tanh GELU in float32 (ActivationGeluKernel.cu as nvcc compiles it: x^3 as (x x) x, the inner
+    sum one fma), with a correctly rounded tanh; float64 holds each step's exact value before its rounding."""
+    f32 = lambda v: v.float().double()   # noqa: E731
+    x = x.double()
+    beta, kappa = f32(torch.tensor(math.sqrt(2) * (2 / math.sqrt(math.pi)) * 0.5)), f32(torch.tensor(0.044715))
+    cube = f32(f32(x * x) * x)
+    inner = f32(beta * f32(kappa * cube + x))   # kappa * cube is exact in float64: one rounding, as the fma
+    return f32(f32(0.5 * x) * f32(1 + f32(torch.tanh(inner)))).float()
+
+
+def test_gelu_tanh_mul_rounds_where_torch_does():
+    """float16: the GELU rounded to the dtype, then the product rounded (torch's gelu, then mul_), not the float32
+    product rounded once. Bits can differ from the model below only where tanh's last bit does (the interpreter's
+    tanh is not libdevice's); rounding the product once differs far more often."""
+    g = torch.Generator().manual_seed(11)
+    gate, up = randn64(g, 64, 256, scale=2).to(torch.float16), randn64(g, 64, 256, scale=2).to(torch.float16)
+    out = gelu_tanh_mul((_dev(gate), _dev(up))).cpu()
+    act = _gelu_tanh_as_cuda(gate)
+    twice = (act.to(torch.float16).float() * up.float()).to(torch.float16)
+    once = (act * up.float()).to(torch.float16)
+    assert (out != twice).float().mean() < 0.002
+    assert (out != twice).sum() * 20 < (out != once).sum()
 
 
 def test_torch_paths_are_the_unfused_ops():
@@ -138,6 +185,7 @@ def test_torch_paths_are_the_unfused_ops():
     _, h = add_rms_norm_torch(x, y, w, EPS, zero_centred=True)
     assert torch.equal(h, F.rms_norm((x + y).float(), (64,), 1 + w.float(), EPS).to(torch.bfloat16))
     assert torch.equal(silu_mul_torch(torch.cat([x, y], 1)), F.silu(x) * y)
+    assert torch.equal(gelu_tanh_mul_torch(torch.cat([x, y], 1)), F.gelu(x, approximate="tanh") * y)
 
 
 def test_bad_shapes_are_refused():
@@ -148,3 +196,5 @@ def test_bad_shapes_are_refused():
         gated_rms_norm(torch.zeros(4, 2, 8), torch.zeros(4, 2, 9), torch.ones(8), EPS)
     with pytest.raises(ValueError, match="one shape"):
         silu_mul((torch.zeros(4, 8), torch.zeros(4, 7)))
+    with pytest.raises(ValueError, match="contiguous columns"):
+        gelu_tanh_mul((torch.zeros(4, 8), torch.zeros(8, 4).t()))

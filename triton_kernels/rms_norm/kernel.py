@@ -6,27 +6,30 @@ the cast back: about 30 d bytes per token in 16 bits and five kernels. `add_rms_
 writes the sum and its normalised form: 8 d bytes, one kernel. `gated_rms_norm` does the delta-rule mixer's
 `rmsnorm(o) * w * silu(z)` in one pass (read o, z, write the output) where the unfused one casts, normalises,
 takes silu and multiplies in float32 passes; `silu_mul` the gated MLP's `silu(gate) * up` (read two, write one)
-where the unfused one runs silu in place then the multiply (read three, write two).
+where the unfused one runs silu in place then the multiply (read three, write two); `gelu_tanh_mul` T5's gated
+feed-forward `gelu_tanh(gate) * up` (Ankh) alike, by the same kernel (its ACTIVATION constexpr).
 
 Rounding points are the unfused ones': the sum rounded to x's dtype before it is normalised (as the add stores
 it); statistics and the normalisation in float32; for zero-centred norms (Qwen3.5) the scale (1 + w) applied in
 float32 before the one cast, otherwise (Llama, Qwen3) the normalised value cast to the dtype, then multiplied by
-w and rounded again (transformers' order); silu(gate) rounded to the dtype before the product, as the in-place
-silu stores it.
+w and rounded again (transformers' order); silu(gate) or gelu_tanh(gate) rounded to the dtype before the
+product, as the unfused activation stores it.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from .. import _cuda_math as cm
 from .._device import target_of, use_triton
 from .._launch import launch
 from .._norm_tiles import residual_rows, rms_weighted
 from ..launch_config import RmsNormKnobs, launch_row
-from .torch_path import add_rms_norm_torch, gated_rms_norm_torch, silu_mul_torch
+from .torch_path import add_rms_norm_torch, gated_rms_norm_torch, gelu_tanh_mul_torch, silu_mul_torch
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -62,10 +65,24 @@ def _gated_rms_norm_kernel(
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+# torch's constants for the tanh GELU (ActivationGeluKernel.cu): kBeta = M_SQRT2 * M_2_SQRTPI * 0.5 in double, then
+# float32 (the float nearest sqrt(2 / pi)); kKappa the float nearest 0.044715.
+GELU_BETA = tl.constexpr(float(np.float32(1.41421356237309504880 * 1.12837916709551257390 * 0.5)))
+GELU_KAPPA = tl.constexpr(float(np.float32(0.044715)))
+
+
+@triton.jit
+def _gelu_tanh(x):
+    """torch's float32 tanh GELU on a GPU: 0.5 x (1 + tanhf(kBeta (x + kKappa x^3))), x^3 as (x x) x and the inner
+    sum one fma (nvcc contracts torch's `x + kKappa * x_cube`); tanh is _cuda_math's."""
+    inner = GELU_BETA * tl.fma(GELU_KAPPA, x * x * x, x)
+    return 0.5 * x * (1.0 + cm.tanh(inner))
+
+
 @triton.jit(do_not_specialize=["num_rows"])
-def _silu_mul_kernel(
+def _act_mul_kernel(
     g_ptr, u_ptr, out_ptr, num_rows, num_cols, stride_g, stride_u, stride_o,
-    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
@@ -73,7 +90,10 @@ def _silu_mul_kernel(
     g = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :], mask=ok, other=0.0)
     u = tl.load(u_ptr + rows[:, None] * stride_u + cols[None, :], mask=ok, other=0.0)
     gf = g.to(tl.float32)
-    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)   # rounded as the in-place silu stores it
+    if ACTIVATION == "gelu_tanh":
+        act = _gelu_tanh(gf).to(g.dtype)   # rounded as the unfused gelu stores it
+    else:
+        act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)   # rounded as the in-place silu stores it
     out = act.to(tl.float32) * u.to(tl.float32)
     tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
 
@@ -146,24 +166,53 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     return out
 
 
+def _gate_and_up(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    gate, up = gate_up.chunk(2, dim=-1) if torch.is_tensor(gate_up) else gate_up
+    if gate.dim() != 2 or gate.shape != up.shape or gate.stride(1) != 1 or up.stride(1) != 1:
+        raise ValueError(f"gate and up must be [T, I] of one shape with contiguous columns, got "
+                         f"{tuple(gate.shape)} and {tuple(up.shape)}")
+    return gate, up
+
+
+def _act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str, block_rows: int | None, block_cols: int | None,
+             num_warps: int | None) -> torch.Tensor:
+    T, n = gate.shape
+    out = torch.empty(T, n, dtype=gate.dtype, device=gate.device)
+    if T * n == 0:
+        return out
+    k = rms_norm_knobs(gate.device, silu_block_rows=block_rows, silu_block_cols=block_cols, silu_num_warps=num_warps)
+    launch(_act_mul_kernel, (triton.cdiv(T, k.silu_block_rows), triton.cdiv(n, k.silu_block_cols)),
+           gate, up, out, T, n, gate.stride(0), up.stride(0), out.stride(0),
+           BLOCK_ROWS=k.silu_block_rows, BLOCK_COLS=k.silu_block_cols, ACTIVATION=activation,
+           num_warps=k.silu_num_warps)
+    return out
+
+
 def silu_mul(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor], *, block_rows: int | None = None,
              block_cols: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """`silu(gate) * up`, a new contiguous `[T, I]` tensor in gate's dtype: gate_up `[T, 2I]` (gate's columns then
     up's, as GatedMLP's fused projection writes them) or a pair (gate, up) of `[T, I]` (any row strides,
     contiguous columns). silu in float32 rounded to the dtype (as GatedMLP's in-place silu stores it), then the
     product in float32 rounded once."""
-    gate, up = gate_up.chunk(2, dim=-1) if torch.is_tensor(gate_up) else gate_up
-    if gate.dim() != 2 or gate.shape != up.shape or gate.stride(1) != 1 or up.stride(1) != 1:
-        raise ValueError(f"gate and up must be [T, I] of one shape with contiguous columns, got "
-                         f"{tuple(gate.shape)} and {tuple(up.shape)}")
+    gate, up = _gate_and_up(gate_up)
     if not use_triton(gate):
         return silu_mul_torch((gate, up))
-    T, n = gate.shape
-    out = torch.empty(T, n, dtype=gate.dtype, device=gate.device)
-    if T * n == 0:
-        return out
-    k = rms_norm_knobs(gate.device, silu_block_rows=block_rows, silu_block_cols=block_cols, silu_num_warps=num_warps)
-    launch(_silu_mul_kernel, (triton.cdiv(T, k.silu_block_rows), triton.cdiv(n, k.silu_block_cols)),
-           gate, up, out, T, n, gate.stride(0), up.stride(0), out.stride(0),
-           BLOCK_ROWS=k.silu_block_rows, BLOCK_COLS=k.silu_block_cols, num_warps=k.silu_num_warps)
-    return out
+    return _act_mul(gate, up, "silu", block_rows, block_cols, num_warps)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor], *, block_rows: int | None = None,
+                  block_cols: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """`gelu_tanh(gate) * up` (T5's gated-gelu feed-forward, Ankh's: transformers' gelu_new), a new contiguous
+    `[T, I]` tensor in gate's dtype; gate_up and the launch knobs as silu_mul's (the same kernel and table row).
+
+    The tanh GELU as torch computes aten gelu(approximate="tanh") on a GPU: in float32 from the dtype's value,
+    0.5 x (1 + tanh(kBeta (x + kKappa x^3))) with torch's float32 constants, x^3 as (x x) x and the inner sum one
+    fma (nvcc's contraction of torch's source); tanh is libdevice's `__nv_tanhf`, the function torch's `tanhf`
+    compiles to (CUDA documents it within 2 ulps, not correctly rounded; Triton itself has no tanh). In the
+    interpreter, which has no libdevice, tanh is a few-ulp form from numpy's exp and log (_cuda_math.tanh). The
+    GELU is rounded to the dtype (as the unfused gelu stores it), then the product in float32 rounded once (as
+    `mul_`): the bits of `pointwise.gelu_tanh(gate).mul_(up)`, gelu_tanh_mul_torch, up to tanh's last bit."""
+    gate, up = _gate_and_up(gate_up)
+    if not use_triton(gate):
+        return gelu_tanh_mul_torch((gate, up))
+    return _act_mul(gate, up, "gelu_tanh", block_rows, block_cols, num_warps)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import pointwise
+
 
 def _rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) [* weight] over the last dim, in float32."""
@@ -31,3 +33,9 @@ def silu_mul_torch(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) ->
     """See kernel.silu_mul."""
     gate, up = gate_up.chunk(2, dim=-1) if torch.is_tensor(gate_up) else gate_up
     return F.silu(gate) * up
+
+
+def gelu_tanh_mul_torch(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """See kernel.gelu_tanh_mul: T5FeedForward's unfused ops (pipeline/models/t5.py)."""
+    gate, up = gate_up.chunk(2, dim=-1) if torch.is_tensor(gate_up) else gate_up
+    return pointwise.gelu_tanh(gate).mul_(up)
