@@ -49,7 +49,7 @@ def test_t5_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
     """T5 encoders: the relative-position bias in the kernel (a 150-token sequence reaches offsets past
     max_distance 128), against transformers' T5EncoderModel like the torch path. Each layer fused: attention read
     from the projection with the bias (no KV-cache write, no paged gather), each residual add with the norm after
-    it (the first layer's norm alone, the last add with the final norm). The engine launches the attention with
+    it (the first layer's norm alone, the last add with the final norm), Ankh's gelu_new(gate) * up one pass. The engine launches the attention with
     the launch table's bias tiles (wider ones spill registers on sm_80)."""
     import pipeline.models.layers.attention as attention
     import pipeline.models.layers.norms as norms
@@ -58,7 +58,11 @@ def test_t5_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
     from triton_kernels._device import target_of
     from triton_kernels.launch_config import launch_row
     from triton_kernels.paged_attention.varlen import CONTIGUOUS_PAGE
-    calls = {name: [] for name in ("varlen_attention", "write_kv_cache", "paged_attention", "add_rms_norm")}
+    import pipeline.models.t5 as t5
+    from triton_kernels import pointwise
+    from triton_kernels.rms_norm import gelu_tanh_mul
+    calls = {name: [] for name in ("varlen_attention", "write_kv_cache", "paged_attention", "add_rms_norm",
+                                   "gelu_tanh_mul")}
 
     def count(module, name):
         fn = getattr(module, name)
@@ -67,6 +71,8 @@ def test_t5_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
     for name in ("varlen_attention", "write_kv_cache", "paged_attention"):
         count(attention, name)
     count(norms, "add_rms_norm")
+    monkeypatch.setitem(t5.FUSED_GATED, pointwise.gelu_tanh,
+                        lambda *a, **k: calls["gelu_tanh_mul"].append(k) or gelu_tanh_mul(*a, **k))
     path = str(write_tiny(kind, tmp_path / kind))
     triton = NativeEngine.load(path, DEVICE, torch.float32, "", max_tokens_per_step=256, kernels="triton")
     torch_path = NativeEngine.load(path, torch.device("cpu"), torch.float32, "", max_tokens_per_step=256)
@@ -81,6 +87,7 @@ def test_t5_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
     steps = len(calls["varlen_attention"]) // n
     assert steps >= 1 and len(calls["varlen_attention"]) == steps * n
     assert len(calls["add_rms_norm"]) == steps * (2 * n + 1)
+    assert len(calls["gelu_tanh_mul"]) == (steps * n if kind == "ankh" else 0)   # Ankh's gated-gelu in one pass
     assert not calls["write_kv_cache"] and not calls["paged_attention"]
     tile_keys = launch_row(target_of(DEVICE)).attention.bias_tile_keys
     assert all(k["rel_bias_table"] is not None and k["pages_per_tile"] * CONTIGUOUS_PAGE <= tile_keys

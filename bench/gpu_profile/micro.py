@@ -226,6 +226,12 @@ def _unfused_silu_mul(b: Buffers):
     return lambda: F.silu(gate, inplace=True).mul_(up)
 
 
+def _unfused_gelu_tanh_mul(b: Buffers):
+    from triton_kernels import pointwise
+    gate, up = b.h.chunk(2, dim=-1)
+    return lambda: pointwise.gelu_tanh(gate).mul_(up)   # as T5FeedForward's gated form (a new tensor each call)
+
+
 def _unfused_fc1_gelu(b: Buffers):
     from triton_kernels import pointwise
     x = torch.randn(b.gemm_rows, b.layer.fc1.in_features, device=b.x.device).to(b.x.dtype)
@@ -359,6 +365,10 @@ FUSED = [
         lambda b: 1.5 * b.nbytes(b.h)),
     fused("fused silu(gate) * up on fc1's output (silu_mul)", "activation", "triton_kernels.rms_norm:silu_mul",
           lambda fn, b: lambda: fn(b.h), lambda b: 1.5 * b.nbytes(b.h)),
+    Row("gelu_new(gate) * up on fc1's output (unfused, as T5FeedForward)", "activation", _unfused_gelu_tanh_mul,
+        lambda b: 2 * b.nbytes(b.h)),   # the gelu reads and writes half of h, mul_ reads two halves and writes one
+    fused("fused gelu_new(gate) * up on fc1's output (gelu_tanh_mul)", "activation",
+          "triton_kernels.rms_norm:gelu_tanh_mul", lambda fn, b: lambda: fn(b.h), lambda b: 1.5 * b.nbytes(b.h)),
     Row("q RMSNorm (zero-centred) + rotary, heads of this shape (unfused, as GatedAttention)", "rotary",
         _unfused_norm_rotate, lambda b: 2 * b.nbytes(b.q)),
     fused("fused q RMSNorm + rotary in place (norm_rotate_)", "rotary", "triton_kernels.rotary:norm_rotate_",

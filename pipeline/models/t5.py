@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from triton_kernels import pointwise
+from triton_kernels.rms_norm import gelu_tanh_mul, silu_mul
 
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
@@ -29,6 +30,9 @@ from .layers.norms import RMSNorm, add_norm, rms_normalise
 # the same bits wherever it sits (triton_kernels/pointwise.py; relu is exact anyway).
 ACTIVATIONS = {"relu": torch.relu, "gelu_new": pointwise.gelu_tanh, "gelu_pytorch_tanh": pointwise.gelu_tanh,
                "gelu": pointwise.gelu, "silu": pointwise.silu}
+# A gated feed-forward's act(gate) * up in one pass on the Triton path, with the unfused ops' rounding points
+# (triton_kernels/rms_norm: the activation rounded to the dtype, then the product).
+FUSED_GATED = {pointwise.gelu_tanh: gelu_tanh_mul, pointwise.silu: silu_mul}
 BIAS_TABLE = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 
 
@@ -67,9 +71,11 @@ class T5FeedForward(nn.Module):
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         """forward on the Triton path (x on a GPU, wo in x's dtype): the one projection, its activation in place
-        (plain), then wo."""
+        (plain) or act(gate) * up in one pass (gated: gelu_new, Ankh's, and silu), then wo."""
         h = self.wi(x)
-        if self.gated:
+        if self.gated and self.act in FUSED_GATED:
+            h = FUSED_GATED[self.act](h)
+        elif self.gated:
             gate, up = h.split(self.d_ff, dim=-1)
             h = self.act(gate).mul_(up)
         else:
