@@ -242,3 +242,32 @@ def test_a_qwen35_step_runs_the_delta_rule_without_a_sync(tmp_path, monkeypatch,
     assert bool(segmented) == (kernels == "triton")   # the Triton path walked in segments, chained on the device
     for name, value in want.columns.items():
         assert np.allclose(value, got.columns[name], rtol=1e-5, atol=1e-6), name
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("path", PATHS, ids=[p[0] for p in PATHS])
+def test_a_t5_batch_launches_without_a_sync(tmp_path, path):
+    """A T5 embed batch (Ankh: relative-position bias, gated-gelu feed-forward): on the Triton path its layers run
+    fused (attention from the projection with the bias, add + RMS norm, gelu_tanh_mul), with no sync from the
+    batch's first copy to the device to its last copy back, and one wait for the results."""
+    from tests.tiny_checkpoints import write_tiny
+
+    _, device, kernels = path
+    engine = _engine(str(write_tiny("ankh", tmp_path / "ankh")), device, kernels)
+    task = make_task(RunConfig(fasta=["x"], out="o", task="embed", pools=["mean"], per_residue=True), engine.info,
+                     None)
+    tokenizer = SequenceTokenizer(engine.tokenizer)
+    task.prepare(tokenizer)
+    toks = tokenizer.encode(SEQUENCES)
+    keys = np.arange(len(toks))
+    want = task.run(engine, toks, keys)   # the warm-up batch
+    with SyncAudit(device, torch_kernels=kernels is None) as audit:
+        pending = task.launch(engine, toks, keys)
+        launched = audit.take()
+        got = pending.result()
+        finished = audit.take()
+    assert [e for e in launched if e.kind in SYNC_KINDS] == [], describe(launched)
+    assert [e.kind for e in finished] == ["wait"], describe(finished)
+    same = np.array_equal if device.type == "cpu" else (lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-6))
+    for name, value in want.values.items():
+        assert same(value, got.values[name]), name
