@@ -4,6 +4,7 @@
     python bench/bench_t5.py cpu                          # ProtT5-XL layer shapes, 2 of its 24 layers, float32
     python bench/bench_t5.py cpu --layers 4 --n 400 --threads 2
     python bench/bench_t5.py gpu                          # ProtT5-XL whole (24 layers), bfloat16, 20k sequences
+    python bench/bench_t5.py gpu --engines hf,native,native-unfused   # and the Triton path's layers unfused
 
 The model has ProtT5-XL-U50's published config (d_model 1024, 32 heads of 128, d_ff 16,384, relu, 32
 buckets to distance 128, vocabulary 128) with random weights (throughput does not depend on them) and,
@@ -18,7 +19,9 @@ state taken per batch.
 
 The hf side is pipeline.engine.hf.HFEngine as a worker loads it (right-padded batch, attention mask,
 unpadding): it builds transformers' T5EncoderModel, the class ProtT5's model card uses (the model registry's
-hf_class for the T5 families). CPU runs put MKL in strict mode as a batch-invariant worker does (--mkl-default leaves its default mode).
+hf_class for the T5 families). `native-unfused` is the native engine with its layers' fused elementwise kernels
+off (the model's `fuse_elementwise`: the KV-cache write and paged walk, T5LayerNorm's passes), the same GPU
+path otherwise. CPU runs put MKL in strict mode as a batch-invariant worker does (--mkl-default leaves its default mode).
 """
 from __future__ import annotations
 
@@ -91,8 +94,13 @@ def main() -> None:
                         help="default: float32 on CPU, bfloat16 on GPU")
     parser.add_argument("--mkl-default", action="store_true",
                         help="CPU: leave MKL in its default mode (as docs/BENCHMARKS.md's first T5 numbers ran)")
+    parser.add_argument("--engines", default="hf,native",
+                        help="comma-separated: hf, native, native-unfused (default hf,native; hf is the reference)")
     parser.add_argument("--out", default=None, help="also write the table here")
     args = parser.parse_args()
+    kinds = args.engines.split(",")
+    if "hf" not in kinds or not set(kinds) <= {"hf", "native", "native-unfused"}:
+        parser.error(f"--engines takes hf (always: the reference), native and native-unfused, got {args.engines}")
 
     gpu = args.device == "gpu"
     if gpu and not torch.cuda.is_available():
@@ -112,9 +120,14 @@ def main() -> None:
     from pipeline.engine.native import NativeEngine
     from transformers import AutoTokenizer
     ids = sequences(n, AutoTokenizer.from_pretrained(path), args.max_len)
-    engines = {"hf": HFEngine(str(path), device, dtype, logprobs=False),
-               "native": NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget,
-                                           max_seqs=args.max_seqs, max_model_len=max(budget, args.max_len))}
+    engines = {}
+    for kind in kinds:
+        if kind == "hf":
+            engines[kind] = HFEngine(str(path), device, dtype, logprobs=False)
+            continue
+        engines[kind] = NativeEngine.load(str(path), device, dtype, "", max_tokens_per_step=budget,
+                                          max_seqs=args.max_seqs, max_model_len=max(budget, args.max_len))
+        engines[kind].model.fuse_elementwise = kind != "native-unfused"
     built = type(engines["hf"].base).__name__
     if built != "T5EncoderModel":   # the comparison is with the class ProtT5's card uses
         raise SystemExit(f"the hf engine built {built}, not T5EncoderModel")
