@@ -94,6 +94,38 @@ def test_t5_triton_path_matches_torch_path(tmp_path, monkeypatch, kind):
                for k in calls["varlen_attention"])
 
 
+@pytest.mark.parametrize("kind", ("prott5", "ankh"))
+def test_t5_in_float16_runs_fused_with_wo_in_float32(tmp_path, monkeypatch, kind):
+    """float16 T5 (ProtT5's model card runs the encoder in half precision on a GPU): `wo` stays float32, as
+    transformers keeps it, so the residual stream is float32 from the first feed-forward on; the layers still run
+    fused, each add + norm taking the float32 sum and giving the norm in float16 (T5LayerNorm's cast). A hidden
+    state and the final one as close to float64 as transformers' own float16 (tests/test_t5_native.py's bound)."""
+    import pipeline.models.layers.norms as norms
+    from tests.t5_reference import T5EncoderReference
+    from tests.test_t5_native import t5_sequences
+    sums = []
+    fused = norms.add_rms_norm
+    monkeypatch.setattr(norms, "add_rms_norm", lambda x, y, *a, **k: sums.append(
+        (x.dtype, None if y is None else y.dtype, k["out_dtype"])) or fused(x, y, *a, **k))
+    path = str(write_tiny(kind, tmp_path / kind))
+    engine = NativeEngine.load(path, DEVICE, torch.float16, "", max_tokens_per_step=256, kernels="triton")
+    assert all(layer.ff.wo.weight.dtype == torch.float32 for layer in engine.model.layers)
+    batch = t5_sequences([150, 9, 1, 40], seed=1)
+    n = engine.info.num_layers
+    layers = [2, n]
+    out = engine.forward(batch, layers, False)
+    exact = T5EncoderReference(path, torch.float64).forward(batch, layers)
+    theirs = T5EncoderReference(path, torch.float16).forward(batch, layers)
+    for k in layers:
+        def rel_rms(hidden):
+            return ((hidden[k].double().cpu() - exact.hidden[k]).norm() / exact.hidden[k].norm()).item()
+        assert rel_rms(out.hidden) <= 2 * rel_rms(theirs.hidden) + 1e-2, k
+    f16, f32 = torch.float16, torch.float32
+    # the first norm alone, then layer 0's two adds (the second meets wo's float32), then float32 sums only
+    assert sums[:3] == [(f16, None, f16), (f16, f16, f16), (f16, f32, f16)]
+    assert set(sums[3:2 * n + 1]) == {(f32, f16, f16), (f32, f32, f16)} and len(sums) == 2 * n + 1
+
+
 def test_triton_path_generates_what_the_torch_path_generates(tmp_path):
     path = str(write_tiny("qwen3_5", tmp_path / "q"))
     prompts = random_sequences([12, 30, 3], seed=2, eos=None)

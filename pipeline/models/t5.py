@@ -46,6 +46,11 @@ class T5LayerNorm(RMSNorm):
             return super().forward(x)
         return self.weight * rms_normalise(x, self.eps).to(self.weight.dtype)
 
+    def add(self, x: torch.Tensor, y: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + y, self(x + y)) in one pass (the Triton path's fused layers; y None: (x, self(x))): the sum as
+        torch promotes it (float32 once a float16 model's residual stream is), the norm in the weight's dtype."""
+        return add_norm(x, y, self, out_dtype=self.weight.dtype)
+
 
 class T5FeedForward(nn.Module):
     """`wo(act(wi x))`, or gated `wo(act(wi_0 x) * wi_1 x)` with wi_0 and wi_1 stored as one weight: one matmul
@@ -71,7 +76,8 @@ class T5FeedForward(nn.Module):
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         """forward on the Triton path (x on a GPU, wo in x's dtype): the one projection, its activation in place
-        (plain) or act(gate) * up in one pass (gated: gelu_new, Ankh's, and silu), then wo."""
+        (plain) or act(gate) * up in one pass (gated: gelu_new, Ankh's, and silu), then wo (float32 in a float16
+        model: its input cast first, as forward does)."""
         h = self.wi(x)
         if self.gated and self.act in FUSED_GATED:
             h = FUSED_GATED[self.act](h)
@@ -80,7 +86,7 @@ class T5FeedForward(nn.Module):
             h = self.act(gate).mul_(up)
         else:
             h = h.relu_() if self.act is torch.relu else self.act(h)
-        return self.wo(h)
+        return self.wo(h.to(self.wo.weight.dtype))
 
     def load(self, t, p: str) -> None:
         names = ("wi_0", "wi_1") if self.gated else ("wi",)
@@ -114,11 +120,11 @@ class T5Layer(nn.Module):
         """The layer with its elementwise work fused (Triton path; T5Encoder._fused_layers): h = attn_norm(x)
         comes in and (x + the layer, next_norm of that) goes out. Attention reads q, k and v where the
         projection wrote them (no cache write: an encoder's keys are never read by a later step), and each
-        residual add runs with the norm after it (layers/norms.py add_norm)."""
+        residual add runs with the norm after it (T5LayerNorm.add)."""
         T = x.shape[0]
         attn = self.attn.from_projection(self.qkv(h), ctx, rel_bias).reshape(T, self.inner)
-        x, h = add_norm(x, self.o(attn), self.ff_norm)
-        return add_norm(x, self.ff.forward_fused(h), next_norm)
+        x, h = self.ff_norm.add(x, self.o(attn))
+        return next_norm.add(x, self.ff.forward_fused(h))
 
     def load(self, t, p: str) -> None:
         """From `{p}0.` (self-attention block) and `{p}1.` (feed-forward block) of a T5 encoder block."""
@@ -167,8 +173,7 @@ class T5Encoder(NativeModel):
     def forward(self, ctx, capture=frozenset()):
         x = self.embed_tokens(ctx.input_ids)
         dtype, rel_bias = x.dtype, (self.rel_bias_table, self.max_distance)
-        if ctx.triton_kernels and self.fuse_elementwise and len(self.layers) and \
-                all(layer.ff.wo.weight.dtype == dtype for layer in self.layers):
+        if ctx.triton_kernels and self.fuse_elementwise and len(self.layers):
             return self._fused_layers(x, rel_bias, ctx, capture)
         captured = {}
         for i, layer in enumerate(self.layers):
@@ -179,13 +184,14 @@ class T5Encoder(NativeModel):
 
     def _fused_layers(self, x, rel_bias, ctx, capture) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """(final norm output, captured inputs) with each layer fused: every norm but the first runs with the
-        residual add before it, the last layer's with the final norm. Not for float16 checkpoints, whose
-        float32 `wo` turns the residual stream float32 (their layers run unfused)."""
+        residual add before it, the last layer's with the final norm. In a float16 model the residual stream
+        turns float32 at the first `wo` (kept float32), as in forward; the norms' outputs stay float16."""
         captured = {}
-        _, h = add_norm(x, None, self.layers[0].attn_norm)
+        dtype = x.dtype
+        _, h = self.layers[0].attn_norm.add(x, None)
         for i, layer in enumerate(self.layers):
             if i in capture:
-                captured[i] = x
+                captured[i] = x.to(dtype)
             nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.final_norm
             x, h = layer.forward_fused(x, h, rel_bias, ctx, nxt)
         return h, captured

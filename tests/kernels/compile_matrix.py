@@ -179,16 +179,26 @@ def encoder_layer(dtype, model: Encoder) -> None:
     linear_gelu(x, _empty(model.ffn, d, dtype=dtype), _empty(model.ffn, dtype=dtype))
 
 
-def t5_encoder_attention(dtype, model: Attention) -> None:
-    """A T5 encoder step's attention on the Triton path (t5.py T5Layer.forward_fused): straight from the QKV
-    projection with the relative-position bias (108 sequences of ~300 tokens; the default rule's bias tiles, as
-    the engine's launch), unscaled."""
-    T, H, D = ENCODER_TOKENS, model.num_q_heads, model.head_dim
+T5_HIDDEN = {PROTT5.name: 1024, ANKH_LARGE.name: 1536}   # d_model
+
+
+def t5_encoder_layer(dtype, model: Attention) -> None:
+    """A T5 encoder step's fused kernels on the Triton path (t5.py T5Layer.forward_fused): attention straight from
+    the QKV projection with the relative-position bias (108 sequences of ~300 tokens; the default rule's bias
+    tiles, as the engine's launch), unscaled; the add + RMS norms, and in float16 those of the float32 residual
+    stream (`wo` kept float32) with the norm in float16, for each pairing of the sum's operands."""
+    T, H, D, d = ENCODER_TOKENS, model.num_q_heads, model.head_dim, T5_HIDDEN[model.name]
     n = H * D
     qkv = _empty(T, 3 * n, dtype=dtype)
     varlen_attention(qkv[:, :n].view(T, H, D), qkv[:, n:2 * n].view(T, H, D), qkv[:, 2 * n:].view(T, H, D),
                      _empty(109, dtype=torch.int32), _empty(108, dtype=torch.int32), scale=1.0,
                      rel_bias_table=_empty(model.rel_bias[0], H, dtype=dtype), rel_max_distance=model.rel_bias[1])
+    x, w = _empty(T, d, dtype=dtype), _empty(d, dtype=dtype)
+    add_rms_norm(x, x, w, 1e-6, zero_centred=False, out_dtype=dtype)
+    if dtype == torch.float16:
+        r = _empty(T, d, dtype=torch.float32)
+        for a, b in ((x, r), (r, x), (r, r)):
+            add_rms_norm(a, b, w, 1e-6, zero_centred=False, out_dtype=dtype)
 
 
 QWEN35_HIDDEN, QWEN35_INTERMEDIATE = 1024, 3584
@@ -286,8 +296,8 @@ def cases() -> list[tuple[str, object]]:
     for model in (ESM2_650M, ESM2_3B):
         out.append((f"{model.name} layer ({ENCODER_TOKENS // 1024}k tokens)", lambda dt, m=model: encoder_layer(dt, m)))
     for model in (PROTT5, ANKH_LARGE):
-        out.append((f"{model.name} attention from the projection ({ENCODER_TOKENS // 1024}k tokens)",
-                    lambda dt, m=model: t5_encoder_attention(dt, m)))
+        out.append((f"{model.name} layer, attention from the projection ({ENCODER_TOKENS // 1024}k tokens)",
+                    lambda dt, m=model: t5_encoder_layer(dt, m)))
     out.append((f"Qwen3.5-0.8B RMS-norm layer ({ENCODER_TOKENS // 1024}k tokens)", rms_decoder_layer))
     out.append((f"Qwen3.5-0.8B gates ({ENCODER_TOKENS // 1024}k tokens)", qwen35_gates))
     out.append((f"Ankh-large gated-gelu feed-forward ({ENCODER_TOKENS // 1024}k tokens)", t5_gated_gelu))

@@ -71,6 +71,36 @@ def test_add_rms_norm_against_float64(dtype, T, d, with_residual, zero_centred):
         _within_roundings(out, exact, dtype, 1 if zero_centred else 2)
 
 
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("x_dtype,y_dtype", [(torch.float32, None), (None, torch.float32),
+                                             (torch.float32, torch.float32)])
+def test_add_rms_norm_of_a_float32_residual_stream_in_a_16_bit_model(dtype, x_dtype, y_dtype):
+    """T5 in float16 (its `wo` kept float32, as transformers does): the residual stream is float32 from the first
+    feed-forward on, the norms' outputs in the weight's dtype (T5LayerNorm: the normalised value cast to it, then
+    times the weight). The sum as torch promotes it (a 16-bit x plus a float32 y is float32), bit for bit; the
+    norm within its two roundings in the 16-bit dtype."""
+    skip_interpreter_bf16(dtype)
+    g = torch.Generator().manual_seed(11)
+    T, d = 19, 300
+    x = randn64(g, T, d, scale=3, shift=1).to(x_dtype or dtype)
+    y = randn64(g, T, d).to(y_dtype or dtype)
+    w = (1.0 + 0.2 * randn64(g, d)).to(dtype)
+    s, out = add_rms_norm(_dev(x), _dev(y), _dev(w), EPS, zero_centred=False, out_dtype=dtype)
+    ts, tout = add_rms_norm_torch(x, y, w, EPS, zero_centred=False, out_dtype=dtype)
+    assert s.dtype == ts.dtype == torch.float32 and torch.equal(s.cpu(), ts)
+    assert out.dtype == tout.dtype == dtype
+    from pipeline.models.t5 import T5LayerNorm   # the model's own norm on the same sum: the same roundings
+    norm = T5LayerNorm(d, EPS)
+    norm.weight.data = w
+    exact = _rms64(ts) * w.double()
+    for h in (out, tout, norm(ts)):
+        assert h.dtype == dtype
+        _within_roundings(h, exact, dtype, 2)
+    _, alone = add_rms_norm(_dev(ts), None, _dev(w), EPS, zero_centred=False, out_dtype=dtype)
+    assert alone.dtype == dtype
+    _within_roundings(alone, exact, dtype, 2)
+
+
 def test_add_rms_norm_rounds_where_transformers_does():
     """The Llama order (normalised value rounded, then scaled) and the zero-centred one differ in 16 bits: the
     kernel follows each (float16, where the two give different bits on these rows)."""

@@ -42,7 +42,7 @@ def _add_rms_norm_kernel(
                                               N, BLOCK_N, BLOCK_ROWS, HAS_Y)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / N + eps)
-    out = rms_weighted(x, rstd, w_ptr, cols, col_ok, ZERO_CENTRED)
+    out = rms_weighted(x, rstd, w_ptr, cols, col_ok, ZERO_CENTRED, out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -109,23 +109,26 @@ def _rows_per_program(knobs: RmsNormKnobs, block_n: int) -> int:
 
 
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float, *, zero_centred: bool,
-                 num_warps: int | None = None, block_elements: int | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s, RMSNorm(s)) with s = x + y (or x itself when y is None), `[T, d]` in x's dtype.
+                 out_dtype: torch.dtype | None = None, num_warps: int | None = None,
+                 block_elements: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, RMSNorm(s)) with s = x + y (or x itself when y is None), `[T, d]`.
 
-    x, y `[T, d]` (any row stride, contiguous channels), weight `[d]`. The sum is rounded to x's dtype before it
-    is normalised, as an unfused add stores it; mean square in float32. zero_centred: h = s / rms * (1 + w) in
-    float32, one rounding; else h = w * (s / rms rounded to the dtype), rounded again (as
-    pipeline/models/layers/norms.py RMSNorm). Tensors on CPU run add_rms_norm_torch unless TRITON_INTERPRET=1.
-    Launch knobs (Triton only; None: the launch table's row for the tensors' GPU)."""
+    x, y `[T, d]` (any row stride, contiguous channels), weight `[d]`. The sum is rounded to its dtype before it
+    is normalised, as an unfused add stores it: x's, or as torch promotes (a float16 x plus a float32 y is float32);
+    mean square in float32. zero_centred: h = s / rms * (1 + w) in float32, one rounding; else h = w * (s / rms
+    rounded to the dtype), rounded again (as pipeline/models/layers/norms.py RMSNorm). h is in out_dtype (default
+    the sum's: T5's norms of a float32 residual stream in a float16 model give the weight's, T5LayerNorm's cast).
+    Tensors on CPU run add_rms_norm_torch unless TRITON_INTERPRET=1. Launch knobs (Triton only; None: the launch
+    table's row for the tensors' GPU)."""
     if x.dim() != 2 or x.stride(1) != 1 or (y is not None and (y.shape != x.shape or y.stride(1) != 1)):
         raise ValueError(f"x and y must be [T, d] with contiguous channels, got {tuple(x.shape)} and "
                          f"{None if y is None else tuple(y.shape)}")
     if not use_triton(x):
-        return add_rms_norm_torch(x, y, weight, eps, zero_centred=zero_centred)
+        return add_rms_norm_torch(x, y, weight, eps, zero_centred=zero_centred, out_dtype=out_dtype)
     T, d = x.shape
-    out = torch.empty(T, d, dtype=x.dtype, device=x.device)
-    s = x if y is None else torch.empty(T, d, dtype=x.dtype, device=x.device)
+    sum_dtype = x.dtype if y is None else torch.promote_types(x.dtype, y.dtype)
+    out = torch.empty(T, d, dtype=out_dtype or sum_dtype, device=x.device)
+    s = x if y is None else torch.empty(T, d, dtype=sum_dtype, device=x.device)
     if T == 0:
         return s, out
     knobs = rms_norm_knobs(x.device, num_warps=num_warps, block_elements=block_elements)

@@ -16,12 +16,13 @@ def _rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> tor
 
 
 def add_rms_norm_torch(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
-                       zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                       zero_centred: bool, out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """See kernel.add_rms_norm."""
     s = x if y is None else x + y
+    dtype = out_dtype or s.dtype
     if zero_centred:
-        return s, _rms(s, eps, 1.0 + weight.float()).to(s.dtype)
-    return s, (weight * _rms(s, eps).to(s.dtype)).to(s.dtype)
+        return s, _rms(s, eps, 1.0 + weight.float()).to(dtype)
+    return s, (weight * _rms(s, eps).to(dtype)).to(dtype)
 
 
 def gated_rms_norm_torch(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -80,11 +80,11 @@ def _norm_rotate_kernel(
             squares += tl.sum(r * r, axis=1)
             rstd = 1.0 / tl.sqrt(squares / HEAD_DIM + eps)
             tl.store(row + 2 * HALF + rest[None, :], rms_weighted(xr, rstd, w_ptr, 2 * HALF + rest, rest < REST,
-                                                               ZERO_CENTRED), mask=rest_ok)
+                                                               ZERO_CENTRED, xr.dtype), mask=rest_ok)
         else:
             rstd = 1.0 / tl.sqrt(squares / HEAD_DIM + eps)
-        x1 = rms_weighted(x1, rstd, w_ptr, cols, col_ok, ZERO_CENTRED)
-        x2 = rms_weighted(x2, rstd, w_ptr, HALF + cols, col_ok, ZERO_CENTRED)
+        x1 = rms_weighted(x1, rstd, w_ptr, cols, col_ok, ZERO_CENTRED, x1.dtype)
+        x2 = rms_weighted(x2, rstd, w_ptr, HALF + cols, col_ok, ZERO_CENTRED, x2.dtype)
     # cos and sin repeat their first half (the frequencies concatenated twice): one load serves both halves.
     c = tl.load(cos_ptr + token[:, None] * stride_cos + cols[None, :], mask=ok, other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + token[:, None] * stride_sin + cols[None, :], mask=ok, other=0.0).to(tl.float32)

@@ -73,10 +73,12 @@ class RMSNorm(nn.Module):
         return self.weight * rms_normalise(x, self.eps).to(x.dtype)
 
 
-def add_norm(x: torch.Tensor, y: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm(x: torch.Tensor, y: torch.Tensor | None, norm: RMSNorm,
+             out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + y, norm(x + y)) in one pass (triton_kernels.rms_norm.add_rms_norm; y None: (x, norm(x))), in the
-    norm's own arithmetic: the fused layers of the Triton path. x, y `[T, d]`."""
-    return add_rms_norm(x, y, norm.weight, norm.eps, zero_centred=norm.zero_centred)
+    norm's own arithmetic: the fused layers of the Triton path. x, y `[T, d]`; the norm's output in out_dtype
+    (default the sum's)."""
+    return add_rms_norm(x, y, norm.weight, norm.eps, zero_centred=norm.zero_centred, out_dtype=out_dtype)
 
 
 class GatedRMSNorm(nn.Module):
