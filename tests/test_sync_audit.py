@@ -140,17 +140,10 @@ def _engine(path: str, device: torch.device, kernels: str | None, **options) -> 
 SEQUENCES = ["MKTAYIAKQR", "GSHM", "ACDEFGHIKLMNPQ"]
 
 
-@pytest.mark.usefixtures("one_torch_thread")
-@pytest.mark.parametrize("path", PATHS, ids=[p[0] for p in PATHS])
-@pytest.mark.parametrize("task_options, copies", [
-    # 3 pools and per-residue values of 2 layers; a pseudo-log-likelihood's own terms and amino-acid table
-    (dict(task="embed", pools=["mean", "cls", "last"], layers=[-1, 1], per_residue=True), 8),
-    (dict(task="score", per_residue=True), 2),   # masked copies, the last layer at the masked rows only
-], ids=["embed", "pll"])
-def test_a_steady_batch_launches_without_a_sync_and_waits_once(checkpoints, path, task_options, copies):
-    _, device, kernels = path
-    engine = _engine(checkpoints["esm"], device, kernels)
-    task = make_task(RunConfig(fasta=["x"], out="o", **task_options), engine.info, None)
+def _audited_batch(engine: NativeEngine, options: dict, device: torch.device, kernels: str | None):
+    """(a warm-up batch's result, the audited batch's result, the events until its launch returned, the events
+    of taking its result): one batch of SEQUENCES for the task `options` describe."""
+    task = make_task(RunConfig(fasta=["x"], out="o", **options), engine.info, None)
     tokenizer = SequenceTokenizer(engine.tokenizer)
     task.prepare(tokenizer)
     toks = tokenizer.encode(SEQUENCES)
@@ -161,6 +154,20 @@ def test_a_steady_batch_launches_without_a_sync_and_waits_once(checkpoints, path
         launched = audit.take()
         got = pending.result()
         finished = audit.take()
+    return want, got, launched, finished
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("path", PATHS, ids=[p[0] for p in PATHS])
+@pytest.mark.parametrize("task_options, copies", [
+    # 3 pools and per-residue values of 2 layers; a pseudo-log-likelihood's own terms and amino-acid table
+    (dict(task="embed", pools=["mean", "cls", "last"], layers=[-1, 1], per_residue=True), 8),
+    (dict(task="score", per_residue=True), 2),   # masked copies, the last layer at the masked rows only
+], ids=["embed", "pll"])
+def test_a_steady_batch_launches_without_a_sync_and_waits_once(checkpoints, path, task_options, copies):
+    _, device, kernels = path
+    want, got, launched, finished = _audited_batch(_engine(checkpoints["esm"], device, kernels), task_options, device,
+                                                   kernels)
     assert [e for e in launched if e.kind in SYNC_KINDS] == [], describe(launched)
     assert [e.kind for e in finished] == ["wait"], describe(finished)
     # the results go to the host in copies that do not wait, queued last: nothing of the batch after them
@@ -254,18 +261,8 @@ def test_a_t5_batch_launches_without_a_sync(tmp_path, path):
 
     _, device, kernels = path
     engine = _engine(str(write_tiny("ankh", tmp_path / "ankh")), device, kernels)
-    task = make_task(RunConfig(fasta=["x"], out="o", task="embed", pools=["mean"], per_residue=True), engine.info,
-                     None)
-    tokenizer = SequenceTokenizer(engine.tokenizer)
-    task.prepare(tokenizer)
-    toks = tokenizer.encode(SEQUENCES)
-    keys = np.arange(len(toks))
-    want = task.run(engine, toks, keys)   # the warm-up batch
-    with SyncAudit(device, torch_kernels=kernels is None) as audit:
-        pending = task.launch(engine, toks, keys)
-        launched = audit.take()
-        got = pending.result()
-        finished = audit.take()
+    want, got, launched, finished = _audited_batch(engine, dict(task="embed", pools=["mean"], per_residue=True),
+                                                   device, kernels)
     assert [e for e in launched if e.kind in SYNC_KINDS] == [], describe(launched)
     assert [e.kind for e in finished] == ["wait"], describe(finished)
     same = np.array_equal if device.type == "cpu" else (lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-6))

@@ -3,7 +3,7 @@ import torch
 
 from .._device import target_of, use_triton
 from .launch import PagedAttentionLaunch, default_launch
-from .position_bias import check_relative_bias
+from .position_bias import relative_bias_arguments
 from .sdpa import paged_attention_sdpa
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
@@ -90,14 +90,7 @@ def paged_attention(
     `default_launch` for this batch's shapes; an engine should compute that once and pass it explicitly.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, out)
-    if (rel_bias_table is None) != (rel_max_distance is None):
-        raise ValueError("rel_bias_table and rel_max_distance go together: give both or neither")
-    if rel_bias_table is not None:
-        if causal:
-            raise ValueError("the relative-position bias is implemented for bidirectional attention (causal=False) only")
-        check_relative_bias(rel_bias_table, rel_max_distance, q.shape[1], q.device)
-        if rel_bias_table.stride(1) != 1:
-            rel_bias_table = rel_bias_table.contiguous()
+    rel_bias_table = relative_bias_arguments(rel_bias_table, rel_max_distance, causal, q.shape[1], q.device)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)

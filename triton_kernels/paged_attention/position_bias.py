@@ -18,6 +18,20 @@ import math
 import torch
 
 
+def relative_bias_arguments(table: torch.Tensor | None, max_distance: int | None, causal: bool, num_q_heads: int,
+                            device: torch.device) -> torch.Tensor | None:
+    """An attention call's rel_bias_table checked with its rel_max_distance (both or neither; bidirectional
+    attention only), with a unit stride on heads as the kernel reads it; None without a bias."""
+    if (table is None) != (max_distance is None):
+        raise ValueError("rel_bias_table and rel_max_distance go together: give both or neither")
+    if table is None:
+        return None
+    if causal:
+        raise ValueError("the relative-position bias is implemented for bidirectional attention (causal=False) only")
+    check_relative_bias(table, max_distance, num_q_heads, device)
+    return table if table.stride(1) == 1 else table.contiguous()
+
+
 def check_relative_bias(table: torch.Tensor, max_distance: int, num_q_heads: int, device: torch.device) -> None:
     """ValueError naming what is wrong with a bias table `[num_buckets, Hq]` and its max_distance."""
     if table.dim() != 2 or table.shape[1] != num_q_heads:

@@ -12,7 +12,7 @@ import torch
 
 from .._device import target_of, use_triton
 from .launch import PagedAttentionLaunch, default_launch
-from .position_bias import bias_by_offset, check_relative_bias
+from .position_bias import bias_by_offset, relative_bias_arguments
 from .sdpa import _attend
 
 # The kernel forms tiles of pages_per_tile pages; in contiguous mode a "page" is this many keys.
@@ -70,14 +70,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     sequence adds rel_bias_table[bucket(r), head] to the score, in float32). T5 does not scale: pass scale=1.0.
     """
     _check(q, k, v, cu_seqlens, seq_lens)
-    if (rel_bias_table is None) != (rel_max_distance is None):
-        raise ValueError("rel_bias_table and rel_max_distance go together: give both or neither")
-    if rel_bias_table is not None:
-        if causal:
-            raise ValueError("the relative-position bias is implemented for bidirectional attention (causal=False) only")
-        check_relative_bias(rel_bias_table, rel_max_distance, q.shape[1], q.device)
-        if rel_bias_table.stride(1) != 1:
-            rel_bias_table = rel_bias_table.contiguous()
+    rel_bias_table = relative_bias_arguments(rel_bias_table, rel_max_distance, causal, q.shape[1], q.device)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
