@@ -11,8 +11,9 @@ import contextlib
 import contextvars
 from dataclasses import dataclass, field
 
-# Compute capabilities the launch table has rows for, with their SM counts (A100 SXM, H100 SXM).
-SM_COUNTS = {80: 108, 90: 132}
+# GPUs the launch table's rows were compiled for, with their SM counts: A100 SXM (sm_80), L40S (sm_89, for the
+# row of sm_86 to sm_89: RTX 30xx / 40xx, A10, A40, L4, L40S), H100 SXM (sm_90), RTX 5090 (sm_120).
+SM_COUNTS = {80: 108, 89: 142, 90: 132, 120: 170}
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class GpuTarget:
 
 H100 = GpuTarget(90, SM_COUNTS[90])
 A100 = GpuTarget(80, SM_COUNTS[80])
+L40S = GpuTarget(89, SM_COUNTS[89])
+RTX5090 = GpuTarget(120, SM_COUNTS[120])
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Launch knobs per GPU generation (and Triton version where they differ): the one table they come from.
 
-A row per compute capability the knobs were checked on: 80 (A100) and 90 (H100). Every value here is
-held by tests/kernels/test_compile_matrix.py, which compiles every kernel for both rows at real model
-shapes, in bfloat16 and float16, and fails on a register spill or a shared-memory overflow; its table
-is quoted in docs/BENCHMARKS.md. Other GPUs take the row of the nearest capability below theirs.
+A row per compute capability the knobs were checked on: 80 (A100), 86 (sm_86 to sm_89: RTX 30xx and 40xx, A10,
+A40, L4, L40S), 90 (H100) and 120 (RTX 50xx). Every value here is held by tests/kernels/test_compile_matrix.py,
+which compiles every kernel for the A100 and H100 rows at real model shapes, in bfloat16 and float16, and fails on
+a register spill or a shared-memory overflow (and the 86 and 120 rows where they differ from the A100's; the whole
+matrix for them: `python -m tests.kernels.compile_matrix --targets 89,120`); its table is quoted in
+docs/BENCHMARKS.md. Other GPUs take the row of the nearest capability below theirs (B200, sm_100: the H100's).
 float32 inputs run the same knobs but spill (full-fp32 products need about twice the registers): the
 engine refuses float32 on a GPU (pipeline/engine/config.py); the kernels accept it for tests.
 """
@@ -56,13 +58,15 @@ class AttentionKnobs:
     rows_for_8_warps / rows_for_8_warps_wide: a program of at least this many score rows (query tokens
     x query heads per KV head) runs 8 warps, a smaller one 4.
     bias_tile_keys: tiles of at most this many keys when T5's relative-position bias is added (its
-    per-element offsets, buckets and gathered table values take registers beside the scores)."""
+    per-element offsets, buckets and gathered table values take registers beside the scores).
+    bias_num_stages: the KV walk's depth with the bias, where it differs from num_stages (None: the same)."""
 
     num_stages: int
     num_stages_wide: int
     rows_for_8_warps: int
     rows_for_8_warps_wide: int
     bias_tile_keys: int
+    bias_num_stages: int | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,19 @@ TABLE: dict[int, LaunchRow] = {
                                    silu_block_cols=512, silu_num_warps=8),
                   gates=GateKnobs(block_elements=4096, num_warps=8, delta_block_tokens=64, delta_num_warps=4)),
 }
+
+# sm_86 to sm_89 (RTX 30xx and 40xx, A10, A40, A6000, L4, L40S) and sm_120 (RTX 50xx, RTX PRO 6000 Blackwell): 100 KiB
+# of shared memory and 1,536 threads an SM, and sm_80's mma.sync products (no wgmma). Compiled for an L40S (sm_89)
+# and an RTX 5090 (sm_120), bfloat16 and float16, Triton 3.9 (python -m tests.kernels.compile_matrix --targets
+# 89,120; docs/BENCHMARKS.md): the A100 row fits their shared memory everywhere (75 KiB at most) and compiles clean
+# but for attention over heads of 128 with 128 rows a program (Llama-8B's GQA prefill), which spills 40 B (sm_89) /
+# 72 B (sm_120) at 255 registers in 3 stages and none in 2 (212-218 registers, 64 KiB); with T5's bias 2 stages
+# spill 24 B on sm_120 (Ankh-large's heads of 64, float16) and 3 do not, so the bias keeps 3 there; on sm_120 the
+# split design's output kernel spills 16-24 B at 64 columns in 4 warps (88 B at 32) and none in 8 (182-201
+# registers). Before these rows sm_120 took the H100 row, whose walk (64 columns, 2 stages) spilled 720 B there.
+TABLE[86] = replace(TABLE[80], attention=replace(TABLE[80].attention, num_stages=2))
+TABLE[120] = replace(TABLE[86], attention=replace(TABLE[86].attention, bias_num_stages=3),
+                     chunk=replace(TABLE[86].chunk, output_num_warps=8))
 
 # Rows that differ on older Triton versions: {(major, minor): {arch: {part: {knob: value}}}}; versions up
 # to and including the key take the change (the first key that applies wins).

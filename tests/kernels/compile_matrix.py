@@ -10,6 +10,7 @@ The delta rule runs at the engine's shapes and at bench_gated_delta_rule.py's (i
 
     python -m tests.kernels.compile_matrix [--json OUT] [--only TEXT]   # prints the tables (not under
                                                                          # TRITON_INTERPRET=1)
+    python -m tests.kernels.compile_matrix --targets 89,120              # L40S (the sm_86-89 row), RTX 5090
 """
 from __future__ import annotations
 
@@ -31,14 +32,15 @@ from triton_kernels.linear_gelu import linear_gelu
 from triton_kernels.rms_norm import add_rms_norm, gated_rms_norm, gelu_tanh_mul, silu_mul
 from triton_kernels.paged_attention import varlen_attention
 from triton_kernels.rotary import norm_rotate_, norm_rotate_qk_, rotate_qk_
-from triton_kernels._launch import A100, H100, Launch, dry_run
+from triton_kernels._launch import A100, H100, L40S, RTX5090, Launch, dry_run
 from triton_kernels.aot import (SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_kernel,
                                 compile_spec, cubin_sass)
 
 from tests.kernels.sm_model import blocks_per_sm, kernel_counts, loop_counts, waves
 
-TARGETS = (A100, H100)
-SMS = {target.arch: target.num_sms for target in TARGETS}
+TARGETS = (A100, H100)   # what the test compiles; --targets picks from KNOWN_TARGETS
+KNOWN_TARGETS = {t.arch: t for t in (A100, L40S, H100, RTX5090)}
+SMS = {target.arch: target.num_sms for target in KNOWN_TARGETS.values()}
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 META = torch.device("meta")
@@ -327,7 +329,8 @@ class Row:
     num_warps: int
 
 
-def plan(only: str | None = None) -> tuple[list[Row], list[CompileSpec]]:
+def plan(only: str | None = None, targets=TARGETS, dtypes: tuple[str, ...] = tuple(DTYPES)
+         ) -> tuple[list[Row], list[CompileSpec]]:
     """Every (case, dtype, target) launch as a table row, and the spec each row compiles; `only`: the cases
     whose label holds this text (a case labelled "..." continues the one above: it goes with it)."""
     rows, specs = [], []
@@ -336,8 +339,8 @@ def plan(only: str | None = None) -> tuple[list[Row], list[CompileSpec]]:
         keep = keep if shape.startswith("...") else (only is None or only in shape)
         if keep:
             chosen.append((shape, make))
-    for target in TARGETS:
-        for dt_name, dtype in DTYPES.items():
+    for target in targets:
+        for dt_name, dtype in ((name, DTYPES[name]) for name in dtypes):
             for shape, make in chosen:
                 if shape.startswith("bench") and dt_name != "bf16":
                     continue   # the benchmark runs bfloat16 only
@@ -448,11 +451,22 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write rows, resources and timings here")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--only", help="just the cases whose label holds this text (e.g. 'delta')")
+    parser.add_argument("--targets", default=",".join(str(t.arch) for t in TARGETS),
+                        help=f"compute capabilities to compile for, of {', '.join(map(str, KNOWN_TARGETS))} "
+                             f"(default: {','.join(str(t.arch) for t in TARGETS)})")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"of {', '.join(DTYPES)} (default: both)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
+    try:
+        targets = [KNOWN_TARGETS[int(arch)] for arch in args.targets.split(",")]
+    except (KeyError, ValueError):
+        parser.error(f"--targets takes compute capabilities of {', '.join(map(str, KNOWN_TARGETS))}, got {args.targets}")
+    dtypes = tuple(args.dtypes.split(","))
+    if not set(dtypes) <= set(DTYPES):
+        parser.error(f"--dtypes takes {', '.join(DTYPES)}, got {args.dtypes}")
     start = time.perf_counter()
-    rows, specs = plan(args.only)
+    rows, specs = plan(args.only, targets, dtypes)
     planned = time.perf_counter()
     found = compile_all(specs, args.workers)
     done = time.perf_counter()

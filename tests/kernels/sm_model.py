@@ -4,7 +4,7 @@
 shared memory, by the rule of the CUDA occupancy calculator (cuda_occupancy.h, cudaOccMaxActiveBlocksPerSM:
 registers are given to warps in units of 256 from each of the SM's four sub-partitions of 16,384; threads up
 to 2,048 an SM; shared memory in units of 128 bytes plus 1 KiB the driver reserves per block, out of the
-largest carveout, 164 KiB on an A100 and 228 KiB on an H100; at most 32 blocks an SM on both). `waves`: how
+largest carveout, 164 KiB on an A100 and 228 KiB on an H100; at most 32 blocks an SM on both; sm_86/89/120 below). `waves`: how
 many rounds of that many blocks per SM a grid takes. `loop_counts`: the instructions of a kernel's main
 loop (the one with the most matrix instructions) by kind, from `cuobjdump -sass`: what one trip, one chunk
 of the delta rule's walk, chains; `kernel_counts` the same over a whole kernel.
@@ -27,7 +27,12 @@ class SmLimits:
     shared_reserved: int = 1024  # bytes per block the driver keeps (since sm_80)
 
 
-SM_LIMITS = {80: SmLimits(shared_bytes=164 * 1024), 90: SmLimits(shared_bytes=228 * 1024)}
+# sm_86, sm_89, sm_120 (GeForce / workstation / L4, L40S): 100 KiB of shared memory and 1,536 threads an SM, 16
+# (sm_86) or 24 blocks (NVIDIA CCCL's cuda/__device/arch_traits.h).
+SM_LIMITS = {80: SmLimits(shared_bytes=164 * 1024), 90: SmLimits(shared_bytes=228 * 1024),
+             86: SmLimits(shared_bytes=100 * 1024, max_blocks=16, max_threads=1536),
+             89: SmLimits(shared_bytes=100 * 1024, max_blocks=24, max_threads=1536),
+             120: SmLimits(shared_bytes=100 * 1024, max_blocks=24, max_threads=1536)}
 
 
 def blocks_per_sm(arch: int, registers: int, num_warps: int, shared_bytes: int) -> tuple[int, str]:

@@ -5,6 +5,7 @@ TRITON_INTERPRET=1 (set by conftest.py), under which triton.jit builds interpret
 be compiled. Through Triton's cache a second run takes seconds; a cold one compiles about 100 kernels
 (see docs/BENCHMARKS.md, "Kernel compile matrix").
 """
+import dataclasses
 import json
 import os
 import re
@@ -144,6 +145,40 @@ def test_knobs_differ_by_gpu_where_the_compile_matrix_needs_it():
     assert launch_row(H100, (3, 9)).attention.rows_for_8_warps_wide == 128
     assert launch_row(H100, (3, 6)).attention.rows_for_8_warps_wide == 64   # Triton 3.6 spills in 4 warps
     assert launch_row(A100, (3, 6)) == launch_row(A100, (3, 9))
+
+
+def test_gpus_with_99_kib_of_shared_memory_take_rows_of_their_own():
+    """sm_86 to sm_89 (RTX 30xx / 40xx, A10, A40, L4, L40S) and sm_120 (RTX 50xx): 100 KiB of shared memory and
+    1,536 threads an SM, sm_80's products. Their rows are the A100's but where that spills there (compiled by
+    `python -m tests.kernels.compile_matrix --targets 89,120`, docs/BENCHMARKS.md): attention over 128 rows of
+    heads of 128 in 2 stages, not 3; on sm_120 the bias's walk kept at 3 and the split design's output kernel in 8
+    warps. Before, sm_120 took the H100 row (its walk spilled 720 B there); B200 (sm_100) still does."""
+    from triton_kernels._launch import GpuTarget, L40S, RTX5090
+    from triton_kernels.launch_config import table_arch
+    assert [table_arch(a) for a in (75, 80, 86, 87, 89, 90, 100, 103, 120, 121)] == [80, 80, 86, 86, 86, 90, 90, 90,
+                                                                                     120, 120]
+    a100, l40s, rtx = launch_row(A100), launch_row(L40S), launch_row(RTX5090)
+    assert launch_row(GpuTarget(86, 72)) == l40s
+    assert l40s.attention.num_stages == 2 and rtx.attention.num_stages == 2 and a100.attention.num_stages == 3
+    assert dataclasses.replace(l40s, attention=a100.attention) == a100
+    assert rtx.chunk.output_num_warps == 8 and rtx.attention.bias_num_stages == 3
+    t5 = dict(num_q_tokens=32768, num_seqs=108, num_q_heads=16, num_kv_heads=16, head_dim=64, page_size=16,
+              max_kv_len=4096)
+    assert default_launch(**t5, target=RTX5090, relative_bias=True).num_stages == 3
+    assert default_launch(**t5, target=RTX5090).num_stages == 2 and default_launch(**t5, target=L40S,
+                                                                                   relative_bias=True).num_stages == 2
+
+
+def test_the_99_kib_rows_compile_without_spills_where_they_differ(tmp_path):
+    """The launches those rows change, compiled for an L40S and an RTX 5090: Llama-8B's attention (its prefill
+    spilled 40 / 72 B in the A100's 3 stages) and Ankh-large's with T5's bias (24 B in 2 stages on sm_120,
+    float16); within 99 KiB of shared memory a block."""
+    rows = compile_matrix(tmp_path, "--targets", "89,120", "--dtypes", "bf16", "--only", "Llama-8B 32/8")
+    rows += compile_matrix(tmp_path, "--targets", "120", "--dtypes", "fp16", "--only", "Ankh-large enc 16/16")
+    assert {r["arch"] for r in rows} == {89, 120}
+    assert any(r["kernel"] == "paged_attention_fwd" and "w8 s2" in r["knobs"] for r in rows)
+    assert any(r["kernel"] == "paged_attention_fwd" and "+bias" in r["knobs"] and "s3" in r["knobs"] for r in rows)
+    assert all(r["spill_bytes"] == 0 and r["shared_bytes"] <= 99 * 1024 and r["blocks_per_sm"] >= 1 for r in rows)
 
 
 def test_blocks_per_sm_by_hand():

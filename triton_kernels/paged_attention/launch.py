@@ -69,7 +69,7 @@ def default_launch(
       length <= 4), halved when head_dim > 128, at most the launch table's bias_tile_keys with T5's
       relative-position bias (`relative_bias`); never less than one page.
     - num_warps (8 from a number of rows, else 4) and num_stages: the launch table's row for `target`
-      (launch_config.AttentionKnobs), by head dim.
+      (launch_config.AttentionKnobs), by head dim (with the bias: its bias_num_stages where the row has one).
     - num_kv_splits: 1 when the (query block, KV head) programs fill the target's SMs; otherwise enough
       splits for about two programs per SM, rounded up to a power of two (KV_SPLIT_COUNTS), then capped
       by MAX_KV_SPLITS and by MIN_KEYS_PER_SPLIT keys per split (rounded down to a power of two).
@@ -89,6 +89,8 @@ def default_launch(
     wide = head_dim > 128
     num_warps = 8 if rows >= (knobs.rows_for_8_warps_wide if wide else knobs.rows_for_8_warps) else 4
     num_stages = knobs.num_stages_wide if wide else knobs.num_stages
+    if relative_bias and knobs.bias_num_stages is not None:
+        num_stages = knobs.bias_num_stages
 
     # Programs that do work: at least one per sequence, about one per block_q tokens.
     programs = max(num_seqs, -(-num_q_tokens // block_q)) * num_kv_heads
