@@ -139,3 +139,38 @@ def test_float32_on_a_gpu_is_refused_for_the_native_engine_with_what_to_use():
     for allowed in (("native", "bfloat16", True), ("native", "float16", True), ("native", "float32", False),
                     ("hf", "float32", True)):
         engines.check_dtype(*allowed)
+
+
+def test_gpus_older_than_the_native_kernels_are_refused_by_name_with_what_to_use():
+    """Compute capability below 8.0 (T4, V100): the native engine's Triton kernels are compiled and checked for
+    8.0 and newer, so a run there is refused naming the GPU and the options that run it (transformers, float16:
+    those GPUs have no bfloat16); consumer and workstation GPUs (sm_86, sm_89, sm_120) and B200 run."""
+    from pipeline.engine import gpu_support
+    old = [("0", "Tesla T4", (7, 5)), ("GPU-5f3c", "Tesla V100-SXM2-32GB", (7, 0))]
+    with pytest.raises(UserError, match="--engine hf --dtype float16") as refused:
+        gpu_support.check_gpus("native", [("1", "NVIDIA L40S", (8, 9))] + old)
+    text = str(refused.value)
+    assert "GPU 0 (Tesla T4, compute capability 7.5)" in text and "GPU GPU-5f3c (Tesla V100-SXM2-32GB" in text
+    assert "GPU 1" not in text
+    gpu_support.check_gpus("hf", old)   # transformers runs there
+    for gpu in (("0", "NVIDIA A10", (8, 6)), ("0", "NVIDIA GeForce RTX 5090", (12, 0)), ("0", "NVIDIA B200", (10, 0))):
+        gpu_support.check_gpus("native", [gpu])
+    gpu_support.check_native_device(torch.device("cpu"))   # a CPU worker: nothing to check
+
+
+def test_gpu_models_are_read_without_cuda_or_torch():
+    """The parent reads its GPUs' names and compute capabilities through NVML, as it counts them: no torch, no
+    CUDA. Where NVML cannot say (no driver, as on a CPU machine) the answer is empty and the workers check."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    probe = ("import sys; sys.path.insert(0, %r); from pipeline.planning import devices; "
+             "found = devices.gpu_models(devices.visible_gpus()); assert 'torch' not in sys.modules; print(found)"
+             % str(Path(__file__).resolve().parents[1]))
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    found = eval(res.stdout)
+    if torch.cuda.is_available():
+        assert found and all(cap >= (3, 0) and name for _, name, cap in found)
+    else:
+        assert found == []

@@ -105,6 +105,8 @@ class NativeEngine:
         from ..models.hf_config import quiet_transformers, text_config
         from ..models.registry import load_model
 
+        from .gpu_support import check_native_device
+        check_native_device(device)
         quiet_transformers()
         source = checkpoint.local_source(model_path, fingerprint)
         ahead = preload.take(preload.Wanted.of("native", model_path, fingerprint, device, dtype)) if fingerprint else None

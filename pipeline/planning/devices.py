@@ -39,6 +39,37 @@ def _nvml_device_count() -> int:
         nvml.nvmlShutdown()
 
 
+def gpu_models(ids: list[str]) -> list[tuple[str, str, tuple[int, int]]]:
+    """(id, name, compute capability) of each GPU id a worker is pinned to (an index, or a UUID as
+    CUDA_VISIBLE_DEVICES may give it), read through NVML as physical_gpu_count reads the count (no CUDA, no
+    torch); [] when NVML cannot say (no driver library, an id it does not know): then the workers' own check
+    decides (engine/selection.py check_gpus)."""
+    import ctypes
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return []
+    if nvml.nvmlInit_v2() != 0:
+        return []
+    try:
+        found = []
+        for gpu in ids:
+            handle = ctypes.c_void_p()
+            if gpu.isdigit():
+                status = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(gpu)), ctypes.byref(handle))
+            else:
+                status = nvml.nvmlDeviceGetHandleByUUID(gpu.encode(), ctypes.byref(handle))
+            name = ctypes.create_string_buffer(96)
+            major, minor = ctypes.c_int(0), ctypes.c_int(0)
+            if status != 0 or nvml.nvmlDeviceGetName(handle, name, ctypes.c_uint(96)) != 0 or \
+                    nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+                return []
+            found.append((gpu, name.value.decode(errors="replace"), (major.value, minor.value)))
+        return found
+    finally:
+        nvml.nvmlShutdown()
+
+
 def visible_gpus() -> list[str]:
     """GPU ids a worker can be pinned to: the CUDA_VISIBLE_DEVICES list when set, else 0..count-1."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")

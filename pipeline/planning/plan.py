@@ -191,6 +191,10 @@ def choose_model(config: RunConfig, on_model=None) -> Model:
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
+    if config.launcher == "local" and config.devices:
+        from ..engine import gpu_support
+        from . import devices
+        gpu_support.check_gpus(engine, devices.gpu_models(config.devices))
     if on_model is not None:
         on_model({"engine": engine, "path": source.path, "fingerprint": source.fingerprint,
                   "dtype": config.torch_dtype_name, "batch_invariant": engines.batch_invariant(engine, config),
