@@ -24,12 +24,12 @@ def native_gpu_problem(gpus: list[tuple[str, str, tuple[int, int]]]) -> str | No
 
 
 def check_gpus(engine: str, gpus: list[tuple[str, str, tuple[int, int]]]) -> None:
-    """Refuse the native engine, before any work, where the run's GPUs ((id, name, capability), as
-    planning/devices.gpu_models reads them in the parent) are older than its kernels; workers check their
-    own GPU again as they load (check_native_device), where the parent could not read them."""
-    problem = native_gpu_problem(gpus) if engine == "native" else None
-    if problem:
-        raise UserError(problem + ".")
+    """Refuse the native engine, before any work, where every one of the run's GPUs ((id, name, capability), as
+    planning/devices.gpu_models reads them in the parent) is older than its kernels. A machine mixing old and new
+    GPUs is left to the workers (check_native_device): NVML numbers GPUs by PCI bus, CUDA fastest first, so an
+    index may name another GPU there."""
+    if engine == "native" and gpus and all(native_gpu_problem([gpu]) for gpu in gpus):
+        raise UserError(native_gpu_problem(gpus) + ".")
 
 
 def check_native_device(device: torch.device) -> None:
