@@ -12,8 +12,8 @@ import contextvars
 from dataclasses import dataclass, field
 
 # GPUs the launch table's rows were compiled for, with their SM counts: A100 SXM (sm_80), L40S (sm_89, for the
-# row of sm_86 to sm_89: RTX 30xx / 40xx, A10, A40, L4, L40S), H100 SXM (sm_90), RTX 5090 (sm_120).
-SM_COUNTS = {80: 108, 89: 142, 90: 132, 120: 170}
+# row of sm_86 to sm_89: RTX 30xx / 40xx, A10, A40, L4, L40S), H100 SXM (sm_90), B200 (sm_100), RTX 5090 (sm_120).
+SM_COUNTS = {80: 108, 89: 142, 90: 132, 100: 148, 120: 170}
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class GpuTarget:
 H100 = GpuTarget(90, SM_COUNTS[90])
 A100 = GpuTarget(80, SM_COUNTS[80])
 L40S = GpuTarget(89, SM_COUNTS[89])
+B200 = GpuTarget(100, SM_COUNTS[100])
 RTX5090 = GpuTarget(120, SM_COUNTS[120])
 
 

@@ -21,8 +21,9 @@ from ._launch import Launch
 
 # Shared memory one block may use (the opt-in maximum of cudaDevAttrMaxSharedMemoryPerBlockOptin: an SM's largest
 # carveout less the 1 KiB the driver keeps per block; NVIDIA CCCL's cuda/__device/arch_traits.h): A100 163 KiB,
-# H100 227 KiB; sm_86, sm_89 and sm_120 (100 KiB an SM) 99 KiB.
-SHARED_MEMORY_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 120: 99 * 1024}
+# H100 and B200 227 KiB; sm_86, sm_89 and sm_120 (100 KiB an SM) 99 KiB.
+SHARED_MEMORY_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024,
+                           120: 99 * 1024}
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Launch knobs per GPU generation (and Triton version where they differ): the one table they come from.
 
 A row per compute capability the knobs were checked on: 80 (A100), 86 (sm_86 to sm_89: RTX 30xx and 40xx, A10,
-A40, L4, L40S), 90 (H100) and 120 (RTX 50xx). Every value here is held by tests/kernels/test_compile_matrix.py,
+A40, L4, L40S), 90 (H100), 100 (B200) and 120 (RTX 50xx). Every value here is held by tests/kernels/test_compile_matrix.py,
 which compiles every kernel for the A100 and H100 rows at real model shapes, in bfloat16 and float16, and fails on
-a register spill or a shared-memory overflow (and the 86 and 120 rows where they differ from the A100's; the whole
-matrix for them: `python -m tests.kernels.compile_matrix --targets 89,120`); its table is quoted in
-docs/BENCHMARKS.md. Other GPUs take the row of the nearest capability below theirs (B200, sm_100: the H100's).
+a register spill or a shared-memory overflow (and the 86, 100 and 120 rows where they differ from the A100's and
+H100's; the whole matrix for them: `python -m tests.kernels.compile_matrix --targets 89,100,120`); its table is
+quoted in docs/BENCHMARKS.md. Other GPUs take the row of the nearest capability below theirs.
 float32 inputs run the same knobs but spill (full-fp32 products need about twice the registers): the
 engine refuses float32 on a GPU (pipeline/engine/config.py); the kernels accept it for tests.
 """
@@ -238,6 +238,11 @@ TABLE: dict[int, LaunchRow] = {
 TABLE[86] = replace(TABLE[80], attention=replace(TABLE[80].attention, num_stages=2))
 TABLE[120] = replace(TABLE[86], attention=replace(TABLE[86].attention, bias_num_stages=3),
                      chunk=replace(TABLE[86].chunk, output_num_warps=8))
+# B200 (sm_100; B300, Thor take its row): the H100's spilled in the delta rule's walk at 64 columns (16-32 B at 255
+# registers, states carried in or out) and in linear_gelu's 128 x 128 tiles (8 B: 8 warps are held to 128 registers
+# there); 32 columns (168-176 registers, two blocks an SM) and 128 x 64 tiles (79 registers) compile clean (Triton
+# 3.9, compile_matrix --targets 100).
+TABLE[100] = replace(TABLE[90], chunk=replace(TABLE[90].chunk, block_v=32), gemm=replace(TABLE[90].gemm, block_n=64))
 
 # Rows that differ on older Triton versions: {(major, minor): {arch: {part: {knob: value}}}}; versions up
 # to and including the key take the change (the first key that applies wins).

@@ -10,7 +10,7 @@ The delta rule runs at the engine's shapes and at bench_gated_delta_rule.py's (i
 
     python -m tests.kernels.compile_matrix [--json OUT] [--only TEXT]   # prints the tables (not under
                                                                          # TRITON_INTERPRET=1)
-    python -m tests.kernels.compile_matrix --targets 89,120              # L40S (the sm_86-89 row), RTX 5090
+    python -m tests.kernels.compile_matrix --targets 89,100,120          # L40S (the sm_86-89 row), B200, RTX 5090
 """
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ from triton_kernels.linear_gelu import linear_gelu
 from triton_kernels.rms_norm import add_rms_norm, gated_rms_norm, gelu_tanh_mul, silu_mul
 from triton_kernels.paged_attention import varlen_attention
 from triton_kernels.rotary import norm_rotate_, norm_rotate_qk_, rotate_qk_
-from triton_kernels._launch import A100, H100, L40S, RTX5090, Launch, dry_run
+from triton_kernels._launch import A100, B200, H100, L40S, RTX5090, Launch, dry_run
 from triton_kernels.aot import (SHARED_MEMORY_PER_BLOCK, CompileSpec, Resources, compile_and_measure, compile_kernel,
                                 compile_spec, cubin_sass)
 
 from tests.kernels.sm_model import blocks_per_sm, kernel_counts, loop_counts, waves
 
 TARGETS = (A100, H100)   # what the test compiles; --targets picks from KNOWN_TARGETS
-KNOWN_TARGETS = {t.arch: t for t in (A100, L40S, H100, RTX5090)}
+KNOWN_TARGETS = {t.arch: t for t in (A100, L40S, H100, B200, RTX5090)}
 SMS = {target.arch: target.num_sms for target in KNOWN_TARGETS.values()}
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -30,6 +30,7 @@ class SmLimits:
 # sm_86, sm_89, sm_120 (GeForce / workstation / L4, L40S): 100 KiB of shared memory and 1,536 threads an SM, 16
 # (sm_86) or 24 blocks (NVIDIA CCCL's cuda/__device/arch_traits.h).
 SM_LIMITS = {80: SmLimits(shared_bytes=164 * 1024), 90: SmLimits(shared_bytes=228 * 1024),
+             100: SmLimits(shared_bytes=228 * 1024),
              86: SmLimits(shared_bytes=100 * 1024, max_blocks=16, max_threads=1536),
              89: SmLimits(shared_bytes=100 * 1024, max_blocks=24, max_threads=1536),
              120: SmLimits(shared_bytes=100 * 1024, max_blocks=24, max_threads=1536)}

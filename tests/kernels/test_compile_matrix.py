@@ -152,11 +152,15 @@ def test_gpus_with_99_kib_of_shared_memory_take_rows_of_their_own():
     1,536 threads an SM, sm_80's products. Their rows are the A100's but where that spills there (compiled by
     `python -m tests.kernels.compile_matrix --targets 89,120`, docs/BENCHMARKS.md): attention over 128 rows of
     heads of 128 in 2 stages, not 3; on sm_120 the bias's walk kept at 3 and the split design's output kernel in 8
-    warps. Before, sm_120 took the H100 row (its walk spilled 720 B there); B200 (sm_100) still does."""
-    from triton_kernels._launch import GpuTarget, L40S, RTX5090
+    warps. Before, sm_120 took the H100 row (its walk spilled 720 B there). B200 (sm_100, and B300, Thor after
+    it) has a row of its own too: the H100's with the walk at 32 columns and linear_gelu's tiles 128 x 64."""
+    from triton_kernels._launch import B200, GpuTarget, L40S, RTX5090
     from triton_kernels.launch_config import table_arch
-    assert [table_arch(a) for a in (75, 80, 86, 87, 89, 90, 100, 103, 120, 121)] == [80, 80, 86, 86, 86, 90, 90, 90,
-                                                                                     120, 120]
+    assert [table_arch(a) for a in (75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121)] == [
+        80, 80, 86, 86, 86, 90, 100, 100, 100, 120, 120]
+    b200, h100 = launch_row(B200), launch_row(H100)
+    assert (b200.chunk.block_v, b200.gemm.block_n) == (32, 64)
+    assert dataclasses.replace(b200, chunk=h100.chunk, gemm=h100.gemm) == h100
     a100, l40s, rtx = launch_row(A100), launch_row(L40S), launch_row(RTX5090)
     assert launch_row(GpuTarget(86, 72)) == l40s
     assert l40s.attention.num_stages == 2 and rtx.attention.num_stages == 2 and a100.attention.num_stages == 3
@@ -169,16 +173,21 @@ def test_gpus_with_99_kib_of_shared_memory_take_rows_of_their_own():
                                                                                    relative_bias=True).num_stages == 2
 
 
-def test_the_99_kib_rows_compile_without_spills_where_they_differ(tmp_path):
+def test_the_rows_of_other_gpus_compile_without_spills_where_they_differ(tmp_path):
     """The launches those rows change, compiled for an L40S and an RTX 5090: Llama-8B's attention (its prefill
     spilled 40 / 72 B in the A100's 3 stages) and Ankh-large's with T5's bias (24 B in 2 stages on sm_120,
-    float16); within 99 KiB of shared memory a block."""
+    float16), within 99 KiB of shared memory a block; and for a B200 the delta rule's walk with states carried in
+    and out (16-32 B at the H100's 64 columns)."""
     rows = compile_matrix(tmp_path, "--targets", "89,120", "--dtypes", "bf16", "--only", "Llama-8B 32/8")
     rows += compile_matrix(tmp_path, "--targets", "120", "--dtypes", "fp16", "--only", "Ankh-large enc 16/16")
     assert {r["arch"] for r in rows} == {89, 120}
     assert any(r["kernel"] == "paged_attention_fwd" and "w8 s2" in r["knobs"] for r in rows)
     assert any(r["kernel"] == "paged_attention_fwd" and "+bias" in r["knobs"] and "s3" in r["knobs"] for r in rows)
     assert all(r["spill_bytes"] == 0 and r["shared_bytes"] <= 99 * 1024 and r["blocks_per_sm"] >= 1 for r in rows)
+    walks = compile_matrix(tmp_path, "--targets", "100", "--dtypes", "bf16", "--only", "delta H=16 HV=16 K=V=128")
+    assert any(r["kernel"] == "chunk_walk_kernel" and r["knobs"].startswith("BV=32") and "+h0 +ht" in r["knobs"]
+               for r in walks)
+    assert all(r["spill_bytes"] == 0 for r in walks)
 
 
 def test_blocks_per_sm_by_hand():
