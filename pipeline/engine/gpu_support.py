@@ -1,6 +1,6 @@
 """Which GPUs the native engine runs on: its Triton kernels are compiled and checked for compute capability 8.0
-and newer (triton_kernels/launch_config.py has rows for sm_80, sm_86-89, sm_90 and sm_120), Triton's own supported
-range. Asked twice: by the parent of a local run before any work, with the GPUs NVML names
+and newer (triton_kernels/launch_config.py has rows for sm_80, sm_86-89, sm_90, sm_100 and sm_120), Triton's own
+supported range. Asked twice: by the parent of a local run before any work, with the GPUs NVML names
 (planning/devices.gpu_models), and by each worker for the GPU it was given, where the parent could not read them
 (a cluster's login node, a machine without NVML)."""
 from __future__ import annotations

@@ -75,9 +75,9 @@ class T5FeedForward(nn.Module):
         return self.wo(h.to(self.wo.weight.dtype))
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        """forward on the Triton path (x on a GPU, wo in x's dtype): the one projection, its activation in place
-        (plain) or act(gate) * up in one pass (gated: gelu_new, Ankh's, and silu), then wo (float32 in a float16
-        model: its input cast first, as forward does)."""
+        """forward on the Triton path: the one projection, its activation in place (plain) or act(gate) * up in
+        one pass (gated: gelu_new, Ankh's, and silu), then wo (float32 in a float16 model: its input cast first,
+        as forward does)."""
         h = self.wi(x)
         if self.gated and self.act in FUSED_GATED:
             h = FUSED_GATED[self.act](h)

@@ -43,7 +43,7 @@ def gpu_models(ids: list[str]) -> list[tuple[str, str, tuple[int, int]]]:
     """(id, name, compute capability) of each GPU id a worker is pinned to (an index, or a UUID as
     CUDA_VISIBLE_DEVICES may give it), read through NVML as physical_gpu_count reads the count (no CUDA, no
     torch); [] when NVML cannot say (no driver library, an id it does not know): then the workers' own check
-    decides (engine/selection.py check_gpus)."""
+    decide (engine/gpu_support.py)."""
     import ctypes
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
