@@ -126,6 +126,33 @@ def test_t5_in_float16_runs_fused_with_wo_in_float32(tmp_path, monkeypatch, kind
     assert set(sums[3:2 * n + 1]) == {(f32, f16, f16), (f32, f32, f16)} and len(sums) == 2 * n + 1
 
 
+def test_esm1b_scales_its_scores_in_the_kernel_with_the_same_bits(tmp_path, monkeypatch):
+    """ESM-1b / 1v (absolute positions, no rotary pass to carry the query scale): where head_dim^-0.5 is a power of
+    two (heads of 64 at full size, 16 here) the attention kernel scales the scores instead of a pass over the
+    queries: the same bits as with the pass, and as accurate as transformers against float64."""
+    import pipeline.models.esm as esm
+    import pipeline.models.layers.attention as attention
+    assert (esm.kernel_scale(16), esm.kernel_scale(64), esm.kernel_scale(24), esm.kernel_scale(80)) == (
+        0.25, 0.125, None, None)
+    scales = []
+    given = attention.PagedAttention.from_projection
+    monkeypatch.setattr(attention.PagedAttention, "from_projection",
+                        lambda self, *a, **k: scales.append(k.get("scale")) or given(self, *a, **k))
+    path = str(write_tiny("esm1b", tmp_path / "esm1b"))
+    engine = NativeEngine.load(path, DEVICE, torch.float32, "", max_tokens_per_step=64, kernels="triton")
+    batch = random_sequences([30, 9, 1], seed=4)
+    layers = [1, engine.info.num_layers]
+    folded = engine.forward(batch, layers, False)
+    assert scales and set(scales) == {0.25}
+    monkeypatch.setattr(esm, "kernel_scale", lambda head_dim: None)   # the pass over the queries instead
+    passed = engine.forward(batch, layers, False)
+    assert set(scales[len(scales) // 2:]) == {None}
+    for k in layers:
+        assert torch.equal(folded.hidden[k], passed.hidden[k]), k
+    hf = HFEngine(path, torch.device("cpu"), torch.float32, logprobs=False).forward(batch, layers, False)
+    assert_rows_as_accurate(folded, hf, Float64Transformers(path, False).forward(batch, layers, False), layers, False)
+
+
 def test_triton_path_generates_what_the_torch_path_generates(tmp_path):
     path = str(write_tiny("qwen3_5", tmp_path / "q"))
     prompts = random_sequences([12, 30, 3], seed=2, eos=None)

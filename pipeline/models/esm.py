@@ -31,6 +31,15 @@ from .layers.rotary import Rotary
 MASK_RATIO_TRAIN = 0.15 * 0.8   # fixed in every ESM training run; transformers hard-codes it too
 
 
+def kernel_scale(head_dim: int) -> float | None:
+    """The query scale head_dim^-0.5 where the attention kernel may apply it to the scores instead of a pass over
+    the queries (absolute positions, ESM-1b / 1v): when it is a power of two (heads of 16, 64 or 256), scaling the
+    queries or their dot products gives the same bits (only exponents change); else None (the pass stays)."""
+    scale = head_dim ** -0.5
+    mantissa, _ = np.frexp(scale)
+    return scale if mantissa == 0.5 else None
+
+
 def _gelu(x: torch.Tensor) -> torch.Tensor:
     """The erf GELU, x * 0.5 * (1 + erf(x / sqrt 2)), as one fused op (transformers spells it out)."""
     return pointwise.gelu(x)
@@ -74,13 +83,15 @@ class EsmLayer(nn.Module):
         None: the sum alone). Per token: one rotary pass, attention reading the projection, two add + norm
         passes, and the GELU in the first MLP product when epilogue_gelu (the launch table's choice per GPU)."""
         T, d = x.shape
+        scale = kernel_scale(self.head_dim) if cos is None else None   # absolute positions: in the kernel
         if repeats is None:
-            qkv = self._rotated_qkv(h, cos, sin)
+            qkv = self._rotated_qkv(h, cos, sin, scale is None)
         else:
             first, inverse = repeats
-            qkv = self._rotated_qkv(h[first], None if cos is None else cos[first], None if sin is None else sin[first])
+            qkv = self._rotated_qkv(h[first], None if cos is None else cos[first], None if sin is None else sin[first],
+                                    scale is None)
             qkv = qkv[inverse]
-        a = self.attn.from_projection(qkv, ctx)
+        a = self.attn.from_projection(qkv, ctx, scale=scale)
         x, h = add_layer_norm(x, self.attn_out(a.reshape(T, d)), self.mlp_norm.weight, self.mlp_norm.bias,
                               self.mlp_norm.eps)
         g = linear_gelu(h, self.fc1.weight, self.fc1.bias) if epilogue_gelu else _gelu(self.fc1(h))
@@ -89,12 +100,14 @@ class EsmLayer(nn.Module):
             return x + y, None
         return add_layer_norm(x, y, next_norm.weight, next_norm.bias, next_norm.eps)
 
-    def _rotated_qkv(self, h, cos, sin) -> torch.Tensor:
-        """The QKV projection of h `[n, d]` with its queries scaled and queries and keys rotated, in place."""
+    def _rotated_qkv(self, h, cos, sin, scaled: bool = True) -> torch.Tensor:
+        """The QKV projection of h `[n, d]` with its queries scaled (unless not `scaled`: the attention kernel
+        scales them) and queries and keys rotated, in place."""
         qkv = self.qkv(h)
         scale = self.head_dim ** -0.5
         if cos is None:   # absolute positions (ESM-1b): the scale alone
-            qkv[:, :self.num_heads * self.head_dim].mul_(scale)
+            if scaled:
+                qkv[:, :self.num_heads * self.head_dim].mul_(scale)
             return qkv
         return rotate_qk_(qkv, cos, sin, num_q_heads=self.num_heads, num_kv_heads=self.num_heads,
                           head_dim=self.head_dim, q_scale=scale)

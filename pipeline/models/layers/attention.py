@@ -72,26 +72,29 @@ class PagedAttention:
                               causal=self.causal, scale=self.scale, **bias, **ctx.attention_launch)
         return out[..., :self.head_dim] if pad else out
 
-    def from_projection(self, qkv: torch.Tensor, ctx: StepContext,
-                        rel_bias: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+    def from_projection(self, qkv: torch.Tensor, ctx: StepContext, rel_bias: tuple[torch.Tensor, int] | None = None,
+                        scale: float | None = None) -> torch.Tensor:
         """Attention from a fused projection's output `[T, (Hq + 2 Hkv) * D]` (queries, keys, values, head after
         head) -> `[T, Hq, D]`. A Triton step whose sequences have no earlier tokens and that no later step reads
         (bidirectional: an encoder's, T5's with its relative-position bias) attends straight from the
         projection, with no cache write and no page gather (varlen_attention); any other step goes through the
-        cache as __call__ does. rel_bias as __call__'s."""
+        cache as __call__ does. rel_bias as __call__'s; `scale`: the scores' scale where the queries come
+        unscaled (a power of two, so either way the same bits: ESM-1b's, esm.kernel_scale), default the layer's."""
         T, Hq, Hkv, D = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         q = qkv[:, :Hq * D].view(T, Hq, D)
         k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
         v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
         if not ctx.triton_kernels or self.causal or (ctx.prior_lens > 0).any():
+            if scale is not None:   # the cache path takes its queries scaled, as the layer's scale expects
+                q = q * (scale / self.scale)
             return self(q, k, v, ctx, rel_bias)
         assert (rel_bias is not None) == self.relative_bias, "rel_bias goes with relative_bias layers"
         bias = dict(rel_bias_table=rel_bias[0], rel_max_distance=rel_bias[1]) if rel_bias is not None else {}
         knobs = dict(ctx.attention_launch)
         if knobs and self.kv is not None:   # tiles of the same number of keys as the paged walk's
             knobs["pages_per_tile"] = max(1, knobs["pages_per_tile"] * self.kv[0].shape[1] // CONTIGUOUS_PAGE)
-        return varlen_attention(q, k, v, ctx.cu_seqlens, ctx.kv_lens, causal=False, scale=self.scale, **bias,
-                                **knobs)
+        return varlen_attention(q, k, v, ctx.cu_seqlens, ctx.kv_lens, causal=False,
+                                scale=self.scale if scale is None else scale, **bias, **knobs)
 
     def attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext,
                     q_counts: np.ndarray) -> torch.Tensor:
