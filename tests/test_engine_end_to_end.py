@@ -160,6 +160,15 @@ def test_gpus_older_than_the_native_kernels_are_refused_by_name_with_what_to_use
     gpu_support.check_native_device(torch.device("cpu"))   # a CPU worker: nothing to check
 
 
+def test_a_gpu_worker_says_which_launch_table_row_its_gpu_takes():
+    """What a native GPU worker's log says of its GPU: the row at or below its compute capability."""
+    from pipeline.engine.gpu_support import describe_gpu
+    assert describe_gpu("NVIDIA L40S", (8, 9), 142) == ("GPU NVIDIA L40S, compute capability 8.9, 142 SMs: the native "
+                                                        "engine's Triton kernels take the launch table's sm_86 row")
+    assert describe_gpu("NVIDIA H200", (9, 0), 132).endswith("sm_90 row")
+    assert describe_gpu("NVIDIA B300", (10, 3), 148).endswith("sm_100 row")
+
+
 def test_gpu_models_are_read_without_cuda_or_torch():
     """The parent reads its GPUs' names and compute capabilities through NVML, as it counts them: no torch, no
     CUDA. Where NVML cannot say (no driver, as on a CPU machine) the answer is empty and the workers check."""

@@ -41,3 +41,12 @@ def check_native_device(device: torch.device) -> None:
                                    torch.cuda.get_device_capability(device))])
     if problem:
         raise UserError(problem + ", in a new run (a new --out: this one keeps its engine).")
+
+
+def describe_gpu(name: str, capability: tuple[int, int], num_sms: int) -> str:
+    """A worker log's line about its GPU: what it is and which row of the launch table its kernels take (a GPU
+    takes the row at or below its compute capability: triton_kernels/launch_config.py)."""
+    from triton_kernels.launch_config import table_arch
+    arch = capability[0] * 10 + capability[1]
+    return (f"GPU {name}, compute capability {capability[0]}.{capability[1]}, {num_sms} SMs: the native engine's "
+            f"Triton kernels take the launch table's sm_{table_arch(arch)} row")

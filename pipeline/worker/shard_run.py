@@ -174,6 +174,10 @@ class ShardRun:
         events.append(self.run_dir.events_path(self.rank), "loaded", seconds=round(load_seconds, 3))
         log.info("model loaded on %s (%s, engine %s) in %.1f s", device, config.torch_dtype_name,
                  engine.info.name, load_seconds)
+        if device.type == "cuda" and engine.info.name == "native":
+            from ..engine.gpu_support import describe_gpu
+            p = torch.cuda.get_device_properties(device)
+            log.info("%s", describe_gpu(p.name, (p.major, p.minor), p.multi_processor_count))
         return engine, task, tokenizer
 
     def _plan(self, shard: Opened, engine, task, tokenizer):
