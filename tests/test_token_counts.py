@@ -98,6 +98,12 @@ def test_the_plan_waits_for_counts_telling_the_parent_and_stops_when_told(family
         got = [(a, b) for _, a, b, _ in plan]
         counter.close()
         assert got == plan_batches(every, 40, 3, padded)
+    # generate: no counts needed, calls of GENERATE_QUEUE_FACTOR x max_seqs sequences whatever their tokens
+    from pipeline.worker.batching import GENERATE_QUEUE_FACTOR
+    counter = TokenCounter(index, positions, tokenizer, bounds, count=False)
+    got = [(a, b) for _, a, b, _ in LazyPlan(counter, lambda t, a, b: t, 40, 2, False, generate=True)]
+    step = 2 * GENERATE_QUEUE_FACTOR
+    assert got == [(a, min(a + step, len(positions))) for a in range(0, len(positions), step)]
     # A counter held back (its encoder blocked), the plan waits, says so, and stops when told.
     release = threading.Event()
     encode = tokenizer.encode

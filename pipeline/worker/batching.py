@@ -38,22 +38,17 @@ def batch_size(ahead: np.ndarray, budget: int, padded: bool) -> int:
 
 
 # A generate call gets this many times --max-seqs sequences, so that as sequences finish others take
-# their place (continuous batching) instead of the step emptying out at the end of every call.
+# their place (continuous batching) instead of the step emptying out at the end of every call (prompt tokens are
+# not the limit there: the engine's own step budget and KV pages bound what runs at once).
 GENERATE_QUEUE_FACTOR = 4
 
 
-def plan_generate_batches(tokens: np.ndarray, max_seqs: int) -> list[tuple[int, int]]:
-    """Engine calls of GENERATE_QUEUE_FACTOR x --max-seqs sequences each (prompt tokens are not the limit
-    here: the engine's own step budget and KV pages bound what runs at once)."""
-    return plan_batches(tokens, int(np.sum(tokens)) + 1, GENERATE_QUEUE_FACTOR * max_seqs, padded=False)
-
-
 class LazyPlan:
-    """plan_batches (or plan_generate_batches) made one batch at a time as the token counts arrive: the same
-    batches, each planned once the counts of the sequences it may take are known. `counts`: `tokens` (per
-    sequence) and `wait_for(end, alive)` (worker/token_counts.TokenCounter); `cost(tokens, start, end)`: what
-    sequences start..end cost the budget (their windows, a pseudo-log-likelihood's copies); `alive(counted)`,
-    called while the plan waits for counts, False to stop (the plan then ends early).
+    """plan_batches made one batch at a time as the token counts arrive: the same batches, each planned once the
+    counts of the sequences it may take are known (generate: calls of GENERATE_QUEUE_FACTOR x max_seqs sequences).
+    `counts`: `tokens` (per sequence) and `wait_for(end, alive)` (worker/token_counts.TokenCounter);
+    `cost(tokens, start, end)`: what sequences start..end cost the budget (their windows, a pseudo-log-likelihood's
+    copies); `alive(counted)`, called while the plan waits for counts, False to stop (the plan then ends early).
 
     Yields (batch number, start, stop, the batch's sequences' costs)."""
 
@@ -71,7 +66,7 @@ class LazyPlan:
             if not self.counts.wait_for(end, self.alive):
                 return
             ahead = np.asarray(self.cost(self.counts.tokens[start:end], start, end), np.int64)
-            # (generate: prompt tokens are not the limit, as plan_generate_batches)
+            # (generate: prompt tokens are not the limit, GENERATE_QUEUE_FACTOR says why)
             size = len(ahead) if self.generate else batch_size(ahead, self.budget, self.padded)
             yield k, start, start + size, ahead[:size]
             start, k = start + size, k + 1
