@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from triton_kernels import pointwise
-from triton_kernels.rms_norm import gelu_tanh_mul, silu_mul
+from triton_kernels.rms_norm import gelu_tanh_mul
 
 from ..errors import UserError
 from .base import ModelSpec, NativeModel
@@ -30,9 +30,6 @@ from .layers.norms import RMSNorm, add_norm, rms_normalise
 # the same bits wherever it sits (triton_kernels/pointwise.py; relu is exact anyway).
 ACTIVATIONS = {"relu": torch.relu, "gelu_new": pointwise.gelu_tanh, "gelu_pytorch_tanh": pointwise.gelu_tanh,
                "gelu": pointwise.gelu, "silu": pointwise.silu}
-# A gated feed-forward's act(gate) * up in one pass on the Triton path, with the unfused ops' rounding points
-# (triton_kernels/rms_norm: the activation rounded to the dtype, then the product).
-FUSED_GATED = {pointwise.gelu_tanh: gelu_tanh_mul, pointwise.silu: silu_mul}
 BIAS_TABLE = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 
 
@@ -75,12 +72,13 @@ class T5FeedForward(nn.Module):
         return self.wo(h.to(self.wo.weight.dtype))
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        """forward on the Triton path: the one projection, its activation in place (plain) or act(gate) * up in
-        one pass (gated: gelu_new, Ankh's, and silu), then wo (float32 in a float16 model: its input cast first,
-        as forward does)."""
+        """forward on the Triton path: the one projection, its activation in place (plain) or gelu_new(gate) * up
+        in one pass (Ankh's gated-gelu: gelu_tanh_mul, the unfused ops' rounding points; other gated activations,
+        which no published T5 family uses, unfused), then wo (float32 in a float16 model: its input cast first, as
+        forward does)."""
         h = self.wi(x)
-        if self.gated and self.act in FUSED_GATED:
-            h = FUSED_GATED[self.act](h)
+        if self.gated and self.act is pointwise.gelu_tanh:
+            h = gelu_tanh_mul(h)
         elif self.gated:
             gate, up = h.split(self.d_ff, dim=-1)
             h = self.act(gate).mul_(up)

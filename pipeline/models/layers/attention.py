@@ -85,8 +85,7 @@ class PagedAttention:
         k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
         v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
         if not ctx.triton_kernels or self.causal or (ctx.prior_lens > 0).any():
-            if scale is not None:   # the cache path takes its queries scaled, as the layer's scale expects
-                q = q * (scale / self.scale)
+            assert scale is None, "unscaled queries are for the encoder steps of the Triton path (forward_fused)"
             return self(q, k, v, ctx, rel_bias)
         assert (rel_bias is not None) == self.relative_bias, "rel_bias goes with relative_bias layers"
         bias = dict(rel_bias_table=rel_bias[0], rel_max_distance=rel_bias[1]) if rel_bias is not None else {}
