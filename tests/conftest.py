@@ -17,6 +17,11 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     from .interpreter_patching import skip_repeated_patching
 
     skip_repeated_patching()
+    # and computing bfloat16 as a GPU does (rounding to nearest even, arithmetic on the values, not on their bits),
+    # so the kernels' bfloat16 cases run on the CPU too: tests/interpreter_bfloat16.py.
+    from .interpreter_bfloat16 import compute_bfloat16_as_a_gpu
+
+    compute_bfloat16_as_a_gpu()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Runs write OUT/report.html at their end. With its charts plain SVG it costs a run about 0.02 s (docs/BENCHMARKS.md,
 # "Run report"): nothing measurable here (tests/test_result_reader.py's 11 CLI runs took as long with it as without).

@@ -14,8 +14,9 @@ import torch
 
 from pipeline.engine.native import NativeEngine, SamplingParams
 from pipeline.engine.hf import HFEngine
-from triton_kernels import causal_conv1d, paged_attention
+from triton_kernels import causal_conv1d
 from tests.float64_reference import Float64Transformers, assert_rows_as_accurate
+from tests.interpreter_bfloat16 import installed as bfloat16_mended
 from tests.run_helpers import triton_test_device
 from tests.tiny_checkpoints import random_sequences, write_tiny
 
@@ -121,6 +122,38 @@ def test_t5_in_float16_runs_fused_with_wo_in_float32(tmp_path, monkeypatch, kind
     # the first norm alone, then layer 0's two adds (the second meets wo's float32), then float32 sums only
     assert sums[:3] == [(f16, None, f16), (f16, f16, f16), (f16, f32, f16)]
     assert set(sums[3:2 * n + 1]) == {(f32, f16, f16), (f32, f32, f16)} and len(sums) == 2 * n + 1
+
+
+@pytest.mark.parametrize("kind", ("esm2", "qwen3_5", "qwen3", "llama", "prott5", "ankh"))
+def test_triton_path_in_bfloat16_is_as_accurate_as_transformers_in_bfloat16(tmp_path, kind):
+    """bfloat16, the native engine's default on a GPU: every fused kernel of the step in bfloat16 (on the CPU
+    through tests/interpreter_bfloat16.py, which computes bfloat16 as a GPU does), each checked hidden state and
+    the token log-probabilities as close to float64 as transformers' own bfloat16 (FACTOR x its error + FLOOR).
+    Chunked prefill (70 tokens, 48 a step) and the delta rule's chunks included."""
+    if DEVICE.type == "cpu" and not bfloat16_mended():
+        pytest.skip("this Triton's interpreter computes bfloat16 wrongly and tests/interpreter_bfloat16.py cannot "
+                    "mend it")
+    path = str(write_tiny(kind, tmp_path / kind))
+    layers = [1, None]
+    if kind in ("prott5", "ankh"):
+        from tests.t5_reference import T5EncoderReference
+        from tests.test_t5_native import t5_sequences
+        triton = NativeEngine.load(path, DEVICE, torch.bfloat16, "", max_tokens_per_step=256, kernels="triton")
+        batch, logprobs = t5_sequences([150, 9, 1, 40], seed=1), False
+        layers[1] = triton.info.num_layers
+        theirs = T5EncoderReference(path, torch.bfloat16).forward(batch, layers)
+        exact = T5EncoderReference(path, torch.float64).forward(batch, layers)
+    else:
+        triton = NativeEngine.load(path, DEVICE, torch.bfloat16, "", max_tokens_per_step=48, kernels="triton")
+        batch, logprobs = random_sequences([70, 9, 1, 20], seed=1), kind != "esm2"
+        layers[1] = triton.info.num_layers
+        theirs = HFEngine(path, torch.device("cpu"), torch.bfloat16, logprobs=logprobs).forward(batch, layers,
+                                                                                               logprobs)
+        exact = Float64Transformers(path, logprobs).forward(batch, layers, logprobs)
+    assert triton.runner.triton
+    ours = triton.forward(batch, layers, logprobs)
+    assert all(h.dtype == torch.bfloat16 for h in ours.hidden.values())
+    assert_rows_as_accurate(ours, theirs, exact, layers, logprobs)
 
 
 def test_esm1b_scales_its_scores_in_the_kernel_with_the_same_bits(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from triton_kernels.layer_norm import add_layer_norm, add_layer_norm_torch
 from tests.float64_reference import assert_as_accurate
+from tests.kernels.float_cases import skip_interpreter_bf16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -34,8 +35,7 @@ def _inputs(T: int, d: int, dtype: torch.dtype, seed: int):
 @pytest.mark.parametrize("with_residual", (True, False))
 @pytest.mark.parametrize("with_bias", (True, False))
 def test_add_layer_norm_against_float64(dtype, T, d, with_residual, with_bias):
-    if dtype == torch.bfloat16 and DEVICE == "cpu":
-        pytest.skip("the Triton interpreter computes bfloat16 wrongly (a known interpreter limit)")
+    skip_interpreter_bf16(dtype)
     x, y, w, b = _inputs(T, d, dtype, seed=T + d)
     y = y if with_residual else None
     b = b if with_bias else None

@@ -3,7 +3,7 @@
 float32: each kernel (Triton: compiled on a GPU, else the interpreter) is as accurate as the unfused torch float32
 ops (FACTOR x their error + FLOOR, tests/float64_reference.py), and the delta rule's g also element by element
 (its softplus spans many magnitudes: a log1p computed as log(1 + x) would lose the small ones, which a max-scaled
-error does not see). 16-bit (float16 here; bfloat16 only on a GPU, the interpreter computes it wrongly): the
+error does not see). 16-bit (float16 and bfloat16; on the CPU bfloat16 through tests/interpreter_bfloat16.py): the
 output gate within its two rounding points (the sigmoid rounded to the dtype, then the product), beta within one,
 g (float32 from 16-bit a) as accurate as torch's float32 ops on the same a.
 """

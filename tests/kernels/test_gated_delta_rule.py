@@ -37,7 +37,7 @@ fused_recurrent_gated_delta_rule = triton_kernels.fused_recurrent_gated_delta_ru
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"  # where the Triton kernels run
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3}
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (bfloat16 is not usable in the interpreter)")
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (bfloat16 at realistic sizes: too slow for the interpreter; test_16_bit runs it small)")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -180,10 +180,13 @@ def test_extreme_gates_stay_finite_and_exact(design):
         check(fused_recurrent_gated_delta_rule, inputs, block_v=32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("design", ["fused", "split"])
-def test_float16(design):
-    inputs = make_inputs(1, 130, 1, 2, 64, 64, dtype=torch.float16, l2norm=True, num_states=1, seed=4)
-    inputs["g"] = inputs["g"].to(torch.float16)  # the kernels accept any float dtype for g and beta
+def test_16_bit(design, dtype):
+    """float16 and bfloat16 (the GPU's default; on the CPU through tests/interpreter_bfloat16.py) at a small
+    shape; bfloat16 at realistic sizes below, on a GPU."""
+    inputs = make_inputs(1, 130, 1, 2, 64, 64, dtype=dtype, l2norm=True, num_states=1, seed=4)
+    inputs["g"] = inputs["g"].to(dtype)  # the kernels accept any float dtype for g and beta
     check(chunk_gated_delta_rule, inputs, l2norm=True, design=design)
     if design == "fused":
         check(fused_recurrent_gated_delta_rule, inputs, l2norm=True, block_v=64)

@@ -2,8 +2,8 @@
 
 Exact values: gelu(x @ w.T + b) in float64 on the same rounded inputs (transformers' ESM and BERT-style models
 use this erf form). float32 (true float32 products): as accurate as torch's F.linear + F.gelu in float32
-(FACTOR x + FLOOR). float16: one rounding of a float32 accumulation, at most a float16 ulp plus the accumulation
-error of K products. Shapes cross every tile edge (M, N and K not multiples of the blocks), with and without
+(FACTOR x + FLOOR). float16 and bfloat16: one rounding of a float32 accumulation, at most the dtype's unit roundoff
+plus the accumulation error of K products. Shapes cross every tile edge (M, N and K not multiples of the blocks), with and without
 bias; the row-group order is exercised by more row tiles than GROUP_M.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ KNOBS = dict(block_m=16, block_n=32, block_k=16, group_m=2, num_warps=4, num_sta
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
 @pytest.mark.parametrize("M,N,K", [(70, 100, 48), (33, 64, 40), (1, 40, 16)])
 @pytest.mark.parametrize("with_bias", (True, False))
 def test_linear_gelu_against_float64(dtype, M, N, K, with_bias):
@@ -35,7 +35,8 @@ def test_linear_gelu_against_float64(dtype, M, N, K, with_bias):
     if dtype == torch.float32:
         assert_as_accurate(ours, linear_gelu_torch(x, w, b), exact, "linear_gelu")
     else:
-        bound = exact.abs() * 2.0 ** -11 + K * 2.0 ** -11 * 1e-2 * exact.abs().max() + 1e-6
+        unit = torch.finfo(dtype).eps / 2   # 2^-11 (float16), 2^-8 (bfloat16)
+        bound = exact.abs() * unit + K * unit * 1e-2 * exact.abs().max() + 1e-6
         assert ((ours.cpu().double() - exact).abs() <= bound).all()
 
 

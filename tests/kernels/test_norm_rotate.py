@@ -21,6 +21,7 @@ from pipeline.models.layers.rotary import Rotary
 from triton_kernels._device import torch_path_on_cpu
 from triton_kernels.rotary import norm_rotate_, norm_rotate_qk_, norm_rotate_torch_
 from tests.float64_reference import assert_as_accurate
+from tests.kernels.float_cases import skip_interpreter_bf16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
@@ -99,8 +100,7 @@ def _run(wide, T, H, D, layout, cos, sin, w, norm, float32_math, **knobs):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
 @pytest.mark.parametrize("name,H,D,rd,norm,float32_math,layout", CASES, ids=[c[0] for c in CASES])
 def test_norm_rotate_against_float64(dtype, name, H, D, rd, norm, float32_math, layout):
-    if dtype == torch.bfloat16 and DEVICE == "cpu":
-        pytest.skip("the Triton interpreter computes bfloat16 wrongly (a known interpreter limit)")
+    skip_interpreter_bf16(dtype)
     T = 13   # 39 or 26 (token, head) rows: straddles the 16-row blocks asked for below
     wide, rotary, cos, sin, w = _inputs(name, T, H, D, rd, norm, layout, dtype)
     x = _view(wide, T, H, D, layout)
@@ -143,7 +143,7 @@ def test_norm_rotate_against_float64(dtype, name, H, D, rd, norm, float32_math, 
     assert same == 1.0 if norm is None else same >= 0.98, f"{name}: {same:.3f} of the outputs as the unfused ops"
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
 @pytest.mark.parametrize("norm,Hk", [("zero_centred", 2), ("llama", 1), (None, 3)])
 def test_norm_rotate_qk_is_norm_rotate_of_each(dtype, norm, Hk):
     """q and k in one launch: each bit for bit what norm_rotate_ gives it alone, q between its gates and k after

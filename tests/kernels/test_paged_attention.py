@@ -2,7 +2,8 @@
 
 On CPU the Triton kernels run under the interpreter (TRITON_INTERPRET=1, set in conftest.py), so shapes
 stay small; the torch path (what CPU engines run) is tested with TRITON_INTERPRET=0. Long contexts and
-bfloat16 run on a GPU only.
+bfloat16 at realistic sizes run on a GPU only (small bfloat16 cases run in the interpreter too, through
+tests/interpreter_bfloat16.py).
 
 Tolerances, on unit-normal inputs (outputs are convex combinations of values, so |out| < ~4):
 - float32: 1e-5 abs + 1e-5 rel. Products are true float32 (input_precision="ieee"); the only error is
@@ -10,7 +11,7 @@ Tolerances, on unit-normal inputs (outputs are convex combinations of values, so
 - float16: 2e-3 abs + 2e-3 rel. q, k, v are the same float16 numbers in the reference; the kernel rounds
   the softmax weights to float16 for the P @ V product (2^-11 relative each) and the output to float16
   (half an ulp is 1e-3 at |out| = 2).
-- bfloat16 (GPU): 2e-2 abs + 2e-2 rel, the same two roundings with a 2^-8 mantissa.
+- bfloat16: 2e-2 abs + 2e-2 rel, the same two roundings with a 2^-8 mantissa.
 Write-then-attend is checked against torch's dense attention, in float64 for the exact values and in
 float32 for the error to match (tests/float64_reference.py), not against its float32 result alone.
 """
@@ -88,7 +89,8 @@ def assert_matches_reference(batch, *, causal, dtype, **knobs):
 
 # (Hq, Hkv, D, page_size, dtype, knobs): GQA 1/2/4/8, every supported head dim (80 and 96 pad the head
 # block), page sizes 16/32/64, tiles of 1-4 pages, block_q that does and does not divide the q lengths,
-# split-KV with empty splits (3 splits over 1-tile walks), float16.
+# split-KV with empty splits (3 splits over 1-tile walks), float16 and bfloat16 (in the interpreter through
+# tests/interpreter_bfloat16.py; every case in bfloat16 on a GPU below).
 KERNEL_CASES = [
     (2, 2, 32, 16, torch.float32, dict(block_q=4, pages_per_tile=1, num_kv_splits=1)),
     (4, 2, 64, 16, torch.float32, dict(block_q=3, pages_per_tile=2, num_kv_splits=1)),
@@ -98,6 +100,8 @@ KERNEL_CASES = [
     (4, 2, 128, 16, torch.float32, dict(block_q=4, pages_per_tile=2, num_kv_splits=4)),
     (4, 1, 64, 16, torch.float16, dict(block_q=4, pages_per_tile=2, num_kv_splits=1)),
     (2, 1, 80, 32, torch.float16, dict(block_q=1, pages_per_tile=1, num_kv_splits=2)),
+    (4, 1, 64, 16, torch.bfloat16, dict(block_q=4, pages_per_tile=2, num_kv_splits=2)),
+    (2, 2, 80, 32, torch.bfloat16, dict(block_q=8, pages_per_tile=1, num_kv_splits=1)),
 ]
 
 

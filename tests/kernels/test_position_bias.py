@@ -25,7 +25,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # The Triton kernel runs compiled on a GPU, else interpreted on the CPU (tests/kernels/conftest.py).
 TRITON_DEVICE = "cpu" if INTERPRETED else "cuda" if torch.cuda.is_available() else None
 triton_runs = pytest.mark.skipif(TRITON_DEVICE is None, reason="needs a GPU or TRITON_INTERPRET=1 (conftest.py)")
-gpu = pytest.mark.skipif(TRITON_DEVICE != "cuda", reason="bfloat16 and long sequences: GPU only")
+gpu = pytest.mark.skipif(TRITON_DEVICE != "cuda", reason="bfloat16 at every case and long sequences: GPU only")
 
 # (q_len, kv_len): whole sequences (one over 9 pages of 16), one token, nothing this step, a continuation.
 ENCODER = [(37, 37), (150, 150), (1, 1), (0, 20), (16, 16), (7, 50), (64, 64)]
@@ -76,6 +76,7 @@ KERNEL_CASES = [
     (2, 1, 80, 16, torch.float32, dict(block_q=4, pages_per_tile=4, num_kv_splits=2), (4, 9)),
     (2, 2, 64, 16, torch.float16, dict(block_q=8, pages_per_tile=2, num_kv_splits=1), (64, 128)),
     (2, 2, 32, 16, torch.float16, dict(block_q=8, pages_per_tile=1, num_kv_splits=2), (16, 12)),
+    (2, 1, 64, 16, torch.bfloat16, dict(block_q=8, pages_per_tile=2, num_kv_splits=2), (32, 128)),
 ]
 
 

@@ -2,8 +2,8 @@
 
 Exact values: the ops in float64 on the same rounded inputs (the sum as torch's add stores it). float32: each
 kernel (Triton: compiled on a GPU, else the interpreter) is as accurate as the unfused torch float32 ops
-(FACTOR x their error + FLOOR, tests/float64_reference.py). 16-bit (float16 here; bfloat16 only on a GPU, the
-interpreter computes it wrongly): the sum is bit for bit torch's add, and each output is within its rounding
+(FACTOR x their error + FLOOR, tests/float64_reference.py). 16-bit (float16 and bfloat16; on the CPU bfloat16
+through tests/interpreter_bfloat16.py): the sum is bit for bit torch's add, and each output is within its rounding
 points of the exact value: one rounding (2^-11 of the value in float16) for the zero-centred norm and the gated
 norm, two for the Llama-order norm (the normalised value rounded, then its product with w) and for silu_mul (silu
 rounded, then the product); plus 1e-5 of the tensor's scale for float32 statistics and subnormals. Widths: a

@@ -3,8 +3,8 @@
 The reference we did not write is transformers' `apply_rotary_pos_emb` (modeling_esm) after ESM's query
 scale, run in float64 on the same (already rounded) inputs: the exact values. The kernel (Triton: compiled on a
 GPU, else the interpreter) and its torch path must each be as accurate in float32 as that function in float32
-(FACTOR x its error + FLOOR); in float16 each output is the exact rotation of the stored scaled query rounded
-once (2^-11 of it). The
+(FACTOR x its error + FLOOR); in float16 and bfloat16 each output is the exact rotation of the stored scaled
+query rounded once (2^-11, 2^-8 of it; bfloat16 on the CPU through tests/interpreter_bfloat16.py). The
 torch path must also equal, bit for bit, the unfused ops the CPU engine runs (q * scale, then Rotary.apply).
 Values must not move outside the queries and keys: the value columns come back untouched.
 """
@@ -43,7 +43,7 @@ def _reference(qkv: torch.Tensor, cos, sin, heads: int, kv_heads: int, dim: int,
     return torch.cat([q, k, x[:, (heads + kv_heads) * dim:]], 1)
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
 @pytest.mark.parametrize("heads,kv_heads,dim,rotary_dim", [(4, 4, 16, 16), (3, 3, 24, 24), (4, 2, 32, 16)])
 def test_rotation_is_transformers_rotation(dtype, heads, kv_heads, dim, rotary_dim):
     torch.manual_seed(heads * dim + rotary_dim)
@@ -62,9 +62,10 @@ def test_rotation_is_transformers_rotation(dtype, heads, kv_heads, dim, rotary_d
     if dtype == torch.float32:
         assert_as_accurate(ours, theirs, exact, "rotate_qk_ (Triton)")
         assert_as_accurate(torch_path, theirs, exact, "rotate_qk_ (torch path)")
-    else:   # rounded once to float16 from float32 math
+    else:   # rounded once to 16 bits from float32 math: within the dtype's unit roundoff
+        unit = torch.finfo(dtype).eps / 2
         for got in (ours, torch_path):
-            assert ((got.cpu().double() - exact).abs() <= exact.abs() * 2.0 ** -11 + 1e-6 * exact.abs().max()).all()
+            assert ((got.cpu().double() - exact).abs() <= exact.abs() * unit + 1e-6 * exact.abs().max()).all()
 
 
 def test_torch_path_is_the_unfused_layer_bit_for_bit():

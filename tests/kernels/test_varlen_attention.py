@@ -3,9 +3,9 @@ the float64 reference, and against the paged path it replaces for encoder steps.
 
 The queries, keys and values are strided views of one `[T, (Hq + 2 Hkv) * D]` projection output, as the engine
 passes them. Exact values: per sequence, dense softmax attention in float64 (naive_paged_attention over a cache
-holding the same keys). float32: as accurate as torch's SDPA in float32; float16: within the kernel's own paged
-mode's result bit for bit where that mode takes the head dim (the same arithmetic, only the addresses differ),
-and as accurate as torch's SDPA on the same float16 inputs. Lengths include 1, a multiple of
+holding the same keys). float32: as accurate as torch's SDPA in float32; float16 and bfloat16 (on the CPU through
+tests/interpreter_bfloat16.py): the kernel's own paged mode's result bit for bit where that mode takes the head dim
+(the same arithmetic, only the addresses differ), and as accurate as torch's SDPA on the same 16-bit inputs. Lengths include 1, a multiple of
 the tile and not; head dims a kernel size and not (24: masked to 32, 8: to 16; no padding copy); GQA; KV splits.
 """
 from __future__ import annotations
@@ -53,10 +53,15 @@ def _paged_exact(q, k, v, cu, lens, causal, scale, **bias):
     return naive_paged_attention(q.double(), kc, vc, tables, cu, lens, causal=causal, scale=scale, **bias), tables, slots
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 32), (4, 2, 24), (2, 2, 16), (2, 2, 8)])
-@pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("splits", (1, 2))
+SHAPES = [(4, 4, 32), (4, 2, 24), (2, 2, 16), (2, 2, 8)]
+# bfloat16 takes the float16 cases' code paths with another rounding: a kernel size and a masked head dim, both
+# split counts, both masks (the interpreter's bfloat16 costs a float16 case's time)
+CASES = ([(dtype, *shape, causal, splits) for dtype in (torch.float32, torch.float16) for shape in SHAPES
+          for causal in (False, True) for splits in (1, 2)]
+         + [(torch.bfloat16, *shape, causal, splits) for shape in SHAPES[:2] for causal, splits in ((False, 2), (True, 1))])
+
+
+@pytest.mark.parametrize("dtype,heads,kv_heads,dim,causal,splits", CASES)
 def test_varlen_attention_against_float64(dtype, heads, kv_heads, dim, causal, splits):
     lens = [5, 40, 1, 33, 16]
     q, k, v, cu, n = _step(lens, heads, kv_heads, dim, dtype, seed=dim + heads)
@@ -72,10 +77,10 @@ def test_varlen_attention_against_float64(dtype, heads, kv_heads, dim, causal, s
     ours = varlen_attention(qd, kd, vd, dev(cu), dev(n), causal=causal, scale=scale, **knobs)
     theirs = varlen_attention_torch(q.float(), k.float(), v.float(), cu, causal=causal, scale=scale,
                                     out=torch.empty(q.shape, dtype=torch.float32))
-    if dtype == torch.float16:   # torch's SDPA on the same float16 inputs
+    if dtype != torch.float32:   # torch's SDPA on the same 16-bit inputs
         theirs = varlen_attention_torch(q, k, v, cu, causal=causal, scale=scale, out=torch.empty_like(q))
     assert_as_accurate(ours, theirs, exact, "varlen_attention")
-    if dtype == torch.float16 and dim in (32, 64, 80, 96, 128, 256):
+    if dtype != torch.float32 and dim in (32, 64, 80, 96, 128, 256):
         # The paged mode of the same kernel, same knobs, over a cache holding the same keys: the same arithmetic.
         _, tables, slots = _paged_exact(q, k, v, cu, n, causal, scale)
         kc = torch.zeros(int(tables.max()) + 1, PAGE, Hk, dim, dtype=dtype, device=DEVICE)
@@ -86,7 +91,7 @@ def test_varlen_attention_against_float64(dtype, heads, kv_heads, dim, causal, s
         assert torch.equal(ours, paged)
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
 @pytest.mark.parametrize("splits", (1, 2))
 def test_varlen_attention_with_t5_relative_bias(dtype, splits):
     """T5's relative-position bias in the contiguous mode (an encoder step of a T5 model): against float64
@@ -107,7 +112,7 @@ def test_varlen_attention_with_t5_relative_bias(dtype, splits):
                                 rel_max_distance=max_distance, **knobs)
         theirs = varlen_attention_torch(q, k, v, cu, causal=False, scale=1.0, out=torch.empty_like(q), **bias)
         assert_as_accurate(ours, theirs, exact, "varlen_attention with T5's bias")
-        if dtype == torch.float16 and dim == 32:
+        if dtype != torch.float32 and dim == 32:
             kc = torch.zeros(int(tables.max()) + 1, PAGE, heads, dim, dtype=dtype, device=DEVICE)
             vc = torch.zeros_like(kc)
             write_kv_cache(kd.contiguous(), vd.contiguous(), kc, vc, torch.tensor(slots, device=DEVICE))
