@@ -171,10 +171,14 @@ def prepare_worker(gpu: bool) -> None:
     if not gpu:   # as the hf engine does on a CPU, before transformers could import fla-core (engine/hf.py)
         hf.keep_transformers_torch_kernels()
     quiet_transformers()
-    import transformers.activations   # noqa: F401 - what ESM's, Llama's and the demo's loads import first (0.7 s)
     import transformers.models.auto.configuration_auto   # noqa: F401 - AutoConfig, resolved lazily otherwise
     import transformers.models.auto.tokenization_auto   # noqa: F401
     if gpu:
+        # What ESM's and Llama's configs import first (transformers' activations, and through them
+        # torch.distributed.tensor: 1.4 CPU s). A GPU worker has cores to spare while the parent plans; a CPU worker
+        # does not (the parent plans on the same cores), and the families whose configs do not need it (Qwen3.5,
+        # the demo model, T5, Qwen3) would pay it for nothing: it imports them when its model's load asks.
+        import transformers.activations   # noqa: F401
         import torch
         torch.zeros(1, device="cuda")
 
