@@ -11,14 +11,16 @@ kernels' bfloat16 paths (the GPU's default dtype) were checked only by the compi
 - casts to bfloat16 round to nearest even from float32 (from float16 and integers through float32, which holds
   them exactly up to 2^24; from float64 through float32: a double rounding where a GPU rounds once, which can
   differ only in a tie of the float32 value); casts from bfloat16 widen the bits exactly;
-- arithmetic, math functions, fma, minimum / maximum and clamps on bfloat16 run on the float32 values and round
+- arithmetic, math functions, minimum / maximum and clamps on bfloat16 run on the float32 values and round
   the result to bfloat16 once: for +, -, *, / and sqrt that is the correctly rounded bfloat16 result a GPU's
   bfloat16 instructions give (float32 has 24 bits >= 2 x 8 + 2, so rounding twice equals rounding once);
 - comparisons compare the values; `tl.dot` with bfloat16 operands multiplies the float32 values with a float32
   accumulator, as the tensor cores do (in another summation order: products are exact, sums round);
 - `tl.max` / `tl.min` over bfloat16 compare the values. A `tl.sum` (or cumulative sum) over bfloat16 is refused:
   Triton adds in bfloat16 in an order the compiled kernel chooses, which the interpreter cannot reproduce; no
-  kernel of this project reduces in 16 bits.
+  kernel path the tests run reduces in 16 bits (one that did would fail its test here, naming this).
+- fma rounds its float32 result to bfloat16 (a GPU's bfloat16 fma rounds once: the two can differ where the
+  float32 result is a bfloat16 tie).
 
 Bit-level operations (loads, stores, `tl.where`, bitcasts, abs) already treat bfloat16 as the GPU does and are
 left alone. tests/kernels/test_interpreter_bfloat16.py checks each mended operation against torch's own
