@@ -1,6 +1,7 @@
 """Which devices workers run on, decided in the parent without initialising CUDA."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -22,21 +23,30 @@ def physical_gpu_count() -> int:
     return len(glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
-def _nvml_device_count() -> int:
-    """nvmlDeviceGetCount_v2 through the driver's own NVML library (what torch.cuda._device_count_nvml calls);
-    OSError when the library is missing or a call fails."""
+@contextlib.contextmanager
+def _nvml():
+    """The driver's own NVML library (what torch.cuda._device_count_nvml calls), initialised for the block and
+    shut down after it; OSError when the library is missing or will not start."""
     import ctypes
 
     nvml = ctypes.CDLL("libnvidia-ml.so.1")
     if nvml.nvmlInit_v2() != 0:
         raise OSError("nvmlInit_v2 failed")
     try:
+        yield nvml
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _nvml_device_count() -> int:
+    """nvmlDeviceGetCount_v2; OSError when the library is missing or a call fails."""
+    import ctypes
+
+    with _nvml() as nvml:
         count = ctypes.c_uint(0)
         if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
             raise OSError("nvmlDeviceGetCount_v2 failed")
         return int(count.value)
-    finally:
-        nvml.nvmlShutdown()
 
 
 def gpu_models(ids: list[str]) -> list[tuple[str, str, tuple[int, int]]]:
@@ -46,28 +56,23 @@ def gpu_models(ids: list[str]) -> list[tuple[str, str, tuple[int, int]]]:
     decide (engine/gpu_support.py)."""
     import ctypes
     try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        with _nvml() as nvml:
+            found = []
+            for gpu in ids:
+                handle = ctypes.c_void_p()
+                if gpu.isdigit():
+                    status = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(gpu)), ctypes.byref(handle))
+                else:
+                    status = nvml.nvmlDeviceGetHandleByUUID(gpu.encode(), ctypes.byref(handle))
+                name = ctypes.create_string_buffer(96)
+                major, minor = ctypes.c_int(0), ctypes.c_int(0)
+                if status != 0 or nvml.nvmlDeviceGetName(handle, name, ctypes.c_uint(96)) != 0 or \
+                        nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+                    return []
+                found.append((gpu, name.value.decode(errors="replace"), (major.value, minor.value)))
+            return found
     except OSError:
         return []
-    if nvml.nvmlInit_v2() != 0:
-        return []
-    try:
-        found = []
-        for gpu in ids:
-            handle = ctypes.c_void_p()
-            if gpu.isdigit():
-                status = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(gpu)), ctypes.byref(handle))
-            else:
-                status = nvml.nvmlDeviceGetHandleByUUID(gpu.encode(), ctypes.byref(handle))
-            name = ctypes.create_string_buffer(96)
-            major, minor = ctypes.c_int(0), ctypes.c_int(0)
-            if status != 0 or nvml.nvmlDeviceGetName(handle, name, ctypes.c_uint(96)) != 0 or \
-                    nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
-                return []
-            found.append((gpu, name.value.decode(errors="replace"), (major.value, minor.value)))
-        return found
-    finally:
-        nvml.nvmlShutdown()
 
 
 def visible_gpus() -> list[str]:
