@@ -87,7 +87,7 @@ def compute_bfloat16_as_a_gpu() -> bool:
             or interpreter._get_np_dtype(tl.bfloat16) != np.dtype(np.uint16)
             or not all(hasattr(builder_type, name) for name in needed)
             or not all(hasattr(reduce_ops, name) for name in ("sum", "min_max"))
-            or not hasattr(scan_ops, "cumsum")):
+            or not hasattr(scan_ops, "cumsum") or not hasattr(getattr(interpreter, "_ir", None), "ROUNDING_MODE")):
         return False
     bf16, f32 = tl.bfloat16, tl.float32
 
@@ -135,7 +135,7 @@ def compute_bfloat16_as_a_gpu() -> bool:
 
     @functools.wraps(original_fp_to_fp)
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
-        toward_zero = rounding_mode is not None and "RTZ" in str(rounding_mode).upper()
+        toward_zero = rounding_mode == interpreter._ir.ROUNDING_MODE.RTZ
         converted = convert(src, dst_type, toward_zero)
         return original_fp_to_fp(self, src, dst_type, rounding_mode) if converted is None else converted
 
