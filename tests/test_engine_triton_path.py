@@ -134,19 +134,18 @@ def test_triton_path_in_bfloat16_is_as_accurate_as_transformers_in_bfloat16(tmp_
         pytest.skip("this Triton's interpreter computes bfloat16 wrongly and tests/interpreter_bfloat16.py cannot "
                     "mend it")
     path = str(write_tiny(kind, tmp_path / kind))
-    layers = [1, None]
-    if kind in ("prott5", "ankh"):
+    t5 = kind in ("prott5", "ankh")
+    triton = NativeEngine.load(path, DEVICE, torch.bfloat16, "", max_tokens_per_step=256 if t5 else 48,
+                               kernels="triton")
+    layers = [1, triton.info.num_layers]
+    if t5:
         from tests.t5_reference import T5EncoderReference
         from tests.test_t5_native import t5_sequences
-        triton = NativeEngine.load(path, DEVICE, torch.bfloat16, "", max_tokens_per_step=256, kernels="triton")
         batch, logprobs = t5_sequences([150, 9, 1, 40], seed=1), False
-        layers[1] = triton.info.num_layers
         theirs = T5EncoderReference(path, torch.bfloat16).forward(batch, layers)
         exact = T5EncoderReference(path, torch.float64).forward(batch, layers)
     else:
-        triton = NativeEngine.load(path, DEVICE, torch.bfloat16, "", max_tokens_per_step=48, kernels="triton")
         batch, logprobs = random_sequences([70, 9, 1, 20], seed=1), kind != "esm2"
-        layers[1] = triton.info.num_layers
         theirs = HFEngine(path, torch.device("cpu"), torch.bfloat16, logprobs=logprobs).forward(batch, layers,
                                                                                                logprobs)
         exact = Float64Transformers(path, logprobs).forward(batch, layers, logprobs)
