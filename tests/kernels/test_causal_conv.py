@@ -29,6 +29,7 @@ from triton_kernels.causal_conv import conv_knobs, naive_causal_conv1d
 from triton_kernels.launch_config import CausalConvKnobs, launch_row
 
 from tests.float64_reference import FLOOR, assert_as_accurate, relative_error
+from tests.kernels.float_cases import skip_interpreter_bf16
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -96,6 +97,7 @@ def test_continuing_and_fresh_sequences_with_slots(dtype):
     """A step mixing fresh sequences, ones that continue their slot's window (with 1, 2 and more tokens:
     fewer than the window keep part of the old one), and one without a slot; slots scattered in the pool,
     the unused ones untouched."""
+    skip_interpreter_bf16(dtype)
     lengths = [2, 1, 20, 7, 3, 1]
     slots = [5, 0, 2, -1, 7, 3]
     reads = [True, True, False, False, True, False]

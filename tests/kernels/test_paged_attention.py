@@ -28,6 +28,7 @@ from triton_kernels.paged_attention.naive import naive_paged_attention
 from triton_kernels.paged_attention.sdpa import paged_attention_sdpa
 
 from tests.float64_reference import assert_as_accurate
+from tests.kernels.float_cases import skip_interpreter_bf16
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -111,6 +112,7 @@ KERNEL_CASES = [
                          + "-".join(f"{k}{v}" for k, v in c[5].items()))
 def test_triton_matches_reference(case, causal):
     num_q_heads, num_kv_heads, head_dim, page_size, dtype, knobs = case
+    skip_interpreter_bf16(dtype)
     batch = make_batch(MIXED, num_q_heads, num_kv_heads, head_dim, page_size, dtype, device=TRITON_DEVICE)
     assert_matches_reference(batch, causal=causal, dtype=dtype, **knobs)
 

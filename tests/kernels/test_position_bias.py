@@ -20,6 +20,7 @@ from triton_kernels.paged_attention.position_bias import distance_buckets, relat
 from triton_kernels.paged_attention.sdpa import paged_attention_sdpa
 
 from tests.kernels.test_paged_attention import TOLERANCE, RecordingKernel, make_batch
+from tests.kernels.float_cases import skip_interpreter_bf16
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # The Triton kernel runs compiled on a GPU, else interpreted on the CPU (tests/kernels/conftest.py).
@@ -89,6 +90,7 @@ def case_id(c):
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"{case_id(c)}-{c[4]}")
 def test_triton_bias_matches_reference(case):
     num_q_heads, num_kv_heads, head_dim, page_size, dtype, knobs, (num_buckets, max_distance) = case
+    skip_interpreter_bf16(dtype)
     batch, table = biased_batch(ENCODER, num_q_heads, num_kv_heads, head_dim, page_size, dtype, num_buckets,
                                 device=TRITON_DEVICE)
     assert_biased_matches_reference(batch, table, max_distance, dtype, **knobs)

@@ -18,6 +18,7 @@ from triton_kernels.paged_attention import varlen_attention
 from triton_kernels.paged_attention.naive import naive_paged_attention
 from triton_kernels.paged_attention.varlen import varlen_attention_torch
 from tests.float64_reference import assert_as_accurate
+from tests.kernels.float_cases import skip_interpreter_bf16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PAGE = 16
@@ -63,6 +64,7 @@ CASES = ([(dtype, *shape, causal, splits) for dtype in (torch.float32, torch.flo
 
 @pytest.mark.parametrize("dtype,heads,kv_heads,dim,causal,splits", CASES)
 def test_varlen_attention_against_float64(dtype, heads, kv_heads, dim, causal, splits):
+    skip_interpreter_bf16(dtype)
     lens = [5, 40, 1, 33, 16]
     q, k, v, cu, n = _step(lens, heads, kv_heads, dim, dtype, seed=dim + heads)
     scale = dim ** -0.5
@@ -98,6 +100,7 @@ def test_varlen_attention_with_t5_relative_bias(dtype, splits):
     attention with the same bias, as accurate as torch's path on the same inputs; float16 bit for bit the paged
     mode of the same kernel over a cache holding the same keys. 45 tokens reach offsets past max_distance 20 (in
     both directions, the farthest buckets shared); head dim 32 and 16 (masked)."""
+    skip_interpreter_bf16(dtype)
     heads, max_distance = 4, 20
     for dim in (32, 16):
         lens = [45, 1, 17]
