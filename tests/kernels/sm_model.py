@@ -87,18 +87,33 @@ def kernel_counts(sass: str) -> dict[str, int]:
     return counts([op for _, op, _ in sass_instructions(sass)])
 
 
-def loop_counts(sass: str) -> dict[str, int] | None:
-    """Counts of SASS_KINDS (and "instructions": all of them) in the body of the loop that holds the most
-    matrix instructions: from a backward branch's target to the branch. None when the code has no loop."""
+def loop_bodies(sass: str) -> list[list[tuple[int, str, str]]]:
+    """The instructions of each loop: from a backward branch's target to the branch. Not loops: the trailing
+    `BRA self` after EXIT, and a branch back from a block placed after the kernel's EXIT (ptxas puts rarely
+    taken paths there: a forward branch jumps to the block, whose branch back spans the EXIT)."""
     code = sass_instructions(sass)
     loops = []
     for address, opcode, operands in code:
         target = _BRANCH_TARGET.search(operands)
         if opcode.startswith("BRA") and target and int(target.group(1), 16) <= address:
-            body = [op for a, op, _ in code if int(target.group(1), 16) <= a <= address]
-            loops.append(body)
-    loops = [body for body in loops if len(body) > 1]   # (the trailing `BRA self` after EXIT is no loop)
+            loops.append([ins for ins in code if int(target.group(1), 16) <= ins[0] <= address])
+    return [body for body in loops if len(body) > 1 and not any(op.startswith("EXIT") for _, op, _ in body)]
+
+
+def loop_counts(sass: str) -> dict[str, int] | None:
+    """Counts of SASS_KINDS (and "instructions": all of them) in the body of the loop that holds the most
+    matrix instructions. None when the code has no loop."""
+    loops = [[op for _, op, _ in body] for body in loop_bodies(sass)]
     if not loops:
         return None
     matrix = lambda body: sum(SASS_KINDS["HGMMA"](op) or SASS_KINDS["HMMA"](op) for op in body)  # noqa: E731
     return counts(max(loops, key=lambda b: (matrix(b), len(b))))
+
+
+def local_accesses(sass: str) -> tuple[int, int]:
+    """(loads and stores of local memory in the kernel, those of them inside a loop). A kernel that spills
+    parks registers there: outside every loop that is a few accesses a program; inside one, some every trip."""
+    is_local = lambda op: op.split(".")[0] in ("LDL", "STL")  # noqa: E731
+    everywhere = {address for address, op, _ in sass_instructions(sass) if is_local(op)}
+    in_loops = {address for body in loop_bodies(sass) for address, op, _ in body if is_local(op)}
+    return len(everywhere), len(in_loops)
