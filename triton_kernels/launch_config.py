@@ -248,7 +248,10 @@ TABLE[100] = replace(TABLE[90], chunk=replace(TABLE[90].chunk, block_v=32), gemm
 # to and including the key take the change (the first key that applies wins).
 TRITON_OVERRIDES: dict[tuple[int, int], dict[int, dict[str, dict]]] = {
     # Triton 3.6 (the GPU image's): head dim 256 prefill attention on sm_90 spills 40 B in 4 warps,
-    # none in 8 (171 registers); 3.9 compiles the 4-warp program clean.
+    # none in 8 (171 registers); 3.9 compiles the 4-warp program clean. No override for rows 86 and 100,
+    # where 3.6 parks 16 B in local memory across the KV walk of one attention launch each (sm_86-89: a
+    # 32-split decode; sm_100: 8-warp paged prefill at head dim 64), never inside it: one stage or 4 warps,
+    # which remove it, would cost every attention launch of the row (docs/BENCHMARKS.md, "Other GPUs' rows").
     (3, 6): {90: {"attention": {"rows_for_8_warps_wide": 64}}},
 }
 
