@@ -47,6 +47,15 @@ def test_the_script_parses():
     assert res.returncode == 0, res.stderr
 
 
+def test_the_wheel_script_parses_and_pins_what_it_fetches():
+    """bench/gpu_wheels.sh fetches from PyPI (not in the tests): it parses, and names exact versions."""
+    script = REPO / "bench" / "gpu_wheels.sh"
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    text = script.read_text()
+    assert '"transformers==$TRANSFORMERS" "fla-core==$FLA_CORE"' in text and "--no-deps" in text
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the script would run its steps")
 def test_without_a_gpu_it_refuses_before_running_anything(tmp_path):
     res = run_script(tmp_path)
