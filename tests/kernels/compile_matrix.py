@@ -446,7 +446,7 @@ def problems(rows: list[Row], specs: list[CompileSpec], found: dict, cold_spills
     across the loops: a few accesses a program, not some every trip)."""
     out, notes = [], []
     for row, spec in zip(rows, specs):
-        r, _, spills_in_loops = found[spec]
+        r, counted, spills_in_loops = found[spec]
         where = f"{row.kernel} [{row.shape}] {row.dtype} sm_{row.arch} ({row.knobs})"
         if r.spill_bytes:
             (notes if cold_spills_ok and not spills_in_loops else out).append(
@@ -454,7 +454,7 @@ def problems(rows: list[Row], specs: list[CompileSpec], found: dict, cold_spills
         if r.shared_bytes > SHARED_MEMORY_PER_BLOCK[row.arch]:
             out.append(f"{where} needs {r.shared_bytes} B of shared memory, over sm_{row.arch}'s "
                        f"{SHARED_MEMORY_PER_BLOCK[row.arch]}")
-        if spec.kernel in LOOP_KERNELS and found[spec][1] is None:
+        if spec.kernel in LOOP_KERNELS and counted is None:
             out.append(f"{where}: no loop found in its SASS")
     return out, notes
 
