@@ -45,10 +45,10 @@ test-deps:
 	sh tests/setup/install_chromium.sh
 
 # Two pytest-xdist workers: most tests wait on worker processes, schedulers and timeouts, so one pytest process
-# keeps a 2-core machine about 60% busy. TEST_WORKERS=0 runs the suite in one process.
-# compileall first: every test run starts the CLI and its workers hundreds of times, and where bytecode is not
-# written (PYTHONDONTWRITEBYTECODE, as on CI machines) each process would compile the project's modules anew
-# (about 0.25 CPU s each, ~6% of the suite); compileall writes their .pyc regardless, once.
+# keeps a 2-core machine about 60% busy (three are no faster there: docs/BENCHMARKS.md). TEST_WORKERS=0 runs the
+# suite in one process. compileall first: the suite starts the CLI and its workers about 900 times, and where
+# Python writes no bytecode (PYTHONDONTWRITEBYTECODE=1, set on this project's VMs) each process of a clean clone
+# compiled the modules it imports anew, about 0.25 CPU s; compileall writes their .pyc regardless, once.
 TEST_WORKERS ?= 2
 test: install test-deps
 	$(BIN)/python -m compileall -q -j 0 pipeline index triton_kernels tests tools bench
