@@ -119,6 +119,16 @@ def rerun_matches(out: Path, reference: dict, *extra: str) -> subprocess.Complet
     return res
 
 
+# The environment that makes a Python process list every module it imports on its stderr (`-X importtime`).
+IMPORT_TIMES = {"PYTHONPROFILEIMPORTTIME": "1"}
+
+
+def imported(stderr: str) -> set[str]:
+    """The top-level packages a process started with IMPORT_TIMES imported, read from its stderr."""
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2} - {"imported package"}
+
+
 def suggested_commands(text: str) -> list[list[str]]:
     """Every `run_shards ...` command a message suggests (between backticks, or after "Continue with:")."""
     found = re.findall(r"`(run_shards [^`]+)`", text) + re.findall(r"Continue with:\s+(run_shards .+)", text)

@@ -20,7 +20,7 @@ import pytest
 from pipeline.rundir.layout import RunDir
 from pipeline.rundir.locks import RunLock, ShardLock
 
-from .run_helpers import read, start, status_rows, suggested_commands, wait_for
+from .run_helpers import IMPORT_TIMES, imported, read, start, status_rows, suggested_commands, wait_for
 from .slurm_cluster import LocalSlurm, require_slurm
 from .slurm_helpers import (SLEEPY, assert_identical, checkpoints, html_cells, job_ids, jobs_json, no_traceback, queue,
                             shard_events, show_job, slurm_states,
@@ -92,10 +92,11 @@ def test_work_takes_its_shard_from_each_scheduler_and_the_merge_job_waits_for_a_
         ({"PBS_ARRAY_INDEX": "2"}, [], "shard(s) 2 already complete"),
         ({"SLURM_ARRAY_TASK_ID": "1"}, ["--shards-per-task", "2"], None),   # shards 2 and 3: computes 3 only
     ]:
-        res = run_cli("work", str(out), *extra, env=env)
+        res = run_cli("work", str(out), *extra, env={**env, **IMPORT_TIMES})
         assert res.returncode == 0, res.stderr
-        if said:
+        if said:   # nothing to compute: said at once, without importing torch (a requeued array's tasks)
             assert res.stdout.strip() == said
+            assert "torch" not in imported(res.stderr), res.stderr
     assert res.stdout.strip() == "shard(s) 3 complete"
     assert (out / "logs" / "worker_2.log").read_text() == log_before     # no worker started for shard 2 again
     for env, message in [({}, "no shard given: pass --shard K"),
@@ -104,8 +105,9 @@ def test_work_takes_its_shard_from_each_scheduler_and_the_merge_job_waits_for_a_
                          ({"LSB_JOBINDEX": "0"}, "no shard given"),                 # an LSF job that is no array
                          ({"SLURM_ARRAY_TASK_ID": "0", "--shard": "9"}, "shard 9: this run has shards 0..3")]:
         shard = ["--shard", env.pop("--shard")] if "--shard" in env else []
-        res = run_cli("work", str(out), *shard, env=env)
+        res = run_cli("work", str(out), *shard, env={**env, **IMPORT_TIMES})
         assert res.returncode == 2 and message in res.stderr, (env, res.stderr)
+        assert "torch" not in imported(res.stderr)
         no_traceback(res)
 
     # Shard 0 being computed (its lock held, as a worker holds it): `merge` names it and suggests no rerun.

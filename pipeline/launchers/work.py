@@ -58,7 +58,6 @@ def shards_of_task(task: int, per_task: int, world: int) -> list[int]:
 def work(out: str, shard: int | None = None, shards_per_task: int | None = None, show_progress: bool = False) -> str:
     """Compute the shard(s) of this task; returns what became of them, one line each. RunFailed when some did
     not finish; a shard another process computes is left to it (not a failure: exit code 0)."""
-    from . import local
     die_with_the_task()
     run = RunDir(out)
     manifest = run.read_manifest()
@@ -84,6 +83,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
     job = ShardJob(run, dict(manifest, config=dict(manifest["config"], **_node_devices(config, len(todo)))),
                    index, todo, remaining, show_progress,
                    continue_with=f"Continue with:  run_shards rerun {run.root}  (or this task again)")
+    from . import local   # torch: only a task that computes pays its import (a requeued task finds its shard done)
     try:
         launched = local.launch(job)
     except RunFailed as e:
