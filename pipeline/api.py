@@ -22,10 +22,10 @@ from .output import result as result_merge, shard_state
 from .output.h5io import CorruptFile, Reader
 from .planning.continued import with_launch_settings
 from .planning.plan import plan
-from .planning.run_index import free_out, load_run_index, start_over_advice
+from .planning.run_index import load_run_index, start_over_advice
 from .reporting.facts import unknown_residues_line
 from .rundir import events, run_log
-from .rundir.layout import RunDir
+from .rundir.layout import RunDir, free_out
 from .rundir.locks import RunLock, ShardLock, wait_for_running_shards
 
 log = logging.getLogger("run_shards")

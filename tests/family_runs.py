@@ -85,9 +85,11 @@ def _told(source, engine, sequences: list[str]):
         return decide_and_check(index, source, engine.tokenizer, "auto")
 
 
-def in_process(path: Path, task: str, sequences: list[str], trust_remote_code: bool = False, engine: str = "auto"):
+def in_process(path: Path, task: str, sequences: list[str], trust_remote_code: bool = False, engine: str = "auto",
+               run_root: Path | None = None):
     """The worker's own path without the CLI around it (describe, engine choice and load, the family's input
-    convention, the task): (TaskOutput, engine name), for a variant of a family whose CLI run a test checks."""
+    convention, the task): (TaskOutput, engine name), for a variant of a family whose CLI run a test checks.
+    `run_root`: a folder holding the variants task's variants.npz (records: the sequences' places in `sequences`)."""
     from pipeline.config import RunConfig
     from pipeline.engine import selection
     from pipeline.models import checkpoint
@@ -97,13 +99,15 @@ def in_process(path: Path, task: str, sequences: list[str], trust_remote_code: b
     source = checkpoint.local_source(str(path))
     name = selection.choose(engine, source, task)
     config = RunConfig(fasta=["x.fa"], out="x", model=str(path), task=task, per_residue=task == "embed",
-                       per_residue_dtype="float32", trust_remote_code=trust_remote_code)
+                       per_residue_dtype="float32", trust_remote_code=trust_remote_code,
+                       variants="variants.csv" if task == "variants" else None)
     hf_config = checkpoint.read_config(source, trust_remote_code)
     info = checkpoint.describe(source, name, checkpoint.read_tokenizer(source, hf_config, trust_remote_code),
                                trust_remote_code)
-    engine = selection.load(name, str(path), CPU, torch.float32, logprobs=task == "score", info=info, config=config)
+    engine = selection.load(name, str(path), CPU, torch.float32, logprobs=task in ("score", "variants"), info=info,
+                          config=config)
     tokenizer = SequenceTokenizer(engine.tokenizer, source.family.convention or _told(source, engine, sequences))
-    task = make_task(config, engine.info)
+    task = make_task(config, engine.info, run_root)
     task.prepare(tokenizer)   # as the worker does before its first batch
     out = task.run(engine, tokenizer.encode(sequences), np.arange(len(sequences)))
     return out, name

@@ -88,6 +88,15 @@ def causal_score(path: str, seq: str, exact: bool) -> float:
     return float(sum(lp[t] for t in range(1, len(ids)) if ids[t] not in special))
 
 
+def causal_log_likelihood(path: str, seq: str, exact: bool) -> float:
+    """A variant's llr's term: causal_score plus the end term, log p(<eos> | before), where the tokens end
+    with the tokenizer's end-of-sequence token."""
+    _, tok = model_and_tokenizer(path, exact, causal=True)
+    ids, lp = causal_token_logprobs(path, seq, exact)
+    end = lp[-1] if len(ids) > 1 and ids[-1] == tok.eos_token_id else 0.0
+    return causal_score(path, seq, exact) + float(end)
+
+
 def mutated(seq: str, mutant: str) -> str:
     chars = list(seq)
     for part in mutant.split(":"):

@@ -316,3 +316,34 @@ def test_status_get_and_the_reuse_refusal_say_the_truth(fasta, finished, models,
         refusal = res.stderr.split("error: ", 1)[-1]   # (bfloat16's warning before it names a budget rightly)
         assert res.returncode == 2 and changed in refusal and "budget" not in refusal, res.stderr
         assert (cause in refusal) == claimed, res.stderr
+
+
+def test_a_variants_run_planned_before_the_llr_counted_the_end_term_is_neither_continued_nor_mixed(tmp_path):
+    """The demo model (a causal LM whose tokenizer ends each sequence with its end token): a variants run planned
+    by a run_shards whose llr left that term out (its manifest without `llr_end_term`) is refused by the same
+    command, naming the difference, with a command for a new run that works; and `rerun` of its unfinished shard
+    stops in the worker before computing a row (no result mixes both llr definitions)."""
+    fasta, variants = tmp_path / "in.fasta", tmp_path / "v.csv"
+    fasta.write_text(">P1\nMKTAYIAKQRQISFVKSHFSRQ\n")
+    variants.write_text("id,mutant\nP1,K2R\nP1,Q22W\n")
+    out = tmp_path / "out"
+    command = (str(fasta), "--out", str(out), "--model", "demo", "--task", "variants", "--variants", str(variants),
+               "--gpus", "0", "--workers", "1", "--no-progress")
+    assert run_cli(*command).returncode == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["attrs"].pop("llr_end_term") is True
+    (out / "manifest.json").write_text(json.dumps(manifest))   # as the earlier run_shards planned it
+
+    res = run_cli(*command)
+    assert res.returncode == 2 and "planned by an earlier run_shards" in res.stderr, res.stderr
+    assert "llr leaving out the sequences' end-of-sequence term" in res.stderr
+    (retry,) = suggested_commands(res.stderr)
+    assert run_cli(*retry).returncode == 0   # the new run it names
+    with h5py.File(tmp_path / "out-2" / "result.h5") as f:
+        assert f.attrs["llr_end_term"] and np.isfinite(f["variants/llr"][:]).all()
+
+    (out / "result.h5").unlink()
+    (out / "shards" / "shard_0.h5").unlink()   # its shard unfinished: `rerun` computes it anew
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode != 0 and "llr leaving out the sequences' end-of-sequence term" in res.stderr, res.stderr
+    assert not (out / "result.h5").exists() and not (out / "shards" / "shard_0.h5").exists()

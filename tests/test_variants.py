@@ -140,7 +140,8 @@ def test_llr_on_a_causal_lm_matches_transformers_by_hand(inputs, tmp_path):
     scored = [k for k, (i, _) in enumerate(ROWS) if i != "P5"]
 
     def llr(i, m, exact):
-        return ref.causal_score(llama, ref.mutated(SEQUENCES[i], m), exact) - ref.causal_score(llama, SEQUENCES[i], exact)
+        return (ref.causal_log_likelihood(llama, ref.mutated(SEQUENCES[i], m), exact)
+                - ref.causal_log_likelihood(llama, SEQUENCES[i], exact))
     assert_as_accurate(got["llr"][scored], [llr(i, m, False) for i, m in np.array(ROWS)[scored]],
                        [llr(i, m, True) for i, m in np.array(ROWS)[scored]], "llr")
 

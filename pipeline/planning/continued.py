@@ -16,9 +16,9 @@ import os
 
 from ..config import RunConfig, option_name
 from ..errors import RunDirError
-from ..rundir.layout import RunDir
+from ..rundir.layout import RunDir, free_out
+from ..tasks.earlier_rows import earlier_rows
 from . import run_identity
-from .run_index import free_out
 
 log = logging.getLogger("run_shards")
 
@@ -88,10 +88,8 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
 
 def _older_rows(old: dict, new: dict, config: RunConfig) -> str | None:
     """How the rows of `old`, planned by an earlier run_shards with the same settings, differ from the rows
-    this version computes, in words (run_identity.older_rows; other columns), or None."""
-    from ..output.schema import ONE_TOKEN_PER_RESIDUE
-    older = run_identity.older_rows(config, old["attrs"],
-                                    new["attrs"].get("per_residue_tokens") == ONE_TOKEN_PER_RESIDUE)
+    this version computes, in words (tasks/earlier_rows.py; other columns), or None."""
+    older = earlier_rows(config.task, old["attrs"], new["attrs"])
     if older:
         return older
     if "schema" not in old or "schema" not in new:

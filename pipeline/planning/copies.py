@@ -83,8 +83,10 @@ class Copies:
         return Only(self.counts["computed"], kept), plan
 
 
-def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict | None, resolved: dict) -> Copies:
-    """For a new run: check `config.reuse` (against this run's settings as they `resolved`: run_identity.py),
+def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict | None, resolved: dict,
+                task_attrs: dict) -> Copies:
+    """For a new run: check `config.reuse` (against this run's settings as they `resolved`: run_identity.py, and
+    its task's attributes `task_attrs`),
     match every record and write OUT/copies.rsidx. For a run planned before: what it copies, as planned (a
     --reuse that differs is refused)."""
     if old is not None:
@@ -100,7 +102,7 @@ def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict 
             return Copies(dict(plan.counts), plan.sources)
         finally:
             plan.close()
-    sources = reuse_sources(config, model, schema, resolved)   # (refuses --reuse where rows are not by sequence)
+    sources = reuse_sources(config, model, schema, resolved, task_attrs)   # (refuses --reuse where rows are not by sequence)
     if not_by_sequence(config):
         return Copies()
     counts, pending = _match(run, index, sources, model.convention.keeps_case)

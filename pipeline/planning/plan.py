@@ -147,7 +147,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
     resolved = run_identity.of_plan(planned, model, limit, task.attrs())
-    copies = plan_copies(planned, model, schema, index, run, old, resolved)   # duplicates and --reuse (copies.py)
+    copies = plan_copies(planned, model, schema, index, run, old, resolved, task.attrs())   # duplicates, --reuse
     try:
         planned = dataclasses.replace(planned, shards=copies.shards(shards))
         check_storage(schema, index, planned.shards, run.root)

@@ -20,6 +20,7 @@ from ..output.copy_plan import SourceFile
 from ..output.h5io import CorruptFile, Reader
 from ..output.result_reader import result_path
 from ..output.schema import Schema
+from ..tasks.earlier_rows import earlier_rows
 from . import run_identity
 
 log = logging.getLogger("run_shards")
@@ -35,9 +36,9 @@ def not_by_sequence(config: RunConfig) -> str | None:
     return None
 
 
-def reuse_sources(config: RunConfig, model, schema: Schema, resolved: dict) -> list[SourceFile]:
+def reuse_sources(config: RunConfig, model, schema: Schema, resolved: dict, task_attrs: dict) -> list[SourceFile]:
     """The results of `config.reuse`, each checked against this run, whose settings resolved to `resolved`
-    (run_identity.py; UserError naming every difference)."""
+    (run_identity.py) and whose task has the attributes `task_attrs` (UserError naming every difference)."""
     if not config.reuse:
         return []
     why = not_by_sequence(config)
@@ -51,7 +52,7 @@ def reuse_sources(config: RunConfig, model, schema: Schema, resolved: dict) -> l
             raise UserError(f"--reuse {given}: {e}") from None
         try:
             with Reader(path) as reader:
-                problems = _differences(reader, config, model, schema, resolved)
+                problems = _differences(reader, config, model, schema, resolved, task_attrs)
                 source = SourceFile(path=str(path.resolve()), given=given, rows=reader.rows,
                                     checksums=str(reader.attrs.get("crc32")), size=path.stat().st_size,
                                     mtime_ns=path.stat().st_mtime_ns)
@@ -69,7 +70,8 @@ def reuse_sources(config: RunConfig, model, schema: Schema, resolved: dict) -> l
     return found
 
 
-def _differences(reader: Reader, config: RunConfig, model, schema: Schema, resolved: dict) -> list[str]:
+def _differences(reader: Reader, config: RunConfig, model, schema: Schema, resolved: dict,
+                 task_attrs: dict) -> list[str]:
     """How the rows of `reader` were computed otherwise than this run would, in words. Settings are compared
     as they resolved (run_identity.py), the model by its files, wherever it lies (not by its path)."""
     from ..engine import selection as engines
@@ -108,18 +110,12 @@ def _differences(reader: Reader, config: RunConfig, model, schema: Schema, resol
                  f"the earlier run's were not: {run_identity.why_not_invariant(attrs.get('engine'), old)}")
         found.append(f"{'with' if attrs.get('batch_invariant') else 'without'} batch-invariant outputs ({cause}), "
                      "so its rows may differ in their last bits from what this run computes")
-    older = run_identity.older_rows(config, attrs, _one_token_per_residue(model))
+    older = earlier_rows(config.task, attrs, task_attrs)
     if older:
         found.append(older)
     if reader.schema.without_result_columns() != schema and not found:
         found.append("with other columns or dimensions")
     return found
-
-
-def _one_token_per_residue(model) -> bool:
-    """The run's tokenizer gives each residue a token of its own (planning's Model: tokenizer and convention)."""
-    from ..tasks.tokenization import SequenceTokenizer
-    return SequenceTokenizer(model.hf_tokenizer, model.convention, lookup=False).one_token_per_residue
 
 
 def usable_rows(reader: Reader, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:

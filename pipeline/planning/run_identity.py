@@ -87,17 +87,6 @@ def shown(name: str, value) -> str:
     return str(value)
 
 
-def older_rows(config: RunConfig, old_attrs: dict, one_token_per_residue: bool) -> str | None:
-    """Why the rows of a run or result that an earlier run_shards planned differ from this version's for the
-    same settings (`config`), in words, or None. Before per-residue rows were residues (the attribute
-    `per_residue_unit`), an embedding's per-residue rows were its non-special tokens: the same rows where
-    the tokenizer gives one token per residue, others where its tokens group residues or are line breaks."""
-    if config.task != "embed" or not config.per_residue or "per_residue_unit" in old_attrs or one_token_per_residue:
-        return None
-    return ("with a per-residue row per token (an earlier run_shards), while this version's per-residue rows are "
-            "residues and this model's tokens group residues")
-
-
 def why_not_invariant(engine: str, config: RunConfig) -> str:
     """Why a run's values are not batch-invariant (engines.batch_invariant said no), naming the option."""
     if engine != "native":

@@ -2,21 +2,11 @@
 both ways out when they changed (restore them and `rerun`, or start a new run on them as they are)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from index import IndexCorrupt, SequenceIndex
 
 from ..config import RunConfig
 from ..errors import RunDirError, UserError
-from ..rundir.layout import RunDir
-
-
-def free_out(root: Path) -> str:
-    """A sibling of `root` that does not exist yet (`OUT-2`, `OUT-3`, ...), for messages that suggest one."""
-    k = 2
-    while Path(f"{root}-{k}").exists():
-        k += 1
-    return f"{root}-{k}"
+from ..rundir.layout import RunDir, free_out
 
 
 def start_over_advice(run: RunDir, manifest: dict) -> str:

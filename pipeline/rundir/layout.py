@@ -69,6 +69,14 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     fsync_path(path.parent)
 
 
+def free_out(root: Path) -> str:
+    """A sibling of `root` that does not exist yet (`OUT-2`, `OUT-3`, ...), for messages that suggest one."""
+    k = 2
+    while Path(f"{root}-{k}").exists():
+        k += 1
+    return f"{root}-{k}"
+
+
 @dataclass
 class RunDir:
     root: Path

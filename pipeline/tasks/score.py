@@ -48,18 +48,11 @@ def score_task(config: RunConfig, info: EngineInfo):
                     "probabilities). Use --task embed, or pass such a checkpoint with --model.")
 
 
-def log_likelihoods(out: ForwardOutput, toks: list[Tokenized], unknown: int | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """Per sequence: the float64 sum of the scored tokens' log-probabilities, their count, and which tokens are
-    scored (bool [sum T]: non-special, not the `unknown` token's id, with a token before them)."""
-    total, n, scored = log_likelihoods_on_device(out, toks, unknown)
-    host = HostCopy({"total": total, "n": n}).wait()
-    return host["total"], host["n"], scored
-
-
 def log_likelihoods_on_device(out: ForwardOutput, toks: list[Tokenized], unknown: int | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log_likelihoods' three tensors, left on the engine's device."""
+    """Per sequence, on the engine's device: the float64 sum of the scored tokens' log-probabilities, their
+    count, and which tokens are scored (bool [sum T]: non-special, not the `unknown` token's id, with a token
+    before them)."""
     device = out.cu_seqlens.device
     s = Segments.of(out, toks)
     position = torch.arange(len(s.seg), device=device) - out.cu_seqlens[:-1][s.seg]
@@ -71,6 +64,28 @@ def log_likelihoods_on_device(out: ForwardOutput, toks: list[Tokenized], unknown
     total = torch.zeros(len(toks), dtype=torch.float64, device=device).index_add_(0, s.seg, lp)
     n = torch.zeros(len(toks), dtype=torch.int64, device=device).index_add_(0, s.seg, scored.long())
     return total, n, scored
+
+
+def end_token(tokenizer: SequenceTokenizer) -> int | None:
+    """The tokenizer's end-of-sequence token id, or None where it has none."""
+    return getattr(tokenizer.tokenizer, "eos_token_id", None)
+
+
+def ends_with_eos(tok: Tokenized, eos_id: int | None) -> bool:
+    """The sequence's tokens end with the end-of-sequence token (special, with a token before it)."""
+    return eos_id is not None and len(tok.ids) > 1 and bool(tok.special[-1]) and tok.ids[-1] == eos_id
+
+
+def eos_logprobs(out: ForwardOutput, toks: list[Tokenized], eos_id: int | None) -> torch.Tensor:
+    """float64 [B] on the engine's device: each sequence's last token's log-probability where the sequence ends
+    with the end-of-sequence token `eos_id` (ends_with_eos); NaN for the others."""
+    last = out.cu_seqlens[1:] - 1
+    if eos_id is None:   # a tokenizer without an end-of-sequence token: nothing to copy to the device
+        return torch.full(last.shape, float("nan"), dtype=torch.float64, device=last.device)
+    ends = np.array([ends_with_eos(t, eos_id) for t in toks])
+    lp = out.token_logprobs.double()[last]
+    has = to_device([ends], lp.device)[0]
+    return torch.where(has, lp, torch.full_like(lp, float("nan")))
 
 
 class ScoreTask(ForwardTask):
@@ -101,11 +116,11 @@ class ScoreTask(ForwardTask):
         if self.per_residue:
             refuse_unplaced_tokens(tokenizer)
         self.tokenizer = tokenizer
-        self.eos_id = getattr(tokenizer.tokenizer, "eos_token_id", None)
+        self.eos_id = end_token(tokenizer)
 
     def launch_compute(self, out: ForwardOutput, toks: list[Tokenized]) -> PendingOutput:
         total, n, scored = log_likelihoods_on_device(out, toks, self.tokenizer.unk_id if self.tokenizer else None)
-        device = {"total": total, "n": n, "eos": self._eos_logprob(out, toks)}
+        device = {"total": total, "n": n, "eos": eos_logprobs(out, toks, self.eos_id)}
         if self.per_residue:
             device.update(token_logprobs=out.token_logprobs.double(), scored=scored)
         bounds = np.concatenate(([0], np.cumsum([len(t.special) for t in toks]))).astype(np.int64)
@@ -121,18 +136,6 @@ class ScoreTask(ForwardTask):
             return result
 
         return PendingOutput(HostCopy(device), build)
-
-    def _eos_logprob(self, out: ForwardOutput, toks: list[Tokenized]) -> torch.Tensor:
-        """float64 [B]: each sequence's last token's log-probability where that token is the tokenizer's
-        end-of-sequence token (special, with a token before it); NaN for the others."""
-        last = out.cu_seqlens[1:] - 1
-        if self.eos_id is None:   # a tokenizer without an end-of-sequence token: nothing to copy to the device
-            return torch.full(last.shape, float("nan"), dtype=torch.float64, device=last.device)
-        ends = np.array([len(t.ids) > 1 and bool(t.special[-1]) and t.ids[-1] == self.eos_id
-                         for t in toks])
-        lp = out.token_logprobs.double()[last]
-        has = to_device([ends], lp.device)[0]
-        return torch.where(has, lp, torch.full_like(lp, float("nan")))
 
     def _per_residue(self, lp: np.ndarray, ok: np.ndarray, bounds: np.ndarray, toks: list[Tokenized]):
         """Each sequence's residues' log-probabilities (float32) and how many residues each has, from every

@@ -7,8 +7,11 @@ Masked LMs (log-softmax over the whole vocabulary in float64, terms summed exact
   one masked pass (a single-substitution scan costs one pass per position, however many mutants).
 - `wt_marginal`: the same sum read from one unmasked pass of the wild type.
 Causal LMs:
-- `llr`: the log-likelihood of the mutant sequence minus the wild type's, each as --task score computes it
-  (one pass each; variants giving the same sequence share it).
+- `llr`: the log-likelihood of the mutant sequence minus the wild type's (one pass each; variants giving the
+  same sequence share it). A sequence's log-likelihood is --task score's `logprob_sum` plus its end term
+  `eos_logprob` where its tokens end with the tokenizer's end-of-sequence token (ProtGPT2's card text), as the
+  card's `model(input_ids, labels=input_ids)` counts every token after the first; the root attribute
+  `llr_end_term` says whether the run's tokenizer adds that token.
 
 Stored per record, ragged: `variant_scores/row` (the variant's place in the file, 0-based) and a float64
 column per score; the merge turns them into the `variants` table in file order (output/variants.py).
@@ -23,11 +26,12 @@ import numpy as np
 from ..config import RunConfig
 from ..errors import UserError
 from ..models.checkpoint import EngineInfo
+from ..models.transfers import HostCopy
 from ..output.schema import Column
 from ..output.variant_list import AMINO_ACIDS, Substitution, VariantList, parse_mutant
 from .masked_score import need_one_token_per_residue
 from .residue_tokens import ResidueTokens
-from .score import log_likelihoods
+from .score import end_token, ends_with_eos, eos_logprobs, log_likelihoods_on_device
 from .task import Task, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
@@ -55,19 +59,26 @@ class VariantsTask(Task):
         self._mutants: list[str] = []
         self._tokens: ResidueTokens | None = None
         self._tokenizer: SequenceTokenizer | None = None
+        self._eos_id: int | None = None      # a causal LM's end-of-sequence token (prepare)
+        self._end_term = False                # its tokenizer ends each sequence with it
 
     def columns(self) -> list[Column]:
         return [Column(f"{GROUP}/row", "int64", ragged=True)] + [
             Column(f"{GROUP}/{s}", "float64", ragged=True) for s in self.scores]
 
     def attrs(self) -> dict:
-        return {"variant_scores": list(self.scores)}
+        if self.masked:
+            return {"variant_scores": list(self.scores)}
+        return {"variant_scores": list(self.scores), "llr_end_term": self._end_term}
 
     def prepare(self, tokenizer: SequenceTokenizer) -> None:
         if self.masked:
             need_one_token_per_residue(tokenizer, "masked-LM variant scoring")
             self._tokens = ResidueTokens.of(tokenizer)
         self._tokenizer = tokenizer   # a causal LM's mutant sequences are tokenized as the run's
+        if not self.masked:
+            self._eos_id = end_token(tokenizer)
+            self._end_term = ends_with_eos(tokenizer.encode(["A"])[0], self._eos_id)
 
     def _variants(self) -> dict[int, np.ndarray]:
         """record -> its variants' rows in file order (read from the run directory once)."""
@@ -154,7 +165,9 @@ class VariantsTask(Task):
         mutant_toks = self._tokenizer.encode(list(index)) if index else []
         batch = list(toks) + mutant_toks
         out = engine.forward([t.ids for t in batch], [], True)
-        ll = log_likelihoods(out, batch, self._tokenizer.unk_id)[0]   # (unknown residues: context, not scored)
+        total = log_likelihoods_on_device(out, batch, self._tokenizer.unk_id)[0]   # (unknown residues: context)
+        host = HostCopy({"total": total, "eos": eos_logprobs(out, batch, self._eos_id)}).wait()
+        ll = host["total"] + np.nan_to_num(host["eos"], nan=0.0)   # each sequence's, its end term included
         llr = [[float(ll[index[mutated(tok.residues, v)]] - ll[i]) for v in variants]
                for i, (tok, variants) in enumerate(zip(toks, subs))]
         return {"llr": llr}, sum(len(t.ids) for t in batch)

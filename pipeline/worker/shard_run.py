@@ -26,9 +26,10 @@ from ..exits import EXIT_INTERRUPTED, EXIT_OK
 from ..output.schema import Schema
 from ..output.shard_writer import ShardWriter
 from ..rundir import events
-from ..rundir.layout import RunDir
+from ..rundir.layout import RunDir, free_out
 from ..rundir.locks import ShardLock
 from ..tasks import make_task, schema_for
+from ..tasks.earlier_rows import earlier_rows
 from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer, LaunchedBatch
 from .batching import LazyPlan
@@ -169,6 +170,11 @@ class ShardRun:
         tokenizer = SequenceTokenizer(engine.tokenizer, convention,
                                       max_tokens=limit if config.on_long == "truncate" else None)
         task.prepare(tokenizer)
+        older = earlier_rows(config.task, manifest["attrs"], task.attrs())
+        if older:   # (`rerun`, SLURM and Ray tasks: a command continuing the run refused it while planning)
+            raise UserError(f"{self.run_dir.root} holds a run planned by an earlier run_shards, computed {older}; its "
+                            f"rows and this version's cannot make one result. Use another --out: "
+                            f"`{config.as_command(free_out(self.run_dir.root))}`")
         load_seconds = time.time() - t0
         self.reporter.send("loaded", seconds=load_seconds)
         events.append(self.run_dir.events_path(self.rank), "loaded", seconds=round(load_seconds, 3))

@@ -250,3 +250,23 @@ def perplexity(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtyp
             outputs = model(input_ids, labels=input_ids)
             results.append(math.exp(outputs[0]))
     return results
+
+
+def log_likelihood(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32) -> list[float]:
+    """Per sequence the card's log-likelihood: the loss of `model(input_ids, labels=input_ids)` (ProtGPT2's
+    calculatePerplexity, as `perplexity` above) times the tokens it averages (every token after the first, the
+    end token included), so a variant's log-likelihood ratio is the difference of two of these."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    ckpt = Path(ckpt_dir)
+    card = recognise(ckpt)
+    if card not in ("causal_lm", "protgpt2"):
+        raise ValueError(f"{ckpt}: recognised as {card!r}, not a causal language model")
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    results = []
+    with _precision(dtype):
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()
+        for s in sequences:
+            input_ids = torch.tensor(tokenizer.encode(protgpt2_text(s) if card == "protgpt2" else s)).unsqueeze(0)
+            outputs = model(input_ids, labels=input_ids)
+            results.append(-float(outputs[0]) * (input_ids.shape[1] - 1))
+    return results
