@@ -346,4 +346,5 @@ def test_a_variants_run_planned_before_the_llr_counted_the_end_term_is_neither_c
     (out / "shards" / "shard_0.h5").unlink()   # its shard unfinished: `rerun` computes it anew
     res = run_cli("rerun", str(out), "--no-progress")
     assert res.returncode != 0 and "llr leaving out the sequences' end-of-sequence term" in res.stderr, res.stderr
+    assert {tuple(c[:2]) for c in suggested_commands(res.stderr)} == {("run", str(fasta))}, res.stderr   # no rerun
     assert not (out / "result.h5").exists() and not (out / "shards" / "shard_0.h5").exists()

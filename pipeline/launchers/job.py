@@ -65,10 +65,12 @@ class Submitted:
     follow: Callable[[], Path] | None = None
 
 
-def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] | None = None) -> list[str]:
+def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] | None = None,
+                   advised: bool = False) -> list[str]:
     """The lines every launcher ends a run that did not finish with: how many shards are complete, that
     nothing was merged and nothing durable lost, and the one command that continues (or, when the FASTA
-    changed, how to start over)."""
+    changed, how to start over). `advised`: every failed shard's own message names a new run as the way on (a
+    worker's refusal of a run an earlier run_shards planned): `rerun` is not suggested."""
     run, world = job.run, job.world
     done = sum(1 for r in range(world) if run.shard_path(r).exists())
     lines = [f"{done:,} of {world:,} shards complete. No merged file was written; all finished and checkpointed "
@@ -79,7 +81,7 @@ def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] |
                      f"{start_over_advice(run, job.manifest)}")
     elif job.continue_with:
         lines.append(job.continue_with)
-    else:
+    elif not advised:
         only = f" --shards {','.join(map(str, failed))}" if failed and not interrupted else ""
         lines.append(f"Continue with:  run_shards rerun {run.root}{only}")
     return lines

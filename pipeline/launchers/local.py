@@ -69,7 +69,7 @@ def launch(job: ShardJob) -> Launched:
 def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardProcess], launched: Launched) -> str:
     """What happened to every shard that did not finish, and the one command that continues the run."""
     run = job.run
-    lines, failed = [], []
+    lines, failed, advised = [], [], []
     for p in stopped:
         if p.exitcode == EXIT_INTERRUPTED:
             s = job.state(p.rank)
@@ -83,6 +83,8 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardPro
             continue
         if not supervisor.interrupted or p.rank in supervisor.killed_at_once:
             failed.append(p.rank)
+            # (a worker's refusal whose message names a new run: rerunning the shard cannot help)
+            advised.append(p.exitcode == EXIT_USER_ERROR and "`run_shards run " in p.reason)
         verb = "stopped" if supervisor.interrupted else "failed"
         lines.append(f"shard {p.rank} {verb}: {p.summary}")
         tail = run.log_tail(p.rank, 8)
@@ -100,4 +102,5 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardPro
             f"shard(s) {', '.join(map(str, killed))} were killed at once by the second signal, losing the rows "
             "since their last checkpoint; everything checkpointed is kept." if killed else
             "every running worker wrote a final checkpoint."))
-    return "\n".join(lines + shards_summary(job, bool(supervisor.interrupted), failed))
+    return "\n".join(lines + shards_summary(job, bool(supervisor.interrupted), failed,
+                                             advised=bool(advised) and all(advised)))

@@ -23,6 +23,6 @@ def earlier_rows(task: str, old_attrs: dict, new_attrs: dict) -> str | None:
         return ("with a per-residue row per token (an earlier run_shards), while this version's per-residue rows "
                 "are residues and this model's tokens group residues")
     if new_attrs.get("llr_end_term") and "llr_end_term" not in old_attrs:
-        return ("with each variant's llr leaving out the sequences' end-of-sequence term (an earlier run_shards), "
-                "while this version's llr includes it")
+        return ("with each variant's llr leaving out the sequences' end-of-sequence term, while this version's llr "
+                "includes it")
     return None
