@@ -14,7 +14,7 @@ import pytest
 import run_shards
 from pipeline.config import RunConfig
 
-from .run_helpers import raw_datasets
+from .run_helpers import env_with, raw_datasets
 from .tiny_models import REPO, run_cli
 
 FASTA = ">first one\nMKTAYIAKQRQISFVKSHFSRQLEERLGLIEV\n>second\nGSHMKT\n>third\nMVLSPADKTNVKAAWGKVGAHAGE\n"
@@ -119,3 +119,22 @@ def test_the_package_is_installed_with_the_project(tmp_path):
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "run_shards/__init__.py" in names and "pipeline/commands.py" in names and "index/__init__.py" in names
     assert "run_shards = pipeline.cli:entry" in entry_points
+
+
+def test_a_script_without_a_main_guard_runs_once(fasta, tmp_path):
+    """docs/python.md's example saved as a script, as written (no `if __name__ == "__main__":`): the workers are
+    spawned processes, and spawn runs the main script's top level again in each one unless run_shards hides it;
+    the worker then started a second run of its own (refused: the run directory is in use) and the shard
+    failed. The script's top level runs once, and the run succeeds."""
+    script = tmp_path / "embed.py"
+    script.write_text(
+        "import run_shards\n"
+        f"with open({str(tmp_path / 'ran')!r}, 'a') as ran:\n"
+        "    ran.write('top level\\n')\n"
+        f"print(run_shards.run({str(fasta)!r}, out={str(tmp_path / 'out')!r}, gpus=0, workers=1, "
+        "show_progress=False))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env_with(PYTHONPATH=REPO))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == str(tmp_path / "out" / "result.h5")
+    assert (tmp_path / "ran").read_text() == "top level\n"
