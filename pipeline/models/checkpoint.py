@@ -96,6 +96,7 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
     if not config_file.exists():
         raise UserError(f"--model {name}: {path} has no config.json; pass a Hugging Face checkpoint directory")
     _refuse_damaged(name, Path(path))
+    _refuse_weightless(name, Path(path))
     try:
         facts = read_facts(path)
     except (OSError, ValueError) as e:
@@ -140,6 +141,21 @@ def weight_problems(path: Path) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             problems.append(f"{f} ({e})")
     return problems
+
+
+# The weight files transformers and the native engine read (models/layers/loader.py): one file, or the files of a
+# sharded set (model-00001-of-00002.safetensors, pytorch_model-00001-of-00002.bin).
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
+def _refuse_weightless(name: str, path: Path) -> None:
+    """A checkpoint without weights (config and tokenizer alone, or weights under another name) is refused
+    while planning: a worker could only fail on it, and `rerun` again."""
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise UserError(f"--model {name}: {path} has no weights: no .safetensors file nor pytorch_model.bin (one "
+                        "file, or a sharded set). Pass the directory that holds the checkpoint's "
+                        "weights beside its config.json, or save the model there with transformers' "
+                        "save_pretrained.")
 
 
 def _refuse_damaged(name: str, path: Path) -> None:
@@ -211,8 +227,11 @@ def identity_changes(old: dict, new: dict) -> list[str]:
 def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
-        return Path(snapshot_download(repo_id, allow_patterns=[
+        path = Path(snapshot_download(repo_id, allow_patterns=[
             "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]))
+        if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):   # (published as .bin only)
+            path = Path(snapshot_download(repo_id, allow_patterns=["pytorch_model*.bin"]))
+        return path
     except Exception as e:  # offline, unknown repo, gated: one clear message either way
         raise UserError(f"--model {repo_id}: not a local directory, and the Hugging Face hub could not "
                         f"provide it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
