@@ -232,6 +232,23 @@ def test_a_tokenizer_with_ids_past_the_embedding_is_refused_while_planning(famil
             and "'<mask>' (id 32); config.json says vocab_size 25 (ids 0..24)" in err), err
 
 
+def test_a_tokenizer_without_its_files_names_them(family_checkpoint, tmp_path):
+    """ESM-2 without vocab.txt failed with transformers' "TypeError: expected str, bytes or os.PathLike object,
+    not NoneType"; ProtBert without it built a tokenizer of no tokens, and planning then asked for
+    --input-format. Both name the tokenizer and the files it reads."""
+    import shutil
+    for family, name, files in (("esm2_t6_8m", "EsmTokenizer", "vocab.txt, not"),
+                                ("prot_bert", "BertTokenizer", "tokenizer.json or vocab.txt, none of them")):
+        bare = tmp_path / family
+        shutil.copytree(family_checkpoint(family), bare, ignore=shutil.ignore_patterns("vocab.txt"))
+        source = checkpoint.local_source(str(bare))
+        with pytest.raises(UserError) as refused:
+            checkpoint.read_tokenizer(source, checkpoint.read_config(source))
+        assert str(refused.value) == (f"--model {bare}: cannot build its tokenizer: its tokenizer, {name}, reads "
+                                      f"{files} in {bare}. Put the checkpoint's tokenizer files beside its "
+                                      "config.json (they come with the checkpoint)")
+
+
 def test_load_failures_call_files_damaged_only_when_a_file_fails(family_checkpoint, tmp_path):
     """Smell 1 of the review: a worker's load failure is 'damaged files' only when a weight file fails its check
     or its read; an unsupported config value is the loader's own UserError; anything else is not the files

@@ -340,6 +340,10 @@ def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False)
     """The checkpoint's tokenizer as its family reads it; a tokenizer that cannot be built says why."""
     from .hf_config import load_tokenizer
     files = source.facts.tokenizer_files
+    missing = _missing_tokenizer_files(Path(source.path), source.facts.model_type)
+    if missing:   # (transformers fails with a TypeError about a None path, or builds a tokenizer of no tokens)
+        raise UserError(f"--model {source.name}: cannot build its tokenizer: {missing}. Put the checkpoint's "
+                        "tokenizer files beside its config.json (they come with the checkpoint)")
     try:
         return load_tokenizer(source.facts, source.family, config, trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as e:
@@ -350,6 +354,31 @@ def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False)
         listed = ", ".join(files) or "no tokenizer files"
         raise UserError(f"--model {source.name}: cannot build its tokenizer from {listed} "
                         f"({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _missing_tokenizer_files(path: Path, model_type: str) -> str:
+    """Where the checkpoint's tokenizer class (tokenizer_config.json's, else its model type's) finds none of its
+    files (EsmTokenizer without vocab.txt, ProtBert's BertTokenizer without vocab.txt or tokenizer.json), which
+    class and the files it reads; else "". (tokenizer.json alone builds any tokenizer.)"""
+    import transformers
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+    name = _json_file(path / "tokenizer_config.json").get("tokenizer_class") or TOKENIZER_MAPPING_NAMES.get(model_type)
+    name = name[0] if isinstance(name, (tuple, list)) else name   # (transformers 4: (slow, fast) names)
+    wanted = getattr(getattr(transformers, str(name), None), "vocab_files_names", None) if name else None
+    if not isinstance(wanted, dict) or not wanted or (path / "tokenizer.json").exists() \
+            or any((path / f).exists() for f in wanted.values()):
+        return ""
+    files = sorted(set(wanted.values()))
+    return (f"its tokenizer, {name}, reads {' or '.join(files)}, "
+            f"{'not' if len(files) == 1 else 'none of them'} in {path}")
+
+
+def _json_file(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _first_line(e: BaseException) -> str:
