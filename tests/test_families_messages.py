@@ -214,7 +214,7 @@ def test_a_checkpoint_without_weights_is_refused_while_planning(family_checkpoin
 def test_a_tokenizer_with_ids_past_the_embedding_is_refused_while_planning(family_checkpoint, tmp_path):
     """ESM-2's 33-token tokenizer beside weights of 25 tokens (tokenizer files of another checkpoint): every
     worker stopped at its first batch with an IndexError traceback; now refused before any worker, naming the
-    tokens the model has no row for."""
+    tokens the model has no row for. A config.json that disagrees with the weights likewise."""
     import json
     import shutil
 
@@ -230,6 +230,12 @@ def test_a_tokenizer_with_ids_past_the_embedding_is_refused_while_planning(famil
     err = _refused_before_compute(res, out)
     assert (f"--model {small}: its tokenizer gives token ids the model has no embedding for: 'B' (id 25)" in err
             and "'<mask>' (id 32); config.json says vocab_size 25 (ids 0..24)" in err), err
+    # config.json of the 33-token model beside those weights: the load stopped every worker with a traceback
+    (small / "config.json").write_text(json.dumps(config))
+    res, out = run(tmp_path, small, PROTEIN, name="config")
+    err = _refused_before_compute(res, out)
+    assert (f"--model {small}: config.json says vocab_size 33, but the weights' token embedding "
+            "(esm.embeddings.word_embeddings.weight) has 25 rows." in err), err
 
 
 def test_a_tokenizer_without_its_files_names_them(family_checkpoint, tmp_path):
