@@ -107,7 +107,9 @@ class RunConfig:
                                      "log-probability (and a masked LM's 20 amino acids' log-probabilities) "
                                      "(CSR layout).")
     per_residue_dtype: str = setting(RESULT, "--per-residue-dtype", default="float16", choices=PER_RESIDUE_DTYPES,
-                                     only_with=_EMBED)
+                                     only_with=_EMBED,
+                                     help="embed --per-residue: how the residues' vectors are stored (float16: "
+                                          "2 bytes per dimension, float32: 4).")
     score_method: str = setting(RESULT, "--score-method", default="auto", choices=SCORE_METHODS, only_with=_SCORE,
                                 help="score with a masked LM: pll = pseudo-log-likelihood (each residue masked in "
                                      "turn; auto), wt-marginal = one unmasked pass. A causal LM's score is its "
