@@ -52,6 +52,11 @@ def test_run_computes_what_the_command_line_computes(result):
         assert res.get("second")["per_residue/values"].shape[0] == 6
         with pytest.raises(run_shards.MissingIds, match="'fourth'"):
             res.rows(["first", "fourth"])
+        # one id as text: its characters were looked up as ids ('s', 'e', ...: rows of other records where
+        # such ids exist)
+        with pytest.raises(run_shards.UserError, match=r"rows\(\) takes a list of ids, not one id as text"):
+            res.rows("second")
+    assert run_shards.get(py, "second") == run_shards.get(py, ["second"])
 
 
 @pytest.mark.slow
@@ -88,6 +93,12 @@ def test_options_go_by_their_names_and_are_refused_as_the_command_line_refuses_t
         (dict(task="generate", per_residue=True), "--per-residue applies only to --task embed"),
         (dict(dry_run=True), "--dry-run applies only to --launcher slurm"),
         (dict(task="variants"), "--task variants needs --variants FILE"),
+        # values of another type than the option's: "no" was taken as true, "512" failed with a TypeError
+        (dict(per_residue="no"), "--per-residue must be True or False (got 'no')"),
+        (dict(trust_remote_code="false"), "--trust-remote-code must be True or False (got 'false')"),
+        (dict(max_tokens_per_batch="512"), "--max-tokens-per-batch must be a whole number (got '512')"),
+        (dict(layers=[-1, "2"]), "--layers must be a list of whole numbers (got [-1, '2'])"),
+        (dict(layers="-1,x"), "--layers '-1,x': each comma-separated value must be a whole number"),
     ]
     for options, message in refusals:
         with pytest.raises(run_shards.UserError) as e:
