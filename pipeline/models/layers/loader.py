@@ -21,12 +21,12 @@ LEGACY_NAMES = (("LayerNorm.weight", "LayerNorm.gamma"), ("LayerNorm.bias", "Lay
 class CheckpointTensors:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        files, weight_map = _weight_files(self.path, "model.safetensors.index.json", "*.safetensors")
+        files, weight_map = _weight_files(self.path, "model.safetensors", "*.safetensors")
         if files:
             from safetensors import safe_open
             self._handles = {f: safe_open(str(self.path / f), framework="pt", device="cpu") for f in files}
         else:
-            files, weight_map = _weight_files(self.path, "pytorch_model.bin.index.json", "pytorch_model.bin")
+            files, weight_map = _weight_files(self.path, "pytorch_model.bin", "pytorch_model.bin")
             self._handles = {f: _PickledTensors(self.path / f) for f in files}
         if not files:
             raise UserError(f"{self.path} has no weights: no .safetensors file and no pytorch_model.bin (nor "
@@ -66,10 +66,14 @@ class CheckpointTensors:
         raise UserError(f"checkpoint {self.path}: no '{probe}' under any of the prefixes {candidates}")
 
 
-def _weight_files(path: Path, index_name: str, pattern: str) -> tuple[list[str], dict | None]:
-    """The weight files of one format (a sharded set's index, else the files matching `pattern`) and the
-    index's tensor -> file map (None without an index)."""
-    index = path / index_name
+def _weight_files(path: Path, single: str, pattern: str) -> tuple[list[str], dict | None]:
+    """The weight files of one format and the index's tensor -> file map (None without an index), in
+    transformers' order: the single file `single`, else the sharded set its index lists, else the files
+    matching `pattern`. (A folder holding both a model.safetensors and an older sharded set: transformers
+    reads the single file, and so must the native engine, or the engines compute different models.)"""
+    if (path / single).exists():
+        return [single], None
+    index = path / f"{single}.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
         return sorted(set(weight_map.values())), weight_map
