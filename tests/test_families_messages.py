@@ -219,6 +219,8 @@ def test_a_tokenizer_with_ids_past_the_embedding_is_refused_while_planning(famil
     import shutil
 
     from safetensors.torch import load_file, save_file
+
+    from pipeline.models import vocabulary_fit
     small = tmp_path / "small"
     shutil.copytree(family_checkpoint("esm2_t6_8m"), small)
     tensors = load_file(small / "model.safetensors")
@@ -232,10 +234,11 @@ def test_a_tokenizer_with_ids_past_the_embedding_is_refused_while_planning(famil
             and "'<mask>' (id 32); config.json says vocab_size 25 (ids 0..24)" in err), err
     # config.json of the 33-token model beside those weights: the load stopped every worker with a traceback
     (small / "config.json").write_text(json.dumps(config))
-    res, out = run(tmp_path, small, PROTEIN, name="config")
-    err = _refused_before_compute(res, out)
-    assert (f"--model {small}: config.json says vocab_size 33, but the weights' token embedding "
-            "(esm.embeddings.word_embeddings.weight) has 25 rows." in err), err
+    source = checkpoint.local_source(str(small))
+    hf_config = checkpoint.read_config(source)
+    with pytest.raises(UserError, match=r"config.json says vocab_size 33, but the weights' token embedding "
+                                        r"\(esm.embeddings.word_embeddings.weight\) has 25 rows"):
+        vocabulary_fit.check(str(small), small, hf_config, checkpoint.read_tokenizer(source, hf_config))
 
 
 def test_a_tokenizer_without_its_files_names_them(family_checkpoint, tmp_path):
