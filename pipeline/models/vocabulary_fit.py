@@ -41,9 +41,9 @@ def check(name: str, path: str | Path, config, tokenizer) -> None:
     if beyond:
         listed = ", ".join(f"{token!r} (id {i})" for i, token in beyond[:10])
         more = f" and {len(beyond) - 10} more" if len(beyond) > 10 else ""
-        raise UserError(f"--model {name}: its tokenizer gives token ids the model has no embedding for: {listed}{more}; "
-                        f"config.json says vocab_size {size} (ids 0..{size - 1}). The tokenizer files and config.json "
-                        "are not of one checkpoint: put the checkpoint's own files together.")
+        raise UserError(f"--model {name}: its tokenizer gives token ids the model has no embedding for: "
+                        f"{listed}{more}; config.json says vocab_size {size} (ids 0..{size - 1}). The tokenizer files "
+                        "and config.json are not of one checkpoint: put the checkpoint's own files together.")
 
 
 def _embedding_rows(path: Path) -> tuple[str, int] | None:
