@@ -31,10 +31,12 @@ log = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Magic bytes of compressions we do not read, with the command that turns them into gzip.
+# (The plain alternatives write FILE.fasta: `xz -dk` and `zstd -d` skip a file without their suffix, and
+# `bunzip2 -k` names it FILE.out.)
 OTHER_COMPRESSIONS = {
-    b"\xfd7zXZ\x00": ("xz", "xz -dc FILE | bgzip > FILE.fasta.gz   (or: xz -dk FILE)"),
-    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dc FILE | bgzip > FILE.fasta.gz   (or: zstd -d FILE)"),
-    b"BZh": ("bzip2", "bzip2 -dc FILE | bgzip > FILE.fasta.gz   (or: bunzip2 -k FILE)"),
+    b"\xfd7zXZ\x00": ("xz", "xz -dc FILE | bgzip > FILE.fasta.gz   (or: xz -dc FILE > FILE.fasta)"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dc FILE | bgzip > FILE.fasta.gz   (or: zstd -dc FILE > FILE.fasta)"),
+    b"BZh": ("bzip2", "bzip2 -dc FILE | bgzip > FILE.fasta.gz   (or: bzip2 -dc FILE > FILE.fasta)"),
 }
 CHUNK = 1 << 22
 

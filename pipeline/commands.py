@@ -57,8 +57,12 @@ def run_config(fasta: Paths, out: str | os.PathLike = "run_shards_out", gpus: in
         threads = threads or 1
     for name, value in settings.items():   # a list option given as the command line takes it: "mean,cls"
         if isinstance(value, str) and isinstance(default_of(name), list):
-            settings[name] = [value] if option_of(name).repeat else \
-                [field_type(name)(v) for v in value.replace(" ", "").split(",") if v]
+            try:
+                settings[name] = [value] if option_of(name).repeat else \
+                    [field_type(name)(v) for v in value.replace(" ", "").split(",") if v]
+            except ValueError:
+                raise UserError(f"{option_name(name)} {value!r}: each comma-separated value must be "
+                                f"{'a whole number' if field_type(name) is int else 'a number'}") from None
     return RunConfig(fasta=[os.path.abspath(p) for p in _paths(fasta)], out=str(out), devices=gpu_ids, workers=workers,
                      threads_per_worker=threads, **settings)
 
@@ -78,14 +82,15 @@ def report(out: str | os.PathLike) -> Path:
     return write(out)
 
 
-def get(out: str | os.PathLike, ids: Sequence[str] = (), ids_from: str | os.PathLike | None = None,
+def get(out: str | os.PathLike, ids: str | Sequence[str] = (), ids_from: str | os.PathLike | None = None,
         format: str = "tsv", output: str | os.PathLike | None = None) -> str:
     """`run_shards get OUT ID... [--ids-from FILE] [--format F] [-o FILE]`: the rows of `ids` (and of the ids
     in `ids_from`, one per line) as the command prints them, or written to `output` (needed for npy). To read
     values into Python, open_result is the way."""
     from .output import get as rows
     _choose(format, GET_FORMATS, "--format")
-    return rows.get(out, rows.read_ids(list(ids), None if ids_from is None else os.fspath(ids_from)), format, output)
+    ids = [ids] if isinstance(ids, str) else list(ids)   # one id as text is that id, not its characters
+    return rows.get(out, rows.read_ids(ids, None if ids_from is None else os.fspath(ids_from)), format, output)
 
 
 def export(out: str | os.PathLike, format: str, output: str | os.PathLike | None = None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import shlex
 import typing
 from dataclasses import dataclass, field
@@ -107,7 +108,9 @@ class RunConfig:
                                      "log-probability (and a masked LM's 20 amino acids' log-probabilities) "
                                      "(CSR layout).")
     per_residue_dtype: str = setting(RESULT, "--per-residue-dtype", default="float16", choices=PER_RESIDUE_DTYPES,
-                                     only_with=_EMBED)
+                                     only_with=_EMBED,
+                                     help="embed --per-residue: how the residues' vectors are stored (float16: "
+                                          "2 bytes per dimension, float32: 4).")
     score_method: str = setting(RESULT, "--score-method", default="auto", choices=SCORE_METHODS, only_with=_SCORE,
                                 help="score with a masked LM: pll = pseudo-log-likelihood (each residue masked in "
                                      "turn; auto), wt-marginal = one unmasked pass. A causal LM's score is its "
@@ -219,6 +222,7 @@ class RunConfig:
     def validate(self) -> None:
         """What the CLI's option types cannot say (and the same checks for Python callers)."""
         for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name))
             _check_bounds(f.metadata["option"], getattr(self, f.name), option_name(f.name))
         if (self.window is not None or self.overlap is not None) and self.on_long != "window":
             raise UserError("--window and --overlap apply to --on-long window")
@@ -303,6 +307,33 @@ _OLD_UNSET = {"max_tokens_per_batch": 0, "window": 0, "overlap": -1, "max_length
 
 def _default(f: dataclasses.Field):
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+_KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
+_LIST_KINDS = {int: "whole numbers", float: "numbers", str: "texts"}
+
+
+def _check_type(name: str, value) -> None:
+    """A value of the field's type, as the command line's option types ensure: from Python, per_residue="no" was
+    taken as true (and trust_remote_code="false" too), max_tokens_per_batch="512" failed with a TypeError."""
+    hint = _HINTS[name]
+    if value is None and type(None) in typing.get_args(hint):
+        return
+    kind = field_type(name)
+    is_list = typing.get_origin(hint) is list or list in map(typing.get_origin, typing.get_args(hint))
+    values = value if is_list and isinstance(value, list) else [value]
+    if is_list and not isinstance(value, list):
+        values = [_NOT_A_LIST]
+    for v in values:
+        truth = isinstance(v, bool) or type(v).__name__ == "bool_"   # (numpy's, not a subclass of bool)
+        fits = {bool: truth, int: isinstance(v, numbers.Integral) and not truth,
+                float: isinstance(v, numbers.Real) and not truth, str: isinstance(v, str)}.get(kind, True)
+        if not fits:
+            what = f"a list of {_LIST_KINDS.get(kind, kind.__name__)}" if is_list else _KINDS.get(kind, kind.__name__)
+            raise UserError(f"{option_name(name)} must be {what} (got {value!r})")
+
+
+_NOT_A_LIST = object()
 
 
 def _check_bounds(opt: Option, value, name: str) -> None:

@@ -135,6 +135,36 @@ def test_other_compressions_and_damaged_gzip_are_refused_by_name(plain, tmp_path
         assert not out.exists()
 
 
+def test_the_plain_alternative_of_each_refused_compression_works_on_any_name(plain, tmp_path):
+    """The "(or: ...)" command of an xz, zstd or bzip2 refusal, as printed, on a download named without the
+    compression's suffix: `xz -dk FILE` and `zstd -d FILE` skipped such a file ("unknown suffix") and
+    `bunzip2 -k FILE` wrote FILE.out; each now writes the FASTA text beside it."""
+    import re
+    import shutil
+
+    from index import compressed
+    from index.errors import FastaError
+    data = plain.read_bytes()
+    packers = {"xz": ["xz", "-c"], "zstd": ["zstd", "-q", "-c"], "bzip2": ["bzip2", "-c"]}
+    tried = 0
+    for name, pack in packers.items():
+        if shutil.which(pack[0]) is None:
+            continue
+        folder = tmp_path / name
+        folder.mkdir()
+        path = folder / "download 1.dat"   # no suffix the tool knows, and a space
+        path.write_bytes(subprocess.run(pack, input=data, capture_output=True, check=True).stdout)
+        with pytest.raises(FastaError) as refused:
+            compressed.kind(path)
+        (command,) = re.findall(r"\(or: (.*)\)$", refused.value.hint)
+        done = subprocess.run(["bash", "-c", command], cwd=folder, capture_output=True, text=True)
+        assert done.returncode == 0, (command, done.stderr)
+        (made,) = [p for p in folder.iterdir() if p != path]
+        assert made.read_bytes() == data, command
+        tried += 1
+    assert tried, "none of xz, zstd, bzip2 is installed"
+
+
 # name: (text, message, line): refused text, compressed
 REFUSED_INSIDE = {
     "control_byte": (b">a\nMK\n>b x\nMK\x01V\n", "binary or control byte 0x01 in the sequence data (record 'b')", 4),

@@ -170,6 +170,25 @@ def test_budgets_are_validated_up_front():
     assert gen.num_state_slots == 4     # never more running sequences than can decode in one step
 
 
+def test_caches_past_the_ram_are_refused_on_cpu():
+    """`--max-tokens-per-batch 99999999999` on CPU sized a KV cache of 24,000 GiB, which the worker allocated
+    and zeroed until the kernel's OOM killer ended it a minute later (exit "killed by SIGKILL"); refused at
+    once, as on a GPU, naming the sizes and the options."""
+    import torch
+    cpu, f32 = torch.device("cpu"), torch.float32
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        pytest.skip("the kernel says nothing of its available memory here")
+    huge = EngineConfig(max_tokens_per_step=99_999_999_999, max_seqs=8, max_model_len=1000)
+    with pytest.raises(UserError, match=r"the engine's caches need [\d.]+ GiB but only [\d.]+ GiB of memory \(RAM\) "
+                                        r"is free .*lower --max-length, --max-tokens-per-batch or --max-seqs"):
+        huge.resolve(SPEC, cpu, f32)
+    fits = EngineConfig(max_tokens_per_step=64, max_seqs=8, max_model_len=1000).resolve(SPEC, cpu, f32)
+    assert fits.cache_bytes(SPEC, f32, cpu) < free
+
+
 def test_block_tables_stay_equal_to_a_rebuild_after_random_admits_and_finishes():
     """blocks.tables is written once per admission and cleared at finish (rows reused, the table grown in
     rows and width as needed); after every admit or finish, each admitted sequence's gathered block

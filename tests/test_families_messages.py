@@ -178,6 +178,86 @@ def test_config_and_tokenizer_transformers_cannot_read(tmp_path, family_checkpoi
         checkpoint.read_tokenizer(source, checkpoint.read_config(source))
 
 
+def test_a_checkpoint_without_weights_is_refused_while_planning(family_checkpoint, tmp_path, monkeypatch):
+    """A directory with config.json and a tokenizer but no weights passed planning, and every worker then
+    stopped on it (the failure report's `rerun` could only fail again). A hub repository published with
+    pytorch_model.bin alone (ProtT5's) was downloaded without it: the .bin is fetched where no safetensors are."""
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+    bare = tmp_path / "bare"
+    shutil.copytree(family_checkpoint("esm2_t6_8m"), bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(UserError, match=f"--model {bare}: {bare} has no weights: no .safetensors file nor "
+                                        "pytorch_model.bin"):
+        checkpoint.resolve(str(bare), tmp_path / "cache")
+    published = tmp_path / "published"   # the hub repository: its weights as pytorch_model.bin only
+    shutil.copytree(bare, published)
+    shutil.copy(family_checkpoint("esm2_t6_8m") / "model.safetensors", published / "pytorch_model.bin")
+    asked = []
+
+    def snapshot_download(repo_id, allow_patterns):   # what the hub gives: the repository's matching files
+        asked.append(allow_patterns)
+        snapshot = tmp_path / "snapshot"
+        snapshot.mkdir(exist_ok=True)
+        for f in published.iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copy(f, snapshot / f.name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    source = checkpoint.resolve("org/bin-only", tmp_path / "cache")
+    assert (Path(source.path) / "pytorch_model.bin").exists() and len(asked) == 2
+    assert not any("*.bin" in p for p in asked[0])   # (a repository with safetensors: its .bin not fetched too)
+
+
+def test_a_tokenizer_with_ids_past_the_embedding_is_refused_while_planning(family_checkpoint, tmp_path):
+    """ESM-2's 33-token tokenizer beside weights of 25 tokens (tokenizer files of another checkpoint): every
+    worker stopped at its first batch with an IndexError traceback; now refused before any worker, naming the
+    tokens the model has no row for. A config.json that disagrees with the weights likewise."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.models import vocabulary_fit
+    small = tmp_path / "small"
+    shutil.copytree(family_checkpoint("esm2_t6_8m"), small)
+    tensors = load_file(small / "model.safetensors")
+    save_file({k: v[:25].clone() if v.shape[:1] == (33,) else v for k, v in tensors.items()},
+              small / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps(config | {"vocab_size": 25, "mask_token_id": 24}))
+    res, out = run(tmp_path, small, PROTEIN)
+    err = _refused_before_compute(res, out)
+    assert (f"--model {small}: its tokenizer gives token ids the model has no embedding for: 'B' (id 25)" in err
+            and "'<mask>' (id 32); config.json says vocab_size 25 (ids 0..24)" in err), err
+    # config.json of the 33-token model beside those weights: the load stopped every worker with a traceback
+    (small / "config.json").write_text(json.dumps(config))
+    source = checkpoint.local_source(str(small))
+    hf_config = checkpoint.read_config(source)
+    with pytest.raises(UserError, match=r"config.json says vocab_size 33, but the weights' token embedding "
+                                        r"\(esm.embeddings.word_embeddings.weight\) has 25 rows"):
+        vocabulary_fit.check(str(small), small, hf_config, checkpoint.read_tokenizer(source, hf_config))
+
+
+def test_a_tokenizer_without_its_files_names_them(family_checkpoint, tmp_path):
+    """ESM-2 without vocab.txt failed with transformers' "TypeError: expected str, bytes or os.PathLike object,
+    not NoneType"; ProtBert without it built a tokenizer of no tokens, and planning then asked for
+    --input-format. Both name the tokenizer and the files it reads."""
+    import shutil
+    for family, name, files in (("esm2_t6_8m", "EsmTokenizer", "vocab.txt, not"),
+                                ("prot_bert", "BertTokenizer", "tokenizer.json or vocab.txt, none of them")):
+        bare = tmp_path / family
+        shutil.copytree(family_checkpoint(family), bare, ignore=shutil.ignore_patterns("vocab.txt"))
+        source = checkpoint.local_source(str(bare))
+        with pytest.raises(UserError) as refused:
+            checkpoint.read_tokenizer(source, checkpoint.read_config(source))
+        assert str(refused.value) == (f"--model {bare}: cannot build its tokenizer: its tokenizer, {name}, reads "
+                                      f"{files} in {bare}. Put the checkpoint's tokenizer files beside its "
+                                      "config.json (they come with the checkpoint)")
+
+
 def test_load_failures_call_files_damaged_only_when_a_file_fails(family_checkpoint, tmp_path):
     """Smell 1 of the review: a worker's load failure is 'damaged files' only when a weight file fails its check
     or its read; an unsupported config value is the loader's own UserError; anything else is not the files

@@ -125,6 +125,66 @@ def test_sharded_checkpoint_loads_the_same_model(checkpoints, tmp_path):
     assert torch.equal(a.hidden[4], b.hidden[4]) and torch.equal(a.token_logprobs, b.token_logprobs)
 
 
+def test_pytorch_weight_files_load_the_same_model(checkpoints, tmp_path):
+    """Checkpoints published with PyTorch's pytorch_model.bin only (ProtT5's, older ESM and ProtBert uploads):
+    one file, a sharded set with its index, and the pre-zip format of torch < 1.6 load the model the
+    safetensors hold; the native engine refused them once its worker had started (--engine auto chose it)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+    source = checkpoints["esm2"]
+    tensors = load_file(source / "model.safetensors")
+    names = sorted(tensors)
+    written = {}
+    for name in ("bin", "bin_sharded", "bin_legacy"):   # (transformers 5 saves safetensors only: written here)
+        d = written[name] = tmp_path / name
+        shutil.copytree(source, d, ignore=shutil.ignore_patterns("*.safetensors*"))
+        if name == "bin_sharded":   # as transformers 4 wrote a sharded .bin set
+            files = {f"pytorch_model-0000{i + 1}-of-00002.bin": names[i::2] for i in range(2)}
+            for file, part in files.items():
+                torch.save({n: tensors[n] for n in part}, d / file)
+            (d / "pytorch_model.bin.index.json").write_text(json.dumps(
+                {"metadata": {}, "weight_map": {n: f for f, part in files.items() for n in part}}))
+        else:
+            torch.save(tensors, d / "pytorch_model.bin", _use_new_zipfile_serialization=name == "bin")
+    assert (written["bin_sharded"] / "pytorch_model.bin.index.json").exists()
+    batch = random_sequences([30, 7], seed=4)
+    want = NativeEngine.load(str(source), CPU, torch.float32, "").forward(batch, [3], True)
+    for name, d in written.items():
+        assert not list(d.glob("*.safetensors")), name
+        got = NativeEngine.load(str(d), CPU, torch.float32, "").forward(batch, [3], True)
+        assert torch.equal(got.hidden[3], want.hidden[3]) and torch.equal(got.token_logprobs, want.token_logprobs), name
+
+
+def test_a_single_weight_file_beside_a_sharded_set_is_read_as_transformers_reads_it(checkpoints, tmp_path):
+    """A folder holding model.safetensors and a sharded set of other weights (left by an earlier save):
+    transformers reads the single file; the native engine read the set, so the engines computed different
+    models from one folder (embeddings 1.6 apart on this tiny ESM-2)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import EsmForMaskedLM
+    source = checkpoints["esm2"]
+    both = tmp_path / "both"
+    shutil.copytree(source, both)
+    tensors = load_file(source / "model.safetensors")
+    names = sorted(tensors)
+    files = {f"model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+    for file, part in files.items():   # the stale set: every weight scaled
+        save_file({n: tensors[n] * 1.5 for n in part}, both / file, metadata={"format": "pt"})
+    (both / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: f for f, part in files.items() for n in part}}))
+    embedding = "esm.embeddings.word_embeddings.weight"
+    read = EsmForMaskedLM.from_pretrained(both).state_dict()[embedding]
+    assert torch.equal(read, tensors[embedding])   # transformers: the single file
+    batch = random_sequences([30, 7], seed=4)
+    want = NativeEngine.load(str(source), CPU, torch.float32, "").forward(batch, [3], True)
+    got = NativeEngine.load(str(both), CPU, torch.float32, "").forward(batch, [3], True)
+    assert torch.equal(got.hidden[3], want.hidden[3]) and torch.equal(got.token_logprobs, want.token_logprobs)
+
+
 def test_tasks_give_the_same_rows_on_both_engines(checkpoints):
     """embed (mean/cls/last pools) and score through pipeline.tasks, row by row."""
     from pipeline.config import RunConfig

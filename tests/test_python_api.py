@@ -14,7 +14,7 @@ import pytest
 import run_shards
 from pipeline.config import RunConfig
 
-from .run_helpers import raw_datasets
+from .run_helpers import env_with, raw_datasets
 from .tiny_models import REPO, run_cli
 
 FASTA = ">first one\nMKTAYIAKQRQISFVKSHFSRQLEERLGLIEV\n>second\nGSHMKT\n>third\nMVLSPADKTNVKAAWGKVGAHAGE\n"
@@ -52,6 +52,11 @@ def test_run_computes_what_the_command_line_computes(result):
         assert res.get("second")["per_residue/values"].shape[0] == 6
         with pytest.raises(run_shards.MissingIds, match="'fourth'"):
             res.rows(["first", "fourth"])
+        # one id as text: its characters were looked up as ids ('s', 'e', ...: rows of other records where
+        # such ids exist)
+        with pytest.raises(run_shards.UserError, match=r"rows\(\) takes a list of ids, not one id as text"):
+            res.rows("second")
+    assert run_shards.get(py, "second") == run_shards.get(py, ["second"])
 
 
 @pytest.mark.slow
@@ -88,6 +93,12 @@ def test_options_go_by_their_names_and_are_refused_as_the_command_line_refuses_t
         (dict(task="generate", per_residue=True), "--per-residue applies only to --task embed"),
         (dict(dry_run=True), "--dry-run applies only to --launcher slurm"),
         (dict(task="variants"), "--task variants needs --variants FILE"),
+        # values of another type than the option's: "no" was taken as true, "512" failed with a TypeError
+        (dict(per_residue="no"), "--per-residue must be True or False (got 'no')"),
+        (dict(trust_remote_code="false"), "--trust-remote-code must be True or False (got 'false')"),
+        (dict(max_tokens_per_batch="512"), "--max-tokens-per-batch must be a whole number (got '512')"),
+        (dict(layers=[-1, "2"]), "--layers must be a list of whole numbers (got [-1, '2'])"),
+        (dict(layers="-1,x"), "--layers '-1,x': each comma-separated value must be a whole number"),
     ]
     for options, message in refusals:
         with pytest.raises(run_shards.UserError) as e:
@@ -119,3 +130,22 @@ def test_the_package_is_installed_with_the_project(tmp_path):
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "run_shards/__init__.py" in names and "pipeline/commands.py" in names and "index/__init__.py" in names
     assert "run_shards = pipeline.cli:entry" in entry_points
+
+
+def test_a_script_without_a_main_guard_runs_once(fasta, tmp_path):
+    """docs/python.md's example saved as a script, as written (no `if __name__ == "__main__":`): the workers are
+    spawned processes, and spawn runs the main script's top level again in each one unless run_shards hides it;
+    the worker then started a second run of its own (refused: the run directory is in use) and the shard
+    failed. The script's top level runs once, and the run succeeds."""
+    script = tmp_path / "embed.py"
+    script.write_text(
+        "import run_shards\n"
+        f"with open({str(tmp_path / 'ran')!r}, 'a') as ran:\n"
+        "    ran.write('top level\\n')\n"
+        f"print(run_shards.run({str(fasta)!r}, out={str(tmp_path / 'out')!r}, gpus=0, workers=1, "
+        "show_progress=False))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env_with(PYTHONPATH=REPO))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == str(tmp_path / "out" / "result.h5")
+    assert (tmp_path / "ran").read_text() == "top level\n"

@@ -154,3 +154,12 @@ def test_make_installs_the_torch_build_of_the_machine(tmp_path, nvidia):
         assert "-q torch==2.13.0+cpu " in torch_line()
     assert "torch==2.13.0+cpu" in torch_line("DEVICE=cpu") and "+cpu" not in torch_line("DEVICE=cuda")
     assert "-q torch==9.9 " in torch_line("TORCH=torch==9.9")
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """`run_shards COMMAND --help` documents every option (the README says so): `--per-residue-dtype` had its
+    choices and default only."""
+    from pipeline.cli import main
+    silent = [f"{name} {p.opts[0]}" for name, command in main.commands.items() for p in command.params
+              if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip()]
+    assert silent == []

@@ -259,23 +259,25 @@ def test_get_on_a_result_merged_by_slurm(slurm_cluster, models, tmp_path):
 
 def test_per_id_names_escape_slashes_and_leave_out_rows_without_values(tmp_path):
     """A '/' would make HDF5 groups: written as '%2F' (and '%' as '%25'), said in an attribute; a row
-    skipped by its status has no values to write."""
+    skipped by its status has no values to write. An id '.' (HDF5's name of the file's root group: the
+    export stopped with a traceback) is written as '%2E'."""
     from pipeline.output.export import export
     from pipeline.output.h5io import Writer
     from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
     schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 3),))
-    rows = 3
+    rows = 4
     w = Writer(tmp_path / "result.h5", schema, {"task": "embed"})
-    w.append(RowBlock(schema, {"ids": np.array([b"a/b", b"50%", b"c"], dtype=object), "index": np.arange(rows),
+    w.append(RowBlock(schema, {"ids": np.array([b"a/b", b"50%", b"c", b"."], dtype=object), "index": np.arange(rows),
                                "lengths": np.ones(rows, np.int32), "num_tokens": np.ones(rows, np.int32),
-                               "truncated": np.zeros(rows, bool), "status": np.array([0, 2, 1], np.int8),
+                               "truncated": np.zeros(rows, bool), "status": np.array([0, 2, 1, 0], np.int8),
                                "sequence_digest": np.zeros((rows, 16), np.uint8),
-                               "embeddings/mean": np.arange(9, dtype=np.float32).reshape(3, 3)}))
+                               "embeddings/mean": np.arange(12, dtype=np.float32).reshape(4, 3)}))
     w.finish()
     target = export(tmp_path / "result.h5", "per-id-h5")
     with h5py.File(target) as f:
-        assert sorted(f) == ["50%25", "a%2Fb"] and f.attrs["name_escaping"].startswith("2 id(s) hold")
+        assert sorted(f) == ["%2E", "50%25", "a%2Fb"] and f.attrs["name_escaping"].startswith("3 id(s) hold")
         assert f["a%2Fb"][:].tolist() == [0, 1, 2] and f["50%25"][:].tolist() == [3, 4, 5]
+        assert f["%2E"][:].tolist() == [9, 10, 11]
 
 
 def test_an_id_hashes_the_same_whatever_the_process_hashed_before():

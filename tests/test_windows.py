@@ -158,6 +158,9 @@ def test_window_options_are_checked(models, tmp_path):
     config = RunConfig(fasta=[fasta], out="o", on_long="window", window=2000)
     with pytest.raises(UserError, match="--window 2000 is over the model's limit of 1024"):
         windows.plan(config, 1024, tokenizer)
+    shorter = RunConfig(fasta=[fasta], out="o", on_long="window", window=200, max_length=100)
+    with pytest.raises(UserError, match="--window 200 is over the --max-length limit of 100 tokens"):
+        windows.plan(shorter, 100, tokenizer)   # (it said "the model's limit of 100", ESM's being 1024)
     with pytest.raises(UserError, match="this model has no token limit, so pass --window N"):
         windows.plan(RunConfig(fasta=[fasta], out="o", on_long="window"), None, tokenizer)
     planned = RunConfig(fasta=[fasta], out="o", on_long="window")

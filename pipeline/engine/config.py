@@ -143,11 +143,27 @@ class EngineConfig:
         log.info("engine budgets: %d tokens and %d sequences per step; KV cache %d pages x %d tokens; "
                  "%d state slots; caches %.1f MiB", self.max_tokens_per_step, self.max_seqs, self.num_pages,
                  self.page_size, self.num_state_slots, need / 2**20)
-        if device.type != "cuda":
-            return
-        free, _ = torch.cuda.mem_get_info(device)
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            where = "GPU memory"
+        else:   # (allocated and zeroed at once: a cache past the RAM met the OOM killer a minute later)
+            free, where = _available_ram(), "memory (RAM)"
+            if free is None:
+                return
         if need > self.memory_fraction * free:
             raise UserError(
-                f"the engine's caches need {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB of GPU memory is "
+                f"the engine's caches need {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB of {where} is "
                 f"free (using at most {self.memory_fraction:.0%}); lower --max-length, --max-tokens-per-batch or "
                 "--max-seqs")
+
+
+def _available_ram() -> int | None:
+    """Bytes of RAM the kernel can give without swapping (MemAvailable), None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

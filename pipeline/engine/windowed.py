@@ -129,7 +129,8 @@ def plan(config, limit: int | None, tokenizer) -> Windows:
         raise UserError("--on-long window needs a window size: this model has no token limit, so pass "
                         "--window N (tokens per window, special tokens included)")
     if limit and window > limit:
-        raise UserError(f"--window {window} is over the model's limit of {limit} tokens; use at most {limit}")
+        whose = "the --max-length limit" if config.max_length == limit else "the model's limit"
+        raise UserError(f"--window {window} is over {whose} of {limit} tokens; use at most {limit}")
     size = window - tokenizer.head - tokenizer.tail
     if size < 2:
         raise UserError(f"--window {window} leaves {size} residue token(s) per window beside the "

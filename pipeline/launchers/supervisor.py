@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -70,6 +71,22 @@ def signals_deferred(signals: tuple[int, ...]):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
+@contextmanager
+def main_module_hidden():
+    """Hide the program's `__main__` from processes spawned in the block. spawn otherwise runs the main
+    script's top level again in each child before the child's own function: a script that calls
+    `run_shards.run(...)` without an `if __name__ == "__main__":` guard (docs/python.md's examples, as
+    written) would start a second run inside every worker, and whatever else the script does at its top level
+    (writing files, removing a directory) would happen there again. A worker needs nothing from `__main__`:
+    its function and arguments are run_shards' own."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")   # no __file__ and no __spec__: nothing to re-run
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 @dataclass
 class Spawned:
     """A worker process as spawned: its torch ProcessContext, the read end of its messages, and, for one
@@ -88,7 +105,7 @@ def spawn_worker(run: RunDir, rank: int | None, slot: str, gpu: bool, threads: i
     # The worker starts with the stop signals blocked, until it installs its own handlers, so a Ctrl-C
     # while it imports torch cannot print a traceback on the terminal; here, one that arrives while it
     # spawns reaches the parent's handler (after, or at once through another thread), never lost.
-    with signals_deferred(STOP_SIGNALS):
+    with signals_deferred(STOP_SIGNALS), main_module_hidden():
         process = torch.multiprocessing.start_processes(
             worker_entry, args=(str(run.root), rank, send, slot if gpu else None, threads, os.getpid(), orders_recv),
             nprocs=1, join=False, daemon=False, start_method="spawn")

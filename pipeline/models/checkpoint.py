@@ -96,6 +96,7 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
     if not config_file.exists():
         raise UserError(f"--model {name}: {path} has no config.json; pass a Hugging Face checkpoint directory")
     _refuse_damaged(name, Path(path))
+    _refuse_weightless(name, Path(path))
     try:
         facts = read_facts(path)
     except (OSError, ValueError) as e:
@@ -140,6 +141,21 @@ def weight_problems(path: Path) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             problems.append(f"{f} ({e})")
     return problems
+
+
+# The weight files transformers and the native engine read (models/layers/loader.py): one file, or the files of a
+# sharded set (model-00001-of-00002.safetensors, pytorch_model-00001-of-00002.bin).
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
+def _refuse_weightless(name: str, path: Path) -> None:
+    """A checkpoint without weights (config and tokenizer alone, or weights under another name) is refused
+    while planning: a worker could only fail on it, and `rerun` again."""
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise UserError(f"--model {name}: {path} has no weights: no .safetensors file nor pytorch_model.bin (one "
+                        "file, or a sharded set). Pass the directory that holds the checkpoint's "
+                        "weights beside its config.json, or save the model there with transformers' "
+                        "save_pretrained.")
 
 
 def _refuse_damaged(name: str, path: Path) -> None:
@@ -211,8 +227,11 @@ def identity_changes(old: dict, new: dict) -> list[str]:
 def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
-        return Path(snapshot_download(repo_id, allow_patterns=[
+        path = Path(snapshot_download(repo_id, allow_patterns=[
             "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]))
+        if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):   # (published as .bin only)
+            path = Path(snapshot_download(repo_id, allow_patterns=["pytorch_model*.bin"]))
+        return path
     except Exception as e:  # offline, unknown repo, gated: one clear message either way
         raise UserError(f"--model {repo_id}: not a local directory, and the Hugging Face hub could not "
                         f"provide it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
@@ -321,6 +340,10 @@ def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False)
     """The checkpoint's tokenizer as its family reads it; a tokenizer that cannot be built says why."""
     from .hf_config import load_tokenizer
     files = source.facts.tokenizer_files
+    missing = _missing_tokenizer_files(Path(source.path), source.facts.model_type)
+    if missing:   # (transformers fails with a TypeError about a None path, or builds a tokenizer of no tokens)
+        raise UserError(f"--model {source.name}: cannot build its tokenizer: {missing}. Put the checkpoint's "
+                        "tokenizer files beside its config.json (they come with the checkpoint)")
     try:
         return load_tokenizer(source.facts, source.family, config, trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as e:
@@ -331,6 +354,31 @@ def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False)
         listed = ", ".join(files) or "no tokenizer files"
         raise UserError(f"--model {source.name}: cannot build its tokenizer from {listed} "
                         f"({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _missing_tokenizer_files(path: Path, model_type: str) -> str:
+    """Where the checkpoint's tokenizer class (tokenizer_config.json's, else its model type's) finds none of its
+    files (EsmTokenizer without vocab.txt, ProtBert's BertTokenizer without vocab.txt or tokenizer.json), which
+    class and the files it reads; else "". (tokenizer.json alone builds any tokenizer.)"""
+    import transformers
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+    name = _json_file(path / "tokenizer_config.json").get("tokenizer_class") or TOKENIZER_MAPPING_NAMES.get(model_type)
+    name = name[0] if isinstance(name, (tuple, list)) else name   # (transformers 4: (slow, fast) names)
+    wanted = getattr(getattr(transformers, str(name), None), "vocab_files_names", None) if name else None
+    if not isinstance(wanted, dict) or not wanted or (path / "tokenizer.json").exists() \
+            or any((path / f).exists() for f in wanted.values()):
+        return ""
+    files = sorted(set(wanted.values()))
+    return (f"its tokenizer, {name}, reads {' or '.join(files)}, "
+            f"{'not' if len(files) == 1 else 'none of them'} in {path}")
+
+
+def _json_file(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _first_line(e: BaseException) -> str:

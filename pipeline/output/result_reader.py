@@ -93,6 +93,9 @@ class ResultFile:
     # ---------------------------------------------------------------- by id, by position
     def rows(self, ids: Iterable[str]) -> np.ndarray:
         """The row of each id, in the order given; MissingIds naming every id the result lacks."""
+        if isinstance(ids, (str, bytes)):   # (iterated, "P12345" would be the ids 'P', '1', ...: wrong rows)
+            raise UserError(f"rows() takes a list of ids, not one id as text ({ids!r}): rows([{ids!r}]), or "
+                            f"get({ids!r}) for its values")
         ids = [str(i) for i in ids]
         rows = self._rows_indexed(ids) if self.ids is not None else self._rows_scanned(ids)
         missing = [i for i, r in zip(ids, rows) if r < 0]

@@ -20,7 +20,7 @@ from index.cache import cache_dir
 from .. import __version__, faults
 from ..config import LISTED_SHARDS, RunConfig
 from ..errors import UserError
-from ..models import structure_input
+from ..models import structure_input, vocabulary_fit
 from ..output import run_inputs, status_codes
 from ..output.schema import BASE_COLUMNS, Schema
 from ..output.variant_list import VariantList
@@ -201,6 +201,7 @@ def choose_model(config: RunConfig, on_model=None) -> Model:
                   "logprobs": config.task in ("score", "variants"), "trust_remote_code": config.trust_remote_code})
     hf_config = checkpoint.read_config(source, config.trust_remote_code)
     hf_tokenizer = checkpoint.read_tokenizer(source, hf_config, config.trust_remote_code)
+    vocabulary_fit.check(source.name, source.path, hf_config, hf_tokenizer)
     info = checkpoint.describe(source, engine, hf_tokenizer, config.trust_remote_code, hf_config)
     if source.facts.remote_code:
         log.warning("--trust-remote-code: the hf engine runs this checkpoint's own Python code (%s)",

@@ -1,5 +1,8 @@
 """Read a Hugging Face checkpoint's tensors by name: one `model.safetensors` or a sharded set listed in
-`model.safetensors.index.json`. Tensors are read lazily, one at a time, so a model is never held twice.
+`model.safetensors.index.json`, else (as transformers, which prefers safetensors) PyTorch's
+`pytorch_model.bin` or the set listed in `pytorch_model.bin.index.json`, the only weights of many published
+checkpoints (ProtT5's, older ESM and ProtBert uploads). Tensors are read lazily, one at a time (a .bin file
+memory-mapped), so a model is never held twice.
 """
 from __future__ import annotations
 
@@ -17,20 +20,17 @@ LEGACY_NAMES = (("LayerNorm.weight", "LayerNorm.gamma"), ("LayerNorm.bias", "Lay
 
 class CheckpointTensors:
     def __init__(self, path: str | Path):
-        from safetensors import safe_open
-
         self.path = Path(path)
-        index = self.path / "model.safetensors.index.json"
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
+        files, weight_map = _weight_files(self.path, "model.safetensors", "*.safetensors")
+        if files:
+            from safetensors import safe_open
+            self._handles = {f: safe_open(str(self.path / f), framework="pt", device="cpu") for f in files}
         else:
-            files = sorted(p.name for p in self.path.glob("*.safetensors"))
-            weight_map = None
+            files, weight_map = _weight_files(self.path, "pytorch_model.bin", "pytorch_model.bin")
+            self._handles = {f: _PickledTensors(self.path / f) for f in files}
         if not files:
-            raise UserError(f"{self.path} has no .safetensors weights; --engine native reads safetensors "
-                            "checkpoints only (convert it with transformers' save_pretrained, or use --engine hf)")
-        self._handles = {f: safe_open(str(self.path / f), framework="pt", device="cpu") for f in files}
+            raise UserError(f"{self.path} has no weights: no .safetensors file and no pytorch_model.bin (nor "
+                            "the index of a sharded set of either)")
         if weight_map is None:
             weight_map = {name: f for f, h in self._handles.items() for name in h.keys()}
         self._where = weight_map
@@ -64,6 +64,38 @@ class CheckpointTensors:
             if self.has(prefix + probe):
                 return PrefixedTensors(self, prefix)
         raise UserError(f"checkpoint {self.path}: no '{probe}' under any of the prefixes {candidates}")
+
+
+def _weight_files(path: Path, single: str, pattern: str) -> tuple[list[str], dict | None]:
+    """The weight files of one format and the index's tensor -> file map (None without an index), in
+    transformers' order: the single file `single`, else the sharded set its index lists, else the files
+    matching `pattern`. (A folder holding both a model.safetensors and an older sharded set: transformers
+    reads the single file, and so must the native engine, or the engines compute different models.)"""
+    if (path / single).exists():
+        return [single], None
+    index = path / f"{single}.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return sorted(set(weight_map.values())), weight_map
+    return sorted(p.name for p in path.glob(pattern)), None
+
+
+class _PickledTensors:
+    """A PyTorch weight file (`torch.save` of a state dict) with safetensors' `keys` and `get_tensor`: loaded
+    with weights_only (no code of the file runs), memory-mapped where its format allows (the zip format
+    of torch >= 1.6; older files are read whole)."""
+
+    def __init__(self, file: Path):
+        try:
+            self._tensors = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:   # the legacy (pre-zip) format cannot be memory-mapped
+            self._tensors = torch.load(file, map_location="cpu", weights_only=True)
+
+    def keys(self):
+        return self._tensors.keys()
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
 
 
 class PrefixedTensors:
