@@ -70,8 +70,9 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     run_dir = RunDir(config.out)
     existed = run_dir.root.exists()
     run_dir.create()
-    try:
-        with command_session(run_dir, "run"):
+    # (a command refused by the lock undoes nothing: what is there belongs to the command planning there now)
+    with command_session(run_dir, "run"):
+        try:
             log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
             started = time.time()
             early = start_early(config, run_dir)   # workers import and set up their devices while this plans
@@ -84,10 +85,10 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
                                                                   started, options), "run")
             finally:
                 early.close()
-    except BaseException:
-        if not run_dir.exists():
-            run_dir.discard_unstarted(remove_root=not existed)
-        raise
+        except BaseException:
+            if not run_dir.exists():   # undone under the lock, so no command can have started there meanwhile
+                run_dir.discard_unstarted(remove_root=not existed)
+            raise
 
 
 def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True, dry_run: bool = False,

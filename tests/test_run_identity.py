@@ -138,6 +138,26 @@ def test_a_crash_in_planning_leaves_out_as_it_was(fasta, models, tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def test_a_run_refused_by_the_lock_leaves_the_run_planning_there_alone(fasta, tmp_path):
+    """The same command started twice (a second terminal): the second is refused while the first plans, and
+    must not undo the first's plan as if it were its own (at 9014c4f it removed shards/, logs/, the index and
+    the lock: the first run's workers then failed, and a third command could take the lock beside it)."""
+    from pipeline.errors import RunDirError
+    from pipeline.rundir.layout import RunDir
+    from pipeline.rundir.locks import RunLock
+    import run_shards
+    out = tmp_path / "out"
+    planning = RunDir(out)
+    planning.create()
+    (out / "index.rsidx").write_bytes(b"the first command's index, being written")
+    with RunLock(planning, "run"):
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        with pytest.raises(RunDirError, match="is in use by another run_shards command"):
+            run_shards.run(str(fasta), out=str(out), gpus=0, workers=1, show_progress=False)
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+        assert {".lock", "shards", "logs", "index.rsidx"} <= {p.name for p in out.iterdir()}
+
+
 # ----------------------------------------------------------------------------------------- 2. the tokenizer
 def test_a_tokenizer_changed_mid_run_is_refused_naming_the_file(fasta, finished, models, tmp_path):
     """vocab.txt changed while a run was stopped: `rerun` and the same `run` refuse, naming vocab.txt, and
