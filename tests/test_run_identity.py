@@ -301,6 +301,26 @@ def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, mod
 
 
 # ----------------------------------------------------------------------------------------- 10. the truth
+def test_a_result_lost_after_its_shards_were_deleted_is_made_again_by_the_command_status_names(finished,
+                                                                                                 tmp_path):
+    """The README lets OUT/shards/ be deleted once result.h5 is written. If result.h5 is then damaged (or
+    deleted), `status` names the command that makes it again, and that command gives the same bytes (at
+    9014c4f status named `merge`, which has no shards to merge, and `rerun` failed on every shard with
+    "cannot lock shards/shard_0.lock", as if the run directory were read-only)."""
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "shards")
+    with open(out / "result.h5", "r+b") as fh:
+        fh.truncate(4096)
+    status = run_cli("status", str(out))
+    assert "result: CORRUPT" in status.stdout, status.stdout
+    commands = [c for c in suggested_commands(status.stdout) if c[0] != "report"]
+    assert commands == [["rerun", str(out)]], status.stdout
+    res = run_cli(*commands[0])
+    assert res.returncode == 0, res.stderr
+    assert raw_datasets(out / "result.h5") == raw_datasets(finished / "result.h5")
+
+
 def test_status_get_and_the_reuse_refusal_say_the_truth(fasta, finished, models, tmp_path):
     """An interrupted run's status says what is planned and what is durable; a continued run names a default
     budget by its value; `get` of an id a partial result lacks says why and what computes it; the --reuse
@@ -314,6 +334,7 @@ def test_status_get_and_the_reuse_refusal_say_the_truth(fasta, finished, models,
     partial = tmp_path / "partial"
     shutil.copytree(out, partial)
     assert run_cli("merge", str(partial), "--allow-partial").returncode == 0
+    assert ["rerun", str(partial)] in suggested_commands(run_cli("status", str(partial)).stdout)   # what finishes it
     with h5py.File(partial / "result.h5") as f:
         lacking = f["missing_ids"][0].decode()
     res = run_cli("get", str(partial), lacking)

@@ -145,6 +145,15 @@ class RunDir:
                 raise RunDirError(f"cannot create the output directory {d}: {e.strerror}; "
                                   "choose another --out") from None
 
+    def restore_folders(self) -> None:
+        """Make shards/ and logs/ again where they were removed (shards/ may be deleted once result.h5 is
+        written): a command that computes shards puts their locks, checkpoints and logs there."""
+        for d in (self.shards_dir, self.logs_dir):
+            try:
+                d.mkdir(exist_ok=True)
+            except OSError:
+                pass   # a read-only or vanished run directory: the shard's lock names the cause
+
     def discard_unstarted(self, remove_root: bool) -> None:
         """Undo `create` for a run that never started (refused before its manifest was written): remove what
         run_shards put there, and the directory itself when `remove_root` (this command created it)."""
