@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import UserError
 from . import run_inputs
 from .result_reader import MAX_NAMED, MissingIds, ResultFile, result_path
-from .run_inputs import refuse_if_read
+from .run_inputs import check_output_file
 from .schema import Column
 
 FORMATS = ("tsv", "json", "npy")
@@ -47,7 +47,7 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
     if fmt == "npy" and not target:
         raise UserError("--format npy writes a file: give it with -o, e.g. -o rows.npz")
     if target:
-        refuse_if_read("-o", target, run_inputs.of_result(result_path(out)))
+        check_output_file("-o", target, run_inputs.of_result(result_path(out)))
     with ResultFile(out) as res:
         try:
             rows = res.rows(ids)
