@@ -156,6 +156,12 @@ def test_a_run_refused_by_the_lock_leaves_the_run_planning_there_alone(fasta, tm
             run_shards.run(str(fasta), out=str(out), gpus=0, workers=1, show_progress=False)
         assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
         assert {".lock", "shards", "logs", "index.rsidx"} <= {p.name for p in out.iterdir()}
+        # status and rerun meanwhile say what is there (at 9014c4f: "not a run_shards output directory")
+        for command in (run_shards.status, run_shards.rerun):
+            with pytest.raises(RunDirError, match=rf"a run is being planned there now \(pid {os.getpid()} on "):
+                command(str(out))
+    with pytest.raises(RunDirError, match="a run stopped there while it was planned .* the `run_shards run` command"):
+        run_shards.status(str(out))   # its planner was killed
 
 
 # ----------------------------------------------------------------------------------------- 2. the tokenizer

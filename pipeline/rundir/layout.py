@@ -179,6 +179,16 @@ class RunDir:
         if not self.root.is_dir():
             raise RunDirError(f"{self.root}: no such run directory")
         if not self.manifest_path.exists():
+            from .locks import RunLock, describe_holder   # (locks.py builds on this module)
+            planner = RunLock.active_holder(self)
+            if planner:   # a run that has not written its manifest yet: indexing, checking the input and model
+                raise RunDirError(f"{self.root}: a run is being planned there now ({describe_holder(planner)}); it "
+                                  f"has no manifest.json until its plan is made. Once it has, `run_shards status "
+                                  f"{self.root}` shows its shards")
+            if any(True for _ in self.root.iterdir()) and all(self._early_entry(p.name) for p in self.root.iterdir()):
+                raise RunDirError(f"{self.root}: a run stopped there while it was planned (killed before its "
+                                  "manifest.json was written): the `run_shards run` command that made it starts it "
+                                  "again")
             raise RunDirError(f"{self.root}: not a run_shards output directory (no manifest.json)")
         try:
             manifest = json.loads(self.manifest_path.read_text())
