@@ -307,6 +307,20 @@ def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, mod
 
 
 # ----------------------------------------------------------------------------------------- 10. the truth
+def test_a_fasta_moved_away_is_named_and_no_command_names_its_old_path(models, tmp_path):
+    """The FASTA moved (or renamed) after a run stopped: `rerun` says to put it back, and suggests no new run
+    on the path where nothing is (at 9014c4f: `run_shards run OLD_PATH --out OUT-2 ...`, which fails)."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">a\nMKTAYIAKQR\n>b\nGSHMKT\n")
+    out = tmp_path / "out"
+    assert run_cli(str(fasta), "--out", str(out), "--model", models["esm"], *COMMON).returncode == 0
+    (out / "result.h5").unlink()
+    fasta.rename(tmp_path / "moved.fasta")
+    res = run_cli("rerun", str(out))
+    assert res.returncode == 2 and f"Put {fasta} back where it was" in res.stderr, res.stderr
+    assert suggested_commands(res.stderr) == [["rerun", str(out)]], res.stderr
+
+
 def test_a_result_lost_after_its_shards_were_deleted_is_made_again_by_the_command_status_names(finished,
                                                                                                  tmp_path):
     """The README lets OUT/shards/ be deleted once result.h5 is written. If result.h5 is then damaged (or
