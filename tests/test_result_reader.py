@@ -195,6 +195,7 @@ def test_get_names_missing_ids_and_other_mistakes_in_one_line(result, tmp_path):
         res = run_cli("get", *args)
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert read_ids(["a"], "-", io.StringIO(">b desc\n\nc\n")) == ["a", "b", "c"]
+    assert read_ids([], "-", io.StringIO(">>x desc\n> y\n>\n")) == [">x", "y"]   # '>x' is the id of '>>x'
     # -o in a folder that does not exist: named before any work (at 9014c4f export ended in pyarrow's traceback
     # and get advised a read-write mount of the run directory)
     from pipeline.output.export import export

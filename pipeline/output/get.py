@@ -35,7 +35,9 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
             text = (stdin or sys.stdin).read() if ids_from == "-" else Path(ids_from).read_text()
         except OSError as e:
             raise UserError(f"--ids-from {ids_from}: {e.strerror or e}") from None
-        ids += [line.strip().lstrip(">").split()[0] for line in text.splitlines() if line.strip().lstrip(">")]
+        # (one '>' is a FASTA header's mark: the id of a header '>>x' is '>x')
+        words = [line.strip().removeprefix(">").split() for line in text.splitlines()]
+        ids += [w[0] for w in words if w]
     if not ids:
         raise UserError("no ids given: pass them after OUT, or one per line with --ids-from FILE (- for stdin)")
     return ids
