@@ -30,7 +30,7 @@ import pytest
 from index import InputChanged, SequenceIndex
 from index.stride import Only
 
-from .run_helpers import raw_datasets, status_rows, suggested_commands, undocumented_files
+from .run_helpers import raw_datasets, skip_or_fail, status_rows, suggested_commands, undocumented_files
 from .tiny_models import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -307,6 +307,28 @@ def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, mod
 
 
 # ----------------------------------------------------------------------------------------- 10. the truth
+def test_status_reads_a_copied_run_on_a_read_only_mount(finished, tmp_path):
+    """A run directory copied elsewhere (its shards' `.verified` records name other inodes) and mounted read-only:
+    `status` reads the shards instead of trusting the records, and works (at 9014c4f it ended in "cannot use
+    shards/.shard_0.verified.tmpN: Read-only file system", though status works anywhere)."""
+    if os.geteuid() != 0:
+        skip_or_fail("a read-only bind mount needs root")
+    real, out = tmp_path / "real", tmp_path / "out"
+    shutil.copytree(finished, real)
+    out.mkdir()
+    mounted = subprocess.run(["mount", "--bind", str(real), str(out)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        skip_or_fail(f"cannot bind-mount here: {mounted.stderr.strip()}")
+    try:
+        remount = subprocess.run(["mount", "-o", "remount,ro,bind", str(out)], capture_output=True, text=True)
+        assert remount.returncode == 0, remount.stderr
+        res = run_cli("status", str(out))
+        assert res.returncode == 0, res.stderr
+        assert "NOT WRITABLE here" in res.stdout and status_rows(out)[0]["state"] == "complete", res.stdout
+    finally:
+        subprocess.run(["umount", str(out)], capture_output=True)
+
+
 def test_a_fasta_moved_away_is_named_and_no_command_names_its_old_path(models, tmp_path):
     """The FASTA moved (or renamed) after a run stopped: `rerun` says to put it back, and suggests no new run
     on the path where nothing is (at 9014c4f: `run_shards run OLD_PATH --out OUT-2 ...`, which fails)."""
