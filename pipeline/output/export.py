@@ -32,8 +32,9 @@ def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None
            column: str | None = None) -> Path:
     """Write the result of `source` (a run directory or result.h5) as `fmt`; returns the file written."""
     path = result_path(source)
+    option = "-o" if target else "the default output (-o FILE writes elsewhere)"
     target = Path(target) if target else path.parent / FORMATS[fmt]
-    run_inputs.check_output_file("-o", target, run_inputs.of_result(path))
+    run_inputs.check_output_file(option, target, run_inputs.of_result(path))
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
         with ResultFile(path) as res:
