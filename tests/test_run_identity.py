@@ -355,6 +355,7 @@ def test_a_result_lost_after_its_shards_were_deleted_is_made_again_by_the_comman
     out = tmp_path / "out"
     shutil.copytree(finished, out)
     shutil.rmtree(out / "shards")
+    assert "; the run is finished" in run_cli("status", str(out)).stdout   # (it said: finishing needs about N more)
     with open(out / "result.h5", "r+b") as fh:
         fh.truncate(4096)
     status = run_cli("status", str(out))

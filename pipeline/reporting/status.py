@@ -190,6 +190,8 @@ def _state_counts(states: list, listed: int, run: RunDir) -> str:
 def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) -> str:
     """Free space beside what the unfinished shards and the merge still need (a full disk stops a run even
     where it could not record why)."""
+    if _complete_result(run):   # (its shards may be deleted: they are pending then, but nothing is left to do)
+        return f"disk: {human_bytes(shutil.disk_usage(run.root).free)} free in {run.root}; the run is finished"
     schema = Schema.from_json(manifest["schema"])
     left = 0
     residues = index.shard_stats(manifest["world"]).tokens   # from the index's length histogram
