@@ -18,11 +18,13 @@ import json
 import logging
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
 from ..errors import RunDirError
+from ..processes import process_alive
 from .failure import FailureRecord
 
 log = logging.getLogger("run_shards")
@@ -67,6 +69,15 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(path.parent)
+
+
+def describe_holder(holder: dict) -> str:
+    """`pid 12 on n1, SLURM task 77_1, since 2026-...` (or "another process" when it left no record)."""
+    if not holder.get("pid"):
+        return "another process"
+    slurm = f", SLURM task {holder['slurm']}" if holder.get("slurm") else ""
+    purpose = f", `{holder['purpose']}`" if holder.get("purpose") else ""
+    return f"pid {holder.get('pid')} on {holder.get('host')}{purpose}{slurm}, since {holder.get('since')}"
 
 
 @dataclass
@@ -179,8 +190,7 @@ class RunDir:
         if not self.root.is_dir():
             raise RunDirError(f"{self.root}: no such run directory")
         if not self.manifest_path.exists():
-            from .locks import RunLock, describe_holder   # (locks.py builds on this module)
-            planner = RunLock.active_holder(self)
+            planner = self.active_command()
             if planner:   # a run that has not written its manifest yet: indexing, checking the input and model
                 raise RunDirError(f"{self.root}: a run is being planned there now ({describe_holder(planner)}); it "
                                   f"has no manifest.json until its plan is made. Once it has, `run_shards status "
@@ -201,6 +211,19 @@ class RunDir:
     def write_manifest(self, manifest: dict) -> None:
         manifest = dict(manifest, format=MANIFEST_FORMAT, software=__version__)
         write_atomic(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
+
+    def active_command(self) -> dict | None:
+        """Who holds the run's lock (OUT/.lock, locks.py) now, read without locking (so `status` never gets in a
+        run's way): the holder record, if its process is alive on this host or it runs on another host; else None."""
+        try:
+            holder = json.loads((self.root / ".lock").read_bytes() or b"{}")
+        except (OSError, ValueError):
+            return None
+        if not holder.get("pid"):
+            return None
+        if holder.get("host") != socket.gethostname():
+            return holder
+        return holder if process_alive(int(holder["pid"])) else None
 
     # ------------------------------------------------------------------ temporaries
     def remove_stale_temporaries(self) -> list[str]:
