@@ -49,6 +49,7 @@ def command_session(run: RunDir, purpose: str, lock_wait: float = 0.0):
             if lock.took_over:
                 log.warning("took over a stale lock left by pid %s", lock.took_over.get("pid"))
             run.remove_stale_temporaries()
+            run.restore_folders()
             yield lock
         except (UserError, FastaError) as e:
             handler.write_only_here(logging.ERROR, f"error: {e}")
@@ -70,8 +71,9 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     run_dir = RunDir(config.out)
     existed = run_dir.root.exists()
     run_dir.create()
-    try:
-        with command_session(run_dir, "run"):
+    # (a command refused by the lock undoes nothing: what is there belongs to the command planning there now)
+    with command_session(run_dir, "run"):
+        try:
             log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
             started = time.time()
             early = start_early(config, run_dir)   # workers import and set up their devices while this plans
@@ -84,10 +86,10 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
                                                                   started, options), "run")
             finally:
                 early.close()
-    except BaseException:
-        if not run_dir.exists():
-            run_dir.discard_unstarted(remove_root=not existed)
-        raise
+        except BaseException:
+            if not run_dir.exists():   # undone under the lock, so no command can have started there meanwhile
+                run_dir.discard_unstarted(remove_root=not existed)
+            raise
 
 
 def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True, dry_run: bool = False,

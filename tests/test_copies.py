@@ -21,7 +21,7 @@ import pytest
 
 from index import SequenceIndex
 
-from .run_helpers import read, undocumented_files, undocumented_in_schema
+from .run_helpers import raw_datasets, read, undocumented_files, undocumented_in_schema
 from .tiny_models import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -159,6 +159,32 @@ def test_reuse_computes_only_the_new_records_and_gives_the_same_bits(runs):
     assert status.returncode == 0 and "rows: 63 records: 3 computed" in status.stdout
     report = (outs["c"] / "report.html").read_text()
     assert "<p id='copies'>Rows: 63 records: 57 computed, 6 copied" in report
+
+
+def test_a_reused_result_merged_again_keeps_the_run_that_reuses_it_going(runs, tmp_path):
+    """`run_shards merge A` once more (the same shards: the same rows and checksums, a new file) while a run
+    that reuses A is unmerged: its merge takes A's rows as planned (at 9014c4f it refused for good, A's
+    modification time having changed, advising to restore A "as it was"); a result with other rows is
+    refused."""
+    import shutil
+    fastas, outs, _ = runs
+    b2 = tmp_path / "b2"
+    shutil.copytree(outs["b"], b2)
+    (b2 / "result.h5").unlink()
+    assert run_cli("merge", str(outs["a"])).returncode == 0
+    res = run_cli("rerun", str(b2))
+    assert res.returncode == 0, res.stderr
+    assert raw_datasets(b2 / "result.h5") == raw_datasets(outs["b"] / "result.h5")
+    a = outs["a"] / "result.h5"
+    kept = tmp_path / "a_result.h5"
+    shutil.copy2(a, kept)
+    try:
+        shutil.copy2(outs["c"] / "result.h5", a)   # other rows under A's name
+        (b2 / "result.h5").unlink()
+        res = run_cli("rerun", str(b2))
+        assert res.returncode == 2 and "is not the result this run was planned with" in res.stderr, res.stderr
+    finally:
+        shutil.copy2(kept, a)
 
 
 def test_the_readme_schema_names_every_dataset_and_attribute_of_copies_and_reuse(runs):

@@ -42,6 +42,7 @@ def test_sighup_to_the_parent_is_an_interruption_not_a_failure(fasta, common, re
     assert [s["state"] for s in status_rows(out).values()] == ["interrupted", "interrupted"]
     for r in (0, 1):
         assert "run_shards received SIGHUP: asking this worker" in log_text(out, r)
+        assert suggested_commands(log_text(out, r)) == [["rerun", str(out)]]   # a command that works as printed
     rerun_matches(out, reference)
 
 

@@ -195,6 +195,19 @@ def test_get_names_missing_ids_and_other_mistakes_in_one_line(result, tmp_path):
         res = run_cli("get", *args)
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert read_ids(["a"], "-", io.StringIO(">b desc\n\nc\n")) == ["a", "b", "c"]
+    assert read_ids([], "-", io.StringIO(">>x desc\n> y\n>\n")) == [">x", "y"]   # '>x' is the id of '>>x'
+    # -o in a folder that does not exist: named before any work (at 9014c4f export ended in pyarrow's traceback
+    # and get advised a read-write mount of the run directory)
+    from pipeline.output.export import export
+    from pipeline.output.get import get
+    nowhere = tmp_path / "no_such_folder"
+    for write in (lambda: get(out, [ids[0]], "json", nowhere / "rows.json"),
+                  lambda: get(out, [ids[0]], "npy", nowhere / "rows.npz"),
+                  lambda: export(out, "parquet", nowhere / "r.parquet"),
+                  lambda: export(out, "per-id-h5", nowhere / "r.h5", "embeddings/mean")):
+        with pytest.raises(UserError, match=f"-o {nowhere}/.*: the directory {nowhere} does not exist; create it"):
+            write()
+    assert not nowhere.exists()
     with pytest.raises(UserError, match="--ids-from .*nothing.txt"):
         read_ids([], str(tmp_path / "nothing.txt"))
 
@@ -258,26 +271,27 @@ def test_get_on_a_result_merged_by_slurm(slurm_cluster, models, tmp_path):
 
 
 def test_per_id_names_escape_slashes_and_leave_out_rows_without_values(tmp_path):
-    """A '/' would make HDF5 groups: written as '%2F' (and '%' as '%25'), said in an attribute; a row
-    skipped by its status has no values to write. An id '.' (HDF5's name of the file's root group: the
-    export stopped with a traceback) is written as '%2E'."""
+    """A '/' would make HDF5 groups: written as '%2F' (and '%' as '%25'), and an id '.', HDF5's name of the
+    file's root (at 9014c4f a traceback: "name already exists"), as '%2E'; said in an attribute; a row skipped
+    by its status has no values to write."""
     from pipeline.output.export import export
     from pipeline.output.h5io import Writer
     from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
     schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 3),))
-    rows = 4
+    rows = 5
     w = Writer(tmp_path / "result.h5", schema, {"task": "embed"})
-    w.append(RowBlock(schema, {"ids": np.array([b"a/b", b"50%", b"c", b"."], dtype=object), "index": np.arange(rows),
-                               "lengths": np.ones(rows, np.int32), "num_tokens": np.ones(rows, np.int32),
-                               "truncated": np.zeros(rows, bool), "status": np.array([0, 2, 1, 0], np.int8),
+    w.append(RowBlock(schema, {"ids": np.array([b"a/b", b"50%", b"c", b".", b".."], dtype=object),
+                               "index": np.arange(rows), "lengths": np.ones(rows, np.int32),
+                               "num_tokens": np.ones(rows, np.int32), "truncated": np.zeros(rows, bool),
+                               "status": np.array([0, 2, 1, 0, 0], np.int8),
                                "sequence_digest": np.zeros((rows, 16), np.uint8),
-                               "embeddings/mean": np.arange(12, dtype=np.float32).reshape(4, 3)}))
+                               "embeddings/mean": np.arange(15, dtype=np.float32).reshape(5, 3)}))
     w.finish()
     target = export(tmp_path / "result.h5", "per-id-h5")
     with h5py.File(target) as f:
-        assert sorted(f) == ["%2E", "50%25", "a%2Fb"] and f.attrs["name_escaping"].startswith("3 id(s) hold")
+        assert sorted(f) == ["%2E", "..", "50%25", "a%2Fb"] and f.attrs["name_escaping"].startswith("3 id(s) ")
         assert f["a%2Fb"][:].tolist() == [0, 1, 2] and f["50%25"][:].tolist() == [3, 4, 5]
-        assert f["%2E"][:].tolist() == [9, 10, 11]
+        assert f["%2E"][:].tolist() == [9, 10, 11] and f[".."][:].tolist() == [12, 13, 14]
 
 
 def test_an_id_hashes_the_same_whatever_the_process_hashed_before():

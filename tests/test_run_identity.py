@@ -30,7 +30,7 @@ import pytest
 from index import InputChanged, SequenceIndex
 from index.stride import Only
 
-from .run_helpers import raw_datasets, status_rows, suggested_commands, undocumented_files
+from .run_helpers import raw_datasets, skip_or_fail, status_rows, suggested_commands, undocumented_files
 from .tiny_models import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -136,6 +136,32 @@ def test_a_crash_in_planning_leaves_out_as_it_was(fasta, models, tmp_path):
     assert res.returncode == 1 and list(empty.iterdir()) == []
     res = run_cli(str(fasta), "--out", str(empty), "--model", models["esm"], *COMMON)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_run_refused_by_the_lock_leaves_the_run_planning_there_alone(fasta, tmp_path):
+    """The same command started twice (a second terminal): the second is refused while the first plans, and
+    must not undo the first's plan as if it were its own (at 9014c4f it removed shards/, logs/, the index and
+    the lock: the first run's workers then failed, and a third command could take the lock beside it)."""
+    from pipeline.errors import RunDirError
+    from pipeline.rundir.layout import RunDir
+    from pipeline.rundir.locks import RunLock
+    import run_shards
+    out = tmp_path / "out"
+    planning = RunDir(out)
+    planning.create()
+    (out / "index.rsidx").write_bytes(b"the first command's index, being written")
+    with RunLock(planning, "run"):
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        with pytest.raises(RunDirError, match="is in use by another run_shards command"):
+            run_shards.run(str(fasta), out=str(out), gpus=0, workers=1, show_progress=False)
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+        assert {".lock", "shards", "logs", "index.rsidx"} <= {p.name for p in out.iterdir()}
+        # status and rerun meanwhile say what is there (at 9014c4f: "not a run_shards output directory")
+        for command in (run_shards.status, run_shards.rerun):
+            with pytest.raises(RunDirError, match=rf"a run is being planned there now \(pid {os.getpid()} on "):
+                command(str(out))
+    with pytest.raises(RunDirError, match="a run stopped there while it was planned .* the `run_shards run` command"):
+        run_shards.status(str(out))   # its planner was killed
 
 
 # ----------------------------------------------------------------------------------------- 2. the tokenizer
@@ -281,6 +307,66 @@ def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, mod
 
 
 # ----------------------------------------------------------------------------------------- 10. the truth
+def test_status_reads_a_copied_run_on_a_read_only_mount(finished, tmp_path):
+    """A run directory copied elsewhere (its shards' `.verified` records name other inodes) and mounted read-only:
+    `status` reads the shards instead of trusting the records, and works (at 9014c4f it ended in "cannot use
+    shards/.shard_0.verified.tmpN: Read-only file system", though status works anywhere)."""
+    if os.geteuid() != 0:
+        skip_or_fail("a read-only bind mount needs root")
+    real, out = tmp_path / "real", tmp_path / "out"
+    shutil.copytree(finished, real)
+    out.mkdir()
+    mounted = subprocess.run(["mount", "--bind", str(real), str(out)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        skip_or_fail(f"cannot bind-mount here: {mounted.stderr.strip()}")
+    try:
+        remount = subprocess.run(["mount", "-o", "remount,ro,bind", str(out)], capture_output=True, text=True)
+        assert remount.returncode == 0, remount.stderr
+        res = run_cli("status", str(out))
+        assert res.returncode == 0, res.stderr
+        assert "NOT WRITABLE here" in res.stdout and status_rows(out)[0]["state"] == "complete", res.stdout
+        res = run_cli("export", str(out), "--format", "parquet")   # without -o: its default place is named as such
+        assert res.returncode == 2 and f"the default output (-o FILE writes elsewhere) {out}/result.parquet: the " \
+            f"directory {out} is not writable" in res.stderr, res.stderr
+    finally:
+        subprocess.run(["umount", str(out)], capture_output=True)
+
+
+def test_a_fasta_moved_away_is_named_and_no_command_names_its_old_path(models, tmp_path):
+    """The FASTA moved (or renamed) after a run stopped: `rerun` says to put it back, and suggests no new run
+    on the path where nothing is (at 9014c4f: `run_shards run OLD_PATH --out OUT-2 ...`, which fails)."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">a\nMKTAYIAKQR\n>b\nGSHMKT\n")
+    out = tmp_path / "out"
+    assert run_cli(str(fasta), "--out", str(out), "--model", models["esm"], *COMMON).returncode == 0
+    (out / "result.h5").unlink()
+    fasta.rename(tmp_path / "moved.fasta")
+    res = run_cli("rerun", str(out))
+    assert res.returncode == 2 and f"Put {fasta} back where it was" in res.stderr, res.stderr
+    assert suggested_commands(res.stderr) == [["rerun", str(out)]], res.stderr
+
+
+def test_a_result_lost_after_its_shards_were_deleted_is_made_again_by_the_command_status_names(finished,
+                                                                                                 tmp_path):
+    """The README lets OUT/shards/ be deleted once result.h5 is written. If result.h5 is then damaged (or
+    deleted), `status` names the command that makes it again, and that command gives the same bytes (at
+    9014c4f status named `merge`, which has no shards to merge, and `rerun` failed on every shard with
+    "cannot lock shards/shard_0.lock", as if the run directory were read-only)."""
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "shards")
+    assert "; the run is finished" in run_cli("status", str(out)).stdout   # (it said: finishing needs about N more)
+    with open(out / "result.h5", "r+b") as fh:
+        fh.truncate(4096)
+    status = run_cli("status", str(out))
+    assert "result: CORRUPT" in status.stdout, status.stdout
+    commands = [c for c in suggested_commands(status.stdout) if c[0] != "report"]
+    assert commands == [["rerun", str(out)]], status.stdout
+    res = run_cli(*commands[0])
+    assert res.returncode == 0, res.stderr
+    assert raw_datasets(out / "result.h5") == raw_datasets(finished / "result.h5")
+
+
 def test_status_get_and_the_reuse_refusal_say_the_truth(fasta, finished, models, tmp_path):
     """An interrupted run's status says what is planned and what is durable; a continued run names a default
     budget by its value; `get` of an id a partial result lacks says why and what computes it; the --reuse
@@ -294,6 +380,7 @@ def test_status_get_and_the_reuse_refusal_say_the_truth(fasta, finished, models,
     partial = tmp_path / "partial"
     shutil.copytree(out, partial)
     assert run_cli("merge", str(partial), "--allow-partial").returncode == 0
+    assert ["rerun", str(partial)] in suggested_commands(run_cli("status", str(partial)).stdout)   # what finishes it
     with h5py.File(partial / "result.h5") as f:
         lacking = f["missing_ids"][0].decode()
     res = run_cli("get", str(partial), lacking)

@@ -65,6 +65,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
     if why:
         raise RunDirError(f"cannot compute shards in {run.root}: {why}. A task must be able to write its run "
                           "directory: run it on a node that mounts it read-write")
+    run.restore_folders()
     index = load_run_index(run, manifest, verify=False)   # mapped: this task reads its shards' rows only
     ranks = _task_shards(manifest, shard, shards_per_task)
     todo, remaining = [], {}

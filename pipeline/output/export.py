@@ -6,8 +6,8 @@
 - per-id-h5: one dataset per id, named by the id, holding that row's values of one column, as UniProt's
   per-protein.h5 (and per-residue.h5 for a per-residue column) and the tools that read them expect. Rows
   without values (status skipped, empty, out of memory) are left out; a '/' in an id, which HDF5 reads as
-  a group separator, is written as '%2F' (and '%' as '%25'; the id '.', HDF5's name of the root group, as
-  '%2E'), said in the file's `name_escaping` attribute.
+  a group separator, is written as '%2F' (and '%' as '%25', and an id '.', HDF5's root group, as '%2E'), said
+  in the file's `name_escaping` attribute.
 Both write under a temporary name and rename it into place.
 """
 from __future__ import annotations
@@ -32,8 +32,9 @@ def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None
            column: str | None = None) -> Path:
     """Write the result of `source` (a run directory or result.h5) as `fmt`; returns the file written."""
     path = result_path(source)
+    option = "-o" if target else "the default output (-o FILE writes elsewhere)"
     target = Path(target) if target else path.parent / FORMATS[fmt]
-    run_inputs.refuse_if_read("-o", target, run_inputs.of_result(path))
+    run_inputs.check_output_file(option, target, run_inputs.of_result(path))
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
         with ResultFile(path) as res:
@@ -127,7 +128,7 @@ def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
             for seq_id, status, value in zip(chunk["ids"], chunk["status"], chunk[column.path]):
                 if int(status) not in status_codes.HAS_VALUES:
                     continue
-                name = seq_id.replace("%", "%25").replace("/", "%2F") if seq_id != "." else "%2E"   # ('.': the root)
+                name = per_id_name(seq_id)
                 escaped += name != seq_id
                 value = np.ascontiguousarray(value, np.dtype(column.dtype))
                 space = spaces.get(value.shape) or spaces.setdefault(value.shape, h5py.h5s.create_simple(value.shape))
@@ -135,6 +136,13 @@ def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
                 dataset = h5py.h5d.create(out.id, name.encode("utf-8"), datatype, space)
                 dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, value)
                 dataset.close()
-        out.attrs["name_escaping"] = (f"{escaped} id(s) hold '/' or '%' or are '.': written with '/' as '%2F', "
-                                      "'%' as '%25' and '.' as '%2E'") if escaped else \
+        out.attrs["name_escaping"] = (f"{escaped} id(s) hold '/' or '%', or are '.': written with '/' as '%2F', '%' "
+                                      "as '%25', and the id '.' as '%2E'") if escaped else \
             "none: every dataset is named by its id as it is"
+
+
+def per_id_name(seq_id: str) -> str:
+    """The dataset name of `seq_id`: '/' separates HDF5 groups and '.' alone names the file's root group, so
+    those are written as URLs escape them (and '%' too, to keep the names reversible)."""
+    name = seq_id.replace("%", "%25").replace("/", "%2F")
+    return "%2E" if name == "." else name

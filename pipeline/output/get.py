@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import UserError
 from . import run_inputs
 from .result_reader import MAX_NAMED, MissingIds, ResultFile, result_path
-from .run_inputs import refuse_if_read
+from .run_inputs import check_output_file
 from .schema import Column
 
 FORMATS = ("tsv", "json", "npy")
@@ -35,7 +35,9 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
             text = (stdin or sys.stdin).read() if ids_from == "-" else Path(ids_from).read_text()
         except OSError as e:
             raise UserError(f"--ids-from {ids_from}: {e.strerror or e}") from None
-        ids += [line.strip().lstrip(">").split()[0] for line in text.splitlines() if line.strip().lstrip(">")]
+        # (one '>' is a FASTA header's mark: the id of a header '>>x' is '>x')
+        words = [line.strip().removeprefix(">").split() for line in text.splitlines()]
+        ids += [w[0] for w in words if w]
     if not ids:
         raise UserError("no ids given: pass them after OUT, or one per line with --ids-from FILE (- for stdin)")
     return ids
@@ -47,7 +49,7 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
     if fmt == "npy" and not target:
         raise UserError("--format npy writes a file: give it with -o, e.g. -o rows.npz")
     if target:
-        refuse_if_read("-o", target, run_inputs.of_result(result_path(out)))
+        check_output_file("-o", target, run_inputs.of_result(result_path(out)))
     with ResultFile(out) as res:
         try:
             rows = res.rows(ids)

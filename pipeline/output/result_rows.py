@@ -59,9 +59,9 @@ class ResultRows:
                 self._gather(k, source, rows, positions)
 
     def _gather(self, k: int, source: SourceFile, rows: np.ndarray, positions: np.ndarray) -> None:
-        changed = source.changed()
-        if changed:
-            raise MergeError(f"cannot merge: this run reuses rows of {source.given}, and {changed}. Restore it as "
+        unreadable = source.unreadable()
+        if unreadable:
+            raise MergeError(f"cannot merge: this run reuses rows of {source.given}, and {unreadable}. Restore it as "
                              "it was, or start a new run without it (or with it as it is now) in another directory")
         try:
             with Reader(source.path, cache_bytes=0) as reader:

@@ -1,6 +1,7 @@
 """The files a run reads, which no output option may name: its FASTA files, its variants file, its model's
 files, and the run directory's own files (the result `get` and `export` read included). `--variants-out`,
-`get -o` and `export -o` are refused before any work when they name one, saying which option and file.
+`get -o` and `export -o` are refused before any work when they name one, or a place no file can be written
+(a directory, a folder that does not exist or is not writable), saying which option and file.
 """
 from __future__ import annotations
 
@@ -89,3 +90,16 @@ def refuse_if_read(option: str, target: str | os.PathLike, files: list[ReadFile]
             shown = f"{target} ({where})" if str(where) != str(target) else str(target)
             raise UserError(f"{option} {shown} {f.what}: writing there would change what the run reads. Give "
                             "another file name; nothing was written.")
+
+
+def check_output_file(option: str, target: str | os.PathLike, files: list[ReadFile]) -> None:
+    """UserError, before any work, when `target` is one of `files` (refuse_if_read), a directory, or in a folder
+    that does not exist or is not writable here."""
+    refuse_if_read(option, target, files)
+    path = Path(target)
+    if path.is_dir():
+        raise UserError(f"{option} {target}: is a directory; give a file name in it")
+    if not path.parent.is_dir():
+        raise UserError(f"{option} {target}: the directory {path.parent} does not exist; create it first")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"{option} {target}: the directory {path.parent} is not writable")

@@ -121,7 +121,10 @@ def record_verified(path: Path, rows: int) -> None:
         os.replace(tmp, record)
     except OSError as e:
         log.info("could not record %s (%s); `status` reads the shard instead", record.name, e)
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass   # a read-only file system refuses even that, where nothing was written (`status` works there)
 
 
 def recorded_verified(path: Path, rows: int) -> bool:

@@ -10,8 +10,14 @@ from ..rundir.layout import RunDir, free_out
 
 
 def start_over_advice(run: RunDir, manifest: dict) -> str:
-    """Advice when a run's inputs changed: both ways out, each with a command that works."""
+    """Advice when a run's inputs changed: both ways out, each with a command that works (a new run on a FASTA
+    that is gone cannot be named: its new place is the user's to give)."""
     config = RunConfig.from_manifest(manifest)
+    gone = [f for f in config.fasta if not Path(f).exists()]
+    if gone:
+        return (f"Put {', '.join(gone)} back where {'it was' if len(gone) == 1 else 'they were'} (moved or renamed, "
+                f"the run no longer finds {'it' if len(gone) == 1 else 'them'}) and run `run_shards rerun {run.root}` "
+                "again, or start a new run on the file where it is now, with another --out.")
     return (f"Restore the original file and run `run_shards rerun {run.root}` again, or start a new run on the "
             f"file as it is now: `{config.as_command(free_out(run.root))}`.")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from index import SequenceIndex
 from index.id_hash import id_hashes
 
 from ..errors import UserError
-from ..output.run_inputs import ReadFile, refuse_if_read
+from ..output.run_inputs import ReadFile, check_output_file
 from ..output.variant_list import MalformedMutant, VariantList, parse_mutant
 
 SHOWN = 10   # problems listed in one refusal or warning (the count says how many more)
@@ -156,11 +155,4 @@ def check_variants_out(path: str, reads: list[ReadFile]) -> None:
     """--variants-out must be a file name in an existing, writable directory, and none of the files the run
     `reads` (its FASTA, its variants file, its model's files, the run directory's own: checked before any
     compute)."""
-    refuse_if_read("--variants-out", path, reads)
-    target = Path(path)
-    if target.is_dir():
-        raise UserError(f"--variants-out {path}: is a directory; give a file name, e.g. {target / 'variants.csv'}")
-    if not target.parent.is_dir():
-        raise UserError(f"--variants-out {path}: the directory {target.parent} does not exist; create it first")
-    if not os.access(target.parent, os.W_OK):
-        raise UserError(f"--variants-out {path}: the directory {target.parent} is not writable")
+    check_output_file("--variants-out", path, reads)

@@ -148,10 +148,13 @@ def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, v
                 line = (f"result: {run.result_path} ({r.rows:,} rows"
                         f"{'' if variants is None else f', {variants:,} variants'}{'' if complete else ', PARTIAL'}"
                         f"{', checksums verified' if verify else ', checksums not verified'})")
+            if not complete and not (holder or any(s.state == "running" for s in states)):
+                line += f"; `run_shards rerun {run.root}` computes the missing rows and merges"
             unknown = unknown_residues_line(run)
             return line + (f"\nrows: {unknown}" if unknown else "")
-        except CorruptFile as e:
-            return f"result: CORRUPT ({e}); run `run_shards merge {run.root}`"
+        except CorruptFile as e:   # the merge writes it anew from complete shards; else they are computed first
+            again = "merge" if all(s.state == "complete" for s in states) else "rerun"
+            return f"result: CORRUPT ({e}); run `run_shards {again} {run.root}`"
     if config.get("launcher") == "slurm":
         return "result: not merged yet"   # what comes next is the scheduler's part, said above
     where = "" if not unwritable else " where the run directory is writable"
@@ -187,6 +190,8 @@ def _state_counts(states: list, listed: int, run: RunDir) -> str:
 def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) -> str:
     """Free space beside what the unfinished shards and the merge still need (a full disk stops a run even
     where it could not record why)."""
+    if _complete_result(run):   # (its shards may be deleted: they are pending then, but nothing is left to do)
+        return f"disk: {human_bytes(shutil.disk_usage(run.root).free)} free in {run.root}; the run is finished"
     schema = Schema.from_json(manifest["schema"])
     left = 0
     residues = index.shard_stats(manifest["world"]).tokens   # from the index's length histogram

@@ -18,11 +18,13 @@ import json
 import logging
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
 from ..errors import RunDirError
+from ..processes import process_alive
 from .failure import FailureRecord
 
 log = logging.getLogger("run_shards")
@@ -75,6 +77,15 @@ def free_out(root: Path) -> str:
     while Path(f"{root}-{k}").exists():
         k += 1
     return f"{root}-{k}"
+
+
+def describe_holder(holder: dict) -> str:
+    """`pid 12 on n1, SLURM task 77_1, since 2026-...` (or "another process" when it left no record)."""
+    if not holder.get("pid"):
+        return "another process"
+    slurm = f", SLURM task {holder['slurm']}" if holder.get("slurm") else ""
+    purpose = f", `{holder['purpose']}`" if holder.get("purpose") else ""
+    return f"pid {holder.get('pid')} on {holder.get('host')}{purpose}{slurm}, since {holder.get('since')}"
 
 
 @dataclass
@@ -153,6 +164,15 @@ class RunDir:
                 raise RunDirError(f"cannot create the output directory {d}: {e.strerror}; "
                                   "choose another --out") from None
 
+    def restore_folders(self) -> None:
+        """Make shards/ and logs/ again where they were removed (shards/ may be deleted once result.h5 is
+        written): a command that computes shards puts their locks, checkpoints and logs there."""
+        for d in (self.shards_dir, self.logs_dir):
+            try:
+                d.mkdir(exist_ok=True)
+            except OSError:
+                pass   # a read-only or vanished run directory: the shard's lock names the cause
+
     def discard_unstarted(self, remove_root: bool) -> None:
         """Undo `create` for a run that never started (refused before its manifest was written): remove what
         run_shards put there, and the directory itself when `remove_root` (this command created it)."""
@@ -178,6 +198,15 @@ class RunDir:
         if not self.root.is_dir():
             raise RunDirError(f"{self.root}: no such run directory")
         if not self.manifest_path.exists():
+            planner = self.active_command()
+            if planner:   # a run that has not written its manifest yet: indexing, checking the input and model
+                raise RunDirError(f"{self.root}: a run is being planned there now ({describe_holder(planner)}); it "
+                                  f"has no manifest.json until its plan is made. Once it has, `run_shards status "
+                                  f"{self.root}` shows its shards")
+            if any(True for _ in self.root.iterdir()) and all(self._early_entry(p.name) for p in self.root.iterdir()):
+                raise RunDirError(f"{self.root}: a run stopped there while it was planned (killed before its "
+                                  "manifest.json was written): the `run_shards run` command that made it starts it "
+                                  "again")
             raise RunDirError(f"{self.root}: not a run_shards output directory (no manifest.json)")
         try:
             manifest = json.loads(self.manifest_path.read_text())
@@ -190,6 +219,19 @@ class RunDir:
     def write_manifest(self, manifest: dict) -> None:
         manifest = dict(manifest, format=MANIFEST_FORMAT, software=__version__)
         write_atomic(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
+
+    def active_command(self) -> dict | None:
+        """Who holds the run's lock (OUT/.lock, locks.py) now, read without locking (so `status` never gets in a
+        run's way): the holder record, if its process is alive on this host or it runs on another host; else None."""
+        try:
+            holder = json.loads((self.root / ".lock").read_bytes() or b"{}")
+        except (OSError, ValueError):
+            return None
+        if not holder.get("pid"):
+            return None
+        if holder.get("host") != socket.gethostname():
+            return holder
+        return holder if process_alive(int(holder["pid"])) else None
 
     # ------------------------------------------------------------------ temporaries
     def remove_stale_temporaries(self) -> list[str]:

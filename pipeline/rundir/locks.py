@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import RunDirError
-from ..processes import process_alive
-from .layout import RunDir, unwritable_reason
+from .layout import RunDir, describe_holder, unwritable_reason
 
 log = logging.getLogger("run_shards")
 
@@ -77,15 +76,6 @@ def _now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
 
-def describe_holder(holder: dict) -> str:
-    """`pid 12 on n1, SLURM task 77_1, since 2026-...` (or "another process" when it left no record)."""
-    if not holder.get("pid"):
-        return "another process"
-    slurm = f", SLURM task {holder['slurm']}" if holder.get("slurm") else ""
-    purpose = f", `{holder['purpose']}`" if holder.get("purpose") else ""
-    return f"pid {holder.get('pid')} on {holder.get('host')}{purpose}{slurm}, since {holder.get('since')}"
-
-
 class RunLock:
     """An exclusive lock on a run directory for the life of a command (OUT/.lock).
 
@@ -130,17 +120,8 @@ class RunLock:
 
     @staticmethod
     def active_holder(run: RunDir) -> dict | None:
-        """Who holds the run's lock now, read without locking (so `status` never gets in a run's way):
-        the holder record, if its process is alive on this host or it runs on another host; else None."""
-        try:
-            holder = json.loads((run.root / ".lock").read_bytes() or b"{}")
-        except (OSError, ValueError):
-            return None
-        if not holder.get("pid"):
-            return None
-        if holder.get("host") != socket.gethostname():
-            return holder
-        return holder if process_alive(int(holder["pid"])) else None
+        """Who holds the run's lock now, read without locking (RunDir.active_command)."""
+        return run.active_command()
 
     def release(self) -> None:
         if self.fd is not None:
