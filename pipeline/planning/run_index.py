@@ -2,6 +2,8 @@
 both ways out when they changed (restore them and `rerun`, or start a new run on them as they are)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from index import IndexCorrupt, SequenceIndex
 
 from ..config import RunConfig
