@@ -168,3 +168,34 @@ def test_window_options_are_checked(models, tmp_path):
     assert (planned.window, planned.overlap) == (1024, 255)
     with pytest.raises(UserError, match="--on-long window is for embed and score"):
         RunConfig(fasta=[fasta], out="o", on_long="window", task="generate")
+
+
+def test_a_model_without_bos_scores_every_windowed_token_with_a_token_before_it():
+    """Qwen's tokenizer puts no <bos> before a sequence (head 0): a window's first token has nothing before it
+    in that window. With --overlap 0 (given, or the default a quarter of a window of 2 or 3 tokens) the first
+    token of every later window took log-probability 0 from its own window and was counted as scored (a run
+    of 19 tokens in windows of 8: num_scored 18, the sum one token's log-probability short). A score now keeps
+    at least one shared token, and refuses --overlap 0, naming the fix; embeddings need no context and keep it."""
+    from types import SimpleNamespace
+
+    from pipeline.config import RunConfig
+    from pipeline.engine import windowed as windows
+    from pipeline.errors import UserError
+    no_bos = SimpleNamespace(head=0, tail=0)
+    for window in (2, 3, 8):
+        config = RunConfig(fasta=["x.fa"], out="o", task="score", on_long="window", window=window)
+        w = windows.plan(config, None, no_bos)
+        assert w.overlap >= 1 and config.overlap == w.overlap
+        for n in range(window + 1, 40):
+            starts = window_starts(n, w.size, w.overlap)
+            _, logprob = w.rows(n, starts, 0)
+            position = logprob % w.limit   # the token's place in the window its log-probability comes from
+            assert (position[1:] >= 1).all(), (window, n, starts)
+    with pytest.raises(UserError, match="--overlap 0 leaves the first token of every window after the first "
+                                        "without a token before it.*use --overlap 1 or more"):
+        windows.plan(RunConfig(fasta=["x.fa"], out="o", task="score", on_long="window", window=8, overlap=0),
+                     None, no_bos)
+    embed = RunConfig(fasta=["x.fa"], out="o", task="embed", on_long="window", window=3)
+    assert windows.plan(embed, None, no_bos).overlap == 0
+    with_bos = RunConfig(fasta=["x.fa"], out="o", task="score", on_long="window", window=8, overlap=0)
+    assert windows.plan(with_bos, None, SimpleNamespace(head=1, tail=0)).overlap == 0   # <bos> is its context

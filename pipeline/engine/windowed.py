@@ -135,7 +135,15 @@ def plan(config, limit: int | None, tokenizer) -> Windows:
     if size < 2:
         raise UserError(f"--window {window} leaves {size} residue token(s) per window beside the "
                         f"{tokenizer.head + tokenizer.tail} special token(s); use a larger --window")
-    overlap = size // 4 if config.overlap is None else config.overlap
+    # A score needs a token before each scored one. Where the tokenizer puts none before the content (no BOS:
+    # Qwen), a window's first token has no context of its own, so every later window must share at least one
+    # token with the one before it, which then gives that token its log-probability.
+    least = 1 if getattr(config, "task", None) == "score" and tokenizer.head == 0 else 0
+    overlap = max(size // 4, least) if config.overlap is None else config.overlap
+    if overlap < least:
+        raise UserError(f"--overlap {overlap} leaves the first token of every window after the first without a "
+                        f"token before it (this model's tokenizer puts no beginning-of-sequence token before a "
+                        f"sequence), and --task score cannot score such a token; use --overlap {least} or more")
     if overlap >= size:
         raise UserError(f"--overlap {overlap} must be below the {size} residue tokens of a window "
                         f"(--window {window} less {tokenizer.head + tokenizer.tail} special token(s))")
