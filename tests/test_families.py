@@ -162,6 +162,23 @@ def test_family_variants_and_every_rope_type_score_as_their_card(name, family_ch
                               card_usage.score(path, sequences, torch.float32))
 
 
+@pytest.mark.parametrize("name", ["qwen3", "qwen2", "llama2"])
+def test_scores_of_one_and_two_residues_as_the_card(name, family_checkpoint):
+    """The shortest sequences, native (Qwen3, Llama 2) and hf (Qwen2): without a BOS (Qwen) a single residue is
+    one token with nothing before it, so nothing is scored (0 and 0), and two residues score one token; with
+    a BOS (Llama 2) every residue token is scored. The card's own computation must agree, down to the counts."""
+    path = family_checkpoint(name)
+    sequences = ["M", "MK", "W", "GS"]
+    out, _ = in_process(path, "score", sequences)
+    exact, theirs = card_usage.score(path, sequences, torch.float64), card_usage.score(path, sequences, torch.float32)
+    sums, counts = out.columns["score/logprob_sum"], out.columns["score/num_scored"]
+    assert counts.tolist() == [n for _, n in exact]
+    none = [i for i, (_, n) in enumerate(exact) if n == 0]   # (a relative error has no scale at 0)
+    assert none == ([0, 2] if name != "llama2" else []) and all(sums[i] == 0 == exact[i][0] for i in none)
+    some = [i for i in range(len(sequences)) if i not in none]
+    assert_scores_as_accurate(sums[some], counts[some], [exact[i] for i in some], [theirs[i] for i in some])
+
+
 def test_llama3_generates_as_transformers_greedy_search(family_checkpoint, tmp_path):
     """Llama 3.x (rope type llama3, tied embeddings, grouped-query attention) on the native engine, where every
     worker failed to load it before: greedy continuations equal transformers' generate."""

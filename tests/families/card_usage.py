@@ -224,7 +224,8 @@ def score(ckpt_dir: str | Path, sequences: Sequence[str],
             ids = tokenizer(protgpt2_text(s) if card == "protgpt2" else s, return_tensors="pt").input_ids
             logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].to(dtype), dim=-1)
             token_logp = logp.gather(1, ids[0, 1:, None])[:, 0]
-            scored = torch.tensor([t not in special for t in ids[0, 1:].tolist()])
+            # (bool even when empty: a one-token sequence, Qwen's single residue, has no token to score)
+            scored = torch.tensor([t not in special for t in ids[0, 1:].tolist()], dtype=torch.bool)
             results.append((float(token_logp[scored].sum()), int(scored.sum())))
     return results
 
