@@ -131,3 +131,41 @@ def test_a_python_tokenizer_whose_tokens_cannot_be_placed_is_refused_before_any_
     hf.convert_tokens_to_string = lambda tokens: "".join(t[::-1] for t in tokens)
     with pytest.raises(UserError, match="Leave out --per-residue, or give the checkpoint its tokenizer.json"):
         refuse_unplaced_tokens(SequenceTokenizer(hf, source.family.convention))
+
+
+def test_float16_per_residue_values_past_its_range_are_warned_of(family_checkpoint, tmp_path, caplog):
+    """float16 holds +-65,504: a state past it (here layer 0 of an ESM-2 whose token embeddings were scaled
+    up, as an intermediate layer of a large LLM can hold) is stored as inf, and the worker's log says so,
+    naming the column and the count; float32 storage keeps the values, with no warning."""
+    import logging
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.config import RunConfig
+    from pipeline.engine.native import NativeEngine
+    from pipeline.tasks import make_task
+    from pipeline.tasks.tokenization import SequenceTokenizer
+    ckpt = shutil.copytree(family_checkpoint("esm2_t6_8m"), tmp_path / "esm")
+    (weights,) = ckpt.glob("*.safetensors")
+    tensors = load_file(weights)
+    (name,) = [k for k in tensors if k.endswith("word_embeddings.weight")]
+    tensors[name] = tensors[name] * (1e5 / tensors[name].abs().max())
+    save_file(tensors, weights, metadata={"format": "pt"})
+    engine = NativeEngine.load(str(ckpt), torch.device("cpu"), torch.float32, "x")
+    tokenizer = SequenceTokenizer(engine.tokenizer)
+    toks = tokenizer.encode(["MKTAYIAKQRQ", "GSHM"])
+    got, warned = {}, {}
+    for dtype in ("float16", "float32"):
+        task = make_task(RunConfig(fasta=["x.fa"], out="x", per_residue=True, per_residue_dtype=dtype, layers=[0]),
+                         engine.info)
+        task.prepare(tokenizer)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="run_shards"):
+            got[dtype] = task.run(engine, toks, np.arange(2)).values["per_residue/values_layer0"]
+        warned[dtype] = [r.getMessage() for r in caplog.records if "float16's range" in r.getMessage()]
+    past = int((np.abs(got["float32"]) > 65504).any(axis=-1).sum())   # residues with a value past the range
+    assert past > 0 and np.isfinite(got["float32"]).all() and warned["float32"] == []
+    assert int(np.isinf(got["float16"]).any(axis=-1).sum()) == past
+    (message,) = warned["float16"]
+    assert message.startswith(f"per_residue/values_layer0: {past} residue(s) of this batch")

@@ -8,6 +8,8 @@ Transformer), its state on every residue it covers, and a token that covers none
 (residue_spans.py). The result says so (`per_residue_tokens`, output/schema.py)."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -19,6 +21,8 @@ from ..output.schema import ONE_TOKEN_PER_RESIDUE, PER_RESIDUE_UNIT, TOKEN_STATE
 from .residue_spans import refuse_unplaced_tokens, token_of_residue
 from .task import WINDOWS_COLUMN, ForwardTask, PendingOutput, Segments, TaskOutput, layer_suffix
 from .tokenization import SequenceTokenizer, Tokenized
+
+log = logging.getLogger("run_shards")
 
 
 class EmbedTask(ForwardTask):
@@ -89,6 +93,8 @@ class EmbedTask(ForwardTask):
         def build(host: dict[str, np.ndarray]) -> TaskOutput:
             columns = {k: v for k, v in host.items() if k.startswith("embeddings/")}
             values = {k: v for k, v in host.items() if k.startswith("per_residue/")}
+            if self.per_residue_dtype == "float16":
+                warn_past_float16(values)
             return TaskOutput(columns, values, lengths)
 
         return PendingOutput(HostCopy(results), build)
@@ -119,3 +125,14 @@ def per_residue_tokens(tokenizer: SequenceTokenizer | None) -> str:
     if tokenizer is not None and tokenizer.one_token_per_residue:
         return ONE_TOKEN_PER_RESIDUE
     return TOKEN_STATE_ON_ITS_RESIDUES
+
+
+def warn_past_float16(values: dict[str, np.ndarray]) -> None:
+    """Warn (the worker's log) where float16 per-residue values overflowed: a state past float16's range,
+    +-65,504 (the residual stream of an intermediate layer of a large LLM can reach it), is stored as +-inf."""
+    for path, v in values.items():
+        over = int(np.isinf(v).any(axis=-1).sum()) if v.size else 0
+        if over:
+            log.warning("%s: %d residue(s) of this batch have values past float16's range (+-65,504), stored as "
+                        "+-inf; --per-residue-dtype float32 keeps them (a setting of the result: a new run in "
+                        "another --out)", path, over)
