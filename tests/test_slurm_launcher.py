@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -294,6 +295,21 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         cluster.cancel_all()
         cluster.run("scontrol", "update", nodes, "state=resume")
 
+        # sbatch refuses the second array (a per-user limit, say): the first, already submitted, is cancelled
+        # with it, not left computing untracked, without a merge job (a fake sbatch before the real one on PATH).
+        fake = tmp_path / "refuses_the_second_array"
+        fake.mkdir()
+        (fake / "sbatch").write_text(
+            "#!/bin/sh\ncase \"$*\" in *RUN_SHARDS_OFFSET=3*) echo 'sbatch: error: Batch job submission failed: "
+            f"Job violates accounting/QOS policy' >&2; exit 1;; esac\nexec {shutil.which('sbatch')} \"$@\"\n")
+        (fake / "sbatch").chmod(0o755)
+        half = run_cli(*args, env={**cluster.env, "PATH": f"{fake}:{cluster.env['PATH']}"})
+        assert half.returncode == 2 and "Job violates accounting/QOS policy" in half.stderr, half.stderr
+        first = re.search(r"\(job array\(s\) (\d+), already submitted, were cancelled\)", half.stderr)
+        assert first, half.stderr
+        assert {state for state, _ in wait_finished(cluster, first[1]).values()} == {"CANCELLED"}
+        assert not (out / "slurm" / "jobs.json").exists()
+
         res = run_cli(*args, "--wait", env=cluster.env)
         assert res.returncode == 0, res.stderr
         record = jobs_json(out)[-1]
@@ -313,8 +329,8 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
 
 
 def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tmp_path):
-    def refused(*args, env=None):
-        res = run_cli(small_fasta, "--out", str(tmp_path / "out"), *common, *args, env=env)
+    def refused(*args, env=None, out=tmp_path / "out"):
+        res = run_cli(small_fasta, "--out", str(out), *common, *args, env=env)
         assert res.returncode == 2, res.stderr
         no_traceback(res)
         return res.stderr
@@ -362,6 +378,15 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     assert res.returncode == 0, res.stderr                 # --dry-run works where SLURM is not installed
     assert "node-local file system" in res.stderr and str(tmp_path / "out") in res.stderr
     assert "--array=0-1" in res.stdout
+
+    # sbatch refuses the merge job's own options: the arrays are cancelled, and status names --merge-sbatch.
+    merge_refused = refused("--launcher", "slurm", "--shards", "2", "--merge-sbatch", "--partition=nosuch",
+                            out=tmp_path / "merge", env=slurm_cluster.env)
+    assert "Fix the --merge-sbatch options ('--partition=nosuch')" in merge_refused
+    assert "already submitted, were cancelled" in merge_refused
+    status = run_cli("status", str(tmp_path / "merge"), env=slurm_cluster.env).stdout
+    assert "slurm: nothing submitted: sbatch refused the job" in status
+    assert '(`rerun --merge-sbatch "..."` submits with other options)' in status and "rerun --sbatch" not in status
 
 
 def test_queued_shards_are_never_submitted_twice_and_a_run_has_one_merge_job(slurm_cluster, small_fasta, common,

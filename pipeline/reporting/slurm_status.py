@@ -60,7 +60,8 @@ def _nothing_submitted(run: RunDir) -> str:
     """Why no job was submitted: a --dry-run, or sbatch refused (the run's events say which)."""
     last = next((e for e in reversed(events.read(run.run_events_path)) if e["event"] in ("dry_run", "refused")), None)
     if last is not None and last["event"] == "refused":
-        return (f"slurm: nothing submitted: {last['error'].splitlines()[0]}\n  (`rerun --sbatch \"...\"` "
+        option = last.get("option") or "--sbatch"   # which job's options sbatch refused (the merge job's, too)
+        return (f"slurm: nothing submitted: {last['error'].splitlines()[0]}\n  (`rerun {option} \"...\"` "
                 f"submits with other options) Continue with:  run_shards rerun {run.root}")
     why = "a --dry-run wrote the scripts" if last is not None else "the scripts are written"
     return (f"slurm: nothing submitted yet ({why}: {slurm_dir(run)}); `run_shards rerun {run.root}` submits "
