@@ -434,6 +434,14 @@ def test_queued_shards_are_never_submitted_twice_and_a_run_has_one_merge_job(slu
     assert f"sbatch --parsable --array=0-2 --export=ALL,RUN_SHARDS_OFFSET=0 {out}/slurm/shards.sbatch" in gone.stdout
     assert ["rerun", str(out)] in suggested_commands(gone.stdout)
 
+    # A rerun with merge job options sbatch refuses: status says so after the last submission, naming the option
+    # to change (a plain rerun would be refused the same way).
+    refused = run_cli("rerun", str(out), "--merge-sbatch", "--partition=nosuch", env=slurm_cluster.env)
+    assert refused.returncode == 2 and "already submitted, were cancelled" in refused.stderr, refused.stderr
+    status = run_cli("status", str(out), env=slurm_cluster.env).stdout
+    assert ("then nothing more was submitted: sbatch refused the job" in status
+            and '(`rerun --merge-sbatch "..."` submits with other options)' in status), status
+
 
 def test_status_of_many_shards_counts_them_and_lists_those_that_need_a_look(common, tmp_path):
     """Above 40 shards the table keeps the shards that are not complete and not pending, after a count per
