@@ -465,3 +465,28 @@ def test_status_of_many_shards_counts_them_and_lists_those_that_need_a_look(comm
     every = status_rows(out, "--all")
     assert sorted(every) == list(range(1200)) and every[7]["state"] == "complete" and every[0]["state"] == "pending"
     assert ["status", str(out), "--all"] in suggested_commands(status.stdout)
+
+
+def test_queued_tasks_keep_their_shards_when_a_later_command_changes_shards_per_task(slurm_cluster, small_fasta,
+                                                                                     common, tmp_path):
+    """Three shards, one per task, held in the queue; the same run again with --shards-per-task 2 submits
+    nothing (they are queued) but changes the run's setting. A held task released then computes the shard it
+    was submitted for (it used to read the new grouping: task 2 became shards 4-5, which do not exist), and
+    status's sbatch by hand for the others groups them as the script on disk now does."""
+    out = tmp_path / "out"
+    args = [small_fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "3", "--sbatch", "--hold"]
+    res = run_cli(*args, env=slurm_cluster.env)
+    assert res.returncode == 0, res.stderr
+    (array,), merge = job_ids(res.stdout)
+    again = run_cli(*args, "--shards-per-task", "2", env=slurm_cluster.env)
+    assert again.returncode == 0 and again.stdout.startswith("nothing submitted: shard(s) 0-2 pending"), again.stdout
+    slurm_cluster.run("scontrol", "release", f"{array}_2")
+    assert wait_finished(slurm_cluster, f"{array}_2")[f"{array}_2"][0] == "COMPLETED"
+    assert "shard(s) 2 complete" in (out / "logs" / f"slurm_{array}_2.out").read_text()
+    slurm_cluster.run("scancel", array, merge)
+    wait_finished(slurm_cluster, array)
+    status = run_cli("status", str(out), env=slurm_cluster.env)
+    assert {r: row["state"] for r, row in status_rows(out).items()} == {0: "pending", 1: "pending", 2: "complete"}
+    # shards 0 and 1 are task 0 of the script on disk (2 per task); task 1 would be shards 2 and 3
+    assert f"ARRAY1=$(sbatch --parsable --array=0 --export=ALL,RUN_SHARDS_OFFSET=0 {out}/slurm/shards.sbatch)" \
+        in status.stdout, status.stdout

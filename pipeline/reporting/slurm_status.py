@@ -125,8 +125,8 @@ def _where(writable: bool) -> str:
 
 def _rerun_lines(run: RunDir, queue: Queue, merge: str | None, ranks: list[int], writable: bool) -> list[str]:
     """The command that finishes the run, and the same submission by hand."""
-    per_task = queue.subs[-1].get("shards_per_task", 1)
-    config = RunConfig.from_manifest(run.read_manifest())
+    config = RunConfig.from_manifest(run.read_manifest())   # what OUT/slurm/shards.sbatch was last written with
+    per_task = config.shards_per_task
     commands = array_commands(split_arrays(sorted({r // per_task for r in ranks}), max_array_size(True)),
                                config.array_throttle, slurm_dir(run) / "shards.sbatch")
     return [f"so merge job {queue.merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
