@@ -147,7 +147,7 @@ def test_shard_script_is_bash_with_the_directives_the_readme_explains(tmp_path):
     assert """trap 'checkpoint_and_requeue USR1 "the time limit is near"' USR1""" in text
     assert """trap 'checkpoint_and_requeue TERM "the job is being stopped"' TERM""" in text
     assert 'task="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text and 'scontrol requeue "$task"' in text
-    assert f"shard_command=({shlex.join(COMMAND)} work {shlex.quote(str(out))})" in text
+    assert f"shard_command=({shlex.join(COMMAND)} work {shlex.quote(str(out))} --shards-per-task 1)" in text
 
 
 @pytest.mark.parametrize("user,gres", [

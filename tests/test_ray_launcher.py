@@ -156,6 +156,34 @@ def test_a_killed_ray_worker_is_retried_from_the_checkpoints(ray_head, ray_auth,
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_driver_cancels_the_tasks_and_names_rerun(ray_head, ray_auth, fasta, common, local_four,
+                                                                 tmp_path):
+    """SIGTERM to the driver (a scheduler stopping the job that runs it, `kill`) is Ctrl-C's path: the tasks are
+    cancelled, their shards checkpoint, and the message names `rerun`, which finishes the same result. (ray.init
+    used to replace the command's SIGTERM handler with Ray's crash handler: a C++ stack, no advice.)"""
+    out = tmp_path / "out"
+    args = ["--ray-address", ray_head]
+    proc = start(fasta, "--out", str(out), *common, "--shards", "4", "--launcher", "ray", *args,
+                 env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3", **ray_auth})
+    try:
+        wait_for(lambda: "checkpoint part_" in log_text(out, 1), timeout=150, what="shard 1's first checkpoint")
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "*** SIGTERM received at time" not in stderr, stderr
+    assert "interrupted by SIGTERM: the Ray tasks were cancelled" in stderr, stderr
+    assert f"Continue with:  run_shards rerun {out}" in stderr
+    assert all(shard_process(out, r) is None for r in range(4))
+    assert "interrupted (received SIGTERM)" in log_text(out, 1)           # its final checkpoint
+    res = run_cli("rerun", str(out), env=ray_auth)
+    assert res.returncode == 0, res.stderr
+    assert_same(read(out / "result.h5"), local_four)
+
+
+@pytest.mark.slow
 def test_without_ray_the_error_says_how_to_install_it(fasta, common, tmp_path):
     """A `ray` that cannot be imported (a test double on PYTHONPATH, as when the package is missing): one
     line naming the extra and the command that continues, no traceback."""

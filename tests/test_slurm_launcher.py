@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -294,6 +295,21 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         cluster.cancel_all()
         cluster.run("scontrol", "update", nodes, "state=resume")
 
+        # sbatch refuses the second array (a per-user limit, say): the first, already submitted, is cancelled
+        # with it, not left computing untracked, without a merge job (a fake sbatch before the real one on PATH).
+        fake = tmp_path / "refuses_the_second_array"
+        fake.mkdir()
+        (fake / "sbatch").write_text(
+            "#!/bin/sh\ncase \"$*\" in *RUN_SHARDS_OFFSET=3*) echo 'sbatch: error: Batch job submission failed: "
+            f"Job violates accounting/QOS policy' >&2; exit 1;; esac\nexec {shutil.which('sbatch')} \"$@\"\n")
+        (fake / "sbatch").chmod(0o755)
+        half = run_cli(*args, env={**cluster.env, "PATH": f"{fake}:{cluster.env['PATH']}"})
+        assert half.returncode == 2 and "Job violates accounting/QOS policy" in half.stderr, half.stderr
+        first = re.search(r"\(job array\(s\) (\d+), already submitted, were cancelled\)", half.stderr)
+        assert first, half.stderr
+        assert {state for state, _ in wait_finished(cluster, first[1]).values()} == {"CANCELLED"}
+        assert not (out / "slurm" / "jobs.json").exists()
+
         res = run_cli(*args, "--wait", env=cluster.env)
         assert res.returncode == 0, res.stderr
         record = jobs_json(out)[-1]
@@ -313,8 +329,8 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
 
 
 def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tmp_path):
-    def refused(*args, env=None):
-        res = run_cli(small_fasta, "--out", str(tmp_path / "out"), *common, *args, env=env)
+    def refused(*args, env=None, out=tmp_path / "out"):
+        res = run_cli(small_fasta, "--out", str(out), *common, *args, env=env)
         assert res.returncode == 2, res.stderr
         no_traceback(res)
         return res.stderr
@@ -363,6 +379,15 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     assert "node-local file system" in res.stderr and str(tmp_path / "out") in res.stderr
     assert "--array=0-1" in res.stdout
 
+    # sbatch refuses the merge job's own options: the arrays are cancelled, and status names --merge-sbatch.
+    merge_refused = refused("--launcher", "slurm", "--shards", "2", "--merge-sbatch", "--partition=nosuch",
+                            out=tmp_path / "merge", env=slurm_cluster.env)
+    assert "Fix the --merge-sbatch options ('--partition=nosuch')" in merge_refused
+    assert "already submitted, were cancelled" in merge_refused
+    status = run_cli("status", str(tmp_path / "merge"), env=slurm_cluster.env).stdout
+    assert "slurm: nothing submitted: sbatch refused the job" in status
+    assert '(`rerun --merge-sbatch "..."` submits with other options)' in status and "rerun --sbatch" not in status
+
 
 def test_queued_shards_are_never_submitted_twice_and_a_run_has_one_merge_job(slurm_cluster, small_fasta, common,
                                                                              tmp_path):
@@ -409,6 +434,14 @@ def test_queued_shards_are_never_submitted_twice_and_a_run_has_one_merge_job(slu
     assert f"sbatch --parsable --array=0-2 --export=ALL,RUN_SHARDS_OFFSET=0 {out}/slurm/shards.sbatch" in gone.stdout
     assert ["rerun", str(out)] in suggested_commands(gone.stdout)
 
+    # A rerun with merge job options sbatch refuses: status says so after the last submission, naming the option
+    # to change (a plain rerun would be refused the same way).
+    refused = run_cli("rerun", str(out), "--merge-sbatch", "--partition=nosuch", env=slurm_cluster.env)
+    assert refused.returncode == 2 and "already submitted, were cancelled" in refused.stderr, refused.stderr
+    status = run_cli("status", str(out), env=slurm_cluster.env).stdout
+    assert ("then nothing more was submitted: sbatch refused the job" in status
+            and '(`rerun --merge-sbatch "..."` submits with other options)' in status), status
+
 
 def test_status_of_many_shards_counts_them_and_lists_those_that_need_a_look(common, tmp_path):
     """Above 40 shards the table keeps the shards that are not complete and not pending, after a count per
@@ -432,3 +465,28 @@ def test_status_of_many_shards_counts_them_and_lists_those_that_need_a_look(comm
     every = status_rows(out, "--all")
     assert sorted(every) == list(range(1200)) and every[7]["state"] == "complete" and every[0]["state"] == "pending"
     assert ["status", str(out), "--all"] in suggested_commands(status.stdout)
+
+
+def test_queued_tasks_keep_their_shards_when_a_later_command_changes_shards_per_task(slurm_cluster, small_fasta,
+                                                                                     common, tmp_path):
+    """Three shards, one per task, held in the queue; the same run again with --shards-per-task 2 submits
+    nothing (they are queued) but changes the run's setting. A held task released then computes the shard it
+    was submitted for (it used to read the new grouping: task 2 became shards 4-5, which do not exist), and
+    status's sbatch by hand for the others groups them as the script on disk now does."""
+    out = tmp_path / "out"
+    args = [small_fasta, "--out", str(out), *common, "--launcher", "slurm", "--shards", "3", "--sbatch", "--hold"]
+    res = run_cli(*args, env=slurm_cluster.env)
+    assert res.returncode == 0, res.stderr
+    (array,), merge = job_ids(res.stdout)
+    again = run_cli(*args, "--shards-per-task", "2", env=slurm_cluster.env)
+    assert again.returncode == 0 and again.stdout.startswith("nothing submitted: shard(s) 0-2 pending"), again.stdout
+    slurm_cluster.run("scontrol", "release", f"{array}_2")
+    assert wait_finished(slurm_cluster, f"{array}_2")[f"{array}_2"][0] == "COMPLETED"
+    assert "shard(s) 2 complete" in (out / "logs" / f"slurm_{array}_2.out").read_text()
+    slurm_cluster.run("scancel", array, merge)
+    wait_finished(slurm_cluster, array)
+    status = run_cli("status", str(out), env=slurm_cluster.env)
+    assert {r: row["state"] for r, row in status_rows(out).items()} == {0: "pending", 1: "pending", 2: "complete"}
+    # shards 0 and 1 are task 0 of the script on disk (2 per task); task 1 would be shards 2 and 3
+    assert f"ARRAY1=$(sbatch --parsable --array=0 --export=ALL,RUN_SHARDS_OFFSET=0 {out}/slurm/shards.sbatch)" \
+        in status.stdout, status.stdout

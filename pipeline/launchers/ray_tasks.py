@@ -90,6 +90,7 @@ def _connect(ray, address: str) -> bool:
     unreachable = _unreachable(address)
     if unreachable:   # Ray itself would retry for minutes before saying so
         raise UserError(f"cannot connect to {where}: {unreachable}. {advice}")
+    handlers = _stop_signal_handlers()
     try:   # the workers' output and Ray's own logs stay in its session logs (/tmp/ray), off the terminal
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.ERROR)
@@ -97,8 +98,38 @@ def _connect(ray, address: str) -> bool:
         while e.__cause__ is not None:
             e = e.__cause__
         raise UserError(f"cannot connect to {where}: {_first_line(e)}. {advice}") from None
+    finally:
+        _restore_signal_handlers(handlers)
     _quiet_ray_messages(ray)
     return True
+
+
+def _stop_signal_handlers() -> dict:
+    """This command's handlers of the stop signals (SIGTERM, SIGHUP and SIGUSR1 raised like Ctrl-C)."""
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)}
+
+
+def _restore_signal_handlers(handlers: dict) -> None:
+    """Put back the handlers that ray.init replaced: its core worker installs a crash handler for SIGTERM that
+    prints a C++ stack and kills the driver, so that a SIGTERM (a scheduler stopping the job, `kill`) skipped
+    the cancel-and-checkpoint path and the message that names `rerun`."""
+    for sig, handler in handlers.items():
+        if callable(handler):   # set again even where Python's record is unchanged: Ray replaced it below
+            signal.signal(sig, _noting_the_signal(handler))
+        elif handler is not None:
+            signal.signal(sig, handler)
+
+
+_received: list[str] = []   # the stop signals this driver received, in order
+
+
+def _noting_the_signal(handler):
+    """The handler, noting its signal's name first: Ray's wait turns the handler's exception into a bare
+    KeyboardInterrupt, which would report a SIGTERM as SIGINT."""
+    def noting(signum, frame):
+        _received.append(signal.Signals(signum).name)
+        return handler(signum, frame)
+    return noting
 
 
 def _unreachable(address: str) -> str | None:
@@ -185,7 +216,8 @@ def _follow(ray, job: ShardJob, config: RunConfig, refs: dict) -> list[Outcome]:
     except KeyboardInterrupt as e:
         board.close()
         _stop(ray, job, {ref: refs[ref] for ref in pending})
-        raise RunFailed(_interrupted_report(job, str(e) or "SIGINT"), interrupted=True) from None
+        name = str(e) or (_received[-1] if _received else "SIGINT")
+        raise RunFailed(_interrupted_report(job, name), interrupted=True) from None
     finally:
         board.close()
     done = sum(1 for o in outcomes if o.exit_code == EXIT_OK)

@@ -159,7 +159,9 @@ def shard_script(out: Path, command: list[str], sbatch_args: list[str], shards_p
     lines += [
         "",
         "set -u",
-        f"shard_command=({_quote(command)} work {shlex.quote(str(out))})",
+        # The grouping goes with the submitted script: a later command may change the run's --shards-per-task
+        # while this array's tasks wait in the queue, and they must still compute the shards they were sent for.
+        f"shard_command=({_quote(command)} work {shlex.quote(str(out))} --shards-per-task {shards_per_task})",
         "",
         "checkpoint_and_requeue() {   # $1: the signal, $2: why",
         "    echo \"run_shards: $1 from SLURM ($2): asking for a final checkpoint, then requeueing this task\"",

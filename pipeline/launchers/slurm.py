@@ -67,7 +67,7 @@ def launch(job: ShardJob) -> Submitted:
     try:
         return _submit(job, config, shards_sbatch, merge_sbatch, added_gres)
     except UserError as e:
-        events.append(run.run_events_path, "refused", error=str(e))
+        events.append(run.run_events_path, "refused", error=str(e), option=getattr(e, "option", ""))
         raise
 
 
@@ -100,13 +100,14 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
     arrays = split_arrays(tasks, max_array_size(False))
     if tasks:
         check_job_count(len(tasks), config.shards_per_task)
-    ids = [_sbatch(cmd, config.sbatch, added_gres) for cmd in array_commands(arrays, config.array_throttle,
-                                                                               shards_sbatch)]
-    try:
+    ids: list[str] = []
+    try:   # a refusal of any of them (the second of split arrays, the merge job) cancels those submitted
+        for cmd in array_commands(arrays, config.array_throttle, shards_sbatch):
+            ids.append(_sbatch(cmd, config.sbatch, added_gres))
         merge_id = _sbatch(_merge_command(_dependency(ids, queue), merge_sbatch), config.merge_sbatch, False,
                            "--merge-sbatch")
-    except UserError as e:
-        raise UserError(f"{e}{_cancelled(ids)}") from None
+    except SbatchRefused as e:
+        raise SbatchRefused(f"{e}{_cancelled(ids)}", e.option) from None
     if merge is not None and merge.live and merge.job_id != merge_id:   # one merge job per run
         _scancel([merge.job_id], f"the earlier merge job {merge.job_id}, which merge job {merge_id} replaces")
     record = {"submitted": time.strftime("%Y-%m-%dT%H:%M:%S"), "arrays": [
@@ -187,11 +188,21 @@ def _sbatch(cmd: list[str], user_options: str, added_gres: bool, option: str = "
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         said = res.stderr.strip() or res.stdout.strip()
-        raise UserError(f"sbatch refused the job ({_show(cmd)}): {said}. {_refusal_hint(said, user_options, added_gres, option)}")
+        raise SbatchRefused(f"sbatch refused the job ({_show(cmd)}): {said}. "
+                            f"{_refusal_hint(said, user_options, added_gres, option)}", option)
     job_id = res.stdout.strip().split(";")[0]
     if not re.fullmatch(r"\d+", job_id):
         raise UserError(f"sbatch printed no job id ({_show(cmd)}): {res.stdout.strip()} {res.stderr.strip()}")
     return job_id
+
+
+class SbatchRefused(UserError):
+    """sbatch refused a job; `option` names the run_shards option whose sbatch options it was given
+    (--sbatch for the shard arrays, --merge-sbatch for the merge job), for `status` to name the same."""
+
+    def __init__(self, message: str, option: str):
+        super().__init__(message)
+        self.option = option
 
 
 def _refusal_hint(said: str, user_options: str, added_gres: bool, option: str) -> str:

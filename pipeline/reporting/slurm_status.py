@@ -47,6 +47,10 @@ def lines(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -
            f"{merge_id}{shown}"]
     if run.result_path.exists():
         return out
+    refused = _last_refusal(run)
+    if refused is not None:   # a later submission (rerun with new options) was refused: its advice too
+        out.append(f"  then nothing more was submitted: {refused['error'].splitlines()[0]}\n  "
+                   f"{_other_options(refused)}")
     by_state: dict[str, list[int]] = {}
     for s in states:
         by_state.setdefault(s.state, []).append(s.rank)
@@ -56,12 +60,24 @@ def lines(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -
     return out + ["  " + line for line in _next(run, states, queue, writable)]
 
 
+def _last_refusal(run: RunDir) -> dict | None:
+    """sbatch's refusal of the latest submission, if it came after the last one that was accepted."""
+    last = next((e for e in reversed(events.read(run.run_events_path)) if e["event"] in ("submitted", "refused")),
+                None)
+    return last if last is not None and last["event"] == "refused" else None
+
+
+def _other_options(refused: dict) -> str:
+    option = refused.get("option") or "--sbatch"   # which job's options sbatch refused (the merge job's, too)
+    return f"(`rerun {option} \"...\"` submits with other options)"
+
+
 def _nothing_submitted(run: RunDir) -> str:
     """Why no job was submitted: a --dry-run, or sbatch refused (the run's events say which)."""
     last = next((e for e in reversed(events.read(run.run_events_path)) if e["event"] in ("dry_run", "refused")), None)
     if last is not None and last["event"] == "refused":
-        return (f"slurm: nothing submitted: {last['error'].splitlines()[0]}\n  (`rerun --sbatch \"...\"` "
-                f"submits with other options) Continue with:  run_shards rerun {run.root}")
+        return (f"slurm: nothing submitted: {last['error'].splitlines()[0]}\n  {_other_options(last)} "
+                f"Continue with:  run_shards rerun {run.root}")
     why = "a --dry-run wrote the scripts" if last is not None else "the scripts are written"
     return (f"slurm: nothing submitted yet ({why}: {slurm_dir(run)}); `run_shards rerun {run.root}` submits "
             "them")
@@ -109,8 +125,8 @@ def _where(writable: bool) -> str:
 
 def _rerun_lines(run: RunDir, queue: Queue, merge: str | None, ranks: list[int], writable: bool) -> list[str]:
     """The command that finishes the run, and the same submission by hand."""
-    per_task = queue.subs[-1].get("shards_per_task", 1)
-    config = RunConfig.from_manifest(run.read_manifest())
+    config = RunConfig.from_manifest(run.read_manifest())   # what OUT/slurm/shards.sbatch was last written with
+    per_task = config.shards_per_task
     commands = array_commands(split_arrays(sorted({r // per_task for r in ranks}), max_array_size(True)),
                                config.array_throttle, slurm_dir(run) / "shards.sbatch")
     return [f"so merge job {queue.merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
