@@ -230,13 +230,13 @@ def score(ckpt_dir: str | Path, sequences: Sequence[str],
     return results
 
 
-def perplexity(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32) -> list[float]:
-    """Per sequence the card's perplexity, ProtGPT2's calculatePerplexity (https://huggingface.co/nferruz/ProtGPT2):
-    `input_ids = torch.tensor(tokenizer.encode(sequence)).unsqueeze(0)`, `outputs = model(input_ids,
-    labels=input_ids)`, `math.exp(outputs[0])` on its card's text; the other causal LMs the same on their
-    tokenizer's encoding of the residues (Llama 3's adds <|begin_of_text|>, no end token)."""
-    import math
-
+def card_losses(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32
+                ) -> list[tuple[float, int]]:
+    """Per sequence (loss, tokens averaged) as ProtGPT2's calculatePerplexity (https://huggingface.co/nferruz/ProtGPT2)
+    computes the loss: `input_ids = torch.tensor(tokenizer.encode(sequence)).unsqueeze(0)`, `outputs =
+    model(input_ids, labels=input_ids)`, `outputs[0]`, on its card's text; the other causal LMs the same on their
+    tokenizer's encoding of the residues (Llama 3's adds <|begin_of_text|>, no end token). The loss averages every
+    token after the first, the end token included."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     ckpt = Path(ckpt_dir)
     card = recognise(ckpt)
@@ -249,25 +249,17 @@ def perplexity(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtyp
         for s in sequences:
             input_ids = torch.tensor(tokenizer.encode(protgpt2_text(s) if card == "protgpt2" else s)).unsqueeze(0)
             outputs = model(input_ids, labels=input_ids)
-            results.append(math.exp(outputs[0]))
+            results.append((float(outputs[0]), input_ids.shape[1] - 1))
     return results
+
+
+def perplexity(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32) -> list[float]:
+    """Per sequence the card's perplexity, `math.exp(outputs[0])` (card_losses)."""
+    import math
+    return [math.exp(loss) for loss, _ in card_losses(ckpt_dir, sequences, dtype)]
 
 
 def log_likelihood(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32) -> list[float]:
-    """Per sequence the card's log-likelihood: the loss of `model(input_ids, labels=input_ids)` (ProtGPT2's
-    calculatePerplexity, as `perplexity` above) times the tokens it averages (every token after the first, the
-    end token included), so a variant's log-likelihood ratio is the difference of two of these."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    ckpt = Path(ckpt_dir)
-    card = recognise(ckpt)
-    if card not in ("causal_lm", "protgpt2"):
-        raise ValueError(f"{ckpt}: recognised as {card!r}, not a causal language model")
-    tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    results = []
-    with _precision(dtype):
-        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()
-        for s in sequences:
-            input_ids = torch.tensor(tokenizer.encode(protgpt2_text(s) if card == "protgpt2" else s)).unsqueeze(0)
-            outputs = model(input_ids, labels=input_ids)
-            results.append(-float(outputs[0]) * (input_ids.shape[1] - 1))
-    return results
+    """Per sequence the card's log-likelihood: its loss (card_losses) times the tokens it averages, so a variant's
+    log-likelihood ratio is the difference of two of these."""
+    return [-loss * n for loss, n in card_losses(ckpt_dir, sequences, dtype)]
