@@ -8,7 +8,6 @@ fetch it.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from . import demo as demo_model
 from ..errors import UserError
-from .checkpoint_facts import CheckpointFacts, read_facts
+from .checkpoint_facts import CheckpointFacts, read_facts, read_json, safetensors_header
 from .hf_config import is_causal_lm, is_masked_lm
 from .registry import Family, recognise
 
@@ -130,11 +129,7 @@ def weight_problems(path: Path) -> list[str]:
     for f in sorted(path.glob("*.safetensors")):
         try:
             size = f.stat().st_size
-            with open(f, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                if not 2 <= n <= size - 8:
-                    raise ValueError(f"header length {n} in a file of {size} bytes")
-                header = json.loads(fh.read(n))
+            n, header = safetensors_header(f)
             ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
             if 8 + n + max(ends, default=0) != size:
                 raise ValueError(f"{size:,} bytes where its header describes {8 + n + max(ends, default=0):,}")
@@ -148,10 +143,15 @@ def weight_problems(path: Path) -> list[str]:
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 
 
+def has_weights(path: Path) -> bool:
+    """The checkpoint folder holds weight files of a kind transformers and the native engine read."""
+    return any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES)
+
+
 def _refuse_weightless(name: str, path: Path) -> None:
     """A checkpoint without weights (config and tokenizer alone, or weights under another name) is refused
     while planning: a worker could only fail on it, and `rerun` again."""
-    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+    if not has_weights(path):
         raise UserError(f"--model {name}: {path} has no weights: no .safetensors file nor pytorch_model.bin (one "
                         "file, or a sharded set). Pass the directory that holds the checkpoint's "
                         "weights beside its config.json, or save the model there with transformers' "
@@ -229,7 +229,7 @@ def _download(repo_id: str) -> Path:
         from huggingface_hub import snapshot_download
         path = Path(snapshot_download(repo_id, allow_patterns=[
             "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]))
-        if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):   # (published as .bin only)
+        if not has_weights(path):   # (published as .bin only)
             path = Path(snapshot_download(repo_id, allow_patterns=["pytorch_model*.bin"]))
         return path
     except Exception as e:  # offline, unknown repo, gated: one clear message either way
@@ -362,7 +362,7 @@ def _missing_tokenizer_files(path: Path, model_type: str) -> str:
     class and the files it reads; else "". (tokenizer.json alone builds any tokenizer.)"""
     import transformers
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
-    name = _json_file(path / "tokenizer_config.json").get("tokenizer_class") or TOKENIZER_MAPPING_NAMES.get(model_type)
+    name = read_json(path / "tokenizer_config.json").get("tokenizer_class") or TOKENIZER_MAPPING_NAMES.get(model_type)
     name = name[0] if isinstance(name, (tuple, list)) else name   # (transformers 4: (slow, fast) names)
     wanted = getattr(getattr(transformers, str(name), None), "vocab_files_names", None) if name else None
     if not isinstance(wanted, dict) or not wanted or (path / "tokenizer.json").exists() \
@@ -371,14 +371,6 @@ def _missing_tokenizer_files(path: Path, model_type: str) -> str:
     files = sorted(set(wanted.values()))
     return (f"its tokenizer, {name}, reads {' or '.join(files)}, "
             f"{'not' if len(files) == 1 else 'none of them'} in {path}")
-
-
-def _json_file(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _first_line(e: BaseException) -> str:

@@ -57,7 +57,7 @@ def read_facts(path: str | Path) -> CheckpointFacts:
     architectures = tuple(config.get("architectures") or ())
     model_type = config.get("model_type") or _model_type_of(architectures)
     files = tuple(f for f in TOKENIZER_FILES if (path / f).exists())
-    tokenizer_config = _json(path / "tokenizer_config.json")
+    tokenizer_config = read_json(path / "tokenizer_config.json")
     remote = [f"config.json auto_map: {k} -> {v}" for k, v in (config.get("auto_map") or {}).items()]
     remote += [f"tokenizer_config.json auto_map: {v}" for v in _flat(tokenizer_config.get("auto_map"))]
     return CheckpointFacts(str(path), config, model_type or "", architectures, vocabulary(path), files,
@@ -70,11 +70,24 @@ def _flat(auto_map) -> list[str]:
     return [str(v) for v in auto_map or [] if v]
 
 
-def _json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A checkpoint's JSON file as a dict; {} where it is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
+
+
+def safetensors_header(file: Path) -> tuple[int, dict]:
+    """(header length, header) of a .safetensors file, read from its first bytes alone; OSError or ValueError
+    where the file is too short for the length it gives or its header is not JSON."""
+    size = file.stat().st_size
+    with open(file, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        if not 2 <= n <= size - 8:
+            raise ValueError(f"header length {n} in a file of {size} bytes")
+        return n, json.loads(fh.read(n))
 
 
 def _model_type_of(architectures: tuple[str, ...]) -> str:
@@ -95,7 +108,7 @@ def vocabulary(path: Path) -> dict[str, int]:
     """Token -> id from whichever tokenizer files the checkpoint has (its added tokens included)."""
     vocab: dict[str, int] = {}
     if (path / "tokenizer.json").exists():
-        spec = _json(path / "tokenizer.json")
+        spec = read_json(path / "tokenizer.json")
         model_vocab = (spec.get("model") or {}).get("vocab") or {}
         vocab = ({entry[0]: i for i, entry in enumerate(model_vocab)} if isinstance(model_vocab, list)
                  else dict(model_vocab))
@@ -104,10 +117,10 @@ def vocabulary(path: Path) -> dict[str, int]:
         lines = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
         vocab = {token: i for i, token in enumerate(lines)}
     elif (path / "vocab.json").exists():
-        vocab = _json(path / "vocab.json")
+        vocab = read_json(path / "vocab.json")
     elif (path / "spiece.model").exists():
         vocab = _sentencepiece_pieces(path / "spiece.model")
-    return vocab | _json(path / "added_tokens.json")
+    return vocab | read_json(path / "added_tokens.json")
 
 
 def _sentencepiece_pieces(path: Path) -> dict[str, int]:

@@ -5,10 +5,10 @@ fewer tokens) otherwise stop every worker at its first batch or its load with a 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import UserError
+from .checkpoint_facts import safetensors_header
 
 # How checkpoints name their token embedding (ESM/BERT, Llama/Qwen, T5, GPT-2), under any prefix.
 EMBEDDING_NAMES = ("word_embeddings.weight", "embed_tokens.weight", "shared.weight", "wte.weight")
@@ -51,8 +51,7 @@ def _embedding_rows(path: Path) -> tuple[str, int] | None:
     None where there is none to read (PyTorch .bin weights, a name of another kind)."""
     for file in sorted(path.glob("*.safetensors")):
         try:
-            with open(file, "rb") as fh:
-                header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+            _, header = safetensors_header(file)
         except (OSError, ValueError):
             return None   # (a damaged file is named by checkpoint.weight_problems)
         for tensor, spec in header.items():
