@@ -14,6 +14,7 @@ from pathlib import Path
 
 from index import FastaError, SequenceIndex
 
+from .advice import command
 from . import __version__, launchers
 from .config import RunConfig, misplaced
 from .errors import RunFailed, UserError
@@ -179,7 +180,7 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     left = [r for r in range(config.world) if r not in ranks and states[r].state != "complete"]
     if only and left:   # what was asked is done; the merge needs the rest
         return NotMerged(f"shard(s) {', '.join(map(str, only))} complete; shard(s) {', '.join(map(str, left))} not "
-                         f"finished, so nothing was merged: `run_shards rerun {run.root}` computes them and merges")
+                         f"finished, so nothing was merged: `{command('rerun', run.root)}` computes them and merges")
     changed = index.records_changed()   # edited after the last shard's last check: the result would not describe it
     if changed:
         raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "

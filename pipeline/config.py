@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
-import shlex
 import typing
 from dataclasses import dataclass, field
 
+from .advice import command
 from .errors import UserError
 
 TASKS = ("embed", "score", "generate", "variants")
@@ -279,7 +279,7 @@ class RunConfig:
     def as_command(self, out: str | None = None) -> str:
         """The `run_shards run` command line for this configuration (options left at their defaults are
         omitted), into `out` when given: what messages tell a user to run to start a run over."""
-        words = ["run_shards", "run", *self.fasta, "--out", out or self.out]
+        words = ["run", *self.fasta, "--out", out or self.out]
         if self.devices:
             words += ["--gpus", str(len(self.devices)) if self.launcher == "local" else "1"]
         else:
@@ -298,7 +298,7 @@ class RunConfig:
                 words += [opt.flags[0], ",".join(map(str, value))]
             else:
                 words += [opt.flags[0], f"{value:g}" if isinstance(value, float) else str(value)]
-        return " ".join(shlex.quote(w) for w in words)
+        return command(*words)
 
 
 # Fields that earlier versions stored as a number meaning "the default", now None.

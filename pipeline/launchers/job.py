@@ -11,6 +11,7 @@ from pathlib import Path
 
 from index import SequenceIndex
 
+from ..advice import command
 from ..output import shard_state
 from ..planning.run_index import start_over_advice
 from ..rundir.layout import RunDir
@@ -53,8 +54,8 @@ class Launched:
         if not self.busy:
             return []
         lines = [f"shard {r} is being computed by {describe_holder(h)}; left to it" for r, h in self.busy.items()]
-        return lines + [f"Once it has finished (`run_shards status {run.root}` shows it), merge with:  "
-                        f"run_shards merge {run.root}"]
+        return lines + [f"Once it has finished (`{command('status', run.root)}` shows it), merge with:  "
+                        f"{command('merge', run.root)}"]
 
 
 @dataclass
@@ -82,8 +83,8 @@ def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] |
     elif job.continue_with:
         lines.append(job.continue_with)
     elif not advised:
-        only = f" --shards {','.join(map(str, failed))}" if failed and not interrupted else ""
-        lines.append(f"Continue with:  run_shards rerun {run.root}{only}")
+        only = ["--shards", ",".join(map(str, failed))] if failed and not interrupted else []
+        lines.append(f"Continue with:  {command('rerun', run.root, *only)}")
     return lines
 
 

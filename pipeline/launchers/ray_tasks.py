@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..advice import command
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..exits import EXIT_COMMAND_USER_ERROR, EXIT_OK, explain_exit
@@ -75,7 +76,7 @@ def _import_ray(root: Path):
         local = (f" (from this checkout: `{shlex.quote(sys.executable)} -m pip install -e "
                  f"{shlex.quote(str(checkout) + '[ray]')}`)" if (checkout / "setup.cfg").exists() else "")
         raise UserError(f"--launcher ray needs Ray, which {sys.executable} cannot import ({e}): install the extra "
-                        f"with `pip install \"run_shards[ray]\"`{local}, then `run_shards rerun {root}`") from None
+                        f"with `pip install \"run_shards[ray]\"`{local}, then `{command('rerun', root)}`") from None
     return ray
 
 

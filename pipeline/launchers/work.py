@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 
+from ..advice import command
 from ..config import RunConfig
 from ..errors import RunDirError, RunFailed, UserError
 from ..exits import EXIT_USER_ERROR
@@ -83,7 +84,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
     config = RunConfig.from_manifest(manifest)
     job = ShardJob(run, dict(manifest, config=dict(manifest["config"], **_node_devices(config, len(todo)))),
                    index, todo, remaining, show_progress,
-                   continue_with=f"Continue with:  run_shards rerun {run.root}  (or this task again)")
+                   continue_with=f"Continue with:  {command('rerun', run.root)}  (or this task again)")
     from . import local   # torch: only a task that computes pays its import (a requeued task finds its shard done)
     try:
         launched = local.launch(job)

@@ -19,6 +19,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from ..advice import command
 from ..errors import UserError
 from . import run_inputs, status_codes
 from .result_reader import ResultFile, result_path
@@ -112,8 +113,9 @@ def _per_id_column(res: ResultFile, column: str | None) -> Column:
         return vectors[0]
     outputs = [c.path for c in res.schema.columns if c.path not in base]
     raise UserError(f"{res.path} has {len(outputs)} output columns ({', '.join(outputs)}); choose the one "
-                    f"to write with --column, e.g. `run_shards export {res.path.parent} --format per-id-h5 "
-                    f"--column {outputs[0]}`" if outputs else f"{res.path} has no output column to export")
+                    f"to write with --column, e.g. "
+                    f"`{command('export', res.path.parent, '--format', 'per-id-h5', '--column', outputs[0])}`"
+                    if outputs else f"{res.path} has no output column to export")
 
 
 def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:

@@ -17,6 +17,7 @@ from typing import Iterable, TextIO
 
 import numpy as np
 
+from ..advice import command
 from ..errors import UserError
 from . import run_inputs
 from .result_reader import MAX_NAMED, MissingIds, ResultFile, result_path
@@ -78,7 +79,7 @@ def _refuse_missing(res: ResultFile, error: MissingIds) -> None:
     if not absent:
         raise error
     run = res.path.parent
-    how = (f"`run_shards rerun {run}` computes them and merges, after which `get` finds them"
+    how = (f"`{command('rerun', run)}` computes them and merges, after which `get` finds them"
            if (run / "manifest.json").exists() else
            "rerun the run it was merged in (`run_shards rerun OUT`), which computes them and merges")
     shown = ", ".join(repr(i) for i in sorted(absent)[:MAX_NAMED]) + (f" (and {len(absent) - MAX_NAMED:,} more)"

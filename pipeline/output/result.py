@@ -19,6 +19,7 @@ import numpy as np
 
 from index import SequenceIndex
 
+from ..advice import command
 from ..errors import DiskFull, MergeError, disk_full_reason, ensure_space
 from . import copy_plan, heap
 from .copy_plan import CopyPlan
@@ -63,8 +64,8 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
         if not_ready and not allow_partial:
             not_ready += _damaged_among(readers)
             raise MergeError("cannot merge: " + "; ".join(not_ready) +
-                             f". Run `run_shards rerun {run.root}` (or `run_shards merge {run.root} --allow-partial` "
-                             "for the rows that exist).")
+                             f". Run `{command('rerun', run.root)}` (or "
+                             f"`{command('merge', run.root, '--allow-partial')}` for the rows that exist).")
         return _write(run, manifest, index, schema, readers, allow_partial)
     finally:
         for r in readers:
@@ -87,7 +88,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
            allow_partial: bool) -> Path:
     attrs = dict(manifest["attrs"])
     tmp = run.result_path.with_name(f".{run.result_path.name}.tmp")
-    remedy = f"The shards are intact; free space and run `run_shards merge {run.root}`"
+    remedy = f"The shards are intact; free space and run `{command('merge', run.root)}`"
     plan = CopyPlan(run.copies_path) if run.copies_path.exists() else None
     if plan is not None:
         attrs.update(reused_from=[s.given for s in plan.sources], copies=plan.counts)
@@ -197,9 +198,10 @@ def _set_aside_shards(run: RunDir, error: CorruptFile) -> str:
     message = f"merge refused: {error}"
     shards = [p for p in error.paths if p.parent == run.shards_dir and p.name.startswith("shard_")]
     if not shards:
-        return f"{message}. Run `run_shards rerun {run.root}` to compute the damaged rows again"
+        return f"{message}. Run `{command('rerun', run.root)}` to compute the damaged rows again"
     names = ", ".join(set_aside(p).name for p in shards)
-    return f"{message}. The damaged shard(s) were set aside as {names}; run `run_shards rerun {run.root}` to compute them again"
+    return (f"{message}. The damaged shard(s) were set aside as {names}; run `{command('rerun', run.root)}` to "
+            "compute them again")
 
 
 def _check_shard(reader: Reader, manifest: dict, rank: int, run: RunDir) -> Reader:
@@ -217,5 +219,5 @@ def _check_shard(reader: Reader, manifest: dict, rank: int, run: RunDir) -> Read
     if problems:
         reader.close()
         raise MergeError(f"{reader.path} does not belong to this run: {'; '.join(problems)}. "
-                         f"Remove it and run `run_shards rerun {run.root}`.")
+                         f"Remove it and run `{command('rerun', run.root)}`.")
     return reader

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator
 import h5py
 import numpy as np
 
+from ..advice import command
 from ..errors import UserError
 from .id_index import GROUP, VERIFY_ABOVE, IdIndex, hashes_of
 from .schema import STR, Column, Schema
@@ -47,8 +48,8 @@ def result_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         if not (path / "result.h5").exists():
-            raise UserError(f"{path} holds no result.h5 yet: `run_shards status {path}` says what is left, and "
-                            f"`run_shards merge {path}` merges finished shards")
+            raise UserError(f"{path} holds no result.h5 yet: `{command('status', path)}` says what is left, and "
+                            f"`{command('merge', path)}` merges finished shards")
         return path / "result.h5"
     if not path.exists():
         raise UserError(f"{path}: no such result file or run directory")

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..advice import command
 from .h5io import CorruptFile, Reader
 from ..rundir.layout import RunDir
 
@@ -172,7 +173,7 @@ def inspect(run: RunDir, expected: np.ndarray | Callable[[], np.ndarray], rank: 
             if verify_shard is not False:
                 record_verified(path, n)
             return ShardState(rank, "complete", n, n, verified=verify_shard is not False)
-        return ShardState(rank, "corrupt", n, 0, f"{problem}; `run_shards rerun {run.root}` "
+        return ShardState(rank, "corrupt", n, 0, f"{problem}; `{command('rerun', run.root)}` "
                           "computes it again", verified=verify_shard is not False)
     verify = verify_parts
     done, bad = durable_positions(run.parts_dir(rank), verify)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..advice import command
 from .. import faults
 from . import shard_state
 from ..errors import DiskFull, disk_full_reason, ensure_space
@@ -153,7 +154,7 @@ class ShardWriter:
 
     def _remedy(self) -> str:
         return (f"Nothing partial was kept ({self.durable_rows} rows of this shard are durable); "
-                f"free space and run `run_shards rerun {self.run.root}`")
+                f"free space and run `{command('rerun', self.run.root)}`")
 
     def _raise_if_full(self, path: Path, error: Exception) -> None:
         reason = disk_full_reason(error)

@@ -20,6 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from ..advice import command
 from ..errors import MergeError, UserError
 from .variant_list import VariantList
 
@@ -42,7 +43,7 @@ def export(run, manifest: dict) -> None:
             write_csv(run.result_path, Path(out))
         except OSError as e:
             raise UserError(f"--variants-out {out}: cannot write it ({e.strerror}); {run.result_path} holds the "
-                            f"table: free the place and run `run_shards merge {run.root}` to write it again") from None
+                            f"table: free the place and run `{command('merge', run.root)}` to write it again") from None
 
 
 def write_table(file: h5py.File, variants_path: Path, score_names: list[str]) -> int:

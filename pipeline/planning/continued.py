@@ -14,6 +14,7 @@ import json
 import logging
 import os
 
+from ..advice import command
 from ..config import RunConfig, option_name
 from ..errors import RunDirError
 from ..rundir.layout import RunDir, free_out
@@ -62,7 +63,7 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
         raise RunDirError(
             f"{run.root} already holds a run with other inputs (changed: {', '.join(inputs + changed)}). To run on "
             f"the inputs as they are now, use another --out: {retry}. To finish the run that is there, restore "
-            f"its inputs as they were and run `run_shards rerun {run.root}`.")
+            f"its inputs as they were and run `{command('rerun', run.root)}`.")
     if old_config.on_gpu != config.on_gpu:   # (first: `auto` settings, the dtype, resolve otherwise on each)
         was = "GPUs" if old_config.on_gpu else "CPU workers"
         raise RunDirError(f"--gpus: {run.root} holds a run computed on {was}, and all of a run's rows come from "
@@ -70,7 +71,7 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
                           f"{'--gpus N' if old_config.on_gpu else '--gpus 0'}, or use another --out: {retry}.")
     if changed:
         raise RunDirError(f"{run.root} already holds a run with other settings (changed: {', '.join(changed)}). "
-                          f"Use another --out ({retry}), or `run_shards rerun {run.root}` to continue that run as "
+                          f"Use another --out ({retry}), or `{command('rerun', run.root)}` to continue that run as "
                           "it was.")
     older = _older_rows(old, new, config)
     if older:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from index import IndexCorrupt, SequenceIndex
 
+from ..advice import command
 from ..config import RunConfig
 from ..errors import RunDirError, UserError
 from ..rundir.layout import RunDir, free_out
@@ -18,9 +19,9 @@ def start_over_advice(run: RunDir, manifest: dict) -> str:
     gone = [f for f in config.fasta if not Path(f).exists()]
     if gone:
         return (f"Put {', '.join(gone)} back where {'it was' if len(gone) == 1 else 'they were'} (moved or renamed, "
-                f"the run no longer finds {'it' if len(gone) == 1 else 'them'}) and run `run_shards rerun {run.root}` "
+                f"the run no longer finds {'it' if len(gone) == 1 else 'them'}) and run `{command('rerun', run.root)}` "
                 "again, or start a new run on the file where it is now, with another --out.")
-    return (f"Restore the original file and run `run_shards rerun {run.root}` again, or start a new run on the "
+    return (f"Restore the original file and run `{command('rerun', run.root)}` again, or start a new run on the "
             f"file as it is now: `{config.as_command(free_out(run.root))}`.")
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..advice import command
 from ..output import copy_plan, status_codes
 from ..config import LISTED_SHARDS
 from ..errors import UserError
@@ -162,10 +163,12 @@ def _headline(f: RunFacts) -> str:
     total = int(f.manifest["index"]["count"])
     variants = f" and {sum(f.variant_statuses.values()):,} variants" if f.task.startswith("variants") else ""
     if f.result == "complete":
-        return f"<p id='headline' class='complete'>finished: {f.root}/result.h5 holds {f.rows:,} rows{variants}</p>"
+        return (f"<p id='headline' class='complete'>finished: {html.escape(str(f.root))}/result.h5 holds {f.rows:,} "
+                f"rows{variants}</p>")
     if f.result == "partial":
-        return (f"<p id='headline' class='failed'>PARTIAL result: {f.root}/result.h5 holds {f.rows:,} of {total:,} "
-                f"rows{variants} (`run_shards rerun {f.root}` computes the rest)</p>")
+        return (f"<p id='headline' class='failed'>PARTIAL result: {html.escape(str(f.root))}/result.h5 holds "
+                f"{f.rows:,} of {total:,} "
+                f"rows{variants} (`{html.escape(command('rerun', f.root))}` computes the rest)</p>")
     running = sum(s.state == "running" for s in f.shards)
     return (f"<p id='headline' class='{'running' if running else 'failed'}'>"
             + (f"running now ({running} shard(s) being computed): " if running else "not finished: ")
@@ -180,11 +183,11 @@ def _next_step(f: RunFacts) -> str:
     root = f.root
     queued = f.slurm is not None and f.slurm.merge_state.split(" ")[0] in ("PENDING", "RUNNING", "REQUEUED")
     if queued or any(s.state == "running" for s in f.shards):
-        text = f"shards are being computed or queued now: follow them with `run_shards status {root}`"
+        text = f"shards are being computed or queued now: follow them with `{command('status', root)}`"
     elif all(s.state == "complete" for s in f.shards):
-        text = f"every shard is complete: `run_shards merge {root}` writes the result"
+        text = f"every shard is complete: `{command('merge', root)}` writes the result"
     else:
-        text = f"`run_shards rerun {root}` computes the unfinished shards (from their checkpoints) and merges"
+        text = f"`{command('rerun', root)}` computes the unfinished shards (from their checkpoints) and merges"
     return f"<p id='next'>Next: {html.escape(text)}</p>"
 
 
@@ -343,7 +346,7 @@ def render(f: RunFacts) -> str:
 <p>{len(f.lengths):,} sequences in {len(f.shards)} shard(s); task {e(f.task or config['task'])},
 model {e(config['model'])}, engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))};
 run directory {e(f.root)};
-report written {e(f.written)} (`run_shards report {e(f.root)}` writes it again).</p>
+report written {e(f.written)} (`{e(command('report', f.root))}` writes it again).</p>
 {f"<p id='copies'>Rows: {e(copy_plan.described(m))}.</p>" if copy_plan.described(m) else ""}
 {error}
 <h2>Sequence lengths</h2>{lengths_chart(f)}

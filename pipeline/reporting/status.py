@@ -14,6 +14,7 @@ import socket
 
 from index import SequenceIndex
 
+from ..advice import command
 from ..config import LISTED_SHARDS
 from ..errors import UserError, human_bytes
 from ..launchers.slurm_queue import Queue
@@ -68,7 +69,7 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     lines += _table(run, states, every_shard or world <= LISTED_SHARDS)
     lines.append(f"checksums: every finished file read back ({human_bytes(stored)})" if verify else
                  f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
-                 f"`run_shards status {run.root} --verify` reads every byte")
+                 f"`{command('status', run.root, '--verify')}` reads every byte")
     lines.append(_disk_line(run, manifest, index, states))
     if queue is not None:
         lines += slurm_status.lines(run, states, queue, writable=not unwritable)
@@ -149,21 +150,21 @@ def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, v
                         f"{'' if variants is None else f', {variants:,} variants'}{'' if complete else ', PARTIAL'}"
                         f"{', checksums verified' if verify else ', checksums not verified'})")
             if not complete and not (holder or any(s.state == "running" for s in states)):
-                line += f"; `run_shards rerun {run.root}` computes the missing rows and merges"
+                line += f"; `{command('rerun', run.root)}` computes the missing rows and merges"
             unknown = unknown_residues_line(run)
             return line + (f"\nrows: {unknown}" if unknown else "")
         except CorruptFile as e:   # the merge writes it anew from complete shards; else they are computed first
             again = "merge" if all(s.state == "complete" for s in states) else "rerun"
-            return f"result: CORRUPT ({e}); run `run_shards {again} {run.root}`"
+            return f"result: CORRUPT ({e}); run `{command(again, run.root)}`"
     if config.get("launcher") == "slurm":
         return "result: not merged yet"   # what comes next is the scheduler's part, said above
     where = "" if not unwritable else " where the run directory is writable"
     if holder or any(s.state == "running" for s in states):
         return "result: not merged yet"
     if any(s.state != "complete" for s in states):
-        return (f"result: not merged yet; `run_shards rerun {run.root}`{where} computes the unfinished shards and "
+        return (f"result: not merged yet; `{command('rerun', run.root)}`{where} computes the unfinished shards and "
                 "merges")
-    return f"result: not merged yet; `run_shards merge {run.root}`{where} merges"
+    return f"result: not merged yet; `{command('merge', run.root)}`{where} merges"
 
 
 def _report_line(run: RunDir) -> str:
@@ -171,9 +172,9 @@ def _report_line(run: RunDir) -> str:
     import datetime
     path = run.root / "report.html"
     if not path.exists():
-        return f"report: none yet; `run_shards report {run.root}` writes {path}"
+        return f"report: none yet; `{command('report', run.root)}` writes {path}"
     written = datetime.datetime.fromtimestamp(path.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
-    return f"report: {path} (written {written}; `run_shards report {run.root}` writes it again)"
+    return f"report: {path} (written {written}; `{command('report', run.root)}` writes it again)"
 
 
 def _state_counts(states: list, listed: int, run: RunDir) -> str:
@@ -184,7 +185,7 @@ def _state_counts(states: list, listed: int, run: RunDir) -> str:
     text = ", ".join(f"{counts[k]:,} {k}" for k in sorted(counts, key=lambda k: (order + [k]).index(k)))
     return (f"shards: {text}. " + (f"Below: the {listed:,} not complete and not pending; "
                                    if listed else "None needs a look; ")
-            + f"every shard: `run_shards status {run.root} --all`")
+            + f"every shard: `{command('status', run.root, '--all')}`")
 
 
 def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) -> str:
@@ -208,5 +209,5 @@ def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) 
     text = f"disk: {human_bytes(free)} free in {run.root}; finishing needs about {human_bytes(need)} more"
     if need > free:
         text += (" - NOT ENOUGH: free space (or move the run to a larger disk), then "
-                 f"`run_shards rerun {run.root}`")
+                 f"`{command('rerun', run.root)}`")
     return text

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..advice import command
 from ..errors import RunDirError
 from .layout import RunDir, describe_holder, unwritable_reason
 
@@ -232,8 +233,8 @@ def wait_for_running_shards(run: RunDir, world: int, seconds: float) -> None:
         if time.time() >= end:
             who = "; ".join(f"shard {r} by {describe_holder(h)}" for r, h in sorted(running.items()))
             raise RunDirError(f"cannot merge yet: {len(running)} shard(s) are being computed now ({who}). Merge once "
-                            f"they have finished (`run_shards status {run.root}` shows them):  "
-                            f"run_shards merge {run.root}")
+                            f"they have finished (`{command('status', run.root)}` shows them):  "
+                            f"{command('merge', run.root)}")
         if time.time() - said >= 60:
             log.info("waiting for shard(s) %s, being computed now, before merging (up to %.0f s more)",
                      ", ".join(map(str, sorted(running))), end - time.time())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..advice import command
 from ..errors import UserError
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def check_strict_matmuls(run_dir: str | None = None) -> "MatmulMode":
 
 def _cannot_keep(mode: "MatmulMode", run_dir: str) -> UserError:
     return UserError(f"this worker cannot compute the run's rows batch-invariant, as its result file will say they "
-                     f"are: {mode.text}. Fix that, then `run_shards rerun {run_dir}`")
+                     f"are: {mode.text}. Fix that, then `{command('rerun', run_dir)}`")
 
 
 def set_cpu_threads(threads: int, flush_denormals: bool = True) -> bool:
