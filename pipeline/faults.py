@@ -11,6 +11,8 @@ RUN_SHARDS_FAULT_DIE_AT=POINT   the worker kills itself with SIGKILL at POINT of
                                 shard-written (final shard written, not yet renamed into place)
 RUN_SHARDS_FAULT_DIE_SHARD=R    ...only the worker of shard R (default: any)
 RUN_SHARDS_FAULT_DIE_AFTER=K    ...only from its K-th checkpoint on (default 0, the first)
+RUN_SHARDS_FAULT_FREE_RAM=B      the native engine on CPU sees B bytes of free RAM (MemAvailable), so its
+                                refusal of caches that do not fit runs without filling the machine
 RUN_SHARDS_FAULT_PLAN_CRASH=1   the parent raises RuntimeError (a bug's traceback) while recording a new run's
                                 plan: its index and copy plan written into OUT, its manifest not yet
 """
@@ -53,3 +55,9 @@ def maybe_die(point: str, rank: int, number: int) -> None:
 def maybe_crash_planning() -> None:
     if os.environ.get("RUN_SHARDS_FAULT_PLAN_CRASH") == "1":
         raise RuntimeError("injected crash while recording the plan (RUN_SHARDS_FAULT_PLAN_CRASH=1)")
+
+
+def free_ram() -> int | None:
+    """The free RAM RUN_SHARDS_FAULT_FREE_RAM stands for, or None (read the machine's)."""
+    value = os.environ.get("RUN_SHARDS_FAULT_FREE_RAM", "")
+    return int(value) if value else None

@@ -172,3 +172,63 @@ def test_start_over_command_covers_every_setting():
     settings = {k: v for k, v in p.items() if k in fields}
     assert RunConfig(**dict(settings, fasta=["/data/a b.fasta"], out="o", devices=[], workers=3,
                             threads_per_worker=2)) == config   # every setting parses back
+
+
+def test_suggested_commands_quote_an_out_with_spaces_quotes_and_dollars(fasta, common, reference, tmp_path):
+    """A run directory named as users name folders ("my runs/it's $HOME"): every command the failure, `status`
+    and report.html suggest names that directory when pasted into a shell, and the suggested rerun finishes
+    the run (once, unquoted, they named '/tmp/my' with 'runs/...' as a second argument)."""
+    import html
+    import os
+    import re
+    import shlex
+    import subprocess
+
+    from .tiny_models import REPO
+    out = tmp_path / "my runs" / "it's $HOME"
+    res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_DIE_AT": "part-written",
+                                                          "RUN_SHARDS_FAULT_DIE_SHARD": "1"})
+    assert res.returncode == 1, res.stderr
+    (rerun,) = re.findall(r"Continue with:\s+(run_shards .+)", res.stderr)
+    assert shlex.split(rerun) == ["run_shards", "rerun", str(out), "--shards", "1"], rerun
+
+    status = run_cli("status", str(out))
+    assert status.returncode == 0, status.stderr
+    suggested = suggested_commands(status.stdout)
+    assert suggested and all(c[1] == str(out) for c in suggested), status.stdout
+    assert run_cli("report", str(out)).returncode == 0
+    report = (out / "report.html").read_text()
+    assert html.escape(shlex.join(["run_shards", "rerun", str(out)])) in report, report
+    assert "<p id='headline' class='failed'>" in report and "$HOME" in report
+
+    # pasted into a shell, as users do (bin/ on PATH stands for the installed command)
+    env = dict(os.environ, PATH=f"{REPO / 'bin'}:{os.environ['PATH']}", HOME="/nonexistent")
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run(["bash", "-c", rerun + " --no-progress"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert_same(read(out / "result.h5"), reference)
+    finished = run_cli("status", str(out)).stdout
+    assert [c[1] for c in suggested_commands(finished)] == [str(out)] * len(suggested_commands(finished))
+
+
+def test_caches_too_large_for_the_ram_lead_to_a_run_that_continues_with_a_budget_that_fits(fasta, common, reference,
+                                                                                          tmp_path):
+    """A worker refusing caches past the free RAM stopped the run with "Continue with: run_shards rerun OUT",
+    which stopped the same way (rerun keeps the budget). Its message now names the `run` command that continues
+    the run with a --max-tokens-per-batch that fits, the run's own advice stays silent, and that command
+    finishes the run with the rows a run with any budget gives."""
+    import re
+
+    out = tmp_path / "out"
+    small = {"RUN_SHARDS_FAULT_FREE_RAM": str(64 * 2**20)}
+    res = run_cli(fasta, "--out", str(out), *common, "--max-tokens-per-batch", "50000000", env=small)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "caches need" in res.stderr and "Continue with" not in res.stderr, res.stderr
+    (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
+    assert others == [] and command[:3] == ("run", fasta, "--out") and command[3] == str(out), command
+    budget = int(re.search(r"--max-tokens-per-batch to (\d+) ", res.stderr).group(1))
+    assert command[command.index("--max-tokens-per-batch") + 1] == str(budget) and budget < 50000000
+    res = run_cli(*command, "--no-progress", env=small)
+    assert res.returncode == 0, res.stderr
+    assert_same(read(out / "result.h5"), reference)

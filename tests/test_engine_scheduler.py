@@ -183,10 +183,38 @@ def test_caches_past_the_ram_are_refused_on_cpu():
         pytest.skip("the kernel says nothing of its available memory here")
     huge = EngineConfig(max_tokens_per_step=99_999_999_999, max_seqs=8, max_model_len=1000)
     with pytest.raises(UserError, match=r"the engine's caches need [\d.]+ GiB but only [\d.]+ GiB of memory \(RAM\) "
-                                        r"is free .*lower --max-length, --max-tokens-per-batch or --max-seqs"):
+                                        r"is free .*lower --max-tokens-per-batch to \d+ \(or less\), or --max-seqs"):
         huge.resolve(SPEC, cpu, f32)
     fits = EngineConfig(max_tokens_per_step=64, max_seqs=8, max_model_len=1000).resolve(SPEC, cpu, f32)
     assert fits.cache_bytes(SPEC, f32, cpu) < free
+
+
+def test_a_refused_cache_names_the_largest_budget_that_fits(monkeypatch):
+    """The refusal names the --max-tokens-per-batch with which the caches fit (a multiple of the invariant
+    split: the largest), so the worker can print a command that continues the run; where even the longest
+    sequence alone does not fit, or the cache's size was given, no budget is named and --max-length is."""
+    import torch
+
+    from pipeline.engine.config import INVARIANT_SPLIT, CachesTooLarge
+    cpu, f32 = torch.device("cpu"), torch.float32
+    monkeypatch.setenv("RUN_SHARDS_FAULT_FREE_RAM", str(64 * 2**20))
+    allowed = 0.9 * 64 * 2**20
+    config = lambda budget, **k: EngineConfig(max_tokens_per_step=budget, max_seqs=8, max_model_len=1000, **k)  # noqa: E731
+    with pytest.raises(CachesTooLarge, match=r"only 0\.06 GiB of memory \(RAM\)") as refused:
+        config(10_000_000).resolve(SPEC, cpu, f32)
+    budget = refused.value.fitting_budget
+    assert budget is not None and budget % INVARIANT_SPLIT == 0
+    assert f"--max-tokens-per-batch to {budget} " in str(refused.value)
+    assert config(budget).resolve(SPEC, cpu, f32).cache_bytes(SPEC, f32, cpu) <= allowed
+    with pytest.raises(CachesTooLarge):
+        config(budget + INVARIANT_SPLIT).resolve(SPEC, cpu, f32)
+
+    with pytest.raises(CachesTooLarge, match="lower --max-length, --max-tokens-per-batch or --max-seqs") as refused:
+        EngineConfig(max_tokens_per_step=4096, max_seqs=8, max_model_len=50_000_000).resolve(SPEC, cpu, f32)
+    assert refused.value.fitting_budget is None
+    with pytest.raises(CachesTooLarge) as refused:
+        config(10_000_000, num_pages=10_000_000).resolve(SPEC, cpu, f32)
+    assert refused.value.fitting_budget is None
 
 
 def test_block_tables_stay_equal_to_a_rebuild_after_random_admits_and_finishes():

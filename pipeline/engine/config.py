@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .. import faults
 from ..errors import UserError
 from ..models.base import ModelSpec
 from .mkl_cnr import strict_matmuls
@@ -57,6 +58,16 @@ def not_invariant_reason(budget: int, dtype: torch.dtype) -> str:
         return (f"{str(dtype).removeprefix('torch.')} products on CPU run through oneDNN, whose row results "
                 "depend on the row and thread count; --dtype float32 keeps them batch-invariant")
     return strict_matmuls().text
+
+
+class CachesTooLarge(UserError):
+    """The engine's caches do not fit the free memory. `fitting_budget`: the largest --max-tokens-per-batch
+    (a multiple of INVARIANT_SPLIT below the run's) with which they would, None where none does (the longest
+    sequence alone is too much: then only a lower --max-length helps, which makes another run)."""
+
+    def __init__(self, message: str, fitting_budget: int | None):
+        super().__init__(message)
+        self.fitting_budget = fitting_budget
 
 
 @dataclass(frozen=True)
@@ -113,7 +124,7 @@ class EngineConfig:
                         not_invariant_reason(budget, dtype))
         resolved = replace(self, num_pages=pages, num_state_slots=slots if spec.delta else 0, gdn_chunk_size=chunk,
                            batch_invariant=paths)
-        resolved._check_memory(spec, device, dtype)
+        resolved._check_memory(spec, device, dtype, derived_pages=not self.num_pages)
         return resolved
 
     def _derived_pages(self, spec: ModelSpec) -> int:
@@ -138,7 +149,7 @@ class EngineConfig:
         state = self.num_state_slots * spec.delta.bytes_per_slot(dtype) if spec.delta else 0
         return kv + state
 
-    def _check_memory(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
+    def _check_memory(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype, derived_pages: bool) -> None:
         need = self.cache_bytes(spec, dtype, device)
         log.info("engine budgets: %d tokens and %d sequences per step; KV cache %d pages x %d tokens; "
                  "%d state slots; caches %.1f MiB", self.max_tokens_per_step, self.max_seqs, self.num_pages,
@@ -150,15 +161,36 @@ class EngineConfig:
             free, where = _available_ram(), "memory (RAM)"
             if free is None:
                 return
-        if need > self.memory_fraction * free:
-            raise UserError(
+        allowed = self.memory_fraction * free
+        if need > allowed:
+            fits = self._fitting_budget(spec, dtype, device, allowed) if derived_pages else None
+            raise CachesTooLarge(
                 f"the engine's caches need {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB of {where} is "
-                f"free (using at most {self.memory_fraction:.0%}); lower --max-length, --max-tokens-per-batch or "
-                "--max-seqs")
+                f"free (using at most {self.memory_fraction:.0%}); lower "
+                + (f"--max-tokens-per-batch to {fits} (or less), or --max-seqs" if fits else
+                   "--max-length, --max-tokens-per-batch or --max-seqs"), fits)
+
+    def _fitting_budget(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float) -> int | None:
+        """The largest step budget below this one, a multiple of INVARIANT_SPLIT, whose derived caches take at
+        most `allowed` bytes; None where even INVARIANT_SPLIT tokens do not fit."""
+        def fits(budget: int) -> bool:
+            smaller = replace(self, max_tokens_per_step=budget, num_pages=0)
+            sized = replace(smaller, num_pages=smaller._derived_pages(spec))
+            return sized.cache_bytes(spec, dtype, device) <= allowed
+        low, high = 1, (self.max_tokens_per_step - 1) // INVARIANT_SPLIT   # in units of INVARIANT_SPLIT
+        if high < low or not fits(low * INVARIANT_SPLIT):
+            return None
+        while low < high:                 # the caches grow with the budget: the last unit that fits
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(middle * INVARIANT_SPLIT) else (low, middle - 1)
+        return low * INVARIANT_SPLIT
 
 
 def _available_ram() -> int | None:
     """Bytes of RAM the kernel can give without swapping (MemAvailable), None where it does not say."""
+    injected = faults.free_ram()
+    if injected is not None:
+        return injected
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -15,9 +15,11 @@ import torch
 from index import InputChanged, SequenceIndex
 from index.shard_view import open_stride
 
+from ..advice import command
 from .. import faults
 from ..config import RunConfig
 from ..engine import selection as engines
+from ..engine.config import CachesTooLarge
 from ..models import preload
 from ..models.checkpoint import EngineInfo, load_failure, read_ahead
 from ..models.conventions import PLAIN, Convention
@@ -154,13 +156,19 @@ class ShardRun:
             engine = engines.load(manifest["engine"], model["path"], device, dtype,
                                   logprobs=config.task in ("score", "variants"), info=info, config=config,
                                   run_limit=manifest["max_tokens"], fingerprint=model.get("fingerprint", ""))
+        except CachesTooLarge as e:   # (a rerun stops the same way: the run's budget must change)
+            if e.fitting_budget is None:
+                raise
+            smaller = replace(config, max_tokens_per_batch=e.fitting_budget)
+            raise UserError(f"{e}. This command continues the run with that budget: "
+                            f"`{smaller.as_command(self.run_dir.root)}`") from None
         except Exception as e:
             problem = load_failure(e, model["path"])
             if problem is None:
                 raise   # not the files, not a config value: a bug or the environment; exit 1, traceback logged
             log.exception("loading the model failed")   # the traceback stays in the log
             raise UserError(f"cannot load the model from {model['path']}: {problem}; replace the damaged files with "
-                            f"an intact copy, then run `run_shards rerun {self.run_dir.root}`") from None
+                            f"an intact copy, then run `{command('rerun', self.run_dir.root)}`") from None
         task = make_task(config, engine.info, self.run_dir.root)
         digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
         if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
