@@ -292,6 +292,15 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         shown = show_job(cluster, merge)
         assert f"Dependency=afterok:{first}_*" in shown and "TimeLimit=00:40:00" in shown, shown
         assert not re.search(r"gres|gpu:|Comment=two", shown), shown   # the merge job keeps no shard option
+        # Submitted by hand, so run_shards holds no record of these jobs: `status` finds them by their scripts
+        # (it said "nothing submitted yet; `rerun` submits them"), and `rerun` submits nothing a second time.
+        queued = cluster.run("squeue", "--noheader", "--array", "--format=%i").split()
+        status = run_cli("status", str(out), env=cluster.env).stdout
+        assert "that run_shards did not submit" in status and f"{merge} PENDING" in status, status
+        assert "nothing submitted yet" not in status and f"scancel {first} {second} {merge}" in status, status
+        again = run_cli("rerun", str(out), env=cluster.env)
+        assert again.returncode == 0 and again.stdout.startswith("nothing submitted (never a shard twice)"), again
+        assert cluster.run("squeue", "--noheader", "--array", "--format=%i").split() == queued
         cluster.cancel_all()
         cluster.run("scontrol", "update", nodes, "state=resume")
 

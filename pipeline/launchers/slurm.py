@@ -17,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ..advice import command
 from ..config import RunConfig
 from ..errors import RunFailed, UserError
 from ..output.schema import Schema
@@ -28,7 +29,8 @@ from .progress import ProgressBoard
 from .sbatch_scripts import (array_ranges, asks_for_gpus, expand_ranges, merge_options, merge_script, option_groups,
                              shard_script, signal_seconds, split_arrays)
 from .slurm_limits import check_job_count, max_array_size, time_limit, warn_if_short
-from .slurm_queue import Queue, append_submission, slurm_dir, stopped_lines
+from .slurm_queue import (Queue, append_submission, slurm_dir, stopped_lines, unrecorded_jobs,
+                          unrecorded_lines)
 
 log = logging.getLogger("run_shards")
 
@@ -83,7 +85,13 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
     if queue.subs and not queue.answered:
         raise UserError("squeue gave no answer here, so whether this run's earlier jobs are still queued is "
                         f"unknown; nothing was submitted (never a shard twice). Run the command again where "
-                        f"SLURM's commands work (`run_shards status {run.root}` shows the shards)")
+                        f"SLURM's commands work (`{command('status', run.root)}` shows the shards)")
+    hand = unrecorded_jobs(run, queue.subs)
+    if hand:   # (the scripts a --dry-run wrote, submitted by hand: run_shards holds no record of their tasks)
+        said = unrecorded_lines(run, hand)
+        log.info("%s", said[0])
+        return Submitted("\n".join([f"nothing submitted (never a shard twice): {said[0]}", said[1],
+                                    f"follow with:  {command('status', run.root)}"]))
     live = queue.live_shards(job.ranks)
     elsewhere = [r for r in job.ranks if r not in live and ShardLock(run, r).held_elsewhere()]
     todo = [r for r in job.ranks if r not in live and r not in elsewhere]
@@ -94,7 +102,7 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
     if not todo and merge is not None and merge.live:
         return Submitted("\n".join(["nothing submitted: " + notes[0]] + notes[1:] + [
             f"merge job {merge.job_id} ({merge.words()}) writes the result once they succeed",
-            f"follow with:  run_shards status {run.root}"]),
+            f"follow with:  {command('status', run.root)}"]),
             follow=(lambda: follow(job, queue.merge_id)) if job.wait else None)
     tasks = _tasks(todo, config)
     arrays = split_arrays(tasks, max_array_size(False))
@@ -119,7 +127,7 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
             f"job {merge_id} runs once they all succeed" if ids else
             f"submitted merge job {merge_id}, which runs once the queued tasks succeed")
     log.info("%s", what)
-    return Submitted("\n".join([what] + notes + [f"follow with:  run_shards status {run.root}",
+    return Submitted("\n".join([what] + notes + [f"follow with:  {command('status', run.root)}",
                                                  f"result (once merged): {run.result_path}"]),
                      follow=(lambda: follow(job, merge_id)) if job.wait else None)
 
@@ -293,14 +301,15 @@ def follow(job: ShardJob, merge_id: str, poll_seconds: float = 2.0) -> Path:
             if merged is not None:
                 if merged.get("error"):
                     raise RunFailed(f"the merge job {merge_id} failed: {merged['error']}\n"
-                                    f"Continue with:  run_shards merge {run.root}")
+                                    f"Continue with:  {command('merge', run.root)}")
                 return run.result_path
             if queue is not None and queue.answered:
                 _check_queue(job, states, queue, merge_id)
     except KeyboardInterrupt:
         subs = Queue.read(run, job.world).subs
         ids = [a["job_id"] for s in subs[-1:] for a in s["arrays"]] + [merge_id]
-        raise RunFailed(f"stopped following; the jobs go on in SLURM. Follow them with `run_shards status {run.root}`, "
+        raise RunFailed(f"stopped following; the jobs go on in SLURM. Follow them with "
+                        f"`{command('status', run.root)}`, "
                         f"or cancel them with `scancel {' '.join(ids)}`.", interrupted=True) from None
     finally:
         board.close()
@@ -325,13 +334,13 @@ def _check_queue(job: ShardJob, states: dict, queue: Queue, merge_id: str) -> No
     if stopped:
         raise RunFailed("\n".join(stopped_lines(run, {r: states[r].state for r in stopped}, stopped) + [
             f"The merge job {merge_id} cannot run now (a shard task failed or was cancelled); SLURM cancels it. "
-            "The other tasks go on.", f"Continue with:  run_shards rerun {run.root}"]))
+            "The other tasks go on.", f"Continue with:  {command('rerun', run.root)}"]))
     if merge is None or not merge.live:
         complete = all(s.state == "complete" for s in states.values())
         log_path = run.logs_dir / f"slurm_merge_{merge_id}.out"
         raise RunFailed(
             f"the merge job {merge_id} ended without writing the result"
             + (f" (see {log_path})" if log_path.exists() else " (it never started: it left no log)")
-            + f".\nContinue with:  run_shards merge {run.root}" if complete else
+            + f".\nContinue with:  {command('merge', run.root)}" if complete else
             f"the merge job {merge_id} is no longer queued and not every shard is complete (were the jobs "
-            f"cancelled?).\nContinue with:  run_shards rerun {run.root}")
+            f"cancelled?).\nContinue with:  {command('rerun', run.root)}")

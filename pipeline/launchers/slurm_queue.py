@@ -116,6 +116,50 @@ def query(ids: list[str]) -> dict[str, Task] | None:
     return tasks
 
 
+def unrecorded_jobs(run: RunDir, subs: list[dict]) -> list[tuple[str, Task]] | None:
+    """The live jobs and array tasks of this run's scripts (OUT/slurm/shards.sbatch, merge.sbatch) that no
+    submission of run_shards recorded: the commands a --dry-run printed, submitted by hand. Found by the jobs'
+    names (run_shards:NAME, run_shards-merge:NAME) and kept where their command is one of the scripts. None
+    when squeue cannot answer. Each as ("shards" or "merge", the task)."""
+    scripts = {(slurm_dir(run) / f"{kind}.sbatch").resolve(): kind for kind in ("shards", "merge")}
+    names = f"run_shards:{run.root.name},run_shards-merge:{run.root.name}"
+    try:
+        res = subprocess.run(["squeue", "--noheader", "--array", "--name=" + names,
+                              "--Format=" + ",".join(f"{f}:|" for f in FIELDS + ("WorkDir", "Command"))],
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.debug("squeue gave no answer: %s", e)
+        return None
+    if res.returncode != 0:
+        log.debug("squeue failed: %s", res.stderr.strip())
+        return None
+    recorded, found = set(job_ids(subs)), []
+    for line in res.stdout.splitlines():
+        words = [w.strip() for w in line.split("|")]
+        if len(words) < len(FIELDS) + 2:
+            continue
+        job, state, reason, node, restarts, submitted, started, ended, workdir, script = words[:len(FIELDS) + 2]
+        kind = scripts.get((Path(workdir) / script).resolve())
+        if kind is None or job.split("_")[0] in recorded:
+            continue
+        task = Task(job, state, reason, node, int(restarts) if restarts.isdigit() else 0, submitted, started, ended)
+        if task.live:
+            found.append((kind, task))
+    return found
+
+
+def unrecorded_lines(run: RunDir, jobs: list[tuple[str, Task]]) -> list[str]:
+    """What `run`, `rerun` and `status` say of jobs unrecorded_jobs found."""
+    jobs = sorted(jobs, key=lambda job: [(len(part), part) for part in job[1].job_id.split("_")])
+    shown = [f"{t.job_id} {t.words()}" + (" (the merge job)" if kind == "merge" else "") for kind, t in jobs[:6]]
+    more = f" and {len(jobs) - 6:,} more" if len(jobs) > 6 else ""
+    ids = " ".join(sorted({t.job_id.split("_")[0] for _, t in jobs}, key=lambda i: (len(i), i)))
+    return [f"SLURM holds job(s) of this run's scripts ({slurm_dir(run)}) that run_shards did not submit (the "
+            f"commands a --dry-run printed, submitted by hand): {'; '.join(shown)}{more}. They compute its shards "
+            "and merge it.",
+            f"To submit through run_shards instead, cancel them first (scancel {ids})."]
+
+
 def shard_task_ids(run: RunDir, subs: list[dict], world: int) -> dict[int, str]:
     """{shard: id of the array task that computes it in the latest submission that holds it}."""
     found: dict[int, str] = {}

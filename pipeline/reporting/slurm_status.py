@@ -4,11 +4,12 @@ cannot run, why and the command that finishes the run."""
 from __future__ import annotations
 
 
+from ..advice import command
 from ..config import RunConfig
 from ..launchers.sbatch_scripts import array_ranges, split_arrays
 from ..launchers.slurm import array_commands, by_hand
 from ..launchers.slurm_limits import max_array_size
-from ..launchers.slurm_queue import Queue, slurm_dir, stopped_lines
+from ..launchers.slurm_queue import Queue, slurm_dir, stopped_lines, unrecorded_jobs, unrecorded_lines
 from ..output.shard_state import ShardState
 from ..rundir import events
 from ..rundir.layout import RunDir
@@ -37,14 +38,13 @@ def amend(states: list[ShardState], queue: Queue) -> None:
 
 def lines(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -> list[str]:
     """The slurm section of `status`."""
+    hand = unrecorded_jobs(run, queue.subs) if not run.result_path.exists() else None
+    if hand:
+        said = unrecorded_lines(run, hand)
+        return ([] if not queue.subs else [_last_submitted(queue)]) + [f"slurm: {said[0]}", f"  {said[1]}"]
     if not queue.subs:
         return [_nothing_submitted(run)]
-    last, merge_id = queue.subs[-1], queue.merge_id
-    merge = queue.merge
-    shown = f" ({merge.words()})" if merge is not None else ""
-    out = [f"slurm: last submitted {last['submitted']}: job array(s) "
-           f"{', '.join(a['job_id'] + ' [' + a['array'] + ']' for a in last['arrays']) or 'none'}, merge job "
-           f"{merge_id}{shown}"]
+    out = [_last_submitted(queue)]
     if run.result_path.exists():
         return out
     refused = _last_refusal(run)
@@ -58,6 +58,14 @@ def lines(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -
     if now and queue.answered:
         out.append(f"  shard(s) {'; '.join(now)} in SLURM now")
     return out + ["  " + line for line in _next(run, states, queue, writable)]
+
+
+def _last_submitted(queue: Queue) -> str:
+    last, merge = queue.subs[-1], queue.merge
+    shown = f" ({merge.words()})" if merge is not None else ""
+    return (f"slurm: last submitted {last['submitted']}: job array(s) "
+            f"{', '.join(a['job_id'] + ' [' + a['array'] + ']' for a in last['arrays']) or 'none'}, merge job "
+            f"{queue.merge_id}{shown}")
 
 
 def _last_refusal(run: RunDir) -> dict | None:
@@ -77,9 +85,9 @@ def _nothing_submitted(run: RunDir) -> str:
     last = next((e for e in reversed(events.read(run.run_events_path)) if e["event"] in ("dry_run", "refused")), None)
     if last is not None and last["event"] == "refused":
         return (f"slurm: nothing submitted: {last['error'].splitlines()[0]}\n  {_other_options(last)} "
-                f"Continue with:  run_shards rerun {run.root}")
+                f"Continue with:  {command('rerun', run.root)}")
     why = "a --dry-run wrote the scripts" if last is not None else "the scripts are written"
-    return (f"slurm: nothing submitted yet ({why}: {slurm_dir(run)}); `run_shards rerun {run.root}` submits "
+    return (f"slurm: nothing submitted yet ({why}: {slurm_dir(run)}); `{command('rerun', run.root)}` submits "
             "them")
 
 
@@ -95,7 +103,7 @@ def _next(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -
         return stopped_lines(run, stopped, tasks) + [
             f"squeue gave no answer here, so whether SLURM requeues them is unknown: a task that was preempted "
             f"or reached its time limit is requeued and continues from its checkpoints (merge job {merge_id} "
-            f"waits for it); one that was cancelled is not: then continue with:  run_shards rerun {run.root}"]
+            f"waits for it); one that was cancelled is not: then continue with:  {command('rerun', run.root)}"]
     if stopped:
         return [f"shard(s) {array_ranges(list(stopped))} were interrupted (preempted, or near their time limit); "
                 f"SLURM requeues their tasks, which continue from their checkpoints, and merge job {merge_id} "
@@ -116,7 +124,7 @@ def _next(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -
     how = (f"it failed: {log}" if log.exists() else "it never started: it left no log") if merge == "gone" else \
         (f"still queued, or it failed: {log}" if log.exists() else "still queued, or gone without a log")
     return [f"every shard is complete; merge job {merge_id} has not written the result ({how}). "
-            f"{_where(writable)}Continue with:  run_shards merge {run.root}"]
+            f"{_where(writable)}Continue with:  {command('merge', run.root)}"]
 
 
 def _where(writable: bool) -> str:
@@ -130,5 +138,5 @@ def _rerun_lines(run: RunDir, queue: Queue, merge: str | None, ranks: list[int],
     commands = array_commands(split_arrays(sorted({r // per_task for r in ranks}), max_array_size(True)),
                                config.array_throttle, slurm_dir(run) / "shards.sbatch")
     return [f"so merge job {queue.merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
-            + f". {_where(writable)}Continue with:  run_shards rerun {run.root}",
+            + f". {_where(writable)}Continue with:  {command('rerun', run.root)}",
             f"(the same by hand: {by_hand(commands, slurm_dir(run) / 'merge.sbatch', '', '; ')})"]
