@@ -232,3 +232,56 @@ def test_caches_too_large_for_the_ram_lead_to_a_run_that_continues_with_a_budget
     res = run_cli(*command, "--no-progress", env=small)
     assert res.returncode == 0, res.stderr
     assert_same(read(out / "result.h5"), reference)
+
+
+def _failed_run_without_its_index(fasta, common, out):
+    res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_DIE_AT": "part-written",
+                                                          "RUN_SHARDS_FAULT_DIE_SHARD": "1"})
+    assert res.returncode == 1, res.stderr
+    planned = (out / "index.rsidx").read_bytes()
+    (out / "index.rsidx").unlink()
+    return planned
+
+
+def test_an_index_deleted_by_hand_is_built_again_by_the_rerun_status_suggests(fasta, common, reference, tmp_path):
+    """index.rsidx deleted from an unfinished run (a clean-up of "big files") stranded it: status, merge and
+    rerun all failed ("cannot read the run's index ... check the file system") while its shards sat there.
+    Now status and merge say so and name `rerun`, which builds the very same index from the FASTA and
+    finishes the run."""
+    out = tmp_path / "out"
+    planned = _failed_run_without_its_index(fasta, common, out)
+    status = run_cli("status", str(out))
+    assert status.returncode == 0 and "index.rsidx is missing (deleted or moved)" in status.stdout, status
+    assert suggested_commands(status.stdout) == [["rerun", str(out)]]
+    merge = run_cli("merge", str(out))
+    assert merge.returncode == 2 and suggested_commands(merge.stderr) == [["rerun", str(out)]], merge.stderr
+    rerun_matches(out, reference)
+    assert (out / "index.rsidx").read_bytes() == planned
+
+
+def test_an_index_deleted_by_hand_is_built_again_by_the_same_run_command(fasta, common, reference, tmp_path):
+    out = tmp_path / "out"
+    planned = _failed_run_without_its_index(fasta, common, out)
+    res = run_cli(fasta, "--out", str(out), *common)
+    assert res.returncode == 0, res.stderr
+    assert "index.rsidx was missing: built again from the FASTA" in res.stderr
+    assert_same(read(out / "result.h5"), reference)
+    assert (out / "index.rsidx").read_bytes() == planned
+
+
+def test_an_index_deleted_with_the_copy_plan_it_needs_is_refused_with_both_ways_out(tmp_path):
+    """A run that copies some records (duplicates) cannot rebuild its index without copies.rsidx, which says
+    which: the message names both files and a new run (the manifest check alone, no model needed)."""
+    import dataclasses
+
+    from pipeline.config import RunConfig
+    from pipeline.planning.run_index import missing_index
+    from pipeline.rundir.layout import RunDir
+    run = RunDir(tmp_path / "out")
+    manifest = {"config": dataclasses.asdict(RunConfig(fasta=["in.fasta"], out=str(run.root))), "world": 2,
+                "copies": {"counts": {"records": 10, "computed": 7}}}
+    said = missing_index(run, manifest)
+    assert "copies.rsidx" in said and "restore both" in said and "--out" in said, said
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "copies.rsidx").write_bytes(b"")
+    assert "builds it again" in missing_index(run, manifest)

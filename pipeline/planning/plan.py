@@ -25,7 +25,7 @@ from ..output import run_inputs, status_codes
 from ..output.schema import BASE_COLUMNS, Schema
 from ..output.variant_list import VariantList
 from ..rundir.layout import RunDir
-from . import run_identity
+from . import run_identity, run_index
 from .continued import reconcile, shard_count
 from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
@@ -65,6 +65,8 @@ class Plan:
             if self.variants is not None:
                 self.variants.save(run.variants_path)
             faults.maybe_crash_planning()
+        elif not run.index_path.exists():   # deleted by hand: this command's index is the run's (`reconcile`)
+            run_index.save_again(run, self.manifest, self.index)
         if not run.exists() or run.read_manifest() != self.manifest:
             run.write_manifest(self.manifest)
         return run.read_manifest()

@@ -1,15 +1,21 @@
 """The run's own index, as later commands reopen it: checked against the FASTA files as they are now, with
-both ways out when they changed (restore them and `rerun`, or start a new run on them as they are)."""
+both ways out when they changed (restore them and `rerun`, or start a new run on them as they are), and built
+again from them when it was deleted by hand."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from index import IndexCorrupt, SequenceIndex
+from index import IndexCorrupt, SequenceIndex, load_or_build
 
 from ..advice import command
 from ..config import RunConfig
 from ..errors import RunDirError, UserError
 from ..rundir.layout import RunDir, free_out
+from .copies import Copies
+from .input_policies import apply_input_policies
+
+log = logging.getLogger("run_shards")
 
 
 def start_over_advice(run: RunDir, manifest: dict) -> str:
@@ -27,11 +33,16 @@ def start_over_advice(run: RunDir, manifest: dict) -> str:
 
 def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, verify: bool = True) -> SequenceIndex:
     """The run's index (memory-mapped), after checking that the FASTA files still match it (refusing with
-    what changed). `refresh_copies` (only where no worker of the run can be reading them): decompress again
-    the .gz inputs that changed, so a restored .gz lets the run continue. `verify`: read the whole file for
-    its checksum first (`status` and array tasks, which read a few pages of it, do not)."""
+    what changed). `refresh_copies` (only where no worker of the run can be reading them, under the run's
+    lock): decompress again the .gz inputs that changed, so a restored .gz lets the run continue, and build
+    the index again where it was deleted. `verify`: read the whole file for its checksum first (`status` and
+    array tasks, which read a few pages of it, do not)."""
+    if refresh_copies and not run.index_path.exists() and _rebuildable(run, manifest):
+        _rebuild(run, manifest)
     try:
         index = SequenceIndex.load(run.index_path, verify=verify)
+    except FileNotFoundError:
+        raise RunDirError(missing_index(run, manifest)) from None
     except IndexCorrupt as e:
         config = RunConfig.from_manifest(manifest)
         raise RunDirError(f"the run's index is damaged ({e}); start a new run: "
@@ -50,3 +61,56 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
         index.close()
         raise UserError(f"the input FASTA no longer matches this run ({changed}). {start_over_advice(run, manifest)}")
     return index
+
+
+def missing_index(run: RunDir, manifest: dict) -> str:
+    """What to do when the run's index file is gone (deleted or moved by hand)."""
+    gone = f"the run's index {run.index_path} is missing (deleted or moved)"
+    if _rebuildable(run, manifest):
+        return (f"{gone}; `{command('rerun', run.root)}` builds it again from the FASTA and continues the run "
+                "(its shards are kept)")
+    return (f"{gone}, and so is {run.copies_path}, which says which of its records are copied instead of "
+            f"computed: restore both from where they went, then run `{command('rerun', run.root)}`; or start a new "
+            f"run: `{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
+
+
+def _rebuildable(run: RunDir, manifest: dict) -> bool:
+    """Whether the index can be built again: every record computed, or the copy plan still there."""
+    counts = (manifest.get("copies") or {}).get("counts")
+    return counts is None or counts["computed"] == counts["records"] or run.copies_path.exists()
+
+
+def _rebuild(run: RunDir, manifest: dict) -> None:
+    """The run's index built again from its FASTA files as planning built it (the same input policies and
+    stride table), kept only where it is the very index the run was planned with (its fingerprint)."""
+    config = RunConfig.from_manifest(manifest)
+    index = None
+    try:
+        built, _ = load_or_build(config.fasta)
+    except (OSError, UserError) as e:
+        raise RunDirError(f"{missing_index(run, manifest).split(';')[0]}, and it cannot be built again from the "
+                          f"FASTA ({e}). {start_over_advice(run, manifest)}") from None
+    try:
+        index = apply_input_policies(built, config)
+        if index.fingerprint() != manifest["index"]["fingerprint"]:
+            raise UserError(f"the run's index {run.index_path} is missing, and the input FASTA no longer matches "
+                            f"this run (its index built again differs). {start_over_advice(run, manifest)}")
+        save_again(run, manifest, index)
+    finally:
+        built.close()
+        if index is not None and index is not built:
+            index.close()
+
+
+def save_again(run: RunDir, manifest: dict, index: SequenceIndex) -> None:
+    """Write a run's deleted index again from `index`, the one it was planned with (the caller checked), with the
+    stride table its workers read (of the records it computes, by its copy plan)."""
+    if not _rebuildable(run, manifest):
+        raise RunDirError(missing_index(run, manifest))
+    only, plan = Copies((manifest.get("copies") or {}).get("counts")).only(run)
+    try:
+        index.save(run.index_path, world=manifest["world"], only=only)
+    finally:
+        if plan is not None:
+            plan.close()
+    log.warning("the run's index %s was missing: built again from the FASTA", run.index_path)

@@ -21,7 +21,7 @@ from ..launchers.slurm_queue import Queue
 from ..output import copy_plan, shard_state
 from ..output.h5io import CorruptFile, Reader
 from ..output.schema import Schema
-from ..planning.run_index import load_run_index
+from ..planning.run_index import load_run_index, missing_index
 from ..rundir.layout import RunDir, unwritable_reason
 from ..rundir.locks import RunLock, ShardLock, describe_holder
 from .facts import unknown_residues_line
@@ -40,6 +40,8 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     if unwritable:
         lines.append(f"NOT WRITABLE here ({unwritable}): rerun, merge and work must run where {run.root} is "
                      "mounted read-write")
+    if not run.index_path.exists():   # (nothing below can be read without it)
+        return "\n".join(lines + [f"index: {missing_index(run, manifest)}"])
     try:
         index = load_run_index(run, manifest, verify=False)   # mapped: status reads a few pages of it
     except UserError as e:
