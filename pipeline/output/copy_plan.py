@@ -109,10 +109,11 @@ def check_sources(run: RunDir, manifest: dict, plan: CopyPlan) -> None:
     config = RunConfig.from_manifest(manifest)
     given = {s.given for s, _ in bad}
     without = dataclasses.replace(config, reuse=[r for r in config.reuse if r not in given])
-    which = "that --reuse" if len(bad) == 1 else "those --reuse"
+    which, files = ("that --reuse", "the file back as it was") if len(bad) == 1 else \
+        ("those --reuse", "the files back as they were")
     raise UserError(
         f"this run copies rows of {'; '.join(f'--reuse {s.given}, and {why}' for s, why in bad)}. Nothing was "
-        f"merged, and the shards computed so far are kept: put the file back as it was when the run was planned "
+        f"merged, and the shards computed so far are kept: put {files} when the run was planned "
         f"and run `run_shards rerun {run.root}`, which computes what is left and merges; or start the run again "
         f"without {which}, in another directory: `{without.as_command(free_out(run.root))}`")
 
