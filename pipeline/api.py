@@ -19,7 +19,8 @@ from . import __version__, launchers
 from .config import RunConfig, misplaced
 from .errors import RunFailed, UserError
 from .launchers.job import ShardJob, Submitted
-from .output import result as result_merge, shard_state
+from .output import copy_plan, result as result_merge, shard_state
+from .output.copy_plan import CopyPlan
 from .output.h5io import CorruptFile, Reader
 from .planning.continued import with_launch_settings
 from .planning.plan import plan
@@ -161,6 +162,12 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         return run.result_path
     checkpoint.check_unchanged(manifest["model"], "start a new run on the checkpoint as it is now: "
                                f"`{config.as_command(free_out(run.root))}`")
+    if run.copies_path.exists():   # the results it reuses rows of: still there, before any compute
+        plan = CopyPlan(run.copies_path)
+        try:
+            copy_plan.check_sources(run, manifest, plan)
+        finally:
+            plan.close()
     states = _settled_states(run, index, config.world)
     ranks = [r for r in (only or range(config.world)) if states[r].state != "complete"]
     for r in (only or []):

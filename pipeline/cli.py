@@ -254,7 +254,7 @@ def run_command(fasta, out, gpus, workers, threads, dry_run, wait, no_progress, 
     from .commands import run_config
 
     ctx = click.get_current_context()
-    wrong = misplaced(_given(ctx), {"task": settings["task"], "launcher": settings["launcher"]})
+    wrong = misplaced(_given(ctx), settings)
     if wrong:
         raise click.UsageError(wrong)
     _setup_logging(quiet)

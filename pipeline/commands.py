@@ -35,9 +35,9 @@ def run(fasta: Paths, out: str | os.PathLike = "run_shards_out", gpus: int | str
     `dry_run`, `wait`), or what is left unmerged. `show_progress`: the progress bar (`--no-progress`).
     A user mistake raises UserError (index.FastaError for the input files), with the message the command
     line prints."""
-    wrong = misplaced([*_fields(options), *(name for name, on in (("dry_run", dry_run), ("wait", wait)) if on)],
-                      {"task": options.get("task", default_of("task")),
-                       "launcher": options.get("launcher", default_of("launcher"))})
+    given = dict(zip(_fields(options), options.values()))
+    wrong = misplaced([*given, *(name for name, on in (("dry_run", dry_run), ("wait", wait)) if on)],
+                      {**{name: default_of(name) for name in _FIELDS}, **given})
     if wrong:
         raise UserError(wrong)
     config = run_config(fasta, out, gpus, workers, threads, **options)

@@ -54,6 +54,7 @@ class Option:
     maximum: float | None = None
     off_flag: str = ""              # a flag on by default: the option that turns it off
     only_with: tuple[str, ...] | None = None   # ("task", "embed", "score"): meaningful only with those values
+    needs: str = ""                 # a flag it means something only with, on (--per-residue-dtype: per_residue)
     apart: bool = False             # the CLI sets it itself (the FASTA argument, --out, --gpus, --workers, --threads)
     repeat: bool = False            # a list given as the option repeated (`--reuse A --reuse B`), not comma-separated
 
@@ -108,7 +109,7 @@ class RunConfig:
                                      "log-probability (and a masked LM's 20 amino acids' log-probabilities) "
                                      "(CSR layout).")
     per_residue_dtype: str = setting(RESULT, "--per-residue-dtype", default="float16", choices=PER_RESIDUE_DTYPES,
-                                     only_with=_EMBED,
+                                     only_with=_EMBED, needs="per_residue",
                                      help="embed --per-residue: how the residues' vectors are stored (float16: "
                                           "2 bytes per dimension, float32: 4).")
     score_method: str = setting(RESULT, "--score-method", default="auto", choices=SCORE_METHODS, only_with=_SCORE,
@@ -276,9 +277,16 @@ class RunConfig:
     def result_fields(self) -> dict:
         return {k: getattr(self, k) for k in self.fields_with_role(RESULT)}
 
+    def ignored(self) -> set[str]:
+        """The fields that mean nothing with this configuration's task, launcher and flags (misplaced's
+        options: --per-residue-dtype without --per-residue, kept by a run planned before it was refused)."""
+        return {name for name in _FIELDS if misplaced([name], vars(self))}
+
     def as_command(self, out: str | None = None) -> str:
-        """The `run_shards run` command line for this configuration (options left at their defaults are
-        omitted), into `out` when given: what messages tell a user to run to start a run over."""
+        """The `run_shards run` command line for this configuration (options left at their defaults, or
+        meaningless with it, are omitted: the command line refuses those), into `out` when given: what
+        messages tell a user to run to start a run over."""
+        ignored = self.ignored()
         words = ["run", *self.fasta, "--out", out or self.out]
         if self.devices:
             words += ["--gpus", str(len(self.devices)) if self.launcher == "local" else "1"]
@@ -287,7 +295,7 @@ class RunConfig:
         words += ["--threads", str(self.threads_per_worker)]
         for f in dataclasses.fields(self):
             opt, value = f.metadata["option"], getattr(self, f.name)
-            if opt.apart or value == _default(f):
+            if opt.apart or value == _default(f) or f.name in ignored:
                 continue
             if isinstance(value, bool):
                 words.append(opt.flags[0] if value else opt.off_flag)
@@ -375,10 +383,12 @@ def field_type(name: str) -> type:
     return args[0] if args else hint
 
 
-def misplaced(given: typing.Iterable[str], values: typing.Mapping[str, str]) -> str | None:
+def misplaced(given: typing.Iterable[str], values: typing.Mapping[str, typing.Any]) -> str | None:
     """Options given that only mean something with another task or launcher (e.g. --temperature without
-    --task generate): the refusal, or None. `given` are field names (or COMMAND_ONLY_WITH's); `values` the
-    run's task and launcher."""
+    --task generate), or with a flag left off (--per-residue-dtype without --per-residue): the refusal, or
+    None. `given` are field names (or COMMAND_ONLY_WITH's); `values` the run's task and launcher, and the
+    flags that options need (a flag missing from `values` is off)."""
+    given = list(given)
     owners = {n: option_of(n).only_with for n in _FIELDS if option_of(n).only_with}
     owners.update(COMMAND_ONLY_WITH)
     wrong: dict[tuple[str, ...], list[str]] = {}
@@ -390,6 +400,11 @@ def misplaced(given: typing.Iterable[str], values: typing.Mapping[str, str]) -> 
         verb = "applies" if len(names) == 1 else "apply"
         return (f"{', '.join(names)} {verb} only to {option_name(what)} {' or '.join(allowed)} (this run's "
                 f"{option_name(what)[2:]} is {values.get(what)})")
+    for name in given:
+        flag = option_of(name).needs if name in _FIELDS else ""
+        if flag and not values.get(flag):
+            return (f"{option_name(name)} applies only with {option_name(flag)}: add {option_name(flag)}, or drop "
+                    f"{option_name(name)}")
     return None
 
 

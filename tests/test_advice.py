@@ -144,34 +144,56 @@ def test_failure_report_is_in_run_log(fasta, common, reference, tmp_path):
 
 def test_start_over_command_covers_every_setting():
     """`RunConfig.as_command` is what refusals print to start a run over: every setting that shapes the
-    result must be on it, with an option `run` accepts, and the line must parse back to the same values."""
+    result must be on it, with an option `run` accepts, and the line must parse back to the same values.
+    A setting meaningless with the others (--pool with --task generate, --per-residue-dtype without
+    --per-residue: what a run planned before they were refused may hold) is left out, as `run` refuses it."""
     import dataclasses
     import shlex
 
-    from pipeline.cli import run_command
-    from pipeline.config import RunConfig, option_of
+    from pipeline.cli import _given, run_command
+    from pipeline.config import RunConfig, default_of, misplaced, option_of
     written_apart = {"fasta", "out", "devices", "workers", "threads_per_worker"}
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     assert {n for n in fields if option_of(n).apart} == written_apart
     assert all(option_of(n).flags for n in fields - {"fasta"}), "a RunConfig field without its option"
     options = {o for p in run_command.params for o in (*p.opts, *p.secondary_opts)}   # --no-X of --X/--no-X
     assert {option_of(n).flags[0] for n in fields - {"fasta"}} <= options
-    config = RunConfig(fasta=["/data/a b.fasta"], out="o", workers=3, threads_per_worker=2, model="/m",
-                       pools=["mean", "cls"], layers=[-1, 2], per_residue=True, on_long="truncate",
-                       max_length=500, checkpoint_seconds=2.5, seed=7, task="generate", temperature=0.5,
-                       batch_invariant=False, shards=4, max_tokens_per_batch=1000)
-    words = shlex.split(config.as_command("new"))
-    assert words[:4] == ["run_shards", "run", "/data/a b.fasta", "--out"]
-    ctx = run_command.make_context("run", words[2:])
-    p = ctx.params
-    assert (p["out"], p["workers"], p["threads"], p["model"], p["pools"], p["layers"]) == \
-        ("new", 3, 2, "/m", ["mean", "cls"], [-1, 2])
-    assert (p["per_residue"], p["on_long"], p["max_length"], p["checkpoint_seconds"], p["seed"],
-            p["task"], p["temperature"], p["gpus"]) == (True, "truncate", 500, 2.5, 7, "generate", 0.5, "0")
-    assert p["batch_invariant"] is False
-    settings = {k: v for k, v in p.items() if k in fields}
-    assert RunConfig(**dict(settings, fasta=["/data/a b.fasta"], out="o", devices=[], workers=3,
-                            threads_per_worker=2)) == config   # every setting parses back
+    common = dict(fasta=["/data/a b.fasta"], out="o", workers=3, threads_per_worker=2, model="/m", on_long="truncate",
+                  max_length=500, checkpoint_seconds=2.5, batch_invariant=False, shards=4, max_tokens_per_batch=1000)
+    meaningless = dict(pools=["mean", "cls"], layers=[-1, 2], per_residue=True, per_residue_dtype="float32",
+                       sbatch="--partition=gpu")
+    generate = RunConfig(**common, **meaningless, seed=7, task="generate", temperature=0.5)
+    embed = RunConfig(**common, pools=["mean", "cls"], layers=[-1, 2], per_residue=True, per_residue_dtype="float32")
+    flag_off = RunConfig(**common, per_residue_dtype="float32")
+    for config, left_out in ((generate, meaningless), (embed, {}), (flag_off, {"per_residue_dtype": "float32"})):
+        words = shlex.split(config.as_command("new"))
+        assert words[:4] == ["run_shards", "run", "/data/a b.fasta", "--out"]
+        ctx = run_command.make_context("run", words[2:])
+        p = ctx.params
+        assert misplaced(_given(ctx), p) is None, words   # `run` takes the line as it is
+        assert (p["out"], p["workers"], p["threads"], p["model"], p["on_long"], p["max_length"],
+                p["checkpoint_seconds"], p["gpus"]) == ("new", 3, 2, "/m", "truncate", 500, 2.5, "0")
+        assert p["batch_invariant"] is False
+        settings = {k: v for k, v in p.items() if k in fields}
+        assert RunConfig(**dict(settings, fasta=["/data/a b.fasta"], out="o", devices=[], workers=3,
+                                threads_per_worker=2)) == dataclasses.replace(
+            config, **{k: default_of(k) for k in left_out})   # every setting that means something parses back
+    assert (generate.as_command().count("--seed 7"), generate.as_command().count("--temperature 0.5")) == (1, 1)
+    assert "--pool mean,cls --layers -1,2 --per-residue --per-residue-dtype float32" in embed.as_command()
+
+
+def test_a_setting_meaningless_to_both_runs_is_no_change():
+    """A run planned before --per-residue-dtype without --per-residue was refused kept the value: continuing it,
+    or reusing its rows, with a command `run` now accepts (no --per-residue-dtype) is the same run; with
+    --per-residue on both, the dtype is a change."""
+    from pipeline.config import RunConfig
+    from pipeline.planning.run_identity import settings_changes
+    resolved = {"model": "demo", "engine": "native", "dtype": "float32"}
+    old = RunConfig(fasta=["a.fa"], out="o", per_residue_dtype="float32")
+    assert settings_changes(old, resolved, RunConfig(fasta=["a.fa"], out="o"), resolved) == []
+    assert settings_changes(RunConfig(fasta=["a.fa"], out="o", per_residue=True, per_residue_dtype="float32"),
+                            resolved, RunConfig(fasta=["a.fa"], out="o", per_residue=True), resolved) == \
+        [("--per-residue-dtype", "float32", "float16")]
 
 
 def test_suggested_commands_quote_an_out_with_spaces_quotes_and_dollars(fasta, common, reference, tmp_path):

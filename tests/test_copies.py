@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -21,7 +22,7 @@ import pytest
 
 from index import SequenceIndex
 
-from .run_helpers import raw_datasets, read, undocumented_files, undocumented_in_schema
+from .run_helpers import raw_datasets, read, suggested_commands, undocumented_files, undocumented_in_schema
 from .tiny_models import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -185,6 +186,49 @@ def test_a_reused_result_merged_again_keeps_the_run_that_reuses_it_going(runs, t
         assert res.returncode == 2 and "is not the result this run was planned with" in res.stderr, res.stderr
     finally:
         shutil.copy2(kept, a)
+
+
+def test_a_reused_result_gone_before_the_run_finishes_is_named_before_any_compute(runs, models, tmp_path):
+    """A's result.h5 moved away after B (--reuse A) was planned and had computed part of its shards: at
+    0aad780 `rerun B` computed every shard, then the merge refused ("cannot merge: ... No such file"), after
+    all compute was spent. Now `rerun` and the same `run` refuse before any work, naming the file and both
+    ways out, each a command that works: restore it and `rerun` (the shards computed so far are used), or start
+    again without that --reuse in another directory."""
+    import shutil
+    fastas, outs, _ = runs
+    a = tmp_path / "a"
+    shutil.copytree(outs["a"], a)
+    b = tmp_path / "b"
+    command = (str(fastas["b"]), "--out", str(b), "--model", models["demo"], "--gpus", "0", "--workers", "1",
+               "--per-residue", "--no-progress", "--reuse", str(a), "--checkpoint-every", "1", "--max-seqs", "1")
+    res = run_cli(*command, env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_AFTER": "1"})
+    assert res.returncode == 1, res.stderr   # (stopped with its first checkpoint durable)
+    parts = sorted((b / "shards").rglob("part_*.h5"))
+    assert parts, res.stderr
+    (a / "result.h5").rename(tmp_path / "moved.h5")
+    for again in (("rerun", str(b)), command):
+        res = run_cli(*again)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"{a / 'result.h5'}: No such file or directory" in res.stderr, res.stderr
+        assert "started shard" not in res.stderr and not list((b / "shards").glob("shard_*.h5")), res.stderr
+        assert sorted((b / "shards").rglob("part_*.h5")) == parts   # the work done so far is kept
+        restore, start_over = suggested_commands(res.stderr.split("error: ", 1)[1])
+        assert restore == ["rerun", str(b)]
+        assert "--reuse" not in start_over and start_over[:3] == ["run", str(fastas["b"]), "--out"]
+    res = run_cli(*start_over)   # the way out without A, in another directory
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "moved.h5").rename(a / "result.h5")   # the other: A put back
+    res = run_cli(*restore)
+    assert res.returncode == 0, res.stderr
+    assert raw_datasets(b / "result.h5") == raw_datasets(outs["b"] / "result.h5")
+    assert read(Path(start_over[start_over.index("--out") + 1]) / "result.h5")["embeddings/mean"].tobytes() == \
+        read(b / "result.h5")["embeddings/mean"].tobytes()
+    (b / "result.h5").unlink()   # every shard computed, A gone again: `merge` names it too, and merges nothing
+    (a / "result.h5").rename(tmp_path / "moved.h5")
+    res = run_cli("merge", str(b))
+    assert res.returncode == 2 and f"{a / 'result.h5'}: No such file or directory" in res.stderr, res.stderr
+    (restore_again, start_over_again), = [suggested_commands(res.stderr.split("error: ", 1)[1])]
+    assert restore_again == restore and "--reuse" not in start_over_again and not (b / "result.h5").exists()
 
 
 def test_the_readme_schema_names_every_dataset_and_attribute_of_copies_and_reuse(runs):

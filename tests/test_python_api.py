@@ -112,6 +112,30 @@ def test_options_go_by_their_names_and_are_refused_as_the_command_line_refuses_t
             call()
 
 
+@pytest.mark.slow
+def test_an_option_of_a_flag_left_off_is_refused_saying_how_to_fix_it(result, fasta):
+    """--per-residue-dtype without --per-residue was run, the option ignored; now refused before any work, by
+    the command line and by run(), naming both ways out. The first (add --per-residue) is `result`'s run."""
+    never = fasta.parent / "never"
+    message = "--per-residue-dtype applies only with --per-residue: add --per-residue, or drop --per-residue-dtype"
+    res = run_cli(str(fasta), "--out", str(never), "--gpus", "0", "--per-residue-dtype", "float32", "--no-progress")
+    assert res.returncode == 2 and message in res.stderr, res.stderr[-3000:]
+    with pytest.raises(run_shards.UserError) as e:
+        run_shards.run(fasta, out=never, gpus=0, per_residue_dtype="float32", show_progress=False)
+    assert message in str(e.value)
+    # (per_residue=False given is the flag left off too; score has no per-residue dtype, whatever the flag)
+    with pytest.raises(run_shards.UserError, match="add --per-residue, or drop --per-residue-dtype"):
+        run_shards.run(fasta, out=never, gpus=0, per_residue=False, per_residue_dtype="float16")
+    with pytest.raises(run_shards.UserError, match=r"--per-residue-dtype applies only to --task embed \(this run's "
+                                                   r"task is score\)"):
+        run_shards.run(fasta, out=never, gpus=0, task="score", per_residue=True, per_residue_dtype="float32")
+    assert not never.exists()
+    _, py, cli = result   # added --per-residue: the values are stored as float32
+    for out in (py, cli):
+        with run_shards.open_result(out) as data:
+            assert data.get("second")["per_residue/values"].dtype == "float32"
+
+
 def test_the_package_is_installed_with_the_project(tmp_path):
     """What `pip install .` (and `-e .`) installs: run_shards/ beside the rooms, and the console script. Built
     from a copy, so the checkout gets no build/ folder."""

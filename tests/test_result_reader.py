@@ -212,6 +212,55 @@ def test_get_names_missing_ids_and_other_mistakes_in_one_line(result, tmp_path):
         read_ids([], str(tmp_path / "nothing.txt"))
 
 
+def _fail_after(real, calls: int, fail):
+    """`real`, failing with `fail()` from its call number calls + 1 on."""
+    count = iter(range(calls))
+    return lambda *args, **kwargs: real(*args, **kwargs) if next(count, None) is not None else fail()
+
+
+def _interrupt():
+    raise KeyboardInterrupt
+
+
+EARLIER = b"the user's earlier file\n"
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "json", "npy"])
+def test_get_o_failing_mid_write_leaves_the_earlier_file_and_no_temporary(result, tmp_path, monkeypatch, fmt):
+    """`get -o` wrote its target in place: a failure while writing (a value that cannot be encoded, a full
+    disk, Ctrl-C) left half a file, or an empty one, where the result was asked for, over the file that was
+    there. Now it is written under a temporary name renamed into place: the target keeps its earlier content
+    and the temporary is removed, whatever the failure (KeyboardInterrupt too)."""
+    from pipeline.output import get as rows
+    out, _, ids = result
+    unencodable = "\udc80".__str__   # (a lone surrogate: UTF-8 cannot write it)
+    where, what, fail = {"tsv": (rows, "_cell", unencodable), "json": (rows.json, "dumps", unencodable),
+                         "npy": (np.lib.format, "write_array", _interrupt)}[fmt]
+    target = tmp_path / f"rows.{fmt}"
+    target.write_bytes(EARLIER)
+    with monkeypatch.context() as patched:   # (the first rows or arrays written, then the failure)
+        patched.setattr(where, what, _fail_after(getattr(where, what), 3, fail))
+        with pytest.raises((KeyboardInterrupt, UnicodeEncodeError)):
+            rows.get(out, ids, fmt, target)
+    assert target.read_bytes() == EARLIER and sorted(tmp_path.iterdir()) == [target]
+    assert rows.get(out, ids[:2], fmt, target) == f"wrote 2 row(s) to {target}"   # and the same call works
+    assert target.read_bytes() != EARLIER
+
+
+@pytest.mark.parametrize("fmt,writes", [("per-id-h5", "per_id_name"), ("parquet", "_arrow_column")])
+def test_export_interrupted_mid_write_leaves_the_earlier_file_and_no_temporary(result, tmp_path, monkeypatch, fmt,
+                                                                               writes):
+    """export shares get's temporary file renamed into place (rundir.layout.atomic_path)."""
+    from pipeline.output import export as exports
+    out, _, _ = result
+    target = tmp_path / f"result.{fmt}"
+    target.write_bytes(EARLIER)
+    monkeypatch.setattr(exports, writes, _fail_after(getattr(exports, writes), 3, _interrupt))
+    with pytest.raises(KeyboardInterrupt):
+        exports.export(out, fmt, target, "embeddings/mean")
+    assert target.read_bytes() == EARLIER and sorted(tmp_path.iterdir()) == [target]
+
+
 def test_export_parquet_round_trips_every_column(result, tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     out, data, ids = result

@@ -22,12 +22,19 @@ The header lists the `sources` (each reused result's path and identity) and the 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from index import index_file
+
+from ..advice import command
+from ..config import RunConfig
+from ..errors import UserError
+from ..rundir.layout import RunDir, free_out
+from .h5io import CorruptFile, Reader
 
 VERSION = 1
 COMPUTED, DUPLICATE = -1, -2
@@ -43,15 +50,23 @@ class SourceFile:
     size: int
     mtime_ns: int
 
-    def unreadable(self) -> str | None:
-        """Why the file cannot be read now (removed), or None. A file written again since the run was planned
-        (`run_shards merge` of the same shards, a copy put back) is judged by its content, which the merge
-        checks: the rows and dataset checksums as planned (`size` and `mtime_ns` say only when it changed)."""
+    def problem(self) -> str | None:
+        """Why the rows planned cannot be taken from the file now (gone, damaged, another file in its place),
+        or None. A file of the size and modification time recorded is the one planned; one written again
+        since (`run_shards merge` of the same shards, a copy put back) is judged by its content: the rows and
+        dataset checksums as planned (the merge reads it whole and verifies them)."""
         try:
-            os.stat(self.path)
+            st = os.stat(self.path)
         except OSError as e:
             return f"{self.path}: {e.strerror or e}"
-        return None
+        if (st.st_size, st.st_mtime_ns) == (self.size, self.mtime_ns):
+            return None
+        try:
+            with Reader(self.path, cache_bytes=0) as reader:
+                same = (reader.rows, str(reader.attrs.get("crc32"))) == (self.rows, self.checksums)
+        except CorruptFile as e:
+            return f"{self.path} is damaged ({e})"
+        return None if same else f"{self.path} is not the result this run was planned with (other rows or checksums)"
 
 
 class CopyPlan:
@@ -82,6 +97,26 @@ class CopyPlan:
 
     def close(self) -> None:
         self.mapped.close()
+
+
+def check_sources(run: RunDir, manifest: dict, plan: CopyPlan) -> None:
+    """Refuse (UserError) when a result whose rows the run copies cannot give them now: before any shard is
+    computed (a rerun of a run planned with --reuse) and before the merge. The message names each file, and
+    both ways out with a command that works; the shards computed so far are kept whichever is taken."""
+    found = [(s, s.problem()) for k, s in enumerate(plan.sources) if plan.counts["reused"][k]]
+    bad = [(s, why) for s, why in found if why]
+    if not bad:
+        return
+    config = RunConfig.from_manifest(manifest)
+    given = {s.given for s, _ in bad}
+    without = dataclasses.replace(config, reuse=[r for r in config.reuse if r not in given])
+    which, files = ("that --reuse", "the file back as it was") if len(bad) == 1 else \
+        ("those --reuse", "the files back as they were")
+    raise UserError(
+        f"this run copies rows of {'; '.join(f'--reuse {s.given}, and {why}' for s, why in bad)}. Nothing was "
+        f"merged, and the shards computed so far are kept: put {files} when the run was planned "
+        f"and run `{command('rerun', run.root)}`, which computes what is left and merges; or start the run again "
+        f"without {which}, in another directory: `{without.as_command(free_out(run.root))}`")
 
 
 def summary(counts: dict, sources: list[str], planned: bool = False) -> str:

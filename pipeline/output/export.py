@@ -21,6 +21,7 @@ import numpy as np
 
 from ..advice import command
 from ..errors import UserError
+from ..rundir.layout import atomic_path
 from . import run_inputs, status_codes
 from .result_reader import ResultFile, result_path
 from .schema import BASE_COLUMNS, STR, Column
@@ -36,17 +37,11 @@ def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None
     option = "-o" if target else "the default output (-o FILE writes elsewhere)"
     target = Path(target) if target else path.parent / FORMATS[fmt]
     run_inputs.check_output_file(option, target, run_inputs.of_result(path))
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
-        with ResultFile(path) as res:
-            if fmt == "parquet":
-                _parquet(res, tmp)
-            else:
-                _per_id(res, tmp, _per_id_column(res, column))
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(target) as tmp, ResultFile(path) as res:
+        if fmt == "parquet":
+            _parquet(res, tmp)
+        else:
+            _per_id(res, tmp, _per_id_column(res, column))
     return target
 
 

@@ -8,17 +8,17 @@
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Iterable, TextIO
+from typing import Iterable, Iterator, TextIO
 
 import numpy as np
 
 from ..advice import command
 from ..errors import UserError
+from ..rundir.layout import atomic_path
 from . import run_inputs
 from .result_reader import MAX_NAMED, MissingIds, ResultFile, result_path
 from .run_inputs import check_output_file
@@ -58,14 +58,18 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
             _refuse_missing(res, e)
         records = [res.row(int(r)) for r in rows]
         columns = res.schema.columns
-        if fmt == "npy":
-            _write_npz(target, columns, records)
-            return f"wrote {len(records)} row(s) to {target}"
-        text = _tsv(columns, records) if fmt == "tsv" else _json_lines(records)
-    if target:
-        Path(target).write_text(text)
+    # -o: written under a temporary name and renamed into place, so that a failure (or Ctrl-C) leaves no
+    # half-written file where the result was asked for, and an earlier file there as it was
+    if fmt == "npy":
+        with atomic_path(target) as tmp:
+            _write_npz(tmp, columns, records)
         return f"wrote {len(records)} row(s) to {target}"
-    return text.rstrip("\n")
+    lines = _tsv(columns, records) if fmt == "tsv" else _json_lines(records)
+    if not target:
+        return "".join(lines).rstrip("\n")
+    with atomic_path(target) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(lines)
+    return f"wrote {len(records)} row(s) to {target}"
 
 
 def _refuse_missing(res: ResultFile, error: MissingIds) -> None:
@@ -99,12 +103,10 @@ def _cell(value) -> str:
     return str(value.item() if isinstance(value, np.generic) else value)
 
 
-def _tsv(columns: list[Column], records: list[dict]) -> str:
-    out = io.StringIO()
-    out.write("\t".join(c.path for c in columns) + "\n")
+def _tsv(columns: list[Column], records: list[dict]) -> Iterator[str]:
+    yield "\t".join(c.path for c in columns) + "\n"
     for rec in records:
-        out.write("\t".join(_cell(rec[c.path]) for c in columns) + "\n")
-    return out.getvalue()
+        yield "\t".join(_cell(rec[c.path]) for c in columns) + "\n"
 
 
 def _plain(value):
@@ -116,8 +118,8 @@ def _plain(value):
     return None if isinstance(value, float) and value != value else value
 
 
-def _json_lines(records: list[dict]) -> str:
-    return "".join(json.dumps({k: _plain(v) for k, v in rec.items()}) + "\n" for rec in records)
+def _json_lines(records: list[dict]) -> Iterator[str]:
+    return (json.dumps({k: _plain(v) for k, v in rec.items()}) + "\n" for rec in records)
 
 
 def _write_npz(target, columns: list[Column], records: list[dict]) -> None:

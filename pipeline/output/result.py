@@ -92,6 +92,11 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
     plan = CopyPlan(run.copies_path) if run.copies_path.exists() else None
     if plan is not None:
         attrs.update(reused_from=[s.given for s in plan.sources], copies=plan.counts)
+        try:
+            copy_plan.check_sources(run, manifest, plan)
+        except BaseException:
+            plan.close()
+            raise
     ensure_space(run.root, sum(r.data_bytes() for r in readers), f"the result {run.result_path}", remedy)
     heap.return_freed_arrays()   # resident memory stays at a window's
     work = tempfile.mkdtemp(prefix=".rs-merge-", dir=run.root)   # spill files (a killed merge's: rundir removes them)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import zlib
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from ..advice import command
 from ..errors import MergeError, UserError
+from ..rundir.layout import atomic_path
 from .variant_list import VariantList
 
 TABLE = "variants"
@@ -111,17 +111,11 @@ def write_csv(result: Path, out: Path) -> Path:
         columns = json.loads(group.attrs["columns"])
         data = {c: group[c].asstr()[:] if c in ("id", "mutant") else group[c][:] for c in columns}
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(columns)
-            for i in range(len(data["id"])):
-                w.writerow([_cell(data[c][i]) for c in columns])
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(out) as tmp, open(tmp, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(columns)
+        for i in range(len(data["id"])):
+            w.writerow([_cell(data[c][i]) for c in columns])
     return out
 
 

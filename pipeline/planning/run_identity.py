@@ -64,13 +64,18 @@ def of_result(attrs: dict) -> tuple[dict, bool]:
 def settings_changes(old: RunConfig, old_resolved: dict, new: RunConfig, new_resolved: dict,
                      leave_out: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """Each setting of `new` that gives other bits than `old`'s, as (option, old value, new value) in words:
-    the resolved ones compared resolved, the other RESULT options as given; `leave_out`: not compared."""
+    the resolved ones compared resolved, the other RESULT options as given, unless meaningless to both
+    (--per-residue-dtype without --per-residue: a run planned before that was refused kept it); `leave_out`:
+    not compared."""
     changes = []
+    ignored = old.ignored() & new.ignored()
     for name in RunConfig.fields_with_role(RESULT):
         if name in BY_CONTENT or name in leave_out:
             continue
         if name in RESOLVED:
             was, now = old_resolved.get(name), new_resolved.get(name)
+        elif name in ignored:
+            continue
         else:
             was, now = getattr(old, name), getattr(new, name)
         if was != now:

@@ -19,8 +19,10 @@ import logging
 import os
 import shutil
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from .. import __version__
 from ..errors import RunDirError
@@ -55,20 +57,27 @@ def unwritable_reason(path: Path) -> str | None:
     return "a read-only file system here" if read_only else "permission denied"
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write `data` (text, or bytes as they are) to `path` through a temporary file (fsync, rename, fsync of
-    the directory); on any failure (a full disk) the temporary is removed and `path` keeps its old content."""
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside `path` for the block to write; when the block ends it is flushed to disk and
+    renamed over `path`, and if the block raises (a full disk, Ctrl-C) it is removed: `path` is never
+    half-written, and keeps its old content on any failure."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb" if isinstance(data, bytes) else "w") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        yield tmp
+        fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(path.parent)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `data` (text, or bytes as they are) to `path` through a temporary file (atomic_path)."""
+    with atomic_path(path) as tmp, open(tmp, "wb" if isinstance(data, bytes) else "w") as fh:
+        fh.write(data)
 
 
 def free_out(root: Path) -> str:
