@@ -208,6 +208,12 @@ def test_a_refused_cache_names_the_largest_budget_that_fits(monkeypatch):
     assert config(budget).resolve(SPEC, cpu, f32).cache_bytes(SPEC, f32, cpu) <= allowed
     with pytest.raises(CachesTooLarge):
         config(budget + INVARIANT_SPLIT).resolve(SPEC, cpu, f32)
+    # two CPU workers of one machine: each takes at most its half (two caches of `budget` overfilled the RAM)
+    with pytest.raises(CachesTooLarge, match="shared by the run's 2 workers") as refused:
+        config(budget, memory_shared_by=2).resolve(SPEC, cpu, f32)
+    half = refused.value.fitting_budget
+    assert half < budget and config(half).resolve(SPEC, cpu, f32).cache_bytes(SPEC, f32, cpu) <= allowed / 2
+    config(half, memory_shared_by=2).resolve(SPEC, cpu, f32)
 
     with pytest.raises(CachesTooLarge, match="lower --max-length, --max-tokens-per-batch or --max-seqs") as refused:
         EngineConfig(max_tokens_per_step=4096, max_seqs=8, max_model_len=50_000_000).resolve(SPEC, cpu, f32)

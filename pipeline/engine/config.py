@@ -80,6 +80,8 @@ class EngineConfig:
     num_pages: int = 0                  # 0: derived from the budgets (see `resolve`)
     num_state_slots: int = 0            # 0: derived
     memory_fraction: float = 0.9        # of the free device memory the caches may take (GPU)
+    memory_shared_by: int = 1           # processes of the run taking their caches from that memory (CPU workers
+                                        # of one machine: each may take its part of it)
     gdn_chunk_size: int = 0             # 0: 64 with the Triton kernels; on CPU by head size
     attention_launch: dict | None = None    # explicit paged-attention knobs; None: the kernel's rule per step
     gdn_launch: dict = field(default_factory=dict)   # extra knobs for the delta-rule kernels, by function name
@@ -161,12 +163,14 @@ class EngineConfig:
             free, where = _available_ram(), "memory (RAM)"
             if free is None:
                 return
-        allowed = self.memory_fraction * free
+        shared = self.memory_shared_by if device.type == "cpu" else 1
+        allowed = self.memory_fraction * free / shared
         if need > allowed:
             fits = self._fitting_budget(spec, dtype, device, allowed) if derived_pages else None
+            among = f", shared by the run's {shared} workers" if shared > 1 else ""
             raise CachesTooLarge(
                 f"the engine's caches need {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB of {where} is "
-                f"free (using at most {self.memory_fraction:.0%}); lower "
+                f"free (using at most {self.memory_fraction:.0%}{among}); lower "
                 + (f"--max-tokens-per-batch to {fits} (or less), or --max-seqs" if fits else
                    "--max-length, --max-tokens-per-batch or --max-seqs"), fits)
 

@@ -78,9 +78,12 @@ def _budgets(run_config, run_limit: int | None, spec, text_config) -> dict:
     budget = run_config.tokens_per_batch if run_config is not None else 4096
     limit = run_limit or spec.max_tokens or getattr(text_config, "max_position_embeddings", None) or budget
     generate = run_config is not None and run_config.task == "generate"
+    # CPU workers of a local run share one machine's RAM (a cluster's tasks each have their own node)
+    neighbours = run_config is not None and not run_config.on_gpu and run_config.launcher == "local"
     return dict(max_tokens_per_step=budget, max_seqs=run_config.max_seqs if run_config is not None else 256,
                 max_model_len=int(limit), max_new_tokens=run_config.max_new_tokens if generate else 0,
-                batch_invariant=run_config.batch_invariant if run_config is not None else True)
+                batch_invariant=run_config.batch_invariant if run_config is not None else True,
+                memory_shared_by=run_config.workers if neighbours else 1)
 
 
 class NativeEngine:
