@@ -301,6 +301,9 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         again = run_cli("rerun", str(out), env=cluster.env)
         assert again.returncode == 0 and again.stdout.startswith("nothing submitted (never a shard twice)"), again
         assert cluster.run("squeue", "--noheader", "--array", "--format=%i").split() == queued
+        assert run_cli("report", str(out), env=cluster.env).returncode == 0
+        page = (out / "report.html").read_text()
+        assert "that run_shards did not submit" in page and "Next: shards are being computed or queued" in page
         cluster.cancel_all()
         cluster.run("scontrol", "update", nodes, "state=resume")
 

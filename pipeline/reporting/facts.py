@@ -69,6 +69,8 @@ class SlurmFacts:
     tasks: dict[int, object]           # shard -> slurm_queue.Task (only those squeue still knows)
     merge_state: str                   # squeue's word on the last merge job, "" when it cannot tell
     merges: list[dict]                 # `ended` events of merge commands run as SLURM jobs
+    by_hand: list[str] = field(default_factory=list)   # slurm_queue.unrecorded_lines: live jobs of the
+                                       # run's scripts no submission recorded (submitted by hand)
 
 
 @dataclass
@@ -142,12 +144,14 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
 
 
 def _slurm_facts(run: RunDir, world: int, run_events: list[dict]) -> SlurmFacts:
-    from ..launchers.slurm_queue import Queue
+    from ..launchers.slurm_queue import Queue, unrecorded_jobs, unrecorded_lines
     queue = Queue.read(run, world)
     tasks = {r: t for r in range(world) if (t := queue.task_of(r)) is not None}
     merges = [e for e in run_events if e["event"] == "ended" and e.get("command") == "merge" and e.get("slurm_job")]
     merge = queue.merge
-    return SlurmFacts(queue.subs, tasks, merge.words() if merge is not None else "", merges)
+    hand = unrecorded_jobs(run, queue.subs) if not run.result_path.exists() else None
+    return SlurmFacts(queue.subs, tasks, merge.words() if merge is not None else "", merges,
+                      unrecorded_lines(run, hand) if hand else [])
 
 
 def computed_tokens(history: list[Attempt], rows: dict[str, np.ndarray]) -> int:

@@ -181,7 +181,8 @@ def _next_step(f: RunFacts) -> str:
     if f.result == "complete":
         return ""
     root = f.root
-    queued = f.slurm is not None and f.slurm.merge_state.split(" ")[0] in ("PENDING", "RUNNING", "REQUEUED")
+    queued = f.slurm is not None and (f.slurm.merge_state.split(" ")[0] in ("PENDING", "RUNNING", "REQUEUED")
+                                      or bool(f.slurm.by_hand))
     if queued or any(s.state == "running" for s in f.shards):
         text = f"shards are being computed or queued now: follow them with `{command('status', root)}`"
     elif all(s.state == "complete" for s in f.shards):
@@ -211,8 +212,10 @@ def _slurm_section(f: RunFacts) -> str:
     if f.slurm is None:
         return ""
     e, sl = html.escape, f.slurm
+    hand = f"<p id='slurm_by_hand'>{e(' '.join(sl.by_hand))}</p>" if sl.by_hand else ""
     if not sl.submissions:
-        return "<h2>SLURM</h2><p id='slurm'>nothing submitted (a --dry-run, or sbatch refused: see above)</p>"
+        return "<h2>SLURM</h2>" + (hand or "<p id='slurm'>nothing submitted (a --dry-run, or sbatch refused: see "
+                                           "above)</p>")
     merged = {m["slurm_job"]: m for m in sl.merges}
     subs = []
     for k, sub in enumerate(sl.submissions):
@@ -237,7 +240,7 @@ def _slurm_section(f: RunFacts) -> str:
         rows.append(f"<tr><td>{s.rank}</td><td>{e(', '.join(ids))}</td><td>{e(nodes)}</td>"
                     f"<td>{_queue_wait(sl.submissions, runs)}</td><td>{requeues}</td><td>{e(causes)}</td>"
                     f"<td>{e(now)}</td></tr>")
-    return ("<h2>SLURM</h2><table id='slurm_jobs'><tr><th>submitted</th><th>job array(s) [tasks]</th>"
+    return (f"<h2>SLURM</h2>{hand}<table id='slurm_jobs'><tr><th>submitted</th><th>job array(s) [tasks]</th>"
             f"<th>merge job</th><th>merge job state</th></tr>{''.join(subs)}</table>"
             "<table id='slurm_tasks'><tr><th>shard</th><th>task(s)</th><th>node(s)</th><th>queue wait</th>"
             "<th>requeues</th><th>why it was requeued or stopped</th><th>squeue now</th></tr>"
