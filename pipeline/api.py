@@ -270,13 +270,15 @@ def _reported(run_dir: RunDir, work, command: str):
 
 
 def write_report(run_dir: RunDir, error: str | None = None) -> None:
-    """OUT/report.html; a failure to write it is a warning, never the run's failure."""
+    """OUT/report.html; a failure to write it, or a Ctrl-C while it is written, is a warning, never the run's
+    failure (a merged result stays a success: the command does not end as interrupted for its page)."""
     try:
         from .reporting import report
         log.info("report: %s", report.write(run_dir.root, error))
-    except Exception as e:   # noqa: BLE001 - the run's outcome stands whatever the report does
-        log.warning("could not write %s (%s: %s); `run_shards report %s` tries again", run_dir.root / "report.html",
-                    type(e).__name__, e, run_dir.root)
+    except (Exception, KeyboardInterrupt) as e:   # noqa: BLE001 - the run's outcome stands whatever the report does
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+        log.warning("could not write %s (%s); `%s` tries again", run_dir.root / "report.html", why,
+                    command("report", run_dir.root))
 
 
 def report_path(result: Path) -> Path | None:

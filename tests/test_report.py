@@ -302,3 +302,27 @@ def test_the_time_charts_legend_is_clear_of_the_axis_label():
         assert legend is not None and {t.text for t in labels} >= {"whole run", "seconds since the run started"}
         assert not any(legend.overlaps(t.box) for t in labels), shards
         assert not legend.overlaps(plot) and legend.y1 <= plot.y0, shards
+
+
+def test_ctrl_c_while_the_page_is_written_leaves_a_merged_run_a_success(reference_run, tmp_path, monkeypatch, caplog):
+    """A Ctrl-C that lands while report.html is written, after the result was merged, ended the command as
+    interrupted (exit 130) over a complete result; the page is optional: a warning naming the command that
+    writes it, and the command's outcome stands. (The interrupt is raised where the page is written.)"""
+    import logging
+
+    from pipeline import api
+    from pipeline.reporting import report
+    from pipeline.rundir.layout import RunDir
+    out = tmp_path / "my out"
+    shutil.copytree(reference_run, out)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "write", interrupted)
+    monkeypatch.setenv("RUN_SHARDS_REPORT", "1")
+    with caplog.at_level(logging.WARNING, logger="run_shards"):
+        assert api._reported(RunDir(out), lambda: out / "result.h5", "merge") == out / "result.h5"
+    assert f"could not write {out / 'report.html'} (interrupted); `run_shards report '{out}'` tries again" \
+        in caplog.text
+    assert events.last(events.read(RunDir(out).run_events_path), "ended")["error"] is None

@@ -108,8 +108,9 @@ class ShardRun:
             self.lock.mark_stopping()   # a task that wants the shard now waits for this checkpoint
             _inputs_still_match(shard.index)
             self._checkpoint(shard)
-            log.warning("interrupted (%s): %d of %d sequences durable; `run_shards rerun %s` continues",
-                        self.stop.reason, shard.writer.durable_rows, len(shard.positions), self.run_dir.root)
+            log.warning("interrupted (%s): %d of %d sequences durable; `%s` continues",
+                        self.stop.reason, shard.writer.durable_rows, len(shard.positions),
+                        command("rerun", self.run_dir.root))
             return EXIT_INTERRUPTED
         self._finish(shard, engine, computer, stats, t0)
         return EXIT_OK
