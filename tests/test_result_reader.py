@@ -360,3 +360,39 @@ def test_an_id_hashes_the_same_whatever_the_process_hashed_before():
         first = [int(id_index.hashes_of([i], check=check)[0]) for i in ids[:3]]   # tables grown one id at a time
         together = id_index.hashes_of(ids, check=check).tolist()
         assert first == together[:3] and together == [by_hand(i, check) for i in ids]
+
+
+def _text_result(path) -> list[str]:
+    """A result of generate's columns (a text per row, as a BPE model's line-break tokens write it) and a
+    score, written by the merge's own writer; the texts it holds."""
+    from pipeline.output.h5io import Writer
+    from pipeline.output.schema import BASE_COLUMNS, STR, Column, RowBlock, Schema
+    texts = ["MKV\nLAGW\nQ", "tab\there", "back\\slash\r\n", ""]
+    schema = Schema(BASE_COLUMNS + (Column("generate/text", STR), Column("score/logprob_sum", "float64")))
+    rows = len(texts)
+    w = Writer(path, schema, {"task": "generate"})
+    w.append(RowBlock(schema, {"ids": np.array([b"a", b"b", b"c", b"d"], dtype=object), "index": np.arange(rows),
+                               "lengths": np.ones(rows, np.int32), "num_tokens": np.ones(rows, np.int32),
+                               "truncated": np.zeros(rows, bool), "status": np.zeros(rows, np.int8),
+                               "sequence_digest": np.zeros((rows, 16), np.uint8),
+                               "generate/text": np.array(texts, dtype=object),
+                               "score/logprob_sum": np.array([-1.5, -2.25, 0.0, np.nan])}))
+    w.finish()
+    return texts
+
+
+def test_per_id_h5_of_a_text_or_score_column(tmp_path):
+    """At 17f6bc6 `export --format per-id-h5 --column generate/text` ended in h5py's traceback ("No conversion
+    path for dtype('<U')"), and a score column was written as arrays of shape (1,). Now a text is a UTF-8
+    string and a score a scalar, as h5py writes each."""
+    from pipeline.output.export import export
+    texts = _text_result(tmp_path / "result.h5")
+    done = run_cli("export", str(tmp_path / "result.h5"), "--format", "per-id-h5", "--column", "generate/text",
+                   "-o", str(tmp_path / "text.h5"))
+    assert done.returncode == 0, done.stderr
+    with h5py.File(tmp_path / "text.h5") as f:
+        assert [f[i].shape for i in "abcd"] == [()] * 4
+        assert [f[i].asstr()[()] for i in "abcd"] == texts
+    with h5py.File(export(tmp_path / "result.h5", "per-id-h5", tmp_path / "score.h5", "score/logprob_sum")) as f:
+        assert [f[i].shape for i in "abcd"] == [()] * 4
+        assert [f[i][()] for i in "abc"] == [-1.5, -2.25, 0.0] and np.isnan(f["d"][()])
