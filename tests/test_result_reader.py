@@ -381,6 +381,24 @@ def _text_result(path) -> list[str]:
     return texts
 
 
+def test_get_tsv_keeps_a_text_with_line_breaks_and_tabs_on_its_row(tmp_path):
+    """generate/text of a BPE model (ProtGPT2 writes a line break every 60 residues) holds newlines: at
+    17f6bc6 `get` printed them as they are, splitting a row over several lines and shifting its cells.
+    Now a tab, newline, CR and backslash are escaped (\\t \\n \\r \\\\): a row per line, each cell in place."""
+    texts = _text_result(tmp_path / "result.h5")
+    done = run_cli("get", str(tmp_path / "result.h5"), "a", "b", "c", "d")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[-1] == "" and len(lines) == 1 + 4 + 1   # the header, a line per id
+    header = lines[0].split("\t")
+    cells = [dict(zip(header, line.split("\t"))) for line in lines[1:-1]]
+    assert all(len(line.split("\t")) == len(header) for line in lines[1:-1])
+    assert [c["generate/text"] for c in cells] == ["MKV\\nLAGW\\nQ", "tab\\there", "back\\\\slash\\r\\n", ""]
+    unescape = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
+    assert [re.sub(r"\\[\\tnr]", lambda m: unescape[m.group()], c["generate/text"]) for c in cells] == texts
+    assert [c["score/logprob_sum"] for c in cells] == ["-1.5", "-2.25", "0.0", "nan"]
+
+
 def test_per_id_h5_of_a_text_or_score_column(tmp_path):
     """At 17f6bc6 `export --format per-id-h5 --column generate/text` ended in h5py's traceback ("No conversion
     path for dtype('<U')"), and a score column was written as arrays of shape (1,). Now a text is a UTF-8
@@ -396,3 +414,22 @@ def test_per_id_h5_of_a_text_or_score_column(tmp_path):
     with h5py.File(export(tmp_path / "result.h5", "per-id-h5", tmp_path / "score.h5", "score/logprob_sum")) as f:
         assert [f[i].shape for i in "abcd"] == [()] * 4
         assert [f[i][()] for i in "abc"] == [-1.5, -2.25, 0.0] and np.isnan(f["d"][()])
+
+
+def test_ids_from_a_file_not_in_utf8_is_named_with_its_line(result, tmp_path):
+    """At 17f6bc6 an --ids-from file (or standard input) with bytes that are not UTF-8 ended in a traceback
+    (UnicodeDecodeError; UnicodeEncodeError from stdin). Now: the source, the line and its bytes (exit 2).
+    A UTF-8 BOM, as Windows editors write, is not part of the first id."""
+    out, _, ids = result
+    latin1 = tmp_path / "ids.txt"
+    latin1.write_bytes(f"{ids[0]}\nprot\xe9ine\n".encode("latin-1"))
+    for args, stdin, source in ((("--ids-from", str(latin1)), None, str(latin1)),
+                                (("--ids-from", "-"), latin1.read_bytes(), "standard input")):
+        done = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), "get", str(out), *args],
+                              input=stdin, capture_output=True)
+        err = done.stderr.decode()
+        assert done.returncode == 2 and "Traceback" not in err, err
+        assert f"error: --ids-from {source}, line 2: the id is not UTF-8 text (its bytes: b'prot\\xe9ine')" in err
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbf" + f"{ids[3]}\n{ids[0]}\n".encode())
+    assert read_ids([], str(bom)) == [ids[3], ids[0]]
