@@ -433,3 +433,21 @@ def test_ids_from_a_file_not_in_utf8_is_named_with_its_line(result, tmp_path):
     bom = tmp_path / "bom.txt"
     bom.write_bytes(b"\xef\xbb\xbf" + f"{ids[3]}\n{ids[0]}\n".encode())
     assert read_ids([], str(bom)) == [ids[3], ids[0]]
+
+
+def test_reader_refuses_a_wrong_argument_in_words(result):
+    """At 17f6bc6: per_residue(row past the end) was a ValueError from unpacking, chunks(0) one from range(),
+    chunks(-5) yielded nothing, chunks(size, "ids") looked up the columns 'i', 'd', 's', and ids as bytes (h5py's
+    f["ids"][:] without .asstr()) were all missing. Now: a UserError saying what to pass, and bytes read as UTF-8."""
+    out, data, ids = result
+    with open_result(out) as res:
+        for bad in (len(ids), -1):
+            with pytest.raises(UserError, match=f"row {bad} is out of range: .* has 62 rows"):
+                res.per_residue(bad, "per_residue/values")
+        for size in (0, -5, 2.5):
+            with pytest.raises(UserError, match=f"chunks\\(\\) takes a number of rows of at least 1 .*not {size}"):
+                next(res.chunks(size))
+        with pytest.raises(UserError, match=re.escape("not one column as text ('ids'): chunks(10, ['ids'])")):
+            next(res.chunks(10, "ids"))
+        assert res.rows(data["ids"][[5, 0]]).tolist() == [5, 0] and res.get(ids[7].encode())["ids"] == ids[7]
+        assert np.array_equal(res.per_residue(61, "per_residue/values"), row_of(data, 61)["per_residue/values"])
