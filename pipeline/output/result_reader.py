@@ -154,8 +154,10 @@ class ResultFile:
                 hi = mid
         if lo < self.n and int(index[lo]) == position:
             return lo
-        raise UserError(f"{self.path} has no row for FASTA record {position} (0-based; "
-                        f"{'the result is partial' if not self.attrs.get('complete', True) else 'out of range'})")
+        records = self.n + int(self.file.attrs.get("num_missing", 0))   # (a partial result lacks num_missing rows)
+        why = f"the input has {records:,} records" if not 0 <= position < records else \
+            "the result is partial: its row was not computed when it was merged"
+        raise UserError(f"{self.path} has no row for FASTA record {position} (0-based; {why})")
 
     # ---------------------------------------------------------------- rows and chunks
     def row(self, i: int) -> dict:
