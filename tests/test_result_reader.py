@@ -451,3 +451,23 @@ def test_reader_refuses_a_wrong_argument_in_words(result):
             next(res.chunks(10, "ids"))
         assert res.rows(data["ids"][[5, 0]]).tolist() == [5, 0] and res.get(ids[7].encode())["ids"] == ids[7]
         assert np.array_equal(res.per_residue(61, "per_residue/values"), row_of(data, 61)["per_residue/values"])
+
+
+def test_o_through_a_symbolic_link_writes_the_file_it_names(result, tmp_path):
+    """At 17f6bc6 the rename of `get -o`/`export -o` put a new file in place of a link (a results folder
+    linked into a project, say), leaving the file it named with its old content. Now the file is written
+    where the link points, and the link stays."""
+    out, data, ids = result
+    (tmp_path / "shared").mkdir()
+    for args, name in ((("get", str(out), ids[0]), "rows.tsv"),
+                       (("export", str(out), "--format", "per-id-h5", "--column", "embeddings/mean"), "per-protein.h5")):
+        (tmp_path / "shared" / name).write_bytes(EARLIER)
+        (tmp_path / name).symlink_to(tmp_path / "shared" / name)
+        done = run_cli(*args, "-o", str(tmp_path / name))
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / name).is_symlink() and (tmp_path / name).resolve() == tmp_path / "shared" / name
+        assert (tmp_path / "shared" / name).read_bytes() != EARLIER
+        assert {p.name for p in (tmp_path / "shared").iterdir()} <= {"per-protein.h5", "rows.tsv"}   # no temporary left
+    assert (tmp_path / "shared" / "rows.tsv").read_text().splitlines()[1].split("\t")[0] == ids[0]
+    with h5py.File(tmp_path / "shared" / "per-protein.h5") as f:
+        assert np.array_equal(f[ids[0]][:], data["embeddings/mean"][0])
