@@ -18,6 +18,8 @@ import h5py
 import numpy as np
 import pytest
 
+from pipeline.errors import UserError
+from pipeline.output.result_reader import open_result
 from pipeline.planning.storage import check_storage
 
 from .run_helpers import env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
@@ -156,6 +158,15 @@ def test_allow_partial_merge(fasta, common, reference, tmp_path):
     missing = sorted(set(range(240)) - set(present.tolist()))
     assert [m.decode() for m in got["missing_ids"]] == [reference["ids"][m].decode() for m in missing]
     np.testing.assert_allclose(got["embeddings/mean"], reference["embeddings/mean"][present], rtol=1e-6, atol=1e-6)
+    # read by FASTA position: a missing record is said to be one, a position past the input (at 17f6bc6 said
+    # to be missing from a partial result too) is out of range
+    with open_result(out) as res:
+        assert res.at_position(int(present[-1]))["ids"] == reference["ids"][present[-1]].decode()
+        with pytest.raises(UserError, match=f"no row for FASTA record {missing[0]} .*the result is partial"):
+            res.at_position(missing[0])
+        for outside in (240, -1):
+            with pytest.raises(UserError, match=f"no row for FASTA record {outside} .*the input has 240 records"):
+                res.at_position(outside)
     rerun_matches(out, reference)
 
 

@@ -173,3 +173,25 @@ def test_a_script_without_a_main_guard_runs_once(fasta, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == str(tmp_path / "out" / "result.h5")
     assert (tmp_path / "ran").read_text() == "top level\n"
+
+
+def test_each_function_docs_python_md_spells_out_has_those_arguments():
+    """docs/python.md writes each function with its arguments (`run_shards.merge(out, allow_partial=False,
+    ...)`): the names and their order are the function's, and each default written is its default (at 17f6bc6
+    `work` lacked show_progress)."""
+    import inspect
+    import re
+    written = re.findall(r"`run_shards\.(\w+)\(([^`]*)\)`", (REPO / "docs" / "python.md").read_text())
+    assert {name for name, _ in written} >= {"run", "rerun", "merge", "status", "get", "export", "work", "index"}
+    for name, args in written:
+        params = [p for p in inspect.signature(getattr(run_shards, name)).parameters.values()]
+        shown = [a.strip() for a in args.replace("\n", " ").split(",") if a.strip()]
+        assert len(shown) == len(params), (name, shown)
+        for text, p in zip(shown, params):
+            if p.kind is p.VAR_KEYWORD:
+                assert text == f"**{p.name}", (name, text)
+                continue
+            given, _, default = text.partition("=")
+            assert given == p.name, (name, text)
+            if default:
+                assert eval(default) == p.default, (name, text, p.default)

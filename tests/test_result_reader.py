@@ -360,3 +360,114 @@ def test_an_id_hashes_the_same_whatever_the_process_hashed_before():
         first = [int(id_index.hashes_of([i], check=check)[0]) for i in ids[:3]]   # tables grown one id at a time
         together = id_index.hashes_of(ids, check=check).tolist()
         assert first == together[:3] and together == [by_hand(i, check) for i in ids]
+
+
+def _text_result(path) -> list[str]:
+    """A result of generate's columns (a text per row, as a BPE model's line-break tokens write it) and a
+    score, written by the merge's own writer; the texts it holds."""
+    from pipeline.output.h5io import Writer
+    from pipeline.output.schema import BASE_COLUMNS, STR, Column, RowBlock, Schema
+    texts = ["MKV\nLAGW\nQ", "tab\there", "back\\slash\r\n", ""]
+    schema = Schema(BASE_COLUMNS + (Column("generate/text", STR), Column("score/logprob_sum", "float64")))
+    rows = len(texts)
+    w = Writer(path, schema, {"task": "generate"})
+    w.append(RowBlock(schema, {"ids": np.array([b"a", b"b", b"c", b"d"], dtype=object), "index": np.arange(rows),
+                               "lengths": np.ones(rows, np.int32), "num_tokens": np.ones(rows, np.int32),
+                               "truncated": np.zeros(rows, bool), "status": np.zeros(rows, np.int8),
+                               "sequence_digest": np.zeros((rows, 16), np.uint8),
+                               "generate/text": np.array(texts, dtype=object),
+                               "score/logprob_sum": np.array([-1.5, -2.25, 0.0, np.nan])}))
+    w.finish()
+    return texts
+
+
+def test_get_tsv_keeps_a_text_with_line_breaks_and_tabs_on_its_row(tmp_path):
+    """generate/text of a BPE model (ProtGPT2 writes a line break every 60 residues) holds newlines: at
+    17f6bc6 `get` printed them as they are, splitting a row over several lines and shifting its cells.
+    Now a tab, newline, CR and backslash are escaped (\\t \\n \\r \\\\): a row per line, each cell in place."""
+    texts = _text_result(tmp_path / "result.h5")
+    done = run_cli("get", str(tmp_path / "result.h5"), "a", "b", "c", "d")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[-1] == "" and len(lines) == 1 + 4 + 1   # the header, a line per id
+    header = lines[0].split("\t")
+    cells = [dict(zip(header, line.split("\t"))) for line in lines[1:-1]]
+    assert all(len(line.split("\t")) == len(header) for line in lines[1:-1])
+    assert [c["generate/text"] for c in cells] == ["MKV\\nLAGW\\nQ", "tab\\there", "back\\\\slash\\r\\n", ""]
+    unescape = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
+    assert [re.sub(r"\\[\\tnr]", lambda m: unescape[m.group()], c["generate/text"]) for c in cells] == texts
+    assert [c["score/logprob_sum"] for c in cells] == ["-1.5", "-2.25", "0.0", "nan"]
+
+
+def test_per_id_h5_of_a_text_or_score_column(tmp_path):
+    """At 17f6bc6 `export --format per-id-h5 --column generate/text` ended in h5py's traceback ("No conversion
+    path for dtype('<U')"), and a score column was written as arrays of shape (1,). Now a text is a UTF-8
+    string and a score a scalar, as h5py writes each."""
+    from pipeline.output.export import export
+    texts = _text_result(tmp_path / "result.h5")
+    done = run_cli("export", str(tmp_path / "result.h5"), "--format", "per-id-h5", "--column", "generate/text",
+                   "-o", str(tmp_path / "text.h5"))
+    assert done.returncode == 0, done.stderr
+    with h5py.File(tmp_path / "text.h5") as f:
+        assert [f[i].shape for i in "abcd"] == [()] * 4
+        assert [f[i].asstr()[()] for i in "abcd"] == texts
+    with h5py.File(export(tmp_path / "result.h5", "per-id-h5", tmp_path / "score.h5", "score/logprob_sum")) as f:
+        assert [f[i].shape for i in "abcd"] == [()] * 4
+        assert [f[i][()] for i in "abc"] == [-1.5, -2.25, 0.0] and np.isnan(f["d"][()])
+
+
+def test_ids_from_a_file_not_in_utf8_is_named_with_its_line(result, tmp_path):
+    """At 17f6bc6 an --ids-from file (or standard input) with bytes that are not UTF-8 ended in a traceback
+    (UnicodeDecodeError; UnicodeEncodeError from stdin). Now: the source, the line and its bytes (exit 2).
+    A UTF-8 BOM, as Windows editors write, is not part of the first id."""
+    out, _, ids = result
+    latin1 = tmp_path / "ids.txt"
+    latin1.write_bytes(f"{ids[0]}\nprot\xe9ine\n".encode("latin-1"))
+    for args, stdin, source in ((("--ids-from", str(latin1)), None, str(latin1)),
+                                (("--ids-from", "-"), latin1.read_bytes(), "standard input")):
+        done = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), "get", str(out), *args],
+                              input=stdin, capture_output=True)
+        err = done.stderr.decode()
+        assert done.returncode == 2 and "Traceback" not in err, err
+        assert f"error: --ids-from {source}, line 2: the id is not UTF-8 text (its bytes: b'prot\\xe9ine')" in err
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbf" + f"{ids[3]}\n{ids[0]}\n".encode())
+    assert read_ids([], str(bom)) == [ids[3], ids[0]]
+
+
+def test_reader_refuses_a_wrong_argument_in_words(result):
+    """At 17f6bc6: per_residue(row past the end) was a ValueError from unpacking, chunks(0) one from range(),
+    chunks(-5) yielded nothing, chunks(size, "ids") looked up the columns 'i', 'd', 's', and ids as bytes (h5py's
+    f["ids"][:] without .asstr()) were all missing. Now: a UserError saying what to pass, and bytes read as UTF-8."""
+    out, data, ids = result
+    with open_result(out) as res:
+        for bad in (len(ids), -1):
+            with pytest.raises(UserError, match=f"row {bad} is out of range: .* has 62 rows"):
+                res.per_residue(bad, "per_residue/values")
+        for size in (0, -5, 2.5):
+            with pytest.raises(UserError, match=f"chunks\\(\\) takes a number of rows of at least 1 .*not {size}"):
+                next(res.chunks(size))
+        with pytest.raises(UserError, match=re.escape("not one column as text ('ids'): chunks(10, ['ids'])")):
+            next(res.chunks(10, "ids"))
+        assert res.rows(data["ids"][[5, 0]]).tolist() == [5, 0] and res.get(ids[7].encode())["ids"] == ids[7]
+        assert np.array_equal(res.per_residue(61, "per_residue/values"), row_of(data, 61)["per_residue/values"])
+
+
+def test_o_through_a_symbolic_link_writes_the_file_it_names(result, tmp_path):
+    """At 17f6bc6 the rename of `get -o`/`export -o` put a new file in place of a link (a results folder
+    linked into a project, say), leaving the file it named with its old content. Now the file is written
+    where the link points, and the link stays."""
+    out, data, ids = result
+    (tmp_path / "shared").mkdir()
+    for args, name in ((("get", str(out), ids[0]), "rows.tsv"),
+                       (("export", str(out), "--format", "per-id-h5", "--column", "embeddings/mean"), "per-protein.h5")):
+        (tmp_path / "shared" / name).write_bytes(EARLIER)
+        (tmp_path / name).symlink_to(tmp_path / "shared" / name)
+        done = run_cli(*args, "-o", str(tmp_path / name))
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / name).is_symlink() and (tmp_path / name).resolve() == tmp_path / "shared" / name
+        assert (tmp_path / "shared" / name).read_bytes() != EARLIER
+        assert {p.name for p in (tmp_path / "shared").iterdir()} <= {"per-protein.h5", "rows.tsv"}   # no temporary left
+    assert (tmp_path / "shared" / "rows.tsv").read_text().splitlines()[1].split("\t")[0] == ids[0]
+    with h5py.File(tmp_path / "shared" / "per-protein.h5") as f:
+        assert np.array_equal(f[ids[0]][:], data["embeddings/mean"][0])

@@ -4,7 +4,8 @@
   per-residue column as a list per row), row groups of about ROW_GROUP_BYTES; the result's attributes in
   the file's metadata under `run_shards`. Needs pyarrow (`pip install 'run_shards[parquet]'`).
 - per-id-h5: one dataset per id, named by the id, holding that row's values of one column, as UniProt's
-  per-protein.h5 (and per-residue.h5 for a per-residue column) and the tools that read them expect. Rows
+  per-protein.h5 (and per-residue.h5 for a per-residue column) and the tools that read them expect (a
+  one-value column, a score or a text, as a scalar dataset; text as UTF-8 strings). Rows
   without values (status skipped, empty, out of memory) are left out; a '/' in an id, which HDF5 reads as
   a group separator, is written as '%2F' (and '%' as '%25', and an id '.', HDF5's root group, as '%2E'), said
   in the file's `name_escaping` attribute.
@@ -115,7 +116,9 @@ def _per_id_column(res: ResultFile, column: str | None) -> Column:
 
 def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
     escaped = 0
-    datatype = h5py.h5t.py_create(np.dtype(column.dtype))
+    # a text column (generate/text) as UTF-8 strings, which numpy's dtype of it ('str') has no HDF5 type for
+    text = column.dtype == STR
+    datatype = h5py.h5t.py_create(h5py.string_dtype("utf-8") if text else np.dtype(column.dtype), logical=True)
     spaces: dict[tuple, h5py.h5s.SpaceID] = {}
     with h5py.File(tmp, "w", libver="latest") as out:
         out.attrs["source"] = str(res.path)
@@ -127,7 +130,8 @@ def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
                     continue
                 name = per_id_name(seq_id)
                 escaped += name != seq_id
-                value = np.ascontiguousarray(value, np.dtype(column.dtype))
+                # (np.array, not ascontiguousarray, which makes a scalar an array of shape (1,))
+                value = np.array(value, dtype=object if text else np.dtype(column.dtype))
                 space = spaces.get(value.shape) or spaces.setdefault(value.shape, h5py.h5s.create_simple(value.shape))
                 # (h5py's low-level calls: half the time of create_dataset per id, which is all this costs)
                 dataset = h5py.h5d.create(out.id, name.encode("utf-8"), datatype, space)

@@ -1,7 +1,9 @@
 """`run_shards get OUT ID...`: the rows of some ids, printed or written as TSV, JSON or numpy arrays.
 
 - tsv: a header line of column names, then one line per id; a vector as comma-separated values, a
-  per-residue column as its residue vectors separated by ';'.
+  per-residue column as its residue vectors separated by ';'; in text (generate/text, which a BPE model's
+  line-break tokens put newlines in) a tab, newline, carriage return and backslash as `\\t`, `\\n`, `\\r`
+  and `\\\\`, so that every row stays one line of cells.
 - json: one JSON object per line and id (JSON Lines), every column of its row, arrays as lists, NaN as null.
 - npy: a numpy .npz archive (np.load reads it): one array per column, rows in the order of the ids; a
   per-residue column as its values back to back plus `COLUMN.offsets` (row k is values[offsets[k]:offsets[k+1]]).
@@ -32,13 +34,26 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
     line (blank lines and the '>' of a FASTA-style line ignored)."""
     ids = list(given)
     if ids_from:
-        try:
-            text = (stdin or sys.stdin).read() if ids_from == "-" else Path(ids_from).read_text()
+        source = "standard input" if ids_from == "-" else ids_from
+        try:   # (a file's bytes decoded here, not in the locale's encoding; a BOM, as Windows editors write, dropped)
+            text = (stdin or sys.stdin).read() if ids_from == "-" else \
+                Path(ids_from).read_bytes().decode("utf-8-sig", "surrogateescape")
         except OSError as e:
             raise UserError(f"--ids-from {ids_from}: {e.strerror or e}") from None
-        # (one '>' is a FASTA header's mark: the id of a header '>>x' is '>x')
-        words = [line.strip().removeprefix(">").split() for line in text.splitlines()]
-        ids += [w[0] for w in words if w]
+        except UnicodeDecodeError as e:
+            raise UserError(f"--ids-from {source}: not UTF-8 text ({e.reason} at byte {e.start}); ids are UTF-8, "
+                            "as in the FASTA: save the file as UTF-8") from None
+        for number, line in enumerate(text.splitlines(), 1):
+            words = line.strip().removeprefix(">").split()   # (one '>' is a FASTA header's mark: '>>x' is '>x')
+            if not words:
+                continue
+            try:
+                words[0].encode("utf-8")
+            except UnicodeEncodeError:   # (undecodable bytes, kept as surrogates by the decoding above)
+                raise UserError(f"--ids-from {source}, line {number}: the id is not UTF-8 text "
+                                f"(its bytes: {words[0].encode('utf-8', 'surrogateescape')!r}); ids are UTF-8, as "
+                                "in the FASTA: save the file as UTF-8") from None
+            ids.append(words[0])
     if not ids:
         raise UserError("no ids given: pass them after OUT, or one per line with --ids-from FILE (- for stdin)")
     return ids
@@ -100,7 +115,12 @@ def _cell(value) -> str:
         if value.ndim == 2:
             return ";".join(",".join(str(v) for v in row) for row in value)
         return ",".join(str(v) for v in value)
+    if isinstance(value, str):
+        return value.translate(TSV_ESCAPES)
     return str(value.item() if isinstance(value, np.generic) else value)
+
+
+TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 def _tsv(columns: list[Column], records: list[dict]) -> Iterator[str]:

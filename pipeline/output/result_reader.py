@@ -97,7 +97,7 @@ class ResultFile:
         if isinstance(ids, (str, bytes)):   # (iterated, "P12345" would be the ids 'P', '1', ...: wrong rows)
             raise UserError(f"rows() takes a list of ids, not one id as text ({ids!r}): rows([{ids!r}]), or "
                             f"get({ids!r}) for its values")
-        ids = [str(i) for i in ids]
+        ids = [_text(i) for i in ids]   # (ids read with h5py without .asstr() are bytes: b'P12345' is 'P12345')
         rows = self._rows_indexed(ids) if self.ids is not None else self._rows_scanned(ids)
         missing = [i for i, r in zip(ids, rows) if r < 0]
         if missing:
@@ -154,30 +154,41 @@ class ResultFile:
                 hi = mid
         if lo < self.n and int(index[lo]) == position:
             return lo
-        raise UserError(f"{self.path} has no row for FASTA record {position} (0-based; "
-                        f"{'the result is partial' if not self.attrs.get('complete', True) else 'out of range'})")
+        records = self.n + int(self.file.attrs.get("num_missing", 0))   # (a partial result lacks num_missing rows)
+        why = f"the input has {records:,} records" if not 0 <= position < records else \
+            "the result is partial: its row was not computed when it was merged"
+        raise UserError(f"{self.path} has no row for FASTA record {position} (0-based; {why})")
 
     # ---------------------------------------------------------------- rows and chunks
     def row(self, i: int) -> dict:
         """Every column of row `i`: scalars, vectors, and each ragged column's values of the row."""
-        if not 0 <= i < self.n:
-            raise UserError(f"row {i} is out of range: {self.path} has {self.n:,} rows")
+        self._check_row(i)
         out = {}
         for c in self.schema.columns:
             out[c.path] = self.per_residue(i, c.path) if c.ragged else _value(c, self._data(c.path)[i])
         return out
+
+    def _check_row(self, i: int) -> None:
+        if not 0 <= i < self.n:
+            raise UserError(f"row {i} is out of range: {self.path} has {self.n:,} rows")
 
     def per_residue(self, i: int, path: str) -> np.ndarray:
         """The values of ragged column `path` for row `i` (e.g. [residues, dim] hidden states)."""
         column = self._column(path)
         if not column.ragged:
             raise UserError(f"{path} holds one value per row, not per residue")
+        self._check_row(i)
         a, b = (int(x) for x in self._data(f"{column.group}/offsets")[i:i + 2])
         return self._data(path)[a:b]
 
     def chunks(self, size: int = 65536, columns: Iterable[str] | None = None) -> Iterator[dict]:
         """Rows `size` at a time, as {column: array} (ids as str; a ragged column as a list of arrays, one
         per row), in row order (FASTA order)."""
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise UserError(f"chunks() takes a number of rows of at least 1 as its size, not {size!r}")
+        if isinstance(columns, str):   # (iterated, "ids" would be the columns 'i', 'd', 's')
+            raise UserError(f"chunks() takes a list of columns, not one column as text ({columns!r}): "
+                            f"chunks({size}, [{columns!r}])")
         chosen = [self._column(p) for p in (columns or self.columns)]
         for a in range(0, self.n, size):
             b = min(self.n, a + size)

@@ -96,7 +96,7 @@ def check_output_file(option: str, target: str | os.PathLike, files: list[ReadFi
     """UserError, before any work, when `target` is one of `files` (refuse_if_read), a directory, or in a folder
     that does not exist or is not writable here."""
     refuse_if_read(option, target, files)
-    path = Path(target)
+    path = _real(target)   # (a link is written where it points: rundir.layout.atomic_path)
     if path.is_dir():
         raise UserError(f"{option} {target}: is a directory; give a file name in it")
     if not path.parent.is_dir():

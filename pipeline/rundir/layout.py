@@ -61,8 +61,9 @@ def unwritable_reason(path: Path) -> str | None:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside `path` for the block to write; when the block ends it is flushed to disk and
     renamed over `path`, and if the block raises (a full disk, Ctrl-C) it is removed: `path` is never
-    half-written, and keeps its old content on any failure."""
-    path = Path(path)
+    half-written, and keeps its old content on any failure. A `path` that is a symbolic link is written
+    where it points (the rename would put a file in place of the link, leaving the file it names as it was)."""
+    path = Path(os.path.realpath(path))
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         yield tmp
