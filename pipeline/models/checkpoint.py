@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import demo as demo_model
 from ..errors import UserError
-from .checkpoint_facts import CheckpointFacts, read_facts, read_json, safetensors_header
+from .checkpoint_facts import CheckpointFacts, read_facts, read_json, safetensors_header, weight_files
 from .hf_config import is_causal_lm, is_masked_lm
 from .registry import Family, recognise
 
@@ -96,6 +96,7 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
         raise UserError(f"--model {name}: {path} has no config.json; pass a Hugging Face checkpoint directory")
     _refuse_damaged(name, Path(path))
     _refuse_weightless(name, Path(path))
+    _refuse_missing(name, Path(path))
     try:
         facts = read_facts(path)
     except (OSError, ValueError) as e:
@@ -158,6 +159,26 @@ def _refuse_weightless(name: str, path: Path) -> None:
                         "save_pretrained.")
 
 
+def missing_weights(path: Path) -> list[str]:
+    """The weight files a load of the checkpoint at `path` would read that are not there, each named with the
+    index that lists it (a shard of a sharded set left out of a download or copy, or a dangling link of a
+    Hugging Face cache whose blob is gone), or its index if that cannot be read."""
+    try:
+        files, _, index = weight_files(path)
+    except (OSError, ValueError, AttributeError) as e:
+        return [f"its index cannot be read ({type(e).__name__}: {_first_line(e)})"]
+    return [f"{path / f} (listed in {index})" if index else str(path / f) for f in files if not (path / f).is_file()]
+
+
+def _refuse_missing(name: str, path: Path, again: str = "run the same command again") -> None:
+    """A sharded set missing a shard is refused while planning: a worker could only fail on it, after the run
+    was planned with the fingerprint of the files that are there, which the complete set no longer matches."""
+    missing = missing_weights(path)
+    if missing:
+        raise UserError(f"--model {name}: missing weight file(s): {'; '.join(missing)}. Download or copy the "
+                        f"checkpoint again, whole (every file its index lists), and {again}.")
+
+
 def _refuse_damaged(name: str, path: Path) -> None:
     problems = weight_problems(path)
     if problems:
@@ -175,6 +196,9 @@ def load_failure(error: BaseException, path: str) -> str | None:
     problems = weight_problems(Path(path))
     if problems:
         return f"damaged weight file(s): {'; '.join(problems)}"
+    missing = missing_weights(Path(path))
+    if missing:
+        return f"missing weight file(s): {'; '.join(missing)}"
     unreadable = [OSError, EOFError, pickle.UnpicklingError]
     try:
         from safetensors import SafetensorError
@@ -186,19 +210,23 @@ def load_failure(error: BaseException, path: str) -> str | None:
     return None
 
 
-def check_unchanged(identity: dict, start_over: str = "start a new run with another --out") -> None:
-    """Before workers of an existing run load its model: the demo model is verified (rebuilt if damaged);
-    any other checkpoint must still be there, unchanged and whole (weight headers). Unchanged: config.json
-    and the weights (fingerprint) and, for a run that recorded them, every other file (`file_digests`: the
-    tokenizer's). `start_over`: the refusal's other way out, after restoring the checkpoint."""
+def check_unchanged(identity: dict, start_over: str = "start a new run with another --out",
+                    again: str = "run the same command again") -> None:
+    """Before workers of an existing run load its model (and in each worker, before and after its load: a
+    SLURM or Ray task may start hours after the run was planned): the demo model is verified (rebuilt if
+    damaged); any other checkpoint must still be there, unchanged and whole (weight headers). Unchanged:
+    config.json and the weights (fingerprint) and, for a run that recorded them, every other file
+    (`file_digests`: the tokenizer's). `again`: what to do once the checkpoint is restored; `start_over`: the
+    refusal's other way out."""
     path = Path(identity["path"])
     if identity["name"] == demo_model.NAME:
         demo_model.ensure(path.parents[1])
         return
     if not (path / "config.json").exists():
         raise UserError(f"the model checkpoint of this run, {path}, is gone (no config.json there). Restore it and "
-                        "run the same command again.")
+                        f"{again}.")
     _refuse_damaged(identity["name"], path)
+    _refuse_missing(identity["name"], path, again)
     if "files" not in identity:
         log.info("this run was planned before run_shards recorded a checkpoint's tokenizer files: only its "
                  "config.json and weights are compared")
@@ -206,7 +234,7 @@ def check_unchanged(identity: dict, start_over: str = "start a new run with anot
     if changes:
         raise UserError(f"the model checkpoint of this run, {path}, changed since the run started "
                         f"({'; '.join(changes)}), so new rows would not match the ones computed. Restore it as it "
-                        f"was and run the same command again, or {start_over}.")
+                        f"was and {again}, or {start_over}.")
 
 
 def identity_changes(old: dict, new: dict) -> list[str]:

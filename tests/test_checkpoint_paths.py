@@ -1,0 +1,69 @@
+"""`--model` as checkpoints really come: a sharded set missing a shard, a checkpoint that changes after the run
+was planned (a SLURM or Ray task starts later), a Hugging Face cache folder, a `~` path, a folder without
+tokenizer files. Each works, or is refused before any compute naming the file and what to do."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.models import checkpoint
+
+from .tiny_models import REPO, run_cli
+
+
+@pytest.fixture(scope="module")
+def small_fasta(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fasta") / "small.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "12", "--seed", "3",
+                    "--max-len", "120", str(path)], check=True, capture_output=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def sharded_esm(models, tmp_path_factory):
+    """The tiny ESM checkpoint as transformers saves it in shards (model.safetensors.index.json)."""
+    from transformers import EsmForMaskedLM
+    path = tmp_path_factory.mktemp("sharded") / "esm"
+    EsmForMaskedLM.from_pretrained(models["esm"]).save_pretrained(path, max_shard_size="20KB")
+    for f in Path(models["esm"]).iterdir():
+        if f.suffix not in (".safetensors", ".json") or f.name.startswith("tokenizer"):
+            shutil.copy(f, path)
+    assert len(list(path.glob("model-*.safetensors"))) >= 3
+    return path
+
+
+def cli_args(model) -> list[str]:
+    return ["--model", str(model), "--gpus", "0", "--workers", "1", "--no-progress"]
+
+
+def test_a_sharded_set_missing_a_shard_is_refused_while_planning(small_fasta, sharded_esm, tmp_path):
+    """A shard its index lists but absent (a download or copy cut short) passed planning; the worker then
+    failed, and the `rerun` it suggested was refused once the shard was back (the fingerprint of the planned
+    run lacked it). Now the run refuses before any run directory exists, naming the file; `rerun` of a run
+    whose shard went missing later refuses naming it too, and works once it is restored."""
+    model = tmp_path / "esm"
+    shutil.copytree(sharded_esm, model)
+    shard = sorted(model.glob("model-*.safetensors"))[1]
+    kept = tmp_path / shard.name
+    shard.rename(kept)
+    out = tmp_path / "out"
+    res = run_cli(small_fasta, "--out", str(out), *cli_args(model))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"missing weight file(s): {shard} (listed in model.safetensors.index.json)" in res.stderr
+    assert not out.exists()
+
+    kept.rename(shard)
+    res = run_cli(small_fasta, "--out", str(out), *cli_args(model), env={"RUN_SHARDS_FAULT_DIE_AT": "part-written"})
+    assert res.returncode == 1
+    shard.rename(kept)
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 2 and f"missing weight file(s): {shard}" in res.stderr, res.stderr
+    assert "changed since the run started" not in res.stderr
+    kept.rename(shard)
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
