@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
+from safetensors.torch import load_file, save_file
 
 from pipeline.errors import UserError
 from pipeline.models import checkpoint
@@ -67,3 +69,32 @@ def test_a_sharded_set_missing_a_shard_is_refused_while_planning(small_fasta, sh
     kept.rename(shard)
     res = run_cli("rerun", str(out), "--no-progress")
     assert res.returncode == 0, res.stderr
+
+
+def test_a_worker_refuses_a_checkpoint_changed_since_planning(small_fasta, models, tmp_path):
+    """A SLURM or Ray task runs `run_shards work` whenever it starts: a checkpoint changed in place after
+    planning was loaded as it was then, and its rows were merged under the planned model's fingerprint. The
+    worker now refuses it, naming the rerun once the checkpoint is restored, and computes nothing."""
+    model = tmp_path / "llama"
+    shutil.copytree(models["llama"], model)
+    out = tmp_path / "out"
+    res = run_cli(small_fasta, "--out", str(out), *cli_args(model), "--launcher", "slurm", "--dry-run",
+                  "--shards", "2")
+    assert res.returncode == 0, res.stderr
+    weights = model / "model.safetensors"
+    original = weights.read_bytes()
+    tensors = load_file(weights)
+    save_file({name: t * 2 for name, t in tensors.items()}, weights, metadata={"format": "pt"})   # changed in place
+    res = run_cli("work", str(out), "--shard", "0")
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert (f"the model checkpoint of this run, {model}, changed since the run started (config.json or the "
+            "weight files differ)") in res.stderr, res.stderr
+    assert f"Restore it as it was and run `run_shards rerun {out}`" in res.stderr
+    assert not (out / "shards" / "shard_0.h5").exists()
+
+    weights.write_bytes(original)
+    for shard in ("0", "1"):
+        assert run_cli("work", str(out), "--shard", shard).returncode == 0
+    assert run_cli("merge", str(out)).returncode == 0
+    with h5py.File(out / "result.h5") as f:
+        assert len(f["ids"]) == 12
