@@ -98,3 +98,55 @@ def test_a_worker_refuses_a_checkpoint_changed_since_planning(small_fasta, model
     assert run_cli("merge", str(out)).returncode == 0
     with h5py.File(out / "result.h5") as f:
         assert len(f["ids"]) == 12
+
+
+def hub_cache(source, root, commit: str = "a" * 40):
+    """`source` laid out as huggingface_hub caches a download: models--ORG--NAME/blobs/ holds the files, and
+    snapshots/COMMIT/ links to them; refs/main names the commit."""
+    import hashlib
+    import os
+    repo = root / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    for f in sorted(Path(source).iterdir()):
+        blob = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copy(f, repo / "blobs" / blob)
+        os.symlink(f"../../blobs/{blob}", repo / "snapshots" / commit / f.name)
+    return repo
+
+
+def test_a_hugging_face_cache_folder_is_its_main_snapshot(models, tmp_path):
+    """The models--ORG--NAME folder of the cache was refused as 'no config.json; pass a Hugging Face
+    checkpoint directory'. It is the snapshot refs/main names, the one its hub id loads offline, identical
+    to passing that snapshot (symlinks into blobs/ included)."""
+    repo = hub_cache(models["esm"], tmp_path / "hub")
+    snapshot = repo / "snapshots" / ("a" * 40)
+    whole = checkpoint.resolve(str(repo), tmp_path / "cache")
+    given = checkpoint.resolve(str(snapshot), tmp_path / "cache")
+    assert whole.path == given.path == str(snapshot)
+    assert whole.identity() | {"name": ""} == given.identity() | {"name": ""}
+    assert whole.fingerprint == checkpoint.resolve(models["esm"], tmp_path / "cache").fingerprint
+
+    hub_cache(models["llama"], tmp_path / "hub", commit="b" * 40)   # a second snapshot, refs/main now names it
+    assert checkpoint.resolve(str(repo), tmp_path / "cache").path == str(repo / "snapshots" / ("b" * 40))
+    (repo / "refs" / "main").unlink()   # two snapshots and no ref: which one is not ours to guess
+    with pytest.raises(UserError, match=f"{repo} is a model's folder of the Hugging Face cache.*snapshots: "
+                                        f"{'a' * 40}, {'b' * 40}.*Pass one snapshot"):
+        checkpoint.resolve(str(repo), tmp_path / "cache")
+
+
+def test_a_home_path_and_a_file_of_the_checkpoint(small_fasta, models, tmp_path, monkeypatch):
+    """`--model=~/ck` reaches run_shards with its `~` (the shell expands only a word that starts with it),
+    and was taken for a hub id (HFValidationError). A file of a checkpoint is refused naming its folder."""
+    shutil.copytree(models["esm"], tmp_path / "ck")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert checkpoint.resolve("~/ck", tmp_path / "cache").path == str(tmp_path / "ck")
+    with pytest.raises(UserError, match=f"--model ~/ck/config.json: is a file; pass --model {tmp_path / 'ck'}$"):
+        checkpoint.resolve("~/ck/config.json", tmp_path / "cache")
+    out = tmp_path / "out"   # the run records the checkpoint's absolute path, as for any other local one
+    res = run_cli(small_fasta, "--out", str(out), "--model=~/ck", *cli_args("x")[2:], env={"HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    with h5py.File(out / "result.h5") as f:
+        assert f.attrs["model"] == str(tmp_path / "ck")

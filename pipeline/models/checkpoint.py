@@ -83,12 +83,15 @@ class ModelSource:
 
 
 def resolve(name: str, cache_root: Path) -> ModelSource:
+    local = os.path.expanduser(name)   # (`--model=~/ck` reaches us with its ~: the shell expands only `~/ck`)
     if name == demo_model.NAME:
         path = demo_model.ensure(cache_root)
-    elif os.path.isdir(name):
-        path = Path(name).resolve()
-    elif os.path.exists(name):
-        raise UserError(f"--model {name}: is a file; pass the checkpoint's directory (with config.json)")
+    elif os.path.isdir(local):
+        path = _snapshot(name, Path(local).resolve())
+    elif os.path.exists(local):
+        folder = Path(local).resolve().parent
+        instead = f"--model {folder}" if (folder / "config.json").exists() else "the checkpoint's directory (with config.json)"
+        raise UserError(f"--model {name}: is a file; pass {instead}")
     else:
         path = _download(name)
     config_file = Path(path) / "config.json"
@@ -104,6 +107,27 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
     return ModelSource(name=name, path=str(path), model_type=facts.model_type, architectures=list(facts.architectures),
                        fingerprint=fingerprint(Path(path)), facts=facts, family=recognise(facts),
                        files=file_digests(Path(path)))
+
+
+def _snapshot(name: str, path: Path) -> Path:
+    """The checkpoint a local directory holds: itself, or where it is a model's folder of the Hugging Face cache
+    (models--ORG--NAME, with snapshots/HASH/ and refs/main), the snapshot refs/main names, as the hub id would
+    load it offline (else its only snapshot)."""
+    snapshots = path / "snapshots"
+    if (path / "config.json").exists() or not snapshots.is_dir():
+        return path
+    ref = path / "refs" / "main"
+    main = snapshots / ref.read_text().strip() if ref.is_file() else None
+    found = sorted(d for d in snapshots.iterdir() if (d / "config.json").exists())
+    chosen = main if main is not None and (main / "config.json").exists() else found[0] if len(found) == 1 else None
+    if chosen is None:
+        listed = ", ".join(d.name for d in found) or "none with a config.json"
+        raise UserError(f"--model {name}: {path} is a model's folder of the Hugging Face cache, and its "
+                        f"refs/main names no snapshot with a config.json (snapshots: {listed}). Pass one snapshot, "
+                        f"--model {snapshots}/HASH")
+    log.info("--model %s: the Hugging Face cache's snapshot %s%s", name, chosen.name,
+             " (refs/main)" if chosen == main else "")
+    return chosen
 
 
 def local_source(path: str, fingerprint_: str = "") -> ModelSource:
