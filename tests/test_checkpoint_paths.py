@@ -150,3 +150,15 @@ def test_a_home_path_and_a_file_of_the_checkpoint(small_fasta, models, tmp_path,
     assert res.returncode == 0, res.stderr
     with h5py.File(out / "result.h5") as f:
         assert f.attrs["model"] == str(tmp_path / "ck")
+
+
+def test_a_checkpoint_without_tokenizer_files_says_so(models, tmp_path):
+    """A folder with no tokenizer file at all (weights and config.json copied alone) was refused with
+    transformers' "Couldn't instantiate the backend tokenizer from one of: " and no way out."""
+    bare = tmp_path / "llama"
+    shutil.copytree(models["llama"], bare, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*"))
+    source = checkpoint.resolve(str(bare), tmp_path / "cache")
+    with pytest.raises(UserError, match=f"--model {bare}: cannot build its tokenizer: {bare} holds none of its files "
+                                        r"\(tokenizer.json, vocab.txt, .*\). Put the checkpoint's tokenizer files "
+                                        "beside its config.json"):
+        checkpoint.read_tokenizer(source, checkpoint.read_config(source))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import demo as demo_model
 from ..errors import UserError
-from .checkpoint_facts import CheckpointFacts, read_facts, read_json, safetensors_header, weight_files
+from .checkpoint_facts import TOKENIZER_FILES, CheckpointFacts, read_facts, read_json, safetensors_header, weight_files
 from .hf_config import is_causal_lm, is_masked_lm
 from .registry import Family, recognise
 
@@ -280,7 +280,8 @@ def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
         path = Path(snapshot_download(repo_id, allow_patterns=[
-            "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]))
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*",
+            "*.py"]))   # (a remote-code checkpoint's own code: run only with --trust-remote-code)
         if not has_weights(path):   # (published as .bin only)
             path = Path(snapshot_download(repo_id, allow_patterns=["pytorch_model*.bin"]))
         return path
@@ -384,8 +385,25 @@ def read_config(source: ModelSource, trust_remote_code: bool = False):
     try:
         return load_config(source.facts, trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as e:
+        missing = missing_code(Path(source.path), source.facts.config) if trust_remote_code else []
+        if missing:   # (transformers: "... does not appear to have a file named X. Checkout 'https://huggingface.co//DIR'")
+            raise UserError(f"--model {source.name}: the code its auto_map names is not in {source.path}: "
+                            f"{', '.join(missing)}. Put the checkpoint's Python files beside its config.json "
+                            "(they come with it: its hub id downloads them)") from None
         raise UserError(f"--model {source.name}: transformers cannot read its config.json ({type(e).__name__}: "
                         f"{_first_line(e)}); is its model_type one this transformers version knows?") from None
+
+
+def missing_code(path: Path, config: dict) -> list[str]:
+    """The Python files of the checkpoint at `path` that the auto_map of its config.json or
+    tokenizer_config.json names (`bert_layers.BertModel`: bert_layers.py) and that are not there; code named
+    in another repository (`org/repo--module.Class`) is transformers' to fetch."""
+    refs = []
+    for auto_map in (config.get("auto_map"), read_json(path / "tokenizer_config.json").get("auto_map")):
+        for v in (auto_map.values() if isinstance(auto_map, dict) else auto_map or []):
+            refs += v if isinstance(v, (list, tuple)) else [v]
+    files = {str(r).rsplit(".", 1)[0].replace(".", "/") + ".py" for r in refs if r and "--" not in str(r)}
+    return sorted(f for f in files if not (path / f).is_file())
 
 
 def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False):
@@ -393,12 +411,19 @@ def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False)
     from .hf_config import load_tokenizer
     files = source.facts.tokenizer_files
     missing = _missing_tokenizer_files(Path(source.path), source.facts.model_type)
+    if not files and not missing:   # (transformers: "Couldn't instantiate the backend tokenizer from one of: ")
+        missing = f"{source.path} holds none of its files ({', '.join(TOKENIZER_FILES)})"
     if missing:   # (transformers fails with a TypeError about a None path, or builds a tokenizer of no tokens)
         raise UserError(f"--model {source.name}: cannot build its tokenizer: {missing}. Put the checkpoint's "
                         "tokenizer files beside its config.json (they come with the checkpoint)")
     try:
         return load_tokenizer(source.facts, source.family, config, trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as e:
+        code = missing_code(Path(source.path), source.facts.config) if trust_remote_code else []
+        if code:
+            raise UserError(f"--model {source.name}: the code its auto_map names is not in {source.path}: "
+                            f"{', '.join(code)}. Put the checkpoint's Python files beside its config.json "
+                            "(they come with it: its hub id downloads them)") from None
         if not set(files) - {"spiece.model", "tokenizer_config.json", "added_tokens.json"} and "spiece.model" in files:
             raise UserError(f"--model {source.name}: its tokenizer is a SentencePiece model only (spiece.model, "
                             "no tokenizer.json), which transformers reads with the `sentencepiece` package: "
