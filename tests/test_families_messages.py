@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -115,6 +116,41 @@ def test_remote_code_is_refused_without_the_flag(family_checkpoint, tmp_path):
         assert source.family is registry.REMOTE_CODE
         with pytest.raises(UserError, match="--trust-remote-code"):
             checkpoint.refuse_remote_code(source, trusted=False)
+
+
+def test_remote_code_files_come_with_a_download_and_their_absence_is_named(family_checkpoint, tmp_path,
+                                                                         monkeypatch):
+    """A hub id's download left out the checkpoint's own .py files (the patterns had no *.py), so with
+    --trust-remote-code transformers failed on it ('does not appear to have a file named bert_layers.py.
+    Checkout https://huggingface.co//DIR'), told as 'is its model_type one this transformers version knows?'.
+    The download fetches them, and a folder without them is refused naming the files."""
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+    published = family_checkpoint("dnabert2_remote")
+    code = sorted(f.name for f in published.glob("*.py"))
+    assert code
+
+    def snapshot_download(repo_id, allow_patterns):   # what the hub gives: the repository's matching files
+        snapshot = tmp_path / "snapshot"
+        snapshot.mkdir(exist_ok=True)
+        for f in published.iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copy(f, snapshot / f.name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    source = checkpoint.resolve("org/dnabert2", tmp_path / "cache")
+    assert sorted(f.name for f in Path(source.path).glob("*.py")) == code
+    checkpoint.read_config(source, trust_remote_code=True)
+
+    bare = tmp_path / "bare"
+    shutil.copytree(published, bare, ignore=shutil.ignore_patterns("*.py"))
+    source = checkpoint.resolve(str(bare), tmp_path / "cache")
+    with pytest.raises(UserError, match=f"--model {bare}: the code its auto_map names is not in {bare}: "
+                                        f"{re.escape(', '.join(code))}. Put the checkpoint's Python files"):
+        checkpoint.read_config(source, trust_remote_code=True)
 
 
 def test_engine_and_task_refusals_name_the_reason(family_checkpoint, caplog):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import demo as demo_model
 from ..errors import UserError
-from .checkpoint_facts import CheckpointFacts, read_facts, read_json, safetensors_header
+from .checkpoint_facts import TOKENIZER_FILES, CheckpointFacts, read_facts, read_json, safetensors_header, weight_files
 from .hf_config import is_causal_lm, is_masked_lm
 from .registry import Family, recognise
 
@@ -83,12 +83,15 @@ class ModelSource:
 
 
 def resolve(name: str, cache_root: Path) -> ModelSource:
+    local = os.path.expanduser(name)   # (`--model=~/ck` reaches us with its ~: the shell expands only `~/ck`)
     if name == demo_model.NAME:
         path = demo_model.ensure(cache_root)
-    elif os.path.isdir(name):
-        path = Path(name).resolve()
-    elif os.path.exists(name):
-        raise UserError(f"--model {name}: is a file; pass the checkpoint's directory (with config.json)")
+    elif os.path.isdir(local):
+        path = _snapshot(name, Path(local).resolve())
+    elif os.path.exists(local):
+        folder = Path(local).resolve().parent
+        instead = f"--model {folder}" if (folder / "config.json").exists() else "the checkpoint's directory (with config.json)"
+        raise UserError(f"--model {name}: is a file; pass {instead}")
     else:
         path = _download(name)
     config_file = Path(path) / "config.json"
@@ -96,6 +99,7 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
         raise UserError(f"--model {name}: {path} has no config.json; pass a Hugging Face checkpoint directory")
     _refuse_damaged(name, Path(path))
     _refuse_weightless(name, Path(path))
+    _refuse_missing(name, Path(path))
     try:
         facts = read_facts(path)
     except (OSError, ValueError) as e:
@@ -103,6 +107,27 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
     return ModelSource(name=name, path=str(path), model_type=facts.model_type, architectures=list(facts.architectures),
                        fingerprint=fingerprint(Path(path)), facts=facts, family=recognise(facts),
                        files=file_digests(Path(path)))
+
+
+def _snapshot(name: str, path: Path) -> Path:
+    """The checkpoint a local directory holds: itself, or where it is a model's folder of the Hugging Face cache
+    (models--ORG--NAME, with snapshots/HASH/ and refs/main), the snapshot refs/main names, as the hub id would
+    load it offline (else its only snapshot)."""
+    snapshots = path / "snapshots"
+    if (path / "config.json").exists() or not snapshots.is_dir():
+        return path
+    ref = path / "refs" / "main"
+    main = snapshots / ref.read_text().strip() if ref.is_file() else None
+    found = sorted(d for d in snapshots.iterdir() if (d / "config.json").exists())
+    chosen = main if main is not None and (main / "config.json").exists() else found[0] if len(found) == 1 else None
+    if chosen is None:
+        listed = ", ".join(d.name for d in found) or "none with a config.json"
+        raise UserError(f"--model {name}: {path} is a model's folder of the Hugging Face cache, and its "
+                        f"refs/main names no snapshot with a config.json (snapshots: {listed}). Pass one snapshot, "
+                        f"--model {snapshots}/HASH")
+    log.info("--model %s: the Hugging Face cache's snapshot %s%s", name, chosen.name,
+             " (refs/main)" if chosen == main else "")
+    return chosen
 
 
 def local_source(path: str, fingerprint_: str = "") -> ModelSource:
@@ -158,6 +183,26 @@ def _refuse_weightless(name: str, path: Path) -> None:
                         "save_pretrained.")
 
 
+def missing_weights(path: Path) -> list[str]:
+    """The weight files a load of the checkpoint at `path` would read that are not there, each named with the
+    index that lists it (a shard of a sharded set left out of a download or copy, or a dangling link of a
+    Hugging Face cache whose blob is gone), or its index if that cannot be read."""
+    try:
+        files, _, index = weight_files(path)
+    except (OSError, ValueError, AttributeError) as e:
+        return [f"its index cannot be read ({type(e).__name__}: {_first_line(e)})"]
+    return [f"{path / f} (listed in {index})" if index else str(path / f) for f in files if not (path / f).is_file()]
+
+
+def _refuse_missing(name: str, path: Path, again: str = "run the same command again") -> None:
+    """A sharded set missing a shard is refused while planning: a worker could only fail on it, after the run
+    was planned with the fingerprint of the files that are there, which the complete set no longer matches."""
+    missing = missing_weights(path)
+    if missing:
+        raise UserError(f"--model {name}: missing weight file(s): {'; '.join(missing)}. Download or copy the "
+                        f"checkpoint again, whole (every file its index lists), and {again}.")
+
+
 def _refuse_damaged(name: str, path: Path) -> None:
     problems = weight_problems(path)
     if problems:
@@ -175,6 +220,9 @@ def load_failure(error: BaseException, path: str) -> str | None:
     problems = weight_problems(Path(path))
     if problems:
         return f"damaged weight file(s): {'; '.join(problems)}"
+    missing = missing_weights(Path(path))
+    if missing:
+        return f"missing weight file(s): {'; '.join(missing)}"
     unreadable = [OSError, EOFError, pickle.UnpicklingError]
     try:
         from safetensors import SafetensorError
@@ -186,19 +234,23 @@ def load_failure(error: BaseException, path: str) -> str | None:
     return None
 
 
-def check_unchanged(identity: dict, start_over: str = "start a new run with another --out") -> None:
-    """Before workers of an existing run load its model: the demo model is verified (rebuilt if damaged);
-    any other checkpoint must still be there, unchanged and whole (weight headers). Unchanged: config.json
-    and the weights (fingerprint) and, for a run that recorded them, every other file (`file_digests`: the
-    tokenizer's). `start_over`: the refusal's other way out, after restoring the checkpoint."""
+def check_unchanged(identity: dict, start_over: str = "start a new run with another --out",
+                    again: str = "run the same command again") -> None:
+    """Before workers of an existing run load its model (and in each worker, before and after its load: a
+    SLURM or Ray task may start hours after the run was planned): the demo model is verified (rebuilt if
+    damaged); any other checkpoint must still be there, unchanged and whole (weight headers). Unchanged:
+    config.json and the weights (fingerprint) and, for a run that recorded them, every other file
+    (`file_digests`: the tokenizer's). `again`: what to do once the checkpoint is restored; `start_over`: the
+    refusal's other way out."""
     path = Path(identity["path"])
     if identity["name"] == demo_model.NAME:
         demo_model.ensure(path.parents[1])
         return
     if not (path / "config.json").exists():
         raise UserError(f"the model checkpoint of this run, {path}, is gone (no config.json there). Restore it and "
-                        "run the same command again.")
+                        f"{again}.")
     _refuse_damaged(identity["name"], path)
+    _refuse_missing(identity["name"], path, again)
     if "files" not in identity:
         log.info("this run was planned before run_shards recorded a checkpoint's tokenizer files: only its "
                  "config.json and weights are compared")
@@ -206,7 +258,7 @@ def check_unchanged(identity: dict, start_over: str = "start a new run with anot
     if changes:
         raise UserError(f"the model checkpoint of this run, {path}, changed since the run started "
                         f"({'; '.join(changes)}), so new rows would not match the ones computed. Restore it as it "
-                        f"was and run the same command again, or {start_over}.")
+                        f"was and {again}, or {start_over}.")
 
 
 def identity_changes(old: dict, new: dict) -> list[str]:
@@ -228,7 +280,8 @@ def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
         path = Path(snapshot_download(repo_id, allow_patterns=[
-            "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]))
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*",
+            "*.py"]))   # (a remote-code checkpoint's own code: run only with --trust-remote-code)
         if not has_weights(path):   # (published as .bin only)
             path = Path(snapshot_download(repo_id, allow_patterns=["pytorch_model*.bin"]))
         return path
@@ -332,8 +385,25 @@ def read_config(source: ModelSource, trust_remote_code: bool = False):
     try:
         return load_config(source.facts, trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as e:
+        missing = missing_code(Path(source.path), source.facts.config) if trust_remote_code else []
+        if missing:   # (transformers: "... does not appear to have a file named X. Checkout 'https://huggingface.co//DIR'")
+            raise UserError(f"--model {source.name}: the code its auto_map names is not in {source.path}: "
+                            f"{', '.join(missing)}. Put the checkpoint's Python files beside its config.json "
+                            "(they come with it: its hub id downloads them)") from None
         raise UserError(f"--model {source.name}: transformers cannot read its config.json ({type(e).__name__}: "
                         f"{_first_line(e)}); is its model_type one this transformers version knows?") from None
+
+
+def missing_code(path: Path, config: dict) -> list[str]:
+    """The Python files of the checkpoint at `path` that the auto_map of its config.json or
+    tokenizer_config.json names (`bert_layers.BertModel`: bert_layers.py) and that are not there; code named
+    in another repository (`org/repo--module.Class`) is transformers' to fetch."""
+    refs = []
+    for auto_map in (config.get("auto_map"), read_json(path / "tokenizer_config.json").get("auto_map")):
+        for v in (auto_map.values() if isinstance(auto_map, dict) else auto_map or []):
+            refs += v if isinstance(v, (list, tuple)) else [v]
+    files = {str(r).rsplit(".", 1)[0].replace(".", "/") + ".py" for r in refs if r and "--" not in str(r)}
+    return sorted(f for f in files if not (path / f).is_file())
 
 
 def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False):
@@ -341,12 +411,19 @@ def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False)
     from .hf_config import load_tokenizer
     files = source.facts.tokenizer_files
     missing = _missing_tokenizer_files(Path(source.path), source.facts.model_type)
+    if not files and not missing:   # (transformers: "Couldn't instantiate the backend tokenizer from one of: ")
+        missing = f"{source.path} holds none of its files ({', '.join(TOKENIZER_FILES)})"
     if missing:   # (transformers fails with a TypeError about a None path, or builds a tokenizer of no tokens)
         raise UserError(f"--model {source.name}: cannot build its tokenizer: {missing}. Put the checkpoint's "
                         "tokenizer files beside its config.json (they come with the checkpoint)")
     try:
         return load_tokenizer(source.facts, source.family, config, trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as e:
+        code = missing_code(Path(source.path), source.facts.config) if trust_remote_code else []
+        if code:
+            raise UserError(f"--model {source.name}: the code its auto_map names is not in {source.path}: "
+                            f"{', '.join(code)}. Put the checkpoint's Python files beside its config.json "
+                            "(they come with it: its hub id downloads them)") from None
         if not set(files) - {"spiece.model", "tokenizer_config.json", "added_tokens.json"} and "spiece.model" in files:
             raise UserError(f"--model {source.name}: its tokenizer is a SentencePiece model only (spiece.model, "
                             "no tokenizer.json), which transformers reads with the `sentencepiece` package: "

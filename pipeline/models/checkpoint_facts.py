@@ -79,6 +79,33 @@ def read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+# A checkpoint's weights as transformers (which prefers safetensors) and the native engine read them: the single
+# file, else the sharded set its index lists, else the files of that format there are.
+WEIGHT_FORMATS = (("model.safetensors", "*.safetensors"), ("pytorch_model.bin", "pytorch_model.bin"))
+
+
+def weight_files(path: Path) -> tuple[list[str], dict | None, str]:
+    """(the weight files a load reads, the index's tensor -> file map or None, the index's name or ""), in
+    transformers' order (WEIGHT_FORMATS); ([], None, "") where there are none. A folder holding both a
+    model.safetensors and an older sharded set: transformers reads the single file, and so must the native
+    engine, or the engines compute different models. The files an index lists need not exist (`missing`
+    in models/checkpoint.py says so); OSError or ValueError where the index cannot be read."""
+    for single, pattern in WEIGHT_FORMATS:
+        index = path / f"{single}.index.json"
+        if (path / single).exists():
+            found = [single], None, ""
+        elif index.exists():
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{index.name} has no weight_map")
+            found = sorted(set(weight_map.values())), weight_map, index.name
+        else:
+            found = sorted(p.name for p in path.glob(pattern)), None, ""
+        if found[0]:
+            return found
+    return [], None, ""
+
+
 def safetensors_header(file: Path) -> tuple[int, dict]:
     """(header length, header) of a .safetensors file, read from its first bytes alone; OSError or ValueError
     where the file is too short for the length it gives or its header is not JSON."""

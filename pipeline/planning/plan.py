@@ -175,8 +175,9 @@ def _absolute(config: RunConfig, *names: str) -> dict:
     """File options as absolute paths: workers, a merge job and later commands may start elsewhere (and
     the commands messages suggest work from there). --model is one where it names a local directory."""
     found = {n: os.path.abspath(getattr(config, n)) for n in names if getattr(config, n)}
-    if config.model != "demo" and os.path.isdir(config.model):
-        found["model"] = os.path.abspath(config.model)
+    model = os.path.expanduser(config.model)   # (`--model=~/ck`: the shell leaves that ~ alone)
+    if config.model != "demo" and os.path.isdir(model):
+        found["model"] = os.path.abspath(model)
     return found
 
 

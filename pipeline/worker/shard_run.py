@@ -21,7 +21,7 @@ from ..config import RunConfig
 from ..engine import selection as engines
 from ..engine.config import CachesTooLarge
 from ..models import preload
-from ..models.checkpoint import EngineInfo, load_failure, read_ahead
+from ..models.checkpoint import EngineInfo, check_unchanged, load_failure, read_ahead
 from ..models.conventions import PLAIN, Convention
 from ..errors import UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK
@@ -153,6 +153,7 @@ class ShardRun:
         dtype = getattr(torch, config.torch_dtype_name)
         model = manifest["model"]
         info = EngineInfo.from_json(manifest["info"]) if "info" in manifest else None   # runs planned before it: described here
+        self._check_model(config, model)   # (a SLURM or Ray task may start long after the run was planned)
         try:
             engine = engines.load(manifest["engine"], model["path"], device, dtype,
                                   logprobs=config.task in ("score", "variants"), info=info, config=config,
@@ -170,6 +171,7 @@ class ShardRun:
             log.exception("loading the model failed")   # the traceback stays in the log
             raise UserError(f"cannot load the model from {model['path']}: {problem}; replace the damaged files with "
                             f"an intact copy, then run `{command('rerun', self.run_dir.root)}`") from None
+        self._check_model(config, model)   # (nor while it loaded)
         task = make_task(config, engine.info, self.run_dir.root)
         digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
         if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
@@ -194,6 +196,13 @@ class ShardRun:
             p = torch.cuda.get_device_properties(device)
             log.info("%s", describe_gpu(p.name, (p.major, p.minor), p.multi_processor_count))
         return engine, task, tokenizer
+
+    def _check_model(self, config: RunConfig, model: dict) -> None:
+        """The checkpoint is the one the run was planned with (config.json, weights, tokenizer files), or this
+        shard's rows would come from another model than the one its result names."""
+        check_unchanged(model, "start a new run on the checkpoint as it is now: "
+                        f"`{config.as_command(free_out(self.run_dir.root))}`",
+                        again=f"run `{command('rerun', self.run_dir.root)}`")
 
     def _plan(self, shard: Opened, engine, task, tokenizer):
         """The batches, in order (a pure function of the shard and the budget, so a resumed shard runs the

@@ -6,12 +6,12 @@ memory-mapped), so a model is never held twice.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from ...errors import UserError
+from ..checkpoint_facts import weight_files
 
 
 # Older names some checkpoints (and transformers' own legacy-format saves) still use for the same tensor.
@@ -21,16 +21,15 @@ LEGACY_NAMES = (("LayerNorm.weight", "LayerNorm.gamma"), ("LayerNorm.bias", "Lay
 class CheckpointTensors:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        files, weight_map = _weight_files(self.path, "model.safetensors", "*.safetensors")
-        if files:
-            from safetensors import safe_open
-            self._handles = {f: safe_open(str(self.path / f), framework="pt", device="cpu") for f in files}
-        else:
-            files, weight_map = _weight_files(self.path, "pytorch_model.bin", "pytorch_model.bin")
-            self._handles = {f: _PickledTensors(self.path / f) for f in files}
+        files, weight_map, _ = weight_files(self.path)
         if not files:
             raise UserError(f"{self.path} has no weights: no .safetensors file and no pytorch_model.bin (nor "
                             "the index of a sharded set of either)")
+        if files[0].endswith(".safetensors"):
+            from safetensors import safe_open
+            self._handles = {f: safe_open(str(self.path / f), framework="pt", device="cpu") for f in files}
+        else:
+            self._handles = {f: _PickledTensors(self.path / f) for f in files}
         if weight_map is None:
             weight_map = {name: f for f, h in self._handles.items() for name in h.keys()}
         self._where = weight_map
@@ -64,20 +63,6 @@ class CheckpointTensors:
             if self.has(prefix + probe):
                 return PrefixedTensors(self, prefix)
         raise UserError(f"checkpoint {self.path}: no '{probe}' under any of the prefixes {candidates}")
-
-
-def _weight_files(path: Path, single: str, pattern: str) -> tuple[list[str], dict | None]:
-    """The weight files of one format and the index's tensor -> file map (None without an index), in
-    transformers' order: the single file `single`, else the sharded set its index lists, else the files
-    matching `pattern`. (A folder holding both a model.safetensors and an older sharded set: transformers
-    reads the single file, and so must the native engine, or the engines compute different models.)"""
-    if (path / single).exists():
-        return [single], None
-    index = path / f"{single}.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return sorted(set(weight_map.values())), weight_map
-    return sorted(p.name for p in path.glob(pattern)), None
 
 
 class _PickledTensors:

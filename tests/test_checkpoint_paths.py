@@ -1,0 +1,164 @@
+"""`--model` as checkpoints really come: a sharded set missing a shard, a checkpoint that changes after the run
+was planned (a SLURM or Ray task starts later), a Hugging Face cache folder, a `~` path, a folder without
+tokenizer files. Each works, or is refused before any compute naming the file and what to do."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+from safetensors.torch import load_file, save_file
+
+from pipeline.errors import UserError
+from pipeline.models import checkpoint
+
+from .tiny_models import REPO, run_cli
+
+
+@pytest.fixture(scope="module")
+def small_fasta(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fasta") / "small.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "12", "--seed", "3",
+                    "--max-len", "120", str(path)], check=True, capture_output=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def sharded_esm(models, tmp_path_factory):
+    """The tiny ESM checkpoint as transformers saves it in shards (model.safetensors.index.json)."""
+    from transformers import EsmForMaskedLM
+    path = tmp_path_factory.mktemp("sharded") / "esm"
+    EsmForMaskedLM.from_pretrained(models["esm"]).save_pretrained(path, max_shard_size="20KB")
+    for f in Path(models["esm"]).iterdir():
+        if f.suffix not in (".safetensors", ".json") or f.name.startswith("tokenizer"):
+            shutil.copy(f, path)
+    assert len(list(path.glob("model-*.safetensors"))) >= 3
+    return path
+
+
+def cli_args(model) -> list[str]:
+    return ["--model", str(model), "--gpus", "0", "--workers", "1", "--no-progress"]
+
+
+def test_a_sharded_set_missing_a_shard_is_refused_while_planning(small_fasta, sharded_esm, tmp_path):
+    """A shard its index lists but absent (a download or copy cut short) passed planning; the worker then
+    failed, and the `rerun` it suggested was refused once the shard was back (the fingerprint of the planned
+    run lacked it). Now the run refuses before any run directory exists, naming the file; `rerun` of a run
+    whose shard went missing later refuses naming it too, and works once it is restored."""
+    model = tmp_path / "esm"
+    shutil.copytree(sharded_esm, model)
+    shard = sorted(model.glob("model-*.safetensors"))[1]
+    kept = tmp_path / shard.name
+    shard.rename(kept)
+    out = tmp_path / "out"
+    res = run_cli(small_fasta, "--out", str(out), *cli_args(model))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"missing weight file(s): {shard} (listed in model.safetensors.index.json)" in res.stderr
+    assert not out.exists()
+
+    kept.rename(shard)
+    res = run_cli(small_fasta, "--out", str(out), *cli_args(model), env={"RUN_SHARDS_FAULT_DIE_AT": "part-written"})
+    assert res.returncode == 1
+    shard.rename(kept)
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 2 and f"missing weight file(s): {shard}" in res.stderr, res.stderr
+    assert "changed since the run started" not in res.stderr
+    kept.rename(shard)
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_worker_refuses_a_checkpoint_changed_since_planning(small_fasta, models, tmp_path):
+    """A SLURM or Ray task runs `run_shards work` whenever it starts: a checkpoint changed in place after
+    planning was loaded as it was then, and its rows were merged under the planned model's fingerprint. The
+    worker now refuses it, naming the rerun once the checkpoint is restored, and computes nothing."""
+    model = tmp_path / "llama"
+    shutil.copytree(models["llama"], model)
+    out = tmp_path / "out"
+    res = run_cli(small_fasta, "--out", str(out), *cli_args(model), "--launcher", "slurm", "--dry-run",
+                  "--shards", "2")
+    assert res.returncode == 0, res.stderr
+    weights = model / "model.safetensors"
+    original = weights.read_bytes()
+    tensors = load_file(weights)
+    save_file({name: t * 2 for name, t in tensors.items()}, weights, metadata={"format": "pt"})   # changed in place
+    res = run_cli("work", str(out), "--shard", "0")
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert (f"the model checkpoint of this run, {model}, changed since the run started (config.json or the "
+            "weight files differ)") in res.stderr, res.stderr
+    assert f"Restore it as it was and run `run_shards rerun {out}`" in res.stderr
+    assert not (out / "shards" / "shard_0.h5").exists()
+
+    weights.write_bytes(original)
+    for shard in ("0", "1"):
+        assert run_cli("work", str(out), "--shard", shard).returncode == 0
+    assert run_cli("merge", str(out)).returncode == 0
+    with h5py.File(out / "result.h5") as f:
+        assert len(f["ids"]) == 12
+
+
+def hub_cache(source, root, commit: str = "a" * 40):
+    """`source` laid out as huggingface_hub caches a download: models--ORG--NAME/blobs/ holds the files, and
+    snapshots/COMMIT/ links to them; refs/main names the commit."""
+    import hashlib
+    import os
+    repo = root / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    for f in sorted(Path(source).iterdir()):
+        blob = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copy(f, repo / "blobs" / blob)
+        os.symlink(f"../../blobs/{blob}", repo / "snapshots" / commit / f.name)
+    return repo
+
+
+def test_a_hugging_face_cache_folder_is_its_main_snapshot(models, tmp_path):
+    """The models--ORG--NAME folder of the cache was refused as 'no config.json; pass a Hugging Face
+    checkpoint directory'. It is the snapshot refs/main names, the one its hub id loads offline, identical
+    to passing that snapshot (symlinks into blobs/ included)."""
+    repo = hub_cache(models["esm"], tmp_path / "hub")
+    snapshot = repo / "snapshots" / ("a" * 40)
+    whole = checkpoint.resolve(str(repo), tmp_path / "cache")
+    given = checkpoint.resolve(str(snapshot), tmp_path / "cache")
+    assert whole.path == given.path == str(snapshot)
+    assert whole.identity() | {"name": ""} == given.identity() | {"name": ""}
+    assert whole.fingerprint == checkpoint.resolve(models["esm"], tmp_path / "cache").fingerprint
+
+    hub_cache(models["llama"], tmp_path / "hub", commit="b" * 40)   # a second snapshot, refs/main now names it
+    assert checkpoint.resolve(str(repo), tmp_path / "cache").path == str(repo / "snapshots" / ("b" * 40))
+    (repo / "refs" / "main").unlink()   # two snapshots and no ref: which one is not ours to guess
+    with pytest.raises(UserError, match=f"{repo} is a model's folder of the Hugging Face cache.*snapshots: "
+                                        f"{'a' * 40}, {'b' * 40}.*Pass one snapshot"):
+        checkpoint.resolve(str(repo), tmp_path / "cache")
+
+
+def test_a_home_path_and_a_file_of_the_checkpoint(small_fasta, models, tmp_path, monkeypatch):
+    """`--model=~/ck` reaches run_shards with its `~` (the shell expands only a word that starts with it),
+    and was taken for a hub id (HFValidationError). A file of a checkpoint is refused naming its folder."""
+    shutil.copytree(models["esm"], tmp_path / "ck")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert checkpoint.resolve("~/ck", tmp_path / "cache").path == str(tmp_path / "ck")
+    with pytest.raises(UserError, match=f"--model ~/ck/config.json: is a file; pass --model {tmp_path / 'ck'}$"):
+        checkpoint.resolve("~/ck/config.json", tmp_path / "cache")
+    out = tmp_path / "out"   # the run records the checkpoint's absolute path, as for any other local one
+    res = run_cli(small_fasta, "--out", str(out), "--model=~/ck", *cli_args("x")[2:], env={"HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    with h5py.File(out / "result.h5") as f:
+        assert f.attrs["model"] == str(tmp_path / "ck")
+
+
+def test_a_checkpoint_without_tokenizer_files_says_so(models, tmp_path):
+    """A folder with no tokenizer file at all (weights and config.json copied alone) was refused with
+    transformers' "Couldn't instantiate the backend tokenizer from one of: " and no way out."""
+    bare = tmp_path / "llama"
+    shutil.copytree(models["llama"], bare, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*"))
+    source = checkpoint.resolve(str(bare), tmp_path / "cache")
+    with pytest.raises(UserError, match=f"--model {bare}: cannot build its tokenizer: {bare} holds none of its files "
+                                        r"\(tokenizer.json, vocab.txt, .*\). Put the checkpoint's tokenizer files "
+                                        "beside its config.json"):
+        checkpoint.read_tokenizer(source, checkpoint.read_config(source))
