@@ -6,9 +6,11 @@ docs/models.md holding the registry's table.
 """
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import re
+import shutil
 import threading
 from pathlib import Path
 
@@ -118,29 +120,33 @@ def test_remote_code_is_refused_without_the_flag(family_checkpoint, tmp_path):
             checkpoint.refuse_remote_code(source, trusted=False)
 
 
+def _hub_serving(published: Path, snapshot: Path, asked: list | None = None):
+    """A stand-in for huggingface_hub.snapshot_download (this machine has no network): what the hub gives, the
+    files of the repository `published` that match the patterns asked for, copied into `snapshot`."""
+    def snapshot_download(repo_id, allow_patterns):
+        if asked is not None:
+            asked.append(allow_patterns)
+        snapshot.mkdir(exist_ok=True)
+        for f in published.iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copy(f, snapshot / f.name)
+        return str(snapshot)
+    return snapshot_download
+
+
 def test_remote_code_files_come_with_a_download_and_their_absence_is_named(family_checkpoint, tmp_path,
                                                                          monkeypatch):
     """A hub id's download left out the checkpoint's own .py files (the patterns had no *.py), so with
     --trust-remote-code transformers failed on it ('does not appear to have a file named bert_layers.py.
     Checkout https://huggingface.co//DIR'), told as 'is its model_type one this transformers version knows?'.
     The download fetches them, and a folder without them is refused naming the files."""
-    import fnmatch
-    import shutil
 
     import huggingface_hub
     published = family_checkpoint("dnabert2_remote")
     code = sorted(f.name for f in published.glob("*.py"))
     assert code
 
-    def snapshot_download(repo_id, allow_patterns):   # what the hub gives: the repository's matching files
-        snapshot = tmp_path / "snapshot"
-        snapshot.mkdir(exist_ok=True)
-        for f in published.iterdir():
-            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
-                shutil.copy(f, snapshot / f.name)
-        return str(snapshot)
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _hub_serving(published, tmp_path / "snapshot"))
     source = checkpoint.resolve("org/dnabert2", tmp_path / "cache")
     assert sorted(f.name for f in Path(source.path).glob("*.py")) == code
     checkpoint.read_config(source, trust_remote_code=True)
@@ -200,7 +206,6 @@ def test_a_sentencepiece_only_tokenizer_says_what_to_install(family_checkpoint, 
 
 
 def test_config_and_tokenizer_transformers_cannot_read(tmp_path, family_checkpoint):
-    import shutil
     bad = tmp_path / "bad"
     shutil.copytree(family_checkpoint("esm2_t6_8m"), bad)
     (bad / "config.json").write_text((bad / "config.json").read_text().replace('"esm"', '"no_such_model"'))
@@ -218,8 +223,6 @@ def test_a_checkpoint_without_weights_is_refused_while_planning(family_checkpoin
     """A directory with config.json and a tokenizer but no weights passed planning, and every worker then
     stopped on it (the failure report's `rerun` could only fail again). A hub repository published with
     pytorch_model.bin alone (ProtT5's) was downloaded without it: the .bin is fetched where no safetensors are."""
-    import fnmatch
-    import shutil
 
     import huggingface_hub
     bare = tmp_path / "bare"
@@ -231,17 +234,7 @@ def test_a_checkpoint_without_weights_is_refused_while_planning(family_checkpoin
     shutil.copytree(bare, published)
     shutil.copy(family_checkpoint("esm2_t6_8m") / "model.safetensors", published / "pytorch_model.bin")
     asked = []
-
-    def snapshot_download(repo_id, allow_patterns):   # what the hub gives: the repository's matching files
-        asked.append(allow_patterns)
-        snapshot = tmp_path / "snapshot"
-        snapshot.mkdir(exist_ok=True)
-        for f in published.iterdir():
-            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
-                shutil.copy(f, snapshot / f.name)
-        return str(snapshot)
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _hub_serving(published, tmp_path / "snapshot", asked))
     source = checkpoint.resolve("org/bin-only", tmp_path / "cache")
     assert (Path(source.path) / "pytorch_model.bin").exists() and len(asked) == 2
     assert not any("*.bin" in p for p in asked[0])   # (a repository with safetensors: its .bin not fetched too)
@@ -252,7 +245,6 @@ def test_a_tokenizer_with_ids_past_the_embedding_is_refused_while_planning(famil
     worker stopped at its first batch with an IndexError traceback; now refused before any worker, naming the
     tokens the model has no row for. A config.json that disagrees with the weights likewise."""
     import json
-    import shutil
 
     from safetensors.torch import load_file, save_file
 
@@ -281,7 +273,6 @@ def test_a_tokenizer_without_its_files_names_them(family_checkpoint, tmp_path):
     """ESM-2 without vocab.txt failed with transformers' "TypeError: expected str, bytes or os.PathLike object,
     not NoneType"; ProtBert without it built a tokenizer of no tokens, and planning then asked for
     --input-format. Both name the tokenizer and the files it reads."""
-    import shutil
     for family, name, files in (("esm2_t6_8m", "EsmTokenizer", "vocab.txt, not"),
                                 ("prot_bert", "BertTokenizer", "tokenizer.json or vocab.txt, none of them")):
         bare = tmp_path / family
@@ -298,7 +289,6 @@ def test_load_failures_call_files_damaged_only_when_a_file_fails(family_checkpoi
     """Smell 1 of the review: a worker's load failure is 'damaged files' only when a weight file fails its check
     or its read; an unsupported config value is the loader's own UserError; anything else is not the files
     (exit 1, traceback in worker_N.log)."""
-    import shutil
     path = tmp_path / "llama"
     shutil.copytree(family_checkpoint("llama3"), path)
     bug = RuntimeError("a bug")
