@@ -104,3 +104,25 @@ def test_demo_model_cache_on_a_full_disk(fasta, common, tmpfs, tmp_path):
     res = run_cli(fasta, "--out", str(out), *args, env={"RUN_SHARDS_CACHE": str(tmp_path / "roomy")})
     assert res.returncode == 0, res.stderr
 
+
+
+def test_a_cache_that_cannot_be_written_is_named_with_the_setting_that_moves_it(fasta, common, tmpfs, tmp_path):
+    """A HOME that cannot be written (a cluster's read-only home, a service user's /nonexistent): the demo model
+    goes into run_shards' cache, and the run ended in "cannot use /nonexistent: Permission denied. Run the
+    command where the run directory is mounted read-write", which named the wrong folder and no way out. Now the
+    cache and RUN_SHARDS_CACHE are named; set as said, the same command runs. (A read-only mount stands for
+    the home: root writes through permissions.)"""
+    import subprocess
+    home = tmpfs.mount("1m")
+    done = subprocess.run(["mount", "-o", "remount,ro", str(home)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    args = common[2:]     # no --model: the bundled demo model, materialised under the cache
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *args,
+                  env={"RUN_SHARDS_CACHE": "", "XDG_CACHE_HOME": "", "HOME": str(home)})
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"--model demo is kept in run_shards' cache, and {home}" in res.stderr, res.stderr
+    assert "point RUN_SHARDS_CACHE at a folder you can write" in res.stderr and "mounted read-write" not in res.stderr
+    res = run_cli(fasta, "--out", str(out), *args,
+                  env={"RUN_SHARDS_CACHE": str(tmp_path / "cache"), "XDG_CACHE_HOME": "", "HOME": str(home)})
+    assert res.returncode == 0, res.stderr

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -188,7 +189,16 @@ def choose_model(config: RunConfig, on_model=None) -> Model:
     from ..engine import selection as engines
     from ..models import checkpoint
     _settle_matmul_mode(config)
-    source = checkpoint.resolve(config.model, cache_dir())
+    cache = cache_dir()
+    try:
+        source = checkpoint.resolve(config.model, cache)
+    except OSError as e:   # the demo model or a download goes into the cache: a HOME that cannot be written
+        where = Path(e.filename) if e.filename else None
+        if where is None or not (where == cache or cache in where.parents or where in cache.parents):
+            raise
+        raise UserError(f"--model {config.model} is kept in run_shards' cache, and {e.filename} cannot be "
+                        f"written ({e.strerror}): point RUN_SHARDS_CACHE at a folder you can write, e.g. "
+                        f"`export RUN_SHARDS_CACHE=/tmp/run_shards_cache`, and run the command again") from None
     if config.launcher == "local":   # its workers, on this machine, then find the weights in memory
         checkpoint.read_ahead(source.path)
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
