@@ -19,7 +19,7 @@ from typing import Sequence, Union
 
 from . import api
 from .api import NotMerged
-from .config import RunConfig, default_of, field_type, misplaced, option_name, option_of
+from .config import RunConfig, check_value, default_of, field_type, misplaced, option_name, option_of
 from .errors import UserError
 from .launchers.job import Submitted
 from .planning import devices
@@ -50,6 +50,9 @@ def run_config(fasta: Paths, out: str | os.PathLike = "run_shards_out", gpus: in
     that `gpus`, `workers` and `threads` resolve to (a cluster launcher's tasks use the devices their nodes
     give them), and the other options by name (the option's or RunConfig's field's)."""
     settings = {name: _plain(value) for name, value in zip(_fields(options), options.values())}
+    for name, value in (("workers", workers), ("threads_per_worker", threads)):
+        if value is not None:   # as --workers and --threads take them: workers=0 ran the default, "2" a TypeError
+            check_value(name, value)
     if settings.get("launcher", default_of("launcher")) == "local":
         gpu_ids, workers, threads = devices.resolve(str(gpus), workers, threads)
     else:

@@ -321,6 +321,12 @@ _KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: 
 _LIST_KINDS = {int: "whole numbers", float: "numbers", str: "texts"}
 
 
+def check_value(name: str, value) -> None:
+    """UserError unless `value` suits field `name` as the command line's option would take it (type, bounds)."""
+    _check_type(name, value)
+    _check_bounds(option_of(name), value, option_name(name))
+
+
 def _check_type(name: str, value) -> None:
     """A value of the field's type, as the command line's option types ensure: from Python, per_residue="no" was
     taken as true (and trust_remote_code="false" too), max_tokens_per_batch="512" failed with a TypeError."""

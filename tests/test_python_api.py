@@ -99,6 +99,11 @@ def test_options_go_by_their_names_and_are_refused_as_the_command_line_refuses_t
         (dict(max_tokens_per_batch="512"), "--max-tokens-per-batch must be a whole number (got '512')"),
         (dict(layers=[-1, "2"]), "--layers must be a list of whole numbers (got [-1, '2'])"),
         (dict(layers="-1,x"), "--layers '-1,x': each comma-separated value must be a whole number"),
+        # the arguments resolved into devices too: "2" failed with a TypeError, 0 ran the default worker count
+        (dict(workers="2"), "--workers must be a whole number (got '2')"),
+        (dict(threads="2"), "--threads must be a whole number (got '2')"),
+        (dict(workers=0), "--workers must be at least 1 (got 0)"),
+        (dict(threads=0), "--threads must be at least 1 (got 0)"),
     ]
     for options, message in refusals:
         with pytest.raises(run_shards.UserError) as e:
