@@ -180,6 +180,31 @@ def test_a_script_without_a_main_guard_runs_once(fasta, tmp_path):
     assert (tmp_path / "ran").read_text() == "top level\n"
 
 
+@pytest.mark.slow
+def test_run_leaves_the_callers_logging_as_it_found_it(fasta, tmp_path):
+    """docs/python.md: the functions print nothing themselves; basicConfig(level=INFO) shows what the command
+    line shows. run() set the `run_shards` logger to INFO for run.log and left it there, so a script's plain
+    `logging.basicConfig()` (WARNING) printed every INFO line of the run. Now the caller's handlers show what
+    its levels let through, run.log keeps the INFO lines, and a second run at INFO shows each line once."""
+    script = tmp_path / "quiet.py"
+    script.write_text(
+        "import logging, run_shards\n"
+        "logging.basicConfig(format='%(levelname)s %(message)s')\n"
+        "ours, root = logging.getLogger('run_shards'), logging.getLogger()\n"
+        f"run_shards.run({str(fasta)!r}, out={str(tmp_path / 'a')!r}, gpus=0, workers=1, show_progress=False)\n"
+        "print('after:', ours.level, ours.handlers, root.handlers[0].filters, flush=True)\n"
+        "root.setLevel(logging.INFO)\n"
+        f"run_shards.run({str(fasta)!r}, out={str(tmp_path / 'b')!r}, gpus=0, workers=1, show_progress=False)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env_with(PYTHONPATH=REPO, RUN_SHARDS_REPORT="0"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "after: 0 [] []"
+    assert f"merged 3 sequences into {tmp_path / 'a'}" not in done.stderr
+    assert f"merged 3 sequences into {tmp_path / 'a'}" in (tmp_path / "a" / "logs" / "run.log").read_text()
+    assert done.stderr.count(f"INFO merged 3 sequences into {tmp_path / 'b'}") == 1, done.stderr[-3000:]
+    assert done.stderr.count("INFO run_shards ") == 1, done.stderr[-3000:]
+
+
 def test_each_function_docs_python_md_spells_out_has_those_arguments():
     """docs/python.md writes each function with its arguments (`run_shards.merge(out, allow_partial=False,
     ...)`): the names and their order are the function's, and each default written is its default (at 17f6bc6

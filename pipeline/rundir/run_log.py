@@ -48,16 +48,51 @@ class RunLogHandler(logging.FileHandler):
 
 
 def attach(run: RunDir) -> RunLogHandler:
+    """Keep the `run_shards` logger's INFO lines in run.log for the command's duration, showing the caller's
+    own handlers only what the caller's logging let through before: from Python, `logging.basicConfig()`
+    (WARNING) printed every INFO line of `run_shards.run(...)`, and the logger stayed at INFO after it."""
     try:
         run.logs_dir.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass   # the handler reports it at its first write
     handler = RunLogHandler(run.parent_log)
+    handler.previous_level = log.level
+    handler.muted = []
+    shown = log.getEffectiveLevel()
+    if shown > logging.INFO:
+        quieter = _Below(shown)
+        for other in _handlers_reached():
+            other.addFilter(quieter)
+            handler.muted.append((other, quieter))
+        log.setLevel(logging.INFO)
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
     return handler
 
 
 def detach(handler: RunLogHandler) -> None:
     log.removeHandler(handler)
+    for other, quieter in handler.muted:
+        other.removeFilter(quieter)
+    log.setLevel(handler.previous_level)
     handler.close()
+
+
+class _Below(logging.Filter):
+    """Drops the `run_shards` records below the level the caller's logging showed."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name == log.name or record.name.startswith(log.name + ".")
+        return record.levelno >= self.level or not ours
+
+
+def _handlers_reached() -> list[logging.Handler]:
+    """The handlers a `run_shards` record reaches: the logger's own and, while it propagates, its parents'."""
+    found, logger = [], log
+    while logger is not None:
+        found += logger.handlers
+        logger = logger.parent if logger.propagate else None
+    return found
