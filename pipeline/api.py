@@ -17,7 +17,7 @@ from index import FastaError, SequenceIndex
 from .advice import command
 from . import __version__, launchers
 from .config import RunConfig, misplaced
-from .errors import RunFailed, UserError
+from .errors import RunFailed, RunInterrupted, UserError
 from .launchers.job import ShardJob, Submitted
 from .output import copy_plan, result as result_merge, shard_state
 from .output.copy_plan import CopyPlan
@@ -55,6 +55,9 @@ def command_session(run: RunDir, purpose: str, lock_wait: float = 0.0):
             yield lock
         except (UserError, FastaError) as e:
             handler.write_only_here(logging.ERROR, f"error: {e}")
+            raise
+        except RunInterrupted as e:
+            handler.write_only_here(logging.ERROR, f"interrupted: {e}")
             raise
         finally:
             run_log.detach(handler)
@@ -252,7 +255,7 @@ def _reported(run_dir: RunDir, work, command: str):
     try:
         outcome = work()
         return outcome
-    except (UserError, FastaError) as e:
+    except (UserError, FastaError, RunInterrupted) as e:
         error = str(e)
         raise
     except KeyboardInterrupt as e:

@@ -84,14 +84,16 @@ def _run_step(fn, *args, **kwargs):
 
     from index import FastaError
 
-    from .errors import RunFailed, UserError, disk_full_reason
+    from .errors import RunFailed, RunInterrupted, UserError, disk_full_reason
     from .exits import EXIT_CLI_INTERRUPTED, EXIT_COMMAND_FAILED
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, _raise_interrupted)
     try:
         result = fn(*args, **kwargs)
     except RunFailed as e:
-        _fail(e, EXIT_CLI_INTERRUPTED if e.interrupted else EXIT_COMMAND_FAILED, e.label)
+        _fail(e, EXIT_COMMAND_FAILED, e.label)
+    except RunInterrupted as e:   # (a KeyboardInterrupt that says where every shard stopped)
+        _fail(e, EXIT_CLI_INTERRUPTED, e.label)
     except (UserError, FastaError) as e:
         _fail(e)
     except KeyboardInterrupt as e:

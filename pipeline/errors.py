@@ -14,16 +14,23 @@ class RunDirError(UserError):
 
 
 class RunFailed(UserError):
-    """Some shards did not finish (failed, or the run was interrupted); nothing was merged. The CLI exits
-    with exits.EXIT_CLI_INTERRUPTED for an interruption, else exits.EXIT_COMMAND_FAILED."""
+    """Some shards did not finish (failed); nothing was merged. The CLI exits with exits.EXIT_COMMAND_FAILED."""
+    interrupted = False
+    label = "error"
 
-    def __init__(self, message: str, interrupted: bool = False):
-        super().__init__(message)
-        self.interrupted = interrupted
 
-    @property
-    def label(self) -> str:
-        return "interrupted" if self.interrupted else "error"
+class RunInterrupted(KeyboardInterrupt):
+    """A stop signal (Ctrl-C, SIGTERM) ended the run before its shards finished; everything checkpointed is
+    kept and nothing was merged. The message says where each shard stopped and the command that continues. A
+    KeyboardInterrupt, not a RunFailed, so that a script's `except RunFailed` (or `except Exception`) going on to
+    its next input does not swallow the user's Ctrl-C. The CLI exits with exits.EXIT_CLI_INTERRUPTED."""
+    interrupted = True
+    label = "interrupted"
+
+
+def run_stopped(message: str, interrupted: bool) -> RunFailed | RunInterrupted:
+    """The error that ends a run whose shards did not all finish: RunInterrupted where a stop signal did it."""
+    return RunInterrupted(message) if interrupted else RunFailed(message)
 
 
 class DiskFull(UserError):

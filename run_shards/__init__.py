@@ -18,7 +18,7 @@ from pipeline import __version__
 from pipeline.api import NotMerged, merge, rerun
 from pipeline.commands import export, get, index, report, run, run_config
 from pipeline.config import RunConfig
-from pipeline.errors import RunFailed, UserError
+from pipeline.errors import RunFailed, RunInterrupted, UserError
 from pipeline.launchers.job import Submitted
 from pipeline.launchers.work import work
 from pipeline.output.result_reader import MissingIds, ResultFile, open_result
@@ -32,6 +32,6 @@ __all__ = [
     # what `run` takes and returns
     "run_config", "RunConfig", "NotMerged", "Submitted",
     # errors: a user's mistake (its message is the command line's), bad input files, failed shards
-    "UserError", "FastaError", "RunFailed",
+    "UserError", "FastaError", "RunFailed", "RunInterrupted",
     "__version__",
 ]

@@ -225,3 +225,39 @@ def test_each_function_docs_python_md_spells_out_has_those_arguments():
             assert given == p.name, (name, text)
             if default:
                 assert eval(default) == p.default, (name, text, p.default)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_run_is_not_swallowed_by_a_scripts_except_run_failed(fasta, tmp_path):
+    """A script going over its inputs, `except run_shards.RunFailed: continue`, went on to the next input when
+    the user pressed Ctrl-C while shards ran (the interruption was a RunFailed): it now raises
+    run_shards.RunInterrupted, a KeyboardInterrupt naming where the shards stopped, which ends the script; the
+    run's checkpoints are kept and its rerun finishes it."""
+    import signal
+    import time
+
+    outs = [tmp_path / "a", tmp_path / "b"]
+    script = tmp_path / "many.py"
+    script.write_text(
+        "import run_shards\n"
+        f"for out in {[str(o) for o in outs]!r}:\n"
+        "    try:\n"
+        f"        run_shards.run({str(fasta)!r}, out=out, gpus=0, workers=1, show_progress=False)\n"
+        "    except run_shards.RunFailed:\n"
+        "        print('went on', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env_with(PYTHONPATH=REPO, RUN_SHARDS_REPORT="0",
+                                                       RUN_SHARDS_FAULT_BATCH_SLEEP="30"))
+    log = outs[0] / "logs" / "worker_0.log"
+    deadline = time.time() + 120
+    while not (log.exists() and "to do" in log.read_text()):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "went on" not in stdout, (stdout, stderr[-3000:])
+    assert "RunInterrupted" in stderr and "shard 0 stopped" in stderr, stderr[-3000:]
+    assert not outs[1].exists()
+    assert isinstance(run_shards.RunInterrupted("x"), KeyboardInterrupt)
+    assert not issubclass(run_shards.RunInterrupted, run_shards.RunFailed)
+    assert run_shards.rerun(outs[0], show_progress=False) == outs[0] / "result.h5"

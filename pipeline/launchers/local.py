@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from ..config import RunConfig
-from ..errors import RunFailed, UserError
+from ..errors import UserError, run_stopped
 from ..exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SHARD_BUSY, EXIT_USER_ERROR
 from ..planning import devices
 from .job import Launched, ShardJob, shards_summary
@@ -60,7 +60,7 @@ def launch(job: ShardJob) -> Launched:
             p.rank, p.exitcode, p.reason, p.killed_for if (p.exitcode or 0) < 0 else "",
             interrupted=p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted)))
     if stopped or supervisor.interrupted:
-        raise RunFailed(failure_report(job, supervisor, stopped, launched), interrupted=bool(supervisor.interrupted))
+        raise run_stopped(failure_report(job, supervisor, stopped, launched), bool(supervisor.interrupted))
     if board.workers:
         board.note(board.summary_line())
     return launched

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..advice import command
 from ..config import RunConfig
-from ..errors import RunFailed, UserError
+from ..errors import RunFailed, RunInterrupted, UserError
 from ..exits import EXIT_COMMAND_USER_ERROR, EXIT_OK, explain_exit
 from ..rundir import events
 from ..rundir.locks import ShardLock
@@ -218,7 +218,7 @@ def _follow(ray, job: ShardJob, config: RunConfig, refs: dict) -> list[Outcome]:
         board.close()
         _stop(ray, job, {ref: refs[ref] for ref in pending})
         name = str(e) or (_received[-1] if _received else "SIGINT")
-        raise RunFailed(_interrupted_report(job, name), interrupted=True) from None
+        raise RunInterrupted(_interrupted_report(job, name)) from None
     finally:
         board.close()
     done = sum(1 for o in outcomes if o.exit_code == EXIT_OK)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..advice import command
 from ..config import RunConfig
-from ..errors import RunFailed, UserError
+from ..errors import RunFailed, RunInterrupted, UserError
 from ..output.schema import Schema
 from ..rundir import events
 from ..rundir.layout import RunDir, write_atomic
@@ -308,9 +308,9 @@ def follow(job: ShardJob, merge_id: str, poll_seconds: float = 2.0) -> Path:
     except KeyboardInterrupt:
         subs = Queue.read(run, job.world).subs
         ids = [a["job_id"] for s in subs[-1:] for a in s["arrays"]] + [merge_id]
-        raise RunFailed(f"stopped following; the jobs go on in SLURM. Follow them with "
+        raise RunInterrupted(f"stopped following; the jobs go on in SLURM. Follow them with "
                         f"`{command('status', run.root)}`, "
-                        f"or cancel them with `scancel {' '.join(ids)}`.", interrupted=True) from None
+                        f"or cancel them with `scancel {' '.join(ids)}`.") from None
     finally:
         board.close()
     raise AssertionError("follow_run_dir never ends by itself")

@@ -92,7 +92,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
         # Every shard stopped on a user error (bad input, a damaged model): retrying cannot help, so exit 2,
         # which schedulers that retry (Ray) take as final.
         codes = {(run.failure(k) or FailureRecord(None, "")).exit_code for k in todo}
-        if not e.interrupted and codes == {EXIT_USER_ERROR}:
+        if codes == {EXIT_USER_ERROR}:
             raise UserError(str(e)) from None
         raise
     busy.update(launched.busy)
