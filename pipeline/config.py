@@ -151,9 +151,10 @@ class RunConfig:
     trust_remote_code: bool = setting(LAUNCH, "--trust-remote-code", default=False,
                                       help="Let transformers run a checkpoint's own Python code (hf engine).")
     checkpoint_sequences: int = setting(LAUNCH, "--checkpoint-every", default=20000, minimum=1,
-                                        help="Checkpoint at least every N sequences per worker.")
+                                        help="Checkpoint at the end of the batch that brings a worker to N sequences "
+                                             "since its last checkpoint.")
     checkpoint_seconds: float = setting(LAUNCH, "--checkpoint-seconds", default=60.0, minimum=0, above_minimum=True,
-                                        help="...and at least every S seconds (bounds what a crash can lose).")
+                                        help="...or to S seconds since it (bounds what a crash can lose).")
     worker_timeout: float = setting(LAUNCH, "--worker-timeout", default=1800.0, minimum=0, above_minimum=True,
                                     help="Stop a worker that reports no progress for this many seconds (SIGTERM, "
                                          "then SIGKILL 10 s later).")

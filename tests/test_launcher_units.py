@@ -18,7 +18,7 @@ from pipeline.launchers.sbatch_scripts import (SIGNAL_SECONDS, array_ranges, exp
                                                merge_script, option_groups, option_value, parse_time, shard_script,
                                                signal_seconds, split_arrays)
 from pipeline.launchers.slurm import warn_if_node_local
-from pipeline.launchers.work import shards_of_task, task_number
+from pipeline.launchers.work import _task_shards, shards_of_task, task_number
 
 COMMAND = ["/opt/py env/bin/python", "/opt/run_shards/bin/run_shards"]
 
@@ -101,6 +101,25 @@ def test_task_number_from_each_scheduler(env, expected):
 def test_task_number_refuses_garbage_naming_the_variable(env, named):
     with pytest.raises(UserError, match=named):
         task_number(env)
+
+
+def test_an_lsf_index_past_the_run_is_named_in_lsf_numbering(monkeypatch):
+    """LSF numbers array elements from 1: at ca44de4 LSB_JOBINDEX=5 over 4 shards said only 'array task 4 has
+    no shard ... so tasks 0..3', which reads as if 4 were in range for `bsub -J "run[1-4]"`."""
+    monkeypatch.setenv("LSB_JOBINDEX", "5")
+    for name in ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "RUN_SHARDS_OFFSET"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(UserError, match=r"array task 4 has no shard: this run has shards 0\.\.3, 1 per task, so "
+                                        r"tasks 0\.\.3 \(LSB_JOBINDEX=5; LSB_JOBINDEX counts from 1, so it runs "
+                                        r"1\.\.4 without RUN_SHARDS_OFFSET\)"):
+        _task_shards({"world": 4, "config": {}}, None, None)
+    monkeypatch.setenv("LSB_JOBINDEX", "4")
+    assert _task_shards({"world": 4, "config": {}}, None, None) == [3]
+    monkeypatch.delenv("LSB_JOBINDEX")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "4")
+    with pytest.raises(UserError) as slurm:
+        _task_shards({"world": 4, "config": {}}, None, None)
+    assert str(slurm.value).endswith("so tasks 0..3")   # SLURM counts from 0: nothing to add
 
 
 @pytest.mark.parametrize("task,per_task,world,expected", [

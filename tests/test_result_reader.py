@@ -471,3 +471,32 @@ def test_o_through_a_symbolic_link_writes_the_file_it_names(result, tmp_path):
     assert (tmp_path / "shared" / "rows.tsv").read_text().splitlines()[1].split("\t")[0] == ids[0]
     with h5py.File(tmp_path / "shared" / "per-protein.h5") as f:
         assert np.array_equal(f[ids[0]][:], data["embeddings/mean"][0])
+
+
+def test_per_id_h5_offers_only_model_output_columns(tmp_path):
+    """A merged result's bookkeeping columns `computed_at` and `reused_from` are not model outputs: at ca44de4
+    a result of two pooled embeddings was refused as having '4 output columns (embeddings/mean, embeddings/cls,
+    computed_at, reused_from)', and `--column computed_at` wrote a per-id file of row numbers."""
+    from pipeline.output.export import export
+    from pipeline.output.h5io import Writer
+    from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
+    schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 3),
+                                    Column("embeddings/cls", "float32", 3))).with_result_columns()
+    rows = 2
+    w = Writer(tmp_path / "result.h5", schema, {"task": "embed"})
+    w.append(RowBlock(schema, {"ids": np.array([b"a", b"b"], dtype=object), "index": np.arange(rows),
+                               "lengths": np.ones(rows, np.int32), "num_tokens": np.ones(rows, np.int32),
+                               "truncated": np.zeros(rows, bool), "status": np.zeros(rows, np.int8),
+                               "sequence_digest": np.zeros((rows, 16), np.uint8),
+                               "embeddings/mean": np.zeros((rows, 3), np.float32),
+                               "embeddings/cls": np.ones((rows, 3), np.float32),
+                               "computed_at": np.arange(rows), "reused_from": np.full(rows, -1, np.int16)}))
+    w.finish()
+    with pytest.raises(UserError) as refused:
+        export(tmp_path / "result.h5", "per-id-h5")
+    assert "has 2 output columns (embeddings/mean, embeddings/cls); choose" in str(refused.value)
+    for bookkeeping in ("computed_at", "reused_from"):
+        with pytest.raises(UserError, match=f"a model output column, not {bookkeeping}"):
+            export(tmp_path / "result.h5", "per-id-h5", tmp_path / "x.h5", bookkeeping)
+    with h5py.File(export(tmp_path / "result.h5", "per-id-h5", tmp_path / "cls.h5", "embeddings/cls")) as f:
+        assert f["b"][:].tolist() == [1, 1, 1]

@@ -35,6 +35,13 @@ TASK_INDEX_VARIABLES = (("SLURM_ARRAY_TASK_ID", 0), ("PBS_ARRAY_INDEX", 0), ("PB
 def task_number(environ=os.environ) -> int | None:
     """The array task number of this process from the scheduler's variables, plus RUN_SHARDS_OFFSET; None
     outside an array task."""
+    found = task_variable(environ)
+    return None if found is None else found[2]
+
+
+def task_variable(environ=os.environ) -> tuple[str, int, int] | None:
+    """(the scheduler's variable, its first index, the task number it gives) for this process; None outside
+    an array task."""
     for name, first in TASK_INDEX_VARIABLES:
         value = environ.get(name, "")
         if not value.strip():
@@ -46,7 +53,7 @@ def task_number(environ=os.environ) -> int | None:
         if index < first:   # LSF sets LSB_JOBINDEX=0 in every job that is not an array element
             continue
         try:
-            return index - first + int(environ.get("RUN_SHARDS_OFFSET", "0") or 0)
+            return name, first, index - first + int(environ.get("RUN_SHARDS_OFFSET", "0") or 0)
         except ValueError:
             raise UserError(f"RUN_SHARDS_OFFSET={environ['RUN_SHARDS_OFFSET']!r} is not a number") from None
     return None
@@ -119,15 +126,18 @@ def _task_shards(manifest: dict, shard: int | None, shards_per_task: int | None)
     if shard is not None:
         ranks = [shard]
     else:
-        task = task_number()
-        if task is None:
+        found = task_variable()
+        if found is None:
             raise UserError("no shard given: pass --shard K, or run this as an array task (SLURM_ARRAY_TASK_ID, "
                             "PBS_ARRAY_INDEX or LSB_JOBINDEX is set there)")
+        name, first, task = found
         ranks = shards_of_task(task, per_task, world)
         if not ranks:
             tasks = -(-world // per_task)
+            numbering = (f" ({name}={os.environ[name].strip()}; {name} counts from {first}, so it runs "
+                         f"{first}..{tasks - 1 + first} without RUN_SHARDS_OFFSET)") if first else ""
             raise UserError(f"array task {task} has no shard: this run has shards 0..{world - 1}, "
-                            f"{per_task} per task, so tasks 0..{tasks - 1}")
+                            f"{per_task} per task, so tasks 0..{tasks - 1}{numbering}")
     bad = [k for k in ranks if not 0 <= k < world]
     if bad:
         raise UserError(f"shard {bad[0]}: this run has shards 0..{world - 1}")

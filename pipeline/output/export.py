@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..rundir.layout import atomic_path
 from . import run_inputs, status_codes
 from .result_reader import ResultFile, result_path
-from .schema import BASE_COLUMNS, STR, Column
+from .schema import BASE_COLUMNS, RESULT_COLUMNS, STR, Column
 
 ROW_GROUP_BYTES = 64 << 20
 FORMATS = {"parquet": "result.parquet", "per-id-h5": "result.per-id.h5"}
@@ -98,7 +98,7 @@ def _values(pa, c: Column, data: np.ndarray):
 
 # ------------------------------------------------------------------------------------------- per id
 def _per_id_column(res: ResultFile, column: str | None) -> Column:
-    base = {c.path for c in BASE_COLUMNS}
+    base = {c.path for c in BASE_COLUMNS + RESULT_COLUMNS}   # the row's bookkeeping, not the model's output
     if column is not None:
         chosen = res._column(column)
         if chosen.path in base:
