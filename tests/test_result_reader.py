@@ -500,3 +500,24 @@ def test_per_id_h5_offers_only_model_output_columns(tmp_path):
             export(tmp_path / "result.h5", "per-id-h5", tmp_path / "x.h5", bookkeeping)
     with h5py.File(export(tmp_path / "result.h5", "per-id-h5", tmp_path / "cls.h5", "embeddings/cls")) as f:
         assert f["b"][:].tolist() == [1, 1, 1]
+
+
+def test_get_json_is_standard_json_with_nan_and_infinities():
+    """`get --format json` wrote a float16 value past its range as `Infinity` (Python's json default), which
+    strict parsers (JavaScript's JSON.parse, jq) refuse: an infinity is "inf" / "-inf", a NaN null, and every
+    line parses as standard JSON."""
+    import json
+
+    import numpy as np
+
+    from pipeline.output.get import _json_lines
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+
+    records = [{"ids": "a", "score": np.float64(-np.inf),
+                "vector": np.array([1.5, np.inf, -np.inf, np.nan], np.float32),
+                "per_residue": np.array([[np.inf, 0.25], [np.nan, -2.0]], np.float16)}]
+    (line,) = list(_json_lines(records))
+    assert strict(line) == {"ids": "a", "score": "-inf", "vector": [1.5, "inf", "-inf", None],
+                            "per_residue": [["inf", 0.25], [None, -2.0]]}

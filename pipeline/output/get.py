@@ -4,13 +4,15 @@
   per-residue column as its residue vectors separated by ';'; in text (generate/text, which a BPE model's
   line-break tokens put newlines in) a tab, newline, carriage return and backslash as `\\t`, `\\n`, `\\r`
   and `\\\\`, so that every row stays one line of cells.
-- json: one JSON object per line and id (JSON Lines), every column of its row, arrays as lists, NaN as null.
+- json: one JSON object per line and id (JSON Lines), every column of its row, arrays as lists, NaN as null,
+  an infinity as "inf" or "-inf" (standard JSON has neither).
 - npy: a numpy .npz archive (np.load reads it): one array per column, rows in the order of the ids; a
   per-residue column as its values back to back plus `COLUMN.offsets` (row k is values[offsets[k]:offsets[k+1]]).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -131,15 +133,22 @@ def _tsv(columns: list[Column], records: list[dict]) -> Iterator[str]:
 
 def _plain(value):
     if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value] if value.ndim > 1 else \
-            [None if isinstance(v, float) and v != v else v for v in value.tolist()]
+        return [_plain(v) for v in value] if value.ndim > 1 else [_number(v) for v in value.tolist()]
     if isinstance(value, np.generic):
         value = value.item()
-    return None if isinstance(value, float) and value != value else value
+    return _number(value)
+
+
+def _number(value):
+    """A float as standard JSON holds it: NaN as null, an infinity (a float16 value past its range) as the
+    string "inf" or "-inf" (JSON has no number for it; Python's Infinity is not JSON)."""
+    if not isinstance(value, float) or math.isfinite(value):
+        return value
+    return None if value != value else ("inf" if value > 0 else "-inf")
 
 
 def _json_lines(records: list[dict]) -> Iterator[str]:
-    return (json.dumps({k: _plain(v) for k, v in rec.items()}) + "\n" for rec in records)
+    return (json.dumps({k: _plain(v) for k, v in rec.items()}, allow_nan=False) + "\n" for rec in records)
 
 
 def _write_npz(target, columns: list[Column], records: list[dict]) -> None:
