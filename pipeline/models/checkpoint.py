@@ -385,11 +385,8 @@ def read_config(source: ModelSource, trust_remote_code: bool = False):
     try:
         return load_config(source.facts, trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        missing = missing_code(Path(source.path), source.facts.config) if trust_remote_code else []
-        if missing:   # (transformers: "... does not appear to have a file named X. Checkout 'https://huggingface.co//DIR'")
-            raise UserError(f"--model {source.name}: the code its auto_map names is not in {source.path}: "
-                            f"{', '.join(missing)}. Put the checkpoint's Python files beside its config.json "
-                            "(they come with it: its hub id downloads them)") from None
+        if trust_remote_code:   # (transformers: "... does not appear to have a file named X. Checkout '...'")
+            _refuse_missing_code(source)
         raise UserError(f"--model {source.name}: transformers cannot read its config.json ({type(e).__name__}: "
                         f"{_first_line(e)}); is its model_type one this transformers version knows?") from None
 
@@ -406,6 +403,16 @@ def missing_code(path: Path, config: dict) -> list[str]:
     return sorted(f for f in files if not (path / f).is_file())
 
 
+def _refuse_missing_code(source: ModelSource) -> None:
+    """A remote-code checkpoint whose Python files are not beside its config.json, named (transformers' own
+    error points at a hub address made of the folder's path)."""
+    missing = missing_code(Path(source.path), source.facts.config)
+    if missing:
+        raise UserError(f"--model {source.name}: the code its auto_map names is not in {source.path}: "
+                        f"{', '.join(missing)}. Put the checkpoint's Python files beside its config.json "
+                        "(they come with it: its hub id downloads them)")
+
+
 def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False):
     """The checkpoint's tokenizer as its family reads it; a tokenizer that cannot be built says why."""
     from .hf_config import load_tokenizer
@@ -419,11 +426,8 @@ def read_tokenizer(source: ModelSource, config, trust_remote_code: bool = False)
     try:
         return load_tokenizer(source.facts, source.family, config, trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as e:
-        code = missing_code(Path(source.path), source.facts.config) if trust_remote_code else []
-        if code:
-            raise UserError(f"--model {source.name}: the code its auto_map names is not in {source.path}: "
-                            f"{', '.join(code)}. Put the checkpoint's Python files beside its config.json "
-                            "(they come with it: its hub id downloads them)") from None
+        if trust_remote_code:
+            _refuse_missing_code(source)
         if not set(files) - {"spiece.model", "tokenizer_config.json", "added_tokens.json"} and "spiece.model" in files:
             raise UserError(f"--model {source.name}: its tokenizer is a SentencePiece model only (spiece.model, "
                             "no tokenizer.json), which transformers reads with the `sentencepiece` package: "
