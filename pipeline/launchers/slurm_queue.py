@@ -93,27 +93,35 @@ def query(ids: list[str]) -> dict[str, Task] | None:
     every job being gone)."""
     if not ids:
         return {}
+    found = _squeue(["--states=all", "--jobs=" + ",".join(ids)])
+    return None if found is None else {task.job_id: task for task, _ in found}
+
+
+def _squeue(selection: list[str], extra: tuple[str, ...] = ()) -> list[tuple[Task, list[str]]] | None:
+    """The array tasks and jobs squeue lists for `selection` (its options), each with the values of the `extra`
+    fields; None when squeue cannot answer. A job id squeue has forgotten (ended over MinJobAge ago) is an
+    error of squeue's: nothing listed."""
     try:
-        res = subprocess.run(["squeue", "--noheader", "--array", "--states=all", "--jobs=" + ",".join(ids),
-                              "--Format=" + ",".join(f"{f}:|" for f in FIELDS)],
+        res = subprocess.run(["squeue", "--noheader", "--array", *selection,
+                              "--Format=" + ",".join(f"{f}:|" for f in FIELDS + extra)],
                              capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
         log.debug("squeue gave no answer: %s", e)
         return None
-    if res.returncode != 0:   # one id squeue has forgotten (ended over MinJobAge ago) is an error
+    if res.returncode != 0:
         if "Invalid job id" in res.stderr:
-            return {}
+            return []
         log.debug("squeue failed: %s", res.stderr.strip())
         return None
-    tasks = {}
+    found = []
     for line in res.stdout.splitlines():
-        words = line.split("|")
-        if len(words) < len(FIELDS):
+        words = [w.strip() for w in line.split("|")]
+        if len(words) < len(FIELDS) + len(extra):
             continue
-        job, state, reason, node, restarts, submitted, started, ended = (w.strip() for w in words[:len(FIELDS)])
-        tasks[job] = Task(job, state, reason, node, int(restarts) if restarts.isdigit() else 0, submitted,
-                          started, ended)
-    return tasks
+        job, state, reason, node, restarts, submitted, started, ended = words[:len(FIELDS)]
+        found.append((Task(job, state, reason, node, int(restarts) if restarts.isdigit() else 0, submitted, started,
+                           ended), words[len(FIELDS):len(FIELDS) + len(extra)]))
+    return found
 
 
 def unrecorded_jobs(run: RunDir, subs: list[dict]) -> list[tuple[str, Task]] | None:
@@ -122,30 +130,13 @@ def unrecorded_jobs(run: RunDir, subs: list[dict]) -> list[tuple[str, Task]] | N
     names (run_shards:NAME, run_shards-merge:NAME) and kept where their command is one of the scripts. None
     when squeue cannot answer. Each as ("shards" or "merge", the task)."""
     scripts = {(slurm_dir(run) / f"{kind}.sbatch").resolve(): kind for kind in ("shards", "merge")}
-    names = f"run_shards:{run.root.name},run_shards-merge:{run.root.name}"
-    try:
-        res = subprocess.run(["squeue", "--noheader", "--array", "--name=" + names,
-                              "--Format=" + ",".join(f"{f}:|" for f in FIELDS + ("WorkDir", "Command"))],
-                             capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        log.debug("squeue gave no answer: %s", e)
+    listed = _squeue([f"--name=run_shards:{run.root.name},run_shards-merge:{run.root.name}"], ("WorkDir", "Command"))
+    if listed is None:
         return None
-    if res.returncode != 0:
-        log.debug("squeue failed: %s", res.stderr.strip())
-        return None
-    recorded, found = set(job_ids(subs)), []
-    for line in res.stdout.splitlines():
-        words = [w.strip() for w in line.split("|")]
-        if len(words) < len(FIELDS) + 2:
-            continue
-        job, state, reason, node, restarts, submitted, started, ended, workdir, script = words[:len(FIELDS) + 2]
-        kind = scripts.get((Path(workdir) / script).resolve())
-        if kind is None or job.split("_")[0] in recorded:
-            continue
-        task = Task(job, state, reason, node, int(restarts) if restarts.isdigit() else 0, submitted, started, ended)
-        if task.live:
-            found.append((kind, task))
-    return found
+    recorded = set(job_ids(subs))
+    kinds = ((scripts.get((Path(workdir) / script).resolve()), task) for task, (workdir, script) in listed)
+    return [(kind, task) for kind, task in kinds
+            if kind is not None and task.job_id.split("_")[0] not in recorded and task.live]
 
 
 def unrecorded_lines(run: RunDir, jobs: list[tuple[str, Task]]) -> list[str]:
