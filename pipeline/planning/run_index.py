@@ -65,13 +65,17 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
 
 def missing_index(run: RunDir, manifest: dict) -> str:
     """What to do when the run's index file is gone (deleted or moved by hand)."""
-    gone = f"the run's index {run.index_path} is missing (deleted or moved)"
+    gone = _gone(run)
     if _rebuildable(run, manifest):
         return (f"{gone}; `{command('rerun', run.root)}` builds it again from the FASTA and continues the run "
                 "(its shards are kept)")
     return (f"{gone}, and so is {run.copies_path}, which says which of its records are copied instead of "
             f"computed: restore both from where they went, then run `{command('rerun', run.root)}`; or start a new "
             f"run: `{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
+
+
+def _gone(run: RunDir) -> str:
+    return f"the run's index {run.index_path} is missing (deleted or moved)"
 
 
 def _rebuildable(run: RunDir, manifest: dict) -> bool:
@@ -88,7 +92,7 @@ def _rebuild(run: RunDir, manifest: dict) -> None:
     try:
         built, _ = load_or_build(config.fasta)
     except (OSError, UserError) as e:
-        raise RunDirError(f"{missing_index(run, manifest).split(';')[0]}, and it cannot be built again from the "
+        raise RunDirError(f"{_gone(run)}, and it cannot be built again from the "
                           f"FASTA ({e}). {start_over_advice(run, manifest)}") from None
     try:
         index = apply_input_policies(built, config)
