@@ -54,7 +54,8 @@ class Option:
     maximum: float | None = None
     off_flag: str = ""              # a flag on by default: the option that turns it off
     only_with: tuple[str, ...] | None = None   # ("task", "embed", "score"): meaningful only with those values
-    needs: str = ""                 # a flag it means something only with, on (--per-residue-dtype: per_residue)
+    needs: str = ""                 # a field it means something only with, on or above 0 (--per-residue-dtype:
+                                    # per_residue; --seed: temperature, greedy decoding draws nothing)
     apart: bool = False             # the CLI sets it itself (the FASTA argument, --out, --gpus, --workers, --threads)
     repeat: bool = False            # a list given as the option repeated (`--reuse A --reuse B`), not comma-separated
 
@@ -165,10 +166,11 @@ class RunConfig:
     temperature: float = setting(RESULT, "--temperature", default=0.0, minimum=0, only_with=_GENERATE,
                                  help="generate: 0 = greedy.")
     top_p: float = setting(RESULT, "--top-p", default=1.0, minimum=0, above_minimum=True, maximum=1,
-                           only_with=_GENERATE, help="generate: nucleus sampling mass.")
-    seed: int = setting(RESULT, "--seed", default=0, only_with=_GENERATE,
-                        help="generate: run seed; with the sequence's FASTA position it fixes what each sequence "
-                             "samples.")
+                           only_with=_GENERATE, needs="temperature",
+                           help="generate: nucleus sampling mass (with --temperature above 0).")
+    seed: int = setting(RESULT, "--seed", default=0, only_with=_GENERATE, needs="temperature",
+                        help="generate: run seed (with --temperature above 0); with the sequence's FASTA position it "
+                             "fixes what each sequence samples.")
     reuse: list[str] = setting(PLAN, "--reuse", default=[], repeat=True,
                                help="An earlier result (its run directory or result.h5) whose rows are copied for "
                                     "the records of the same sequence, when its model and every output-affecting "
@@ -410,8 +412,11 @@ def misplaced(given: typing.Iterable[str], values: typing.Mapping[str, typing.An
     for name in given:
         flag = option_of(name).needs if name in _FIELDS else ""
         if flag and not values.get(flag):
-            return (f"{option_name(name)} applies only with {option_name(flag)}: add {option_name(flag)}, or drop "
-                    f"{option_name(name)}")
+            if field_type(flag) is bool:
+                return (f"{option_name(name)} applies only with {option_name(flag)}: add {option_name(flag)}, or "
+                        f"drop {option_name(name)}")
+            return (f"{option_name(name)} applies only with {option_name(flag)} above 0 (at 0, greedy decoding, "
+                    f"nothing is sampled): give {option_name(flag)} T, or drop {option_name(name)}")
     return None
 
 

@@ -117,6 +117,27 @@ def test_options_go_by_their_names_and_are_refused_as_the_command_line_refuses_t
             call()
 
 
+def test_sampling_options_of_greedy_decoding_are_refused_and_accepted_with_a_temperature(fasta):
+    """--seed and --top-p at --temperature 0 (greedy: nothing is drawn) were ignored, so a user who forgot
+    --temperature believed the run sampled with their seed; now both the command line and run() refuse them,
+    naming the temperature, and take them with a temperature above 0 (as_command keeps them then)."""
+    never = fasta.parent / "greedy"
+    for option, value in (("--seed", "7"), ("--top-p", "0.9")):
+        message = (f"{option} applies only with --temperature above 0 (at 0, greedy decoding, nothing is sampled): "
+                   f"give --temperature T, or drop {option}")
+        res = run_cli(str(fasta), "--out", str(never), "--gpus", "0", "--task", "generate", option, value,
+                      "--no-progress")
+        assert res.returncode == 2 and message in res.stderr, res.stderr[-3000:]
+        with pytest.raises(run_shards.UserError) as e:
+            run_shards.run(fasta, out=never, gpus=0, task="generate", show_progress=False,
+                           **{option[2:].replace("-", "_"): float(value)})
+        assert message in str(e.value)
+    assert not never.exists()
+    sampled = RunConfig(fasta=[str(fasta)], out=str(never), task="generate", temperature=0.5, seed=7, top_p=0.9)
+    assert not {"seed", "top_p"} & sampled.ignored()
+    assert "--seed 7" in sampled.as_command() and "--top-p 0.9" in sampled.as_command()
+
+
 @pytest.mark.slow
 def test_an_option_of_a_flag_left_off_is_refused_saying_how_to_fix_it(result, fasta):
     """--per-residue-dtype without --per-residue was run, the option ignored; now refused before any work, by
