@@ -137,6 +137,23 @@ def test_a_hugging_face_cache_folder_is_its_main_snapshot(models, tmp_path):
         checkpoint.resolve(str(repo), tmp_path / "cache")
 
 
+def test_a_hugging_face_cache_whose_weight_blob_is_gone_names_the_missing_file(models, tmp_path):
+    """A cache cleaned by hand (or a download cut short) leaves the snapshot's link to a blob that is gone:
+    it was refused as a "damaged weight file ([Errno 2] No such file or directory)", and "replace it with an
+    intact copy". It is missing: the link and its target are named, and the way out is a whole download."""
+    repo = hub_cache(models["esm"], tmp_path / "hub")
+    link = repo / "snapshots" / ("a" * 40) / "model.safetensors"
+    blob = (link.parent / link.readlink()).resolve()
+    blob.unlink()
+    with pytest.raises(UserError) as e:
+        checkpoint.resolve(str(repo), tmp_path / "cache")
+    assert str(e.value) == (f"--model {repo}: missing weight file(s): {link} (a link to "
+                            f"{link.parent / link.readlink()}, which is gone). Download or copy the checkpoint "
+                            "again, whole (every file its index lists), and run the same command again.")
+    assert checkpoint.load_failure(OSError("no such file"), str(link.parent)).startswith(
+        f"missing weight file(s): {link} (a link to")
+
+
 def test_a_home_path_and_a_file_of_the_checkpoint(small_fasta, models, tmp_path, monkeypatch):
     """`--model=~/ck` reaches run_shards with its `~` (the shell expands only a word that starts with it),
     and was taken for a hub id (HFValidationError). A file of a checkpoint is refused naming its folder."""

@@ -97,9 +97,9 @@ def resolve(name: str, cache_root: Path) -> ModelSource:
     config_file = Path(path) / "config.json"
     if not config_file.exists():
         raise UserError(f"--model {name}: {path} has no config.json; pass a Hugging Face checkpoint directory")
-    _refuse_damaged(name, Path(path))
     _refuse_weightless(name, Path(path))
     _refuse_missing(name, Path(path))
+    _refuse_damaged(name, Path(path))
     try:
         facts = read_facts(path)
     except (OSError, ValueError) as e:
@@ -152,6 +152,8 @@ def weight_problems(path: Path) -> list[str]:
     alone (a cheap check before any worker loads them): a truncated file, a damaged header."""
     problems = []
     for f in sorted(path.glob("*.safetensors")):
+        if f.is_symlink() and not f.exists():
+            continue   # a link whose target is gone: missing, not damaged (missing_weights names it)
         try:
             size = f.stat().st_size
             n, header = safetensors_header(f)
@@ -191,7 +193,16 @@ def missing_weights(path: Path) -> list[str]:
         files, _, index = weight_files(path)
     except (OSError, ValueError, AttributeError) as e:
         return [f"its index cannot be read ({type(e).__name__}: {_first_line(e)})"]
-    return [f"{path / f} (listed in {index})" if index else str(path / f) for f in files if not (path / f).is_file()]
+    return [_missing(path / f, index) for f in files if not (path / f).is_file()]
+
+
+def _missing(file: Path, index: str) -> str:
+    """A weight file a load would read that is not there: named with the index listing it, and where it is a
+    link (a Hugging Face cache's snapshot links into blobs/), with the target that is gone."""
+    where = [f"listed in {index}"] if index else []
+    if file.is_symlink():
+        where.append(f"a link to {os.path.join(file.parent, os.readlink(file))}, which is gone")
+    return f"{file} ({'; '.join(where)})" if where else str(file)
 
 
 def _refuse_missing(name: str, path: Path, again: str = "run the same command again") -> None:
@@ -217,12 +228,12 @@ def load_failure(error: BaseException, path: str) -> str | None:
     import pickle
     if isinstance(error, UserError):
         return None
-    problems = weight_problems(Path(path))
-    if problems:
-        return f"damaged weight file(s): {'; '.join(problems)}"
     missing = missing_weights(Path(path))
     if missing:
         return f"missing weight file(s): {'; '.join(missing)}"
+    problems = weight_problems(Path(path))
+    if problems:
+        return f"damaged weight file(s): {'; '.join(problems)}"
     unreadable = [OSError, EOFError, pickle.UnpicklingError]
     try:
         from safetensors import SafetensorError
@@ -249,8 +260,8 @@ def check_unchanged(identity: dict, start_over: str = "start a new run with anot
     if not (path / "config.json").exists():
         raise UserError(f"the model checkpoint of this run, {path}, is gone (no config.json there). Restore it and "
                         f"{again}.")
-    _refuse_damaged(identity["name"], path)
     _refuse_missing(identity["name"], path, again)
+    _refuse_damaged(identity["name"], path)
     if "files" not in identity:
         log.info("this run was planned before run_shards recorded a checkpoint's tokenizer files: only its "
                  "config.json and weights are compared")
