@@ -96,3 +96,14 @@ def test_steps_picks_the_steps_and_one_that_cannot_run_does_not_stop_the_rest(tm
     assert "unknown step 'nosuchstep'" in res.stderr and "| ceiling | size | ms | rate |" in res.stdout
     assert "- env: ok(" in res.stdout and "== esm_step" not in res.stdout
     assert "steps that did not finish: nosuchstep" in res.stderr
+
+
+def test_micro_leaves_out_its_rows_near_its_limit_instead_of_being_killed(tmp_path):
+    """micro times ~40 rows, each of which may compile a Triton kernel on a GPU; past its share of the step's limit
+    it says which rows it left out and ends by itself (killed by `timeout`, it would lose its headline)."""
+    env = {**os.environ, "GPU_PROFILE_DEADLINE": "1", "RUN_SHARDS_REPORT": "0"}   # the deadline long past
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_profile", "micro", "--smoke", "--out", str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rows left out, from 'F.linear M x d -> 3d (qkv)' on" in res.stdout
+    assert "| F.linear M x d -> 3d (qkv) | GEMM |" not in res.stdout
