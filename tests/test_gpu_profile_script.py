@@ -107,3 +107,18 @@ def test_micro_leaves_out_its_rows_near_its_limit_instead_of_being_killed(tmp_pa
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rows left out, from 'F.linear M x d -> 3d (qkv)' on" in res.stdout
     assert "| F.linear M x d -> 3d (qkv) | GEMM |" not in res.stdout
+
+
+def test_env_goes_on_when_nvidia_smi_does_not_answer(tmp_path):
+    """The env step has 15 s: an nvidia-smi that hangs (a driver busy or half there) costs it a few seconds and a
+    line, not the whole step (the versions and the measured ceilings come after it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_profile", "env", "--smoke", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "nvidia-smi -q -d CLOCK,POWER: no answer (TimeoutExpired" in res.stdout
+    assert "| software / device | version |" in res.stdout and "| ceiling | size | ms | rate |" in res.stdout
