@@ -122,3 +122,23 @@ def test_env_goes_on_when_nvidia_smi_does_not_answer(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "nvidia-smi -q -d CLOCK,POWER: no answer (TimeoutExpired" in res.stdout
     assert "| software / device | version |" in res.stdout and "| ceiling | size | ms | rate |" in res.stdout
+
+
+def test_gdn_times_each_implementation_and_one_that_raises_is_its_row_not_the_steps_end(tmp_path):
+    """The gdn step's fla-core row and our split design run on a GPU only: one that raises there (a kernel that does
+    not compile, an fla version's other signature) is reported in its row while ours still gets timed."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench.gpu_profile.gdn import timed
+    from bench.gpu_profile.setting import Setting
+    from bench_gated_delta_rule import Case, make_inputs, ours
+
+    setting = Setting.make(True, tmp_path)
+    inputs = make_inputs(Case(2, 4, 16, 16, (64,)), "cpu", torch.float32)
+
+    def fla(inp):
+        raise TypeError("chunk_gated_delta_rule() got an unexpected keyword argument 'use_qk_l2norm_in_kernel'")
+
+    times, failed = timed({"ours": lambda: ours(inputs), "fla-core": lambda: fla(inputs)}, setting)
+    assert set(times) == {"ours"} and times["ours"] > 0
+    assert failed == {"fla-core": "failed: TypeError: chunk_gated_delta_rule() got an unexpected keyword argument "
+                                  "'use_qk_l2norm_in_kernel'"}
