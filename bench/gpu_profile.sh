@@ -29,7 +29,7 @@
 #
 # Wheels in .whl/ (transformers, tokenizers, fla-core... for a machine without network) are installed into a
 # temporary folder put on PYTHONPATH first (not in --smoke, unless WHEELS=1; never with WHEELS=0, for a caller that
-# installed them already); the environment is not changed.
+# installed them already; at most 60 s, counted in TOTAL_TIMEOUT); the environment is not changed.
 # It never changes GPU settings. No GPU visible and no --smoke: exit 3 before anything runs. A step that fails
 # or runs out of time does not stop the others; the script then exits 1 naming them.
 set -uo pipefail
@@ -53,10 +53,11 @@ if [ -z "$SMOKE" ] && { ! command -v nvidia-smi >/dev/null 2>&1 || ! cuda_python
     exit 3
 fi
 
+began=$(date +%s)   # TOTAL_TIMEOUT counts from here: the wheels' install is part of the 8 minutes
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/gpu_profile.XXXXXX")
 trap 'rm -rf "$SCRATCH"' EXIT
 if compgen -G ".whl/*.whl" >/dev/null && [ "${WHEELS:-}" != 0 ] && { [ -z "$SMOKE" ] || [ "${WHEELS:-0}" = 1 ]; }; then
-    if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    if timeout 60 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$SCRATCH/site" .whl/*.whl; then
         export PYTHONPATH="$SCRATCH/site${PYTHONPATH:+:$PYTHONPATH}"
         echo "gpu_profile: installed $(ls .whl/*.whl | wc -l) wheels from .whl/ into a temporary site (on PYTHONPATH)"
@@ -77,7 +78,6 @@ declare -A LIMIT=([env]=15 [esm_step]=90 [micro]=50 [host]=40 [gdn]=85 [e2e]=145
     echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), python $PYTHON, steps: $STEPS"
 } > "$OUT/gpu_profile.md"
 
-began=$(date +%s)
 status=()
 failed=()
 for name in $STEPS; do

@@ -96,3 +96,49 @@ def test_steps_picks_the_steps_and_one_that_cannot_run_does_not_stop_the_rest(tm
     assert "unknown step 'nosuchstep'" in res.stderr and "| ceiling | size | ms | rate |" in res.stdout
     assert "- env: ok(" in res.stdout and "== esm_step" not in res.stdout
     assert "steps that did not finish: nosuchstep" in res.stderr
+
+
+def test_micro_leaves_out_its_rows_near_its_limit_instead_of_being_killed(tmp_path):
+    """micro times ~40 rows, each of which may compile a Triton kernel on a GPU; past its share of the step's limit
+    it says which rows it left out and ends by itself (killed by `timeout`, it would lose its headline)."""
+    env = {**os.environ, "GPU_PROFILE_DEADLINE": "1", "RUN_SHARDS_REPORT": "0"}   # the deadline long past
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_profile", "micro", "--smoke", "--out", str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rows left out, from 'F.linear M x d -> 3d (qkv)' on" in res.stdout
+    assert "| F.linear M x d -> 3d (qkv) | GEMM |" not in res.stdout
+
+
+def test_env_goes_on_when_nvidia_smi_does_not_answer(tmp_path):
+    """The env step has 15 s: an nvidia-smi that hangs (a driver busy or half there) costs it a few seconds and a
+    line, not the whole step (the versions and the measured ceilings come after it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_profile", "env", "--smoke", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "nvidia-smi -q -d CLOCK,POWER: no answer (TimeoutExpired" in res.stdout
+    assert "| software / device | version |" in res.stdout and "| ceiling | size | ms | rate |" in res.stdout
+
+
+def test_gdn_times_each_implementation_and_one_that_raises_is_its_row_not_the_steps_end(tmp_path):
+    """The gdn step's fla-core row and our split design run on a GPU only: one that raises there (a kernel that does
+    not compile, an fla version's other signature) is reported in its row while ours still gets timed."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench.gpu_profile.gdn import timed
+    from bench.gpu_profile.setting import Setting
+    from bench_gated_delta_rule import Case, make_inputs, ours
+
+    setting = Setting.make(True, tmp_path)
+    inputs = make_inputs(Case(2, 4, 16, 16, (64,)), "cpu", torch.float32)
+
+    def fla(inp):
+        raise TypeError("chunk_gated_delta_rule() got an unexpected keyword argument 'use_qk_l2norm_in_kernel'")
+
+    times, failed = timed({"ours": lambda: ours(inputs), "fla-core": lambda: fla(inputs)}, setting)
+    assert set(times) == {"ours"} and times["ours"] > 0
+    assert failed == {"fla-core": "failed: TypeError: chunk_gated_delta_rule() got an unexpected keyword argument "
+                                  "'use_qk_l2norm_in_kernel'"}

@@ -12,6 +12,7 @@ from .report import Report
 from .setting import Setting
 from .timing import median, time_ms
 
+SMI_TIMEOUT_S = 5
 SMI_SECTIONS = ("Clocks", "Max Clocks", "GPU Power Readings", "Power Readings", "Clocks Event Reasons",
                 "Clocks Throttle Reasons")
 
@@ -28,7 +29,12 @@ def nvidia_smi(report: Report) -> None:
     if shutil.which("nvidia-smi") is None:
         report.line("nvidia-smi: not on the PATH (no NVIDIA driver here)")
         return
-    text = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK,POWER"], capture_output=True, text=True, timeout=20).stdout
+    try:   # (a bound well inside the step's own 15 s: the versions and ceilings below still come out)
+        text = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK,POWER"], capture_output=True, text=True,
+                              timeout=SMI_TIMEOUT_S).stdout
+    except (subprocess.TimeoutExpired, OSError) as e:
+        report.line(f"nvidia-smi -q -d CLOCK,POWER: no answer ({type(e).__name__}: {e}); clocks and power left out")
+        return
     rows, section = [], ""
     for line in text.splitlines():
         if ":" not in line:

@@ -47,6 +47,18 @@ def fla_backend(setting: Setting) -> tuple[object, str]:
                        f"{'installed but disabled' if qla else 'not installed'})")
 
 
+def timed(impls: dict, setting: Setting) -> tuple[dict[str, float], dict[str, str]]:
+    """(ms of each implementation that ran, what each one that raised said): a failure is its row's result, not the
+    step's end (fla-core's kernels and our split design run on a GPU only, first tried in a lent GPU's minutes)."""
+    times, failed = {}, {}
+    for name, fn in impls.items():
+        try:
+            times[name] = bench_ms(fn, setting)
+        except Exception as e:  # noqa: BLE001 - any failure is reported in the row, the other rows go on
+            failed[name] = f"failed: {type(e).__name__}: {str(e)[:100]}"
+    return times, failed
+
+
 def label(case) -> str:
     n = len(case.lengths)
     return f"H{case.H}/HV{case.HV}, {case.tokens:,} tokens in {n} seq{'s' if n > 1 else ''}"
@@ -67,15 +79,23 @@ def run(setting: Setting, report: Report) -> None:
         if fla_chunk is not None:
             fn, name = make_fla_fn(fla_chunk, inputs, ours(inputs)[0])
             impls[name] = lambda inp=inputs, fn=fn: fn(inp)
-        times = {name: bench_ms(fn, setting) for name, fn in impls.items()}
+        times, failed = timed(impls, setting)
         fla_ms = next((ms for name, ms in times.items() if name.startswith("fla")), None)
-        for name, ms in times.items():
+        for name in impls:
+            if name in failed:
+                totals.row(label(case), name, failed[name], "")
+                continue
+            ms = times[name]
             totals.row(label(case), name, ms, f"{fla_ms / ms:.2f}x" if fla_ms and name.startswith("ours") else "")
             report.keep(f"{label(case)} / {name}", ms)
-        report.headline(f"delta rule {label(case)}: ours {times['ours']:.3f} ms"
+        ours_ms = times.get("ours")
+        report.headline(f"delta rule {label(case)}: ours "
+                        + (f"{ours_ms:.3f} ms" if ours_ms else "failed")
                         + (f", split {times['ours split']:.3f} ms" if "ours split" in times else "")
-                        + (f", fla {fla_ms:.3f} ms ({fla_ms / times['ours']:.2f}x)" if fla_ms else ""))
-        prepared.append((case, inputs, impls))
+                        + (f", fla {fla_ms:.3f} ms" if fla_ms else "")
+                        + (f" ({fla_ms / ours_ms:.2f}x)" if fla_ms and ours_ms else "")
+                        + (f"; failed: {', '.join(failed)}" if failed else ""))
+        prepared.append((case, inputs, {name: fn for name, fn in impls.items() if name not in failed}))
 
     if setting.seconds_left() < 20:
         report.line(f"per-kernel times and knob variants left out: {setting.seconds_left():.0f} s left of the step's limit")
@@ -93,10 +113,12 @@ def run(setting: Setting, report: Report) -> None:
         report.line("launch-knob variants: GPU only (the torch path has no knobs)")
         return
     variants = report.table("shape", "ours with", "ms (median)", "vs ours default")
-    for case, inputs, _ in prepared:
+    for case, inputs, impls in prepared:
         if setting.seconds_left() < 15:   # each variant compiles anew
             report.line(f"variants of the remaining shapes left out: {setting.seconds_left():.0f} s left")
             break
+        if "ours" not in impls:   # it failed above: no base to compare with
+            continue
         base = bench_ms(lambda: ours(inputs), setting)
         for name, knobs in VARIANTS.items():
             try:
