@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -142,3 +143,15 @@ def test_gdn_times_each_implementation_and_one_that_raises_is_its_row_not_the_st
     assert set(times) == {"ours"} and times["ours"] > 0
     assert failed == {"fla-core": "failed: TypeError: chunk_gated_delta_rule() got an unexpected keyword argument "
                                   "'use_qk_l2norm_in_kernel'"}
+
+
+def test_e2e_stops_a_run_at_the_steps_limit_and_leaves_out_one_that_cannot_fit(tmp_path):
+    """The e2e step's runs had no limit of their own: a slow first run let `timeout` kill the step, losing its
+    table and headline. A run still going 5 s before the step's end is stopped and is its row's result; a
+    next run that cannot fit in what is left is left out, saying so."""
+    env = {**os.environ, "GPU_PROFILE_DEADLINE": str(int(time.time()) + 12), "RUN_SHARDS_REPORT": "0"}
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_profile", "e2e", "--smoke", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "| native |" in res.stdout and "FAILED (exit timeout): stopped after" in res.stdout, res.stdout[-3000:]
+    assert "hf: left out," in res.stdout and "| hf |" not in res.stdout

@@ -42,7 +42,13 @@ def one_run(setting: Setting, fasta: Path, checkpoint: Path, engine: str) -> dic
     if setting.smoke:
         env["RUN_SHARDS_REPORT"] = "0"   # the HTML page: not what a CPU check checks
     start, began = time.perf_counter(), time.time()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    limit = setting.seconds_left() - 5   # a run past the step's end is this row's result, not the step's kill
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO,
+                             timeout=limit if limit != float("inf") else None)
+    except subprocess.TimeoutExpired:   # (the run's workers end with their parent)
+        return {"engine": engine, "seconds": time.perf_counter() - start, "returncode": "timeout", "out": out,
+                "began": began, "error": [f"stopped after {limit:.0f} s, the time the step had left"]}
     result = {"engine": engine, "seconds": time.perf_counter() - start, "returncode": res.returncode, "out": out,
               "began": began}
     if res.returncode != 0:
@@ -97,6 +103,11 @@ def run(setting: Setting, report: Report) -> None:
     runs = {}
     # E2E_ENGINES="native" leaves the hf run out (a lease with little time left).
     for engine in os.environ.get("E2E_ENGINES", "native hf").split():
+        done = [r["seconds"] for r in runs.values()]
+        if done and setting.seconds_left() < 1.2 * max(done) + 5:
+            report.line(f"{engine}: left out, {setting.seconds_left():.0f} s left in the step where the run before "
+                        f"took {max(done):.0f} s")
+            continue
         r = runs[engine] = one_run(setting, fasta, checkpoint, engine)
         if r["returncode"]:
             error = " / ".join(r["error"])[:300]
