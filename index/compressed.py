@@ -1,7 +1,7 @@
 """Compressed FASTA. BGZF (what `bgzip` writes) is read in place through its block table (bgzf.py). Plain
 gzip is decompressed once, streaming, into the cache, and the decompressed copy is what the index describes
-and workers read by offset. The copy is reused while the .gz keeps its size and mtime (a sidecar records
-them), and made again when it changes.
+and workers read by offset. The copy is reused while the .gz keeps its size, modification and change times
+and inode (a sidecar records them; input_file.py says why all four), and made again when it changes.
 
 Why a copy for plain gzip rather than seek points into it: a seek point holds 32 KiB of inflate state and
 each read inflates from the nearest one, so workers reading records in length order (all over the file)
@@ -80,7 +80,15 @@ def _needs_copy(path: str | os.PathLike) -> bool:
 
 def _stat_key(path: str | os.PathLike) -> dict:
     st = os.stat(path)
-    return {"source": os.path.abspath(os.fspath(path)), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"source": os.path.abspath(os.fspath(path)), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+
+
+def _source_changed(key: dict) -> bool:
+    """Whether the .gz a sidecar `key` describes changed since, on every field the sidecar recorded (one written
+    before the change time and inode were recorded has neither: a run planned then is not refused for that)."""
+    now = _stat_key(key["source"])
+    return any(key[k] != now[k] for k in now if k in key)
 
 
 def copy_path(path: str | os.PathLike, cache: Path) -> Path:
@@ -120,7 +128,7 @@ def source_changes(indexed: Sequence[str]) -> list[str]:
         except (OSError, ValueError):
             continue   # a plain file, not a copy
         try:
-            if _stat_key(key["source"]) != key:
+            if _source_changed(key):
                 changes.append(f"{key['source']} changed since it was decompressed")
         except OSError:
             changes.append(f"{key['source']} is gone")
@@ -133,7 +141,7 @@ def refresh(indexed: Sequence[str], progress: bool = True) -> None:
     for copy in indexed:
         try:
             key = json.loads(Path(copy + ".json").read_text())
-            if os.path.exists(key["source"]) and _stat_key(key["source"]) != key:
+            if os.path.exists(key["source"]) and _source_changed(key):
                 copy_of(key["source"], Path(copy).parent.parent, progress)
         except (OSError, ValueError, KeyError) as e:   # no usable key: the copy is checked as it is
             log.debug("not refreshing %s (%s: %s)", copy, type(e).__name__, e)

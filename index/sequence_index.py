@@ -174,7 +174,7 @@ class SequenceIndex:
                 data = bytearray(size)
                 got = self._text(i).read_into(data, at)
         except FastaError:   # a BGZF file whose blocks are no longer where its table says: replaced since
-            if self.inputs[int(self.file_no[i])].state == InputFile.stat(self.path_of(i)).state:
+            if self.inputs[int(self.file_no[i])].unchanged(InputFile.stat(self.path_of(i))):
                 raise
             got, data = -1, b""
         if got != size or (start == 0 and data[:1] != b">"):
@@ -226,19 +226,19 @@ class SequenceIndex:
         if not self._stat_unchanged(int(self.file_no[i])):
             hint = ("No row was computed from it. Restore the file as it was when the run started, or start a new "
                     "run on the file as it is now")
-        else:   # an edit that kept the file's size and mtime: a cached index of it still looks current
+        else:   # an edit that kept every time stat shows (a file system with coarse times): its cached index looks current
             hint = ("No row was computed from it. Restore the file as it was when it was indexed; or, to use it as "
-                    "it is now, index it anew with `run_shards index --rebuild FILE` (its size and modification "
-                    "time are as they were, so its cached index looks current) and start a new run on it (in "
+                    "it is now, index it anew with `run_shards index --rebuild FILE` (its size and times are "
+                    "as they were, so its cached index looks current) and start a new run on it (in "
                     "another --out where a run was planned on the old text)")
         raise InputChanged(self.path_of(i), f"the file changed after it was indexed: record {i + 1:,} (at byte "
                            f"{int(self.offsets[i]):,}) no longer holds the text the index describes (an edit in "
                            "place, same length)", seq_id=self.id(i), hint=hint)
 
     def _stat_unchanged(self, k: int) -> bool:
-        """Whether input k still has the size and modification time it was indexed with."""
+        """Whether input k still shows the size, times and inode it was indexed with (input_file.py)."""
         try:
-            return InputFile.stat(self.inputs[k].path).state == self.inputs[k].state
+            return self.inputs[k].unchanged(InputFile.stat(self.inputs[k].path))
         except OSError:
             return False
 
@@ -488,8 +488,8 @@ class SequenceIndex:
                 if f.content_crc32 is not None and f.content_crc32 != legacy_content_crc32(f.path)]
 
     def stat_changes(self) -> list[str]:
-        """Inputs whose size or modification time moved since indexing, each with what moved (empty when
-        every file still has the recorded size and mtime)."""
+        """Inputs whose size, modification time, change time or inode moved since indexing, each with what moved
+        (empty when every file still has what was recorded: input_file.py)."""
         changes = []
         for f in self.inputs:
             try:
@@ -497,10 +497,9 @@ class SequenceIndex:
             except OSError as e:
                 changes.append(f"{f.path}: {e.strerror.lower() if e.strerror else e}")
                 continue
-            if now.size != f.size:
-                changes.append(f"{f.path}: size changed from {f.size} to {now.size} bytes")
-            elif now.mtime_ns != f.mtime_ns:
-                changes.append(f"{f.path}: modified since it was indexed")
+            change = f.change(now)
+            if change:
+                changes.append(f"{f.path}: {change}")
         return changes
 
     def records_changed(self) -> str | None:
