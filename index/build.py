@@ -122,6 +122,7 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
         hashes, hist = HashBuckets(_estimate_records(paths), root), _Histogram()
         inputs, tables, n, id_end, widest = [], [], 0, 0, 0
         for k, path in enumerate(paths):
+            before = _stat_or_none(path)   # (a path that cannot be read: the scan says why)
             stream = ScanStream(path, threads, hashes=True)
             for piece in stream:
                 m = len(piece.offsets)
@@ -136,7 +137,7 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
                 cols["file_no"].append(np.full(m, k, np.uint16))
                 cols["id_offsets"].append(ids[1:] + id_end)
                 n, id_end = n + m, id_end + int(ids[-1])
-            inputs.append(InputFile.stat(path))
+            inputs.append(_unchanged_while_scanned(path, before))
             tables.append(stream.table if stream.table is not None else np.zeros((0, 2), np.int64))
         groups = _duplicate_groups(hashes, cols)
         order = _length_order(cols["lengths"], hist, n, root)
@@ -160,6 +161,25 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
         for c in locals().get("cols", {}).values():
             c.close()
         release(root)
+
+
+def _stat_or_none(path: str) -> InputFile | None:
+    try:
+        return InputFile.stat(path)
+    except OSError:
+        return None
+
+
+def _unchanged_while_scanned(path: str, before: InputFile | None) -> InputFile:
+    """The file as it was indexed (stat before the scan), after checking that the scan saw it still: a file
+    appended to, or written, while it was scanned would leave an index that looks current (the stat after)
+    but misses records or holds a record cut short."""
+    after = InputFile.stat(path)
+    if before is not None and after.state != before.state:
+        raise FastaError(path, f"the file changed while it was being indexed ({before.change(after)})",
+                         hint="Something is still writing it: wait until it has finished (or index a finished "
+                              "copy of it), then run the command again")
+    return after
 
 
 def _estimate_records(paths: Sequence[str]) -> int:

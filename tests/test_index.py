@@ -526,3 +526,27 @@ def test_gzip_replaced_by_one_of_the_same_size_and_mtime_is_decompressed_again(t
     os.replace(other, path)
     index, reused = load_or_build([path])
     assert not reused and index.sequence(0) == "CADEFG"
+
+
+def test_a_file_appended_to_while_it_is_indexed_is_refused(tmp_path, monkeypatch):
+    """Another process appends records while the scan runs (here, after its first piece): the index would
+    miss them (and cut a record being written), yet the stat taken after the scan made it look current, so the
+    cache gave it to every later run. Now the build is refused, naming the file and what to do."""
+    from index import build
+    fasta = tmp_path / "growing.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n>b\nMMKL\n>c\nMKV")   # record c is being written
+
+    class Appended(build.ScanStream):
+        def __iter__(self):
+            for k, piece in enumerate(super().__iter__()):
+                if k == 0:
+                    with open(fasta, "ab") as fh:
+                        fh.write(b"LLWW\n>d\nPPPP\n")
+                yield piece
+    monkeypatch.setattr(build, "ScanStream", Appended)
+    with pytest.raises(FastaError, match=r"growing\.fasta: the file changed while it was being indexed \(size "
+                                         r"changed from 24 to 37 bytes\)\. Something is still writing it"):
+        load_or_build([fasta])
+    monkeypatch.undo()
+    index, reused = load_or_build([fasta])   # (no index was cached from the scan)
+    assert not reused and index.ids() == ["a", "b", "c", "d"] and index.sequence(2) == "MKVLLWW"
