@@ -10,6 +10,7 @@ window of the spill (tens of MiB to a few hundred), whatever the number of recor
 from __future__ import annotations
 
 import os
+import stat
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -161,6 +162,23 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
         for c in locals().get("cols", {}).values():
             c.close()
         release(root)
+
+
+def check_regular(paths: Sequence[str | os.PathLike]) -> None:
+    """FastaError for a path that is not a file that can be read again: a pipe (`<(zcat x.gz)`, standard input
+    from a pipe), a terminal, a socket. The index records where each record lies, and workers read them there
+    later, by offset; a pipe's text is gone once read. (A missing path or a directory: the scan says so.)"""
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            what = "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise FastaError(path, f"is {what}, not a file: run_shards indexes the FASTA and its workers read the "
+                             "records from it later, by offset, so it must be a file that can be read again",
+                             hint="Save the FASTA to a file and pass its path; a gzip or bgzip file can be passed as "
+                                  "it is (instead of `<(zcat x.gz)`)")
 
 
 def _stat_or_none(path: str) -> InputFile | None:

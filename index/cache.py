@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from .build import check_regular
 from .compressed import kind as compression, readable_paths
 from .errors import FastaError
 from .sequence_index import FORMAT_VERSION, IndexCorrupt, InputFile, SequenceIndex
@@ -45,6 +46,7 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
     that kept a file's size and every time stat shows, on a file system with coarse times, leaves a cache
     that looks current: `run_shards index --rebuild`)."""
     sources = [os.fspath(p) for p in paths]
+    check_regular(sources)   # (before anything reads a pipe's first bytes)
     paths = readable_paths(paths, directory or cache_dir())
     path = cache_path(paths, directory)
     if path.exists() and not rebuild:

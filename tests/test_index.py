@@ -550,3 +550,25 @@ def test_a_file_appended_to_while_it_is_indexed_is_refused(tmp_path, monkeypatch
     monkeypatch.undo()
     index, reused = load_or_build([fasta])   # (no index was cached from the scan)
     assert not reused and index.ids() == ["a", "b", "c", "d"] and index.sequence(2) == "MKVLLWW"
+
+
+def test_a_pipe_is_refused_with_what_to_do(tmp_path):
+    """`run_shards index <(zcat x.gz)` (or `cat x | run_shards index /dev/stdin`): a clear refusal, not a
+    traceback ending in "Illegal seek"."""
+    import shutil
+    import subprocess
+    import sys
+    from .tiny_models import REPO
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash for a process substitution")
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n")
+    cli = f"{sys.executable} {REPO / 'bin' / 'run_shards'}"
+    for line in (f"{cli} index <(cat {fasta})", f"cat {fasta} | {cli} index /dev/stdin"):
+        res = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert re.search(r"/dev/\S+: is a pipe, not a file: .*Save the FASTA to a file and pass its path",
+                         res.stderr), res.stderr
+    res = subprocess.run(["bash", "-c", f"{cli} index /dev/stdin < {fasta}"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "records: 1" in res.stdout, res.stderr   # (a file on standard input is one)
