@@ -148,13 +148,24 @@ def refresh(indexed: Sequence[str], progress: bool = True) -> None:
             continue
 
 
+def _unwritable(path: str | os.PathLike, folder: Path, e: OSError) -> FastaError:
+    """The refusal when the cache cannot hold a decompressed copy (a read-only cache, one of another user)."""
+    return FastaError(str(path), f"cannot write its decompressed copy into {folder} ({e.strerror or e}): a gzip "
+                      "file is read through a decompressed copy in run_shards' cache",
+                      hint="Point RUN_SHARDS_CACHE at a folder you can write, or give the FASTA decompressed "
+                           "(or as a BGZF file, which is read in place: `bgzip`, from htslib): gzip -dc FILE > FILE.fasta")
+
+
 def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
     """The decompressed copy of gzip file `path`, made now unless a current one exists."""
     target = copy_path(path, cache)
     if copy_is_current(path, cache):
         log.info("%s: reusing its decompressed copy %s", path, target)
         return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _unwritable(path, target.parent, e) from None
     key = _stat_key(path)
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     size = key["size"]
@@ -201,6 +212,8 @@ def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
             raise FastaError(str(path), f"no space to decompress it into {target.parent} ({written:,} bytes "
                              f"written when the disk filled)",
                              hint="Free space there, or point RUN_SHARDS_CACHE at a larger disk") from None
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise _unwritable(path, target.parent, e) from None
         raise
     finally:
         if bar:
