@@ -53,3 +53,16 @@ class InputFile:
         path = os.path.abspath(os.fspath(path))
         st = os.stat(path)
         return InputFile(path, st.st_size, st.st_mtime_ns, content_crc32, st.st_ctime_ns, st.st_ino)
+
+
+def lasting_path(path: str | os.PathLike) -> str:
+    """The absolute path of `path`, where a descriptor's path (/dev/stdin, /dev/fd/N, /proc/self/fd/N: a
+    file on standard input) that leads to a file is replaced by that file's: the one later commands, workers
+    and other nodes can open (each of them would open its own standard input). A pipe's is kept (refused
+    when indexed: build.check_regular)."""
+    path = os.path.abspath(os.fspath(path))
+    if path == "/dev/stdin" or path.startswith(("/dev/fd/", "/proc/")):
+        real = os.path.realpath(path)
+        if real != path and not real.startswith(("/proc/", "/dev/")) and os.path.isfile(real):
+            return real
+    return path

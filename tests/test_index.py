@@ -572,3 +572,27 @@ def test_a_pipe_is_refused_with_what_to_do(tmp_path):
     res = subprocess.run(["bash", "-c", f"{cli} index /dev/stdin < {fasta}"], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0 and "records: 1" in res.stdout, res.stderr   # (a file on standard input is one)
+
+
+def test_a_file_on_standard_input_is_recorded_by_its_own_path(tmp_path):
+    """`run_shards run /dev/stdin < in.fasta`: the run records in.fasta, which `rerun` (with another standard
+    input) and workers elsewhere can open; it recorded /dev/stdin, so a later `rerun` read its own standard
+    input and refused the run as changed ("size changed from N to 0 bytes")."""
+    import json
+    import subprocess
+    import sys
+    from .tiny_models import REPO
+    fasta, out = tmp_path / "in.fasta", tmp_path / "out"
+    fasta.write_bytes(b">a\nACDEFG\n>b\nMMKL\n>c\nWWW\n")
+    cli = [sys.executable, str(REPO / "bin" / "run_shards")]
+    with open(fasta, "rb") as stdin:
+        res = subprocess.run([*cli, "run", "/dev/stdin", "--out", str(out), "--gpus", "0", "--workers", "1",
+                              "--shards", "2", "--no-progress"], stdin=stdin, capture_output=True, text=True,
+                             timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((out / "manifest.json").read_text())["config"]["fasta"] == [str(fasta)]
+    (out / "result.h5").unlink()
+    (out / "shards" / "shard_1.h5").unlink()
+    res = subprocess.run([*cli, "rerun", str(out), "--no-progress"], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0 and (out / "result.h5").exists(), res.stderr
