@@ -152,8 +152,8 @@ def _unwritable(path: str | os.PathLike, folder: Path, e: OSError) -> FastaError
     """The refusal when the cache cannot hold a decompressed copy (a read-only cache, one of another user)."""
     return FastaError(str(path), f"cannot write its decompressed copy into {folder} ({e.strerror or e}): a gzip "
                       "file is read through a decompressed copy in run_shards' cache",
-                      hint="Point RUN_SHARDS_CACHE at a folder you can write, or give the FASTA decompressed "
-                           "(or as a BGZF file, which is read in place: `bgzip`, from htslib): gzip -dc FILE > FILE.fasta")
+                      hint="Point RUN_SHARDS_CACHE at a folder you can write, or give the FASTA decompressed (or "
+                           "as a BGZF file, which is read in place: `bgzip`, from htslib): gzip -dc FILE > FILE.fasta")
 
 
 def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:

@@ -226,7 +226,7 @@ class SequenceIndex:
         if not self._stat_unchanged(int(self.file_no[i])):
             hint = ("No row was computed from it. Restore the file as it was when the run started, or start a new "
                     "run on the file as it is now")
-        else:   # an edit that kept every time stat shows (a file system with coarse times): its cached index looks current
+        else:   # an edit that kept every time stat shows (coarse times): its cached index looks current
             hint = ("No row was computed from it. Restore the file as it was when it was indexed; or, to use it as "
                     "it is now, index it anew with `run_shards index --rebuild FILE` (its size and times are "
                     "as they were, so its cached index looks current) and start a new run on it (in "
