@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import index_file
+from . import index_file, input_file
 from .errors import FastaError
 from .fasta_scan import FileScan, ScanStream
 from .input_file import InputFile
@@ -157,7 +157,7 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
             index_file.in_memory("length_counts", hist.counts[::-1].copy()),
         ]
         index_file.write(target, FORMAT_VERSION, n, parts, {
-            "inputs": [vars(f) for f in inputs], "meta": {"duplicate_groups": groups}})
+            **input_file.to_header(inputs), "meta": {"duplicate_groups": groups}})
     finally:
         for c in locals().get("cols", {}).values():
             c.close()

@@ -55,6 +55,24 @@ class InputFile:
         return InputFile(path, st.st_size, st.st_mtime_ns, content_crc32, st.st_ctime_ns, st.st_ino)
 
 
+# The change time and inode are kept in the index header beside "inputs", not in it: a run_shards from before
+# them reads a newer index (a run directory, a shared cache) as it always did, comparing size and mtime.
+_STATS = ("ctime_ns", "inode")
+
+
+def to_header(inputs: list[InputFile]) -> dict:
+    """The index header's fields that record `inputs` (`from_header` reads them back)."""
+    return {"inputs": [{k: v for k, v in vars(f).items() if k not in _STATS} for f in inputs],
+            "input_stats": [{k: getattr(f, k) for k in _STATS} for f in inputs]}
+
+
+def from_header(header: dict) -> list[InputFile]:
+    """The inputs an index header records (without change times and inodes where it predates them)."""
+    stats = header.get("input_stats") or [{} for _ in header["inputs"]]
+    return [InputFile(**f, **{k: v for k, v in extra.items() if k in _STATS})
+            for f, extra in zip(header["inputs"], stats)]
+
+
 def lasting_path(path: str | os.PathLike) -> str:
     """The absolute path of `path`, where a descriptor's path (/dev/stdin, /dev/fd/N, /proc/self/fd/N: a
     file on standard input) that leads to a file is replaced by that file's: the one later commands, workers

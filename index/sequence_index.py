@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import build as index_build, index_file, stride as stride_table
+from . import build as index_build, index_file, input_file, stride as stride_table
 from .compressed import given_path
 from .errors import FastaError, InputChanged
 from .fasta_scan import legacy_content_crc32, sequence_text
@@ -447,7 +447,7 @@ class SequenceIndex:
         """Write atomically (temporary name, fsync, rename), with bounded memory. With `world`, also the
         stride table of a run of that many shards (stride.py), which its workers read: of every record, or
         of the records `only` keeps (those a run computes, the others being copied)."""
-        header = {"inputs": [vars(f) for f in self.inputs], "meta": self.meta}
+        header = {**input_file.to_header(self.inputs), "meta": self.meta}
         table = contextlib.nullcontext([]) if world is None else \
             stride_table.parts(self, world, os.path.dirname(os.path.abspath(os.fspath(path))), only)
         with table as extra:
@@ -470,7 +470,7 @@ class SequenceIndex:
             if stride_names:
                 mapped.verify(stride_names, mapped.header["stride"]["crc32"], "checksum mismatch in the stride table")
         arrays = {n: mapped.array(n) for n in names}
-        inputs = [InputFile(**f) for f in mapped.header["inputs"]]
+        inputs = input_file.from_header(mapped.header)
         index = cls(inputs, meta=mapped.header.get("meta", {}), **arrays)
         index._mapped, index._crc, index._loaded = mapped, int(mapped.header["crc32"]), dict(arrays)
         if "stride" in mapped.header:

@@ -510,6 +510,22 @@ def test_index_of_a_file_from_before_change_times_compares_what_it_recorded(tmp_
     assert index.stat_changes() == [] and index.records_changed() is None
 
 
+def test_an_index_header_keeps_its_inputs_as_older_versions_read_them(tmp_path):
+    """The change time and inode sit beside the header's "inputs", whose entries keep the fields an older
+    run_shards builds its InputFile from (with them inside, it failed with a TypeError on a newer run
+    directory); they are read back."""
+    from index import index_file
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n")
+    index = SequenceIndex.build([fasta])
+    index.save(tmp_path / "saved.rsidx")
+    header = index_file.Mapped(tmp_path / "saved.rsidx", sequence_index.READABLE_VERSIONS).header
+    assert [set(f) for f in header["inputs"]] == [{"path", "size", "mtime_ns", "content_crc32"}]
+    st = os.stat(fasta)
+    assert [(f.ctime_ns, f.inode) for f in SequenceIndex.load(tmp_path / "saved.rsidx").inputs] == \
+        [(st.st_ctime_ns, st.st_ino)]
+
+
 def test_gzip_replaced_by_one_of_the_same_size_and_mtime_is_decompressed_again(tmp_path):
     """A plain .gz renamed over by another of the same size and mtime: its decompressed copy (and the index of
     it) was reused, so the run computed the old sequences under the new file's name."""
