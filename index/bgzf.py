@@ -55,7 +55,7 @@ def block_table(path: str) -> np.ndarray:
     """int64 [M + 1, 2]: (compressed, uncompressed) start offset of each member, then (file size, text
     size). NotBgzf when a member is not BGZF; FastaError when the file ends inside a member."""
     st = os.stat(path)
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     if key in _TABLES:
         return _TABLES[key]
     rows, coffset, uoffset = [], 0, 0

@@ -10,11 +10,12 @@ window of the spill (tens of MiB to a few hundred), whatever the number of recor
 from __future__ import annotations
 
 import os
+import stat
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import index_file
+from . import index_file, input_file
 from .errors import FastaError
 from .fasta_scan import FileScan, ScanStream
 from .input_file import InputFile
@@ -122,6 +123,7 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
         hashes, hist = HashBuckets(_estimate_records(paths), root), _Histogram()
         inputs, tables, n, id_end, widest = [], [], 0, 0, 0
         for k, path in enumerate(paths):
+            before = _stat_or_none(path)   # (a path that cannot be read: the scan says why)
             stream = ScanStream(path, threads, hashes=True)
             for piece in stream:
                 m = len(piece.offsets)
@@ -136,7 +138,7 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
                 cols["file_no"].append(np.full(m, k, np.uint16))
                 cols["id_offsets"].append(ids[1:] + id_end)
                 n, id_end = n + m, id_end + int(ids[-1])
-            inputs.append(InputFile.stat(path))
+            inputs.append(_unchanged_while_scanned(path, before))
             tables.append(stream.table if stream.table is not None else np.zeros((0, 2), np.int64))
         groups = _duplicate_groups(hashes, cols)
         order = _length_order(cols["lengths"], hist, n, root)
@@ -155,11 +157,47 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
             index_file.in_memory("length_counts", hist.counts[::-1].copy()),
         ]
         index_file.write(target, FORMAT_VERSION, n, parts, {
-            "inputs": [vars(f) for f in inputs], "meta": {"duplicate_groups": groups}})
+            **input_file.to_header(inputs), "meta": {"duplicate_groups": groups}})
     finally:
         for c in locals().get("cols", {}).values():
             c.close()
         release(root)
+
+
+def check_regular(paths: Sequence[str | os.PathLike]) -> None:
+    """FastaError for a path that is not a file that can be read again: a pipe (`<(zcat x.gz)`, standard input
+    from a pipe), a terminal, a socket. The index records where each record lies, and workers read them there
+    later, by offset; a pipe's text is gone once read. (A missing path or a directory: the scan says so.)"""
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            what = "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise FastaError(path, f"is {what}, not a file: run_shards indexes the FASTA and its workers read the "
+                             "records from it later, by offset, so it must be a file that can be read again",
+                             hint="Save the FASTA to a file and pass its path; a gzip or bgzip file can be passed as "
+                                  "it is (instead of `<(zcat x.gz)`)")
+
+
+def _stat_or_none(path: str) -> InputFile | None:
+    try:
+        return InputFile.stat(path)
+    except OSError:
+        return None
+
+
+def _unchanged_while_scanned(path: str, before: InputFile | None) -> InputFile:
+    """The file as it was indexed (stat before the scan), after checking that the scan saw it still: a file
+    appended to, or written, while it was scanned would leave an index that looks current (the stat after)
+    but misses records or holds a record cut short."""
+    after = InputFile.stat(path)
+    if before is not None and after.state != before.state:
+        raise FastaError(path, f"the file changed while it was being indexed ({before.change(after)})",
+                         hint="Something is still writing it: wait until it has finished (or index a finished "
+                              "copy of it), then run the command again")
+    return after
 
 
 def _estimate_records(paths: Sequence[str]) -> int:

@@ -1,5 +1,6 @@
-"""The index cache: reuse a saved index while every input keeps its size and mtime, else rebuild (or when
-asked: an edit that keeps both goes unseen until a record's checksum tells it).
+"""The index cache: reuse a saved index while every input keeps its size, modification and change times and
+inode (input_file.py), else rebuild (or when asked: an edit that keeps all of them, on a file system with
+coarse times, goes unseen until a record's checksum tells it).
 
 Cache files live in `$RUN_SHARDS_CACHE` (default `$XDG_CACHE_HOME/run_shards` or `~/.cache/run_shards`),
 under `index/`, named by a hash of the inputs' absolute paths. A truncated or corrupt cache file is
@@ -13,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from .build import check_regular
 from .compressed import kind as compression, readable_paths
 from .errors import FastaError
 from .sequence_index import FORMAT_VERSION, IndexCorrupt, InputFile, SequenceIndex
@@ -30,7 +32,9 @@ def cache_dir() -> Path:
 
 def cache_path(paths: Sequence[str | os.PathLike], directory: Path | None = None) -> Path:
     key = "\0".join(os.path.abspath(os.fspath(p)) for p in paths)
-    digest = hashlib.sha1(f"v{FORMAT_VERSION}\0{key}".encode()).hexdigest()[:20]
+    # (s2: caches that record each input's change time and inode; an older run_shards sharing the cache
+    # keeps its own files, under other names)
+    digest = hashlib.sha1(f"v{FORMAT_VERSION}s2\0{key}".encode()).hexdigest()[:20]
     return (directory or cache_dir()) / "index" / f"{digest}.rsidx"
 
 
@@ -39,16 +43,17 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
     """The index of `paths` and whether it came from the cache. BGZF files are indexed in place; other gzip
     files through their decompressed copies (compressed.py), which the index then names; an error in the text
     of either names the compressed file. `rebuild`: index the files anew whatever the cache holds (an edit
-    that kept a file's size and modification time leaves a cache that looks current: `run_shards index
-    --rebuild`)."""
+    that kept a file's size and every time stat shows, on a file system with coarse times, leaves a cache
+    that looks current: `run_shards index --rebuild`)."""
     sources = [os.fspath(p) for p in paths]
+    check_regular(sources)   # (before anything reads a pipe's first bytes)
     paths = readable_paths(paths, directory or cache_dir())
     path = cache_path(paths, directory)
     if path.exists() and not rebuild:
         try:
             index = SequenceIndex.load(path)
             current = [InputFile.stat(p) for p in paths]
-            if [f.state for f in current] == [f.state for f in index.inputs]:
+            if [f.state for f in current] == [f.state for f in index.inputs]:   # (all of it: see input_file.py)
                 if index.checksums is not None:
                     return index, True
                 log.info("index cache %s predates record checksums; rebuilding", path)

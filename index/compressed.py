@@ -1,7 +1,7 @@
 """Compressed FASTA. BGZF (what `bgzip` writes) is read in place through its block table (bgzf.py). Plain
 gzip is decompressed once, streaming, into the cache, and the decompressed copy is what the index describes
-and workers read by offset. The copy is reused while the .gz keeps its size and mtime (a sidecar records
-them), and made again when it changes.
+and workers read by offset. The copy is reused while the .gz keeps its size, modification and change times
+and inode (a sidecar records them; input_file.py says why all four), and made again when it changes.
 
 Why a copy for plain gzip rather than seek points into it: a seek point holds 32 KiB of inflate state and
 each read inflates from the nearest one, so workers reading records in length order (all over the file)
@@ -80,7 +80,15 @@ def _needs_copy(path: str | os.PathLike) -> bool:
 
 def _stat_key(path: str | os.PathLike) -> dict:
     st = os.stat(path)
-    return {"source": os.path.abspath(os.fspath(path)), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"source": os.path.abspath(os.fspath(path)), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+
+
+def _source_changed(key: dict) -> bool:
+    """Whether the .gz a sidecar `key` describes changed since, on every field the sidecar recorded (one written
+    before the change time and inode were recorded has neither: a run planned then is not refused for that)."""
+    now = _stat_key(key["source"])
+    return any(key[k] != now[k] for k in now if k in key)
 
 
 def copy_path(path: str | os.PathLike, cache: Path) -> Path:
@@ -120,7 +128,7 @@ def source_changes(indexed: Sequence[str]) -> list[str]:
         except (OSError, ValueError):
             continue   # a plain file, not a copy
         try:
-            if _stat_key(key["source"]) != key:
+            if _source_changed(key):
                 changes.append(f"{key['source']} changed since it was decompressed")
         except OSError:
             changes.append(f"{key['source']} is gone")
@@ -133,11 +141,19 @@ def refresh(indexed: Sequence[str], progress: bool = True) -> None:
     for copy in indexed:
         try:
             key = json.loads(Path(copy + ".json").read_text())
-            if os.path.exists(key["source"]) and _stat_key(key["source"]) != key:
+            if os.path.exists(key["source"]) and _source_changed(key):
                 copy_of(key["source"], Path(copy).parent.parent, progress)
         except (OSError, ValueError, KeyError) as e:   # no usable key: the copy is checked as it is
             log.debug("not refreshing %s (%s: %s)", copy, type(e).__name__, e)
             continue
+
+
+def _unwritable(path: str | os.PathLike, folder: Path, e: OSError) -> FastaError:
+    """The refusal when the cache cannot hold a decompressed copy (a read-only cache, one of another user)."""
+    return FastaError(str(path), f"cannot write its decompressed copy into {folder} ({e.strerror or e}): a gzip "
+                      "file is read through a decompressed copy in run_shards' cache",
+                      hint="Point RUN_SHARDS_CACHE at a folder you can write, or give the FASTA decompressed (or "
+                           "as a BGZF file, which is read in place: `bgzip`, from htslib): gzip -dc FILE > FILE.fasta")
 
 
 def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
@@ -146,7 +162,10 @@ def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
     if copy_is_current(path, cache):
         log.info("%s: reusing its decompressed copy %s", path, target)
         return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _unwritable(path, target.parent, e) from None
     key = _stat_key(path)
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     size = key["size"]
@@ -193,6 +212,8 @@ def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
             raise FastaError(str(path), f"no space to decompress it into {target.parent} ({written:,} bytes "
                              f"written when the disk filled)",
                              hint="Free space there, or point RUN_SHARDS_CACHE at a larger disk") from None
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise _unwritable(path, target.parent, e) from None
         raise
     finally:
         if bar:

@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import build as index_build, index_file, stride as stride_table
+from . import build as index_build, index_file, input_file, stride as stride_table
 from .compressed import given_path
 from .errors import FastaError, InputChanged
 from .fasta_scan import legacy_content_crc32, sequence_text
@@ -174,7 +174,7 @@ class SequenceIndex:
                 data = bytearray(size)
                 got = self._text(i).read_into(data, at)
         except FastaError:   # a BGZF file whose blocks are no longer where its table says: replaced since
-            if self.inputs[int(self.file_no[i])].state == InputFile.stat(self.path_of(i)).state:
+            if self.inputs[int(self.file_no[i])].unchanged(InputFile.stat(self.path_of(i))):
                 raise
             got, data = -1, b""
         if got != size or (start == 0 and data[:1] != b">"):
@@ -226,19 +226,19 @@ class SequenceIndex:
         if not self._stat_unchanged(int(self.file_no[i])):
             hint = ("No row was computed from it. Restore the file as it was when the run started, or start a new "
                     "run on the file as it is now")
-        else:   # an edit that kept the file's size and mtime: a cached index of it still looks current
+        else:   # an edit that kept every time stat shows (coarse times): its cached index looks current
             hint = ("No row was computed from it. Restore the file as it was when it was indexed; or, to use it as "
-                    "it is now, index it anew with `run_shards index --rebuild FILE` (its size and modification "
-                    "time are as they were, so its cached index looks current) and start a new run on it (in "
+                    "it is now, index it anew with `run_shards index --rebuild FILE` (its size and times are "
+                    "as they were, so its cached index looks current) and start a new run on it (in "
                     "another --out where a run was planned on the old text)")
         raise InputChanged(self.path_of(i), f"the file changed after it was indexed: record {i + 1:,} (at byte "
                            f"{int(self.offsets[i]):,}) no longer holds the text the index describes (an edit in "
                            "place, same length)", seq_id=self.id(i), hint=hint)
 
     def _stat_unchanged(self, k: int) -> bool:
-        """Whether input k still has the size and modification time it was indexed with."""
+        """Whether input k still shows the size, times and inode it was indexed with (input_file.py)."""
         try:
-            return InputFile.stat(self.inputs[k].path).state == self.inputs[k].state
+            return self.inputs[k].unchanged(InputFile.stat(self.inputs[k].path))
         except OSError:
             return False
 
@@ -447,7 +447,7 @@ class SequenceIndex:
         """Write atomically (temporary name, fsync, rename), with bounded memory. With `world`, also the
         stride table of a run of that many shards (stride.py), which its workers read: of every record, or
         of the records `only` keeps (those a run computes, the others being copied)."""
-        header = {"inputs": [vars(f) for f in self.inputs], "meta": self.meta}
+        header = {**input_file.to_header(self.inputs), "meta": self.meta}
         table = contextlib.nullcontext([]) if world is None else \
             stride_table.parts(self, world, os.path.dirname(os.path.abspath(os.fspath(path))), only)
         with table as extra:
@@ -470,7 +470,7 @@ class SequenceIndex:
             if stride_names:
                 mapped.verify(stride_names, mapped.header["stride"]["crc32"], "checksum mismatch in the stride table")
         arrays = {n: mapped.array(n) for n in names}
-        inputs = [InputFile(**f) for f in mapped.header["inputs"]]
+        inputs = input_file.from_header(mapped.header)
         index = cls(inputs, meta=mapped.header.get("meta", {}), **arrays)
         index._mapped, index._crc, index._loaded = mapped, int(mapped.header["crc32"]), dict(arrays)
         if "stride" in mapped.header:
@@ -488,8 +488,8 @@ class SequenceIndex:
                 if f.content_crc32 is not None and f.content_crc32 != legacy_content_crc32(f.path)]
 
     def stat_changes(self) -> list[str]:
-        """Inputs whose size or modification time moved since indexing, each with what moved (empty when
-        every file still has the recorded size and mtime)."""
+        """Inputs whose size, modification time, change time or inode moved since indexing, each with what moved
+        (empty when every file still has what was recorded: input_file.py)."""
         changes = []
         for f in self.inputs:
             try:
@@ -497,10 +497,9 @@ class SequenceIndex:
             except OSError as e:
                 changes.append(f"{f.path}: {e.strerror.lower() if e.strerror else e}")
                 continue
-            if now.size != f.size:
-                changes.append(f"{f.path}: size changed from {f.size} to {now.size} bytes")
-            elif now.mtime_ns != f.mtime_ns:
-                changes.append(f"{f.path}: modified since it was indexed")
+            change = f.change(now)
+            if change:
+                changes.append(f"{f.path}: {change}")
         return changes
 
     def records_changed(self) -> str | None:

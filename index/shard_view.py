@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from . import index_file
-from .input_file import InputFile
+from .input_file import from_header
 from .sequence_index import READABLE_VERSIONS, SequenceIndex
 from .stride import FIELDS
 
@@ -51,7 +51,7 @@ def open_stride(path: str | os.PathLike, rank: int, world: int):
     keys = positions[by]
     index = SequenceIndex.__new__(SequenceIndex)
     small = {n: mapped.array(n) for n in ("bgzf_blocks", "bgzf_spans", "length_values", "length_counts")}
-    index.__dict__.update(inputs=[InputFile(**f) for f in mapped.header["inputs"]], meta=mapped.header.get("meta", {}),
+    index.__dict__.update(inputs=from_header(mapped.header), meta=mapped.header.get("meta", {}),
                           order=None, id_offsets=None, id_blob=None, _texts={}, _mapped=mapped, _crc=None, _loaded={},
                           stride=None, positions=positions, _count=int(mapped.header["count"]), **small)
     for f in FIELDS:

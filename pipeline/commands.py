@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Sequence, Union
 
+from index import lasting_path
+
 from . import api
 from .api import NotMerged
 from .config import RunConfig, check_value, default_of, field_type, misplaced, option_name, option_of
@@ -66,7 +68,7 @@ def run_config(fasta: Paths, out: str | os.PathLike = "run_shards_out", gpus: in
             except ValueError:
                 raise UserError(f"{option_name(name)} {value!r}: each comma-separated value must be "
                                 f"{'a whole number' if field_type(name) is int else 'a number'}") from None
-    return RunConfig(fasta=[os.path.abspath(p) for p in _paths(fasta)], out=str(out), devices=gpu_ids, workers=workers,
+    return RunConfig(fasta=[lasting_path(p) for p in _paths(fasta)], out=str(out), devices=gpu_ids, workers=workers,
                      threads_per_worker=threads, **settings)
 
 

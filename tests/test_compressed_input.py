@@ -229,3 +229,35 @@ def test_run_refusals_name_the_gz_not_its_copy(tmp_path):
     assert res.returncode == 2 and f"1 record(s) have no residues: {gz}:5 'e'." in res.stderr, res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and str(tmp_path / "cache") not in errors[0] and "Traceback" not in res.stderr
+
+
+def test_gzip_with_a_read_only_cache_is_refused_naming_the_cache(plain, tmp_path):
+    """The cache on a read-only mount: a .gz cannot get its decompressed copy. The refusal names the .gz, the
+    cache and both ways out (it said "Run the command where the run directory is mounted read-write", of a run
+    directory that was writable), and the plain file its hint makes runs with that cache."""
+    import os
+    import shlex
+    from .run_helpers import skip_or_fail
+    if os.geteuid() != 0:
+        skip_or_fail("a read-only bind mount needs root")
+    gz = tmp_path / "p.fasta.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    real, cache = tmp_path / "real", tmp_path / "cache"
+    real.mkdir()
+    cache.mkdir()
+    if subprocess.run(["mount", "--bind", str(real), str(cache)], capture_output=True).returncode != 0:
+        skip_or_fail("cannot bind-mount here")
+    try:
+        assert subprocess.run(["mount", "-o", "remount,ro,bind", str(cache)], capture_output=True).returncode == 0
+        env = {"RUN_SHARDS_CACHE": str(cache)}
+        res = run_cli(str(gz), "--out", str(tmp_path / "out"), "--gpus", "0", "--no-progress", env=env)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"error: {gz}: cannot write its decompressed copy into {cache / 'decompressed'} (Read-only file " \
+               "system)" in res.stderr and "Point RUN_SHARDS_CACHE at a folder you can write" in res.stderr, res.stderr
+        assert "run directory" not in res.stderr
+        hint = res.stderr.split("from htslib): ")[1].strip()
+        assert subprocess.run(["bash", "-c", hint], capture_output=True).returncode == 0, hint
+        res = run_cli("index", shlex.split(hint)[-1], env=env)
+        assert res.returncode == 0 and "records: 30" in res.stdout, res.stderr
+    finally:
+        subprocess.run(["umount", str(cache)], capture_output=True)

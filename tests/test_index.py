@@ -438,3 +438,177 @@ def test_duplicate_ids_found_in_large_indexes_in_both_halves_of_the_hash_range()
     assert np.array_equal(h, id_hashes(blob, offsets, chunk_bytes=64))   # chunking changes nothing
     repeated = set(_repeated_values(h).tolist())
     assert repeated == {int(h[5]), int(h[69999]), int(h[35000])}
+
+
+# ------------------------------------------------------------------ edits the size and mtime do not show
+def _same_size_edit(text: bytes) -> bytes:
+    """`text` with the first two residues of its first record swapped (same size, same layout)."""
+    first = text.index(b"\n") + 1
+    edited = text[:first] + text[first + 1:first + 2] + text[first:first + 1] + text[first + 2:]
+    assert edited != text and len(edited) == len(text)
+    return edited
+
+
+def test_cache_sees_an_edit_that_keeps_size_and_mtime(tmp_path, caplog):
+    """An edit written in place with the mtime set back (`touch -r`), and another file of the same size and
+    mtime renamed into place (`mv`): the cache is not reused, the index holds the text as it is now (the cache
+    compared size and mtime alone and gave the old text's index, as current)."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n>b\nMMKL\n")
+    old, reused = load_or_build([fasta])
+    assert not reused
+    st = os.stat(fasta)
+    with open(fasta, "r+b") as fh:   # written in place: the same inode
+        fh.write(_same_size_edit(fasta.read_bytes()))
+    os.utime(fasta, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(fasta).st_size, os.stat(fasta).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    with caplog.at_level("INFO"):
+        index, reused = load_or_build([fasta])
+    assert not reused and "stale" in caplog.text
+    assert index.sequence(0) == "CADEFG"
+
+    other = tmp_path / "other.fasta"
+    other.write_bytes(b">a\nACDEFG\n>b\nWWKL\n")
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, fasta)
+    assert (os.stat(fasta).st_size, os.stat(fasta).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    index, reused = load_or_build([fasta])
+    assert not reused and [index.sequence(0), index.sequence(1)] == ["ACDEFG", "WWKL"]
+    again, reused = load_or_build([fasta])
+    assert reused   # (and while nothing changes, it is reused)
+
+
+def test_a_run_index_tells_an_edit_that_keeps_size_and_mtime(tmp_path):
+    """What `rerun`, a continued run and the check before the merge ask (`records_changed`): an edit with the
+    mtime set back is found (it was accepted unread, so a rerun merged rows of the old text as the file's)."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n>b\nMMKL\n")
+    index = SequenceIndex.build([fasta])
+    assert index.records_changed() is None
+    st = os.stat(fasta)
+    text = fasta.read_bytes()
+    with open(fasta, "r+b") as fh:
+        fh.write(_same_size_edit(text))
+    os.utime(fasta, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = index.records_changed()
+    assert changed is not None and "its size and modification time are as they were" in changed \
+        and "the contents of" in changed, changed
+    with open(fasta, "r+b") as fh:   # restored: the same bytes, only touched
+        fh.write(text)
+    assert index.records_changed() is None
+
+
+def test_index_of_a_file_from_before_change_times_compares_what_it_recorded(tmp_path):
+    """A run planned before the change time and inode were recorded is not refused for lacking them."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n")
+    index = SequenceIndex.build([fasta])
+    f = index.inputs[0]
+    old = sequence_index.InputFile(f.path, f.size, f.mtime_ns)
+    assert old.unchanged(sequence_index.InputFile.stat(fasta))
+    index.inputs = [old]
+    assert index.stat_changes() == [] and index.records_changed() is None
+
+
+def test_an_index_header_keeps_its_inputs_as_older_versions_read_them(tmp_path):
+    """The change time and inode sit beside the header's "inputs", whose entries keep the fields an older
+    run_shards builds its InputFile from (with them inside, it failed with a TypeError on a newer run
+    directory); they are read back."""
+    from index import index_file
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n")
+    index = SequenceIndex.build([fasta])
+    index.save(tmp_path / "saved.rsidx")
+    header = index_file.Mapped(tmp_path / "saved.rsidx", sequence_index.READABLE_VERSIONS).header
+    assert [set(f) for f in header["inputs"]] == [{"path", "size", "mtime_ns", "content_crc32"}]
+    st = os.stat(fasta)
+    assert [(f.ctime_ns, f.inode) for f in SequenceIndex.load(tmp_path / "saved.rsidx").inputs] == \
+        [(st.st_ctime_ns, st.st_ino)]
+
+
+def test_gzip_replaced_by_one_of_the_same_size_and_mtime_is_decompressed_again(tmp_path):
+    """A plain .gz renamed over by another of the same size and mtime: its decompressed copy (and the index of
+    it) was reused, so the run computed the old sequences under the new file's name."""
+    import gzip
+    path, other = tmp_path / "in.fasta.gz", tmp_path / "new.fasta.gz"
+    text = b">a\nACDEFG\n>b\nMMKL\n"
+    path.write_bytes(gzip.compress(text, compresslevel=0, mtime=0))   # stored: the size follows the text's
+    old, _ = load_or_build([path])
+    assert old.sequence(0) == "ACDEFG"
+    other.write_bytes(gzip.compress(_same_size_edit(text), compresslevel=0, mtime=0))
+    st = os.stat(path)
+    assert os.stat(other).st_size == st.st_size
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, path)
+    index, reused = load_or_build([path])
+    assert not reused and index.sequence(0) == "CADEFG"
+
+
+def test_a_file_appended_to_while_it_is_indexed_is_refused(tmp_path, monkeypatch):
+    """Another process appends records while the scan runs (here, after its first piece): the index would
+    miss them (and cut a record being written), yet the stat taken after the scan made it look current, so the
+    cache gave it to every later run. Now the build is refused, naming the file and what to do."""
+    from index import build
+    fasta = tmp_path / "growing.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n>b\nMMKL\n>c\nMKV")   # record c is being written
+
+    class Appended(build.ScanStream):
+        def __iter__(self):
+            for k, piece in enumerate(super().__iter__()):
+                if k == 0:
+                    with open(fasta, "ab") as fh:
+                        fh.write(b"LLWW\n>d\nPPPP\n")
+                yield piece
+    monkeypatch.setattr(build, "ScanStream", Appended)
+    with pytest.raises(FastaError, match=r"growing\.fasta: the file changed while it was being indexed \(size "
+                                         r"changed from 24 to 37 bytes\)\. Something is still writing it"):
+        load_or_build([fasta])
+    monkeypatch.undo()
+    index, reused = load_or_build([fasta])   # (no index was cached from the scan)
+    assert not reused and index.ids() == ["a", "b", "c", "d"] and index.sequence(2) == "MKVLLWW"
+
+
+def test_a_pipe_is_refused_with_what_to_do(tmp_path):
+    """`run_shards index <(zcat x.gz)` (or `cat x | run_shards index /dev/stdin`): a clear refusal, not a
+    traceback ending in "Illegal seek"."""
+    import shutil
+    import subprocess
+    import sys
+    from .tiny_models import REPO
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash for a process substitution")
+    fasta = tmp_path / "in.fasta"
+    fasta.write_bytes(b">a\nACDEFG\n")
+    cli = f"{sys.executable} {REPO / 'bin' / 'run_shards'}"
+    for line in (f"{cli} index <(cat {fasta})", f"cat {fasta} | {cli} index /dev/stdin"):
+        res = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert re.search(r"/dev/\S+: is a pipe, not a file: .*Save the FASTA to a file and pass its path",
+                         res.stderr), res.stderr
+    res = subprocess.run(["bash", "-c", f"{cli} index /dev/stdin < {fasta}"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "records: 1" in res.stdout, res.stderr   # (a file on standard input is one)
+
+
+def test_a_file_on_standard_input_is_recorded_by_its_own_path(tmp_path):
+    """`run_shards run /dev/stdin < in.fasta`: the run records in.fasta, which `rerun` (with another standard
+    input) and workers elsewhere can open; it recorded /dev/stdin, so a later `rerun` read its own standard
+    input and refused the run as changed ("size changed from N to 0 bytes")."""
+    import json
+    import subprocess
+    import sys
+    from .tiny_models import REPO
+    fasta, out = tmp_path / "in.fasta", tmp_path / "out"
+    fasta.write_bytes(b">a\nACDEFG\n>b\nMMKL\n>c\nWWW\n")
+    cli = [sys.executable, str(REPO / "bin" / "run_shards")]
+    with open(fasta, "rb") as stdin:
+        res = subprocess.run([*cli, "run", "/dev/stdin", "--out", str(out), "--gpus", "0", "--workers", "1",
+                              "--shards", "2", "--no-progress"], stdin=stdin, capture_output=True, text=True,
+                             timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((out / "manifest.json").read_text())["config"]["fasta"] == [str(fasta)]
+    (out / "result.h5").unlink()
+    (out / "shards" / "shard_1.h5").unlink()
+    res = subprocess.run([*cli, "rerun", str(out), "--no-progress"], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0 and (out / "result.h5").exists(), res.stderr

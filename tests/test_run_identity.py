@@ -10,8 +10,9 @@ run's):
 - a continued run compares settings as they resolved (the model's path however written, the defaults that
   `auto` becomes), and a real change is refused with commands that work;
 - no output option may name a file the run reads;
-- a stale index cache (an edit keeping size and mtime) is indexed anew by a new run, and the refusal where
-  it cannot be names `run_shards index --rebuild`;
+- an edit keeping size and mtime is seen (its change time moved) by the index cache and by `rerun`; a stale
+  cache that looks current even so is indexed anew by a new run, and the refusal where it cannot be names
+  `run_shards index --rebuild`;
 - `status`, `get` and the --reuse refusal say the truth about what is durable, missing or the cause.
 """
 from __future__ import annotations
@@ -278,9 +279,12 @@ def test_output_options_never_name_a_file_the_run_reads(models, tmp_path):
 
 # ----------------------------------------------------------------------------------------- 8. the index cache
 def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, models, tmp_path):
-    """An edit keeping the file's size and mtime: `run_shards index` keeps the stale cache, a brand-new run
-    sees a record's checksum differ and indexes the file anew (its rows are the edited sequences'), and
-    `index --rebuild` rebuilds; reading a stale index names that command."""
+    """An edit keeping the file's size and mtime: its change time moved, so `run_shards index` builds anew. Where
+    a file system's coarse times keep even that (here: the cache written again with the old text's records
+    under the file's stat as it is now), a brand-new run sees a record's checksum differ and indexes the file
+    anew (its rows are the edited sequences'), and `index --rebuild` rebuilds; reading a stale index names
+    that command."""
+    from index import InputFile, cache_path
     path = tmp_path / "edited.fasta"
     shutil.copy(fasta, path)
     assert run_cli("index", str(path)).returncode == 0
@@ -292,6 +296,9 @@ def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, mod
     assert edited != text
     path.write_text(edited)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert "index: built" in run_cli("index", str(path)).stdout
+    stale.inputs = [InputFile.stat(path)]   # what a file system with coarse times would show
+    stale.save(cache_path([path]))
     assert "index: reused cached" in run_cli("index", str(path)).stdout
     with pytest.raises(InputChanged, match=r"run_shards index --rebuild \S+edited\.fasta"):
         stale.sequence(0)
@@ -304,6 +311,41 @@ def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, mod
         digests = [bytes(d) for d in f["sequence_digest"][:]]
     assert digests == [hashlib.blake2b(fresh.sequence(i).encode(), digest_size=16).digest() for i in range(len(fresh))]
     assert "index: built" in run_cli("index", "--rebuild", str(path)).stdout
+
+
+def test_rerun_refuses_an_edit_that_kept_size_and_mtime(fasta, models, tmp_path):
+    """A finished shard holds a record's row; the record is then edited in place with the mtime set back, and
+    another shard is computed again: `rerun` refuses, naming the change and both ways out (it merged the old
+    text's row as the file's, the file's size and mtime being as they were)."""
+    path, out = tmp_path / "in.fasta", tmp_path / "out"
+    shutil.copy(fasta, path)
+    res = run_cli(str(path), "--out", str(out), "--model", models["esm"], "--shards", "2", *COMMON)
+    assert res.returncode == 0, res.stderr
+    (out / "result.h5").unlink()
+    (out / "shards" / "shard_1.h5").unlink()
+    index = SequenceIndex.load(out / "index.rsidx")
+    i = int(index.stride_shard(0, 2)[0])   # a record of the finished shard 0
+    at = int(index.offsets[i])
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    residue = data.index(b"\n", at) + 1
+    data[residue] = ord("W") if data[residue] != ord("W") else ord("A")
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 2 and "the input FASTA no longer matches this run" in res.stderr, res.stderr
+    assert f"the contents of {path} differ" in res.stderr and not (out / "result.h5").exists()
+    suggested = suggested_commands(res.stderr)
+    assert [c[:2] for c in suggested] == [["rerun", str(out)], ["run", str(path)]], suggested
+    res = run_cli(*suggested[1], "--no-progress")   # the new run on the file as it is now: its rows are the edit's
+    assert res.returncode == 0, res.stderr
+    with h5py.File(tmp_path / "out-2" / "result.h5") as f:
+        assert bytes(f["sequence_digest"][i]) == hashlib.blake2b(SequenceIndex.build([path]).sequence(i).encode(),
+                                                                 digest_size=16).digest()
+    shutil.copy(fasta, path)   # restored (another inode's bytes copied in: its times moved): the rerun goes on
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0 and (out / "result.h5").exists(), res.stderr
 
 
 # ----------------------------------------------------------------------------------------- 10. the truth
