@@ -37,6 +37,7 @@ class ShardProcess:
     slot: str
     context: object
     conn: multiprocessing.connection.Connection
+    pid: int = 0
     exitcode: int | None = None
     reason: str = ""            # the worker's own error message, or why run_shards stopped it
     killed_for: str = ""        # why run_shards signalled it, if it did
@@ -131,8 +132,8 @@ class Supervisor:
         spawned = self.early.take(slot, rank) if self.early is not None else None
         early = spawned is not None
         spawned = spawned or spawn_worker(self.run, rank, slot, self.gpu, self.threads)
-        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn))
         pid = spawned.context.processes[0].pid
+        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn, pid))
         if self.interrupted:   # a stop signal came while it spawned: it stops too
             self.active[-1].killed_for = f"run_shards received {self.interrupted} and asked it to stop"
             _kill(pid, signal.SIGTERM)
@@ -155,7 +156,7 @@ class Supervisor:
             for p in self.active:
                 p.killed_for = f"a second stop signal ({name}): killed at once, without a final checkpoint"
                 self.killed_at_once.append(p.rank)
-                _kill(p.process.pid, signal.SIGKILL)
+                _kill(p.pid, signal.SIGKILL)
             return
         if self.interrupted:   # schedulers repeat SIGTERM (to the batch script and to every process of the job)
             log.info("%s again: the workers are already writing their final checkpoints", name)
@@ -169,7 +170,7 @@ class Supervisor:
             events.append(self.run.events_path(p.rank), "stop", signal=name, by="parent")
             self._append_to_worker_log(p, "WARNING", f"run_shards received {name}: asking this worker (SIGTERM) "
                                                      "to write a final checkpoint and stop")
-            _kill(p.process.pid, signal.SIGTERM)
+            _kill(p.pid, signal.SIGTERM)
 
     def wait(self) -> list[ShardProcess]:
         """Run every shard; returns them with exit codes (0 = finished)."""
@@ -230,6 +231,9 @@ class Supervisor:
             self._drain(p)   # its last messages say why it ended
             p.exitcode = code
             p.conn.close()
+            # Its two spawn pipes stay open until the process object is closed: kept open, a run of many
+            # shards ran out of file descriptors after about (limit - 20) / 2 of them (`ulimit -n`).
+            p.process.close()
             self.active.remove(p)
             self.finished.append(p)
             if code == 0:
@@ -249,9 +253,9 @@ class Supervisor:
     def _tell_worker_log(self, p: ShardProcess) -> None:
         """A worker that was killed cannot say so in its own log and events (or, killed while starting, wrote
         none): the parent appends how it ended, so `worker_N.log` and `events_N.jsonl` tell the whole story."""
-        self._append_to_worker_log(p, "ERROR", f"the worker (pid {p.process.pid}) ended: {p.summary}")
+        self._append_to_worker_log(p, "ERROR", f"the worker (pid {p.pid}) ended: {p.summary}")
         events.append(self.run.events_path(p.rank), "end", code=p.exitcode, explanation=p.explanation,
-                      reason=p.reason, by="parent", pid=p.process.pid)
+                      reason=p.reason, by="parent", pid=p.pid)
 
     def _append_to_worker_log(self, p: ShardProcess, level: str, text: str) -> None:
         """One whole line (O_APPEND), so it never lands inside a line of the worker's own."""
@@ -277,10 +281,10 @@ class Supervisor:
                     else "); killed as hung"
                 p.killed_for = p.reason
                 self.board.note(f"shard {p.rank}: {p.reason}", logging.ERROR)
-                _kill(p.process.pid, signal.SIGTERM)
+                _kill(p.pid, signal.SIGTERM)
                 p.kill_at = now + KILL_GRACE_SECONDS
             elif p.kill_at is not None and now > p.kill_at:
-                _kill(p.process.pid, signal.SIGKILL)
+                _kill(p.pid, signal.SIGKILL)
                 p.kill_at = float("inf")
 
 
