@@ -82,11 +82,21 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def free_out(root: Path) -> str:
-    """A sibling of `root` that does not exist yet (`OUT-2`, `OUT-3`, ...), for messages that suggest one."""
+    """A sibling of `root` that does not exist yet (`OUT-2`, `OUT-3`, ...), for messages that suggest one; where
+    OUT's name is as long as a name may be (NAME_MAX), the end of the name gives way to the number."""
+    root = Path(root)
+    try:
+        longest = os.pathconf(root.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
     k = 2
-    while Path(f"{root}-{k}").exists():
+    while True:
+        suffix = f"-{k}".encode()
+        name = root.name.encode()[:longest - len(suffix)].decode(errors="ignore")   # (whole characters only)
+        candidate = root.with_name(name + suffix.decode())
+        if not candidate.exists():
+            return str(candidate)
         k += 1
-    return f"{root}-{k}"
 
 
 def describe_holder(holder: dict) -> str:
