@@ -43,6 +43,7 @@ class ShardProcess:
     killed_for: str = ""        # why run_shards signalled it, if it did
     kill_at: float | None = None
     holder: dict = field(default_factory=dict)   # EXIT_SHARD_BUSY: who holds the shard's lock
+    unlogged: bool = False      # it ended before writing its log (while starting)
 
     @property
     def process(self):
@@ -50,6 +51,9 @@ class ShardProcess:
 
     @property
     def explanation(self) -> str:
+        if self.unlogged and (self.exitcode or 0) > 0:   # ("see its log" would send the user to no file)
+            return (f"exit code {self.exitcode} while starting, before it wrote its log: what it printed is in "
+                    "run_shards' standard error (the terminal, or the job's output file)")
         return explain_exit(self.exitcode, self.killed_for if (self.exitcode or 0) < 0 else "")
 
     @property
@@ -245,7 +249,12 @@ class Supervisor:
             elif code == EXIT_INTERRUPTED:
                 self.board.note(f"shard {p.rank} stopped at its final checkpoint", logging.WARNING)
             else:
+                # A C library that exits the process while the worker starts (libgomp, when `ulimit -u` leaves
+                # it no thread) leaves no log: the parent starts it with how the worker ended.
+                p.unlogged = code > 0 and not self.run.worker_log(p.rank).exists()
                 self.board.note(f"shard {p.rank} stopped: {p.summary}", logging.ERROR)
+                if p.unlogged:
+                    self._tell_worker_log(p)
                 if code < 0:   # killed: it could not say so itself, nor remove what it was writing
                     self._tell_worker_log(p)
                     ShardLock(self.run, p.rank).if_free(lambda: self.run.remove_shard_temporaries(p.rank))
