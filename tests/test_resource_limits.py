@@ -196,3 +196,22 @@ def test_a_worker_that_dies_before_its_log_is_not_sent_to_its_log(fasta, models)
         assert res.returncode == 0, res.stderr[-3000:]
     finally:
         shutil.rmtree(top)
+
+
+def test_get_and_export_to_a_full_disk_name_the_file(reference_run, tmpfs):
+    """`get -o` and `export -o` onto a full disk said "cannot write a file": the file is named, nothing partial
+    is left, and after freeing space the same command writes it."""
+    disk = tmpfs.mount("1m")
+    filler = tmpfs.fill(disk)
+    first_id = read(reference_run / "result.h5")["ids"][0].decode()
+    commands = [["get", str(reference_run), first_id, "-o", str(disk / "rows.tsv")],
+                ["export", str(reference_run), "--format", "parquet", "-o", str(disk / "all.parquet")]]
+    for args in commands:
+        res = run_cli(*args)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"cannot write {args[-1]}: no space left on the device" in res.stderr, res.stderr
+    assert [p.name for p in disk.iterdir()] == ["filler"]
+    filler.unlink()
+    for args in commands:
+        assert run_cli(*args).returncode == 0
+        assert Path(args[-1]).stat().st_size > 0

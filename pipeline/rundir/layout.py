@@ -69,8 +69,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         fsync_path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:   # a write to an open file names none: the message
+            e.filename = str(path)                           # says which file could not be written
         raise
     fsync_path(path.parent)
 
