@@ -41,6 +41,16 @@ class Column:
         if not self._fh.closed:
             self._fh.close()
 
+    def discard(self) -> None:
+        """Close the file whose data is being thrown away (the build ended, or failed). On a full disk the
+        flush of its last buffered write fails again as it closes: that must not keep the spill folder from
+        being removed, nor hide the error that ended the build."""
+        try:
+            self.close()
+        except OSError:
+            if not self._fh.closed:   # (closed now whatever the flush did: CPython closes the descriptor)
+                raise
+
     def chunks(self, step: int = _CHUNK, dtype=None) -> Iterator[np.ndarray]:
         self.close()
         with open(self.path, "rb") as fh:
@@ -159,9 +169,11 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
         index_file.write(target, FORMAT_VERSION, n, parts, {
             **input_file.to_header(inputs), "meta": {"duplicate_groups": groups}})
     finally:
-        for c in locals().get("cols", {}).values():
-            c.close()
-        release(root)
+        try:
+            for c in locals().get("cols", {}).values():
+                c.discard()
+        finally:
+            release(root)
 
 
 def check_regular(paths: Sequence[str | os.PathLike]) -> None:

@@ -84,7 +84,7 @@ def _run_step(fn, *args, **kwargs):
 
     from index import FastaError
 
-    from .errors import RunFailed, RunInterrupted, UserError, disk_full_reason
+    from .errors import RunFailed, RunInterrupted, UserError, disk_full_reason, permission_reason, too_many_files_reason
     from .exits import EXIT_CLI_INTERRUPTED, EXIT_COMMAND_FAILED
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, _raise_interrupted)
@@ -105,8 +105,15 @@ def _run_step(fn, *args, **kwargs):
         if reason:
             _fail(f"cannot write {e.filename or 'a file'}: {reason}. Nothing partial was kept; free space and run "
                   "the same command again")
+        many = too_many_files_reason(e)
+        if many:
+            _fail(f"cannot open {e.filename or 'a file'}: {many}. Raise the limit (`ulimit -n`) and run the same "
+                  "command again")
         if e.filename is None or e.errno not in UNREACHABLE_FILE_ERRNOS:
             raise
+        denied = permission_reason(e)
+        if denied:   # another user's file: neither a mount nor the command is at fault
+            _fail(f"cannot use {e.filename}: {denied}")
         # A run directory that vanished or turned read-only under the command (an unmounted or remounted
         # shared file system): the path and the cause, not a traceback.
         _fail(f"cannot use {e.filename}: {e.strerror}. Run the command where the run directory is mounted "

@@ -55,6 +55,36 @@ def disk_full_reason(error: BaseException) -> str | None:
     return None
 
 
+def permission_reason(error: BaseException) -> str | None:
+    """For a file refused by its permissions (EACCES, EPERM): whose it is, its mode, who asks and what to do;
+    else None. Another user's run directory made under `umask 077` (files rw-------) is read by status, get
+    or report only after its owner opens it to others, whatever file system holds it."""
+    import errno
+    import os
+    import pwd
+    import stat
+    if getattr(error, "errno", None) not in (errno.EACCES, errno.EPERM) or not getattr(error, "filename", None):
+        return None
+    path = os.path.abspath(os.fspath(error.filename))
+    while not os.path.lexists(path) and os.path.dirname(path) != path:   # a file it could not create
+        path = os.path.dirname(path)
+
+    def user(uid: int) -> str:
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return f"uid {uid}"
+    try:
+        info = os.stat(path)
+    except OSError:   # (a folder above it cannot be searched: say what the system said)
+        return f"permission denied, and {path} cannot be examined by {user(os.geteuid())}"
+    owner, me = user(info.st_uid), user(os.geteuid())
+    what = "folder" if stat.S_ISDIR(info.st_mode) else "file"
+    return (f"permission denied: the {what} {path} belongs to {owner} (mode {stat.filemode(info.st_mode)[1:]}) "
+            f"and this command runs as {me}. Ask {owner} to open it to you (`chmod -R a+rX` on a run "
+            f"directory lets others read it), or run the command as {owner}")
+
+
 def ensure_space(directory, nbytes: int, what: str, remedy: str) -> None:
     """Refuse, before writing, a file whose data alone (`nbytes`, a lower bound of its size: output files are
     uncompressed) cannot fit on the disk holding `directory` or under RLIMIT_FSIZE.
@@ -74,6 +104,47 @@ def ensure_space(directory, nbytes: int, what: str, remedy: str) -> None:
     if soft != resource.RLIM_INFINITY and nbytes > soft:
         raise DiskFull(f"cannot write {what}: its data alone takes {human_bytes(nbytes)}, over this process's file "
                        f"size limit of {human_bytes(soft)} (the file size limit was reached; see ulimit -f). {remedy}")
+
+
+# Descriptors a step opens besides the files it holds many of (a merge: its result, spill files, the index).
+OPEN_FILES_BESIDES = 16
+
+
+def ensure_open_files(count: int, what: str, remedy: str) -> None:
+    """Make room to hold `count` files open at once (a merge holds every shard open) besides the command's
+    own: the soft limit on open files (`ulimit -n`, often 1024 where the hard one is far higher) is raised to
+    the hard limit when it is too low; past the hard limit, a clear error instead of opens that fail midway,
+    which called every shard that could not be opened corrupt."""
+    import os
+    import resource
+    try:   # those open now: its log, locks, the index maps, pipes (Linux lists them; elsewhere a guess)
+        now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        now = 32
+    needed = now + count + OPEN_FILES_BESIDES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:   # (all the hard limit allows: the margin is a guess)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
+        return
+    raise UserError(f"cannot open {what}: {count:,} files at once, and this process may hold at most {hard:,} "
+                    f"(the hard limit on open files, `ulimit -Hn`). {remedy}")
+
+
+def too_many_files_reason(error: BaseException) -> str | None:
+    """For an open refused by the limit on open files (EMFILE, or the system's ENFILE): the limit and what to
+    do; else None."""
+    import errno
+    import resource
+    code = getattr(error, "errno", None)
+    if code == errno.ENFILE:
+        return "the system's table of open files is full (other processes hold them)"
+    if code != errno.EMFILE:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (f"too many open files (this process's limit, `ulimit -n`, is {soft:,}; its hard limit is "
+            f"{'unlimited' if hard == resource.RLIM_INFINITY else f'{hard:,}'})")
 
 
 def human_bytes(n: float) -> str:

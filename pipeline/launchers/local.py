@@ -58,7 +58,8 @@ def launch(job: ShardJob) -> Launched:
     for p in stopped:
         run.record_failure(p.rank, run.new_failure(
             p.rank, p.exitcode, p.reason, p.killed_for if (p.exitcode or 0) < 0 else "",
-            interrupted=p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted)))
+            interrupted=p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted),
+            explanation=p.explanation if p.unlogged else ""))
     if stopped or supervisor.interrupted:
         raise run_stopped(failure_report(job, supervisor, stopped, launched), bool(supervisor.interrupted))
     if board.workers:

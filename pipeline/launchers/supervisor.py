@@ -37,11 +37,13 @@ class ShardProcess:
     slot: str
     context: object
     conn: multiprocessing.connection.Connection
+    pid: int = 0
     exitcode: int | None = None
     reason: str = ""            # the worker's own error message, or why run_shards stopped it
     killed_for: str = ""        # why run_shards signalled it, if it did
     kill_at: float | None = None
     holder: dict = field(default_factory=dict)   # EXIT_SHARD_BUSY: who holds the shard's lock
+    unlogged: bool = False      # it ended before writing its log (while starting)
 
     @property
     def process(self):
@@ -49,6 +51,9 @@ class ShardProcess:
 
     @property
     def explanation(self) -> str:
+        if self.unlogged and (self.exitcode or 0) > 0:   # ("see its log" would send the user to no file)
+            return (f"exit code {self.exitcode} while starting, before it wrote its log: what it printed is in "
+                    "run_shards' standard error (the terminal, or the job's output file)")
         return explain_exit(self.exitcode, self.killed_for if (self.exitcode or 0) < 0 else "")
 
     @property
@@ -131,8 +136,8 @@ class Supervisor:
         spawned = self.early.take(slot, rank) if self.early is not None else None
         early = spawned is not None
         spawned = spawned or spawn_worker(self.run, rank, slot, self.gpu, self.threads)
-        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn))
         pid = spawned.context.processes[0].pid
+        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn, pid))
         if self.interrupted:   # a stop signal came while it spawned: it stops too
             self.active[-1].killed_for = f"run_shards received {self.interrupted} and asked it to stop"
             _kill(pid, signal.SIGTERM)
@@ -155,7 +160,7 @@ class Supervisor:
             for p in self.active:
                 p.killed_for = f"a second stop signal ({name}): killed at once, without a final checkpoint"
                 self.killed_at_once.append(p.rank)
-                _kill(p.process.pid, signal.SIGKILL)
+                _kill(p.pid, signal.SIGKILL)
             return
         if self.interrupted:   # schedulers repeat SIGTERM (to the batch script and to every process of the job)
             log.info("%s again: the workers are already writing their final checkpoints", name)
@@ -169,7 +174,7 @@ class Supervisor:
             events.append(self.run.events_path(p.rank), "stop", signal=name, by="parent")
             self._append_to_worker_log(p, "WARNING", f"run_shards received {name}: asking this worker (SIGTERM) "
                                                      "to write a final checkpoint and stop")
-            _kill(p.process.pid, signal.SIGTERM)
+            _kill(p.pid, signal.SIGTERM)
 
     def wait(self) -> list[ShardProcess]:
         """Run every shard; returns them with exit codes (0 = finished)."""
@@ -230,6 +235,9 @@ class Supervisor:
             self._drain(p)   # its last messages say why it ended
             p.exitcode = code
             p.conn.close()
+            # Its two spawn pipes stay open until the process object is closed: kept open, a run of many
+            # shards ran out of file descriptors after about (limit - 20) / 2 of them (`ulimit -n`).
+            p.process.close()
             self.active.remove(p)
             self.finished.append(p)
             if code == 0:
@@ -241,7 +249,12 @@ class Supervisor:
             elif code == EXIT_INTERRUPTED:
                 self.board.note(f"shard {p.rank} stopped at its final checkpoint", logging.WARNING)
             else:
+                # A C library that exits the process while the worker starts (libgomp, when `ulimit -u` leaves
+                # it no thread) leaves no log: the parent starts it with how the worker ended.
+                p.unlogged = code > 0 and not self.run.worker_log(p.rank).exists()
                 self.board.note(f"shard {p.rank} stopped: {p.summary}", logging.ERROR)
+                if p.unlogged:
+                    self._tell_worker_log(p)
                 if code < 0:   # killed: it could not say so itself, nor remove what it was writing
                     self._tell_worker_log(p)
                     ShardLock(self.run, p.rank).if_free(lambda: self.run.remove_shard_temporaries(p.rank))
@@ -249,9 +262,9 @@ class Supervisor:
     def _tell_worker_log(self, p: ShardProcess) -> None:
         """A worker that was killed cannot say so in its own log and events (or, killed while starting, wrote
         none): the parent appends how it ended, so `worker_N.log` and `events_N.jsonl` tell the whole story."""
-        self._append_to_worker_log(p, "ERROR", f"the worker (pid {p.process.pid}) ended: {p.summary}")
+        self._append_to_worker_log(p, "ERROR", f"the worker (pid {p.pid}) ended: {p.summary}")
         events.append(self.run.events_path(p.rank), "end", code=p.exitcode, explanation=p.explanation,
-                      reason=p.reason, by="parent", pid=p.process.pid)
+                      reason=p.reason, by="parent", pid=p.pid)
 
     def _append_to_worker_log(self, p: ShardProcess, level: str, text: str) -> None:
         """One whole line (O_APPEND), so it never lands inside a line of the worker's own."""
@@ -277,10 +290,10 @@ class Supervisor:
                     else "); killed as hung"
                 p.killed_for = p.reason
                 self.board.note(f"shard {p.rank}: {p.reason}", logging.ERROR)
-                _kill(p.process.pid, signal.SIGTERM)
+                _kill(p.pid, signal.SIGTERM)
                 p.kill_at = now + KILL_GRACE_SECONDS
             elif p.kill_at is not None and now > p.kill_at:
-                _kill(p.process.pid, signal.SIGKILL)
+                _kill(p.pid, signal.SIGKILL)
                 p.kill_at = float("inf")
 
 

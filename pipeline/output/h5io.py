@@ -7,6 +7,7 @@ still verify counts and checksums, so a truncated or altered file is never trust
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -22,6 +23,11 @@ from ..rundir.layout import fsync_path
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
+
+
+# errnos of an open that failed for a reason outside the file: too many files open (this process's limit, the
+# system's table), no permission. Calling such a file corrupt would send `rerun` to compute it again.
+NOT_THE_FILES_FAULT = (errno.EMFILE, errno.ENFILE, errno.EACCES, errno.EPERM)
 
 
 class CorruptFile(Exception):
@@ -144,6 +150,11 @@ class Reader:
         except CorruptFile:
             self.close()
             raise
+        except OSError as e:
+            self.close()
+            if e.errno in NOT_THE_FILES_FAULT:   # the file may be fine: say why it could not be opened instead
+                raise OSError(e.errno, os.strerror(e.errno), str(self.path)) from None
+            raise CorruptFile(f"{self.path}: unreadable ({type(e).__name__}: {e})", [self.path]) from None
         except Exception as e:  # h5py raises OSError/KeyError/ValueError for damaged files
             self.close()
             raise CorruptFile(f"{self.path}: unreadable ({type(e).__name__}: {e})", [self.path]) from None

@@ -20,7 +20,7 @@ import numpy as np
 from index import SequenceIndex
 
 from ..advice import command
-from ..errors import DiskFull, MergeError, disk_full_reason, ensure_space
+from ..errors import DiskFull, MergeError, disk_full_reason, ensure_open_files, ensure_space
 from . import copy_plan, heap
 from .copy_plan import CopyPlan
 from .h5io import CorruptFile, Reader, Writer
@@ -42,6 +42,12 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
     world = manifest["world"]
     readers, not_ready = [], []
     sizes = index.shard_stats(world).sequences
+    # every shard is held open while the rows are merged (and, with --allow-partial, each checkpoint of one)
+    held = sum(1 for r in range(world) if run.shard_path(r).exists())
+    if allow_partial:
+        held += sum(len(list(run.parts_dir(r).glob("part_*.h5"))) for r in range(world) if run.parts_dir(r).is_dir())
+    ensure_open_files(held, f"the shards of {run.root}", "Raise it (`ulimit -Hn` as root, or ask your "
+                      f"administrator) and run `{command('merge', run.root)}`")
     try:
         for r in range(world):
             path = run.shard_path(r)

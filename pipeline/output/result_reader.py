@@ -65,6 +65,8 @@ class ResultFile:
             self.file = h5py.File(self.path, "r", rdcc_nbytes=0)
             self.schema = Schema.from_json(json.loads(self.file.attrs["schema"]))
             self.n = int(self.file.attrs["num_sequences"])
+        except PermissionError as e:   # not a damaged file: another user's, closed to others (HDF5 names no file)
+            raise PermissionError(e.errno, e.strerror, str(self.path)) from None
         except (OSError, KeyError, ValueError) as e:
             raise UserError(f"{self.path} is not a readable run_shards result ({type(e).__name__}: {e})") from None
         self.ids = IdIndex(self.file) if GROUP in self.file else None

@@ -69,8 +69,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         fsync_path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:   # a write to an open file names none: the message
+            e.filename = str(path)                           # says which file could not be written
         raise
     fsync_path(path.parent)
 
@@ -82,11 +84,21 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def free_out(root: Path) -> str:
-    """A sibling of `root` that does not exist yet (`OUT-2`, `OUT-3`, ...), for messages that suggest one."""
+    """A sibling of `root` that does not exist yet (`OUT-2`, `OUT-3`, ...), for messages that suggest one; where
+    OUT's name is as long as a name may be (NAME_MAX), the end of the name gives way to the number."""
+    root = Path(root)
+    try:
+        longest = os.pathconf(root.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
     k = 2
-    while Path(f"{root}-{k}").exists():
+    while True:
+        suffix = f"-{k}".encode()
+        name = root.name.encode()[:longest - len(suffix)].decode(errors="ignore")   # (whole characters only)
+        candidate = root.with_name(name + suffix.decode())
+        if not candidate.exists():
+            return str(candidate)
         k += 1
-    return f"{root}-{k}"
 
 
 def describe_holder(holder: dict) -> str:

@@ -1,0 +1,219 @@
+"""Limits a shared cluster sets, for real: the open-files limit (`ulimit -n`) of the child process, a full
+cache disk (a tmpfs mounted by the test: root only, skipped with the reason elsewhere, a failure under
+CI=true), and another user's run directory (a child that becomes `nobody`: root only likewise).
+"""
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .run_helpers import assert_same, env_with, read, skip_or_fail, suggested_commands
+from .tiny_models import REPO, run_cli
+
+
+def _open_files_limit(soft: int, hard: int | None = None):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard or resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    return apply
+
+
+def _run_limited(args, soft: int, hard: int | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), *args], capture_output=True, text=True,
+                          env=env_with(RUN_SHARDS_REPORT="0"), cwd=REPO, preexec_fn=_open_files_limit(soft, hard),
+                          timeout=600)
+
+
+def test_many_shards_under_a_low_open_files_limit(fasta, common, reference, tmp_path):
+    """24 shards through 2 worker slots under `ulimit -n 48`. Each finished worker's spawn pipes were kept open,
+    two descriptors a shard, so the parent died with "Too many open files" (a traceback) after about ten
+    shards; and the merge, which holds every shard open, called each shard it could not open "corrupt" and
+    sent the user to `rerun`. Now the run completes (the merge raises the soft limit to the hard one); under a
+    hard limit too low for the merge, it says so and names the command that merges once it is raised."""
+    out = tmp_path / "out"
+    res = _run_limited([fasta, "--out", str(out), *common, "--shards", "24"], soft=48)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert_same(read(out / "result.h5"), reference)
+
+    (out / "result.h5").unlink()
+    res = _run_limited(["merge", str(out)], soft=32, hard=32)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "corrupt" not in res.stderr and "rerun" not in res.stderr, res.stderr
+    assert "24 files at once, and this process may hold at most 32" in res.stderr, res.stderr
+    (command,) = [c for c in suggested_commands(res.stderr) if c[0] == "merge"]
+    res = run_cli(*command, env={"RUN_SHARDS_REPORT": "0"})
+    assert res.returncode == 0, res.stderr
+    assert_same(read(out / "result.h5"), reference)
+
+
+def test_an_index_cache_on_a_full_disk_keeps_no_spill_folder(fasta, tmpfs):
+    """The index cache's disk is full: the index is built elsewhere (a warning says so) and the cache keeps
+    nothing. The build's spill folder was left there, locked, after closing its files failed a second time
+    (the flush of a buffered write on the full disk) and skipped its removal."""
+    disk = tmpfs.mount("1m")
+    cache = disk / "cache"
+    filler = tmpfs.fill(disk)
+    res = run_cli("index", fasta, env={"RUN_SHARDS_CACHE": str(cache)})
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "could not write the index cache" in res.stderr
+    assert [p.name for p in (cache / "index").iterdir()] == []
+    filler.unlink()
+
+
+def _as_nobody(*args: str) -> tuple[int, str]:
+    """The CLI run in a forked child that has become user `nobody` (exit code, stderr). Forked rather than
+    started: the interpreter may live where nobody cannot reach it (a home of mode 700); every module the
+    command needs is imported before the fork, by the same command run as root."""
+    import pwd
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    nobody = pwd.getpwnam("nobody")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: nobody, stderr into the pipe, the command, its exit code
+        try:
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            result = CliRunner().invoke(main, list(args))
+            os.write(write_fd, result.output.encode())
+            os._exit(result.exit_code)
+        finally:
+            os._exit(99)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as fh:
+        text = fh.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), text
+
+
+def test_another_users_run_directory_names_its_owner(reference_run):
+    """A run directory made by root under `umask 077` (its files rw-------, its folders opened to others):
+    `status` and `get` by another user said "Permission denied. Run the command where the run directory is
+    mounted read-write" and "not a readable run_shards result", as if a mount or the file were at fault.
+    They name the file, its owner and mode, and what to do."""
+    if os.geteuid() != 0:
+        skip_or_fail("becoming another user needs root")
+    import pwd
+    import tempfile
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        skip_or_fail("this system has no user `nobody`")
+    top = Path(tempfile.mkdtemp(prefix="rs-nobody-"))   # (pytest's tmp_path lies in a folder of mode 700)
+    try:
+        _run_dir_of_root_read_by_nobody(reference_run, top / "out")
+    finally:
+        shutil.rmtree(top)
+
+
+def _run_dir_of_root_read_by_nobody(reference_run, out):
+    top = out.parent
+    top.chmod(0o755)
+    if any(not p.stat().st_mode & 0o001 for p in top.parents):
+        pytest.skip(f"a folder above {top} cannot be searched by other users")   # (this machine's layout)
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    shutil.copytree(reference_run, out)
+    for path in [out, *out.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o600)
+    first_id = read(out / "result.h5")["ids"][0].decode()
+    for args in (["status", str(out)], ["get", str(out), first_id]):
+        assert CliRunner().invoke(main, args).exit_code == 0    # as root: imports what the command needs
+        code, text = _as_nobody(*args)
+        assert code == 2 and "Traceback" not in text, text
+        assert "mounted read-write" not in text and "not a readable" not in text, text
+        assert "belongs to root (mode rw-------) and this command runs as nobody" in text, text
+        assert "run the command as root" in text, text
+
+
+def test_an_out_whose_name_is_as_long_as_names_go(fasta, common, tmp_path):
+    """An --out of 255 characters (NAME_MAX): every run ended in a traceback (File name too long: 'OUT-2')
+    before computing anything, as the run built the OUT-2 its advice on a changed checkpoint would name. The
+    run completes, and the sibling that advice names is one the file system takes."""
+    from pipeline.rundir.layout import free_out
+    out = tmp_path / ("o" * 255)
+    res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_REPORT": "0"})
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    sibling = Path(free_out(out))
+    assert sibling.parent == out.parent and sibling.name.endswith("-2") and len(sibling.name) == 255
+    sibling.mkdir()   # (the file system takes it)
+    assert free_out(out).endswith("-3")
+
+
+def test_a_worker_that_dies_before_its_log_is_not_sent_to_its_log(fasta, models):
+    """A process limit (`ulimit -u`) leaves a starting worker no thread: libgomp prints one line and exits the
+    process before the worker writes its log. The parent said "exit code 1 (it raised an error; see its log)"
+    of a log that did not exist, and status repeated it. Now the worker's log is started by the parent with
+    how it ended, and the message points at the standard error where the worker's last words went; `rerun`
+    without the limit finishes. (The limit binds only users other than root: the run is `nobody`'s.)"""
+    import pwd
+    import tempfile
+    if os.geteuid() != 0:
+        skip_or_fail("becoming another user needs root")
+    nobody = pwd.getpwnam("nobody")
+    top = Path(tempfile.mkdtemp(prefix="rs-nproc-"))
+    try:
+        top.chmod(0o777)
+        if any(not p.stat().st_mode & 0o001 for p in [*top.parents, *Path(sys.executable).resolve().parents]):
+            pytest.skip(f"{top} or {sys.executable} cannot be reached by other users")   # (this machine's layout)
+        shutil.copy(fasta, top / "in.fasta")
+        shutil.copytree(models["demo"], top / "demo")
+        for path in [top, *top.rglob("*")]:
+            path.chmod(0o777 if path.is_dir() else 0o644)
+        out = top / "out"
+        args = [str(top / "in.fasta"), "--out", str(out), "--model", str(top / "demo"), "--gpus", "0",
+                "--workers", "2", "--no-progress"]
+
+        def as_nobody(processes: int | None):
+            def apply():
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                if processes:
+                    resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+            return apply
+
+        env = env_with(RUN_SHARDS_REPORT="0", HOME=str(top), RUN_SHARDS_CACHE=str(top / "cache"))
+        cli = [sys.executable, str(REPO / "bin" / "run_shards")]
+        res = subprocess.run(cli + args, capture_output=True, text=True, env=env, cwd=top,
+                             preexec_fn=as_nobody(12), timeout=600)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        assert "see its log" not in res.stderr, res.stderr[-3000:]
+        assert "while starting, before it wrote its log" in res.stderr, res.stderr[-3000:]
+        for log in (out / "logs").glob("worker_*.log"):
+            assert "ended: exit code 1 while starting" in log.read_text()
+        status = subprocess.run(cli + ["status", str(out)], capture_output=True, text=True, env=env, cwd=top,
+                                preexec_fn=as_nobody(None), timeout=300)
+        assert "see its log" not in status.stdout and "while starting" in status.stdout, status.stdout
+        (command,) = [c for c in suggested_commands(res.stderr) if c[0] == "rerun"]
+        res = subprocess.run(cli + command, capture_output=True, text=True, env=env, cwd=top,
+                             preexec_fn=as_nobody(None), timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+    finally:
+        shutil.rmtree(top)
+
+
+def test_get_and_export_to_a_full_disk_name_the_file(reference_run, tmpfs):
+    """`get -o` and `export -o` onto a full disk said "cannot write a file": the file is named, nothing partial
+    is left, and after freeing space the same command writes it."""
+    disk = tmpfs.mount("1m")
+    filler = tmpfs.fill(disk)
+    first_id = read(reference_run / "result.h5")["ids"][0].decode()
+    commands = [["get", str(reference_run), first_id, "-o", str(disk / "rows.tsv")],
+                ["export", str(reference_run), "--format", "parquet", "-o", str(disk / "all.parquet")]]
+    for args in commands:
+        res = run_cli(*args)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"cannot write {args[-1]}: no space left on the device" in res.stderr, res.stderr
+    assert [p.name for p in disk.iterdir()] == ["filler"]
+    filler.unlink()
+    for args in commands:
+        assert run_cli(*args).returncode == 0
+        assert Path(args[-1]).stat().st_size > 0
