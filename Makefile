@@ -23,13 +23,19 @@ TORCH ?= torch==$(TORCH_VERSION)+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 endif
 
+# What the message of a failed CPU torch install suggests where PyTorch's CPU index cannot be reached (a firewall,
+# a mirror of PyPI alone): PyPI's build, with the PYTHON and VENV given to this make.
+TORCH_RETRY = $(strip TORCH=torch==$(TORCH_VERSION) $(foreach v,PYTHON VENV,$(if $(filter command line,$(origin $(v))),$(v)=$($(v)))))
+TORCH_HINT = Where $(TORCH_INDEX) cannot be reached, PyPI's CUDA build of torch (about 3 GB with its CUDA libraries; it runs on CPU too) does: make $(or $(MAKECMDGOALS),install) $(TORCH_RETRY)
+
 .PHONY: install demo test test-deps clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@echo "installing $(TORCH) (this machine: $(DEVICE); override with TORCH=...)"
 	$(BIN)/python -m pip install -q $(TORCH) 2>/dev/null || \
-		$(BIN)/python -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+		$(BIN)/python -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) || \
+		{ echo "error: pip could not install $(TORCH) into $(VENV) ($$($(BIN)/python -V)) from its indexes$(if $(TORCH_INDEX), or $(TORCH_INDEX)) (pip's message is above).$(if $(TORCH_INDEX), $(TORCH_HINT))" >&2; exit 1; }
 	$(BIN)/python -m pip install -q -e ".[test,ray,parquet]"
 	touch $@
 

@@ -163,3 +163,31 @@ def test_every_option_of_every_command_says_what_it_does():
     silent = [f"{name} {p.opts[0]}" for name, command in main.commands.items() for p in command.params
               if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip()]
     assert silent == []
+
+
+def test_a_failed_torch_install_says_what_to_run_where_pytorchs_index_cannot_be_reached(tmp_path):
+    """On a machine that reaches PyPI but not download.pytorch.org (Python 3.10, 3.12 and 3.13 here, whose
+    CPU wheel is not among pip's local ones), `make demo` ended in pip's bare `ResolutionImpossible`; it now
+    names the Python, the index it tried and the make command that installs PyPI's build instead. (A torch
+    requirement that no index can meet stands for the unreachable one: `--no-index` keeps pip offline.)"""
+    venv = tmp_path / "venv"
+    done = subprocess.run(["make", "demo", "DEVICE=cpu", f"VENV={venv}", f"PYTHON={sys.executable}",
+                           "TORCH=--no-index torch==0.0.0"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and not (venv / ".installed").exists()
+    (message,) = [line for line in done.stderr.splitlines() if line.startswith("error: pip could not install")]
+    version = "Python " + ".".join(map(str, sys.version_info[:3]))
+    assert f"({version})" in message and "https://download.pytorch.org/whl/cpu" in message, message
+    suggested = message.split(" does: ", 1)[1]
+    assert suggested == f"make demo TORCH=torch==2.13.0 PYTHON={sys.executable} VENV={venv}", message
+    plan = subprocess.run([*shlex.split(suggested.replace("make demo", "make -n demo DEVICE=cpu", 1))], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+    torch_line = next(line for line in plan.splitlines() if "pip install -q torch" in line)
+    assert "-q torch==2.13.0 2>" in torch_line and "+cpu" not in torch_line   # PyPI's build, no +cpu
+
+
+def test_a_failed_cuda_torch_install_suggests_nothing_it_cannot_know(tmp_path):
+    venv = tmp_path / "venv"
+    done = subprocess.run(["make", "install", "DEVICE=cuda", f"VENV={venv}", f"PYTHON={sys.executable}",
+                           "TORCH=--no-index torch==0.0.0"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    (message,) = [line for line in done.stderr.splitlines() if line.startswith("error: pip could not install")]
+    assert done.returncode != 0 and message.endswith("from its indexes (pip's message is above)."), message
