@@ -28,21 +28,21 @@ def _run_limited(args, soft: int, hard: int | None = None) -> subprocess.Complet
 
 
 def test_many_shards_under_a_low_open_files_limit(fasta, common, reference, tmp_path):
-    """24 shards through 2 worker slots under `ulimit -n 48`. Each finished worker's spawn pipes were kept open,
-    two descriptors a shard, so the parent died with "Too many open files" (a traceback) after about ten
-    shards; and the merge, which holds every shard open, called each shard it could not open "corrupt" and
+    """10 shards through 2 worker slots under `ulimit -n 32`. Each finished worker's spawn pipes were kept open,
+    two descriptors a shard, so the parent died with "Too many open files" (a traceback) after a few shards
+    here; and the merge, which holds every shard open, called each shard it could not open "corrupt" and
     sent the user to `rerun`. Now the run completes (the merge raises the soft limit to the hard one); under a
     hard limit too low for the merge, it says so and names the command that merges once it is raised."""
     out = tmp_path / "out"
-    res = _run_limited([fasta, "--out", str(out), *common, "--shards", "24"], soft=48)
+    res = _run_limited([fasta, "--out", str(out), *common, "--shards", "10"], soft=32)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert_same(read(out / "result.h5"), reference)
 
     (out / "result.h5").unlink()
-    res = _run_limited(["merge", str(out)], soft=32, hard=32)
+    res = _run_limited(["merge", str(out)], soft=16, hard=16)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert "corrupt" not in res.stderr and "rerun" not in res.stderr, res.stderr
-    assert "24 files at once, and this process may hold at most 32" in res.stderr, res.stderr
+    assert "10 files at once, and this process may hold at most 16" in res.stderr, res.stderr
     (command,) = [c for c in suggested_commands(res.stderr) if c[0] == "merge"]
     res = run_cli(*command, env={"RUN_SHARDS_REPORT": "0"})
     assert res.returncode == 0, res.stderr
