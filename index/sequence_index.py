@@ -50,6 +50,9 @@ _READ_BYTES = 16 << 20   # sequence(): a record is read and cleaned piece by pie
 _ONE_READ = 1 << 30      # read_record(): larger reads go into a bytearray, a pread at a time
 MAGIC = index_file.MAGIC
 _ARRAYS = ("offsets", "nbytes", "lengths", "file_no", "id_offsets", "id_blob", "order")
+# The arrays every index version holds, alike for the same records (a run directory's index by an earlier
+# run_shards is matched on them: planning/continued.py).
+RECORD_ARRAYS = _ARRAYS
 # From version 3: checksums uint64 [N]; bgzf_blocks int64 [M, 2], the block tables of the BGZF inputs one
 # after another; bgzf_spans int64 [F + 1], where each input's table starts in it (empty for a plain file).
 # From version 4: length_values int64 [D] (the distinct lengths, longest first) and length_counts int64 [D].

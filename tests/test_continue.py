@@ -224,3 +224,25 @@ def test_a_cache_path_that_is_a_file_is_refused_and_out_is_left_as_it_was(small_
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert f"RUN_SHARDS_CACHE {cache} is a file, not a directory" in res.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_run_planned_by_an_earlier_version_is_continued_by_rerun_not_called_changed(small_fasta, args, clean,
+                                                                                         stopped, tmp_path):
+    """A run directory an earlier run_shards planned (before 2026-11-27: its index fingerprinted over fewer
+    arrays, no input format or resolved settings recorded), met by the same run command: the FASTA is the same,
+    so the refusal says the index is fingerprinted another way (not 'FASTA content' or '--input-format'
+    changed) and names `rerun`, which finishes it with the clean run's bytes."""
+    out = _copy(stopped, tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["index"]["fingerprint"] = manifest["attrs"]["index_fingerprint"] = "b608e871-40"   # as 09d72db's
+    for name in ("resolved", "input_format"):
+        del manifest["attrs"][name]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    res = run_cli(small_fasta, "--out", str(out), *args, "--workers", "2")
+    assert res.returncode == 2, res.stderr
+    assert "planned by an earlier run_shards" in res.stderr and "FASTA content" not in res.stderr \
+        and "--input-format" not in res.stderr, res.stderr
+    assert ["rerun", str(out)] in suggested_commands(res.stderr)
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert raw_datasets(out / "result.h5") == clean

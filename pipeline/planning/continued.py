@@ -14,6 +14,11 @@ import json
 import logging
 import os
 
+import numpy as np
+
+from index import SequenceIndex
+from index.sequence_index import RECORD_ARRAYS
+
 from ..advice import command
 from ..config import RunConfig, option_name
 from ..errors import RunDirError
@@ -43,22 +48,35 @@ def shard_count(config: RunConfig, old: dict | None, records: int, run: RunDir) 
     return planned
 
 
-def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
+def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig, index: SequenceIndex | None = None) -> dict:
     """The manifest a command continues `run` with: `old` (the run's) with this command's launch settings,
     after refusing other inputs, other result settings, or another kind of device. `new` is the manifest
-    this command planned and `config` its settings as planned. Settings are compared as they resolved
-    (run_identity.py): `./ck/esm2/` and its absolute path, `--dtype float32` and `auto` on CPU are the same."""
+    this command planned and `config` its settings as planned; `index` the FASTA's index it planned on. Settings
+    are compared as they resolved (run_identity.py): `./ck/esm2/` and its absolute path, `--dtype float32` and
+    `auto` on CPU are the same."""
     from ..models.checkpoint import identity_changes
     old_config = RunConfig.from_manifest(old)
     model_changes = identity_changes(old["model"], new["model"])
     inputs = [f"model checkpoint: {'; '.join(model_changes)}"] if model_changes else []
     if [os.path.abspath(f) for f in old_config.fasta] != [os.path.abspath(f) for f in config.fasta]:
         inputs.append(f"FASTA files ({_shown(old_config.fasta)} -> {_shown(config.fasta)})")
+    fasta_content = (old.get("index") or {}).get("fingerprint") != (new.get("index") or {}).get("fingerprint")
+    earlier_index = fasta_content and not inputs and _same_records(run, index)
     inputs += [what for what, key in (("FASTA content", "index"), ("variants file content", "variants"))
-               if (old.get(key) or {}).get("fingerprint") != (new.get(key) or {}).get("fingerprint")]
+               if (old.get(key) or {}).get("fingerprint") != (new.get(key) or {}).get("fingerprint")
+               and not (key == "index" and earlier_index)]
+    # (a run planned before the input format was recorded had the model's one format: not a change to name)
+    unrecorded = () if "input_format" in old["attrs"] or "resolved" in old["attrs"] else ("input_format",)
     changed = [f"{option} ({was} -> {now})" for option, was, now in run_identity.settings_changes(
-        old_config, run_identity.resolved(old), config, run_identity.resolved(new))]
+        old_config, run_identity.resolved(old), config, run_identity.resolved(new), leave_out=unrecorded)]
     retry = f"`{config.as_command(free_out(run.root))}`"
+    if earlier_index and not inputs:
+        raise RunDirError(
+            f"{run.root} holds a run planned by an earlier run_shards, whose index of the same FASTA (the run's "
+            f"{run.index_path.name}) is fingerprinted another way than this version's"
+            + (f"; this command also changes {', '.join(changed)}" if changed else "")
+            + f". Continue it as it was planned, on its own index, with `{command('rerun', run.root)}`, or use "
+            f"another --out: {retry}.")
     if inputs:   # `rerun` would refuse too: say how to get either run
         raise RunDirError(
             f"{run.root} already holds a run with other inputs (changed: {', '.join(inputs + changed)}). To run on "
@@ -85,6 +103,25 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig) -> dict:
         # their last bits from a run at another budget, and so may the result: its attribute says so
         manifest = dict(manifest, attrs=dict(manifest["attrs"], batch_invariant=False))
     return manifest
+
+
+def _same_records(run: RunDir, index: SequenceIndex | None) -> bool:
+    """Whether the run's own index (OUT/index.rsidx, as an earlier run_shards wrote it) holds the very records of
+    `index` (this command's, of the same FASTA files unchanged since, on every stat field it recorded, and with the
+    same record checksums where it kept them), so that only how an index is fingerprinted differs."""
+    if index is None or not run.index_path.is_file():
+        return False
+    try:
+        theirs = SequenceIndex.load(run.index_path)
+    except Exception:   # (unreadable or damaged: the fingerprints' difference is said as it is)
+        return False
+    try:
+        checksums = ("checksums",) if getattr(theirs, "checksums", None) is not None else ()
+        return len(theirs.inputs) == len(index.inputs) and len(theirs) == len(index) \
+            and all(was.unchanged(now) for was, now in zip(theirs.inputs, index.inputs)) \
+            and all(np.array_equal(getattr(theirs, name), getattr(index, name)) for name in RECORD_ARRAYS + checksums)
+    finally:
+        theirs.close()
 
 
 def _older_rows(old: dict, new: dict, config: RunConfig) -> str | None:

@@ -165,7 +165,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
         if copies.counts is not None:
             manifest["copies"] = copies.record()
         if old is not None:
-            manifest = reconcile(run, old, manifest, planned)
+            manifest = reconcile(run, old, manifest, planned, index)
         return Plan(planned, index, manifest, continued=old is not None, variants=variants, copies=copies)
     except BaseException:
         copies.discard()
