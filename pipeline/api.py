@@ -14,7 +14,7 @@ from pathlib import Path
 
 from index import FastaError, SequenceIndex
 
-from .advice import command
+from .advice import command, previewing
 from . import __version__, launchers
 from .config import RunConfig, misplaced
 from .errors import RunFailed, RunInterrupted, UserError
@@ -83,7 +83,8 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
             started = time.time()
             early = start_early(config, run_dir)   # workers import and set up their devices while this plans
             try:
-                planned = plan(config, on_model=early.load_ahead)
+                with previewing(dry_run):   # (a refusal's suggested commands preview too)
+                    planned = plan(config, on_model=early.load_ahead)
                 with planned.index as index:
                     manifest = planned.record(run_dir)
                     options = dict(dry_run=dry_run, wait=wait, early=early)

@@ -307,3 +307,19 @@ def test_an_index_deleted_with_the_copy_plan_it_needs_is_refused_with_both_ways_
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "copies.rsidx").write_bytes(b"")
     assert "builds it again" in missing_index(run, manifest)
+
+
+def test_a_dry_runs_refusal_suggests_a_dry_run(fasta, common, tmp_path):
+    """A --dry-run (a SLURM plan written, nothing submitted) into a directory planned with another --shards was
+    refused with a start-over command without --dry-run: pasted as it was, it submitted the jobs the user was
+    only previewing. The suggested command keeps --dry-run, and it writes the scripts and submits nothing."""
+    out = tmp_path / "out"
+    slurm = ["--launcher", "slurm", "--dry-run", *common[:2], "--gpus", "0"]
+    res = run_cli(fasta, "--out", str(out), *slurm, "--shards", "2")
+    assert res.returncode == 0 and "nothing was submitted" in res.stdout + res.stderr, res.stderr
+    res = run_cli(fasta, "--out", str(out), *slurm, "--shards", "3")
+    assert res.returncode == 2 and "holds a run planned as 2 shard(s)" in res.stderr, res.stderr
+    (again,) = [c for c in suggested_commands(res.stderr) if c[0] == "run"]
+    assert "--dry-run" in again and again[again.index("--out") + 1] == f"{out}-2", again
+    res = run_cli(*again)
+    assert res.returncode == 0 and "nothing was submitted" in res.stdout + res.stderr, res.stderr
