@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -252,6 +253,10 @@ def test_reuse_refuses_another_model_or_setting(runs, models, tmp_path):
     res = run_cli(str(fastas["b"]), "--out", str(out), "--model", models["llama"], "--gpus", "0", "--workers", "2",
                   "--no-progress", "--per-residue", "--reuse", str(outs["a"]))
     assert res.returncode == 2 and "is refused: its rows were computed with another model" in res.stderr, res.stderr
+    (without,) = suggested_commands(res.stderr)   # the run without that --reuse, as it was asked otherwise
+    assert "--reuse" not in without and without[without.index("--model") + 1] == models["llama"], without
+    assert run_cli(*without).returncode == 0 and (out / "result.h5").exists()
+    shutil.rmtree(out)
     res = run_cli(str(fastas["b"]), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--per-residue",
                   "--no-progress", "--reuse", str(tmp_path / "nothing"))
     assert res.returncode == 2 and "--reuse " in res.stderr and "no such result file or run directory" in res.stderr

@@ -7,6 +7,7 @@ batch invariance, the same columns. Otherwise it is refused, each difference nam
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from ..output.copy_plan import SourceFile
 from ..output.h5io import CorruptFile, Reader
 from ..output.result_reader import result_path
 from ..output.schema import Schema
+from ..rundir.layout import RunDir, free_out
 from ..tasks.earlier_rows import earlier_rows
 from . import run_identity
 
@@ -44,7 +46,7 @@ def reuse_sources(config: RunConfig, model, schema: Schema, resolved: dict, task
     why = not_by_sequence(config)
     if why:
         raise UserError(f"--reuse: {why}; rows are not reused for such a run (leave out --reuse)")
-    found, refused = [], []
+    found, refused, refused_given = [], [], []
     for given in config.reuse:
         try:
             path = result_path(given)   # a run directory or a result.h5
@@ -60,13 +62,16 @@ def reuse_sources(config: RunConfig, model, schema: Schema, resolved: dict, task
             raise UserError(f"--reuse {given}: {path} is not a finished, readable result ({e})") from None
         if problems:
             refused.append(f"--reuse {given} ({path}) is refused: its rows were computed {'; '.join(problems)}")
+            refused_given.append(given)
         elif any(os.path.samefile(s.path, source.path) for s in found):
             continue   # given twice
         else:
             found.append(source)
     if refused:
+        without = dataclasses.replace(config, reuse=[r for r in config.reuse if r not in refused_given])
+        out = free_out(config.out) if RunDir(config.out).exists() else config.out   # (a planned run keeps its own)
         raise UserError(". ".join(refused) + ". Nothing was computed. Leave it out (or give a result computed "
-                        "with this run's model and settings).")
+                        f"with this run's model and settings): `{without.as_command(out)}`")
     return found
 
 
