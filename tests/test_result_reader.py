@@ -521,3 +521,53 @@ def test_get_json_is_standard_json_with_nan_and_infinities():
     (line,) = list(_json_lines(records))
     assert strict(line) == {"ids": "a", "score": "-inf", "vector": [1.5, "inf", "-inf", None],
                             "per_residue": [["inf", 0.25], [None, -2.0]]}
+
+
+ODD_IDS = ["back\\slash", "a\\tb", "a\u00a0b", "c\u3000d", "e\u0085f", "prot\u00e9ine_\u03b1", "=SUM(A1)"]
+
+
+def _odd_ids_result(path) -> None:
+    """A result whose ids a FASTA can hold (every byte above 0x20, DEL and UTF-8 past ASCII included), written by
+    the merge's own writer."""
+    from pipeline.output.h5io import Writer
+    from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
+    schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 2),))
+    rows = len(ODD_IDS)
+    w = Writer(path, schema, {"task": "embed"})
+    w.append(RowBlock(schema, {"ids": np.array([i.encode() for i in ODD_IDS], dtype=object),
+                               "index": np.arange(rows), "lengths": np.ones(rows, np.int32),
+                               "num_tokens": np.ones(rows, np.int32), "truncated": np.zeros(rows, bool),
+                               "status": np.zeros(rows, np.int8), "sequence_digest": np.zeros((rows, 16), np.uint8),
+                               "embeddings/mean": np.arange(2 * rows, dtype=np.float32).reshape(rows, 2)}))
+    w.finish()
+
+
+def test_get_tsv_ids_come_back_exactly_through_cut_and_ids_from(tmp_path):
+    """At 9ef7cd6 the TSV escaped a backslash in an id too ('back\\\\slash'), so `cut -f1` (or pandas) gave ids
+    the FASTA does not hold and `--ids-from` of them refused them as missing; and `--ids-from` split lines and
+    ids at Unicode's spaces (U+00A0, U+3000, U+0085), which a FASTA id holds, asking for 'a' instead of
+    'a\\u00a0b'. An id holds no tab nor line break: written as it is, and read back as the FASTA reads it."""
+    _odd_ids_result(tmp_path / "result.h5")
+    done = run_cli("get", str(tmp_path / "result.h5"), *ODD_IDS)
+    assert done.returncode == 0, done.stderr
+    first = [line.split("\t")[0] for line in done.stdout.rstrip("\n").split("\n")[1:]]
+    assert first == ODD_IDS
+    listed = tmp_path / "ids.txt"
+    listed.write_bytes(("\n".join(reversed(first)) + "\r\n>" + ODD_IDS[0] + " a description\n").encode())
+    again = run_cli("get", str(tmp_path / "result.h5"), "--ids-from", str(listed), "--format", "json")
+    assert again.returncode == 0, again.stderr
+    rows = [json.loads(line) for line in again.stdout.splitlines()]
+    assert [r["ids"] for r in rows] == ODD_IDS[::-1] + ODD_IDS[:1]
+    assert [r["index"] for r in rows] == list(range(len(ODD_IDS)))[::-1] + [0]
+
+
+def test_per_id_h5_names_are_marked_utf8(tmp_path):
+    """At 9ef7cd6 the per-id file's dataset names were created with HDF5's default character set, ASCII,
+    holding an id's UTF-8 bytes: readers that go by the mark misread 'protéine_α'. Now marked UTF-8, as h5py's
+    create_dataset marks a name."""
+    from pipeline.output.export import export
+    _odd_ids_result(tmp_path / "result.h5")
+    with h5py.File(export(tmp_path / "result.h5", "per-id-h5", tmp_path / "per-id.h5", "embeddings/mean")) as f:
+        assert sorted(f) == sorted(ODD_IDS)
+        assert {n: f.id.links.get_info(n.encode()).cset for n in f} == {n: h5py.h5t.CSET_UTF8 for n in ODD_IDS}
+        assert f["c\u3000d"][:].tolist() == [6.0, 7.0]

@@ -120,6 +120,10 @@ def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
     text = column.dtype == STR
     datatype = h5py.h5t.py_create(h5py.string_dtype("utf-8") if text else np.dtype(column.dtype), logical=True)
     spaces: dict[tuple, h5py.h5s.SpaceID] = {}
+    # names marked UTF-8, as h5py's own create_dataset marks them (the low-level default is ASCII, which an id
+    # such as 'protéine_α' is not: tools that go by the mark, h5dump's and other languages' readers, misread it)
+    names = h5py.h5p.create(h5py.h5p.LINK_CREATE)
+    names.set_char_encoding(h5py.h5t.CSET_UTF8)
     with h5py.File(tmp, "w", libver="latest") as out:
         out.attrs["source"] = str(res.path)
         out.attrs["column"] = column.path
@@ -134,7 +138,7 @@ def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
                 value = np.array(value, dtype=object if text else np.dtype(column.dtype))
                 space = spaces.get(value.shape) or spaces.setdefault(value.shape, h5py.h5s.create_simple(value.shape))
                 # (h5py's low-level calls: half the time of create_dataset per id, which is all this costs)
-                dataset = h5py.h5d.create(out.id, name.encode("utf-8"), datatype, space)
+                dataset = h5py.h5d.create(out.id, name.encode("utf-8"), datatype, space, lcpl=names)
                 dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, value)
                 dataset.close()
         out.attrs["name_escaping"] = (f"{escaped} id(s) hold '/' or '%', or are '.': written with '/' as '%2F', '%' "

@@ -3,7 +3,9 @@
 - tsv: a header line of column names, then one line per id; a vector as comma-separated values, a
   per-residue column as its residue vectors separated by ';'; in text (generate/text, which a BPE model's
   line-break tokens put newlines in) a tab, newline, carriage return and backslash as `\\t`, `\\n`, `\\r`
-  and `\\\\`, so that every row stays one line of cells.
+  and `\\\\`, so that every row stays one line of cells. An id is written as it is: it holds no tab nor line
+  break (it ends at the header's first whitespace or control byte), so `cut -f1` gives the ids back exactly,
+  a backslash in one included, to join on or to pass to `--ids-from`.
 - json: one JSON object per line and id (JSON Lines), every column of its row, arrays as lists, NaN as null,
   an infinity as "inf" or "-inf" (standard JSON has neither).
 - npy: a numpy .npz archive (np.load reads it): one array per column, rows in the order of the ids; a
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterable, Iterator, TextIO
@@ -29,6 +32,9 @@ from .run_inputs import check_output_file
 from .schema import Column
 
 FORMATS = ("tsv", "json", "npy")
+_LINES = re.compile(r"\r\n|\r|\n")
+_SPACE = "".join(map(chr, range(0x21)))   # whitespace and control bytes, which end a FASTA id
+_ID = re.compile(r"[^\x00-\x20]+")
 
 
 def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = None) -> list[str]:
@@ -45,17 +51,20 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
         except UnicodeDecodeError as e:
             raise UserError(f"--ids-from {source}: not UTF-8 text ({e.reason} at byte {e.start}); ids are UTF-8, "
                             "as in the FASTA: save the file as UTF-8") from None
-        for number, line in enumerate(text.splitlines(), 1):
-            words = line.strip().removeprefix(">").split()   # (one '>' is a FASTA header's mark: '>>x' is '>x')
-            if not words:
+        # lines and ids split as the FASTA's are: at LF, CRLF or CR, and an id at the first byte up to 0x20
+        # (str.splitlines and str.split would also split at Unicode's spaces and separators, U+00A0, U+0085,
+        # U+3000 ..., which belong to an id in the FASTA)
+        for number, line in enumerate(_LINES.split(text), 1):
+            word = _ID.search(line.lstrip(_SPACE).removeprefix(">"))   # (one '>' is a header's mark: '>>x' is '>x')
+            if not word:
                 continue
             try:
-                words[0].encode("utf-8")
+                word[0].encode("utf-8")
             except UnicodeEncodeError:   # (undecodable bytes, kept as surrogates by the decoding above)
                 raise UserError(f"--ids-from {source}, line {number}: the id is not UTF-8 text "
-                                f"(its bytes: {words[0].encode('utf-8', 'surrogateescape')!r}); ids are UTF-8, as "
+                                f"(its bytes: {word[0].encode('utf-8', 'surrogateescape')!r}); ids are UTF-8, as "
                                 "in the FASTA: save the file as UTF-8") from None
-            ids.append(words[0])
+            ids.append(word[0])
     if not ids:
         raise UserError("no ids given: pass them after OUT, or one per line with --ids-from FILE (- for stdin)")
     return ids
@@ -112,13 +121,14 @@ def _refuse_missing(res: ResultFile, error: MissingIds) -> None:
                     + (f". Besides, {MissingIds(res.path, others)}" if others else ""))
 
 
-def _cell(value) -> str:
+def _cell(value, text: bool = True) -> str:
+    """One TSV cell; `text` False for an id, written as it is (see the module's docstring)."""
     if isinstance(value, np.ndarray):
         if value.ndim == 2:
             return ";".join(",".join(str(v) for v in row) for row in value)
         return ",".join(str(v) for v in value)
     if isinstance(value, str):
-        return value.translate(TSV_ESCAPES)
+        return value.translate(TSV_ESCAPES) if text else value
     return str(value.item() if isinstance(value, np.generic) else value)
 
 
@@ -128,7 +138,7 @@ TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"
 def _tsv(columns: list[Column], records: list[dict]) -> Iterator[str]:
     yield "\t".join(c.path for c in columns) + "\n"
     for rec in records:
-        yield "\t".join(_cell(rec[c.path]) for c in columns) + "\n"
+        yield "\t".join(_cell(rec[c.path], c.path != "ids") for c in columns) + "\n"
 
 
 def _plain(value):
