@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -571,3 +572,18 @@ def test_per_id_h5_names_are_marked_utf8(tmp_path):
         assert sorted(f) == sorted(ODD_IDS)
         assert {n: f.id.links.get_info(n.encode()).cset for n in f} == {n: h5py.h5t.CSET_UTF8 for n in ODD_IDS}
         assert f["c\u3000d"][:].tolist() == [6.0, 7.0]
+
+
+def test_ids_from_standard_input_are_utf8_whatever_the_locale(tmp_path):
+    """`--ids-from -` read standard input in the locale's encoding while a file is read as UTF-8: under a Latin-1
+    locale (here PYTHONIOENCODING) 'protéine_α' arrived as mojibake and was refused as missing. Standard input's
+    bytes are decoded as UTF-8, as the FASTA's and a file's are."""
+    _odd_ids_result(tmp_path / "result.h5")
+    env = {**os.environ, "PYTHONIOENCODING": "latin-1"}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), "get", str(tmp_path / "result.h5"),
+                           "--ids-from", "-", "--format", "json", "-o", str(tmp_path / "rows.json")],
+                          input="\n".join(ODD_IDS).encode(), capture_output=True, env=env, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    rows = [json.loads(line) for line in (tmp_path / "rows.json").read_text(encoding="utf-8").splitlines()]
+    assert [r["ids"] for r in rows] == ODD_IDS

@@ -37,15 +37,22 @@ _SPACE = "".join(map(chr, range(0x21)))   # whitespace and control bytes, which 
 _ID = re.compile(r"[^\x00-\x20]+")
 
 
+def _stdin_bytes(stream: TextIO) -> bytes | str:
+    """What standard input holds, as bytes where the stream has them (a text stream given in its place: its text)."""
+    buffer = getattr(stream, "buffer", None)
+    return buffer.read() if buffer is not None else stream.read()
+
+
 def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = None) -> list[str]:
     """The ids of the command line, then those of `ids_from` (a file, or '-' for standard input), one per
     line (blank lines and the '>' of a FASTA-style line ignored)."""
     ids = list(given)
     if ids_from:
         source = "standard input" if ids_from == "-" else ids_from
-        try:   # (a file's bytes decoded here, not in the locale's encoding; a BOM, as Windows editors write, dropped)
-            text = (stdin or sys.stdin).read() if ids_from == "-" else \
-                Path(ids_from).read_bytes().decode("utf-8-sig", "surrogateescape")
+        try:   # (the bytes decoded here, a file's or standard input's, not in the locale's encoding; a BOM, as
+            # Windows editors write, dropped)
+            data = _stdin_bytes(stdin or sys.stdin) if ids_from == "-" else Path(ids_from).read_bytes()
+            text = data if isinstance(data, str) else data.decode("utf-8-sig", "surrogateescape")
         except OSError as e:
             raise UserError(f"--ids-from {ids_from}: {e.strerror or e}") from None
         except UnicodeDecodeError as e:
