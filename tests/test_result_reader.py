@@ -4,6 +4,7 @@ end, a duplicated id renamed by the run, missing ids named in one clear error, e
 parquet and per-id HDF5; and `get` on a result merged by the local SLURM's merge job."""
 from __future__ import annotations
 
+import datetime
 import hashlib
 import io
 import json
@@ -43,6 +44,9 @@ def result(tmp_path_factory, models):
                   "--per-residue", "--on-duplicate-id", "rename", "--no-progress")
     assert res.returncode == 0, res.stderr
     assert undocumented_files(out) == [] and undocumented_in_schema(out / "result.h5") == []
+    with h5py.File(out / "result.h5") as f:   # an unambiguous time: it had no UTC offset (a cluster's nodes and
+        created = datetime.datetime.fromisoformat(f.attrs["created"])   # its users need not share a time zone)
+    assert created.utcoffset() is not None and abs(datetime.datetime.now(datetime.timezone.utc) - created).days == 0
     data = read(out / "result.h5")
     ids = [i.decode() for i in data["ids"]]
     return out, data, ids

@@ -278,7 +278,7 @@ def _manifest(config: RunConfig, model: Model, schema: Schema, limit: int | None
         "model_type": model.source.model_type, "model_family": model.source.family.key,
         "input_format": model.convention.words(), "dtype": config.torch_dtype_name, "engine": model.engine,
         "batch_invariant": engines.batch_invariant(model.engine, config), "config": stored,
-        "software_version": __version__, "created": datetime.datetime.now().isoformat(timespec="seconds"),
+        "software_version": __version__, "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "index_fingerprint": index.fingerprint(), "fasta_files": config.fasta,
         "status_codes": {str(k): v for k, v in status_codes.DESCRIPTIONS.items()},
     }
