@@ -1,0 +1,77 @@
+"""What a user watching a run sees: the progress bar in a terminal (and none with -q), the summary lines a
+log gets instead, and what a command continuing a run says it starts from, checked against `status`.
+"""
+import os
+import re
+import select
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .tiny_models import REPO
+
+
+def run_in_terminal(*args: str, env: dict | None = None, timeout: float = 300) -> tuple[int, str]:
+    """The real CLI with a terminal (a pty of 120 columns) as its stdin, stdout and stderr, as a user at a
+    shell runs it: its exit code and everything it wrote there."""
+    import fcntl
+    import pty
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    full_env = dict(os.environ)
+    full_env.pop("TRITON_INTERPRET", None)
+    full_env.update(env or {})
+    proc = subprocess.Popen([sys.executable, str(REPO / "bin" / "run_shards"), *args], stdin=slave, stdout=slave,
+                            stderr=slave, env=full_env, cwd=REPO)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:   # EIO: every process holding the terminal has ended
+                break
+            if not data:
+                break
+            chunks.append(data)
+        else:
+            proc.kill()
+            pytest.fail(f"run_shards {' '.join(args)} ran past {timeout} s")
+        return proc.wait(timeout=60), b"".join(chunks).decode(errors="replace")
+    finally:
+        os.close(master)
+
+
+@pytest.fixture(scope="module")
+def small_fasta(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fasta") / "in.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "40", "--seed", "5",
+                    "--max-len", "300", str(path)], check=True, capture_output=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def args(models):
+    return ["--model", models["demo"], "--gpus", "0", "--workers", "2", "--max-tokens-per-batch", "1000",
+            "--checkpoint-every", "4"]
+
+
+BAR = re.compile(r"run_shards: +\d+%\|.*\| *\d+/40 \[")   # tqdm's line: desc, percent, bar, n/total
+
+
+def test_the_bar_shows_in_a_terminal_and_quiet_leaves_only_the_result(small_fasta, args, tmp_path):
+    """-q says "only warnings and errors on the terminal": it showed the bar all the same."""
+    code, shown = run_in_terminal(small_fasta, "--out", str(tmp_path / "a"), *args)
+    assert code == 0, shown
+    assert BAR.search(shown) and "40/40 [" in shown, shown   # (the pty is a terminal: the bar is drawn)
+    code, shown = run_in_terminal(small_fasta, "--out", str(tmp_path / "b"), *args, "-q")
+    assert code == 0, shown
+    assert not BAR.search(shown) and "seq/s" not in shown, shown
+    assert [line for line in shown.splitlines() if line.strip()] == [f"result: {tmp_path / 'b' / 'result.h5'}"]
