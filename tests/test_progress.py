@@ -11,6 +11,9 @@ import time
 
 import pytest
 
+from pipeline import __version__
+
+from .run_helpers import status_rows
 from .tiny_models import REPO
 
 
@@ -75,3 +78,30 @@ def test_the_bar_shows_in_a_terminal_and_quiet_leaves_only_the_result(small_fast
     assert code == 0, shown
     assert not BAR.search(shown) and "seq/s" not in shown, shown
     assert [line for line in shown.splitlines() if line.strip()] == [f"result: {tmp_path / 'b' / 'result.h5'}"]
+
+
+def test_a_continued_run_says_what_it_starts_from_as_status_counts_it(small_fasta, args, tmp_path):
+    """After a failure the bar and the summary lines count only what is left; `rerun` now says where it begins
+    in run.log, what is durable already (as `status` counts it) and what is left, and the resumed worker's
+    log says its shard file holds the earlier attempts' rows too."""
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), small_fasta, "--out", str(out), *args,
+                          "--no-progress"], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "1",
+                              "RUN_SHARDS_FAULT_DIE_AFTER": "1"})
+    assert res.returncode == 1, res.stderr
+    rows = status_rows(out)
+    assert rows[0]["state"] == "complete" and rows[1]["state"] == "failed" and 0 < rows[1]["durable"] < rows[1]["of"]
+    durable, left = sum(r["durable"] for r in rows.values()), rows[1]["of"] - rows[1]["durable"]
+
+    code, shown = run_in_terminal("rerun", str(out))
+    assert code == 0, shown
+    assert f"run_shards {__version__}: rerun {out}" in shown
+    assert (f"continuing: {durable} of the 40 sequences to compute are durable from earlier commands (1 of 2 "
+            f"shard(s) complete); {left} left, in shard(s) 1") in shown, shown
+    assert f"| {left}/{left} [" in shown and f"({left} of {left} sequences, 100%)" in shown, shown
+    log = (out / "logs" / "run.log").read_text()
+    assert log.index("Continue with:") < log.index(f"rerun {out}") < log.index("continuing: ")
+    worker = (out / "logs" / "worker_1.log").read_text()
+    assert re.search(rf"shard complete: \S+ \({left} sequences, \d+ tokens, .*; with the {rows[1]['durable']} rows "
+                     rf"of earlier attempts it holds all {rows[1]['of']}\n", worker), worker
