@@ -12,6 +12,7 @@ import time
 import pytest
 
 from pipeline import __version__
+from pipeline.launchers.progress import ProgressBoard
 
 from .run_helpers import status_rows
 from .tiny_models import REPO
@@ -105,3 +106,21 @@ def test_a_continued_run_says_what_it_starts_from_as_status_counts_it(small_fast
     worker = (out / "logs" / "worker_1.log").read_text()
     assert re.search(rf"shard complete: \S+ \({left} sequences, \d+ tokens, .*; with the {rows[1]['durable']} rows "
                      rf"of earlier attempts it holds all {rows[1]['of']}\n", worker), worker
+
+
+def test_the_summary_line_gives_the_share_done_and_the_time_left():
+    """A log (nohup, a pipe) shows no bar: its summary lines were the only progress and left the ETA to guess."""
+    board = ProgressBoard(400, "2 CPU worker(s)", 30.0, show_bar=False)
+    board.expect(0, 200)
+    board.expect(1, 200)
+    board.add_worker(0, "CPU")
+    board.add_worker(1, "CPU")
+    board.start -= 100.0   # 100 s into the command
+    board.message("progress", 0, {"sequences": 60, "tokens": 6000})
+    board.message("progress", 1, {"sequences": 40, "tokens": 4000})
+    line = board.summary_line()
+    assert "(100 of 400 sequences, 25%, about 5 min 00 s left at this rate)" in line, line   # 300 left at 1/s
+    board.message("progress", 0, {"sequences": 140, "tokens": 14000})
+    board.message("progress", 1, {"sequences": 160, "tokens": 16000})
+    assert board.summary_line().endswith("(400 of 400 sequences, 100%)")
+    board.close()
