@@ -152,9 +152,9 @@ def test_allow_partial_merge(fasta, common, reference, tmp_path):
     res = run_cli("merge", str(out), "--allow-partial")
     assert res.returncode == 0, res.stderr
     got = read(out / "result.h5")
-    # the copy plan's counts are the plan's: said so (they read as the rows merged)
-    assert f"rows as planned ({len(got['missing_ids']):,} missing from this partial result): 240 records" \
-        in res.stderr, res.stderr
+    # the copy plan's counts are the plan's: said so, in the plan's words ("240 computed" read as rows merged)
+    assert f"rows as planned ({len(got['missing_ids']):,} missing from this partial result): 240 records: 240 to " \
+           "compute\n" in res.stderr, res.stderr
     with h5py.File(out / "result.h5") as f:
         assert not f.attrs["complete"] and f.attrs["num_missing"] == len(got["missing_ids"]) > 0
     present = got["index"]

@@ -254,6 +254,9 @@ def test_the_report_of_a_failed_run_shows_why_and_the_rerun_its_restart(fasta, c
     assert [row[0] for row in cells(page, "failures")] == ["1"] and "killed by SIGKILL" in cells(page, "failures")[0][4]
     durable = sum(s["durable"] for s in status.values())
     assert [number(row[2]) for row in cells(page, "statuses")] == [durable]   # the rows the shards hold so far
+    # Its rows line is `status`'s: what is to compute and what is durable, not "240 computed" (as it said)
+    rows = f"240 records: 240 to compute ({durable} computed and durable so far)"
+    assert shows(page, f"Rows: {rows}.") and f"\nrows: {rows}\n" in run_cli("status", str(out)).stdout
 
     (out / "report.html").unlink()     # written again from the run directory alone (no result.h5)
     again = run_cli("report", str(out))
@@ -273,6 +276,7 @@ def test_the_report_of_a_failed_run_shows_why_and_the_rerun_its_restart(fasta, c
     assert run_cli("report", str(out)).returncode == 0
     page = (out / "report.html").read_text()
     assert shows(page, f"finished: {out}/result.h5 holds 240 rows") and shows(page, "1 restart(s) in all")
+    assert shows(page, "Rows: 240 records: 240 computed.")
     failures = cells(page, "failures")
     assert [(row[0], row[1]) for row in failures] == [("1", "1 of 2")] and "killed by SIGKILL" in failures[0][4]
     assert cells(page, "shards")[1][7] == "2" and not re.search(r"""id=["']error""", page)

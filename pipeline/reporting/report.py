@@ -341,6 +341,7 @@ def render(f: RunFacts) -> str:
     attrs = m.get("attrs", {})
     timings = _timings(f)
     error = f"<h2>What stopped it</h2><pre id='error'>{e(f.error)}</pre>" if f.error else ""
+    copies = copy_plan.described_now(m, f.result == "complete", sum(s.durable for s in f.shards))
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>run_shards report: {e(f.root)}</title><style>{STYLE}</style></head><body>
 <h1>run_shards report</h1>
@@ -350,7 +351,7 @@ def render(f: RunFacts) -> str:
 model {e(config['model'])}, engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))};
 run directory {e(f.root)};
 report written {e(f.written)} (`{e(command('report', f.root))}` writes it again).</p>
-{f"<p id='copies'>Rows: {e(copy_plan.described(m))}.</p>" if copy_plan.described(m) else ""}
+{f"<p id='copies'>Rows: {e(copies)}.</p>" if copies else ""}
 {error}
 <h2>Sequence lengths</h2>{lengths_chart(f)}
 <h2>Shards</h2>{balance_chart(f)}{_shard_table(f)}

@@ -107,10 +107,7 @@ def _rows_line(run: RunDir, manifest: dict, states: list) -> str | None:
     planned with what is durable so far."""
     if not manifest.get("copies"):
         return None
-    if _complete_result(run):
-        return f"rows: {copy_plan.described(manifest)}"
-    durable = sum(s.durable for s in states)
-    return f"rows: {copy_plan.described(manifest, planned=True)} ({durable:,} computed and durable so far)"
+    return f"rows: {copy_plan.described_now(manifest, _complete_result(run), sum(s.durable for s in states))}"
 
 
 def _complete_result(run: RunDir) -> bool:
