@@ -199,7 +199,7 @@ def test_the_report_of_a_finished_run_renders_with_the_runs_numbers(fasta, commo
         assert sum(tokens for _, _, tokens in checkpoints) == summary[r][1]
     timings = re.search(r"timings: (prepare .*? s, start workers .*? s, compute .*? s, finish shards and merge .*? s)",
                         run_log)
-    assert shows(page, timings[1])
+    assert shows(page, timings[1]) and not shows(page, "of the last command only")
     assert shows(page, "none: every attempt of every shard finished")
 
     # The charts show these numbers: bar heights over the axis' px per unit.
@@ -277,6 +277,11 @@ def test_the_report_of_a_failed_run_shows_why_and_the_rerun_its_restart(fasta, c
     page = (out / "report.html").read_text()
     assert shows(page, f"finished: {out}/result.h5 holds 240 rows") and shows(page, "1 restart(s) in all")
     assert shows(page, "Rows: 240 records: 240 computed.")
+    # the time split is the rerun's, and says so (it read as the whole run's)
+    split = re.search(r"timings: (prepare .*? s, start workers .*? s, compute .*? s, finish shards and merge .*? s)",
+                      done.stderr)[1]
+    assert shows(page, f"{split}; of the last command only, which continued the run")
+    assert "seconds since the last command started" in page and "seconds since the run started" not in page
     failures = cells(page, "failures")
     assert [(row[0], row[1]) for row in failures] == [("1", "1 of 2")] and "killed by SIGKILL" in failures[0][4]
     assert cells(page, "shards")[1][7] == "2" and not re.search(r"""id=["']error""", page)

@@ -145,7 +145,8 @@ def time_figure(f: RunFacts) -> Chart:
     right = max([left + length for _, left, length, *_ in bars] + [0.0])
     panel = Panel(Axis(min([0.0] + [left for _, left, *_ in bars]), right * 1.05 or 1.0),
                   Axis(-0.6, len(labels) - 0.4, names=tuple(labels)),
-                  xlabel=("seconds since the run started" if f.timings else "seconds since the first worker started")
+                  xlabel=(("seconds since the last command started" if _continued(f) else "seconds since the run "
+                           "started") if f.timings else "seconds since the first worker started")
                   + (f"; the {GANTT_SHARDS} shards that finished last" if len(latest) == GANTT_SHARDS else ""))
     for row, left, length, key, label in bars:
         panel.hbar(row, left, length, COLORS[key], label=label, edge="white" if label.startswith("shard") else "")
@@ -192,9 +193,22 @@ def _next_step(f: RunFacts) -> str:
     return f"<p id='next'>Next: {html.escape(text)}</p>"
 
 
+def _continued(f: RunFacts) -> bool:
+    """Whether shards were computed before the command whose time split is recorded (a run continued by a
+    `rerun` or the same `run` again): that split is then the last command's, not the whole run's."""
+    if not (f.timings and f.timings_end):
+        return False
+    origin = f.timings_end - sum(f.timings)
+    return any(a.start < origin - 1 for s in f.shards for a in s.attempts)
+
+
 def _timings(f: RunFacts) -> str:
     if f.timings:
-        return '<p id="timings">' + ", ".join(f"{n} {v:.1f} s" for n, v in zip(PHASES, f.timings)) + "</p>"
+        split = ", ".join(f"{n} {v:.1f} s" for n, v in zip(PHASES, f.timings))
+        if _continued(f):
+            split += ("; of the last command only, which continued the run (the attempts before it: "
+                      "Failures and restarts)")
+        return f'<p id="timings">{split}</p>'
     if f.slurm is not None:
         return ("<p id='timings'>a SLURM run: its tasks ran on the cluster's nodes (below: each shard's latest "
                 "attempt, and the jobs' queue waits in the SLURM section)</p>")
