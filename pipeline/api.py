@@ -107,6 +107,9 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
     run_dir = RunDir(out)
     run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
     with command_session(run_dir, "rerun"):
+        # (run.log holds every command's lines: this one marks where the rerun's begin)
+        log.info("run_shards %s: rerun %s%s", __version__, run_dir.root,
+                 f" --shards {','.join(map(str, shards))}" if shards else "")
         manifest = run_dir.read_manifest()
         config = RunConfig.from_manifest(manifest)
         launch = {k: v for k, v in (("worker_timeout", worker_timeout), ("ray_address", ray_address),
@@ -179,6 +182,9 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
             log.info("shard %d is already complete", r)
     timings = None
     if ranks:
+        continued = _continued_line(states, ranks)
+        if continued:
+            log.info("%s", continued)
         job = ShardJob(run, manifest, index, ranks, {r: states[r].expected - states[r].durable for r in ranks},
                        show_progress, dry_run=bool(options.get("dry_run")), wait=bool(options.get("wait")),
                        early=options.get("early"))
@@ -202,6 +208,20 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         log.warning("%s", unknown)
     _log_timings(run, timings, started)
     return path
+
+
+def _continued_line(states: dict, ranks: list[int]) -> str | None:
+    """What a command continuing a run starts from, since its bar and summary lines count only what is left:
+    the rows durable from earlier commands and the shards it computes. None for a run starting afresh."""
+    durable = sum(s.durable for s in states.values())
+    if not durable:
+        return None
+    total = sum(s.expected for s in states.values())
+    left = sum(states[r].expected - states[r].durable for r in ranks)
+    complete = sum(s.state == "complete" for s in states.values())
+    return (f"continuing: {durable:,} of the {total:,} sequences to compute are durable from earlier commands "
+            f"({complete:,} of {len(states):,} shard(s) complete); {left:,} left, in shard(s) "
+            f"{', '.join(map(str, ranks))}")
 
 
 def _settled_states(run: RunDir, index: SequenceIndex, world: int) -> dict:

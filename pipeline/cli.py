@@ -200,7 +200,8 @@ def config_options(command):
 
 def progress_options(command):
     """--no-progress and --quiet, for commands that compute shards here."""
-    command = click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors on the terminal.")(command)
+    command = click.option("--quiet", "-q", is_flag=True,
+                           help="Only warnings and errors on the terminal (no progress bar).")(command)
     return click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")(command)
 
 
@@ -268,7 +269,7 @@ def run_command(fasta, out, gpus, workers, threads, dry_run, wait, no_progress, 
         raise click.UsageError(wrong)
     _setup_logging(quiet)
     config = _run_step(run_config, list(fasta), out, gpus, workers, threads, **settings)
-    _finish(_run_step(run, config, show_progress=not no_progress, dry_run=dry_run, wait=wait), quiet)
+    _finish(_run_step(run, config, show_progress=not (no_progress or quiet), dry_run=dry_run, wait=wait), quiet)
 
 
 def _finish(outcome, quiet: bool = False) -> None:
@@ -342,7 +343,8 @@ def rerun_command(out, shards, worker_timeout, ray_address, sbatch, merge_sbatch
     """
     from .api import rerun
     _setup_logging(quiet)
-    _finish(_run_step(rerun, out, _int_list(shards, "--shards") or None, show_progress=not no_progress,
+    _finish(_run_step(rerun, out, _int_list(shards, "--shards") or None,
+                      show_progress=not (no_progress or quiet),
                       dry_run=dry_run, wait=wait, worker_timeout=worker_timeout, ray_address=ray_address,
                       sbatch=sbatch, merge_sbatch=merge_sbatch), quiet)
 

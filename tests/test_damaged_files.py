@@ -68,7 +68,7 @@ def test_damaged_checkpoint_counts_for_nobody(fasta, common, reference, tmp_path
     resumed = log_text(out, 0).split("worker for shard 0 started")[-1]
     assert f"resuming: {intact} of {before['of']} sequences already durable" in resumed
     assert f"checkpoint {parts[1].name} is corrupt" in resumed
-    summary = re.findall(r"\(([\d,]+) of ([\d,]+) sequences\)", (out / "logs" / "run.log").read_text())
+    summary = re.findall(r"\(([\d,]+) of ([\d,]+) sequences[,)]", (out / "logs" / "run.log").read_text())
     done, total = (int(x.replace(",", "")) for x in summary[-1])
     assert done == total == before["of"] - intact    # shard 1 was complete: the rerun computed only these
     assert (out / "shards" / "shard_0.h5").exists() and undocumented_files(out) == []

@@ -149,12 +149,18 @@ def test_allow_partial_merge(fasta, common, reference, tmp_path):
     assert res.returncode == 1
     res = run_cli("merge", str(out))
     assert res.returncode == 2 and "shard 1 is not finished" in res.stderr and "--allow-partial" in res.stderr
+    needs = re.compile(r"^disk: .* finishing needs about (.+) more", re.M)
+    before = needs.search(run_cli("status", str(out)).stdout)
     res = run_cli("merge", str(out), "--allow-partial")
     assert res.returncode == 0, res.stderr
+    # A partial result.h5 frees nothing (the next merge writes the whole result beside it): status's estimate
+    # of the space finishing needs stays (it dropped to the unfinished shard's share, as if merged in place)
+    after = needs.search(run_cli("status", str(out)).stdout)
+    assert before and after and after[1] == before[1], (before, after)
     got = read(out / "result.h5")
-    # the copy plan's counts are the plan's: said so (they read as the rows merged)
-    assert f"rows as planned ({len(got['missing_ids']):,} missing from this partial result): 240 records" \
-        in res.stderr, res.stderr
+    # the copy plan's counts are the plan's: said so, in the plan's words ("240 computed" read as rows merged)
+    assert f"rows as planned ({len(got['missing_ids']):,} missing from this partial result): 240 records: 240 to " \
+           "compute\n" in res.stderr, res.stderr
     with h5py.File(out / "result.h5") as f:
         assert not f.attrs["complete"] and f.attrs["num_missing"] == len(got["missing_ids"]) > 0
     present = got["index"]

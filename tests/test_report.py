@@ -199,7 +199,7 @@ def test_the_report_of_a_finished_run_renders_with_the_runs_numbers(fasta, commo
         assert sum(tokens for _, _, tokens in checkpoints) == summary[r][1]
     timings = re.search(r"timings: (prepare .*? s, start workers .*? s, compute .*? s, finish shards and merge .*? s)",
                         run_log)
-    assert shows(page, timings[1])
+    assert shows(page, timings[1]) and not shows(page, "of the last command only")
     assert shows(page, "none: every attempt of every shard finished")
 
     # The charts show these numbers: bar heights over the axis' px per unit.
@@ -254,6 +254,9 @@ def test_the_report_of_a_failed_run_shows_why_and_the_rerun_its_restart(fasta, c
     assert [row[0] for row in cells(page, "failures")] == ["1"] and "killed by SIGKILL" in cells(page, "failures")[0][4]
     durable = sum(s["durable"] for s in status.values())
     assert [number(row[2]) for row in cells(page, "statuses")] == [durable]   # the rows the shards hold so far
+    # Its rows line is `status`'s: what is to compute and what is durable, not "240 computed" (as it said)
+    rows = f"240 records: 240 to compute ({durable} computed and durable so far)"
+    assert shows(page, f"Rows: {rows}.") and f"\nrows: {rows}\n" in run_cli("status", str(out)).stdout
 
     (out / "report.html").unlink()     # written again from the run directory alone (no result.h5)
     again = run_cli("report", str(out))
@@ -273,6 +276,12 @@ def test_the_report_of_a_failed_run_shows_why_and_the_rerun_its_restart(fasta, c
     assert run_cli("report", str(out)).returncode == 0
     page = (out / "report.html").read_text()
     assert shows(page, f"finished: {out}/result.h5 holds 240 rows") and shows(page, "1 restart(s) in all")
+    assert shows(page, "Rows: 240 records: 240 computed.")
+    # the time split is the rerun's, and says so (it read as the whole run's)
+    split = re.search(r"timings: (prepare .*? s, start workers .*? s, compute .*? s, finish shards and merge .*? s)",
+                      done.stderr)[1]
+    assert shows(page, f"{split}; of the last command only, which continued the run")
+    assert "seconds since the last command started" in page and "seconds since the run started" not in page
     failures = cells(page, "failures")
     assert [(row[0], row[1]) for row in failures] == [("1", "1 of 2")] and "killed by SIGKILL" in failures[0][4]
     assert cells(page, "shards")[1][7] == "2" and not re.search(r"""id=["']error""", page)

@@ -18,6 +18,16 @@ def human(x: float) -> str:
     return f"{x:.0f}"
 
 
+def duration(seconds: float) -> str:
+    """`1 h 05 min`, `4 min 09 s`, `12 s`: a time left, as a log line says it."""
+    s = int(round(seconds))
+    hours, rest = divmod(s, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours:,} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
 @dataclass
 class WorkerStats:
     rank: int
@@ -92,11 +102,17 @@ class ProgressBoard:
             self.note(self.summary_line())
 
     def summary_line(self) -> str:
+        """The rates since this command started, and (in a log, where no bar shows one) the share done and
+        the time left at that rate."""
         elapsed = max(time.time() - self.start, 1e-9)
         seqs = sum(w.sequences for w in self.workers.values())
         toks = sum(w.tokens for w in self.workers.values())
+        total = sum(self.expected.values()) or self.bar.total or 0
+        done = f", {100.0 * seqs / total:.0f}%" if total else ""
+        left = total - seqs
+        eta = f", about {duration(left * elapsed / seqs)} left at this rate" if seqs and left > 0 else ""
         return (f"Total: {human(seqs / elapsed)} seq/s, {human(toks / elapsed)} tok/s across {self.where} "
-                f"({seqs:,} of {sum(self.expected.values()) or self.bar.total:,} sequences)")
+                f"({seqs:,} of {total:,} sequences{done}{eta})")
 
     def note(self, text: str, level: int = logging.INFO) -> None:
         """A line for the run's log (the CLI shows run_shards log lines above the bar)."""

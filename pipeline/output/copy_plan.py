@@ -138,6 +138,15 @@ def described(manifest: dict, planned: bool = False) -> str | None:
     return summary(copies["counts"], copies["sources"], planned) if copies else None
 
 
+def described_now(manifest: dict, merged: bool, durable: int) -> str | None:
+    """The copies as done once the complete result is merged, else as planned with the rows the shards hold
+    so far (what `status` and report.html say; None: the run copies nothing)."""
+    if not merged:
+        planned = described(manifest, planned=True)
+        return planned and f"{planned} ({durable:,} computed and durable so far)"
+    return described(manifest)
+
+
 def write(path: str | os.PathLike, n: int, parts: list[index_file.Part], sources: list[SourceFile],
           counts: dict) -> None:
     """Write the plan atomically (index_file.write: temporary name, fsync, rename)."""

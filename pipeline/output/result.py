@@ -150,7 +150,7 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
         log.warning("partial result: %d of %d sequences missing (listed in `missing_ids`)", missing, len(index))
     if plan is not None:   # (the plan's counts: of a partial result, what was planned)
         log.info("rows%s: %s", f" as planned ({missing:,} missing from this partial result)" if missing else "",
-                 copy_plan.summary(plan.counts, [s.given for s in plan.sources]))
+                 copy_plan.summary(plan.counts, [s.given for s in plan.sources], planned=bool(missing)))
     log.info("merged %d sequences into %s", len(index) - missing, run.result_path)
     return run.result_path
 

@@ -145,7 +145,8 @@ def time_figure(f: RunFacts) -> Chart:
     right = max([left + length for _, left, length, *_ in bars] + [0.0])
     panel = Panel(Axis(min([0.0] + [left for _, left, *_ in bars]), right * 1.05 or 1.0),
                   Axis(-0.6, len(labels) - 0.4, names=tuple(labels)),
-                  xlabel=("seconds since the run started" if f.timings else "seconds since the first worker started")
+                  xlabel=(("seconds since the last command started" if _continued(f) else "seconds since the run "
+                           "started") if f.timings else "seconds since the first worker started")
                   + (f"; the {GANTT_SHARDS} shards that finished last" if len(latest) == GANTT_SHARDS else ""))
     for row, left, length, key, label in bars:
         panel.hbar(row, left, length, COLORS[key], label=label, edge="white" if label.startswith("shard") else "")
@@ -192,9 +193,22 @@ def _next_step(f: RunFacts) -> str:
     return f"<p id='next'>Next: {html.escape(text)}</p>"
 
 
+def _continued(f: RunFacts) -> bool:
+    """Whether shards were computed before the command whose time split is recorded (a run continued by a
+    `rerun` or the same `run` again): that split is then the last command's, not the whole run's."""
+    if not (f.timings and f.timings_end):
+        return False
+    origin = f.timings_end - sum(f.timings)
+    return any(a.start < origin - 1 for s in f.shards for a in s.attempts)
+
+
 def _timings(f: RunFacts) -> str:
     if f.timings:
-        return '<p id="timings">' + ", ".join(f"{n} {v:.1f} s" for n, v in zip(PHASES, f.timings)) + "</p>"
+        split = ", ".join(f"{n} {v:.1f} s" for n, v in zip(PHASES, f.timings))
+        if _continued(f):
+            split += ("; of the last command only, which continued the run (the attempts before it: "
+                      "Failures and restarts)")
+        return f'<p id="timings">{split}</p>'
     if f.slurm is not None:
         return ("<p id='timings'>a SLURM run: its tasks ran on the cluster's nodes (below: each shard's latest "
                 "attempt, and the jobs' queue waits in the SLURM section)</p>")
@@ -341,6 +355,7 @@ def render(f: RunFacts) -> str:
     attrs = m.get("attrs", {})
     timings = _timings(f)
     error = f"<h2>What stopped it</h2><pre id='error'>{e(f.error)}</pre>" if f.error else ""
+    copies = copy_plan.described_now(m, f.result == "complete", sum(s.durable for s in f.shards))
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>run_shards report: {e(f.root)}</title><style>{STYLE}</style></head><body>
 <h1>run_shards report</h1>
@@ -350,7 +365,7 @@ def render(f: RunFacts) -> str:
 model {e(config['model'])}, engine {e(m['engine'])}, dtype {e(str(attrs.get('dtype', config.get('dtype'))))};
 run directory {e(f.root)};
 report written {e(f.written)} (`{e(command('report', f.root))}` writes it again).</p>
-{f"<p id='copies'>Rows: {e(copy_plan.described(m))}.</p>" if copy_plan.described(m) else ""}
+{f"<p id='copies'>Rows: {e(copies)}.</p>" if copies else ""}
 {error}
 <h2>Sequence lengths</h2>{lengths_chart(f)}
 <h2>Shards</h2>{balance_chart(f)}{_shard_table(f)}

@@ -107,10 +107,7 @@ def _rows_line(run: RunDir, manifest: dict, states: list) -> str | None:
     planned with what is durable so far."""
     if not manifest.get("copies"):
         return None
-    if _complete_result(run):
-        return f"rows: {copy_plan.described(manifest)}"
-    durable = sum(s.durable for s in states)
-    return f"rows: {copy_plan.described(manifest, planned=True)} ({durable:,} computed and durable so far)"
+    return f"rows: {copy_plan.described_now(manifest, _complete_result(run), sum(s.durable for s in states))}"
 
 
 def _complete_result(run: RunDir) -> bool:
@@ -204,9 +201,9 @@ def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) 
         if s.state != "complete":
             share = 1 - s.durable / max(1, s.expected)
             left += int(share * (fixed * s.expected + per_value * int(residues[s.rank])))
-    need = left * 2 if not run.result_path.exists() else left   # the shard, then the result (the merge)
-    if not run.result_path.exists():
-        need += sum(p.stat().st_size for p in run.shards_dir.glob("shard_*.h5"))
+    # The shard, then the result (the merge), which copies every shard's rows; a partial result.h5 is
+    # replaced only once the new one is written beside it, so it frees nothing before then.
+    need = left * 2 + sum(p.stat().st_size for p in run.shards_dir.glob("shard_*.h5"))
     free = shutil.disk_usage(run.root).free
     text = f"disk: {human_bytes(free)} free in {run.root}; finishing needs about {human_bytes(need)} more"
     if need > free:

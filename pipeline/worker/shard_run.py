@@ -340,12 +340,15 @@ class ShardRun:
         row_bytes = computer.row_bytes(np.sort(shard.positions))
         _inputs_still_match(shard.index)
         self._checkpoint(shard)   # the last rows, as an event too (finalize would checkpoint them silently)
+        earlier, held = int(shard.done.sum()), len(shard.positions)
         path = shard.writer.finalize(row_bytes)
         stats["seconds"] = time.time() - t0
         self.stats = stats
-        log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s; computing %.1f s, %.0f tok/s)",
+        # (the counts are this attempt's: a resumed shard's file also holds the rows of earlier attempts)
+        log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s; computing %.1f s, %.0f tok/s)%s",
                  path, stats["sequences"], stats["tokens"], stats["seconds"], stats["tokens"] / max(stats["seconds"], 1e-9),
-                 stats["compute_seconds"], stats["tokens"] / max(stats["compute_seconds"], 1e-9))
+                 stats["compute_seconds"], stats["tokens"] / max(stats["compute_seconds"], 1e-9),
+                 f"; with the {earlier:,} rows of earlier attempts it holds all {held:,}" if earlier > 0 else "")
         self.reporter.send("done", **stats)
 
 

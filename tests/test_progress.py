@@ -1,0 +1,126 @@
+"""What a user watching a run sees: the progress bar in a terminal (and none with -q), the summary lines a
+log gets instead, and what a command continuing a run says it starts from, checked against `status`.
+"""
+import os
+import re
+import select
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline import __version__
+from pipeline.launchers.progress import ProgressBoard
+
+from .run_helpers import status_rows
+from .tiny_models import REPO
+
+
+def run_in_terminal(*args: str, env: dict | None = None, timeout: float = 300) -> tuple[int, str]:
+    """The real CLI with a terminal (a pty of 120 columns) as its stdin, stdout and stderr, as a user at a
+    shell runs it: its exit code and everything it wrote there."""
+    import fcntl
+    import pty
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    full_env = dict(os.environ)
+    full_env.pop("TRITON_INTERPRET", None)
+    full_env.update(env or {})
+    proc = subprocess.Popen([sys.executable, str(REPO / "bin" / "run_shards"), *args], stdin=slave, stdout=slave,
+                            stderr=slave, env=full_env, cwd=REPO)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:   # EIO: every process holding the terminal has ended
+                break
+            if not data:
+                break
+            chunks.append(data)
+        else:
+            proc.kill()
+            pytest.fail(f"run_shards {' '.join(args)} ran past {timeout} s")
+        return proc.wait(timeout=60), b"".join(chunks).decode(errors="replace")
+    finally:
+        os.close(master)
+
+
+@pytest.fixture(scope="module")
+def small_fasta(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fasta") / "in.fasta"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "40", "--seed", "5",
+                    "--max-len", "300", str(path)], check=True, capture_output=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def args(models):
+    return ["--model", models["demo"], "--gpus", "0", "--workers", "2", "--max-tokens-per-batch", "1000",
+            "--checkpoint-every", "4"]
+
+
+BAR = re.compile(r"run_shards: +\d+%\|.*\| *\d+/40 \[")   # tqdm's line: desc, percent, bar, n/total
+
+
+def test_the_bar_shows_in_a_terminal_and_quiet_leaves_only_the_result(small_fasta, args, tmp_path):
+    """-q says "only warnings and errors on the terminal": it showed the bar all the same."""
+    code, shown = run_in_terminal(small_fasta, "--out", str(tmp_path / "a"), *args)
+    assert code == 0, shown
+    assert BAR.search(shown) and "40/40 [" in shown, shown   # (the pty is a terminal: the bar is drawn)
+    code, shown = run_in_terminal(small_fasta, "--out", str(tmp_path / "b"), *args, "-q")
+    assert code == 0, shown
+    assert not BAR.search(shown) and "seq/s" not in shown, shown
+    assert [line for line in shown.splitlines() if line.strip()] == [f"result: {tmp_path / 'b' / 'result.h5'}"]
+
+
+def test_a_continued_run_says_what_it_starts_from_as_status_counts_it(small_fasta, args, tmp_path):
+    """After a failure the bar and the summary lines count only what is left; `rerun` now says where it begins
+    in run.log, what is durable already (as `status` counts it) and what is left, and the resumed worker's
+    log says its shard file holds the earlier attempts' rows too."""
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), small_fasta, "--out", str(out), *args,
+                          "--no-progress"], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "1",
+                              "RUN_SHARDS_FAULT_DIE_AFTER": "1"})
+    assert res.returncode == 1, res.stderr
+    rows = status_rows(out)
+    assert rows[0]["state"] == "complete" and rows[1]["state"] == "failed" and 0 < rows[1]["durable"] < rows[1]["of"]
+    durable, left = sum(r["durable"] for r in rows.values()), rows[1]["of"] - rows[1]["durable"]
+
+    code, shown = run_in_terminal("rerun", str(out))
+    assert code == 0, shown
+    assert f"run_shards {__version__}: rerun {out}" in shown
+    assert (f"continuing: {durable} of the 40 sequences to compute are durable from earlier commands (1 of 2 "
+            f"shard(s) complete); {left} left, in shard(s) 1") in shown, shown
+    assert f"| {left}/{left} [" in shown and f"({left} of {left} sequences, 100%)" in shown, shown
+    log = (out / "logs" / "run.log").read_text()
+    assert log.index("Continue with:") < log.index(f"rerun {out}") < log.index("continuing: ")
+    worker = (out / "logs" / "worker_1.log").read_text()
+    assert re.search(rf"shard complete: \S+ \({left} sequences, \d+ tokens, .*; with the {rows[1]['durable']} rows "
+                     rf"of earlier attempts it holds all {rows[1]['of']}\n", worker), worker
+
+
+def test_the_summary_line_gives_the_share_done_and_the_time_left():
+    """A log (nohup, a pipe) shows no bar: its summary lines were the only progress and left the ETA to guess."""
+    board = ProgressBoard(400, "2 CPU worker(s)", 30.0, show_bar=False)
+    board.expect(0, 200)
+    board.expect(1, 200)
+    board.add_worker(0, "CPU")
+    board.add_worker(1, "CPU")
+    board.start -= 100.0   # 100 s into the command
+    board.message("progress", 0, {"sequences": 60, "tokens": 6000})
+    board.message("progress", 1, {"sequences": 40, "tokens": 4000})
+    line = board.summary_line()
+    assert "(100 of 400 sequences, 25%, about 5 min 00 s left at this rate)" in line, line   # 300 left at 1/s
+    board.message("progress", 0, {"sequences": 140, "tokens": 14000})
+    board.message("progress", 1, {"sequences": 160, "tokens": 16000})
+    assert board.summary_line().endswith("(400 of 400 sequences, 100%)")
+    board.close()
