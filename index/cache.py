@@ -39,7 +39,8 @@ def cache_path(paths: Sequence[str | os.PathLike], directory: Path | None = None
 
 
 def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = None,
-                  threads: int | None = None, rebuild: bool = False) -> tuple[SequenceIndex, bool]:
+                  threads: int | None = None, rebuild: bool = False, progress: bool = True
+                  ) -> tuple[SequenceIndex, bool]:
     """The index of `paths` and whether it came from the cache. BGZF files are indexed in place; other gzip
     files through their decompressed copies (compressed.py), which the index then names; an error in the text
     of either names the compressed file. `rebuild`: index the files anew whatever the cache holds (an edit
@@ -47,7 +48,7 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
     that looks current: `run_shards index --rebuild`)."""
     sources = [os.fspath(p) for p in paths]
     check_regular(sources)   # (before anything reads a pipe's first bytes)
-    paths = readable_paths(paths, directory or cache_dir())
+    paths = readable_paths(paths, directory or cache_dir(), progress)   # (progress: a .gz's decompression bar)
     path = cache_path(paths, directory)
     if path.exists() and not rebuild:
         try:

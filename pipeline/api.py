@@ -84,7 +84,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
             early = start_early(config, run_dir)   # workers import and set up their devices while this plans
             try:
                 with previewing(dry_run):   # (a refusal's suggested commands preview too)
-                    planned = plan(config, on_model=early.load_ahead)
+                    planned = plan(config, on_model=early.load_ahead, progress=show_progress)
                 with planned.index as index:
                     manifest = planned.record(run_dir)
                     options = dict(dry_run=dry_run, wait=wait, early=early)
@@ -125,7 +125,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
         if changed is not manifest:
             run_dir.write_manifest(changed)
             manifest = run_dir.read_manifest()
-        with load_run_index(run_dir, manifest, refresh_copies=True) as index:
+        with load_run_index(run_dir, manifest, refresh_copies=True, progress=show_progress) as index:
             return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, shards, show_progress,
                                                           time.time(), dict(dry_run=dry_run, wait=wait)), "rerun")
 

@@ -124,3 +124,17 @@ def test_the_summary_line_gives_the_share_done_and_the_time_left():
     board.message("progress", 1, {"sequences": 160, "tokens": 16000})
     assert board.summary_line().endswith("(400 of 400 sequences, 100%)")
     board.close()
+
+
+def test_quiet_hides_the_decompression_bar_of_a_gzip_input(small_fasta, args, tmp_path):
+    """A plain gzip input is decompressed into the cache with a bar of its own, which -q and --no-progress did
+    not reach (only the shards' bar was turned off). Now neither draws it; without them it is drawn."""
+    import gzip
+    gz = tmp_path / "in.fasta.gz"
+    gz.write_bytes(gzip.compress(open(small_fasta, "rb").read()))
+    for flag, cache in (("-q", "c1"), ("--no-progress", "c2"), (None, "c3")):
+        code, shown = run_in_terminal(str(gz), "--out", str(tmp_path / cache), *args, *([flag] if flag else []),
+                                      env={"RUN_SHARDS_CACHE": str(tmp_path / f"cache-{cache}"),
+                                           "RUN_SHARDS_REPORT": "0"})
+        assert code == 0, shown
+        assert ("decompressing in.fasta.gz" in shown) == (flag is None), (flag, shown)

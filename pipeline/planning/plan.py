@@ -83,14 +83,15 @@ class Model:
     convention: object = None   # models.conventions.Convention: how residues are written (tokenization_check)
 
 
-def plan(config: RunConfig, on_model=None) -> Plan:
+def plan(config: RunConfig, on_model=None, progress: bool = True) -> Plan:
     """Plan the run `config` describes in `config.out` (or check that a later command continues the run
     there consistently); UserError, naming what to change, for anything that would fail later. For a new run,
     `on_model(order)` is told the model as soon as it is chosen, before its config and tokenizer are read, for
-    workers to load it meanwhile (`choose_model`)."""
+    workers to load it meanwhile (`choose_model`). `progress`: a bar while a gzip input is decompressed (off with
+    --no-progress and -q)."""
     run = RunDir(config.out)
     old = run.read_manifest() if run.exists() else None
-    index, reused = read_inputs(config)
+    index, reused = read_inputs(config, progress=progress)
     try:
         return _plan(config, run, old, index, on_model)
     except InputChanged as e:
@@ -101,7 +102,7 @@ def plan(config: RunConfig, on_model=None) -> Plan:
         # record's checksum told otherwise. A new run indexes the files anew and plans on them as they are.
         log.warning("the cached index of %s is stale (%s, though the file's size and modification time are as "
                     "they were): indexing the input anew", e.path, e.message)
-        index, _ = read_inputs(config, rebuild=True)
+        index, _ = read_inputs(config, rebuild=True, progress=progress)
     except BaseException:
         index.close()
         raise
@@ -112,7 +113,7 @@ def plan(config: RunConfig, on_model=None) -> Plan:
         raise
 
 
-def read_inputs(config: RunConfig, rebuild: bool = False) -> tuple[SequenceIndex, bool]:
+def read_inputs(config: RunConfig, rebuild: bool = False, progress: bool = True) -> tuple[SequenceIndex, bool]:
     """The FASTA files' index (built, or reused from the cache unless `rebuild`), with the input policies
     applied, and whether it came from the cache."""
     cache = cache_dir()
@@ -120,7 +121,7 @@ def read_inputs(config: RunConfig, rebuild: bool = False) -> tuple[SequenceIndex
         variable = "RUN_SHARDS_CACHE" if os.environ.get("RUN_SHARDS_CACHE") else "the cache path"
         raise UserError(f"{variable} {cache} is a file, not a directory: point RUN_SHARDS_CACHE at a directory "
                         "(run_shards keeps its index and model caches there)")
-    index, reused = load_or_build(config.fasta, rebuild=rebuild)
+    index, reused = load_or_build(config.fasta, rebuild=rebuild, progress=progress)
     log.info("index %s: %d records, %d residues, %d file(s)", "reused from cache" if reused else "built",
              len(index), index.total_residues, len(index.inputs))
     try:

@@ -31,14 +31,15 @@ def start_over_advice(run: RunDir, manifest: dict) -> str:
             f"file as it is now: `{config.as_command(free_out(run.root))}`.")
 
 
-def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, verify: bool = True) -> SequenceIndex:
+def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, verify: bool = True,
+                   progress: bool = True) -> SequenceIndex:
     """The run's index (memory-mapped), after checking that the FASTA files still match it (refusing with
     what changed). `refresh_copies` (only where no worker of the run can be reading them, under the run's
     lock): decompress again the .gz inputs that changed, so a restored .gz lets the run continue, and build
     the index again where it was deleted. `verify`: read the whole file for its checksum first (`status` and
-    array tasks, which read a few pages of it, do not)."""
+    array tasks, which read a few pages of it, do not). `progress`: a bar while a .gz is decompressed again."""
     if refresh_copies and not run.index_path.exists() and _rebuildable(run, manifest):
-        _rebuild(run, manifest)
+        _rebuild(run, manifest, progress)
     try:
         index = SequenceIndex.load(run.index_path, verify=verify)
     except FileNotFoundError:
@@ -52,7 +53,7 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
                           "system, then run the same command again") from None
     if refresh_copies:
         from index.compressed import refresh
-        refresh([f.path for f in index.inputs])
+        refresh([f.path for f in index.inputs], progress)
     changed = index.records_changed()
     if not changed:   # a .gz whose decompressed copy the run reads
         from index.compressed import source_changes
@@ -84,13 +85,13 @@ def _rebuildable(run: RunDir, manifest: dict) -> bool:
     return counts is None or counts["computed"] == counts["records"] or run.copies_path.exists()
 
 
-def _rebuild(run: RunDir, manifest: dict) -> None:
+def _rebuild(run: RunDir, manifest: dict, progress: bool = True) -> None:
     """The run's index built again from its FASTA files as planning built it (the same input policies and
     stride table), kept only where it is the very index the run was planned with (its fingerprint)."""
     config = RunConfig.from_manifest(manifest)
     index = None
     try:
-        built, _ = load_or_build(config.fasta)
+        built, _ = load_or_build(config.fasta, progress=progress)
     except (OSError, UserError) as e:
         raise RunDirError(f"{_gone(run)}, and it cannot be built again from the "
                           f"FASTA ({e}). {start_over_advice(run, manifest)}") from None
