@@ -153,6 +153,17 @@ class CommaList(click.ParamType):
         return list(dict.fromkeys(items))
 
 
+class NumberRange(click.FloatRange):
+    """click's FloatRange, refusing NaN, which passes every bound (`--lock-wait nan` waited forever, and
+    `--worker-timeout nan` would never stop a hung worker)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number != number:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
 def _click_type(name: str):
     """The click type of RunConfig field `name`, from its type, choices and bounds."""
     opt, kind = option_of(name), field_type(name)
@@ -161,7 +172,7 @@ def _click_type(name: str):
     if opt.choices:
         return click.Choice(opt.choices)
     if kind in (int, float) and (opt.minimum is not None or opt.maximum is not None):
-        ranged = click.IntRange if kind is int else click.FloatRange
+        ranged = click.IntRange if kind is int else NumberRange
         extra = {"min_open": True} if opt.above_minimum else {}
         return ranged(min=opt.minimum, max=opt.maximum, **extra)
     return kind
@@ -365,7 +376,7 @@ def report_command(out):
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--allow-partial", is_flag=True,
               help="Write the rows that exist plus the list of missing ids, marked incomplete.")
-@click.option("--lock-wait", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+@click.option("--lock-wait", type=NumberRange(min=0), default=0, show_default=True, metavar="SECONDS",
               help="Wait up to this long for another command working in OUT and for shards still being computed, "
                    "instead of refusing at once (the SLURM merge job waits).")
 def merge_command(out, allow_partial, lock_wait):

@@ -360,6 +360,8 @@ def _check_bounds(opt: Option, value, name: str) -> None:
             continue
         if opt.choices and v not in opt.choices:
             raise UserError(f"{name} must be one of {', '.join(opt.choices)} (got {v!r})")
+        if isinstance(v, numbers.Real) and v != v:   # NaN passes every comparison: it would turn off a bound
+            raise UserError(f"{name} must be a number, not NaN (got {v!r})")
         if opt.minimum is not None and (v < opt.minimum or (opt.above_minimum and v == opt.minimum)):
             bound = "positive" if opt.above_minimum and opt.minimum == 0 else \
                 f"{'above' if opt.above_minimum else 'at least'} {opt.minimum:g}"

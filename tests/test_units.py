@@ -27,6 +27,8 @@ from pipeline.tasks.tokenization import SequenceTokenizer
     ({"on_long": "ignore"}, "--on-long must be one of"),
     ({"workers": 0}, "--workers must be at least 1"),
     ({"checkpoint_seconds": 0}, "--checkpoint-seconds must be positive"),
+    ({"worker_timeout": float("nan")}, "--worker-timeout must be a number, not NaN"),   # (never timed out)
+    ({"top_p": float("nan"), "task": "generate", "temperature": 1.0}, "--top-p must be a number, not NaN"),
 ])
 def test_config_rejects_bad_options(kwargs, message):
     with pytest.raises(UserError, match=message):
@@ -235,6 +237,8 @@ def test_demo_model_weights_are_fixed():
     (["--worker-timeout", "0"], "'--worker-timeout': 0.0 is not in the range x>0"),
     (["--max-length", "-3"], "'--max-length': -3 is not in the range x>=1"),
     (["--top-p", "0"], "'--top-p': 0.0 is not in the range 0<x<=1"),
+    (["--worker-timeout", "nan"], "'--worker-timeout': 'nan' is not a number"),   # NaN passes every bound
+    (["--checkpoint-seconds", "-NaN"], "'--checkpoint-seconds': '-NaN' is not a number"),
     (["--temperature", "0.7"], "--temperature applies only to --task generate (this run's task is embed)"),
     (["--task", "score", "--pool", "cls", "--layers", "1"], "--pool, --layers apply only to --task embed"),
     (["--task", "generate", "--per-residue"], "--per-residue applies only to --task embed"),
@@ -269,6 +273,15 @@ def test_run_directory_never_overwrites_foreign_files(tmp_path):
     (early / ".lock").write_text("")
     (early / "index.rsidx").write_text("")
     RunDir(early).create()
+
+
+def test_merge_refuses_a_lock_wait_of_nan(tmp_path):
+    """`merge --lock-wait nan` waited forever for a run another command held: no time is >= now + NaN."""
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    result = CliRunner().invoke(cli.main, ["merge", str(tmp_path / "o"), "--lock-wait", "nan"])
+    assert result.exit_code == 2 and "'--lock-wait': 'nan' is not a number" in result.output, result.output
 
 
 @pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()])
