@@ -28,8 +28,21 @@ class DefaultRunGroup(click.Group):
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            self._refuse_a_misspelt_command(ctx, args[0])
             args = ["run"] + list(args)
         return super().parse_args(ctx, args)
+
+    def _refuse_a_misspelt_command(self, ctx, word: str) -> None:
+        """`run_shards statsu OUT` ran `run` on a FASTA 'statsu' ("file not found"): a first word that is no
+        file but is close to a command's name is named as that command's misspelling."""
+        import difflib
+        import os
+        if word.startswith("-") or "." in word or os.sep in word or os.path.lexists(word):
+            return
+        close = difflib.get_close_matches(word, self.commands, n=1)
+        if close:
+            raise click.UsageError(f"no such command {word!r} (and no FASTA file of that name). Did you mean "
+                                   f"{close[0]!r}?", ctx)
 
 
 class _TqdmHandler(logging.Handler):

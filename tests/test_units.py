@@ -275,6 +275,23 @@ def test_run_directory_never_overwrites_foreign_files(tmp_path):
     RunDir(early).create()
 
 
+def test_a_misspelt_command_is_named_as_one(tmp_path, monkeypatch):
+    """`run_shards statsu OUT` ran `run` on a FASTA named 'statsu' and said "file not found"; a file of that
+    name is still a FASTA (the default command), and so is a missing path that looks like one."""
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.main, ["statsu", "OUT"])
+    assert result.exit_code == 2, result.output
+    assert "no such command 'statsu' (and no FASTA file of that name). Did you mean 'status'?" in result.output
+    assert "Did you mean 'merge'?" in CliRunner().invoke(cli.main, ["merg", "OUT"]).output
+    (tmp_path / "merg").write_text(">a\nMKV\n")
+    for fasta in (["merg"], ["status.fa"]):
+        result = CliRunner().invoke(cli.main, [*fasta, "--out", "o", "--task", "generate", "--pool", "cls"])
+        assert result.exit_code == 2 and "--pool applies only to --task embed" in result.output, result.output
+
+
 def test_merge_refuses_a_lock_wait_of_nan(tmp_path):
     """`merge --lock-wait nan` waited forever for a run another command held: no time is >= now + NaN."""
     from click.testing import CliRunner
