@@ -260,6 +260,12 @@ def main():
     on CPU) and writes run_shards_out/result.h5. Workers checkpoint as they go; if one fails, the others
     finish and `run_shards rerun OUT` continues from the checkpoints.
     """
+    import os
+    try:
+        os.getcwd()
+    except FileNotFoundError:   # (a relative path was a traceback; torch's import, MKL's "FATAL ERROR")
+        _fail("the current directory no longer exists (it was deleted, or its file system unmounted): cd to an "
+              "existing directory and run the command again")
 
 
 @main.command("run")
