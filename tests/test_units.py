@@ -292,6 +292,23 @@ def test_a_misspelt_command_is_named_as_one(tmp_path, monkeypatch):
         assert result.exit_code == 2 and "--pool applies only to --task embed" in result.output, result.output
 
 
+@pytest.mark.parametrize("args,named", [
+    (["run", "x.fasta", "--out", ""], "'--out' / '-o'"),   # (was the current directory: the run written there)
+    (["run", ""], "'FASTA...'"),                           # (was "CWD: is a directory, not a FASTA file")
+    (["status", ""], "'OUT'"),
+    (["get", "o", "a", "-o", ""], "'--output' / '-o'"),
+])
+def test_an_empty_path_is_named_as_one(tmp_path, monkeypatch, args, named):
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {named}: '' is an empty path (an unset shell variable?)" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_merge_refuses_a_lock_wait_of_nan(tmp_path):
     """`merge --lock-wait nan` waited forever for a run another command held: no time is >= now + NaN."""
     from click.testing import CliRunner
