@@ -180,7 +180,7 @@ def _granted_cpus(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
         return None
-    if not (value.isascii() and value.isdigit() and int(value) >= 1):   # (int() took '٣' and gave a traceback for 'abc')
+    if not (value.isascii() and value.isdigit() and int(value) >= 1):   # (int() took '٣'; 'abc' was a traceback)
         raise UserError(f"{name}={value!r} is not a number of CPUs: set it to a whole number of 1 or more, or "
                         "unset it (it says how many CPUs this task may use)")
     return int(value)
