@@ -16,7 +16,7 @@ from index import FastaError, SequenceIndex
 
 from .advice import command, previewing
 from . import __version__, launchers
-from .config import RunConfig, misplaced
+from .config import RunConfig, misplaced, overlap_setting
 from .errors import RunFailed, RunInterrupted, UserError
 from .launchers.job import ShardJob, Submitted
 from .output import copy_plan, result as result_merge, shard_state
@@ -73,6 +73,8 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     kept in it. `config` is not changed.
     """
     from .launchers.early_workers import start_early
+    if config.launcher == "local":   # (a cluster's tasks read their nodes' environment)
+        overlap_setting()
     run_dir = RunDir(config.out)
     existed = run_dir.root.exists()
     run_dir.create()
@@ -118,6 +120,8 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
                           {"task": config.task, "launcher": config.launcher})
         if wrong:
             raise UserError(wrong)
+        if config.launcher == "local":
+            overlap_setting()
         bad = [s for s in shards or [] if not 0 <= s < manifest["world"]]
         if bad:
             raise UserError(f"--shards {','.join(map(str, bad))}: this run has shards 0..{manifest['world'] - 1}")

@@ -28,8 +28,21 @@ class DefaultRunGroup(click.Group):
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            self._refuse_a_misspelt_command(ctx, args[0])
             args = ["run"] + list(args)
         return super().parse_args(ctx, args)
+
+    def _refuse_a_misspelt_command(self, ctx, word: str) -> None:
+        """`run_shards statsu OUT` ran `run` on a FASTA 'statsu' ("file not found"): a first word that is no
+        file but is close to a command's name is named as that command's misspelling."""
+        import difflib
+        import os
+        if word.startswith("-") or "." in word or os.sep in word or os.path.lexists(word):
+            return
+        close = difflib.get_close_matches(word, self.commands, n=1)
+        if close:
+            raise click.UsageError(f"no such command {word!r} (and no FASTA file of that name). Did you mean "
+                                   f"{close[0]!r}?", ctx)
 
 
 class _TqdmHandler(logging.Handler):
@@ -153,6 +166,27 @@ class CommaList(click.ParamType):
         return list(dict.fromkeys(items))
 
 
+class Path(click.Path):
+    """click's Path, refusing an empty one (an unset shell variable, `--out "$OUT"`), which was the current
+    directory: a run written into it, or a message about a directory the user never named."""
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            self.fail(f"{value!r} is an empty path (an unset shell variable?): name a file or directory", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class NumberRange(click.FloatRange):
+    """click's FloatRange, refusing NaN, which passes every bound (`--lock-wait nan` waited forever, and
+    `--worker-timeout nan` would never stop a hung worker)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number != number:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
 def _click_type(name: str):
     """The click type of RunConfig field `name`, from its type, choices and bounds."""
     opt, kind = option_of(name), field_type(name)
@@ -161,7 +195,7 @@ def _click_type(name: str):
     if opt.choices:
         return click.Choice(opt.choices)
     if kind in (int, float) and (opt.minimum is not None or opt.maximum is not None):
-        ranged = click.IntRange if kind is int else click.FloatRange
+        ranged = click.IntRange if kind is int else NumberRange
         extra = {"min_open": True} if opt.above_minimum else {}
         return ranged(min=opt.minimum, max=opt.maximum, **extra)
     return kind
@@ -237,11 +271,17 @@ def main():
     on CPU) and writes run_shards_out/result.h5. Workers checkpoint as they go; if one fails, the others
     finish and `run_shards rerun OUT` continues from the checkpoints.
     """
+    import os
+    try:
+        os.getcwd()
+    except FileNotFoundError:   # (a relative path was a traceback; torch's import, MKL's "FATAL ERROR")
+        _fail("the current directory no longer exists (it was deleted, or its file system unmounted): cd to an "
+              "existing directory and run the command again")
 
 
 @main.command("run")
-@click.argument("fasta", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@field_option("out", type=click.Path(file_okay=False), show_default=True)
+@click.argument("fasta", nargs=-1, required=True, type=Path(dir_okay=False))
+@field_option("out", type=Path(file_okay=False), show_default=True)
 @click.option("--gpus", default="auto", show_default=True,
               help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU. With --launcher "
                    "slurm or ray: whether each shard gets a GPU (slurm auto: when --sbatch asks for GPUs; ray auto: "
@@ -293,7 +333,7 @@ def _finish(outcome, quiet: bool = False) -> None:
 
 
 @main.command("index")
-@click.argument("fasta", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("fasta", nargs=-1, required=True, type=Path(dir_okay=False))
 @click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True,
               help="Worker count for the imbalance figures.")
 @click.option("--rebuild", is_flag=True,
@@ -307,7 +347,7 @@ def index_command(fasta, workers, rebuild):
 
 
 @main.command("status")
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=Path(file_okay=False))
 @click.option("--verify/--no-verify", default=None,
               help="Read back every finished shard and checkpoint against its checksums (default: when they "
                    "total at most 2 GB).")
@@ -321,7 +361,7 @@ def status_command(out, verify, every_shard):
 
 
 @main.command("rerun")
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=Path(file_okay=False))
 @click.option("--shards", default=None, help="Comma-separated shard numbers (default: every unfinished shard).")
 @field_option("worker_timeout", default=None, show_default=False,
               help="Replace the run's --worker-timeout (kept for later commands).")
@@ -350,7 +390,7 @@ def rerun_command(out, shards, worker_timeout, ray_address, sbatch, merge_sbatch
 
 
 @main.command("report")
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=Path(file_okay=False))
 def report_command(out):
     """Write OUT/report.html: one self-contained page (open it in any browser; nothing is fetched) about a
     finished, partial, failed or running run: what stopped it, lengths against the token budget and the
@@ -364,10 +404,10 @@ def report_command(out):
 
 
 @main.command("merge")
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=Path(file_okay=False))
 @click.option("--allow-partial", is_flag=True,
               help="Write the rows that exist plus the list of missing ids, marked incomplete.")
-@click.option("--lock-wait", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+@click.option("--lock-wait", type=NumberRange(min=0), default=0, show_default=True, metavar="SECONDS",
               help="Wait up to this long for another command working in OUT and for shards still being computed, "
                    "instead of refusing at once (the SLURM merge job waits).")
 def merge_command(out, allow_partial, lock_wait):
@@ -380,7 +420,7 @@ def merge_command(out, allow_partial, lock_wait):
 
 
 @main.command("work")
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=Path(file_okay=False))
 @click.option("--shard", type=click.IntRange(min=0), default=None,
               help="The shard to compute (default: from the array task's index, e.g. SLURM_ARRAY_TASK_ID).")
 @click.option("--shards-per-task", type=click.IntRange(min=1), default=None,
@@ -397,12 +437,12 @@ def work_command(out, shard, shards_per_task):
 
 
 @main.command("get")
-@click.argument("out", type=click.Path())
+@click.argument("out", type=Path())
 @click.argument("ids", nargs=-1)
 @click.option("--ids-from", default=None, help="Also the ids in this file, one per line ('-': standard input).")
 @click.option("--format", "fmt", type=click.Choice(["tsv", "json", "npy"]), default="tsv", show_default=True,
               help="tsv: a line per id; json: a JSON object per line and id; npy: a numpy .npz archive (needs -o).")
-@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False), help="Write here instead of printing.")
+@click.option("--output", "-o", default=None, type=Path(dir_okay=False), help="Write here instead of printing.")
 def get_command(out, ids, ids_from, fmt, output):
     """The rows of ids in OUT (a run directory or a result.h5), found through its id index."""
     from .output.get import get, read_ids
@@ -410,10 +450,10 @@ def get_command(out, ids, ids_from, fmt, output):
 
 
 @main.command("export")
-@click.argument("out", type=click.Path())
+@click.argument("out", type=Path())
 @click.option("--format", "fmt", type=click.Choice(["parquet", "per-id-h5"]), required=True,
               help="parquet: a column per dataset; per-id-h5: a dataset per id, as UniProt's per-protein.h5.")
-@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
+@click.option("--output", "-o", default=None, type=Path(dir_okay=False),
               help="Where to write (default: OUT/result.parquet or OUT/result.per-id.h5).")
 @click.option("--column", default=None, help="per-id-h5: the column to write (default: the one pooled embedding).")
 def export_command(out, fmt, output, column):

@@ -360,6 +360,8 @@ def _check_bounds(opt: Option, value, name: str) -> None:
             continue
         if opt.choices and v not in opt.choices:
             raise UserError(f"{name} must be one of {', '.join(opt.choices)} (got {v!r})")
+        if isinstance(v, numbers.Real) and v != v:   # NaN passes every comparison: it would turn off a bound
+            raise UserError(f"{name} must be a number, not NaN (got {v!r})")
         if opt.minimum is not None and (v < opt.minimum or (opt.above_minimum and v == opt.minimum)):
             bound = "positive" if opt.above_minimum and opt.minimum == 0 else \
                 f"{'above' if opt.above_minimum else 'at least'} {opt.minimum:g}"
@@ -422,3 +424,15 @@ def misplaced(given: typing.Iterable[str], values: typing.Mapping[str, typing.An
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 _HINTS = typing.get_type_hints(RunConfig)
+
+
+def overlap_setting() -> bool | None:
+    """RUN_SHARDS_OVERLAP: whether workers overlap their batches, 1 or 0; None where it is unset (each worker's
+    default). Read by the workers, and checked by a local run's parent before any starts: a wrong value found
+    by the workers failed every shard, and the `rerun` suggested failed the same way."""
+    import os
+    setting = os.environ.get("RUN_SHARDS_OVERLAP", "")
+    if setting not in ("", "0", "1"):
+        raise UserError(f"RUN_SHARDS_OVERLAP={setting!r}: set it to 1 (overlap batches) or 0 (one at a time), "
+                        "or unset it")
+    return None if setting == "" else setting == "1"

@@ -42,3 +42,19 @@ def test_without_a_venv_says_how_to_install(tmp_path):
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "run_shards needs the Python package(s) torch" in res.stderr
     assert f"`make -C {root} install`" in res.stderr
+
+
+def test_a_deleted_current_directory_is_named(tmp_path):
+    """Run from a directory deleted under the shell: a relative FASTA was os.path.abspath's traceback, and an
+    absolute one torch's import dying in "Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    for fasta in ("x.fasta", str(REPO / "examples" / "demo.fasta")):
+        res = subprocess.run(["bash", "-c", 'cd "$1" && rmdir "$1" && exec "$2" "$3" "$4" --out "$5"', "-", str(gone),
+                              sys.executable, str(REPO / "bin" / "run_shards"), fasta, str(tmp_path / "o")],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip() == ("error: the current directory no longer exists (it was deleted, or its file "
+                                      "system unmounted): cd to an existing directory and run the command again")
+        assert not (tmp_path / "o").exists()
+        gone.mkdir()

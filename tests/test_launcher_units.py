@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -324,3 +325,23 @@ def test_a_stop_signal_during_a_worker_spawn_is_not_lost():
         assert got == [signal.SIGUSR1]
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "4(x2)", "٣"])
+def test_a_task_cpus_variable_that_is_no_count_is_named(monkeypatch, value):
+    """RUN_SHARDS_TASK_CPUS (or SLURM_CPUS_ON_NODE) that is not a count was int()'s traceback in `work` ('٣'
+    passed as 3); a count caps the task's CPU workers and their threads."""
+    from pipeline.config import RunConfig
+    from pipeline.launchers.work import _node_devices
+    from pipeline.planning.devices import cpu_count
+    config = RunConfig(fasta=["x"], out="o")
+    for name in ("RUN_SHARDS_TASK_CPUS", "SLURM_CPUS_ON_NODE"):
+        monkeypatch.delenv("RUN_SHARDS_TASK_CPUS", raising=False)
+        monkeypatch.delenv("SLURM_CPUS_ON_NODE", raising=False)
+        monkeypatch.setenv(name, value)
+        with pytest.raises(UserError, match="^" + re.escape(f"{name}={value!r} is not a number of CPUs: set it")):
+            _node_devices(config, 4)
+        monkeypatch.setenv(name, "1")
+        assert _node_devices(config, 4) == {"devices": [], "workers": 1, "threads_per_worker": 1}
+        monkeypatch.setenv(name, "")
+        assert _node_devices(config, 1)["threads_per_worker"] == cpu_count()

@@ -73,3 +73,20 @@ def test_an_edited_record_stops_the_shard_with_the_serial_message(fasta, common,
             in stderr and "no longer holds the text the index describes" in stderr and f"(record '{seq_id}')" in stderr)
     assert "Its rows up to its last checkpoint, each checked when it was read, are kept" in stderr
     assert not (out / "result.h5").exists() and position not in _rows_of_shards(out)
+
+
+def test_a_wrong_overlap_setting_is_refused_before_any_worker_starts(tmp_path):
+    """RUN_SHARDS_OVERLAP=yes was found by each worker, after planning: every shard failed, and the
+    `run_shards rerun` the failure suggested failed the same way. A local run (and rerun) refuses it first."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">a\nMKV\n>b\nMKVL\n")
+    out = tmp_path / "out"
+    wrong = {"RUN_SHARDS_OVERLAP": "yes", "RUN_SHARDS_REPORT": "0"}
+    res = run_cli(str(fasta), "--out", str(out), "--gpus", "0", "--workers", "1", env=wrong)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == ("error: RUN_SHARDS_OVERLAP='yes': set it to 1 (overlap batches) or 0 (one at a "
+                                  "time), or unset it")
+    assert not out.exists()
+    assert run_cli(str(fasta), "--out", str(out), "--gpus", "0", "--workers", "1", env=OVERLAP).returncode == 0
+    res = run_cli("rerun", str(out), env=wrong)
+    assert res.returncode == 2 and "RUN_SHARDS_OVERLAP='yes'" in res.stderr, res.stderr

@@ -191,3 +191,19 @@ def test_a_failed_cuda_torch_install_suggests_nothing_it_cannot_know(tmp_path):
                            "TORCH=--no-index torch==0.0.0"], cwd=REPO, capture_output=True, text=True, timeout=300)
     (message,) = [line for line in done.stderr.splitlines() if line.startswith("error: pip could not install")]
     assert done.returncode != 0 and message.endswith("from its indexes (pip's message is above)."), message
+
+
+def test_every_example_in_the_commands_help_parses():
+    """`run_shards COMMAND --help` shows examples too; like the README's command lines, each parses with the
+    CLI as it is (the words after `#` are a comment)."""
+    from pipeline.cli import main
+    examples = [line.strip() for command in main.commands.values() for line in (command.help or "").splitlines()
+                if line.strip().startswith("run_shards ")]
+    assert len(examples) >= 2, examples
+    wrong = []
+    for line in examples:
+        try:
+            _parse(line)
+        except click.ClickException as e:
+            wrong.append(f"{line}: {e.format_message()}")
+    assert wrong == []

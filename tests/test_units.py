@@ -27,6 +27,8 @@ from pipeline.tasks.tokenization import SequenceTokenizer
     ({"on_long": "ignore"}, "--on-long must be one of"),
     ({"workers": 0}, "--workers must be at least 1"),
     ({"checkpoint_seconds": 0}, "--checkpoint-seconds must be positive"),
+    ({"worker_timeout": float("nan")}, "--worker-timeout must be a number, not NaN"),   # (never timed out)
+    ({"top_p": float("nan"), "task": "generate", "temperature": 1.0}, "--top-p must be a number, not NaN"),
 ])
 def test_config_rejects_bad_options(kwargs, message):
     with pytest.raises(UserError, match=message):
@@ -235,6 +237,8 @@ def test_demo_model_weights_are_fixed():
     (["--worker-timeout", "0"], "'--worker-timeout': 0.0 is not in the range x>0"),
     (["--max-length", "-3"], "'--max-length': -3 is not in the range x>=1"),
     (["--top-p", "0"], "'--top-p': 0.0 is not in the range 0<x<=1"),
+    (["--worker-timeout", "nan"], "'--worker-timeout': 'nan' is not a number"),   # NaN passes every bound
+    (["--checkpoint-seconds", "-NaN"], "'--checkpoint-seconds': '-NaN' is not a number"),
     (["--temperature", "0.7"], "--temperature applies only to --task generate (this run's task is embed)"),
     (["--task", "score", "--pool", "cls", "--layers", "1"], "--pool, --layers apply only to --task embed"),
     (["--task", "generate", "--per-residue"], "--per-residue applies only to --task embed"),
@@ -269,6 +273,49 @@ def test_run_directory_never_overwrites_foreign_files(tmp_path):
     (early / ".lock").write_text("")
     (early / "index.rsidx").write_text("")
     RunDir(early).create()
+
+
+def test_a_misspelt_command_is_named_as_one(tmp_path, monkeypatch):
+    """`run_shards statsu OUT` ran `run` on a FASTA named 'statsu' and said "file not found"; a file of that
+    name is still a FASTA (the default command), and so is a missing path that looks like one."""
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.main, ["statsu", "OUT"])
+    assert result.exit_code == 2, result.output
+    assert "no such command 'statsu' (and no FASTA file of that name). Did you mean 'status'?" in result.output
+    assert "Did you mean 'merge'?" in CliRunner().invoke(cli.main, ["merg", "OUT"]).output
+    (tmp_path / "merg").write_text(">a\nMKV\n")
+    for fasta in (["merg"], ["status.fa"]):
+        result = CliRunner().invoke(cli.main, [*fasta, "--out", "o", "--task", "generate", "--pool", "cls"])
+        assert result.exit_code == 2 and "--pool applies only to --task embed" in result.output, result.output
+
+
+@pytest.mark.parametrize("args,named", [
+    (["run", "x.fasta", "--out", ""], "'--out' / '-o'"),   # (was the current directory: the run written there)
+    (["run", ""], "'FASTA...'"),                           # (was "CWD: is a directory, not a FASTA file")
+    (["status", ""], "'OUT'"),
+    (["get", "o", "a", "-o", ""], "'--output' / '-o'"),
+])
+def test_an_empty_path_is_named_as_one(tmp_path, monkeypatch, args, named):
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {named}: '' is an empty path (an unset shell variable?)" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_merge_refuses_a_lock_wait_of_nan(tmp_path):
+    """`merge --lock-wait nan` waited forever for a run another command held: no time is >= now + NaN."""
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    result = CliRunner().invoke(cli.main, ["merge", str(tmp_path / "o"), "--lock-wait", "nan"])
+    assert result.exit_code == 2 and "'--lock-wait': 'nan' is not a number" in result.output, result.output
 
 
 @pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()])

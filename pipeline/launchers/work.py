@@ -175,6 +175,17 @@ def die_with_the_task() -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _granted_cpus(name: str) -> int | None:
+    """The CPUs environment variable `name` grants this task (None where it is unset or empty)."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit() and int(value) >= 1):   # (int() took '٣'; 'abc' was a traceback)
+        raise UserError(f"{name}={value!r} is not a number of CPUs: set it to a whole number of 1 or more, or "
+                        "unset it (it says how many CPUs this task may use)")
+    return int(value)
+
+
 def _node_devices(config: RunConfig, shards: int) -> dict:
     """Where this node's workers run: its visible GPUs (as SLURM or Ray set CUDA_VISIBLE_DEVICES) for a GPU
     run, else CPU workers sharing the CPUs this process may use."""
@@ -191,6 +202,6 @@ def _node_devices(config: RunConfig, shards: int) -> dict:
     # not bind tasks to their CPUs (TaskPlugin=task/none), where two 1-CPU tasks would otherwise both use
     # every core of the node.
     for name in ("RUN_SHARDS_TASK_CPUS", "SLURM_CPUS_ON_NODE"):
-        cpus = min(cpus, int(os.environ.get(name) or cpus))
+        cpus = min(cpus, _granted_cpus(name) or cpus)
     workers = max(1, min(shards, cpus))
     return {"devices": [], "workers": workers, "threads_per_worker": max(1, cpus // workers)}

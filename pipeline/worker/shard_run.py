@@ -17,7 +17,7 @@ from index.shard_view import open_stride
 
 from ..advice import command
 from .. import faults
-from ..config import RunConfig
+from ..config import RunConfig, overlap_setting
 from ..engine import selection as engines
 from ..engine.config import CachesTooLarge
 from ..models import preload
@@ -356,10 +356,8 @@ def overlaps(on_gpu: bool) -> bool:
     """Whether batches overlap (batch k+1 read and launched before batch k's results are taken): on GPU workers,
     where the device computes while the host works; RUN_SHARDS_OVERLAP=1 or 0 says otherwise (the results are
     the same bits either way; a CPU worker computes at launch, so it has nothing to overlap)."""
-    setting = os.environ.get("RUN_SHARDS_OVERLAP", "")
-    if setting not in ("", "0", "1"):
-        raise UserError(f"RUN_SHARDS_OVERLAP={setting!r}: set it to 1 (overlap batches) or 0 (one at a time)")
-    return on_gpu if setting == "" else setting == "1"
+    setting = overlap_setting()
+    return on_gpu if setting is None else setting
 
 
 @dataclass
