@@ -23,9 +23,11 @@ log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
+    """$RUN_SHARDS_CACHE (an empty value is unset), made absolute with its `~` expanded: a relative or quoted
+    `~/cache` would name another folder for each current directory (a SLURM task starts in the submit folder)."""
     root = os.environ.get("RUN_SHARDS_CACHE")
     if root:
-        return Path(root)
+        return Path(root).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "run_shards"
 

@@ -612,3 +612,18 @@ def test_a_file_on_standard_input_is_recorded_by_its_own_path(tmp_path):
     res = subprocess.run([*cli, "rerun", str(out), "--no-progress"], stdin=subprocess.DEVNULL, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0 and (out / "result.h5").exists(), res.stderr
+
+
+def test_the_cache_folder_is_absolute_with_its_home_expanded(tmp_path, monkeypatch):
+    """RUN_SHARDS_CACHE='~/cache' (quoted in a job script) made a folder named '~' wherever the command started,
+    and a relative value named another cache from each current directory; an empty value is unset."""
+    from index.cache import cache_dir
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RUN_SHARDS_CACHE", "~/cache")
+    assert cache_dir() == tmp_path / "home" / "cache"
+    monkeypatch.setenv("RUN_SHARDS_CACHE", "rel/cache")
+    assert cache_dir() == tmp_path / "rel" / "cache"
+    monkeypatch.setenv("RUN_SHARDS_CACHE", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "run_shards"
