@@ -217,3 +217,44 @@ def test_get_and_export_to_a_full_disk_name_the_file(reference_run, tmpfs):
     for args in commands:
         assert run_cli(*args).returncode == 0
         assert Path(args[-1]).stat().st_size > 0
+
+
+def test_a_run_directory_of_ones_own_closed_to_oneself_is_not_called_another_users(reference_run, capsys):
+    """Your own file that refuses you (a manifest made mode 000; an NFS export mapping root to another user):
+    the refusal said it "belongs to nobody and this command runs as nobody. Ask nobody to open it to you, or
+    run the command as nobody". It says the file is yours and how to open it to yourself. And an EPERM (here
+    root changing a /proc file; an immutable file, another's file in a sticky folder), which the same words
+    are for, was a traceback."""
+    if os.geteuid() != 0:
+        skip_or_fail("becoming another user needs root")
+    import pwd
+    import tempfile
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import _run_step, main
+    nobody = pwd.getpwnam("nobody")
+    top = Path(tempfile.mkdtemp(prefix="rs-own-"))
+    try:
+        top.chmod(0o755)
+        if any(not p.stat().st_mode & 0o001 for p in top.parents):
+            pytest.skip(f"a folder above {top} cannot be searched by other users")   # (this machine's layout)
+        out = top / "out"
+        shutil.copytree(reference_run, out)
+        for path in [out, *out.rglob("*")]:
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        (out / "manifest.json").chmod(0)
+        CliRunner().invoke(main, ["status", str(out)])   # (as root: imports what the command needs)
+        code, text = _as_nobody("status", str(out))
+        assert code == 2 and "Traceback" not in text, text
+        assert f"the file {out / 'manifest.json'} is nobody's own (mode ---------)" in text, text
+        assert "Ask nobody" not in text and "as nobody" not in text, text
+        assert f"chmod u+rwX {out / 'manifest.json'}" in text, text
+    finally:
+        shutil.rmtree(top)
+
+    with pytest.raises(SystemExit) as e:   # a real EPERM: root may not change the mode of a /proc file
+        _run_step(os.chmod, "/proc/self/status", 0o644)
+    assert e.value.code == 2
+    assert "error: cannot use /proc/self/status: permission denied: the file /proc/self/status is root's own" \
+        in capsys.readouterr().err
