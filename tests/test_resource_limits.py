@@ -152,7 +152,8 @@ def test_a_worker_that_dies_before_its_log_is_not_sent_to_its_log(fasta, models)
     process before the worker writes its log. The parent said "exit code 1 (it raised an error; see its log)"
     of a log that did not exist, and status repeated it. Now the worker's log is started by the parent with
     how it ended, and the message points at the standard error where the worker's last words went; `rerun`
-    without the limit finishes. (The limit binds only users other than root: the run is `nobody`'s.)"""
+    under the limit again says the same (the logs then hold only the first attempt's lines), and `rerun` without
+    the limit finishes. (The limit binds only users other than root: the run is `nobody`'s.)"""
     import pwd
     import tempfile
     if os.geteuid() != 0:
@@ -193,6 +194,12 @@ def test_a_worker_that_dies_before_its_log_is_not_sent_to_its_log(fasta, models)
                                 preexec_fn=as_nobody(None), timeout=300)
         assert "see its log" not in status.stdout and "while starting" in status.stdout, status.stdout
         (command,) = [c for c in suggested_commands(res.stderr) if c[0] == "rerun"]
+        # rerun under the same limit: the logs exist now (the parent started them), holding only the first
+        # attempt's lines; it was sent to them as if they held this attempt's error
+        res = subprocess.run(cli + command, capture_output=True, text=True, env=env, cwd=top,
+                             preexec_fn=as_nobody(12), timeout=600)
+        assert res.returncode == 1 and "see its log" not in res.stderr, res.stderr[-3000:]
+        assert "while starting, before it wrote its log" in res.stderr, res.stderr[-3000:]
         res = subprocess.run(cli + command, capture_output=True, text=True, env=env, cwd=top,
                              preexec_fn=as_nobody(None), timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -258,3 +265,26 @@ def test_a_run_directory_of_ones_own_closed_to_oneself_is_not_called_another_use
     assert e.value.code == 2
     assert "error: cannot use /proc/self/status: permission denied: the file /proc/self/status is root's own" \
         in capsys.readouterr().err
+
+
+def test_a_rerun_whose_workers_die_before_logging_is_not_sent_to_the_earlier_logs(fasta, common, tmp_path):
+    """Workers that exit while starting (as libgomp makes them under `ulimit -u`; here a sitecustomize that exits
+    every spawned process, so no root is needed) leave no log; the parent starts each with how it ended. A
+    `rerun` under the same limit found those logs there and said "it raised an error; see its log", of a log
+    holding only the first attempt's lines. It says again where the worker's last words went."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if '--multiprocessing-fork' in sys.argv:   # a spawned worker, as it starts\n"
+        "    os.write(2, b'libgomp: Thread creation failed: Resource temporarily unavailable\\n')\n"
+        "    os._exit(1)\n")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "RUN_SHARDS_REPORT": "0"}
+    out = tmp_path / "out"
+    for args in ([fasta, "--out", str(out), *common], ["rerun", str(out), "--no-progress"]):
+        res = run_cli(*args, env=env)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        assert "see its log" not in res.stderr and "while starting, before it wrote its log" in res.stderr, \
+            res.stderr[-3000:]
+    assert (out / "logs" / "worker_0.log").read_text().count("ended: exit code 1 while starting") == 2
