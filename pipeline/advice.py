@@ -23,8 +23,9 @@ def command(*words: str | os.PathLike | int) -> str:
 
 @contextlib.contextmanager
 def previewing(dry_run: bool):
-    """Within: a --dry-run command's suggested `run` / `rerun` commands keep --dry-run (when `dry_run`)."""
-    token = _PREVIEW.set(bool(dry_run) or _PREVIEW.get())
+    """Within: a --dry-run command's suggested `run` / `rerun` commands keep --dry-run (when `dry_run`; False
+    turns it off inside, for what outlives the command, as report.html)."""
+    token = _PREVIEW.set(bool(dry_run))
     try:
         yield
     finally:

@@ -87,11 +87,11 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
             try:
                 with previewing(dry_run):   # (a refusal's suggested commands preview too)
                     planned = plan(config, on_model=early.load_ahead, progress=show_progress)
-                with planned.index as index:
-                    manifest = planned.record(run_dir)
-                    options = dict(dry_run=dry_run, wait=wait, early=early)
-                    return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, None, show_progress,
-                                                                  started, options), "run")
+                    with planned.index as index:
+                        manifest = planned.record(run_dir)
+                        options = dict(dry_run=dry_run, wait=wait, early=early)
+                        return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, None, show_progress,
+                                                                      started, options), "run")
             finally:
                 early.close()
         except BaseException:
@@ -108,7 +108,8 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
     `merge_sbatch` replace the run's settings, for this command and later ones."""
     run_dir = RunDir(out)
     run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
-    with command_session(run_dir, "rerun"):
+    # (as run's: a --dry-run's refusals, a FASTA or checkpoint changed since, suggest commands that preview too)
+    with command_session(run_dir, "rerun"), previewing(dry_run):
         # (run.log holds every command's lines: this one marks where the rerun's begin)
         log.info("run_shards %s: rerun %s%s", __version__, run_dir.root,
                  f" --shards {','.join(map(str, shards))}" if shards else "")
@@ -294,7 +295,8 @@ def _reported(run_dir: RunDir, work, command: str):
             events.append(run_dir.run_events_path, "ended", command=command, error=error,
                           seconds=round(time.time() - began, 3), slurm_job=os.environ.get("SLURM_JOB_ID", ""))
             if os.environ.get("RUN_SHARDS_REPORT", "1") != "0":
-                write_report(run_dir, error)
+                with previewing(False):   # (the page outlives a --dry-run: its commands are plain ones)
+                    write_report(run_dir, error)
 
 
 def write_report(run_dir: RunDir, error: str | None = None) -> None:

@@ -143,7 +143,7 @@ def _result_is_durable() -> None:
 
 
 # errnos of a file the command can no longer reach: gone, read-only, not permitted, a stale NFS handle.
-UNREACHABLE_FILE_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EROFS, errno.ESTALE, errno.EIO}
+UNREACHABLE_FILE_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ESTALE, errno.EIO}
 
 
 class CommaList(click.ParamType):

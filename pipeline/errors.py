@@ -62,6 +62,7 @@ def permission_reason(error: BaseException) -> str | None:
     import errno
     import os
     import pwd
+    import shlex
     import stat
     if getattr(error, "errno", None) not in (errno.EACCES, errno.EPERM) or not getattr(error, "filename", None):
         return None
@@ -80,7 +81,13 @@ def permission_reason(error: BaseException) -> str | None:
         return f"permission denied, and {path} cannot be examined by {user(os.geteuid())}"
     owner, me = user(info.st_uid), user(os.geteuid())
     what = "folder" if stat.S_ISDIR(info.st_mode) else "file"
-    return (f"permission denied: the {what} {path} belongs to {owner} (mode {stat.filemode(info.st_mode)[1:]}) "
+    mode = stat.filemode(info.st_mode)[1:]
+    if info.st_uid == os.geteuid():   # (asking its owner to open it, or to run as its owner, would be this user)
+        return (f"permission denied: the {what} {path} is {me}'s own (mode {mode}), yet closed to this command: "
+                f"give yourself access (`chmod u+rwX {shlex.quote(path)}`); where its mode allows it already, "
+                "the file system refuses it (a read-only export, an NFS server that maps this user to another, "
+                "an immutable flag): run the command where it may write there")
+    return (f"permission denied: the {what} {path} belongs to {owner} (mode {mode}) "
             f"and this command runs as {me}. Ask {owner} to open it to you (`chmod -R a+rX` on a run "
             f"directory lets others read it), or run the command as {owner}")
 

@@ -323,3 +323,19 @@ def test_a_dry_runs_refusal_suggests_a_dry_run(fasta, common, tmp_path):
     assert "--dry-run" in again and again[again.index("--out") + 1] == f"{out}-2", again
     res = run_cli(*again)
     assert res.returncode == 0 and "nothing was submitted" in res.stdout + res.stderr, res.stderr
+
+
+def test_a_dry_run_reruns_refusal_suggests_commands_that_preview(fasta, common, tmp_path):
+    """`rerun --dry-run` of a SLURM plan whose FASTA changed since was refused with `rerun OUT` and a start-over
+    `run` without --dry-run (only `run`'s planning kept it): pasted, either submitted the jobs being previewed."""
+    path, out = tmp_path / "in.fasta", tmp_path / "out"
+    shutil.copy(fasta, path)
+    slurm = ["--launcher", "slurm", "--dry-run", *common[:2], "--gpus", "0", "--shards", "2"]
+    assert run_cli(str(path), "--out", str(out), *slurm).returncode == 0
+    path.write_bytes(path.read_bytes() + b">appended\nMKV\n")
+    res = run_cli("rerun", str(out), "--dry-run")
+    assert res.returncode == 2 and "the input FASTA no longer matches this run" in res.stderr, res.stderr
+    commands = suggested_commands(res.stderr)
+    assert [c[0] for c in commands] == ["rerun", "run"] and all("--dry-run" in c for c in commands), commands
+    res = run_cli(*commands[1])
+    assert res.returncode == 0 and "nothing was submitted" in res.stdout + res.stderr, res.stderr

@@ -152,7 +152,8 @@ def test_a_worker_that_dies_before_its_log_is_not_sent_to_its_log(fasta, models)
     process before the worker writes its log. The parent said "exit code 1 (it raised an error; see its log)"
     of a log that did not exist, and status repeated it. Now the worker's log is started by the parent with
     how it ended, and the message points at the standard error where the worker's last words went; `rerun`
-    without the limit finishes. (The limit binds only users other than root: the run is `nobody`'s.)"""
+    under the limit again says the same (the logs then hold only the first attempt's lines), and `rerun` without
+    the limit finishes. (The limit binds only users other than root: the run is `nobody`'s.)"""
     import pwd
     import tempfile
     if os.geteuid() != 0:
@@ -193,6 +194,12 @@ def test_a_worker_that_dies_before_its_log_is_not_sent_to_its_log(fasta, models)
                                 preexec_fn=as_nobody(None), timeout=300)
         assert "see its log" not in status.stdout and "while starting" in status.stdout, status.stdout
         (command,) = [c for c in suggested_commands(res.stderr) if c[0] == "rerun"]
+        # rerun under the same limit: the logs exist now (the parent started them), holding only the first
+        # attempt's lines; it was sent to them as if they held this attempt's error
+        res = subprocess.run(cli + command, capture_output=True, text=True, env=env, cwd=top,
+                             preexec_fn=as_nobody(12), timeout=600)
+        assert res.returncode == 1 and "see its log" not in res.stderr, res.stderr[-3000:]
+        assert "while starting, before it wrote its log" in res.stderr, res.stderr[-3000:]
         res = subprocess.run(cli + command, capture_output=True, text=True, env=env, cwd=top,
                              preexec_fn=as_nobody(None), timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -217,3 +224,67 @@ def test_get_and_export_to_a_full_disk_name_the_file(reference_run, tmpfs):
     for args in commands:
         assert run_cli(*args).returncode == 0
         assert Path(args[-1]).stat().st_size > 0
+
+
+def test_a_run_directory_of_ones_own_closed_to_oneself_is_not_called_another_users(reference_run, capsys):
+    """Your own file that refuses you (a manifest made mode 000; an NFS export mapping root to another user):
+    the refusal said it "belongs to nobody and this command runs as nobody. Ask nobody to open it to you, or
+    run the command as nobody". It says the file is yours and how to open it to yourself. And an EPERM (here
+    root changing a /proc file; an immutable file, another's file in a sticky folder), which the same words
+    are for, was a traceback."""
+    if os.geteuid() != 0:
+        skip_or_fail("becoming another user needs root")
+    import pwd
+    import tempfile
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import _run_step, main
+    nobody = pwd.getpwnam("nobody")
+    top = Path(tempfile.mkdtemp(prefix="rs-own-"))
+    try:
+        top.chmod(0o755)
+        if any(not p.stat().st_mode & 0o001 for p in top.parents):
+            pytest.skip(f"a folder above {top} cannot be searched by other users")   # (this machine's layout)
+        out = top / "out"
+        shutil.copytree(reference_run, out)
+        for path in [out, *out.rglob("*")]:
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        (out / "manifest.json").chmod(0)
+        CliRunner().invoke(main, ["status", str(out)])   # (as root: imports what the command needs)
+        code, text = _as_nobody("status", str(out))
+        assert code == 2 and "Traceback" not in text, text
+        assert f"the file {out / 'manifest.json'} is nobody's own (mode ---------)" in text, text
+        assert "Ask nobody" not in text and "as nobody" not in text, text
+        assert f"chmod u+rwX {out / 'manifest.json'}" in text, text
+    finally:
+        shutil.rmtree(top)
+
+    with pytest.raises(SystemExit) as e:   # a real EPERM: root may not change the mode of a /proc file
+        _run_step(os.chmod, "/proc/self/status", 0o644)
+    assert e.value.code == 2
+    assert "error: cannot use /proc/self/status: permission denied: the file /proc/self/status is root's own" \
+        in capsys.readouterr().err
+
+
+def test_a_rerun_whose_workers_die_before_logging_is_not_sent_to_the_earlier_logs(fasta, common, tmp_path):
+    """Workers that exit while starting (as libgomp makes them under `ulimit -u`; here a sitecustomize that exits
+    every spawned process, so no root is needed) leave no log; the parent starts each with how it ended. A
+    `rerun` under the same limit found those logs there and said "it raised an error; see its log", of a log
+    holding only the first attempt's lines. It says again where the worker's last words went."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if '--multiprocessing-fork' in sys.argv:   # a spawned worker, as it starts\n"
+        "    os.write(2, b'libgomp: Thread creation failed: Resource temporarily unavailable\\n')\n"
+        "    os._exit(1)\n")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "RUN_SHARDS_REPORT": "0"}
+    out = tmp_path / "out"
+    for args in ([fasta, "--out", str(out), *common], ["rerun", str(out), "--no-progress"]):
+        res = run_cli(*args, env=env)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        assert "see its log" not in res.stderr and "while starting, before it wrote its log" in res.stderr, \
+            res.stderr[-3000:]
+    assert (out / "logs" / "worker_0.log").read_text().count("ended: exit code 1 while starting") == 2

@@ -44,6 +44,7 @@ class ShardProcess:
     kill_at: float | None = None
     holder: dict = field(default_factory=dict)   # EXIT_SHARD_BUSY: who holds the shard's lock
     unlogged: bool = False      # it ended before writing its log (while starting)
+    log_size: int = -1          # its log's size when it was started (-1: none yet; a rerun's holds earlier attempts')
 
     @property
     def process(self):
@@ -133,11 +134,12 @@ class Supervisor:
         self.killed_at_once: list[int] = []     # shards killed by a second signal, before their checkpoint
 
     def _start(self, rank: int, slot: str) -> None:
+        log_size = _size(self.run.worker_log(rank))
         spawned = self.early.take(slot, rank) if self.early is not None else None
         early = spawned is not None
         spawned = spawned or spawn_worker(self.run, rank, slot, self.gpu, self.threads)
         pid = spawned.context.processes[0].pid
-        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn, pid))
+        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn, pid, log_size=log_size))
         if self.interrupted:   # a stop signal came while it spawned: it stops too
             self.active[-1].killed_for = f"run_shards received {self.interrupted} and asked it to stop"
             _kill(pid, signal.SIGTERM)
@@ -250,8 +252,9 @@ class Supervisor:
                 self.board.note(f"shard {p.rank} stopped at its final checkpoint", logging.WARNING)
             else:
                 # A C library that exits the process while the worker starts (libgomp, when `ulimit -u` leaves
-                # it no thread) leaves no log: the parent starts it with how the worker ended.
-                p.unlogged = code > 0 and not self.run.worker_log(p.rank).exists()
+                # it no thread) leaves no log, or (a rerun) only the earlier attempts' lines: the parent adds
+                # how the worker ended.
+                p.unlogged = code > 0 and _size(self.run.worker_log(p.rank)) == p.log_size
                 self.board.note(f"shard {p.rank} stopped: {p.summary}", logging.ERROR)
                 if p.unlogged:
                     self._tell_worker_log(p)
@@ -295,6 +298,14 @@ class Supervisor:
             elif p.kill_at is not None and now > p.kill_at:
                 _kill(p.pid, signal.SIGKILL)
                 p.kill_at = float("inf")
+
+
+def _size(path) -> int:
+    """A file's size, -1 when there is none."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
 
 
 def _kill(pid: int, sig: int) -> None:
