@@ -120,8 +120,9 @@ def _run_step(fn, *args, **kwargs):
                   "the same command again")
         many = too_many_files_reason(e)
         if many:
-            _fail(f"cannot open {e.filename or 'a file'}: {many}. Raise the limit (`ulimit -n`) and run the same "
-                  "command again")
+            remedy = ("Raise the limit (`ulimit -n`)" if e.errno == errno.EMFILE else
+                      "Wait for other processes to close files (or ask the administrator to raise fs.file-max)")
+            _fail(f"cannot open {e.filename or 'a file'}: {many}. {remedy} and run the same command again")
         if e.filename is None or e.errno not in UNREACHABLE_FILE_ERRNOS:
             raise
         denied = permission_reason(e)

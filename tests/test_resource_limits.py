@@ -288,3 +288,19 @@ def test_a_rerun_whose_workers_die_before_logging_is_not_sent_to_the_earlier_log
         assert "see its log" not in res.stderr and "while starting, before it wrote its log" in res.stderr, \
             res.stderr[-3000:]
     assert (out / "logs" / "worker_0.log").read_text().count("ended: exit code 1 while starting") == 2
+
+
+def test_a_full_system_file_table_is_not_sent_to_ulimit(capsys):
+    """ENFILE (the system's table of open files full) was advised like EMFILE, "Raise the limit (`ulimit -n`)",
+    which does nothing for it."""
+    import errno
+
+    from pipeline.cli import _run_step
+
+    def refused(code):
+        raise OSError(code, os.strerror(code), "/data/shard_0.h5")
+    for code, said, unsaid in ((errno.ENFILE, "fs.file-max", "ulimit -n"), (errno.EMFILE, "`ulimit -n`", "file-max")):
+        with pytest.raises(SystemExit) as e:
+            _run_step(refused, code)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "cannot open /data/shard_0.h5" in err and said in err and unsaid not in err, err
