@@ -44,6 +44,9 @@ def test_many_shards_under_a_low_open_files_limit(fasta, common, reference, tmp_
     assert "corrupt" not in res.stderr and "rerun" not in res.stderr, res.stderr
     assert "10 files at once, and this process may hold at most 16" in res.stderr, res.stderr
     (command,) = [c for c in suggested_commands(res.stderr) if c[0] == "merge"]
+    partial = _run_limited(["merge", str(out), "--allow-partial"], soft=16, hard=16)   # the command as it was given
+    assert partial.returncode == 2 and [c for c in suggested_commands(partial.stderr) if c[0] == "merge"] == \
+        [["merge", str(out), "--allow-partial"]], partial.stderr
     res = run_cli(*command, env={"RUN_SHARDS_REPORT": "0"})
     assert res.returncode == 0, res.stderr
     assert_same(read(out / "result.h5"), reference)

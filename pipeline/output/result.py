@@ -47,7 +47,7 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
     if allow_partial:
         held += sum(len(list(run.parts_dir(r).glob("part_*.h5"))) for r in range(world) if run.parts_dir(r).is_dir())
     ensure_open_files(held, f"the shards of {run.root}", "Raise it (`ulimit -Hn` as root, or ask your "
-                      f"administrator) and run `{command('merge', run.root)}`")
+                      f"administrator) and run `{command('merge', run.root, *(['--allow-partial'] if allow_partial else []))}`")
     try:
         for r in range(world):
             path = run.shard_path(r)
