@@ -299,7 +299,7 @@ def run_command(fasta, out, gpus, workers, threads, dry_run, wait, no_progress, 
 
     \b
     Example:
-        run_shards run proteins.fasta --out emb --model facebook/esm2_t33_650M_UR50D --pool mean,cls
+        run_shards run seqs.fasta --out emb --model facebook/esm2_t33_650M_UR50D
     """
     from .api import run
     from .commands import run_config
