@@ -380,7 +380,8 @@ def rerun_command(out, shards, worker_timeout, ray_address, sbatch, merge_sbatch
 
     \b
     Example:
-        run_shards rerun emb --shards 3     # only shard 3; `run_shards rerun emb` then merges
+        run_shards rerun emb --shards 3     # only shard 3
+        run_shards rerun emb                # the rest, then the merge
     """
     from .api import rerun
     _setup_logging(quiet)
