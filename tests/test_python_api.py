@@ -268,7 +268,7 @@ def test_ctrl_c_during_run_is_not_swallowed_by_a_scripts_except_run_failed(fasta
         "        print('went on', flush=True)\n")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path, env=env_with(PYTHONPATH=REPO, RUN_SHARDS_REPORT="0",
-                                                       RUN_SHARDS_FAULT_BATCH_SLEEP="30"))
+                                                       RUN_SHARDS_FAULT_BATCH_SLEEP="8"))
     log = outs[0] / "logs" / "worker_0.log"
     deadline = time.time() + 120
     while not (log.exists() and "to do" in log.read_text()):
