@@ -8,8 +8,6 @@ import copy
 import dataclasses
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -17,15 +15,7 @@ from pipeline.config import LAUNCH, PLAN, RESULT, RunConfig, option_of
 from pipeline.errors import RunDirError
 
 from .run_helpers import raw_datasets, status_rows, suggested_commands, undocumented_files
-from .tiny_models import REPO, run_cli
-
-
-@pytest.fixture(scope="module")
-def small_fasta(tmp_path_factory):
-    path = tmp_path_factory.mktemp("fasta") / "in.fasta"
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "40", "--seed", "5",
-                    "--max-len", "300", str(path)], check=True, capture_output=True)
-    return str(path)
+from .tiny_models import run_cli
 
 
 @pytest.fixture(scope="module")

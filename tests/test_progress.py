@@ -54,14 +54,6 @@ def run_in_terminal(*args: str, env: dict | None = None, timeout: float = 300) -
 
 
 @pytest.fixture(scope="module")
-def small_fasta(tmp_path_factory):
-    path = tmp_path_factory.mktemp("fasta") / "in.fasta"
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "40", "--seed", "5",
-                    "--max-len", "300", str(path)], check=True, capture_output=True)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def args(models):
     return ["--model", models["demo"], "--gpus", "0", "--workers", "2", "--max-tokens-per-batch", "1000",
             "--checkpoint-every", "4"]
