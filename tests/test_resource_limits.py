@@ -66,6 +66,18 @@ def test_an_index_cache_on_a_full_disk_keeps_no_spill_folder(fasta, tmpfs):
     filler.unlink()
 
 
+def _folder_for_nobody(prefix: str, mode: int, *also: Path) -> Path:
+    """A new folder of `mode` that user nobody can reach (and the files `also`, e.g. the interpreter), or a skip
+    naming what this machine's layout keeps from other users (a home of mode 700 above it)."""
+    import tempfile
+    top = Path(tempfile.mkdtemp(prefix=prefix))
+    top.chmod(mode)
+    if any(not p.stat().st_mode & 0o001 for p in [*top.parents, *(q for f in also for q in f.resolve().parents)]):
+        shutil.rmtree(top)
+        pytest.skip(f"{top} or a folder above {', '.join(map(str, also)) or 'it'} cannot be reached by other users")
+    return top
+
+
 def _as_nobody(*args: str) -> tuple[int, str]:
     """The CLI run in a forked child that has become user `nobody` (exit code, stderr). Forked rather than
     started: the interpreter may live where nobody cannot reach it (a home of mode 700); every module the
@@ -158,15 +170,11 @@ def test_a_worker_that_dies_before_its_log_is_not_sent_to_its_log(fasta, models)
     under the limit again says the same (the logs then hold only the first attempt's lines), and `rerun` without
     the limit finishes. (The limit binds only users other than root: the run is `nobody`'s.)"""
     import pwd
-    import tempfile
     if os.geteuid() != 0:
         skip_or_fail("becoming another user needs root")
     nobody = pwd.getpwnam("nobody")
-    top = Path(tempfile.mkdtemp(prefix="rs-nproc-"))
+    top = _folder_for_nobody("rs-nproc-", 0o777, Path(sys.executable))
     try:
-        top.chmod(0o777)
-        if any(not p.stat().st_mode & 0o001 for p in [*top.parents, *Path(sys.executable).resolve().parents]):
-            pytest.skip(f"{top} or {sys.executable} cannot be reached by other users")   # (this machine's layout)
         shutil.copy(fasta, top / "in.fasta")
         shutil.copytree(models["demo"], top / "demo")
         for path in [top, *top.rglob("*")]:
@@ -238,17 +246,13 @@ def test_a_run_directory_of_ones_own_closed_to_oneself_is_not_called_another_use
     if os.geteuid() != 0:
         skip_or_fail("becoming another user needs root")
     import pwd
-    import tempfile
 
     from click.testing import CliRunner
 
     from pipeline.cli import _run_step, main
     nobody = pwd.getpwnam("nobody")
-    top = Path(tempfile.mkdtemp(prefix="rs-own-"))
+    top = _folder_for_nobody("rs-own-", 0o755)
     try:
-        top.chmod(0o755)
-        if any(not p.stat().st_mode & 0o001 for p in top.parents):
-            pytest.skip(f"a folder above {top} cannot be searched by other users")   # (this machine's layout)
         out = top / "out"
         shutil.copytree(reference_run, out)
         for path in [out, *out.rglob("*")]:
