@@ -498,6 +498,32 @@ def test_a_run_index_tells_an_edit_that_keeps_size_and_mtime(tmp_path):
     assert index.records_changed() is None
 
 
+def test_a_run_index_reads_a_file_whose_stat_moved_with_the_same_text_once(tmp_path, monkeypatch):
+    """A chmod (or `cp -p` onto a node's own disk at the same path) moves the change time or inode and keeps the
+    text: the first check reads the file and says nothing changed; later checks (every `status`, array task and
+    worker) take that reading from the index cache instead of reading the whole file again. An edit after it is
+    still found."""
+    fasta = tmp_path / "in.fasta"
+    text = b">a\nACDEFG\n>b\nMMKL\n"
+    fasta.write_bytes(text)
+    index = SequenceIndex.build([fasta])
+    os.chmod(fasta, 0o600)
+    os.chmod(fasta, 0o644)
+    assert index.stat_changes() != []
+    builds = []
+    real_build = sequence_index.index_build.build_file
+    monkeypatch.setattr(sequence_index.index_build, "build_file",
+                        lambda paths, *a, **k: builds.append(paths) or real_build(paths, *a, **k))
+    assert index.records_changed() is None and len(builds) == 1
+    assert index.records_changed() is None and index.records_changed() is None and len(builds) == 1
+    st = os.stat(fasta)
+    with open(fasta, "r+b") as fh:
+        fh.write(_same_size_edit(text))
+    os.utime(fasta, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = index.records_changed()
+    assert changed is not None and "the contents of" in changed and len(builds) == 2, changed
+
+
 def test_index_of_a_file_from_before_change_times_compares_what_it_recorded(tmp_path):
     """A run planned before the change time and inode were recorded is not refused for lacking them."""
     fasta = tmp_path / "in.fasta"
