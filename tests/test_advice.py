@@ -3,6 +3,7 @@
 The FASTA changing under a run once sent users in circles (the worker said "run again", the parent
 "rerun", `rerun` refused, `run` pointed back to `rerun`); here each suggested command is run.
 """
+import re
 import shutil
 
 from index import SequenceIndex
@@ -134,6 +135,10 @@ def test_failure_report_is_in_run_log(fasta, common, reference, tmp_path):
     assert res.returncode == 1
     logged = (out / "logs" / "run.log").read_text()
     assert "shard 0 failed: killed by SIGKILL (not by run_shards" in logged
+    # (it died writing its first checkpoint: what it computed is gone, and the bar and its row say so)
+    lost = re.search(r"the ([\d,]+) sequences it computed after its last checkpoint were lost with it", res.stderr)
+    assert lost and int(lost[1].replace(",", "")) > 0, res.stderr
+    assert re.search(r"^ +0 +CPU +0 ", logged, re.M), logged
     assert f"Continue with:  run_shards rerun {out} --shards 0" in logged
     assert undocumented_files(out) == []
     (command,) = suggested_commands(res.stderr)

@@ -118,6 +118,28 @@ def test_the_summary_line_gives_the_share_done_and_the_time_left():
     board.close()
 
 
+def test_a_worker_that_dies_takes_what_it_lost_off_the_bar_and_its_row():
+    """The bar and the per-shard table counted the sequences a killed worker computed after its last checkpoint,
+    which died with it: they said more was done than its shard holds (status said the truth)."""
+    board = ProgressBoard(400, "2 CPU worker(s)", 30.0, show_bar=False)
+    for rank in (0, 1):
+        board.add_worker(rank, "CPU")
+        board.message("start", rank, {"sequences": 200, "residues": 20000, "durable": 20 * rank})
+    board.message("progress", 0, {"sequences": 30, "tokens": 3000})
+    board.message("checkpoint", 0, {"durable": 20})
+    board.message("progress", 0, {"sequences": 15, "tokens": 1500})
+    board.message("progress", 1, {"sequences": 25, "tokens": 2500})
+    board.message("checkpoint", 1, {"durable": 40})   # (20 of an earlier attempt, 20 of this one)
+    assert "(70 of 400 sequences" in board.summary_line()
+    assert board.lost(0) == 25 and board.workers[0].sequences == 20
+    assert board.lost(1) == 5 and board.workers[1].sequences == 20
+    assert "(40 of 400 sequences, 10%" in board.summary_line()
+    assert board.lost(0) == 0   # (said once)
+    table = board.table().splitlines()
+    assert table[1].split()[:3] == ["0", "CPU", "20"] and table[2].split()[:3] == ["1", "CPU", "20"], table
+    board.close()
+
+
 def test_quiet_hides_the_decompression_bar_of_a_gzip_input(small_fasta, args, tmp_path):
     """A plain gzip input is decompressed into the cache with a bar of its own, which -q and --no-progress did
     not reach (only the shards' bar was turned off). Now neither draws it; without them it is drawn."""

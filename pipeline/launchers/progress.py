@@ -43,6 +43,8 @@ class WorkerStats:
     last_batch_at: float | None = None
     batch_tokens: int = 0        # tokens of the batch it computes now (0: between batches)
     batch_budget: int = 1        # the run's tokens per batch, which a long sequence's batch exceeds
+    durable_start: int | None = None   # the shard's durable rows when this attempt started (its `start`)
+    durable: int = 0             # ... and at its latest checkpoint
 
     @property
     def seconds(self) -> float:
@@ -73,6 +75,7 @@ class ProgressBoard:
         w.last_event = time.time()
         if kind == "start":   # the worker's own count (it rejects damaged checkpoints the parent counted)
             self.expected[rank] = data["sequences"]
+            w.durable_start = w.durable = data.get("durable", 0)
             self.bar.total = max(sum(self.expected.values()), self.bar.n)
             self.bar.refresh()
         elif kind == "batch":   # a batch begins: the hang detector allows it time for its tokens
@@ -84,12 +87,28 @@ class ProgressBoard:
             w.tokens += data["tokens"]
             self.bar.update(data["sequences"])
             self.bar.set_postfix_str(f"{human(self.tokens_per_second())} tok/s", refresh=False)
+        elif kind == "checkpoint":
+            w.durable = data["durable"]
         elif kind == "loaded":
             w.load_seconds = data["seconds"]
             w.loaded_at = w.last_event
         elif kind == "done":
             w.finished = time.time()
             w.compute_seconds = data.get("compute_seconds", 0.0)
+
+    def lost(self, rank: int) -> int:
+        """A worker that ended without its final checkpoint: take the sequences it computed after its last
+        checkpoint (lost with it; a rerun computes them again) off its count and the bar, which then say what its
+        shard holds. Returns how many."""
+        w = self.workers.get(rank)
+        if w is None or w.durable_start is None:
+            return 0
+        lost = max(0, w.sequences - (w.durable - w.durable_start))
+        if lost:
+            w.sequences -= lost
+            self.bar.update(-lost)
+            self.bar.refresh()
+        return lost
 
     def tokens_per_second(self) -> float:
         elapsed = max(time.time() - self.start, 1e-9)

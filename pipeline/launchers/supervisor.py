@@ -251,11 +251,14 @@ class Supervisor:
             elif code == EXIT_INTERRUPTED:
                 self.board.note(f"shard {p.rank} stopped at its final checkpoint", logging.WARNING)
             else:
+                lost = self.board.lost(p.rank)
                 # A C library that exits the process while the worker starts (libgomp, when `ulimit -u` leaves
                 # it no thread) leaves no log, or (a rerun) only the earlier attempts' lines: the parent adds
                 # how the worker ended.
                 p.unlogged = code > 0 and _size(self.run.worker_log(p.rank)) == p.log_size
-                self.board.note(f"shard {p.rank} stopped: {p.summary}", logging.ERROR)
+                self.board.note(f"shard {p.rank} stopped: {p.summary}"
+                                + (f"; the {lost:,} sequences it computed after its last checkpoint were lost "
+                                   "with it (a rerun computes them again)" if lost else ""), logging.ERROR)
                 if p.unlogged:
                     self._tell_worker_log(p)
                 if code < 0:   # killed: it could not say so itself, nor remove what it was writing

@@ -129,7 +129,7 @@ class ShardRun:
             shard.done = writer.is_done(positions)
             todo_tokens = int(index.lengths[positions[~shard.done]].sum())
             todo = int((~shard.done).sum())
-            self.reporter.send("start", sequences=todo, residues=todo_tokens)
+            self.reporter.send("start", sequences=todo, residues=todo_tokens, durable=writer.durable_rows)
             log.info("shard %d: %d sequences, %d to do (%d residues)", self.rank, len(positions), todo, todo_tokens)
             events.append(self.run_dir.events_path(self.rank), "start", **self._who(),
                           sequences=len(positions), durable=writer.durable_rows, todo=todo)
