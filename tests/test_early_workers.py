@@ -65,6 +65,23 @@ def test_workers_started_while_planning_compute_the_rows_of_workers_started_afte
     assert raw_datasets(tmp_path / "early" / "result.h5") == raw_datasets(tmp_path / "late" / "result.h5")
 
 
+def test_the_same_command_on_a_finished_run_starts_no_worker(models, tmp_path, monkeypatch):
+    """Its result stands and nothing is computed: workers started while it planned were only killed unused (a
+    second of every core's time, on a 2-core laptop the planning's own)."""
+    import run_shards
+    from pipeline.launchers import early_workers
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(FASTA)
+    out = tmp_path / "out"
+    args = dict(model=models["demo"], gpus=0, workers=2, show_progress=False)
+    spawned = []
+    real_spawn = early_workers.spawn_worker
+    monkeypatch.setattr(early_workers, "spawn_worker", lambda *a, **k: spawned.append(a) or real_spawn(*a, **k))
+    first = run_shards.run(str(fasta), out=str(out), **args)
+    assert len(spawned) == 2
+    assert run_shards.run(str(fasta), out=str(out), **args) == first and len(spawned) == 2
+
+
 def test_a_refused_plan_stops_the_workers_it_started_and_leaves_no_directory(models, tmp_path):
     fasta = tmp_path / "in.fasta"
     fasta.write_text("MKV\n" + FASTA)   # sequence data before the first header: the index refuses it

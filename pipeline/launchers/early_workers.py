@@ -4,7 +4,8 @@ then waits for the shard the supervisor gives it (worker/entry.py), which it com
 Planning and a worker's start then take the time of the longer, not of both. As soon as the parent has chosen a
 model, each waiting worker also loads it (`load_ahead`, models/preload.py), so the weights come off the
 disk and onto the device while the parent finishes planning. A process no shard needs (the
-plan refused the run, fewer shards than slots were left) is killed before it has written anything.
+plan refused the run, fewer shards than slots were left) is killed before it has written anything; the same
+command on a run whose result is there starts none.
 
 RUN_SHARDS_EARLY_WORKERS=0 starts every worker only once its shard is known, as before.
 """
