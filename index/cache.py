@@ -85,3 +85,22 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
         if source is not None and compression(source) is not None:
             raise e.in_text_of(source) from None
         raise
+
+
+def records_changed(index: SequenceIndex) -> str | None:
+    """What changed in the FASTA files since `index` was built, or None when their records and bytes are the
+    same (a file only touched, same bytes, is accepted). Where a stat moved, the files are indexed again through
+    the cache, so that a file whose times or inode moved with the same text (chmod, `cp -p` to a node's own disk)
+    is read once, not by every later command, array task and worker: the cache trusts the current stat as
+    planning does."""
+    changes = index.stat_changes()
+    if not changes:
+        return None
+    try:
+        fresh, _ = load_or_build([f.path for f in index.inputs], progress=False)
+    except (OSError, FastaError) as e:
+        return f"{'; '.join(changes)}; it cannot be read now: {e}"
+    try:
+        return index.records_changed_in(fresh, changes)
+    finally:
+        fresh.close()

@@ -505,26 +505,10 @@ class SequenceIndex:
                 changes.append(f"{f.path}: {change}")
         return changes
 
-    def records_changed(self) -> str | None:
-        """What changed in the FASTA files since this index was built, or None when their records and bytes
-        are the same (a file only touched, same bytes, is accepted)."""
-        changes = self.stat_changes()
-        if not changes:
-            return None
-        from .cache import load_or_build
-        try:   # a stat moved: only the records themselves matter. Read through the index cache, so that a file
-            # whose times or inode moved with the same text (chmod, `cp -p` to a node's own disk) is read once,
-            # not by every later command and array task (the cache trusts the current stat as planning does).
-            fresh, _ = load_or_build([f.path for f in self.inputs], progress=False)
-        except (OSError, FastaError) as e:
-            return f"{'; '.join(changes)}; it cannot be read now: {e}"
-        try:
-            return self._compare(fresh, changes)
-        finally:
-            fresh.close()
-
-    def _compare(self, fresh: "SequenceIndex", changes: list[str]) -> str | None:
-        """records_changed's verdict on `fresh`, the same files indexed now."""
+    def records_changed_in(self, fresh: "SequenceIndex", changes: list[str]) -> str | None:
+        """What changed in the FASTA files since this index was built, judged on `fresh` (the same files indexed
+        now, their `stat_changes` being `changes`), or None when their records and bytes are the same (a file
+        only touched, same bytes, is accepted): cache.records_changed."""
         same = (len(fresh) == len(self) and np.array_equal(fresh.offsets, self.offsets)
                 and np.array_equal(fresh.lengths, self.lengths))
         edited = self.edited_inputs(fresh) if same else []

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from index import FastaError, SequenceIndex
+from index import FastaError, SequenceIndex, records_changed
 
 from .advice import command, previewing
 from . import __version__, launchers
@@ -205,7 +205,7 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     if only and left:   # what was asked is done; the merge needs the rest
         return NotMerged(f"shard(s) {', '.join(map(str, only))} complete; shard(s) {', '.join(map(str, left))} not "
                          f"finished, so nothing was merged: `{command('rerun', run.root)}` computes them and merges")
-    changed = index.records_changed()   # edited after the last shard's last check: the result would not describe it
+    changed = records_changed(index)   # edited after the last shard's last check: the result would not describe it
     if changed:
         raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "
                         f"{start_over_advice(run, manifest)}")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from index import SequenceIndex
+from index import SequenceIndex, records_changed
 
 from ..advice import command
 from ..output import shard_state
@@ -76,7 +76,7 @@ def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] |
     done = sum(1 for r in range(world) if run.shard_path(r).exists())
     lines = [f"{done:,} of {world:,} shards complete. No merged file was written; all finished and checkpointed "
              "rows are kept."]
-    changed = job.index.records_changed()
+    changed = records_changed(job.index)
     if changed:
         lines.append(f"The input FASTA changed since this run started ({changed}). "
                      f"{start_over_advice(run, job.manifest)}")

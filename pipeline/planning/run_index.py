@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from index import IndexCorrupt, SequenceIndex, load_or_build
+from index import IndexCorrupt, SequenceIndex, load_or_build, records_changed
 
 from ..advice import command
 from ..config import RunConfig
@@ -54,7 +54,7 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
     if refresh_copies:
         from index.compressed import refresh
         refresh([f.path for f in index.inputs], progress)
-    changed = index.records_changed()
+    changed = records_changed(index)
     if not changed:   # a .gz whose decompressed copy the run reads
         from index.compressed import source_changes
         changed = "; ".join(source_changes([f.path for f in index.inputs])) or None

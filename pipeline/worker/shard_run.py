@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from index import InputChanged, SequenceIndex
+from index import InputChanged, SequenceIndex, records_changed
 from index.shard_view import open_stride
 
 from ..advice import command
@@ -424,7 +424,7 @@ def _inputs_still_match(index) -> None:
     (`SequenceIndex.sequence`), which also catches an edit undone before the next checkpoint."""
     if index.checksums is not None or not index.stat_changes():
         return
-    changed = index.records_changed()
+    changed = records_changed(index)
     if changed:
         raise UserError(f"the input FASTA changed while this shard was computed ({changed}); the rows computed "
                         "since its last checkpoint were not kept, as they may come from the edited text")
