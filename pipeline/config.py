@@ -187,7 +187,8 @@ class RunConfig:
                                    help="slurm: shards per array task, one worker per GPU of the task (for "
                                         "whole-node allocations).")
     sbatch: str = setting(LAUNCH, "--sbatch", default="", only_with=_SLURM,
-                          help="slurm: more sbatch options, e.g. \"--partition=gpu --time=12:00:00\".")
+                          help="slurm: more sbatch options for each array task, e.g. "
+                               "\"--partition=gpu --time=12:00:00\".")
     merge_sbatch: str = setting(LAUNCH, "--merge-sbatch", default="", only_with=_SLURM,
                                 help="slurm: the merge job's sbatch options (it keeps only --sbatch's account and "
                                      "QOS), e.g. \"--partition=cpu --mem=8G\"; its time limit, unless given, "

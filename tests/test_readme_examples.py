@@ -207,3 +207,15 @@ def test_every_example_in_the_commands_help_parses():
         except click.ClickException as e:
             wrong.append(f"{line}: {e.format_message()}")
     assert wrong == []
+
+
+def test_no_option_in_the_commands_help_is_cut_at_its_dashes():
+    """In 80 columns, click breaks words at hyphens: an example such as "--partition=gpu" was shown as `"--` at
+    one line's end and `partition=gpu` on the next, which does not copy as an option."""
+    from pipeline.cli import main
+    cut = []
+    for name, command in main.commands.items():
+        text = command.get_help(click.Context(command, info_name=name, terminal_width=80, max_content_width=80))
+        cut += [f"{name}: {line.strip()}" for line in text.splitlines() if line.rstrip().endswith("-")
+                and re.search(r"(^|[\s\"'(`])--?$", line.rstrip().split(" ")[-1])]
+    assert cut == []
