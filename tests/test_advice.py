@@ -6,6 +6,8 @@ The FASTA changing under a run once sent users in circles (the worker said "run 
 import re
 import shutil
 
+import pytest
+
 from index import SequenceIndex
 
 from .run_helpers import (assert_same, log_text, read, rerun_matches, start, suggested_commands,
@@ -312,6 +314,36 @@ def test_an_index_deleted_with_the_copy_plan_it_needs_is_refused_with_both_ways_
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "copies.rsidx").write_bytes(b"")
     assert "builds it again" in missing_index(run, manifest)
+
+
+def test_an_index_deleted_from_a_run_an_earlier_version_planned_is_not_promised_back(tmp_path):
+    """A run planned before 2026-11-27 may hold an index fingerprinted over fewer arrays: deleted, this version
+    cannot build its like again. status promised `rerun` would, and rerun then said the FASTA had changed; both
+    now say that the index may have to be restored, and rerun names both ways out."""
+    import dataclasses
+
+    from pipeline.config import RunConfig
+    from pipeline.errors import UserError
+    from pipeline.planning.run_index import _rebuild, missing_index
+    from pipeline.rundir.layout import RunDir
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">a\nMKV\n>b\nMKVL\n")
+    run = RunDir(tmp_path / "out")
+    run.root.mkdir()
+    config = dataclasses.asdict(RunConfig(fasta=[str(fasta)], out=str(run.root)))
+    earlier = {"config": config, "world": 1, "index": {"fingerprint": "b608e871-2", "count": 2}, "attrs": {}}
+    said = missing_index(run, earlier)
+    assert "builds it again" in said and "one from before 2026-11-27" in said and "restore index.rsidx" in said, said
+    with pytest.raises(UserError) as refused:
+        _rebuild(run, earlier)
+    said = str(refused.value)
+    assert "the FASTA changed since, or the run_shards that planned it (one from before 2026-11-27)" in said, said
+    assert [c[0] for c in suggested_commands(said)] == ["rerun", "run"] and not run.index_path.exists(), said
+    now = dict(earlier, attrs={"resolved": {}})   # planned by this version: the FASTA is what changed
+    assert "before 2026-11-27" not in missing_index(run, now)
+    with pytest.raises(UserError) as refused:
+        _rebuild(run, now)
+    assert "the input FASTA no longer matches this run" in str(refused.value)
 
 
 def test_a_dry_runs_refusal_suggests_a_dry_run(fasta, common, tmp_path):

@@ -69,10 +69,20 @@ def missing_index(run: RunDir, manifest: dict) -> str:
     gone = _gone(run)
     if _rebuildable(run, manifest):
         return (f"{gone}; `{command('rerun', run.root)}` builds it again from the FASTA and continues the run "
-                "(its shards are kept)")
+                "(its shards are kept)" + (f", unless {_EARLIER_INDEX}: then restore {run.index_path.name} from where "
+                                          "it went" if _planned_before_identity(manifest) else ""))
     return (f"{gone}, and so is {run.copies_path}, which says which of its records are copied instead of "
             f"computed: restore both from where they went, then run `{command('rerun', run.root)}`; or start a new "
             f"run: `{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
+
+
+# A run planned before 2026-11-27 (no settings recorded as they resolved) may have its index fingerprinted the way
+# an earlier run_shards did (over fewer arrays): an index built again by this version cannot match it.
+_EARLIER_INDEX = "the run_shards that planned it (one from before 2026-11-27) fingerprinted its index another way"
+
+
+def _planned_before_identity(manifest: dict) -> bool:
+    return "resolved" not in (manifest.get("attrs") or {})
 
 
 def _gone(run: RunDir) -> str:
@@ -98,6 +108,12 @@ def _rebuild(run: RunDir, manifest: dict, progress: bool = True) -> None:
     try:
         index = apply_input_policies(built, config)
         if index.fingerprint() != manifest["index"]["fingerprint"]:
+            if _planned_before_identity(manifest):
+                raise UserError(f"the run's index {run.index_path} is missing, and the index built again from the "
+                                f"FASTA differs from the one the run was planned with: the FASTA changed since, or "
+                                f"{_EARLIER_INDEX}. Restore {run.index_path.name} from where it went (or "
+                                f"the FASTA as it was) and run `{command('rerun', run.root)}` again, or start a new "
+                                f"run: `{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
             raise UserError(f"the run's index {run.index_path} is missing, and the input FASTA no longer matches "
                             f"this run (its index built again differs). {start_over_advice(run, manifest)}")
         save_again(run, manifest, index)
