@@ -458,10 +458,13 @@ def get_command(out, ids, ids_from, fmt, output):
 @click.option("--output", "-o", default=None, type=Path(dir_okay=False),
               help="Where to write (default: OUT/result.parquet or OUT/result.per-id.h5).")
 @click.option("--column", default=None, help="per-id-h5: the column to write (default: the one pooled embedding).")
-def export_command(out, fmt, output, column):
+@click.option("--widen-float16", is_flag=True,
+              help="parquet: float16 columns as float32, the same values, for readers that do not know Parquet's "
+                   "FLOAT16 (pyarrow before 15 cannot open such a file).")
+def export_command(out, fmt, output, column, widen_float16):
     """Export the result of OUT (a run directory or a result.h5) for downstream tools, streamed."""
     from .output.export import export
-    click.echo(f"wrote {_run_step(export, out, fmt, output, column)}")
+    click.echo(f"wrote {_run_step(export, out, fmt, output, column, widen_float16)}")
 
 
 def entry() -> None:

@@ -99,12 +99,12 @@ def get(out: str | os.PathLike, ids: str | Sequence[str] = (), ids_from: str | o
 
 
 def export(out: str | os.PathLike, format: str, output: str | os.PathLike | None = None,
-           column: str | None = None) -> Path:
-    """`run_shards export OUT --format F [-o FILE] [--column C]`: the result as parquet or one dataset per id
-    (per-id-h5), streamed; returns the file written."""
+           column: str | None = None, widen_float16: bool = False) -> Path:
+    """`run_shards export OUT --format F [-o FILE] [--column C] [--widen-float16]`: the result as parquet or one
+    dataset per id (per-id-h5), streamed; returns the file written."""
     from .output import export as exports
     _choose(format, tuple(exports.FORMATS), "--format")
-    return exports.export(out, format, output, column)
+    return exports.export(out, format, output, column, widen_float16)
 
 
 GET_FORMATS = ("tsv", "json", "npy")

@@ -288,6 +288,29 @@ def test_export_parquet_round_trips_every_column(result, tmp_path):
     assert attrs["task"] == "embed" and attrs["num_sequences"] == 62
 
 
+def test_export_parquet_widens_float16_for_older_readers_only_when_asked(result, tmp_path):
+    """Parquet's FLOAT16 type (per-residue values stored as float16) is read by pyarrow 15 and later, DuckDB and
+    Polars; pyarrow 14 cannot open such a file at all ("Thrift LogicalType that is not recognized"). The default
+    keeps the stored type; --widen-float16 writes float32, the very same values, and applies to parquet only."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import run_shards
+    from pipeline.errors import UserError
+    out, data, ids = result
+    kept = run_shards.export(out, "parquet", tmp_path / "kept.parquet")
+    wide = run_shards.export(out, "parquet", tmp_path / "wide.parquet", widen_float16=True)
+    assert str(pq.read_schema(kept).field("per_residue/values").type.value_type.value_type) == "halffloat"
+    table = pq.read_table(wide)
+    assert str(table.schema.field("per_residue/values").type.value_type.value_type) == "float"
+    assert table.schema.field("embeddings/mean").type == pq.read_schema(kept).field("embeddings/mean").type
+    per_residue = table.column("per_residue/values").to_pylist()
+    for k in range(len(ids)):
+        values = np.array(per_residue[k], np.float32).reshape(-1, 64)
+        assert np.array_equal(values, row_of(data, k)["per_residue/values"].astype(np.float32)), k
+    with pytest.raises(UserError, match="applies only to --format parquet"):
+        run_shards.export(out, "per-id-h5", tmp_path / "x.h5", widen_float16=True)
+    assert not (tmp_path / "x.h5").exists()
+
+
 def test_export_per_id_h5_as_uniprot_per_protein(result, tmp_path):
     out, data, ids = result
     target = tmp_path / "per-protein.h5"

@@ -32,15 +32,20 @@ FORMATS = {"parquet": "result.parquet", "per-id-h5": "result.per-id.h5"}
 
 
 def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None = None,
-           column: str | None = None) -> Path:
-    """Write the result of `source` (a run directory or result.h5) as `fmt`; returns the file written."""
+           column: str | None = None, widen_float16: bool = False) -> Path:
+    """Write the result of `source` (a run directory or result.h5) as `fmt`; returns the file written.
+    `widen_float16` (parquet): float16 columns written as float32, which every Parquet reader opens (pyarrow
+    before 15 cannot open a file that holds Parquet's FLOAT16 type at all); the values are the same."""
+    if widen_float16 and fmt != "parquet":
+        raise UserError(f"--widen-float16 applies only to --format parquet (per-id-h5 keeps each column's type): "
+                        f"drop it, or use --format parquet")
     path = result_path(source)
     option = "-o" if target else "the default output (-o FILE writes elsewhere)"
     target = Path(target) if target else path.parent / FORMATS[fmt]
     run_inputs.check_output_file(option, target, run_inputs.of_result(path))
     with atomic_path(target) as tmp, ResultFile(path) as res:
         if fmt == "parquet":
-            _parquet(res, tmp)
+            _parquet(res, tmp, widen_float16)
         else:
             _per_id(res, tmp, _per_id_column(res, column))
     return target
@@ -54,43 +59,46 @@ def _rows_per_chunk(res: ResultFile) -> int:
 
 
 # ------------------------------------------------------------------------------------------- parquet
-def _parquet(res: ResultFile, tmp: Path) -> None:
+def _parquet(res: ResultFile, tmp: Path, widen_float16: bool = False) -> None:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise UserError("--format parquet needs pyarrow: `pip install pyarrow` (or install run_shards with its "
                         "`parquet` extra)") from None
-    fields = [pa.field(c.path, _arrow_type(pa, c)) for c in res.schema.columns]
+    wide = {c.path: np.float32 for c in res.schema.columns if widen_float16 and c.dtype == "float16"}
+    fields = [pa.field(c.path, _arrow_type(pa, c, wide.get(c.path))) for c in res.schema.columns]
     schema = pa.schema(fields, metadata={"run_shards": json.dumps(res.attrs, default=str)})
     step = _rows_per_chunk(res)
     with pq.ParquetWriter(tmp, schema) as writer:
         for a in range(0, max(res.n, 1), step):
             b = min(res.n, a + step)
-            arrays = [_arrow_column(pa, res, c, a, b) for c in res.schema.columns]
+            arrays = [_arrow_column(pa, res, c, a, b, wide.get(c.path)) for c in res.schema.columns]
             writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=max(1, b - a))
             if b >= res.n:
                 break
 
 
-def _arrow_type(pa, c: Column):
-    base = pa.string() if c.dtype == STR else pa.from_numpy_dtype(np.dtype(c.dtype))
+def _arrow_type(pa, c: Column, as_dtype=None):
+    base = pa.string() if c.dtype == STR else pa.from_numpy_dtype(np.dtype(as_dtype or c.dtype))
     value = pa.list_(base, c.width) if c.width else base
     return pa.large_list(value) if c.ragged else value
 
 
-def _arrow_column(pa, res: ResultFile, c: Column, a: int, b: int):
+def _arrow_column(pa, res: ResultFile, c: Column, a: int, b: int, as_dtype=None):
     if not c.ragged:
         data = res.file[c.path][a:b]
         if c.dtype == STR:
             return pa.array([x.decode("utf-8") if isinstance(x, bytes) else x for x in data], pa.string())
-        return _values(pa, c, data)
+        return _values(pa, c, data, as_dtype)
     offsets = res.file[f"{c.group}/offsets"][a:b + 1].astype(np.int64)
     values = res.file[c.path][int(offsets[0]):int(offsets[-1])]
-    return pa.LargeListArray.from_arrays(pa.array(offsets - offsets[0], pa.int64()), _values(pa, c, values))
+    return pa.LargeListArray.from_arrays(pa.array(offsets - offsets[0], pa.int64()), _values(pa, c, values, as_dtype))
 
 
-def _values(pa, c: Column, data: np.ndarray):
+def _values(pa, c: Column, data: np.ndarray, as_dtype=None):
+    if as_dtype is not None:
+        data = data.astype(as_dtype)
     if not c.width:
         return pa.array(data)
     return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(data).reshape(-1)), c.width)
