@@ -25,8 +25,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Threads that wait for work sleep instead of spinning, in every process the tests start (workers with two torch
 # threads: a run with --workers 1 on this 2-core machine). The suite keeps both cores busy, and libgomp's
-# default spinning then took a 300-record demo run's worker from 3.9 to 14.7 CPU seconds (5.4 to 15.5 s wall);
-# an idle machine, as users run it, is what the default is for. Waiting changes no value computed.
+# default spinning then took a 300-record demo run from 5.6 to 18.1 CPU seconds (5.2 to 16.8 s wall:
+# bench/bench_wait_policy.py); an idle machine, as users run it, is what the default is for. Waiting changes no
+# value computed.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Runs write OUT/report.html at their end. With its charts plain SVG it costs a run about 0.02 s (docs/BENCHMARKS.md,
 # "Run report"): nothing measurable here (tests/test_result_reader.py's 11 CLI runs took as long with it as without).
