@@ -46,8 +46,9 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
     held = sum(1 for r in range(world) if run.shard_path(r).exists())
     if allow_partial:
         held += sum(len(list(run.parts_dir(r).glob("part_*.h5"))) for r in range(world) if run.parts_dir(r).is_dir())
+    again = command("merge", run.root, *(["--allow-partial"] if allow_partial else []))
     ensure_open_files(held, f"the shards of {run.root}", "Raise it (`ulimit -Hn` as root, or ask your "
-                      f"administrator) and run `{command('merge', run.root, *(['--allow-partial'] if allow_partial else []))}`")
+                      f"administrator) and run `{again}`")
     try:
         for r in range(world):
             path = run.shard_path(r)
