@@ -82,7 +82,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     with command_session(run_dir, "run"):
         try:
             log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
-            started = time.time()
+            started = time.monotonic()
             # Workers import and set up their devices while this plans; none where the run's result is already
             # there (the same command again computes nothing, and a changed one is refused).
             early = start_early(config, run_dir) if _finished_rows(run_dir) is None else EarlyWorkers()
@@ -134,7 +134,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             manifest = run_dir.read_manifest()
         with load_run_index(run_dir, manifest, refresh_copies=True, progress=show_progress) as index:
             return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, shards, show_progress,
-                                                          time.time(), dict(dry_run=dry_run, wait=wait)), "rerun")
+                                                          time.monotonic(), dict(dry_run=dry_run, wait=wait)), "rerun")
 
 
 def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path:
@@ -266,7 +266,7 @@ def _log_timings(run: RunDir, timings, started: float) -> None:
     if not timings or not timings[1]:
         return
     spawned, (first, last) = timings
-    end = time.time()
+    end = time.monotonic()
     split = {"prepare": spawned - started, "start_and_load": first - spawned, "compute": last - first,
              "finish_and_merge": end - last}
     log.info("timings: prepare %.1f s, start workers and load model %.1f s, compute %.1f s, finish shards and "
@@ -279,7 +279,7 @@ def _reported(run_dir: RunDir, work, command: str):
     """Run `work`, then record how the command ended (an `ended` event: its error, its seconds) and write
     OUT/report.html however it ended, with the error that ended it (not for a submission to a scheduler,
     whose jobs have not run yet). RUN_SHARDS_REPORT=0 leaves the page out (scripted runs, the tests)."""
-    outcome, error, began = None, None, time.time()
+    outcome, error, began = None, None, time.monotonic()
     try:
         outcome = work()
         return outcome
@@ -295,7 +295,7 @@ def _reported(run_dir: RunDir, work, command: str):
     finally:
         if not isinstance(outcome, Submitted):
             events.append(run_dir.run_events_path, "ended", command=command, error=error,
-                          seconds=round(time.time() - began, 3), slurm_job=os.environ.get("SLURM_JOB_ID", ""))
+                          seconds=round(time.monotonic() - began, 3), slurm_job=os.environ.get("SLURM_JOB_ID", ""))
             if os.environ.get("RUN_SHARDS_REPORT", "1") != "0":
                 with previewing(False):   # (the page outlives a --dry-run: its commands are plain ones)
                     write_report(run_dir, error)

@@ -157,8 +157,8 @@ class RunConfig:
     checkpoint_seconds: float = setting(LAUNCH, "--checkpoint-seconds", default=60.0, minimum=0, above_minimum=True,
                                         help="...or to S seconds since it (bounds what a crash can lose).")
     worker_timeout: float = setting(LAUNCH, "--worker-timeout", default=1800.0, minimum=0, above_minimum=True,
-                                    help="Stop a worker that reports no progress for this many seconds (SIGTERM, "
-                                         "then SIGKILL 10 s later).")
+                                    help="Stop a worker that reports no progress for this many seconds of the "
+                                         "machine running (SIGTERM, then SIGKILL 10 s later).")
     summary_seconds: float = setting(LAUNCH, "--summary-seconds", default=30.0, minimum=0, above_minimum=True,
                                      help="Summary line interval.")
     max_new_tokens: int = setting(RESULT, "--max-new-tokens", default=64, minimum=1, only_with=_GENERATE,

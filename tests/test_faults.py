@@ -306,6 +306,35 @@ def test_a_long_batch_is_not_taken_for_a_hang(common, tmp_path):
     assert "killed as hung" not in res.stderr and (out / "result.h5").exists()
 
 
+def test_a_machine_asleep_or_a_clock_set_forward_is_not_a_hang(tmp_path, monkeypatch):
+    """The hang detector measured a worker's silence on the wall clock, which counts a laptop's sleep and jumps
+    when the clock is set (a VM resumed, NTP stepping it): after an hour asleep every working worker was killed as
+    hung at once. It now counts time the machine ran (time.monotonic). A real process stands for the worker."""
+    from pipeline.launchers.progress import ProgressBoard
+    from pipeline.launchers.supervisor import ShardProcess, Supervisor
+    from pipeline.rundir.layout import RunDir
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        board = ProgressBoard(10, "1 CPU worker(s)", 30.0, show_bar=False)
+        board.add_worker(0, "CPU")
+        supervisor = Supervisor(RunDir(str(tmp_path / "out")), [0], ["cpu0"], False, 1, board, 1800.0)
+        process = ShardProcess(0, "cpu0", None, None, pid=worker.pid)
+        supervisor.active.append(process)
+        wall = time.time()
+        monkeypatch.setattr(time, "time", lambda: wall + 3600.0)   # an hour later by the wall clock only
+        supervisor._watch_timeouts()
+        assert process.kill_at is None and worker.poll() is None and not process.killed_for
+        board.workers[0].last_event -= 1801.0   # 1,801 s of silence while the machine ran: a hang
+        supervisor._watch_timeouts()
+        assert "no progress for 1801 s (--worker-timeout 1800); killed as hung" == process.killed_for
+        assert worker.wait(timeout=10) == -signal.SIGTERM
+        board.close()
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_storage_estimate_warns_when_it_will_not_fit(caplog, tmp_path):
     from index import SequenceIndex
     from pipeline.output.schema import BASE_COLUMNS, Column, Schema

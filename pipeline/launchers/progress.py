@@ -34,11 +34,11 @@ class WorkerStats:
     device: str
     sequences: int = 0
     tokens: int = 0
-    started: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     load_seconds: float = 0.0
     compute_seconds: float = 0.0
-    last_event: float = field(default_factory=time.time)
+    last_event: float = field(default_factory=time.monotonic)
     loaded_at: float | None = None
     last_batch_at: float | None = None
     batch_tokens: int = 0        # tokens of the batch it computes now (0: between batches)
@@ -48,7 +48,7 @@ class WorkerStats:
 
     @property
     def seconds(self) -> float:
-        return (self.finished or time.time()) - self.started
+        return (self.finished or time.monotonic()) - self.started
 
 
 class ProgressBoard:
@@ -57,7 +57,7 @@ class ProgressBoard:
         self.summary_seconds = summary_seconds
         self.workers: dict[int, WorkerStats] = {}
         self.expected: dict[int, int] = {}
-        self.start = time.time()
+        self.start = time.monotonic()
         self.last_summary = self.start
         self.bar = tqdm(total=total_sequences, unit="seq", desc="run_shards", file=sys.stderr,
                         dynamic_ncols=True, mininterval=0.5, smoothing=0.05,
@@ -72,7 +72,7 @@ class ProgressBoard:
 
     def message(self, kind: str, rank: int, data: dict) -> None:
         w = self.workers[rank]
-        w.last_event = time.time()
+        w.last_event = time.monotonic()
         if kind == "start":   # the worker's own count (it rejects damaged checkpoints the parent counted)
             self.expected[rank] = data["sequences"]
             w.durable_start = w.durable = data.get("durable", 0)
@@ -93,7 +93,7 @@ class ProgressBoard:
             w.load_seconds = data["seconds"]
             w.loaded_at = w.last_event
         elif kind == "done":
-            w.finished = time.time()
+            w.finished = time.monotonic()
             w.compute_seconds = data.get("compute_seconds", 0.0)
 
     def lost(self, rank: int) -> int:
@@ -111,11 +111,11 @@ class ProgressBoard:
         return lost
 
     def tokens_per_second(self) -> float:
-        elapsed = max(time.time() - self.start, 1e-9)
+        elapsed = max(time.monotonic() - self.start, 1e-9)
         return sum(w.tokens for w in self.workers.values()) / elapsed
 
     def maybe_summary(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         if now - self.last_summary >= self.summary_seconds:
             self.last_summary = now
             self.note(self.summary_line())
@@ -123,7 +123,7 @@ class ProgressBoard:
     def summary_line(self) -> str:
         """The rates since this command started, and (in a log, where no bar shows one) the share done and
         the time left at that rate."""
-        elapsed = max(time.time() - self.start, 1e-9)
+        elapsed = max(time.monotonic() - self.start, 1e-9)
         seqs = sum(w.sequences for w in self.workers.values())
         toks = sum(w.tokens for w in self.workers.values())
         total = sum(self.expected.values()) or self.bar.total or 0

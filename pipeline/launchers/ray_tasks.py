@@ -222,7 +222,7 @@ def _follow(ray, job: ShardJob, config: RunConfig, refs: dict) -> list[Outcome]:
     finally:
         board.close()
     done = sum(1 for o in outcomes if o.exit_code == EXIT_OK)
-    board.note(f"{done} of {len(outcomes)} Ray task(s) finished their shard in {time.time() - board.start:.1f} s")
+    board.note(f"{done} of {len(outcomes)} Ray task(s) finished their shard in {time.monotonic() - board.start:.1f} s")
     return sorted(outcomes, key=lambda o: o.rank)
 
 
@@ -252,7 +252,7 @@ def _stop(ray, job: ShardJob, pending: dict) -> None:
     if not ranks:
         return
     log.warning("interrupted: cancelling %d Ray task(s); their shards write a final checkpoint", len(ranks))
-    deadline = time.time() + STOP_SECONDS
+    deadline = time.monotonic() + STOP_SECONDS
     try:
         for ref in pending:
             try:
@@ -263,7 +263,7 @@ def _stop(ray, job: ShardJob, pending: dict) -> None:
             ray.wait(list(pending), num_returns=len(pending), timeout=STOP_SECONDS)
         except Exception as e:
             log.info("Ray stopped before its tasks: %s", _first_line(e))
-        while time.time() < deadline and any(ShardLock(job.run, r).held_elsewhere() for r in ranks):
+        while time.monotonic() < deadline and any(ShardLock(job.run, r).held_elsewhere() for r in ranks):
             time.sleep(0.2)
     except KeyboardInterrupt:
         log.warning("stopped waiting for the shards' final checkpoints")

@@ -290,13 +290,13 @@ def follow(job: ShardJob, merge_id: str, poll_seconds: float = 2.0) -> Path:
     config = RunConfig.from_manifest(job.manifest)
     board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), f"SLURM ({len(job.ranks)} shard(s))",
                           config.summary_seconds, show_bar=job.show_progress)
-    seen, asked = len(events.read(run.run_events_path)), 0.0
+    seen, asked = len(events.read(run.run_events_path)), float("-inf")
     try:
         for states in follow_run_dir(job, board, lambda: time.sleep(poll_seconds)):
             merged = _merge_ended(run, merge_id, seen)
             queue = None
-            if merged is None and time.time() - asked >= QUEUE_POLL_SECONDS:   # spare the controller
-                queue, asked = Queue.read(run, job.world), time.time()
+            if merged is None and time.monotonic() - asked >= QUEUE_POLL_SECONDS:   # spare the controller
+                queue, asked = Queue.read(run, job.world), time.monotonic()
                 merged = _merge_ended(run, merge_id, seen)   # written while squeue answered
             if merged is not None:
                 if merged.get("error"):

@@ -127,7 +127,7 @@ class Supervisor:
         self.run, self.pending, self.slots = run, list(ranks), list(slots)
         self.gpu, self.threads, self.board, self.worker_timeout = gpu, threads, board, worker_timeout
         self.early = early   # early_workers.EarlyWorkers: processes started while the parent planned, by slot
-        self.started_at = time.time()
+        self.started_at = time.monotonic()
         self.active: list[ShardProcess] = []
         self.finished: list[ShardProcess] = []
         self.interrupted: str | None = None     # the signal that interrupted the run
@@ -181,7 +181,7 @@ class Supervisor:
     def wait(self) -> list[ShardProcess]:
         """Run every shard; returns them with exit codes (0 = finished)."""
         previous = {s: signal.signal(s, self._interrupt) for s in STOP_SIGNALS}
-        self.started_at = time.time()
+        self.started_at = time.monotonic()
         try:
             self.slots = self.slots[:max(1, len(self.slots))]
             self._fill_slots()
@@ -243,7 +243,7 @@ class Supervisor:
             self.active.remove(p)
             self.finished.append(p)
             if code == 0:
-                self.board.workers[p.rank].finished = self.board.workers[p.rank].finished or time.time()
+                self.board.workers[p.rank].finished = self.board.workers[p.rank].finished or time.monotonic()
                 log.info("shard %d finished", p.rank)
             elif code == EXIT_SHARD_BUSY:   # not an attempt: another process computes the shard
                 self.board.workers.pop(p.rank, None)
@@ -285,7 +285,7 @@ class Supervisor:
     def _watch_timeouts(self) -> None:
         """Kill a worker that has sent nothing for --worker-timeout seconds, or, within a batch, for that long
         per budget's worth of the batch's tokens (a long sequence computed in chunks is slow, not hung)."""
-        now = time.time()
+        now = time.monotonic()
         for p in self.active:
             stats = self.board.workers[p.rank]
             quiet = now - stats.last_event

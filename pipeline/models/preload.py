@@ -43,7 +43,7 @@ def load(wanted: Wanted, build: Callable[[], object]) -> bool:
     """`build()` the model `wanted` names and keep it for `take`; True when kept. Nothing is kept when the
     checkpoint is not the one the parent fingerprinted (changed before or during the load)."""
     from .checkpoint import fingerprint
-    began = time.time()
+    began = time.monotonic()
     if fingerprint(Path(wanted.path)) != wanted.fingerprint:
         log.info("not loading the model ahead: %s changed since the run was planned", wanted.path)
         return False
@@ -51,7 +51,7 @@ def load(wanted: Wanted, build: Callable[[], object]) -> bool:
     if fingerprint(Path(wanted.path)) != wanted.fingerprint:
         log.info("the model loaded ahead is not kept: %s changed while it loaded", wanted.path)
         return False
-    seconds = time.time() - began
+    seconds = time.monotonic() - began
     _held[wanted] = (built, seconds)
     log.info("model loaded ahead on %s (%s, engine %s) in %.1f s, while the run was planned", wanted.device,
              wanted.dtype, wanted.engine, seconds)

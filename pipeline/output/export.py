@@ -37,8 +37,8 @@ def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None
     `widen_float16` (parquet): float16 columns written as float32, which every Parquet reader opens (pyarrow
     before 15 cannot open a file that holds Parquet's FLOAT16 type at all); the values are the same."""
     if widen_float16 and fmt != "parquet":
-        raise UserError(f"--widen-float16 applies only to --format parquet (per-id-h5 keeps each column's type): "
-                        f"drop it, or use --format parquet")
+        raise UserError("--widen-float16 applies only to --format parquet (per-id-h5 keeps each column's type): "
+                        "drop it, or use --format parquet")
     path = result_path(source)
     option = "-o" if target else "the default output (-o FILE writes elsewhere)"
     target = Path(target) if target else path.parent / FORMATS[fmt]

@@ -106,17 +106,17 @@ class RunLock:
 
     def _wait_for(self, fd: int) -> None:
         """Take the lock, waiting up to wait_seconds (saying so once a minute) while another command holds it."""
-        end, said = time.time() + self.wait_seconds, 0.0
+        end, said = time.monotonic() + self.wait_seconds, float("-inf")
         while not try_flock(fd, fcntl.LOCK_EX, self.path):
             holder, self.waited = _holder_record(fd), True
-            if time.time() >= end:
+            if time.monotonic() >= end:
                 waited = f", still after waiting {self.wait_seconds:.0f} s" if self.wait_seconds else ""
                 raise RunDirError(f"{self.root} is in use by another run_shards command ({describe_holder(holder)})"
                                   f"{waited}. Wait for it to finish, or use another --out directory.")
-            if time.time() - said >= 60:
+            if time.monotonic() - said >= 60:
                 log.info("%s is in use by another run_shards command (%s); waiting for it (up to %.0f s more)",
-                         self.root, describe_holder(holder), end - time.time())
-                said = time.time()
+                         self.root, describe_holder(holder), end - time.monotonic())
+                said = time.monotonic()
             time.sleep(1.0)
 
     @staticmethod
@@ -158,10 +158,10 @@ class ShardLock:
         """Take the lock for this process: None once held; else the holder's record (the caller steps aside).
         Gives up (returns the record) when `stop()` turns true while waiting."""
         fd = open_lock_file(self.path, self.run.root)
-        start = time.time()
+        start = time.monotonic()
         while not try_flock(fd, fcntl.LOCK_EX, self.path):
             holder = _holder_record(fd)
-            waited = time.time() - start
+            waited = time.monotonic() - start
             if stop() or (waited > BUSY_RETRY_SECONDS and not (holder.get("stopping") and waited < stopping_wait)):
                 os.close(fd)
                 return holder
@@ -224,19 +224,19 @@ class ShardLock:
 def wait_for_running_shards(run: RunDir, world: int, seconds: float) -> None:
     """Unfinished shards whose lock a worker holds are being computed: wait up to `seconds` for them, then
     refuse to merge, naming them (a rerun would only step aside for them)."""
-    end, said = time.time() + seconds, 0.0
+    end, said = time.monotonic() + seconds, float("-inf")
     while True:
         running = {r: ShardLock(run, r) for r in range(world) if not run.shard_path(r).exists()}
         running = {r: lock.holder() for r, lock in running.items() if lock.held_elsewhere()}
         if not running:
             return
-        if time.time() >= end:
+        if time.monotonic() >= end:
             who = "; ".join(f"shard {r} by {describe_holder(h)}" for r, h in sorted(running.items()))
             raise RunDirError(f"cannot merge yet: {len(running)} shard(s) are being computed now ({who}). Merge once "
                             f"they have finished (`{command('status', run.root)}` shows them):  "
                             f"{command('merge', run.root)}")
-        if time.time() - said >= 60:
+        if time.monotonic() - said >= 60:
             log.info("waiting for shard(s) %s, being computed now, before merging (up to %.0f s more)",
-                     ", ".join(map(str, sorted(running))), end - time.time())
-            said = time.time()
+                     ", ".join(map(str, sorted(running))), end - time.monotonic())
+            said = time.monotonic()
         time.sleep(2.0)

@@ -56,12 +56,12 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     held, waited = None, ""
     if rank is None:
         held = _hold_logs()   # nothing is written for a shard before its lock is held
-        began = time.time()
+        began = time.monotonic()
         rank = _wait_for_shard(orders, parent, device is not None,
                                lambda order: _load_ahead(order, run, device is not None, threads))
         if rank is None:   # the parent needs no worker here, or is gone
             os._exit(EXIT_OK)
-        waited = f"; started {time.time() - began:.1f} s before its shard was known, while the run was planned"
+        waited = f"; started {time.monotonic() - began:.1f} s before its shard was known, while the run was planned"
     reporter = Reporter(conn, rank, stop)
     lock = _lock_or_leave(run, rank, reporter, stop)
     _setup_logging(run.worker_log(rank), held)   # only the lock's holder writes the shard's log

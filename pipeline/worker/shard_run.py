@@ -64,7 +64,7 @@ class Reporter:
 
     def send(self, kind: str, **data) -> None:
         try:
-            self.conn.send((kind, self.rank, time.time(), data))
+            self.conn.send((kind, self.rank, time.monotonic(), data))
         except (BrokenPipeError, EOFError, OSError):
             self.stop.set("lost contact with the parent process")
 
@@ -97,7 +97,7 @@ class ShardRun:
             log.info("shard %d is already complete", self.rank)
             self.reporter.send("done", sequences=0, tokens=0, seconds=0.0, compute_seconds=0.0)
             return EXIT_OK
-        t0 = time.time()
+        t0 = time.monotonic()
         engine, task, tokenizer = self._load_engine(shard)
         engine, computer, plan, counter = self._plan(shard, engine, task, tokenizer)
         try:
@@ -145,7 +145,7 @@ class ShardRun:
 
     def _load_engine(self, shard: Opened):
         """The engine (with this process's CPU threads set up first), the task and the tokenizer."""
-        config, manifest, t0 = shard.config, shard.manifest, time.time()
+        config, manifest, t0 = shard.config, shard.manifest, time.monotonic()
         if not preload.holding():   # (a model loaded ahead has read them)
             read_ahead(manifest["model"]["path"])   # the weights come off the disk while transformers imports
         set_up(config.on_gpu, bool(manifest["attrs"].get("batch_invariant")), self.run_dir.root, self.threads)
@@ -186,7 +186,7 @@ class ShardRun:
             raise UserError(f"{self.run_dir.root} holds a run planned by an earlier run_shards, computed {older}; its "
                             f"rows and this version's cannot make one result. Use another --out: "
                             f"`{config.as_command(free_out(self.run_dir.root))}`")
-        load_seconds = time.time() - t0
+        load_seconds = time.monotonic() - t0
         self.reporter.send("loaded", seconds=load_seconds)
         events.append(self.run_dir.events_path(self.rank), "loaded", seconds=round(load_seconds, 3))
         log.info("model loaded on %s (%s, engine %s) in %.1f s", device, config.torch_dtype_name,
@@ -268,7 +268,7 @@ class ShardRun:
             self.reporter.send("batch", tokens=batch_tokens + (inflight.tokens if inflight else 0),
                                budget=shard.config.tokens_per_batch)
             faults.before_batch(self.rank, k)
-            tc = time.time()
+            tc = time.monotonic()
             try:
                 batch = ahead if ahead is not None else _read(computer, todo)
                 ahead = None
@@ -282,7 +282,7 @@ class ShardRun:
             except BaseException:
                 self._settle(shard, computer, inflight, stats)
                 raise
-            stats["compute_seconds"] += time.time() - tc
+            stats["compute_seconds"] += time.monotonic() - tc
             if inflight is not None:
                 self._take(shard, computer, inflight, stats)
             inflight = launched
@@ -290,18 +290,18 @@ class ShardRun:
                 self._take(shard, computer, inflight, stats)
                 inflight = None
             elif (following := work.peek()) is not None:
-                tc = time.time()
+                tc = time.monotonic()
                 ahead = _read(computer, following[1], deferred=True)
-                stats["compute_seconds"] += time.time() - tc
+                stats["compute_seconds"] += time.monotonic() - tc
         if inflight is not None:
             self._take(shard, computer, inflight, stats)
         return stats
 
     def _take(self, shard: Opened, computer: BatchComputer, inflight: "_InFlight", stats: dict) -> None:
         """A launched batch's rows (waiting for its results) to the writer, and a checkpoint if one is due."""
-        tc = time.time()
+        tc = time.monotonic()
         block, ntokens = computer.finish(inflight.batch)
-        stats["compute_seconds"] += time.time() - tc
+        stats["compute_seconds"] += time.monotonic() - tc
         shard.writer.add(block)
         self.unsaved_tokens += ntokens
         stats["sequences"] += inflight.sequences
@@ -342,7 +342,7 @@ class ShardRun:
         self._checkpoint(shard)   # the last rows, as an event too (finalize would checkpoint them silently)
         earlier, held = int(shard.done.sum()), len(shard.positions)
         path = shard.writer.finalize(row_bytes)
-        stats["seconds"] = time.time() - t0
+        stats["seconds"] = time.monotonic() - t0
         self.stats = stats
         # (the counts are this attempt's: a resumed shard's file also holds the rows of earlier attempts)
         log.info("shard complete: %s (%d sequences, %d tokens, %.1f s, %.0f tok/s; computing %.1f s, %.0f tok/s)%s",

@@ -91,7 +91,7 @@ class TokenCounter:
             self.counted = len(self.positions)
             return
         self.counted = 0
-        self._t0 = time.time()
+        self._t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="token-counter", daemon=True)
         self._thread.start()
 
@@ -154,5 +154,5 @@ class TokenCounter:
                 enc.changed.notify_all()
         log.info("tokens of %d sequences counted by encoding them (%.1f s, beside the batches): %d, where their "
                  "residues bound them by %d (the tokenizer is not one token per residue; batches are planned on the "
-                 "counts)", len(positions), time.time() - self._t0, int(self.tokens.sum()), self.bounds_sum)
+                 "counts)", len(positions), time.monotonic() - self._t0, int(self.tokens.sum()), self.bounds_sum)
 
