@@ -290,7 +290,8 @@ def main():
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="CPU workers when running on CPU (default: one per core, at most 4; each loads the model).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="torch threads per worker (default: the CPU cores divided between the workers).")
+              help="torch threads per worker (default: the CPU cores divided between the workers; a container's "
+                   "CPU quota counts).")
 @config_options
 @scheduler_options
 @progress_options

@@ -7,6 +7,7 @@ import logging
 import os
 
 from ..errors import UserError
+from .cpu_quota import usable_cpus
 
 log = logging.getLogger("run_shards")
 
@@ -87,10 +88,13 @@ def visible_gpus() -> list[str]:
 
 
 def cpu_count() -> int:
+    """The CPUs this process's threads can keep busy: those it may run on (its affinity: a SLURM task's cpuset,
+    taskset), fewer where a cgroup's CPU quota grants less time (a container's or pod's CPU limit: cpu_quota.py)."""
     try:
-        return len(os.sched_getaffinity(0))
+        affinity = len(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        affinity = os.cpu_count() or 1
+    return usable_cpus(affinity)
 
 
 def gpu_count_asked(gpus: str) -> int | None:

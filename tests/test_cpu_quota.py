@@ -1,0 +1,143 @@
+"""A cgroup's CPU quota (docker --cpus, a Kubernetes pod's CPU limit) sizes the CPU workers and threads, as the CPU
+affinity does: a run in a pod limited to 4 CPUs of a 64-core node started 4 workers of 16 threads each.
+
+The cgroup files are read as the kernel writes them; the tests lay out those files for each kind of machine
+(cgroup v1 and v2, a container's own view, nested limits), and one test runs the real CLI inside a cgroup it
+creates with a one-CPU quota, where the kernel lets it (root, a writable cpu controller)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.planning import devices
+from pipeline.planning.cpu_quota import quota_cpus, usable_cpus
+
+from .tiny_models import REPO
+
+V1_MOUNTS = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 {root} {mount} rw,relatime - cgroup cgroup rw,cpu,cpuacct
+33 31 0:30 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+"""
+V2_MOUNTS = "29 23 0:26 {root} {mount} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n"
+
+
+def machine(tmp_path: Path, mounts: str, cgroup: str, files: dict[str, str]) -> Path:
+    """A /proc/self (mountinfo, cgroup) and the cgroup files it points to, under tmp_path; mount points in
+    `mounts` and keys of `files` are written relative to tmp_path as {tmp}."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "mountinfo").write_text(mounts.replace("{tmp}", str(tmp_path).replace(" ", "\\040")))
+    (proc / "cgroup").write_text(cgroup)
+    for name, text in files.items():
+        path = Path(name.replace("{tmp}", str(tmp_path)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return proc
+
+
+def test_a_v2_quota_and_the_smaller_quota_above_it(tmp_path):
+    """cgroup v2: cpu.max at the process's cgroup and at each cgroup above it; the smallest bounds it."""
+    mount = "{tmp}/cg2"
+    proc = machine(tmp_path, V2_MOUNTS.format(root="/", mount=mount), "0::/kubepods/pod1/box\n", {
+        f"{mount}/kubepods/cpu.max": "max 100000\n",
+        f"{mount}/kubepods/pod1/cpu.max": "250000 100000\n",
+        f"{mount}/kubepods/pod1/box/cpu.max": "400000 100000\n"})
+    assert quota_cpus(proc) == 2.5
+    assert usable_cpus(64, proc) == 3 and usable_cpus(2, proc) == 2   # (rounded up; never above the affinity)
+
+
+def test_a_container_sees_its_own_cgroup_as_the_root(tmp_path):
+    """Inside a container (its own cgroup namespace) /proc/self/cgroup says `0::/` and /sys/fs/cgroup is the
+    container's cgroup, whose cpu.max holds docker's --cpus."""
+    mount = "{tmp}/sys/fs/cgroup"
+    proc = machine(tmp_path, V2_MOUNTS.format(root="/", mount=mount), "0::/\n",
+                   {f"{mount}/cpu.max": "150000 100000\n"})
+    assert quota_cpus(proc) == 1.5 and usable_cpus(8, proc) == 2
+
+
+def test_no_quota_is_none(tmp_path):
+    """`max` (no limit), v1's -1, no cgroup file system at all, unreadable files: the affinity stands."""
+    mount = "{tmp}/cg2"
+    proc = machine(tmp_path, V2_MOUNTS.format(root="/", mount=mount), "0::/a\n", {f"{mount}/a/cpu.max": "max 100000\n"})
+    assert quota_cpus(proc) is None and usable_cpus(6, proc) == 6
+    (tmp_path / "v1").mkdir()
+    proc = machine(tmp_path / "v1", V1_MOUNTS.format(root="/", mount="{tmp}/cpu"), "4:cpu,cpuacct:/a\n",
+                   {"{tmp}/cpu/a/cpu.cfs_quota_us": "-1\n", "{tmp}/cpu/a/cpu.cfs_period_us": "100000\n"})
+    assert quota_cpus(proc) is None
+    assert quota_cpus(tmp_path / "nowhere") is None and usable_cpus(3, tmp_path / "nowhere") == 3
+
+
+def test_a_v1_quota_under_a_mount_of_the_containers_own_cgroup(tmp_path):
+    """cgroup v1 (the cpu controller's hierarchy): the mount's root is the container's cgroup, and the process's
+    path (from the hierarchy's root) is read below it; a path with a space in its mount point too."""
+    mount = "{tmp}/fs cg/cpu"
+    proc = machine(tmp_path, V1_MOUNTS.format(root="/docker/abc", mount=mount.replace(" ", "\\040")),
+                   "4:cpu,cpuacct:/docker/abc/job\n", {
+                       f"{mount}/cpu.cfs_quota_us": "300000\n", f"{mount}/cpu.cfs_period_us": "100000\n",
+                       f"{mount}/job/cpu.cfs_quota_us": "50000\n", f"{mount}/job/cpu.cfs_period_us": "100000\n"})
+    assert quota_cpus(proc) == 0.5 and usable_cpus(16, proc) == 1
+
+
+def _cpu_limited_cgroup(tmp_path: Path, cpus: float) -> Path | None:
+    """A new cgroup whose quota is `cpus` CPUs (v1's cpu controller, or v2 where this process is in the root
+    cgroup), or None where the kernel does not let this process make one."""
+    name = f"run_shards_test_{os.getpid()}_{time.monotonic_ns()}"
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        after = line.split(" - ", 1)[1].split()
+        mount = Path(line.split()[4])
+        try:
+            if after[0] == "cgroup" and "cpu" in after[2].split(","):
+                folder = mount / name
+                folder.mkdir()
+                (folder / "cpu.cfs_quota_us").write_text(str(int(cpus * 100000)))
+                return folder
+            if after[0] == "cgroup2" and "0::/\n" in Path("/proc/self/cgroup").read_text() and \
+                    "cpu" in (mount / "cgroup.controllers").read_text().split():
+                (mount / "cgroup.subtree_control").write_text("+cpu")
+                folder = mount / name
+                folder.mkdir()
+                (folder / "cpu.max").write_text(f"{int(cpus * 100000)} 100000")
+                return folder
+        except OSError:
+            continue
+    return None
+
+
+def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worker(tmp_path):
+    """The real CLI inside a cgroup limited to one CPU's time, on a machine with two or more: one CPU worker of
+    one thread (without the quota: one worker per core, as the run beside it shows)."""
+    if devices.cpu_count() < 2:
+        pytest.skip(f"this machine has {devices.cpu_count()} CPU: a one-CPU quota changes nothing here")
+    folder = _cpu_limited_cgroup(tmp_path, 1.0)
+    if folder is None:
+        pytest.skip("cannot create a cgroup with a CPU quota here (needs root and a writable cpu controller)")
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQR' * (3 + i)}\n" for i in range(6)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--model", "demo", "--gpus", "0",
+               "--no-progress"]
+    try:
+        limited = subprocess.run(["sh", "-c", f'echo $$ > "{folder}/cgroup.procs" && exec "$@"', "sh", *command,
+                                  "--out", str(tmp_path / "limited")], capture_output=True, text=True, env=env,
+                                 timeout=300, cwd=REPO)
+    finally:
+        for _ in range(50):   # (every process of the run has ended; the kernel frees the cgroup a moment later)
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert limited.returncode == 0, limited.stderr
+    assert "shards: 1," in limited.stderr, limited.stderr
+    logs = sorted(p.name for p in (tmp_path / "limited" / "logs").glob("worker_*.log"))
+    assert logs == ["worker_0.log"]
+    assert "CPU, 1 threads" in (tmp_path / "limited" / "logs" / "worker_0.log").read_text()
+    free = subprocess.run([*command, "--out", str(tmp_path / "free")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=REPO)
+    assert free.returncode == 0 and f"shards: {min(4, devices.cpu_count())}," in free.stderr, free.stderr
