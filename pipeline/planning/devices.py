@@ -7,7 +7,7 @@ import logging
 import os
 
 from ..errors import UserError
-from .cpu_quota import usable_cpus
+from ..cgroups import usable_cpus
 
 log = logging.getLogger("run_shards")
 
@@ -89,7 +89,7 @@ def visible_gpus() -> list[str]:
 
 def cpu_count() -> int:
     """The CPUs this process's threads can keep busy: those it may run on (its affinity: a SLURM task's cpuset,
-    taskset), fewer where a cgroup's CPU quota grants less time (a container's or pod's CPU limit: cpu_quota.py)."""
+    taskset), fewer where a cgroup's CPU quota grants less time (a container's or pod's CPU limit: cgroups.py)."""
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:

@@ -1,9 +1,11 @@
 """A cgroup's CPU quota (docker --cpus, a Kubernetes pod's CPU limit) sizes the CPU workers and threads, as the CPU
-affinity does: a run in a pod limited to 4 CPUs of a 64-core node started 4 workers of 16 threads each.
+affinity does: a run in a pod limited to 4 CPUs of a 64-core node started 4 workers of 16 threads each. A cgroup's
+memory limit bounds the CPU caches, as MemAvailable does: a worker planned its caches on the node's free RAM, and
+the limit's OOM killer ended it.
 
 The cgroup files are read as the kernel writes them; the tests lay out those files for each kind of machine
-(cgroup v1 and v2, a container's own view, nested limits), and one test runs the real CLI inside a cgroup it
-creates with a one-CPU quota, where the kernel lets it (root, a writable cpu controller)."""
+(cgroup v1 and v2, a container's own view, nested limits), and two tests run the real CLI inside a cgroup they
+create (a one-CPU quota, a memory limit), where the kernel lets them (root, a writable controller)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.planning import devices
-from pipeline.planning.cpu_quota import quota_cpus, usable_cpus
+from pipeline.cgroups import memory_available, quota_cpus, usable_cpus
 
 from .tiny_models import REPO
 
@@ -84,48 +86,37 @@ def test_a_v1_quota_under_a_mount_of_the_containers_own_cgroup(tmp_path):
     assert quota_cpus(proc) == 0.5 and usable_cpus(16, proc) == 1
 
 
-def _cpu_limited_cgroup(tmp_path: Path, cpus: float) -> Path | None:
-    """A new cgroup whose quota is `cpus` CPUs (v1's cpu controller, or v2 where this process is in the root
-    cgroup), or None where the kernel does not let this process make one."""
+def _cgroup(controller: str, v1: dict[str, str], v2: dict[str, str]) -> Path | None:
+    """A new cgroup with `v1`'s files written (v1's `controller` hierarchy) or `v2`'s (cgroup v2, where this process
+    is in the root cgroup), or None where the kernel does not let this process make one."""
     name = f"run_shards_test_{os.getpid()}_{time.monotonic_ns()}"
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         after = line.split(" - ", 1)[1].split()
         mount = Path(line.split()[4])
         try:
-            if after[0] == "cgroup" and "cpu" in after[2].split(","):
-                folder = mount / name
-                folder.mkdir()
-                (folder / "cpu.cfs_quota_us").write_text(str(int(cpus * 100000)))
-                return folder
-            if after[0] == "cgroup2" and "0::/\n" in Path("/proc/self/cgroup").read_text() and \
-                    "cpu" in (mount / "cgroup.controllers").read_text().split():
-                (mount / "cgroup.subtree_control").write_text("+cpu")
-                folder = mount / name
-                folder.mkdir()
-                (folder / "cpu.max").write_text(f"{int(cpus * 100000)} 100000")
-                return folder
+            if after[0] == "cgroup" and controller in after[2].split(","):
+                files = v1
+            elif after[0] == "cgroup2" and "0::/\n" in Path("/proc/self/cgroup").read_text() and \
+                    controller in (mount / "cgroup.controllers").read_text().split():
+                (mount / "cgroup.subtree_control").write_text(f"+{controller}")
+                files = v2
+            else:
+                continue
+            folder = mount / name
+            folder.mkdir()
+            for file, text in files.items():
+                (folder / file).write_text(text)
+            return folder
         except OSError:
             continue
     return None
 
 
-def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worker(tmp_path):
-    """The real CLI inside a cgroup limited to one CPU's time, on a machine with two or more: one CPU worker of
-    one thread (without the quota: one worker per core, as the run beside it shows)."""
-    if devices.cpu_count() < 2:
-        pytest.skip(f"this machine has {devices.cpu_count()} CPU: a one-CPU quota changes nothing here")
-    folder = _cpu_limited_cgroup(tmp_path, 1.0)
-    if folder is None:
-        pytest.skip("cannot create a cgroup with a CPU quota here (needs root and a writable cpu controller)")
-    fasta = tmp_path / "in.fasta"
-    fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQR' * (3 + i)}\n" for i in range(6)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--model", "demo", "--gpus", "0",
-               "--no-progress"]
+def _run_in(folder: Path, command: list[str], env: dict) -> subprocess.CompletedProcess:
+    """`command` (and every process it starts) in the cgroup `folder`, which is removed after it."""
     try:
-        limited = subprocess.run(["sh", "-c", f'echo $$ > "{folder}/cgroup.procs" && exec "$@"', "sh", *command,
-                                  "--out", str(tmp_path / "limited")], capture_output=True, text=True, env=env,
-                                 timeout=300, cwd=REPO)
+        return subprocess.run(["sh", "-c", f'echo $$ > "{folder}/cgroup.procs" && exec "$@"', "sh", *command],
+                              capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     finally:
         for _ in range(50):   # (every process of the run has ended; the kernel frees the cgroup a moment later)
             try:
@@ -133,6 +124,22 @@ def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worke
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worker(tmp_path):
+    """The real CLI inside a cgroup limited to one CPU's time, on a machine with two or more: one CPU worker of
+    one thread (without the quota: one worker per core, as the run beside it shows)."""
+    if devices.cpu_count() < 2:
+        pytest.skip(f"this machine has {devices.cpu_count()} CPU: a one-CPU quota changes nothing here")
+    folder = _cgroup("cpu", {"cpu.cfs_quota_us": "100000"}, {"cpu.max": "100000 100000"})
+    if folder is None:
+        pytest.skip("cannot create a cgroup with a CPU quota here (needs root and a writable cpu controller)")
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQR' * (3 + i)}\n" for i in range(6)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--model", "demo", "--gpus", "0",
+               "--no-progress"]
+    limited = _run_in(folder, [*command, "--out", str(tmp_path / "limited")], env)
     assert limited.returncode == 0, limited.stderr
     assert "shards: 1," in limited.stderr, limited.stderr
     logs = sorted(p.name for p in (tmp_path / "limited" / "logs").glob("worker_*.log"))
@@ -141,3 +148,47 @@ def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worke
     free = subprocess.run([*command, "--out", str(tmp_path / "free")], capture_output=True, text=True, env=env,
                           timeout=300, cwd=REPO)
     assert free.returncode == 0 and f"shards: {min(4, devices.cpu_count())}," in free.stderr, free.stderr
+
+
+def test_memory_left_under_v2_and_v1_limits(tmp_path):
+    """What a limit leaves: the limit less the cgroup's usage, its inactive file cache (reclaimed first) counted as
+    free; the smallest over the cgroup and those above it; no limit ("max", v1's 2**63 - 4096): None."""
+    mount = "{tmp}/cg2"
+    gib = 2**30
+    proc = machine(tmp_path, V2_MOUNTS.format(root="/", mount=mount), "0::/job/step\n", {
+        f"{mount}/job/memory.max": f"{8 * gib}\n", f"{mount}/job/memory.current": f"{5 * gib}\n",
+        f"{mount}/job/memory.stat": f"anon {4 * gib}\nfile {gib}\ninactive_file {gib // 2}\n",
+        f"{mount}/job/step/memory.max": "max\n", f"{mount}/job/step/memory.current": f"{5 * gib}\n"})
+    assert memory_available(proc) == 3 * gib + gib // 2
+    (tmp_path / "v1").mkdir()
+    unlimited = str(2**63 - 4096)
+    proc = machine(tmp_path / "v1", V1_MOUNTS.replace("rw,cpu,cpuacct", "rw,memory").format(root="/", mount="{tmp}/m"),
+                   "5:memory:/a\n", {"{tmp}/m/memory.limit_in_bytes": unlimited, "{tmp}/m/memory.usage_in_bytes": "0",
+                                     "{tmp}/m/a/memory.limit_in_bytes": f"{gib}\n",
+                                     "{tmp}/m/a/memory.usage_in_bytes": f"{gib // 4}\n",
+                                     "{tmp}/m/a/memory.stat": "inactive_file 5\ntotal_inactive_file 4096\n"})
+    assert memory_available(proc) == gib - gib // 4 + 4096
+    (tmp_path / "free").mkdir()
+    proc = machine(tmp_path / "free", V2_MOUNTS.format(root="/", mount="{tmp}/cg"), "0::/\n",
+                   {"{tmp}/cg/memory.max": "max\n"})
+    assert memory_available(proc) is None
+
+
+def test_caches_past_a_cgroup_memory_limit_are_refused_before_they_are_allocated(tmp_path):
+    """The real CLI in a cgroup limited to 1.5 GiB (on a machine with more free RAM), a token budget whose caches
+    need ~5 GiB: the worker refuses them, naming the limit and a budget that fits, where it planned them on the
+    machine's free RAM, allocated them and met the cgroup's OOM killer (SIGKILL)."""
+    limit = 3 * 2**29
+    folder = _cgroup("memory", {"memory.limit_in_bytes": str(limit)}, {"memory.max": str(limit)})
+    if folder is None:
+        pytest.skip("cannot create a cgroup with a memory limit here (needs root and a writable memory controller)")
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQR' * (3 + i)}\n" for i in range(6)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = _run_in(folder, [sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--out", str(tmp_path / "o"),
+                           "--model", "demo", "--gpus", "0", "--workers", "1", "--max-tokens-per-batch", "20000000",
+                           "--no-progress"], env)
+    assert res.returncode == 1, res.stderr
+    assert "SIGKILL" not in res.stderr and "caches need" in res.stderr, res.stderr
+    assert "memory under this process's cgroup memory limit" in res.stderr, res.stderr
+    assert "--max-tokens-per-batch to " in res.stderr, res.stderr
