@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -86,44 +85,14 @@ def test_a_v1_quota_under_a_mount_of_the_containers_own_cgroup(tmp_path):
     assert quota_cpus(proc) == 0.5 and usable_cpus(16, proc) == 1
 
 
-def _cgroup(controller: str, v1: dict[str, str], v2: dict[str, str]) -> Path | None:
-    """A new cgroup with `v1`'s files written (v1's `controller` hierarchy) or `v2`'s (cgroup v2, where this process
-    is in the root cgroup), or None where the kernel does not let this process make one."""
-    name = f"run_shards_test_{os.getpid()}_{time.monotonic_ns()}"
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        after = line.split(" - ", 1)[1].split()
-        mount = Path(line.split()[4])
-        try:
-            if after[0] == "cgroup" and controller in after[2].split(","):
-                files = v1
-            elif after[0] == "cgroup2" and "0::/\n" in Path("/proc/self/cgroup").read_text() and \
-                    controller in (mount / "cgroup.controllers").read_text().split():
-                (mount / "cgroup.subtree_control").write_text(f"+{controller}")
-                files = v2
-            else:
-                continue
-            folder = mount / name
-            folder.mkdir()
-            for file, text in files.items():
-                (folder / file).write_text(text)
-            return folder
-        except OSError:
-            continue
-    return None
-
-
-def _run_in(folder: Path, command: list[str], env: dict) -> subprocess.CompletedProcess:
-    """`command` (and every process it starts) in the cgroup `folder`, which is removed after it."""
+def _bench():
+    """bench/bench_cpu_quota.py, whose helpers make a cgroup and run a command in it."""
+    sys.path.insert(0, str(REPO / "bench"))
     try:
-        return subprocess.run(["sh", "-c", f'echo $$ > "{folder}/cgroup.procs" && exec "$@"', "sh", *command],
-                              capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+        import bench_cpu_quota
     finally:
-        for _ in range(50):   # (every process of the run has ended; the kernel frees the cgroup a moment later)
-            try:
-                folder.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        sys.path.remove(str(REPO / "bench"))
+    return bench_cpu_quota
 
 
 def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worker(tmp_path):
@@ -131,7 +100,8 @@ def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worke
     one thread (without the quota: one worker per core, as the run beside it shows)."""
     if devices.cpu_count() < 2:
         pytest.skip(f"this machine has {devices.cpu_count()} CPU: a one-CPU quota changes nothing here")
-    folder = _cgroup("cpu", {"cpu.cfs_quota_us": "100000"}, {"cpu.max": "100000 100000"})
+    bench = _bench()
+    folder = bench.cpu_cgroup(1.0)
     if folder is None:
         pytest.skip("cannot create a cgroup with a CPU quota here (needs root and a writable cpu controller)")
     fasta = tmp_path / "in.fasta"
@@ -139,7 +109,7 @@ def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worke
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     command = [sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--model", "demo", "--gpus", "0",
                "--no-progress"]
-    limited = _run_in(folder, [*command, "--out", str(tmp_path / "limited")], env)
+    limited = bench.run_in(folder, [*command, "--out", str(tmp_path / "limited")], env, timeout=300)
     assert limited.returncode == 0, limited.stderr
     assert "shards: 1," in limited.stderr, limited.stderr
     logs = sorted(p.name for p in (tmp_path / "limited" / "logs").glob("worker_*.log"))
@@ -179,15 +149,16 @@ def test_caches_past_a_cgroup_memory_limit_are_refused_before_they_are_allocated
     need ~5 GiB: the worker refuses them, naming the limit and a budget that fits, where it planned them on the
     machine's free RAM, allocated them and met the cgroup's OOM killer (SIGKILL)."""
     limit = 3 * 2**29
-    folder = _cgroup("memory", {"memory.limit_in_bytes": str(limit)}, {"memory.max": str(limit)})
+    bench = _bench()
+    folder = bench.make_cgroup("memory", {"memory.limit_in_bytes": str(limit)}, {"memory.max": str(limit)})
     if folder is None:
         pytest.skip("cannot create a cgroup with a memory limit here (needs root and a writable memory controller)")
     fasta = tmp_path / "in.fasta"
     fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQR' * (3 + i)}\n" for i in range(6)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = _run_in(folder, [sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--out", str(tmp_path / "o"),
-                           "--model", "demo", "--gpus", "0", "--workers", "1", "--max-tokens-per-batch", "20000000",
-                           "--no-progress"], env)
+    command = [sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--out", str(tmp_path / "o"), "--model",
+               "demo", "--gpus", "0", "--workers", "1", "--max-tokens-per-batch", "20000000", "--no-progress"]
+    res = bench.run_in(folder, command, env, timeout=300)
     assert res.returncode == 1, res.stderr
     assert "SIGKILL" not in res.stderr and "caches need" in res.stderr, res.stderr
     assert "memory under this process's cgroup memory limit" in res.stderr, res.stderr
