@@ -30,7 +30,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import FastaError
-from .id_hash import id_hashes
+from .id_hash import affinity_cpus, id_hashes
 from .record_checksum import add, block_checksums, checksum
 from .source import line_number, open_stream, open_text
 
@@ -504,7 +504,7 @@ class ScanStream:
     def __init__(self, path: str | os.PathLike, threads: int | None = None, nucleotides: bool = False,
                  hashes: bool = False):
         self.path, self.nucleotides, self.hashes = os.fspath(path), nucleotides, hashes
-        self.threads = threads or min(8, os.cpu_count() or 1)
+        self.threads = threads or min(8, affinity_cpus())
         self.table: np.ndarray | None = None
 
     def __iter__(self) -> Iterator[FileScan]:

@@ -653,3 +653,24 @@ def test_the_cache_folder_is_absolute_with_its_home_expanded(tmp_path, monkeypat
     monkeypatch.setenv("RUN_SHARDS_CACHE", "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_dir() == tmp_path / "xdg" / "run_shards"
+
+
+def test_the_index_sizes_its_threads_on_the_cpus_the_process_may_run_on(tmp_path):
+    """A SLURM task bound to one CPU of a 64-core node (its cpuset), or `taskset -c 0`, scanned with 8 threads and
+    hashed ids with 4: the index counted the node's cores. It now counts the process's affinity, and the index
+    it builds is the same."""
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU here: an affinity of one changes nothing")
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQR' * (1 + i % 7)}\n" for i in range(50)))
+    code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from index import SequenceIndex; from index.fasta_scan import ScanStream; import index.id_hash as h; "
+            "index = SequenceIndex.build([sys.argv[1]]); "
+            "print(ScanStream(sys.argv[1]).threads, h._ID_THREADS, len(index), index.total_residues)")
+    out = subprocess.run([sys.executable, "-c", code, str(fasta)], capture_output=True, text=True, check=True,
+                         cwd=SHARED_DATA.parents[1]).stdout.split()
+    whole = SequenceIndex.build([str(fasta)])
+    assert out == ["1", "1", "50", str(whole.total_residues)]
