@@ -11,8 +11,9 @@ RUN_SHARDS_FAULT_DIE_AT=POINT   the worker kills itself with SIGKILL at POINT of
                                 shard-written (final shard written, not yet renamed into place)
 RUN_SHARDS_FAULT_DIE_SHARD=R    ...only the worker of shard R (default: any)
 RUN_SHARDS_FAULT_DIE_AFTER=K    ...only from its K-th checkpoint on (default 0, the first)
-RUN_SHARDS_FAULT_FREE_RAM=B      the native engine on CPU sees B bytes of free RAM (MemAvailable), so its
-                                refusal of caches that do not fit runs without filling the machine
+RUN_SHARDS_FAULT_FREE_RAM=B      B bytes of free RAM stand for what host_memory.available_ram reads: the native
+                                engine's refusal of CPU caches, and planning's of CPU workers' model copies, that
+                                do not fit run without filling the machine
 RUN_SHARDS_FAULT_PLAN_CRASH=1   the parent raises RuntimeError (a bug's traceback) while recording a new run's
                                 plan: its index and copy plan written into OUT, its manifest not yet
 """

@@ -27,8 +27,8 @@ def test_no_module_import_cycles():
 
 # The rooms, top down (docs/DESIGN.md, "Rooms"): a module imports only from its own room or a lower one.
 ORDER = ("run_shards", "cli", "commands", "api", "reporting", "launchers", "planning", "worker", "tasks", "engine",
-         "models", "output", "rundir", "config", "faults", "exits", "errors", "processes", "cgroups", "advice",
-         "pipeline", "index", "triton_kernels")
+         "models", "output", "rundir", "host_memory", "config", "faults", "exits", "errors", "processes", "cgroups",
+         "advice", "pipeline", "index", "triton_kernels")
 
 
 def test_rooms_import_downwards():

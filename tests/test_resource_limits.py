@@ -311,3 +311,28 @@ def test_a_full_system_file_table_is_not_sent_to_ulimit(capsys):
             _run_step(refused, code)
         err = capsys.readouterr().err
         assert e.value.code == 2 and "cannot open /data/shard_0.h5" in err and said in err and unsaid not in err, err
+
+
+def test_cpu_workers_whose_model_copies_do_not_fit_are_refused_before_any_loads(fasta, common, reference, tmp_path):
+    """Each CPU worker loads its own copy of the model as it starts: where the copies could not fit in the free
+    memory (here the 1.2 MB RUN_SHARDS_FAULT_FREE_RAM stands for, against the demo model's two 777 KB copies),
+    every worker was started and the kernel's OOM killer ended some mid-load. The run is refused while planning,
+    before any worker is told to load the model, with the command that runs it on as many workers as fit; that
+    command (on this machine's real memory) gives the reference rows."""
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_FREE_RAM": "1200000"})
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "2 CPU worker(s) would each hold a copy of the model (776.9 KB in float32): 1.6 MB in all, and 1.2 MB" \
+           in res.stderr, res.stderr
+    assert not out.exists() and "loading" not in res.stderr
+    (command,) = suggested_commands(res.stderr)
+    assert command[command.index("--workers") + 1] == "1", command
+    res = run_cli(*command, "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert_same(read(out / "result.h5"), reference)
+    bf16 = run_cli(fasta, "--out", str(out) + "2", *common, env={"RUN_SHARDS_FAULT_FREE_RAM": "500000"})
+    assert bf16.returncode == 2 and "one copy alone does not fit in float32" in bf16.stderr, bf16.stderr
+    (command,) = suggested_commands(bf16.stderr)
+    assert command[command.index("--dtype") + 1] == "bfloat16" and command[command.index("--workers") + 1] == "1"
+    res = run_cli(*command, "--no-progress")
+    assert res.returncode == 0 and read(Path(str(out) + "2") / "result.h5")["ids"].tolist() == reference["ids"].tolist()

@@ -510,3 +510,17 @@ def test_read_ahead_reads_the_weights_and_leaves_errors_to_the_load(tmp_path):
     gone = read_ahead(tmp_path / "missing")
     gone.join(30)
     assert not gone.is_alive()
+
+
+def test_weight_values_counts_what_a_load_holds_from_the_headers_alone(models):
+    """planning/model_copies.py sizes a CPU worker's copy of the model from its safetensors headers: the values
+    of the checkpoint's parameters (and saved float buffers, e.g. ESM's rotary frequencies), none of its integer
+    buffers, counted without reading a tensor; against the model transformers loads from the same folder."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from pipeline.models.checkpoint_facts import weight_values
+    for name, cls in (("esm", AutoModelForMaskedLM), ("llama", AutoModelForCausalLM), ("qwen3", AutoModelForCausalLM)):
+        model = cls.from_pretrained(models[name])
+        parameters = sum(p.numel() for p in model.parameters())
+        floats = sum(b.numel() for b in model.buffers() if b.is_floating_point())
+        assert parameters <= weight_values(Path(models[name])) <= parameters + floats, name

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .. import faults
-from ..cgroups import memory_available
 from ..errors import UserError
+from ..host_memory import available_ram
 from ..models.base import ModelSpec
 from .mkl_cnr import strict_matmuls
 
@@ -161,7 +160,7 @@ class EngineConfig:
             free, _ = torch.cuda.mem_get_info(device)
             where = "GPU memory"
         else:   # (allocated and zeroed at once: a cache past the RAM met the OOM killer a minute later)
-            free, where = _available_ram()
+            free, where = available_ram()
             if free is None:
                 return
         shared = self.memory_shared_by if device.type == "cpu" else 1
@@ -189,25 +188,3 @@ class EngineConfig:
             middle = (low + high + 1) // 2
             low, high = (middle, high) if fits(middle * INVARIANT_SPLIT) else (low, middle - 1)
         return low * INVARIANT_SPLIT
-
-
-def _available_ram() -> tuple[int | None, str]:
-    """Bytes of RAM the kernel can give without swapping (MemAvailable), or what a cgroup's memory limit leaves
-    where that is less (a container's, a pod's, a SLURM job's: cgroups.py), and which it is, in words for the
-    refusal; None where neither says."""
-    injected = faults.free_ram()
-    if injected is not None:
-        return injected, "memory (RAM)"
-    available = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    limited = memory_available()
-    if limited is not None and (available is None or limited < available):
-        return limited, "memory under this process's cgroup memory limit (a container's, a job's)"
-    return available, "memory (RAM)"

@@ -117,6 +117,32 @@ def safetensors_header(file: Path) -> tuple[int, dict]:
         return n, json.loads(fh.read(n))
 
 
+# safetensors' floating-point dtypes: the values a load turns into parameters of the run's dtype
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+
+
+def weight_values(path: Path) -> int | None:
+    """How many floating-point values the checkpoint's weights hold (its parameters, as the run's dtype will
+    hold them), counted from its safetensors headers without reading a tensor; None where its weights are not
+    all safetensors files or cannot be read (the load says why)."""
+    try:
+        files, _, _ = weight_files(path)
+        if not files or not all(f.endswith(".safetensors") for f in files):
+            return None
+        total = 0
+        for f in files:
+            _, header = safetensors_header(path / f)
+            for name, tensor in header.items():
+                if name != "__metadata__" and tensor["dtype"] in FLOAT_DTYPES:
+                    count = 1
+                    for dim in tensor["shape"]:
+                        count *= int(dim)
+                    total += count
+        return total
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _model_type_of(architectures: tuple[str, ...]) -> str:
     """The model type transformers files an architecture class under (BertForMaskedLM -> bert), for configs
     written before model_type existed (ProtBert's)."""

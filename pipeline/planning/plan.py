@@ -31,6 +31,7 @@ from .continued import reconcile, shard_count
 from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
 from .length_limit import check_long, token_limit, warn_beyond_training
+from .model_copies import check_model_copies
 from .storage import check_storage
 from .variants_file import check_variants_out, read_variants
 from .tokenization_check import decide_and_check
@@ -205,6 +206,7 @@ def choose_model(config: RunConfig, on_model=None) -> Model:
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
+    check_model_copies(config, source.path)   # (before a worker is told to load it)
     if config.launcher == "local" and config.devices:
         from ..engine import gpu_support
         from . import devices
