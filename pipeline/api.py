@@ -23,6 +23,7 @@ from .output import copy_plan, result as result_merge, shard_state
 from .output.copy_plan import CopyPlan
 from .output.h5io import CorruptFile, Reader
 from .planning.continued import with_launch_settings
+from .planning.model_copies import check_model_copies
 from .planning.plan import plan
 from .planning.run_index import load_run_index, start_over_advice
 from .reporting.facts import unknown_residues_line
@@ -134,7 +135,8 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             manifest = run_dir.read_manifest()
         with load_run_index(run_dir, manifest, refresh_copies=True, progress=show_progress) as index:
             return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, shards, show_progress,
-                                                          time.monotonic(), dict(dry_run=dry_run, wait=wait)), "rerun")
+                                                          time.monotonic(), dict(dry_run=dry_run, wait=wait,
+                                                                                 copies_unchecked=True)), "rerun")
 
 
 def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path:
@@ -189,6 +191,8 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
             log.info("shard %d is already complete", r)
     timings = None
     if ranks:
+        if options.get("copies_unchecked"):   # (a rerun: `run` checked while planning, before workers loaded ahead)
+            check_model_copies(config, manifest["model"]["path"], len(ranks), planned=True)
         continued = _continued_line(states, ranks)
         if continued:
             log.info("%s", continued)

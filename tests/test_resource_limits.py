@@ -336,3 +336,26 @@ def test_cpu_workers_whose_model_copies_do_not_fit_are_refused_before_any_loads(
     assert command[command.index("--dtype") + 1] == "bfloat16" and command[command.index("--workers") + 1] == "1"
     res = run_cli(*command, "--no-progress")
     assert res.returncode == 0 and read(Path(str(out) + "2") / "result.h5")["ids"].tolist() == reference["ids"].tolist()
+
+
+def test_a_rerun_whose_model_copies_do_not_fit_names_the_run_that_continues_on_fewer_workers(fasta, common, reference,
+                                                                                              tmp_path):
+    """`rerun` starts the run's workers as they were planned (here 2): where their copies of the model cannot fit in
+    the memory free now, it stops before any worker loads it and names the `run` command that continues the run on
+    as many workers as fit (a 16-bit dtype is not offered: the run's dtype is fixed); that command finishes it."""
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_DIE_AT": "part-written"})
+    assert res.returncode == 1, res.stderr
+    logs = {p.name: p.read_text() for p in (out / "logs").glob("worker_*.log")}
+    res = run_cli("rerun", str(out), env={"RUN_SHARDS_FAULT_FREE_RAM": "1200000"})
+    assert res.returncode == 2 and "2 CPU worker(s) would each hold a copy of the model" in res.stderr, res.stderr
+    assert {p.name: p.read_text() for p in (out / "logs").glob("worker_*.log")} == logs   # (no worker started)
+    (command,) = suggested_commands(res.stderr)
+    assert command[:2] == ["run", fasta] and command[command.index("--out") + 1] == str(out), command
+    assert command[command.index("--workers") + 1] == "1" and "--dtype" not in command, command
+    res = run_cli("rerun", str(out), "--shards", "1", env={"RUN_SHARDS_FAULT_FREE_RAM": "500000"})
+    assert res.returncode == 2 and "1 CPU worker(s) would each hold a copy" in res.stderr, res.stderr
+    assert "one copy alone does not fit: free memory" in res.stderr and "bfloat16" not in res.stderr, res.stderr
+    res = run_cli(*command, "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert_same(read(out / "result.h5"), reference)

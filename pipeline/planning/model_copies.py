@@ -15,11 +15,12 @@ from ..models.checkpoint_facts import weight_values
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def check_model_copies(config: RunConfig, path: str | Path) -> None:
-    """UserError where the run's CPU workers (as many at once as it has workers and shards) would together hold
-    more model than there is memory available now, before any worker loads it. Runs on GPUs (their copies are in
-    GPU memory), on a cluster (other machines) and of checkpoints whose size cannot be told from their headers
-    (.bin files) are not checked."""
+def check_model_copies(config: RunConfig, path: str | Path, shards: int | None = None, planned: bool = False) -> None:
+    """UserError where the run's CPU workers (as many at once as it has workers and shards to compute: `shards`,
+    else all of the run's) would together hold more model than there is memory available now, before any worker
+    loads it. `planned`: the run exists already (its dtype is fixed). Runs on GPUs (their copies are in GPU memory),
+    on a cluster (other machines) and of checkpoints whose size cannot be told from their headers (.bin files) are
+    not checked."""
     if config.launcher != "local" or config.on_gpu:
         return
     values = weight_values(Path(path))
@@ -28,7 +29,7 @@ def check_model_copies(config: RunConfig, path: str | Path) -> None:
         return
     dtype = config.torch_dtype_name
     one = values * DTYPE_BYTES.get(dtype, 4)
-    workers = min(config.workers, config.world)
+    workers = min(config.workers, shards or config.world)
     if workers * one <= free:
         return
     text = (f"{workers} CPU worker(s) would each hold a copy of the model ({human_bytes(one)} in {dtype}): "
@@ -37,7 +38,7 @@ def check_model_copies(config: RunConfig, path: str | Path) -> None:
     fit = free // one
     if fit >= 1:
         raise UserError(f"{text}. Run it with {fit} worker(s): `{replace(config, workers=fit).as_command()}`")
-    if dtype == "float32" and values * 2 <= free:   # (one worker in bfloat16: half the memory)
+    if dtype == "float32" and values * 2 <= free and not planned:   # (one worker in bfloat16: half the memory)
         raise UserError(f"{text}; one copy alone does not fit in float32. In bfloat16 (half the memory; values in "
                         "16-bit, and not batch-invariant on CPU) one worker fits: "
                         f"`{replace(config, workers=1, dtype='bfloat16').as_command()}`")

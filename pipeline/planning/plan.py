@@ -137,7 +137,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     planned = dataclasses.replace(config, out=str(run.root), shards=shards, **_absolute(config, "variants",
                                                                                         "variants_out"))
     variants = read_variants(planned.variants, index) if planned.task == "variants" else None
-    model = choose_model(planned, on_model if old is None else None)
+    model = choose_model(planned, on_model if old is None else None, continuing=old is not None)
     if planned.variants_out:
         check_variants_out(planned.variants_out, run_inputs.of_run(run.root, planned.fasta, planned.variants,
                                                                    model.source.path))
@@ -184,10 +184,11 @@ def _absolute(config: RunConfig, *names: str) -> dict:
     return found
 
 
-def choose_model(config: RunConfig, on_model=None) -> Model:
+def choose_model(config: RunConfig, on_model=None, continuing: bool = False) -> Model:
     """The checkpoint, the engine that runs it and what it is (its config and tokenizer; no weights).
     `on_model`: told, as soon as they are known, what a worker's engine load asks for: engine, path,
-    fingerprint, dtype, batch_invariant, logprobs and trust_remote_code (models/preload.py)."""
+    fingerprint, dtype, batch_invariant, logprobs and trust_remote_code (models/preload.py). `continuing`: the
+    run exists (a command continuing it)."""
     from ..engine import selection as engines
     from ..models import checkpoint
     _settle_matmul_mode(config)
@@ -206,7 +207,7 @@ def choose_model(config: RunConfig, on_model=None) -> Model:
     checkpoint.refuse_remote_code(source, config.trust_remote_code)
     engine = engines.choose(config.engine, source, config.task)
     engines.check_dtype(engine, config.torch_dtype_name, config.on_gpu)
-    check_model_copies(config, source.path)   # (before a worker is told to load it)
+    check_model_copies(config, source.path, planned=continuing)   # (before a worker is told to load it)
     if config.launcher == "local" and config.devices:
         from ..engine import gpu_support
         from . import devices
