@@ -54,7 +54,8 @@ def _limits(controller: str, v2: Callable[[Path], float | None], v1: Callable[[P
     v1_path = next((line.split(":", 2)[2] for line in groups
                     if line.count(":") >= 2 and controller in line.split(":", 2)[1].split(",")), None)
     for line in mounts:
-        fields, after = line.split(), line.split(" - ", 1)[1].split() if " - " in line else []
+        fields = line.split()
+        after = line.split(" - ", 1)[1].split() if " - " in line else []   # (fstype, source, super options)
         if len(fields) < 5 or len(after) < 3:
             continue
         fstype, options, root, mountpoint = after[0], after[2].split(","), fields[3], Path(_unescape(fields[4]))

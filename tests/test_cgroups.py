@@ -146,7 +146,7 @@ def test_memory_left_under_v2_and_v1_limits(tmp_path):
 
 def test_caches_past_a_cgroup_memory_limit_are_refused_before_they_are_allocated(tmp_path):
     """The real CLI in a cgroup limited to 1.5 GiB (on a machine with more free RAM), a token budget whose caches
-    need ~5 GiB: the worker refuses them, naming the limit and a budget that fits, where it planned them on the
+    need 4.79 GiB: the worker refuses them, naming the limit and a budget that fits, where it planned them on the
     machine's free RAM, allocated them and met the cgroup's OOM killer (SIGKILL)."""
     limit = 3 * 2**29
     bench = _bench()

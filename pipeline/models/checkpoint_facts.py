@@ -4,6 +4,7 @@ and whether it asks to run its own Python code. The family registry recognises c
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,10 +135,7 @@ def weight_values(path: Path) -> int | None:
             _, header = safetensors_header(path / f)
             for name, tensor in header.items():
                 if name != "__metadata__" and tensor["dtype"] in FLOAT_DTYPES:
-                    count = 1
-                    for dim in tensor["shape"]:
-                        count *= int(dim)
-                    total += count
+                    total += math.prod(int(dim) for dim in tensor["shape"])
         return total
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

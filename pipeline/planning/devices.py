@@ -6,8 +6,10 @@ import glob
 import logging
 import os
 
-from ..errors import UserError
+from index.id_hash import affinity_cpus
+
 from ..cgroups import usable_cpus
+from ..errors import UserError
 
 log = logging.getLogger("run_shards")
 
@@ -90,11 +92,7 @@ def visible_gpus() -> list[str]:
 def cpu_count() -> int:
     """The CPUs this process's threads can keep busy: those it may run on (its affinity: a SLURM task's cpuset,
     taskset), fewer where a cgroup's CPU quota grants less time (a container's or pod's CPU limit: cgroups.py)."""
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = os.cpu_count() or 1
-    return usable_cpus(affinity)
+    return usable_cpus(affinity_cpus())
 
 
 def gpu_count_asked(gpus: str) -> int | None:
