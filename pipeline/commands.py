@@ -21,7 +21,8 @@ from index import lasting_path
 
 from . import api
 from .api import NotMerged
-from .config import RunConfig, check_value, default_of, field_type, misplaced, option_name, option_of
+from .config import (DEFAULT_TOKENS_CPU, RunConfig, check_value, default_of, field_type, misplaced, option_name,
+                     option_of)
 from .errors import UserError
 from .launchers.job import Submitted
 from .planning import devices
@@ -56,7 +57,9 @@ def run_config(fasta: Paths, out: str | os.PathLike = "run_shards_out", gpus: in
         if value is not None:   # as --workers and --threads take them: workers=0 ran the default, "2" a TypeError
             check_value(name, value)
     if settings.get("launcher", default_of("launcher")) == "local":
-        gpu_ids, workers, threads = devices.resolve(str(gpus), workers, threads)
+        gpu_ids, workers, threads = devices.resolve(
+            str(gpus), workers, threads, devices.input_size([os.fspath(p) for p in _paths(fasta)]),
+            settings.get("max_tokens_per_batch") or DEFAULT_TOKENS_CPU)
     else:
         gpu_ids, workers = (["0"] if devices.tasks_get_gpu(str(gpus), settings.get("sbatch", "")) else []), 1
         threads = threads or 1

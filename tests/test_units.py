@@ -1,5 +1,6 @@
 """Fast unit tests: options, device choice, batching, tokenization, pooling, the demo model."""
 import dataclasses
+import os
 import sys
 import types
 from pathlib import Path
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import run_shards
 from pipeline.models import demo as demo_model
 from pipeline.planning import devices
 from pipeline.worker.batching import plan_batches
@@ -57,6 +59,38 @@ def test_devices_honour_cuda_visible_devices(monkeypatch):
     assert gpus == [] and workers == 2 and threads == 3
     with pytest.raises(UserError, match="--gpus takes a number or 'auto'"):
         devices.resolve("many", None)
+
+
+def test_default_cpu_workers_follow_the_input_size(monkeypatch, tmp_path):
+    """With no --workers, a CPU run starts one worker per core (at most 4) but no more than one per 4 batches of
+    input: a worker is a process, its imports and a model copy, which a smaller share of the work does not repay.
+    The input's size is told from the files' sizes (a gzip file's times 5), before anything is read."""
+    import gzip
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(devices, "cpu_count", lambda: 4)
+    monkeypatch.setattr(devices, "physical_gpu_count", lambda: 0)
+    per_worker = devices.BATCHES_PER_CPU_WORKER * 4096
+    assert [devices.resolve("auto", None, None, n)[1:] for n in (None, 10, per_worker, per_worker + 1,
+                                                                  3 * per_worker, 100 * per_worker)] == \
+        [(4, 1), (1, 4), (1, 4), (2, 2), (3, 1), (4, 1)]
+    assert devices.resolve("0", None, None, 100, tokens_per_batch=25)[1] == 1     # 100 tokens = 4 batches of 25
+    assert devices.resolve("0", None, None, 101, tokens_per_batch=25)[1] == 2
+    assert devices.resolve("auto", 3, None, 10)[1:] == (3, 1)      # --workers is obeyed
+    plain, packed = tmp_path / "a.fa", tmp_path / "b.fa.gz"
+    plain.write_text(">a\nMKV\n")
+    packed.write_bytes(gzip.compress(b">b\n" + b"M" * 5000 + b"\n"))
+    assert devices.input_size([str(plain)]) == 7
+    assert devices.input_size([str(plain), str(packed)]) == 7 + 5 * packed.stat().st_size
+    os.mkfifo(tmp_path / "pipe")
+    assert devices.input_size([str(plain), str(tmp_path / "pipe")]) is None    # a pipe's size is not its text's
+    assert devices.input_size([str(tmp_path / "missing.fa")]) is None
+    # Through run_config, as `run` and the Python API resolve them: 3 residues run on one worker with every core
+    small = run_shards.run_config(str(plain), tmp_path / "o", gpus=0)
+    assert (small.workers, small.threads_per_worker) == (1, 4)
+    big = tmp_path / "big.fa"
+    big.write_text("".join(f">s{i}\n{'MKV' * 100}\n" for i in range(200)))   # ~62k bytes: 4 workers' worth
+    assert run_shards.run_config(str(big), tmp_path / "o", gpus=0).workers == 4
+    assert run_shards.run_config(str(big), tmp_path / "o", gpus=0, max_tokens_per_batch=8192).workers == 2
 
 
 def test_counting_gpus_imports_no_torch():

@@ -5,15 +5,25 @@ import contextlib
 import glob
 import logging
 import os
+import stat
 
+from index.compressed import GZIP_MAGIC
 from index.id_hash import affinity_cpus
 
 from ..cgroups import usable_cpus
+from ..config import DEFAULT_TOKENS_CPU
 from ..errors import UserError
 
 log = logging.getLogger("run_shards")
 
 DEFAULT_MAX_CPU_WORKERS = 4
+# A default CPU worker is started for every this many batches of input at most: a worker costs a process, its
+# imports and a copy of the model (~2.4 CPU s for the demo model), which a smaller share of the work does not repay
+# (docs/BENCHMARKS.md, "Default CPU workers for a small input").
+BATCHES_PER_CPU_WORKER = 4
+# A gzip file's residues, estimated from its size before it is read: FASTA compresses ~3-4x; the estimate errs
+# toward more residues (today's default worker count), never toward workers left idle on a large input.
+GZIP_RATIO = 5
 
 
 def physical_gpu_count() -> int:
@@ -108,8 +118,11 @@ def gpu_count_asked(gpus: str) -> int | None:
     return wanted
 
 
-def resolve(gpus: str, workers: int | None, threads: int | None = None) -> tuple[list[str], int, int]:
-    """(GPU ids, number of workers, torch threads per worker) for `--gpus`, `--workers` and `--threads`."""
+def resolve(gpus: str, workers: int | None, threads: int | None = None, input_tokens: int | None = None,
+            tokens_per_batch: int = DEFAULT_TOKENS_CPU) -> tuple[list[str], int, int]:
+    """(GPU ids, number of workers, torch threads per worker) for `--gpus`, `--workers` and `--threads`.
+    `input_tokens`: about how many residues the run has (input_size), which bounds the default number of CPU
+    workers to one per BATCHES_PER_CPU_WORKER batches of `tokens_per_batch`; None where it cannot be told."""
     if threads is not None and threads < 1:
         raise UserError("--threads must be at least 1")
     visible = visible_gpus()
@@ -127,8 +140,29 @@ def resolve(gpus: str, workers: int | None, threads: int | None = None) -> tuple
         return visible[:wanted], wanted, threads or max(1, cpu_count() // wanted)
     # Several single-threaded workers beat one multi-threaded worker on CPU (docs/BENCHMARKS.md: on 2 cores,
     # 2 workers x 1 thread gave 1.2-1.3x the tokens/s of 1 worker x 2 threads), up to a few model copies.
-    workers = workers or min(DEFAULT_MAX_CPU_WORKERS, cpu_count())
+    if workers is None:
+        workers = min(DEFAULT_MAX_CPU_WORKERS, cpu_count())
+        if input_tokens is not None:
+            workers = max(1, min(workers, -(-input_tokens // (BATCHES_PER_CPU_WORKER * tokens_per_batch))))
     return [], workers, threads or max(1, cpu_count() // workers)
+
+
+def input_size(paths: list[str]) -> int | None:
+    """About how many residues `paths` hold, from their sizes alone (before any is read or indexed): a plain
+    file's bytes (headers and line ends included, so never fewer), a gzip file's times GZIP_RATIO; None where a
+    path is not a regular file (a pipe, a missing file: the index says what is wrong with it)."""
+    total = 0
+    for path in paths:
+        try:
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):   # (opening a pipe would wait for its writer)
+                return None
+            with open(path, "rb") as f:
+                head = f.read(2)
+        except OSError:
+            return None
+        total += st.st_size * (GZIP_RATIO if head == GZIP_MAGIC else 1)
+    return total
 
 
 def tasks_get_gpu(gpus: str, sbatch: str) -> bool:
