@@ -1,9 +1,10 @@
 """The --variants file, read and checked while planning, before any model runs: CSV or TSV with a header
 naming the columns `id` and `mutant` (others are ignored), one variant per line. Every problem is refused at
-once (exit 2), naming the file and line: an empty file, a malformed mutant, an id the FASTA does not have, a
-position outside the record, a wild-type letter that is not the record's residue there. A line that repeats an
-earlier line's variant (the same id and substitutions, in any order or case) is kept, with a warning naming
-both lines: the variant is scored once, and its scores are written on each of its lines."""
+once (exit 2), naming the file and line: an empty file, a header naming id or mutant twice, a malformed
+mutant, an id the FASTA does not have, a position outside the record, a wild-type letter that is not the
+record's residue there. A line that repeats an earlier line's variant (the same id and substitutions, in any
+order or case) is kept, with a warning naming both lines: the variant is scored once, and its scores are
+written on each of its lines."""
 from __future__ import annotations
 
 import csv
