@@ -19,7 +19,7 @@ from . import __version__, launchers
 from .config import RunConfig, misplaced, overlap_setting
 from .errors import RunFailed, RunInterrupted, UserError
 from .launchers.job import ShardJob, Submitted
-from .output import copy_plan, result as result_merge, shard_state
+from .output import copy_plan, result as result_merge, shard_state, variants as variants_output
 from .output.copy_plan import CopyPlan
 from .output.h5io import CorruptFile, Reader
 from .planning.continued import with_launch_settings
@@ -175,6 +175,10 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
     if finished is not None:   # the same command again: the result stands (merging again would rewrite it)
         log.info("%s is complete: %s holds all %s rows; nothing was computed or merged again", run.root,
                  run.result_path.name, f"{finished:,}")
+        # but the CSV copy of a variants table is written where this command asks (--variants-out, maybe a
+        # new name, or the old file deleted since): it is only a copy of the result's table
+        if not options.get("dry_run") and variants_output.export(run, manifest):
+            log.info("wrote the variants table to %s", manifest["config"]["variants_out"])
         return run.result_path
     checkpoint.check_unchanged(manifest["model"], "start a new run on the checkpoint as it is now: "
                                f"`{config.as_command(free_out(run.root))}`")

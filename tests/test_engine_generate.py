@@ -150,3 +150,37 @@ def test_top_p_from_candidates_equals_the_full_sort():
             vals64, order64 = p64[i].sort(descending=True, stable=True)
             assert kept[i] == set(order64[(vals64.cumsum(0) - vals64) < top_p].tolist()), (temperature, top_p, i)
     assert max(len(k) for k in kept) > 64 and min(len(k) for k in kept) < 64
+
+
+@pytest.mark.slow
+def test_a_run_that_may_generate_past_the_models_positions_says_so(tmp_path):
+    """Prompts of 17 tokens (BOS and EOS included) on a model of 24 positions: up to 8 new tokens keep within
+    them (17 + 8 - 1 = 24), more reach past them, which generation runs on silently as transformers' does:
+    the run warns, naming the --max-new-tokens that keeps the longest within them, and still runs."""
+    import json
+
+    import h5py
+
+    from tests.tiny_models import run_cli, save_llama
+
+    model = save_llama(tmp_path / "llama24")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 24}))
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">a\nMKTAYIAKQRQISFV\n>b\nGSHM\n")
+
+    def run(new_tokens):
+        out = tmp_path / f"out{new_tokens}"
+        res = run_cli(str(fasta), "--out", str(out), "--model", str(model), "--task", "generate", "--max-new-tokens",
+                      str(new_tokens), "--gpus", "0", "--workers", "1", "--no-progress")
+        assert res.returncode == 0, res.stderr[-3000:]
+        return res.stderr, out
+
+    err, _ = run(8)
+    assert "past the model's" not in err, err
+    err, out = run(12)   # a's 17 + 11 reach past the 24 positions, b's 6 + 11 do not
+    assert ("1 sequence(s) may be continued past the model's 24 positions (max_position_embeddings): their tokens "
+            "and --max-new-tokens 12 reach up to 28") in err, err
+    assert "--max-new-tokens 8 keeps the longest within them" in err
+    with h5py.File(out / "result.h5") as f:
+        assert f["status"][:].tolist() == [0, 0]

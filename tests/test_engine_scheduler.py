@@ -218,6 +218,11 @@ def test_a_refused_cache_names_the_largest_budget_that_fits(monkeypatch):
     with pytest.raises(CachesTooLarge, match="lower --max-length, --max-tokens-per-batch or --max-seqs") as refused:
         EngineConfig(max_tokens_per_step=4096, max_seqs=8, max_model_len=50_000_000).resolve(SPEC, cpu, f32)
     assert refused.value.fitting_budget is None
+    # generating, each running sequence's cache holds its --max-new-tokens: the refusal names that option too
+    with pytest.raises(CachesTooLarge, match="lower --max-new-tokens, --max-length, --max-tokens-per-batch or "
+                                             "--max-seqs") as refused:
+        config(64, max_new_tokens=10**9).resolve(SPEC, cpu, f32)
+    assert refused.value.fitting_budget is None
     with pytest.raises(CachesTooLarge) as refused:
         config(10_000_000, num_pages=10_000_000).resolve(SPEC, cpu, f32)
     assert refused.value.fitting_budget is None

@@ -168,8 +168,12 @@ def test_engine_and_task_refusals_name_the_reason(family_checkpoint, caplog):
     with pytest.raises(UserError, match="config.json rope_scaling.type is 'dynamic': its rotary frequencies depend"):
         selection.choose("native", source("llama_rope_dynamic"), "score")
     with pytest.raises(UserError, match=r"--task generate runs on the native engine, which does not run this "
-                                        r"checkpoint \(Mistral\): its sliding-window attention"):
+                                        r"checkpoint \(Mistral\): its sliding-window attention.*\. On the hf "
+                                        r"engine it supports --task embed and score and variants\.$"):
         selection.choose("auto", source("mistral"), "generate")
+    with pytest.raises(UserError, match=r"--task generate runs on the native engine, and --engine hf was given: drop "
+                                        r"it \(or give --engine auto or native\) for this Llama"):
+        selection.choose("hf", source("llama3"), "generate")
     with pytest.raises(UserError, match=r"--task score needs a language model with its head: a causal LM, or a "
                                         r"masked LM .*; this ProtT5 checkpoint \(T5ForConditionalGeneration\) is "
                                         r"neither: it supports --task embed"):

@@ -85,3 +85,30 @@ def test_repeats_are_scored_once_and_a_long_record_without_variants_does_not_sto
     assert res.returncode == 2, res.stderr[-3000:]
     assert "1 sequence(s) with variants exceed the --max-length limit of 40 tokens" in res.stderr
     assert "'LONG' (60 residues)" in res.stderr and not refused.exists()
+
+
+@pytest.mark.slow
+def test_the_same_command_again_writes_the_variants_csv_where_it_asks(inputs, tmp_path):
+    """A complete run computes nothing again, but its --variants-out copy is written where this command asks:
+    a new name, or the old file deleted since (before, the command said nothing and wrote nothing)."""
+    out = tmp_path / "out"
+
+    def run(csv_out):
+        res = run_cli(str(inputs / "proteins.fasta"), "--out", str(out), "--variants", str(inputs / "variants.csv"),
+                      "--variants-out", str(csv_out), "--model", "demo", "--task", "variants", "--gpus", "0",
+                      "--workers", "1", "--max-length", "40", "--on-long", "skip", "--no-progress")
+        assert res.returncode == 0, res.stderr[-3000:]
+        return res
+
+    first = tmp_path / "first.csv"
+    run(first)
+    table = first.read_text()
+    assert table.splitlines()[0] == "id,mutant,llr,status" and len(table.splitlines()) == 6
+    again = tmp_path / "again.csv"
+    res = run(again)
+    assert "nothing was computed or merged again" in res.stderr
+    assert f"wrote the variants table to {again}" in res.stderr
+    assert again.read_text() == table
+    first.unlink()
+    run(first)
+    assert first.read_text() == table

@@ -188,6 +188,13 @@ BAD_FILES = {
     "empty.csv": ("", "the file is empty"),
     "header.csv": ("id,mutant\n\n", "no variants (only a header)"),
     "columns.csv": ("name,mutation\nP2,A1C\n", "line 1: the header has no id or mutant column"),
+    # a header naming a column twice (read before: the last of them, silently)
+    "twice_named.csv": ("id,Mutant,mutant \nP2,A1C,A1D\n", "line 1: the header names the mutant column more than once"),
+    # lines numbered as an editor numbers them: a quoted field across two lines, a form feed inside a line
+    "quoted_note.csv": ('id,mutant,note\nP2,A1C,"two\nlines"\nP2,C1A,x\n',
+                        "line 4: C1A: wild type C does not match 'P2', whose residue 1 is A"),
+    "form_feed.csv": ("id,mutant,note\nP2,A1C,page\fbreak\nP2,C1A,x\n",
+                      "line 3: C1A: wild type C does not match 'P2', whose residue 1 is A"),
 }
 
 

@@ -172,7 +172,9 @@ class EngineConfig:
                 f"the engine's caches need {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB of {where} is "
                 f"free (using at most {self.memory_fraction:.0%}{among}); lower "
                 + (f"--max-tokens-per-batch to {fits} (or less), or --max-seqs" if fits else
-                   "--max-length, --max-tokens-per-batch or --max-seqs"), fits)
+                   # (generating, each running sequence's cache holds its --max-new-tokens)
+                   f"{'--max-new-tokens, ' if self.max_new_tokens else ''}--max-length, --max-tokens-per-batch or "
+                   "--max-seqs"), fits)
 
     def _fitting_budget(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float) -> int | None:
         """The largest step budget below this one, a multiple of INVARIANT_SPLIT, whose derived caches take at

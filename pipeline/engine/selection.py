@@ -23,8 +23,11 @@ def choose(engine: str, source, task: str) -> str:
     chosen = "native" if engine == "native" or (engine == "auto" and native) else "hf"
     supported = tasks(source.is_causal, chosen, source.is_masked_lm)
     if task == "generate" and source.is_causal and chosen != "native":
+        if native:   # only --engine hf kept it from the native engine
+            raise UserError(f"--task generate runs on the native engine, and --engine hf was given: drop it (or "
+                            f"give --engine auto or native) for this {family.name} checkpoint")
         raise UserError(f"--task generate runs on the native engine, which does not run this checkpoint "
-                        f"({family.name}): {why or '--engine hf was given'}. Use --task embed or score.")
+                        f"({family.name}): {why}. On the hf engine it supports --task {' and '.join(supported)}.")
     if task in ("score", "variants") and task not in supported:
         raise UserError(f"--task {task} needs a language model with its head: a causal LM, or a masked LM whose "
                         f"config.json names a *ForMaskedLM class (ESM-2's EsmForMaskedLM); this {family.name} "

@@ -35,8 +35,9 @@ def add_to_result(file: h5py.File, run, manifest: dict) -> None:
         write_table(file, run.variants_path, manifest["attrs"]["variant_scores"])
 
 
-def export(run, manifest: dict) -> None:
-    """For a --task variants run with --variants-out: the CSV copy of the finished result's table."""
+def export(run, manifest: dict) -> bool:
+    """For a --task variants run with --variants-out: the CSV copy of the finished result's table (whether
+    there was one to write)."""
     out = manifest["config"].get("variants_out")
     if manifest["attrs"].get("task") == "variants" and out:
         try:
@@ -44,6 +45,8 @@ def export(run, manifest: dict) -> None:
         except OSError as e:
             raise UserError(f"--variants-out {out}: cannot write it ({e.strerror}); {run.result_path} holds the "
                             f"table: free the place and run `{command('merge', run.root)}` to write it again") from None
+        return True
+    return False
 
 
 def write_table(file: h5py.File, variants_path: Path, score_names: list[str]) -> int:

@@ -84,3 +84,31 @@ def warn_beyond_training(index: SequenceIndex, tokenizer: SequenceTokenizer, lim
         log.warning("%d sequence(s) are longer than the model's trained context of %d tokens "
                     "(max_position_embeddings); they run, but the model was not trained on such lengths. "
                     "--max-length %d with --on-long truncate or skip keeps within it.", over, trained, trained)
+
+
+def warn_generation_beyond(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None, on_long: str,
+                           model_limit: int | None, trained: int | None, max_new_tokens: int) -> None:
+    """--task generate: prompts whose continuation of --max-new-tokens may reach past the model's positions
+    (its length limit, or the context it was trained on) run, as transformers' generate runs them, but say so
+    (from the prompts' token counts, an upper bound for subword tokenizers: "may")."""
+    context = min([n for n in (model_limit, trained) if n] or [0])
+    if not context:
+        return
+    prompts = tokenizer.tokens_for_residues(index.length_values)
+    counts = index.length_counts
+    if limit:
+        if on_long == "skip":   # (those over the limit are not run)
+            prompts, counts = prompts[prompts <= limit], counts[prompts <= limit]
+        prompts = np.minimum(prompts, limit)
+    if not len(prompts):
+        return
+    over = int(counts[prompts + max_new_tokens - 1 > context].sum())
+    if over:
+        room = context + 1 - int(prompts.max())
+        log.warning("%d sequence(s) may be continued past the model's %d positions (%s): their tokens and "
+                    "--max-new-tokens %d reach up to %d; generation runs on, but the model was not trained "
+                    "on such positions. %s", over, context,
+                    "max_position_embeddings" if context == trained else "its length limit", max_new_tokens,
+                    int(prompts.max()) + max_new_tokens - 1,
+                    f"--max-new-tokens {room} keeps the longest within them." if room >= 1 else
+                    "A lower --max-length with --on-long truncate or skip, and fewer new tokens, keep within them.")

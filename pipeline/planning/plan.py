@@ -30,7 +30,7 @@ from . import run_identity, run_index
 from .continued import reconcile, shard_count
 from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
-from .length_limit import check_long, token_limit, warn_beyond_training
+from .length_limit import check_long, token_limit, warn_beyond_training, warn_generation_beyond
 from .model_copies import check_model_copies
 from .storage import check_storage
 from .variants_file import check_variants_out, read_variants
@@ -259,6 +259,9 @@ def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: i
         windowed.plan(config, limit, tokenizer)   # fixes the copy's window and overlap
     check_long(index, tokenizer, limit, config, runs)
     warn_beyond_training(index, tokenizer, limit, model.info.extra.get("trained_context"))
+    if config.task == "generate":
+        warn_generation_beyond(index, tokenizer, limit, config.on_long, model.info.max_tokens,
+                               model.info.extra.get("trained_context"), config.max_new_tokens)
     return config
 
 

@@ -1,13 +1,15 @@
 """The --variants file, read and checked while planning, before any model runs: CSV or TSV with a header
 naming the columns `id` and `mutant` (others are ignored), one variant per line. Every problem is refused at
-once (exit 2), naming the file and line: an empty file, a malformed mutant, an id the FASTA does not have, a
-position outside the record, a wild-type letter that is not the record's residue there. A line that repeats an
-earlier line's variant (the same id and substitutions, in any order or case) is kept, with a warning naming
-both lines: the variant is scored once, and its scores are written on each of its lines."""
+once (exit 2), naming the file and line: an empty file, a header naming id or mutant twice, a malformed
+mutant, an id the FASTA does not have, a position outside the record, a wild-type letter that is not the
+record's residue there. A line that repeats an earlier line's variant (the same id and substitutions, in any
+order or case) is kept, with a warning naming both lines: the variant is scored once, and its scores are
+written on each of its lines."""
 from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import logging
 from pathlib import Path
 
@@ -77,21 +79,33 @@ def _rows(path: str, data: bytes) -> tuple[list[tuple[int, str, str]], list[str]
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise UserError(f"--variants {path}: not UTF-8 text (byte {e.start}); save it as a UTF-8 CSV or TSV") from None
-    lines = text.splitlines()
-    first = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if first is None:
+    # Lines as an editor numbers them: ended by \n, \r\n or \r only (not str.splitlines' form feeds and
+    # Unicode separators), and counted by the csv reader itself, so that a quoted field across lines (a note
+    # column) does not shift the numbers of the lines after it.
+    first_line = next((line for line in io.StringIO(text, newline="") if line.strip()), "")
+    delimiter = "\t" if "\t" in first_line else ","
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header = next((fields for fields in reader if any(f.strip() for f in fields)), None)
+    if header is None:
         raise UserError(f"--variants {path}: the file is empty; it needs a header line naming the columns id and "
                         "mutant, then one variant per line (e.g. 'P12345,A23V')")
-    delimiter = "\t" if "\t" in lines[first] else ","
-    header = [h.strip() for h in next(csv.reader([lines[first]], delimiter=delimiter))]
-    named = {h.lower(): i for i, h in enumerate(header)}
+    header_line = reader.line_num
+    header = [h.strip() for h in header]
+    named: dict[str, list[int]] = {}
+    for i, h in enumerate(header):
+        named.setdefault(h.lower(), []).append(i)
     missing = [c for c in ("id", "mutant") if c not in named]
     if missing:
-        raise UserError(f"--variants {path}, line {first + 1}: the header has no {' or '.join(missing)} column "
+        raise UserError(f"--variants {path}, line {header_line}: the header has no {' or '.join(missing)} column "
                         f"(it has: {', '.join(header)}); name the columns id and mutant")
-    col_id, col_mut = named["id"], named["mutant"]
+    twice = [c for c in ("id", "mutant") if len(named[c]) > 1]
+    if twice:
+        raise UserError(f"--variants {path}, line {header_line}: the header names the {' and the '.join(twice)} "
+                        f"column more than once (it has: {', '.join(header)}); rename all but one")
+    col_id, col_mut = named["id"][0], named["mutant"][0]
     rows, problems = [], []
-    for n, fields in enumerate(csv.reader(lines[first + 1:], delimiter=delimiter), start=first + 2):
+    for fields in reader:
+        n = reader.line_num   # (a record's last line)
         if not any(f.strip() for f in fields):
             continue
         if len(fields) <= max(col_id, col_mut):
