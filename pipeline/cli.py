@@ -288,7 +288,8 @@ def main():
                    "slurm or ray: whether each shard gets a GPU (slurm auto: when --sbatch asks for GPUs; ray auto: "
                    "CPU).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="CPU workers when running on CPU (default: one per core, at most 4; each loads the model).")
+              help="CPU workers when running on CPU (default: one per core, at most 4, and at most one per 4 "
+                   "batches of input; each loads the model).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per worker (default: the CPU cores divided between the workers; a container's "
                    "CPU quota counts).")

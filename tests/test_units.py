@@ -72,7 +72,7 @@ def test_default_cpu_workers_follow_the_input_size(monkeypatch, tmp_path):
     per_worker = devices.BATCHES_PER_CPU_WORKER * 4096
     assert [devices.resolve("auto", None, None, n)[1:] for n in (None, 10, per_worker, per_worker + 1,
                                                                   3 * per_worker, 100 * per_worker)] == \
-        [(4, 1), (1, 4), (1, 4), (2, 2), (3, 1), (4, 1)]
+        [(4, 1), (1, 1), (1, 1), (2, 1), (3, 1), (4, 1)]
     assert devices.resolve("0", None, None, 100, tokens_per_batch=25)[1] == 1     # 100 tokens = 4 batches of 25
     assert devices.resolve("0", None, None, 101, tokens_per_batch=25)[1] == 2
     assert devices.resolve("auto", 3, None, 10)[1:] == (3, 1)      # --workers is obeyed
@@ -84,9 +84,11 @@ def test_default_cpu_workers_follow_the_input_size(monkeypatch, tmp_path):
     os.mkfifo(tmp_path / "pipe")
     assert devices.input_size([str(plain), str(tmp_path / "pipe")]) is None    # a pipe's size is not its text's
     assert devices.input_size([str(tmp_path / "missing.fa")]) is None
-    # Through run_config, as `run` and the Python API resolve them: 3 residues run on one worker with every core
+    # Through run_config, as `run` and the Python API resolve them: 3 residues run on one worker, with the threads
+    # a worker has when there are four (its idle threads would spin on a busy machine's cores)
     small = run_shards.run_config(str(plain), tmp_path / "o", gpus=0)
-    assert (small.workers, small.threads_per_worker) == (1, 4)
+    assert (small.workers, small.threads_per_worker) == (1, 1)
+    assert run_shards.run_config(str(plain), tmp_path / "o", gpus=0, threads=3).threads_per_worker == 3
     big = tmp_path / "big.fa"
     big.write_text("".join(f">s{i}\n{'MKV' * 100}\n" for i in range(200)))   # ~62k bytes: 4 workers' worth
     assert run_shards.run_config(str(big), tmp_path / "o", gpus=0).workers == 4

@@ -140,11 +140,14 @@ def resolve(gpus: str, workers: int | None, threads: int | None = None, input_to
         return visible[:wanted], wanted, threads or max(1, cpu_count() // wanted)
     # Several single-threaded workers beat one multi-threaded worker on CPU (docs/BENCHMARKS.md: on 2 cores,
     # 2 workers x 1 thread gave 1.2-1.3x the tokens/s of 1 worker x 2 threads), up to a few model copies.
-    if workers is None:
-        workers = min(DEFAULT_MAX_CPU_WORKERS, cpu_count())
-        if input_tokens is not None:
-            workers = max(1, min(workers, -(-input_tokens // (BATCHES_PER_CPU_WORKER * tokens_per_batch))))
-    return [], workers, threads or max(1, cpu_count() // workers)
+    if workers is not None:
+        return [], workers, threads or max(1, cpu_count() // workers)
+    workers = min(DEFAULT_MAX_CPU_WORKERS, cpu_count())
+    threads = threads or max(1, cpu_count() // workers)
+    if input_tokens is not None:   # (each keeps its threads: a small input repays more threads no more than
+        # more workers, and an idle thread's spin-wait takes a busy machine's cores: docs/BENCHMARKS.md)
+        workers = max(1, min(workers, -(-input_tokens // (BATCHES_PER_CPU_WORKER * tokens_per_batch))))
+    return [], workers, threads
 
 
 def input_size(paths: list[str]) -> int | None:
