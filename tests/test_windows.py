@@ -199,3 +199,48 @@ def test_a_model_without_bos_scores_every_windowed_token_with_a_token_before_it(
     assert windows.plan(embed, None, no_bos).overlap == 0
     with_bos = RunConfig(fasta=["x.fa"], out="o", task="score", on_long="window", window=8, overlap=0)
     assert windows.plan(with_bos, None, SimpleNamespace(head=1, tail=0)).overlap == 0   # <bos> is its context
+
+
+def _rows_by_every_pair(w: Windows, num_tokens: int, starts: list[int], first_row: int):
+    """Windows.rows by its definition, over every (token, window) pair: the farthest from an edge (ties: the
+    earlier) and the earliest window holding each content token."""
+    n, per = num_tokens - w.head - w.tail, w.limit
+    hidden, logprob = list(range(first_row, first_row + w.head)), list(range(first_row, first_row + w.head))
+    for j in range(n):
+        holding = [(k, s) for k, s in enumerate(starts) if s <= j < s + w.size]
+        k, s = max(holding, key=lambda ks: (min(j - ks[1], ks[1] + w.size - 1 - j), -ks[0]))
+        hidden.append(first_row + k * per + w.head + j - s)
+        k, s = holding[0]
+        logprob.append(first_row + k * per + w.head + j - s)
+    last = first_row + (len(starts) - 1) * per + w.head + w.size
+    tail = list(range(last, last + w.tail))
+    return hidden + tail, logprob + tail
+
+
+def test_window_rows_equal_their_definition_and_stay_linear_in_the_record():
+    """The rows each token takes its values from, against the definition over every (token, window) pair, for
+    window sizes, overlaps (0 to size - 1), odd and even, heads and tails of 0 to 2 tokens. Then a record of
+    20,000 residues in windows of 34 tokens (833 windows): the rows came from [tokens, windows] arrays, 400 MB
+    here, and at 200,000 residues (1.7e9 cells, tens of GB) the kernel killed the worker; now a few arrays of one
+    value per token."""
+    import tracemalloc
+    for head, tail in [(1, 1), (0, 0), (2, 1), (0, 1)]:
+        for size in (2, 3, 5, 8):
+            for overlap in range(size):
+                w = Windows(size + head + tail, overlap, head, tail)
+                for n in range(size + 1, 4 * size + 7):
+                    starts = window_starts(n, size, overlap)
+                    got = w.rows(n + head + tail, starts, 5)
+                    want = _rows_by_every_pair(w, n + head + tail, starts, 5)
+                    assert [g.tolist() for g in got] == list(want), (head, tail, size, overlap, n)
+    w = Windows(SIZE + 2, OVERLAP, 1, 1)
+    n = 20_000
+    starts = window_starts(n, SIZE, OVERLAP)
+    tracemalloc.start()
+    try:
+        hidden, logprob = w.rows(n + 2, starts, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(starts) == 833 and len(hidden) == len(logprob) == n + 2
+    assert peak < 40 * 8 * n, peak   # a few int64 arrays of n values; was 50 times more
