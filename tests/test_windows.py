@@ -244,3 +244,42 @@ def test_window_rows_equal_their_definition_and_stay_linear_in_the_record():
         tracemalloc.stop()
     assert len(starts) == 833 and len(hidden) == len(logprob) == n + 2
     assert peak < 40 * 8 * n, peak   # a few int64 arrays of n values; was 50 times more
+
+
+@pytest.mark.parametrize("name,logprobs", [("esm", False), ("llama", True)])
+def test_a_sequence_of_many_windows_runs_in_calls_within_the_token_budget(models, name, logprobs):
+    """The windows of one long sequence went to the engine in one call whatever --max-tokens-per-batch (the batch
+    takes at least one sequence): with the hf engine, one padded tensor of every window and every layer's states,
+    memory growing with the record without bound. Now in calls of at most the budget, and the stitched outputs
+    are those of the one call (to float32's error: the calls batch the same windows differently)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.engine.windowed import WindowedEngine
+
+    class Calls(HFEngine):   # the real engine, its calls' sizes noted
+        def forward(self, batch, layers, logprobs):
+            self.calls.append(sum(len(ids) for ids in batch))
+            return super().forward(batch, layers, logprobs)
+
+    engine = Calls(models[name], torch.device("cpu"), torch.float32, logprobs)
+    final = engine.info.num_layers
+    rng = np.random.default_rng(5)
+    tokenizer = AutoTokenizer.from_pretrained(models[name])
+    batch = [tokenizer("".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), n)))["input_ids"] for n in (600, 20, 90)]
+    cut = Windows(WINDOW, OVERLAP, 1, 1) if name == "esm" else Windows(WINDOW - 1, OVERLAP, 1, 0)   # llama: <bos>
+    outputs = {}
+    for budget in (None, 4 * WINDOW, 100):
+        engine.calls = []
+        outputs[budget] = WindowedEngine(engine, cut, budget).forward(batch, [0, final], logprobs)
+        windows = sum(cut.count(len(b)) if len(b) > cut.limit else 1 for b in batch)
+        assert windows > 20 and len(engine.calls) == (1 if budget is None else -(-windows // (budget // cut.limit)))
+        assert max(engine.calls) <= (budget or windows * cut.limit)
+    one = outputs[None]
+    assert one.cu_seqlens.diff().tolist() == [len(b) for b in batch]
+    for budget in (4 * WINDOW, 100):
+        got = outputs[budget]
+        assert got.cu_seqlens.tolist() == one.cu_seqlens.tolist()
+        for k in (0, final):
+            torch.testing.assert_close(got.hidden[k], one.hidden[k])
+        if logprobs:
+            torch.testing.assert_close(got.token_logprobs, one.token_logprobs)

@@ -98,8 +98,10 @@ class WindowedEngine:
     """An engine whose forward runs sequences over the limit as windows and returns stitched outputs, with
     the wrapped engine's cu_seqlens layout (one row per token of each sequence as given)."""
 
-    def __init__(self, engine, windows: Windows):
-        self.engine, self.windows = engine, windows
+    def __init__(self, engine, windows: Windows, budget: int | None = None):
+        """`budget`: the most tokens (padded: windows x the longest) one call of the wrapped engine gets; the
+        windows of a batch run in calls of at most that (at least one window each)."""
+        self.engine, self.windows, self.budget = engine, windows, budget
         self.info, self.device = engine.info, engine.device
 
     def __getattr__(self, name):   # everything else (stats, tokenizer) is the wrapped engine's
@@ -113,7 +115,7 @@ class WindowedEngine:
             pieces += split
         if len(pieces) == len(batch):
             return self.engine.forward(batch, layers, logprobs)
-        out = self.engine.forward(pieces, layers, logprobs)
+        out = self._forward_in_calls(pieces, layers, logprobs)
         piece_starts = out.cu_seqlens[:-1].tolist()
         hidden_rows, logprob_rows = [], []
         for num_tokens, starts, first in plans:
@@ -128,6 +130,31 @@ class WindowedEngine:
         if out.token_logprobs is not None:
             stitched.token_logprobs = out.token_logprobs[torch.from_numpy(np.concatenate(logprob_rows)).to(device)]
         return stitched
+
+    def _forward_in_calls(self, pieces: list[list[int]], layers, logprobs: bool) -> ForwardOutput:
+        """The wrapped engine's forward over all the windows, in calls within the budget, joined: a batch's budget
+        counts a long sequence's windows, but the batch takes at least one sequence, and a sequence of thousands
+        of windows went to the engine in one call (the hf engine pads them into one tensor and keeps every
+        layer's states of every window: memory without bound)."""
+        calls, start = [], 0
+        while start < len(pieces):
+            end, longest = start + 1, len(pieces[start])
+            while end < len(pieces) and self.budget \
+                    and max(longest, len(pieces[end])) * (end + 1 - start) <= self.budget:
+                longest = max(longest, len(pieces[end]))
+                end += 1
+            if not self.budget:
+                end = len(pieces)
+            calls.append((start, end))
+            start = end
+        if len(calls) == 1:
+            return self.engine.forward(pieces, layers, logprobs)
+        outs = [self.engine.forward(pieces[a:b], layers, logprobs) for a, b in calls]
+        lengths = torch.tensor([0] + [len(p) for p in pieces], dtype=outs[0].cu_seqlens.dtype)
+        return ForwardOutput(cu_seqlens=torch.cumsum(lengths, 0).to(outs[0].cu_seqlens.device),
+                             hidden={k: torch.cat([o.hidden[k] for o in outs]) for k in outs[0].hidden},
+                             token_logprobs=None if outs[0].token_logprobs is None
+                             else torch.cat([o.token_logprobs for o in outs]))
 
 
 def plan(config, limit: int | None, tokenizer) -> Windows:
