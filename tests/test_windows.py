@@ -283,3 +283,33 @@ def test_a_sequence_of_many_windows_runs_in_calls_within_the_token_budget(models
             torch.testing.assert_close(got.hidden[k], one.hidden[k])
         if logprobs:
             torch.testing.assert_close(got.token_logprobs, one.token_logprobs)
+
+
+def test_a_window_too_small_names_the_option_that_set_it(models, tmp_path):
+    """With --on-long window and no --window, the window is --max-length: `--max-length 3` was refused as
+    "--window 3 leaves 1 residue token(s) ...; use a larger --window", and a larger --window is then over the
+    --max-length limit, refused in turn. The message names --max-length and has it raised."""
+    from types import SimpleNamespace
+
+    from pipeline.config import RunConfig
+    from pipeline.engine import windowed as windows
+    from pipeline.errors import UserError
+    fasta = _fasta(tmp_path, "ACDEFGHIKLMNPQRSTVWY")
+    res = run_cli(fasta, "--out", str(tmp_path / "o"), "--gpus", "0", "--on-long", "window", "--max-length", "3",
+                  "--no-progress")
+    assert res.returncode == 2 and "Traceback" not in res.stderr and not (tmp_path / "o").exists(), res.stderr
+    assert "error: --max-length 3 leaves 1 residue token(s) per window beside the 2 special token(s); use a larger " \
+           "--max-length (the window when --window is not given)" in res.stderr, res.stderr
+    assert "--window" not in res.stderr.replace("when --window is not given", "")
+    res = run_cli(fasta, "--out", str(tmp_path / "o"), "--gpus", "0", "--on-long", "window", "--max-length", "4",
+                  "--no-progress")
+    assert res.returncode == 0, res.stderr   # the advice works
+    tokenizer = SimpleNamespace(head=1, tail=1)
+    with pytest.raises(UserError, match=r"must be below the 3 residue "
+                                        r"tokens of a window \(--max-length 5 less 2 special token\(s\)\)"):
+        windows.plan(RunConfig(fasta=[fasta], out="o", on_long="window", max_length=5, overlap=3), 5, tokenizer)
+    with pytest.raises(UserError, match=r"^--window 3 leaves 1 residue token\(s\) .*; use a larger --window$"):
+        windows.plan(RunConfig(fasta=[fasta], out="o", on_long="window", window=3), 1024, tokenizer)
+    with pytest.raises(UserError, match=r"^the model's limit of 3 tokens leaves 1 residue token\(s\) .*; use "
+                                        r"another model$"):
+        windows.plan(RunConfig(fasta=[fasta], out="o", on_long="window"), 3, tokenizer)

@@ -168,9 +168,13 @@ def plan(config, limit: int | None, tokenizer) -> Windows:
         whose = "the --max-length limit" if config.max_length == limit else "the model's limit"
         raise UserError(f"--window {window} is over {whose} of {limit} tokens; use at most {limit}")
     size = window - tokenizer.head - tokenizer.tail
+    # (unless given, the window is the limit, and a larger --window would be over it: the limit is what to raise)
+    what, fix = (f"--window {window}", "a larger --window") if config.window else \
+        (f"--max-length {window}", "a larger --max-length (the window when --window is not given)") \
+        if config.max_length == limit else (f"the model's limit of {window} tokens", "another model")
     if size < 2:
-        raise UserError(f"--window {window} leaves {size} residue token(s) per window beside the "
-                        f"{tokenizer.head + tokenizer.tail} special token(s); use a larger --window")
+        raise UserError(f"{what} leaves {size} residue token(s) per window beside the "
+                        f"{tokenizer.head + tokenizer.tail} special token(s); use {fix}")
     # A score needs a token before each scored one. Where the tokenizer puts none before the content (no BOS:
     # Qwen), a window's first token has no context of its own, so every later window must share at least one
     # token with the one before it, which then gives that token its log-probability.
@@ -182,6 +186,6 @@ def plan(config, limit: int | None, tokenizer) -> Windows:
                         f"sequence), and --task score cannot score such a token; use --overlap {least} or more")
     if overlap >= size:
         raise UserError(f"--overlap {overlap} must be below the {size} residue tokens of a window "
-                        f"(--window {window} less {tokenizer.head + tokenizer.tail} special token(s))")
+                        f"({what} less {tokenizer.head + tokenizer.tail} special token(s))")
     config.window, config.overlap = window, overlap
     return Windows(window, overlap, tokenizer.head, tokenizer.tail)
