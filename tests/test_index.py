@@ -674,3 +674,22 @@ def test_the_index_sizes_its_threads_on_the_cpus_the_process_may_run_on(tmp_path
                          cwd=SHARED_DATA.parents[1]).stdout.split()
     whole = SequenceIndex.build([str(fasta)])
     assert out == ["1", "1", "50", str(whole.total_residues)]
+
+
+def test_a_file_given_twice_under_two_names_is_refused_naming_both(tmp_path):
+    """A hard link (or a bind mount) to a file given beside it was indexed twice: every id a duplicate, and the
+    advice --on-duplicate-id rename computed every record twice. Refused as the same file, by device and inode
+    as by path, naming both paths, by the index and through the cache."""
+    (tmp_path / "a.fa").write_bytes(b">a\nMK\n>b\nMV\n")
+    os.link(tmp_path / "a.fa", tmp_path / "hard.fa")
+    os.symlink("a.fa", tmp_path / "soft.fa")
+    (tmp_path / "other.fa").write_bytes(b">c\nMK\n")
+    for twin in ("hard.fa", "soft.fa"):
+        paths = [str(tmp_path / "a.fa"), str(tmp_path / "other.fa"), str(tmp_path / twin)]
+        for build in (SequenceIndex.build, lambda p: load_or_build(p, tmp_path / "cache")):
+            with pytest.raises(FastaError) as err:
+                build(paths)
+            assert str(err.value) == f"{paths[2]}: the same file is given twice (also as {paths[0]}). Pass each " \
+                                     f"FASTA file once"
+    index, _ = load_or_build([tmp_path / "a.fa", tmp_path / "other.fa"], tmp_path / "cache")
+    assert index.ids() == ["a", "b", "c"]
