@@ -113,13 +113,27 @@ class _Histogram:
             self.dense = np.zeros(0, np.int64)
 
 
+def refuse_repeated(paths: Sequence[str]) -> None:
+    """FastaError naming a file given twice: by path, or by device and inode (a hard link, a bind mount), which
+    gave every id twice and the advice --on-duplicate-id rename, which computes each record twice."""
+    seen: dict = {}
+    for k, p in enumerate(paths):
+        try:
+            st = os.stat(p)
+            keys = [os.path.realpath(p), (st.st_dev, st.st_ino)]
+        except OSError:   # (missing: refused by name when it is opened)
+            keys = [os.path.realpath(p)]
+        first = next((seen[key] for key in keys if key in seen), None)
+        if first is not None:
+            also = "" if os.path.abspath(paths[first]) == os.path.abspath(p) else f" (also as {paths[first]})"
+            raise FastaError(p, f"the same file is given twice{also}", hint="Pass each FASTA file once")
+        seen.update({key: k for key in keys})
+
+
 def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, threads: int | None = None) -> None:
     """Scan `paths` (in the given order) into the index file `target`; FastaError on malformed input."""
     paths = [os.fspath(p) for p in paths]
-    real = [os.path.realpath(p) for p in paths]
-    for k, r in enumerate(real):
-        if r in real[:k]:
-            raise FastaError(paths[k], "the same file is given twice", hint="Pass each FASTA file once")
+    refuse_repeated(paths)
     if len(paths) > np.iinfo(np.uint16).max:
         raise FastaError(paths[-1], "too many input files (at most 65535)")
     # (the cache is shared by concurrent commands: the folder is locked while this build lives, and the next

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .build import check_regular
+from .build import check_regular, refuse_repeated
 from .compressed import kind as compression, readable_paths
 from .errors import FastaError
 from .sequence_index import FORMAT_VERSION, IndexCorrupt, InputFile, SequenceIndex
@@ -50,6 +50,7 @@ def load_or_build(paths: Sequence[str | os.PathLike], directory: Path | None = N
     that looks current: `run_shards index --rebuild`)."""
     sources = [os.fspath(p) for p in paths]
     check_regular(sources)   # (before anything reads a pipe's first bytes)
+    refuse_repeated(sources)   # (before a cached index of them is reused: an index built before this check)
     paths = readable_paths(paths, directory or cache_dir(), progress)   # (progress: a .gz's decompression bar)
     path = cache_path(paths, directory)
     if path.exists() and not rebuild:

@@ -80,7 +80,8 @@ def _block(index, rec: _Fields, a: int, i: int, j: int, out: np.ndarray, keep_ca
     start, stop = int(rec.offsets[i]), int(rec.ends[j - 1])
     grid = start - start % 8   # checksum words sit at multiples of 8 in the text
     raw = bytearray(-(-(stop - grid) // 8) * 8)
-    got = index._text(a + i).read_into(memoryview(raw)[:stop - grid], grid)
+    with index._reading(a + i) as text:
+        got = text.read_into(memoryview(raw)[:stop - grid], grid)
     words = np.frombuffer(raw, "<u8")
     buf = np.frombuffer(raw, np.uint8)[start - grid:stop - grid]
     rel = rec.offsets[i:j] - start

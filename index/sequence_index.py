@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = index_build.FORMAT_VERSION
 READABLE_VERSIONS = (1, 2, 3, 4)
 _READ_BYTES = 16 << 20   # sequence(): a record is read and cleaned piece by piece
+HELD_TEXTS = 256         # input files kept open between reads (more: opened per read, see _reading)
 _ONE_READ = 1 << 30      # read_record(): larger reads go into a bytearray, a pread at a time
 MAGIC = index_file.MAGIC
 _ARRAYS = ("offsets", "nbytes", "lengths", "file_no", "id_offsets", "id_blob", "order")
@@ -170,12 +171,13 @@ class SequenceIndex:
         stop = n if stop is None else min(stop, n)
         size, at = max(0, stop - start), int(self.offsets[i]) + start
         try:
-            if size <= _ONE_READ:
-                data = self._text(i).pread(size, at)
-                got = len(data)
-            else:   # one pread returns at most about 2 GiB
-                data = bytearray(size)
-                got = self._text(i).read_into(data, at)
+            with self._reading(i) as text:
+                if size <= _ONE_READ:
+                    data = text.pread(size, at)
+                    got = len(data)
+                else:   # one pread returns at most about 2 GiB
+                    data = bytearray(size)
+                    got = text.read_into(data, at)
         except FastaError:   # a BGZF file whose blocks are no longer where its table says: replaced since
             if self.inputs[int(self.file_no[i])].unchanged(InputFile.stat(self.path_of(i))):
                 raise
@@ -185,12 +187,26 @@ class SequenceIndex:
                                f"{i + 1:,} is no longer at byte {int(self.offsets[i]):,}", seq_id=self.id(i))
         return data
 
-    def _text(self, i: int):
+    @contextlib.contextmanager
+    def _reading(self, i: int):
+        """The text of record i's file, to read from within the block. Up to HELD_TEXTS input files each stay
+        open for later reads; with more, each read opens its file and closes it after: every file held open
+        for the life of the index stopped a run of 3,000 FASTA files (one per protein, a common download) at
+        `ulimit -n` 1,024 with 'too many open files', past what a user may raise. (Not a least-recently-used
+        set of open files: the token counter reads on a thread of its own, and closing a file another read is
+        using would let its descriptor's number name another file.)"""
         k = int(self.file_no[i])
+        if len(self.inputs) > HELD_TEXTS:
+            text = open_text(self.inputs[k].path, self.block_table(k))
+            try:
+                yield text
+            finally:
+                text.close()
+            return
         text = self._texts.get(k)
         if text is None:
             text = self._texts[k] = open_text(self.inputs[k].path, self.block_table(k))
-        return text
+        yield text
 
     def block_table(self, k: int) -> np.ndarray | None:
         """The block table of input k when it is a BGZF file read in place (bgzf.py), else None."""

@@ -674,3 +674,66 @@ def test_the_index_sizes_its_threads_on_the_cpus_the_process_may_run_on(tmp_path
                          cwd=SHARED_DATA.parents[1]).stdout.split()
     whole = SequenceIndex.build([str(fasta)])
     assert out == ["1", "1", "50", str(whole.total_residues)]
+
+
+def test_a_file_given_twice_under_two_names_is_refused_naming_both(tmp_path):
+    """A hard link (or a bind mount) to a file given beside it was indexed twice: every id a duplicate, and the
+    advice --on-duplicate-id rename computed every record twice. Refused as the same file, by device and inode
+    as by path, naming both paths, by the index and through the cache."""
+    (tmp_path / "a.fa").write_bytes(b">a\nMK\n>b\nMV\n")
+    os.link(tmp_path / "a.fa", tmp_path / "hard.fa")
+    os.symlink("a.fa", tmp_path / "soft.fa")
+    (tmp_path / "other.fa").write_bytes(b">c\nMK\n")
+    for twin in ("hard.fa", "soft.fa"):
+        paths = [str(tmp_path / "a.fa"), str(tmp_path / "other.fa"), str(tmp_path / twin)]
+        for build in (SequenceIndex.build, lambda p: load_or_build(p, tmp_path / "cache")):
+            with pytest.raises(FastaError) as err:
+                build(paths)
+            assert str(err.value) == f"{paths[2]}: the same file is given twice (also as {paths[0]}). Pass each " \
+                                     f"FASTA file once"
+    index, _ = load_or_build([tmp_path / "a.fa", tmp_path / "other.fa"], tmp_path / "cache")
+    assert index.ids() == ["a", "b", "c"]
+
+
+def test_more_fasta_files_than_open_files_allowed_run_and_equal_one_file(tmp_path, models):
+    """Every input file stayed open for the life of the index: a run over 300 FASTA files (one per protein, as
+    they are often downloaded) under a limit of 200 open files (soft and hard: nothing a user may raise)
+    stopped, planning or in a worker. Now each read opens its file past index.sequence_index.HELD_TEXTS of
+    them, and the result equals the run over the same records in one file, bit for bit."""
+    import resource
+    import subprocess
+    import sys
+
+    import h5py
+
+    from index.sequence_index import HELD_TEXTS
+    from .tiny_models import REPO
+    rng = random.Random(2)
+    folder = tmp_path / "one per protein"
+    folder.mkdir()
+    n = 300
+    assert n > HELD_TEXTS
+    texts = [f">p{i} protein {i}\n{''.join(rng.choices('ACDEFGHIKLMNPQRSTVWY', k=rng.randrange(5, 40)))}\n"
+             for i in range(n)]
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(folder / f"p{i:03d}.fa")
+        paths[-1].write_text(text)
+    (tmp_path / "all.fa").write_text("".join(texts))
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+    results = []
+    for name, inputs, preexec in (("many", paths, limit), ("one", [tmp_path / "all.fa"], None)):
+        out = tmp_path / name
+        res = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), "run", *map(str, inputs), "--out",
+                              str(out), "--model", models["demo"], "--gpus", "0", "--workers", "2", "--no-progress"],
+                             capture_output=True, text=True, timeout=300, cwd=REPO, preexec_fn=preexec,
+                             env={**os.environ, "RUN_SHARDS_REPORT": "0"})
+        assert res.returncode == 0, res.stderr[-3000:]
+        with h5py.File(out / "result.h5") as f:
+            results.append((f["ids"][:].tolist(), f["status"][:].tolist(), f["embeddings/mean"][:]))
+    (ids, status, values), (ids1, status1, values1) = results
+    assert ids == ids1 == [f"p{i}".encode() for i in range(n)] and status == status1 == [0] * n
+    assert np.array_equal(values, values1)

@@ -199,3 +199,117 @@ def test_a_model_without_bos_scores_every_windowed_token_with_a_token_before_it(
     assert windows.plan(embed, None, no_bos).overlap == 0
     with_bos = RunConfig(fasta=["x.fa"], out="o", task="score", on_long="window", window=8, overlap=0)
     assert windows.plan(with_bos, None, SimpleNamespace(head=1, tail=0)).overlap == 0   # <bos> is its context
+
+
+def _rows_by_every_pair(w: Windows, num_tokens: int, starts: list[int], first_row: int):
+    """Windows.rows by its definition, over every (token, window) pair: the farthest from an edge (ties: the
+    earlier) and the earliest window holding each content token."""
+    n, per = num_tokens - w.head - w.tail, w.limit
+    hidden, logprob = list(range(first_row, first_row + w.head)), list(range(first_row, first_row + w.head))
+    for j in range(n):
+        holding = [(k, s) for k, s in enumerate(starts) if s <= j < s + w.size]
+        k, s = max(holding, key=lambda ks: (min(j - ks[1], ks[1] + w.size - 1 - j), -ks[0]))
+        hidden.append(first_row + k * per + w.head + j - s)
+        k, s = holding[0]
+        logprob.append(first_row + k * per + w.head + j - s)
+    last = first_row + (len(starts) - 1) * per + w.head + w.size
+    tail = list(range(last, last + w.tail))
+    return hidden + tail, logprob + tail
+
+
+def test_window_rows_equal_their_definition_and_stay_linear_in_the_record():
+    """The rows each token takes its values from, against the definition over every (token, window) pair, for
+    window sizes, overlaps (0 to size - 1), odd and even, heads and tails of 0 to 2 tokens. Then a record of
+    20,000 residues in windows of 34 tokens (833 windows): the rows came from [tokens, windows] arrays, 400 MB
+    here, and at 200,000 residues (1.7e9 cells, tens of GB) the kernel killed the worker; now a few arrays of one
+    value per token."""
+    import tracemalloc
+    for head, tail in [(1, 1), (0, 0), (2, 1), (0, 1)]:
+        for size in (2, 3, 5, 8):
+            for overlap in range(size):
+                w = Windows(size + head + tail, overlap, head, tail)
+                for n in range(size + 1, 4 * size + 7):
+                    starts = window_starts(n, size, overlap)
+                    got = w.rows(n + head + tail, starts, 5)
+                    want = _rows_by_every_pair(w, n + head + tail, starts, 5)
+                    assert [g.tolist() for g in got] == list(want), (head, tail, size, overlap, n)
+    w = Windows(SIZE + 2, OVERLAP, 1, 1)
+    n = 20_000
+    starts = window_starts(n, SIZE, OVERLAP)
+    tracemalloc.start()
+    try:
+        hidden, logprob = w.rows(n + 2, starts, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(starts) == 833 and len(hidden) == len(logprob) == n + 2
+    assert peak < 40 * 8 * n, peak   # a few int64 arrays of n values; was 50 times more
+
+
+@pytest.mark.parametrize("name,logprobs", [("esm", False), ("llama", True)])
+def test_a_sequence_of_many_windows_runs_in_calls_within_the_token_budget(models, name, logprobs):
+    """The windows of one long sequence went to the engine in one call whatever --max-tokens-per-batch (the batch
+    takes at least one sequence): with the hf engine, one padded tensor of every window and every layer's states,
+    memory growing with the record without bound. Now in calls of at most the budget, and the stitched outputs
+    are those of the one call (to float32's error: the calls batch the same windows differently)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.engine.windowed import WindowedEngine
+
+    class Calls(HFEngine):   # the real engine, its calls' sizes noted
+        def forward(self, batch, layers, logprobs):
+            self.calls.append(sum(len(ids) for ids in batch))
+            return super().forward(batch, layers, logprobs)
+
+    engine = Calls(models[name], torch.device("cpu"), torch.float32, logprobs)
+    final = engine.info.num_layers
+    rng = np.random.default_rng(5)
+    tokenizer = AutoTokenizer.from_pretrained(models[name])
+    batch = [tokenizer("".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), n)))["input_ids"] for n in (600, 20, 90)]
+    cut = Windows(WINDOW, OVERLAP, 1, 1) if name == "esm" else Windows(WINDOW - 1, OVERLAP, 1, 0)   # llama: <bos>
+    outputs = {}
+    for budget in (None, 4 * WINDOW, 100):
+        engine.calls = []
+        outputs[budget] = WindowedEngine(engine, cut, budget).forward(batch, [0, final], logprobs)
+        windows = sum(cut.count(len(b)) if len(b) > cut.limit else 1 for b in batch)
+        assert windows > 20 and len(engine.calls) == (1 if budget is None else -(-windows // (budget // cut.limit)))
+        assert max(engine.calls) <= (budget or windows * cut.limit)
+    one = outputs[None]
+    assert one.cu_seqlens.diff().tolist() == [len(b) for b in batch]
+    for budget in (4 * WINDOW, 100):
+        got = outputs[budget]
+        assert got.cu_seqlens.tolist() == one.cu_seqlens.tolist()
+        for k in (0, final):
+            torch.testing.assert_close(got.hidden[k], one.hidden[k])
+        if logprobs:
+            torch.testing.assert_close(got.token_logprobs, one.token_logprobs)
+
+
+def test_a_window_too_small_names_the_option_that_set_it(models, tmp_path):
+    """With --on-long window and no --window, the window is --max-length: `--max-length 3` was refused as
+    "--window 3 leaves 1 residue token(s) ...; use a larger --window", and a larger --window is then over the
+    --max-length limit, refused in turn. The message names --max-length and has it raised."""
+    from types import SimpleNamespace
+
+    from pipeline.config import RunConfig
+    from pipeline.engine import windowed as windows
+    from pipeline.errors import UserError
+    fasta = _fasta(tmp_path, "ACDEFGHIKLMNPQRSTVWY")
+    res = run_cli(fasta, "--out", str(tmp_path / "o"), "--gpus", "0", "--on-long", "window", "--max-length", "3",
+                  "--no-progress")
+    assert res.returncode == 2 and "Traceback" not in res.stderr and not (tmp_path / "o").exists(), res.stderr
+    assert "error: --max-length 3 leaves 1 residue token(s) per window beside the 2 special token(s); use a larger " \
+           "--max-length (the window when --window is not given)" in res.stderr, res.stderr
+    assert "--window" not in res.stderr.replace("when --window is not given", "")
+    res = run_cli(fasta, "--out", str(tmp_path / "o"), "--gpus", "0", "--on-long", "window", "--max-length", "4",
+                  "--no-progress")
+    assert res.returncode == 0, res.stderr   # the advice works
+    tokenizer = SimpleNamespace(head=1, tail=1)
+    with pytest.raises(UserError, match=r"must be below the 3 residue "
+                                        r"tokens of a window \(--max-length 5 less 2 special token\(s\)\)"):
+        windows.plan(RunConfig(fasta=[fasta], out="o", on_long="window", max_length=5, overlap=3), 5, tokenizer)
+    with pytest.raises(UserError, match=r"^--window 3 leaves 1 residue token\(s\) .*; use a larger --window$"):
+        windows.plan(RunConfig(fasta=[fasta], out="o", on_long="window", window=3), 1024, tokenizer)
+    with pytest.raises(UserError, match=r"^the model's limit of 3 tokens leaves 1 residue token\(s\) .*; use "
+                                        r"another model$"):
+        windows.plan(RunConfig(fasta=[fasta], out="o", on_long="window"), 3, tokenizer)

@@ -68,12 +68,21 @@ class Windows:
             rows = np.arange(first_row, first_row + num_tokens)
             return rows, rows
         n, size, per = num_tokens - self.head - self.tail, self.size, self.limit
-        s = np.asarray(starts)
-        j = np.arange(n)
-        inside = (j[:, None] >= s[None, :]) & (j[:, None] < s[None, :] + size)          # [n, windows]
-        edge = np.minimum(j[:, None] - s[None, :], s[None, :] + size - 1 - j[:, None])
-        farthest = np.argmax(np.where(inside, edge, -1), axis=1)                        # first max: earlier
-        earliest = np.argmax(inside, axis=1)
+        s = np.asarray(starts, np.int64)   # increasing
+        j = np.arange(n, dtype=np.int64)
+        # Per token, not per (token, window) pair: a record of thousands of windows made [n, windows] arrays
+        # (200,000 residues in windows of 34 tokens: 1.7e9 cells, tens of GB). The windows holding token j are
+        # the consecutive first..last; from each, its distance to the nearer edge is min(j - s, s + size - 1 - j),
+        # the first term falling and the second rising with s, so the farthest is `cross` (the first window whose
+        # end is no nearer than its start) or the one before it (ties: the earlier).
+        earliest = np.searchsorted(s + size, j, "right")           # first window ending after j
+        latest = np.searchsorted(s, j, "right") - 1                # last window starting at or before j
+        cross = np.clip(np.searchsorted(2 * s, 2 * j - size + 1, "left"), earliest, latest)
+        before = np.maximum(cross - 1, earliest)
+
+        def edge(k: np.ndarray) -> np.ndarray:
+            return np.minimum(j - s[k], s[k] + size - 1 - j)
+        farthest = np.where(edge(before) >= edge(cross), before, cross)
 
         def content_rows(k: np.ndarray) -> np.ndarray:
             return first_row + k * per + self.head + (j - s[k])
@@ -89,8 +98,10 @@ class WindowedEngine:
     """An engine whose forward runs sequences over the limit as windows and returns stitched outputs, with
     the wrapped engine's cu_seqlens layout (one row per token of each sequence as given)."""
 
-    def __init__(self, engine, windows: Windows):
-        self.engine, self.windows = engine, windows
+    def __init__(self, engine, windows: Windows, budget: int | None = None):
+        """`budget`: the most tokens (padded: windows x the longest) one call of the wrapped engine gets; the
+        windows of a batch run in calls of at most that (at least one window each)."""
+        self.engine, self.windows, self.budget = engine, windows, budget
         self.info, self.device = engine.info, engine.device
 
     def __getattr__(self, name):   # everything else (stats, tokenizer) is the wrapped engine's
@@ -104,7 +115,7 @@ class WindowedEngine:
             pieces += split
         if len(pieces) == len(batch):
             return self.engine.forward(batch, layers, logprobs)
-        out = self.engine.forward(pieces, layers, logprobs)
+        out = self._forward_in_calls(pieces, layers, logprobs)
         piece_starts = out.cu_seqlens[:-1].tolist()
         hidden_rows, logprob_rows = [], []
         for num_tokens, starts, first in plans:
@@ -120,6 +131,31 @@ class WindowedEngine:
             stitched.token_logprobs = out.token_logprobs[torch.from_numpy(np.concatenate(logprob_rows)).to(device)]
         return stitched
 
+    def _forward_in_calls(self, pieces: list[list[int]], layers, logprobs: bool) -> ForwardOutput:
+        """The wrapped engine's forward over all the windows, in calls within the budget, joined: a batch's budget
+        counts a long sequence's windows, but the batch takes at least one sequence, and a sequence of thousands
+        of windows went to the engine in one call (the hf engine pads them into one tensor and keeps every
+        layer's states of every window: memory without bound)."""
+        calls, start = [], 0
+        while start < len(pieces):
+            end, longest = start + 1, len(pieces[start])
+            while end < len(pieces) and self.budget \
+                    and max(longest, len(pieces[end])) * (end + 1 - start) <= self.budget:
+                longest = max(longest, len(pieces[end]))
+                end += 1
+            if not self.budget:
+                end = len(pieces)
+            calls.append((start, end))
+            start = end
+        if len(calls) == 1:
+            return self.engine.forward(pieces, layers, logprobs)
+        outs = [self.engine.forward(pieces[a:b], layers, logprobs) for a, b in calls]
+        lengths = torch.tensor([0] + [len(p) for p in pieces], dtype=outs[0].cu_seqlens.dtype)
+        return ForwardOutput(cu_seqlens=torch.cumsum(lengths, 0).to(outs[0].cu_seqlens.device),
+                             hidden={k: torch.cat([o.hidden[k] for o in outs]) for k in outs[0].hidden},
+                             token_logprobs=None if outs[0].token_logprobs is None
+                             else torch.cat([o.token_logprobs for o in outs]))
+
 
 def plan(config, limit: int | None, tokenizer) -> Windows:
     """Fix the run's window size and overlap (written to its config, so workers and reruns use the same)."""
@@ -132,9 +168,13 @@ def plan(config, limit: int | None, tokenizer) -> Windows:
         whose = "the --max-length limit" if config.max_length == limit else "the model's limit"
         raise UserError(f"--window {window} is over {whose} of {limit} tokens; use at most {limit}")
     size = window - tokenizer.head - tokenizer.tail
+    # (unless given, the window is the limit, and a larger --window would be over it: the limit is what to raise)
+    what, fix = (f"--window {window}", "a larger --window") if config.window else \
+        (f"--max-length {window}", "a larger --max-length (the window when --window is not given)") \
+        if config.max_length == limit else (f"the model's limit of {window} tokens", "another model")
     if size < 2:
-        raise UserError(f"--window {window} leaves {size} residue token(s) per window beside the "
-                        f"{tokenizer.head + tokenizer.tail} special token(s); use a larger --window")
+        raise UserError(f"{what} leaves {size} residue token(s) per window beside the "
+                        f"{tokenizer.head + tokenizer.tail} special token(s); use {fix}")
     # A score needs a token before each scored one. Where the tokenizer puts none before the content (no BOS:
     # Qwen), a window's first token has no context of its own, so every later window must share at least one
     # token with the one before it, which then gives that token its log-probability.
@@ -146,6 +186,6 @@ def plan(config, limit: int | None, tokenizer) -> Windows:
                         f"sequence), and --task score cannot score such a token; use --overlap {least} or more")
     if overlap >= size:
         raise UserError(f"--overlap {overlap} must be below the {size} residue tokens of a window "
-                        f"(--window {window} less {tokenizer.head + tokenizer.tail} special token(s))")
+                        f"({what} less {tokenizer.head + tokenizer.tail} special token(s))")
     config.window, config.overlap = window, overlap
     return Windows(window, overlap, tokenizer.head, tokenizer.tail)

@@ -218,7 +218,7 @@ class ShardRun:
         if config.on_long == "window":
             from ..engine.windowed import Windows, WindowedEngine
             cut = Windows(config.window, config.overlap, tokenizer.head, tokenizer.tail)
-            engine = WindowedEngine(engine, cut)
+            engine = WindowedEngine(engine, cut, config.tokens_per_batch)
 
         def cost(tokens: np.ndarray, start: int, end: int) -> np.ndarray:
             if cut is not None:
