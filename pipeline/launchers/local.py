@@ -84,8 +84,9 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardPro
             continue
         if not supervisor.interrupted or p.rank in supervisor.killed_at_once:
             failed.append(p.rank)
-            # (a worker's refusal whose message names a new run: rerunning the shard cannot help)
-            advised.append(p.exitcode == EXIT_USER_ERROR and "`run_shards run " in p.reason)
+            # (a worker's refusal whose message names a new run, or says which setting to change: rerunning
+            # the shard cannot help)
+            advised.append(p.exitcode == EXIT_USER_ERROR and ("`run_shards run " in p.reason or p.rerun_repeats))
         verb = "stopped" if supervisor.interrupted else "failed"
         lines.append(f"shard {p.rank} {verb}: {p.summary}")
         tail = run.log_tail(p.rank, 8)

@@ -20,7 +20,7 @@ import time
 
 from index import FastaError
 
-from ..errors import RunDirError, UserError
+from ..errors import RunDirError, SettingsRefused, UserError
 from ..exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_SHARD_BUSY, EXIT_USER_ERROR, explain_exit
 from ..rundir import events
 from ..rundir.layout import RunDir
@@ -76,7 +76,7 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
         except (UserError, FastaError) as e:
             log.error("%s", e)
             code, message = EXIT_USER_ERROR, str(e)
-            reporter.send("error", message=message)
+            reporter.send("error", message=message, rerun_repeats=isinstance(e, SettingsRefused))
     except Exception as e:
         log.exception("worker failed")
         code, message = EXIT_ERROR, f"{type(e).__name__}: {e}"
