@@ -427,6 +427,13 @@ def test_generate_caches_too_large_for_any_launch_setting_lead_to_a_new_run_with
     assert not Path(command[3]).exists() and Path(command[3]).parent == out.parent
     new_tokens = int(command[command.index("--max-new-tokens") + 1])
     assert 1 <= new_tokens < 1000 and f"--max-new-tokens to {new_tokens} (or less)" in res.stderr
+    # `status` and the report say the same: no `rerun` (it said "`run_shards rerun OUT` computes the unfinished
+    # shards"), the failed shard's message with its command
+    status = run_cli("status", str(out), env=small)
+    assert status.returncode == 0 and "a rerun stops the same way" in status.stdout, status.stdout
+    assert {c[0] for c in suggested_commands(status.stdout)} == {"run", "report"}, status.stdout
+    assert run_cli("report", str(out)).returncode == 0
+    assert "Next: a rerun stops the same way" in (out / "report.html").read_text()
     res = run_cli(*command, "--no-progress", env=small)
     assert res.returncode == 0, res.stderr
     assert len(read(Path(command[3]) / "result.h5")["generate/finish_reason"]) == 3

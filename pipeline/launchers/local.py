@@ -59,7 +59,7 @@ def launch(job: ShardJob) -> Launched:
         run.record_failure(p.rank, run.new_failure(
             p.rank, p.exitcode, p.reason, p.killed_for if (p.exitcode or 0) < 0 else "",
             interrupted=p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted),
-            explanation=p.explanation if p.unlogged else ""))
+            explanation=p.explanation if p.unlogged else "", rerun_repeats=p.rerun_repeats))
     if stopped or supervisor.interrupted:
         raise run_stopped(failure_report(job, supervisor, stopped, launched), bool(supervisor.interrupted))
     if board.workers:
