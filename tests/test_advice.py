@@ -468,3 +468,21 @@ def test_a_slurm_task_refusing_its_caches_names_no_rerun_nor_the_task_again(mode
     (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
     assert others == [] and command[:3] == ("run", fasta, "--out") and command[3] != str(out), command
     assert command[command.index("--launcher") + 1] == "slurm" and "--max-new-tokens" in command
+
+
+def test_a_slurm_run_whose_task_refused_its_settings_names_no_rerun(slurm_cluster, models, tmp_path):
+    """A SLURM run followed with --wait, and `status` after it, ended a run whose shard task refused caches
+    past the RAM with "Continue with: run_shards rerun OUT", whose tasks stop the same way; both now point at
+    the shard's message, whose command (a new run with fewer new tokens) is the only one named."""
+    fasta, out = _three_records(tmp_path), tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), "--model", models["demo"], "--gpus", "0", "--task", "generate",
+                  "--max-new-tokens", "1000000000", "--max-length", "1000", "--launcher", "slurm", "--shards", "1",
+                  "--wait", "--no-progress", env={**slurm_cluster.env, "RUN_SHARDS_FAULT_FREE_RAM": str(16_000_000)})
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "caches need" in res.stderr and "A rerun stops the same way" in res.stderr, res.stderr
+    assert "Continue with" not in res.stderr and "run_shards rerun" not in res.stderr, res.stderr
+    (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
+    assert others == [] and command[:3] == ("run", fasta, "--out") and command[3] != str(out), command
+    status = run_cli("status", str(out), env=slurm_cluster.env)
+    assert status.returncode == 0 and "a rerun stops the same way" in status.stdout, status.stdout
+    assert "Continue with" not in status.stdout and "rerun" not in {c[0] for c in suggested_commands(status.stdout)}
