@@ -5,6 +5,11 @@ class UserError(Exception):
     """Something the user can fix (bad option, bad input, changed files); printed without a traceback."""
 
 
+class SettingsRefused(UserError):
+    """The run's settings cannot work here (a worker's caches past the free memory): running the shard again
+    stops the same way, so the run's advice suggests no `rerun`; the message says which setting to change."""
+
+
 class MergeError(UserError):
     """Shards do not add up to the index (missing, duplicate, extra or mismatched rows)."""
 

@@ -5,6 +5,7 @@ The FASTA changing under a run once sent users in circles (the worker said "run 
 """
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -376,3 +377,112 @@ def test_a_dry_run_reruns_refusal_suggests_commands_that_preview(fasta, common, 
     assert [c[0] for c in commands] == ["rerun", "run"] and all("--dry-run" in c for c in commands), commands
     res = run_cli(*commands[1])
     assert res.returncode == 0 and "nothing was submitted" in res.stdout + res.stderr, res.stderr
+
+
+def _three_records(tmp_path) -> str:
+    path = tmp_path / "three.fasta"
+    path.write_text(">a\nMKTAYIAKQRQISFVKSHFSRQ\n>b\nMSEQNNTEMTFQIQRIYTKDIS\n>c\nMGLSDGEWQLVLNVWGKVEAD\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("ram, settings", [(6_000_000, {"--max-tokens-per-batch"}),
+                                           (2_500_000, {"--max-seqs"}),
+                                           (1_000_000, {"--max-tokens-per-batch", "--max-seqs"})])
+def test_generate_caches_too_large_lead_to_the_same_run_with_launch_settings_that_fit(models, tmp_path, ram,
+                                                                                       settings):
+    """Generating, a worker whose caches do not fit the RAM names the `run` command continuing the run with
+    a lower --max-tokens-per-batch, else a lower --max-seqs, else both (how the shards run, not what they
+    compute); the run's own advice names no `rerun` (which stops the same way), and that command finishes."""
+    fasta, out = _three_records(tmp_path), tmp_path / "out"
+    args = ["--model", models["demo"], "--gpus", "0", "--workers", "1", "--no-progress", "--task", "generate",
+            "--max-new-tokens", "20", "--max-length", "1000"]
+    small = {"RUN_SHARDS_FAULT_FREE_RAM": str(ram)}
+    res = run_cli(fasta, "--out", str(out), *args, env=small)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "caches need" in res.stderr and "Continue with" not in res.stderr and "rerun" not in res.stderr
+    (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
+    assert others == [] and command[:4] == ("run", fasta, "--out", str(out)), command
+    lowered = {w for w in command if w in ("--max-tokens-per-batch", "--max-seqs")}
+    assert lowered == settings, command
+    assert command[command.index("--max-new-tokens") + 1] == "20"
+    res = run_cli(*command, "--no-progress", env=small)
+    assert res.returncode == 0, res.stderr
+    assert len(read(out / "result.h5")["generate/finish_reason"]) == 3
+
+
+def test_generate_caches_too_large_for_any_launch_setting_lead_to_a_new_run_with_fewer_new_tokens(models, tmp_path):
+    """The red team's case: --max-new-tokens 1000000000 gives caches no --max-tokens-per-batch or --max-seqs
+    brings within the RAM. The run ended with "Continue with: run_shards rerun OUT --shards 0", which stopped the
+    same way. The worker's refusal now names a new run, in another --out (--max-new-tokens changes what is
+    computed), with the largest --max-new-tokens that fits, no `rerun` is suggested, and that run finishes."""
+    fasta, out = _three_records(tmp_path), tmp_path / "out"
+    args = ["--model", models["demo"], "--gpus", "0", "--workers", "1", "--no-progress", "--task", "generate",
+            "--max-new-tokens", "1000000000", "--max-length", "1000"]
+    small = {"RUN_SHARDS_FAULT_FREE_RAM": str(16_000_000)}
+    res = run_cli(fasta, "--out", str(out), *args, env=small)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "caches need" in res.stderr and "Continue with" not in res.stderr and "rerun" not in res.stderr
+    (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
+    assert others == [] and command[:3] == ("run", fasta, "--out") and command[3] != str(out), command
+    assert not Path(command[3]).exists() and Path(command[3]).parent == out.parent
+    new_tokens = int(command[command.index("--max-new-tokens") + 1])
+    assert 1 <= new_tokens < 1000 and f"--max-new-tokens to {new_tokens} (or less)" in res.stderr
+    # `status` and the report say the same: no `rerun` (it said "`run_shards rerun OUT` computes the unfinished
+    # shards"), the failed shard's message with its command
+    status = run_cli("status", str(out), env=small)
+    assert status.returncode == 0 and "a rerun stops the same way" in status.stdout, status.stdout
+    assert {c[0] for c in suggested_commands(status.stdout)} == {"run", "report"}, status.stdout
+    assert run_cli("report", str(out)).returncode == 0
+    assert "Next: a rerun stops the same way" in (out / "report.html").read_text()
+    res = run_cli(*command, "--no-progress", env=small)
+    assert res.returncode == 0, res.stderr
+    assert len(read(Path(command[3]) / "result.h5")["generate/finish_reason"]) == 3
+
+
+def test_caches_too_large_with_no_setting_found_suggest_no_rerun(models, tmp_path):
+    """Where no lower --max-tokens-per-batch, --max-seqs or --max-new-tokens makes the caches fit (the model's
+    whole length limit alone is too much: only --max-length helps), the worker says which settings continue
+    the run and which make another, and the run's advice no longer says "Continue with: run_shards rerun",
+    which stops the same way."""
+    fasta, out = _three_records(tmp_path), tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "1",
+                  "--no-progress", env={"RUN_SHARDS_FAULT_FREE_RAM": str(8_000_000)})
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "lower --max-length, --max-tokens-per-batch or --max-seqs. A rerun stops the same way" in res.stderr
+    assert "Continue with" not in res.stderr and "run_shards rerun" not in res.stderr, res.stderr
+    assert suggested_commands(res.stderr) == []
+
+
+def test_a_slurm_task_refusing_its_caches_names_no_rerun_nor_the_task_again(models, tmp_path):
+    """A SLURM task (`run_shards work`) whose worker refused caches past the RAM ended with "Continue with:
+    run_shards rerun OUT  (or this task again)", both of which stop the same way; the worker's command (a new
+    run, in another --out, through the same launcher) is now the only one named, and the task exits 2 (final)."""
+    fasta, out = _three_records(tmp_path), tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), "--model", models["demo"], "--gpus", "0", "--task", "generate",
+                  "--max-new-tokens", "1000000000", "--max-length", "1000", "--launcher", "slurm", "--shards", "1",
+                  "--dry-run", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    res = run_cli("work", str(out), "--shard", "0", env={"RUN_SHARDS_FAULT_FREE_RAM": str(16_000_000)})
+    assert res.returncode == 2 and "caches need" in res.stderr, res.stderr
+    assert "Continue with" not in res.stderr and "this task again" not in res.stderr, res.stderr
+    (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
+    assert others == [] and command[:3] == ("run", fasta, "--out") and command[3] != str(out), command
+    assert command[command.index("--launcher") + 1] == "slurm" and "--max-new-tokens" in command
+
+
+def test_a_slurm_run_whose_task_refused_its_settings_names_no_rerun(slurm_cluster, models, tmp_path):
+    """A SLURM run followed with --wait, and `status` after it, ended a run whose shard task refused caches
+    past the RAM with "Continue with: run_shards rerun OUT", whose tasks stop the same way; both now point at
+    the shard's message, whose command (a new run with fewer new tokens) is the only one named."""
+    fasta, out = _three_records(tmp_path), tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), "--model", models["demo"], "--gpus", "0", "--task", "generate",
+                  "--max-new-tokens", "1000000000", "--max-length", "1000", "--launcher", "slurm", "--shards", "1",
+                  "--wait", "--no-progress", env={**slurm_cluster.env, "RUN_SHARDS_FAULT_FREE_RAM": str(16_000_000)})
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "caches need" in res.stderr and "A rerun stops the same way" in res.stderr, res.stderr
+    assert "Continue with" not in res.stderr and "run_shards rerun" not in res.stderr, res.stderr
+    (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
+    assert others == [] and command[:3] == ("run", fasta, "--out") and command[3] != str(out), command
+    status = run_cli("status", str(out), env=slurm_cluster.env)
+    assert status.returncode == 0 and "a rerun stops the same way" in status.stdout, status.stdout
+    assert "Continue with" not in status.stdout and "rerun" not in {c[0] for c in suggested_commands(status.stdout)}

@@ -218,10 +218,27 @@ def test_a_refused_cache_names_the_largest_budget_that_fits(monkeypatch):
     with pytest.raises(CachesTooLarge, match="lower --max-length, --max-tokens-per-batch or --max-seqs") as refused:
         EngineConfig(max_tokens_per_step=4096, max_seqs=8, max_model_len=50_000_000).resolve(SPEC, cpu, f32)
     assert refused.value.fitting_budget is None
-    # generating, each running sequence's cache holds its --max-new-tokens: the refusal names that option too
-    with pytest.raises(CachesTooLarge, match="lower --max-new-tokens, --max-length, --max-tokens-per-batch or "
-                                             "--max-seqs") as refused:
+    # generating, each running sequence's cache holds its --max-new-tokens: where no budget or --max-seqs
+    # brings it within the memory, the refusal names the largest --max-new-tokens that does
+    with pytest.raises(CachesTooLarge, match=r"lower --max-new-tokens to \d+ \(or less\), or --max-length$") as refused:
         config(64, max_new_tokens=10**9).resolve(SPEC, cpu, f32)
+    assert refused.value.fitting_budget is None and list(refused.value.change) == ["max_new_tokens"]
+    new_tokens = refused.value.change["max_new_tokens"]
+    assert config(64, max_new_tokens=new_tokens).resolve(SPEC, cpu, f32).cache_bytes(SPEC, f32, cpu) <= allowed
+    with pytest.raises(CachesTooLarge):
+        config(64, max_new_tokens=new_tokens + 1).resolve(SPEC, cpu, f32)
+    # else the largest --max-seqs (the budget alone cannot help), else both: the run goes on, computing the same
+    seqs_only = dict(max_seqs=256, max_model_len=64, max_new_tokens=20_000)
+    with pytest.raises(CachesTooLarge, match=r"lower --max-seqs to \d+ \(or less\), or --max-new-tokens$") as refused:
+        EngineConfig(max_tokens_per_step=64, **seqs_only).resolve(SPEC, cpu, f32)
+    seqs = refused.value.change["max_seqs"]
+    assert list(refused.value.change) == ["max_seqs"] and 1 <= seqs < 256
+    EngineConfig(max_tokens_per_step=64, **dict(seqs_only, max_seqs=seqs)).resolve(SPEC, cpu, f32)
+    with pytest.raises(CachesTooLarge):
+        EngineConfig(max_tokens_per_step=64, **dict(seqs_only, max_seqs=seqs + 1)).resolve(SPEC, cpu, f32)
+    with pytest.raises(CachesTooLarge, match=r"lower --max-tokens-per-batch to 64 and --max-seqs to \d+ ") as refused:
+        EngineConfig(max_tokens_per_step=500_000, **seqs_only).resolve(SPEC, cpu, f32)
+    assert refused.value.change == {"max_tokens_per_batch": 64, "max_seqs": seqs}
     assert refused.value.fitting_budget is None
     with pytest.raises(CachesTooLarge) as refused:
         config(10_000_000, num_pages=10_000_000).resolve(SPEC, cpu, f32)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..errors import UserError
+from ..errors import SettingsRefused, UserError
 from ..host_memory import available_ram
 from ..models.base import ModelSpec
 from .mkl_cnr import strict_matmuls
@@ -60,14 +60,20 @@ def not_invariant_reason(budget: int, dtype: torch.dtype) -> str:
     return strict_matmuls().text
 
 
-class CachesTooLarge(UserError):
-    """The engine's caches do not fit the free memory. `fitting_budget`: the largest --max-tokens-per-batch
-    (a multiple of INVARIANT_SPLIT below the run's) with which they would, None where none does (the longest
-    sequence alone is too much: then only a lower --max-length helps, which makes another run)."""
+class CachesTooLarge(SettingsRefused):
+    """The engine's caches do not fit the free memory. `change`: the settings (RunConfig fields and their
+    values) that make them fit, the first of: the largest --max-tokens-per-batch (a multiple of INVARIANT_SPLIT
+    below the run's), the largest --max-seqs below the run's, both (the smallest budget that keeps the run
+    batch-invariant, INVARIANT_SPLIT, and the largest --max-seqs with it) (these continue the run), or,
+    generating, the largest --max-new-tokens below the run's (another run); None where none does (the longest
+    sequence alone is too much: then only a lower --max-length helps, which makes another run; or the cache's
+    size was given). `fitting_budget`: the budget where the change is that budget alone, else None."""
 
-    def __init__(self, message: str, fitting_budget: int | None):
+    def __init__(self, message: str, change: dict[str, int] | None):
         super().__init__(message)
-        self.fitting_budget = fitting_budget
+        self.change = change
+        self.fitting_budget = change["max_tokens_per_batch"] if change and list(change) == ["max_tokens_per_batch"] \
+            else None
 
 
 @dataclass(frozen=True)
@@ -166,27 +172,64 @@ class EngineConfig:
         shared = self.memory_shared_by if device.type == "cpu" else 1
         allowed = self.memory_fraction * free / shared
         if need > allowed:
-            fits = self._fitting_budget(spec, dtype, device, allowed) if derived_pages else None
+            change = self._fitting_change(spec, dtype, device, allowed) if derived_pages else None
             among = f", shared by the run's {shared} workers" if shared > 1 else ""
+            flags = {"max_tokens_per_batch": "--max-tokens-per-batch", "max_seqs": "--max-seqs",
+                     "max_new_tokens": "--max-new-tokens"}
+            others = {"max_tokens_per_batch": ", or --max-seqs", "max_new_tokens": ", or --max-length",
+                      "max_seqs": ", or --max-new-tokens" if self.max_new_tokens else ""}
             raise CachesTooLarge(
                 f"the engine's caches need {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB of {where} is "
                 f"free (using at most {self.memory_fraction:.0%}{among}); lower "
-                + (f"--max-tokens-per-batch to {fits} (or less), or --max-seqs" if fits else
+                + (" and ".join(f"{flags[k]} to {v}" for k, v in change.items()) + " (or less)"
+                   + others[list(change)[-1]] if change else
                    # (generating, each running sequence's cache holds its --max-new-tokens)
                    f"{'--max-new-tokens, ' if self.max_new_tokens else ''}--max-length, --max-tokens-per-batch or "
-                   "--max-seqs"), fits)
+                   "--max-seqs"), change)
+
+    def _fitting_change(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float
+                        ) -> dict[str, int] | None:
+        """The settings (RunConfig fields) and values with which the derived caches take at most `allowed`
+        bytes (see CachesTooLarge); None where none of the changes tried does."""
+        fits = lambda **change: self._fits(spec, dtype, device, allowed, **change)   # noqa: E731
+        budget = self._fitting_budget(spec, dtype, device, allowed)
+        if budget is not None:
+            return {"max_tokens_per_batch": budget}
+        seqs = _largest(lambda n: fits(max_seqs=n), self.max_seqs - 1)
+        if seqs is not None:
+            return {"max_seqs": seqs}
+        if self.max_tokens_per_step > INVARIANT_SPLIT:
+            seqs = _largest(lambda n: fits(max_tokens_per_step=INVARIANT_SPLIT, max_seqs=n), self.max_seqs - 1)
+            if seqs is not None:
+                return {"max_tokens_per_batch": INVARIANT_SPLIT, "max_seqs": seqs}
+        if self.max_new_tokens:
+            new_tokens = _largest(lambda n: fits(max_new_tokens=n), self.max_new_tokens - 1)
+            if new_tokens is not None:
+                return {"max_new_tokens": new_tokens}
+        return None
+
+    def _fits(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float, **change) -> bool:
+        """Whether the caches derived with `change` (EngineConfig fields) take at most `allowed` bytes."""
+        smaller = replace(self, num_pages=0, **change)
+        slots = smaller._derived_slots(spec) if spec.delta else 0
+        sized = replace(smaller, num_pages=smaller._derived_pages(spec), num_state_slots=slots)
+        return sized.cache_bytes(spec, dtype, device) <= allowed
 
     def _fitting_budget(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float) -> int | None:
         """The largest step budget below this one, a multiple of INVARIANT_SPLIT, whose derived caches take at
         most `allowed` bytes; None where even INVARIANT_SPLIT tokens do not fit."""
-        def fits(budget: int) -> bool:
-            smaller = replace(self, max_tokens_per_step=budget, num_pages=0)
-            sized = replace(smaller, num_pages=smaller._derived_pages(spec))
-            return sized.cache_bytes(spec, dtype, device) <= allowed
-        low, high = 1, (self.max_tokens_per_step - 1) // INVARIANT_SPLIT   # in units of INVARIANT_SPLIT
-        if high < low or not fits(low * INVARIANT_SPLIT):
-            return None
-        while low < high:                 # the caches grow with the budget: the last unit that fits
-            middle = (low + high + 1) // 2
-            low, high = (middle, high) if fits(middle * INVARIANT_SPLIT) else (low, middle - 1)
-        return low * INVARIANT_SPLIT
+        units = _largest(lambda k: self._fits(spec, dtype, device, allowed, max_tokens_per_step=k * INVARIANT_SPLIT),
+                         (self.max_tokens_per_step - 1) // INVARIANT_SPLIT)
+        return units * INVARIANT_SPLIT if units is not None else None
+
+
+def _largest(fits, high: int) -> int | None:
+    """The largest n in 1..high for which fits(n), fits being true up to some n and false above; None where
+    not even fits(1)."""
+    low = 1
+    if high < low or not fits(low):
+        return None
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low

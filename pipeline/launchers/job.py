@@ -71,7 +71,8 @@ def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] |
     """The lines every launcher ends a run that did not finish with: how many shards are complete, that
     nothing was merged and nothing durable lost, and the one command that continues (or, when the FASTA
     changed, how to start over). `advised`: every failed shard's own message names a new run as the way on (a
-    worker's refusal of a run an earlier run_shards planned): `rerun` is not suggested."""
+    worker's refusal of a run an earlier run_shards planned, or of its settings): `rerun` is not suggested, nor
+    the task's `continue_with`."""
     run, world = job.run, job.world
     done = sum(1 for r in range(world) if run.shard_path(r).exists())
     lines = [f"{done:,} of {world:,} shards complete. No merged file was written; all finished and checkpointed "
@@ -80,9 +81,11 @@ def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] |
     if changed:
         lines.append(f"The input FASTA changed since this run started ({changed}). "
                      f"{start_over_advice(run, job.manifest)}")
+    elif advised:   # (before a task's own "Continue with": `rerun` or the task again stops the same way)
+        pass
     elif job.continue_with:
         lines.append(job.continue_with)
-    elif not advised:
+    else:
         only = ["--shards", ",".join(map(str, failed))] if failed and not interrupted else []
         lines.append(f"Continue with:  {command('rerun', run.root, *only)}")
     return lines

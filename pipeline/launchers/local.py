@@ -59,7 +59,7 @@ def launch(job: ShardJob) -> Launched:
         run.record_failure(p.rank, run.new_failure(
             p.rank, p.exitcode, p.reason, p.killed_for if (p.exitcode or 0) < 0 else "",
             interrupted=p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted),
-            explanation=p.explanation if p.unlogged else ""))
+            explanation=p.explanation if p.unlogged else "", rerun_repeats=p.rerun_repeats))
     if stopped or supervisor.interrupted:
         raise run_stopped(failure_report(job, supervisor, stopped, launched), bool(supervisor.interrupted))
     if board.workers:
@@ -84,8 +84,9 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardPro
             continue
         if not supervisor.interrupted or p.rank in supervisor.killed_at_once:
             failed.append(p.rank)
-            # (a worker's refusal whose message names a new run: rerunning the shard cannot help)
-            advised.append(p.exitcode == EXIT_USER_ERROR and "`run_shards run " in p.reason)
+            # (a worker's refusal whose message names a new run, or says which setting to change: rerunning
+            # the shard cannot help)
+            advised.append(p.exitcode == EXIT_USER_ERROR and ("`run_shards run " in p.reason or p.rerun_repeats))
         verb = "stopped" if supervisor.interrupted else "failed"
         lines.append(f"shard {p.rank} {verb}: {p.summary}")
         tail = run.log_tail(p.rank, 8)

@@ -40,6 +40,7 @@ class ShardProcess:
     pid: int = 0
     exitcode: int | None = None
     reason: str = ""            # the worker's own error message, or why run_shards stopped it
+    rerun_repeats: bool = False  # its message was a SettingsRefused: running it again stops the same way
     killed_for: str = ""        # why run_shards signalled it, if it did
     kill_at: float | None = None
     holder: dict = field(default_factory=dict)   # EXIT_SHARD_BUSY: who holds the shard's lock
@@ -227,6 +228,7 @@ class Supervisor:
             self.board.message(kind, rank, data)
             if kind == "error":
                 p.reason = data.get("message", "")
+                p.rerun_repeats = bool(data.get("rerun_repeats"))
 
     def _reap(self) -> None:
         for p in list(self.active):

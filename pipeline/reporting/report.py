@@ -188,6 +188,9 @@ def _next_step(f: RunFacts) -> str:
         text = f"shards are being computed or queued now: follow them with `{command('status', root)}`"
     elif all(s.state == "complete" for s in f.shards):
         text = f"every shard is complete: `{command('merge', root)}` writes the result"
+    elif all(s.failure is not None and s.failure.rerun_repeats for s in f.shards if s.state != "complete"):
+        text = ("a rerun stops the same way: the unfinished shards refused the run's settings, and their recorded "
+                "failure says which to change")
     else:
         text = f"`{command('rerun', root)}` computes the unfinished shards (from their checkpoints) and merges"
     return f"<p id='next'>Next: {html.escape(text)}</p>"

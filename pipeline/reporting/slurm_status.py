@@ -9,7 +9,8 @@ from ..config import RunConfig
 from ..launchers.sbatch_scripts import array_ranges, split_arrays
 from ..launchers.slurm import array_commands, by_hand
 from ..launchers.slurm_limits import max_array_size
-from ..launchers.slurm_queue import Queue, slurm_dir, stopped_lines, unrecorded_jobs, unrecorded_lines
+from ..launchers.slurm_queue import (SETTINGS_REFUSED, Queue, settings_refused, slurm_dir, stopped_lines,
+                                     unrecorded_jobs, unrecorded_lines)
 from ..output.shard_state import ShardState
 from ..rundir import events
 from ..rundir.layout import RunDir
@@ -98,6 +99,10 @@ def _next(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -
     unfinished = [s.rank for s in states if s.state != "complete"]
     tasks = {r: t for r in stopped if (t := queue.task_of(r)) is not None}
     if stopped and ("failed" in stopped.values() or "corrupt" in stopped.values() or merge == "gone"):
+        if settings_refused(run, stopped):
+            return stopped_lines(run, stopped, tasks) + [
+                f"so merge job {merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
+                + f"; {SETTINGS_REFUSED}"]
         return stopped_lines(run, stopped, tasks) + _rerun_lines(run, queue, merge, sorted(stopped), writable)
     if stopped and merge is None:
         return stopped_lines(run, stopped, tasks) + [

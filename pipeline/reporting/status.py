@@ -160,7 +160,11 @@ def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, v
     where = "" if not unwritable else " where the run directory is writable"
     if holder or any(s.state == "running" for s in states):
         return "result: not merged yet"
-    if any(s.state != "complete" for s in states):
+    unfinished = [s.rank for s in states if s.state != "complete"]
+    if unfinished and all(getattr(run.failure(r), "rerun_repeats", False) for r in unfinished):
+        return (f"result: not merged yet; a rerun stops the same way: shard(s) {', '.join(map(str, unfinished))} "
+                "refused the run's settings, and their message above says which to change")
+    if unfinished:
         return (f"result: not merged yet; `{command('rerun', run.root)}`{where} computes the unfinished shards and "
                 "merges")
     return f"result: not merged yet; `{command('merge', run.root)}`{where} merges"

@@ -18,14 +18,16 @@ class FailureRecord:
     interrupted: bool = False    # stopped at a final checkpoint (a stop signal), not failed
     log: str = ""                # the shard's worker log
     log_tail: list[str] = field(default_factory=list)   # its last lines when the record was written
+    rerun_repeats: bool = False  # it refused the run's settings (errors.SettingsRefused): a rerun stops the same way
 
     @classmethod
     def of_exit(cls, code: int | None, reason: str = "", killed_for: str = "", interrupted: bool | None = None,
-                log: str = "", log_tail: list[str] | None = None, explanation: str = "") -> "FailureRecord":
+                log: str = "", log_tail: list[str] | None = None, explanation: str = "",
+                rerun_repeats: bool = False) -> "FailureRecord":
         """The record of an exit code: its words, and `interrupted` from the code unless told."""
         return cls(exit_code=code, explanation=explanation or explain_exit(code, killed_for), reason=reason,
                    interrupted=code == EXIT_INTERRUPTED if interrupted is None else interrupted,
-                   log=log, log_tail=list(log_tail or []))
+                   log=log, log_tail=list(log_tail or []), rerun_repeats=rerun_repeats)
 
     def summary(self) -> str:
         """`killed by SIGKILL (...) - why`, the reason left out where the explanation already says it."""

@@ -298,10 +298,11 @@ class RunDir:
             return False
 
     def new_failure(self, rank: int, code: int | None, reason: str = "", killed_for: str = "",
-                    interrupted: bool | None = None, explanation: str = "") -> FailureRecord:
+                    interrupted: bool | None = None, explanation: str = "", rerun_repeats: bool = False
+                    ) -> FailureRecord:
         """Shard `rank`'s failure record for exit code `code`, with its worker log's path and last lines."""
         return FailureRecord.of_exit(code, reason, killed_for, interrupted, str(self.worker_log(rank)),
-                                     self.log_tail(rank), explanation)
+                                     self.log_tail(rank), explanation, rerun_repeats)
 
     def clear_failure(self, rank: int) -> None:
         """Forget shard `rank`'s failure: an attempt finished it (its events keep the history)."""

@@ -20,7 +20,7 @@ import time
 
 from index import FastaError
 
-from ..errors import RunDirError, UserError
+from ..errors import RunDirError, SettingsRefused, UserError
 from ..exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_SHARD_BUSY, EXIT_USER_ERROR, explain_exit
 from ..rundir import events
 from ..rundir.layout import RunDir
@@ -69,21 +69,21 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     log.info("worker for shard %d started (pid %d, %s, %d threads%s)", rank, os.getpid(), where, threads, waited)
     run.clear_failure(rank)   # this attempt's outcome replaces the last one's (the events keep them all)
     shard = ShardRun(run, rank, reporter, stop, threads, parent, lock, where)
-    code, message = EXIT_ERROR, ""
+    code, message, refused = EXIT_ERROR, "", False
     try:
         try:
             code = shard.run()
         except (UserError, FastaError) as e:
             log.error("%s", e)
-            code, message = EXIT_USER_ERROR, str(e)
-            reporter.send("error", message=message)
+            code, message, refused = EXIT_USER_ERROR, str(e), isinstance(e, SettingsRefused)
+            reporter.send("error", message=message, rerun_repeats=refused)
     except Exception as e:
         log.exception("worker failed")
         code, message = EXIT_ERROR, f"{type(e).__name__}: {e}"
         reporter.send("error", message=message)
     finally:
         log.info("worker for shard %d exits with code %d", rank, code)
-        _record_outcome(run, rank, code, message or (stop.reason or ""), shard.stats)
+        _record_outcome(run, rank, code, message or (stop.reason or ""), shard.stats, refused)
         logging.shutdown()
         lock.release()
     # Leave without interpreter teardown: everything is durable or reported by now, and after a failed
@@ -109,7 +109,7 @@ def _lock_or_leave(run: RunDir, rank: int, reporter: Reporter, stop: StopFlag) -
     return lock
 
 
-def _record_outcome(run: RunDir, rank: int, code: int, reason: str, stats: dict) -> None:
+def _record_outcome(run: RunDir, rank: int, code: int, reason: str, stats: dict, rerun_repeats: bool) -> None:
     """How this attempt ended, as the shard's `end` event; and, when it did not finish, why, in
     `shard_N.failed.json` for `status` (the parent, when there is one, adds what only it saw, such as a
     kill). Not fatal when the disk is full."""
@@ -118,7 +118,7 @@ def _record_outcome(run: RunDir, rank: int, code: int, reason: str, stats: dict)
     if code == EXIT_OK:
         run.clear_failure(rank)
     else:
-        run.record_failure(rank, run.new_failure(rank, code, reason))
+        run.record_failure(rank, run.new_failure(rank, code, reason, rerun_repeats=rerun_repeats))
 
 
 def _wait_for_shard(orders, parent: int, gpu: bool, load_ahead) -> int | None:

@@ -17,13 +17,13 @@ from index.shard_view import open_stride
 
 from ..advice import command
 from .. import faults
-from ..config import RunConfig, overlap_setting
+from ..config import LAUNCH, RunConfig, overlap_setting
 from ..engine import selection as engines
 from ..engine.config import CachesTooLarge
 from ..models import preload
 from ..models.checkpoint import EngineInfo, check_unchanged, load_failure, read_ahead
 from ..models.conventions import PLAIN, Convention
-from ..errors import UserError
+from ..errors import SettingsRefused, UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK
 from ..output.schema import Schema
 from ..output.shard_writer import ShardWriter
@@ -41,6 +41,22 @@ from .token_counts import Encoded, TokenCounter
 log = logging.getLogger("run_shards.worker")
 
 PARENT_GONE = "the parent process is gone (killed, or its terminal closed)"
+
+
+def caches_advice(refused: CachesTooLarge, config: RunConfig, root) -> str:
+    """The refusal of caches too large for the memory, with the `run` command that gets past it: the same run
+    continued with a lower --max-tokens-per-batch or --max-seqs (how the shards run), or a new run in another
+    --out with a lower --max-new-tokens (what is computed); where none was found, which settings continue the
+    run and which make another."""
+    if refused.change is None:
+        return (f"{refused}. A rerun stops the same way: a lower --max-tokens-per-batch or --max-seqs continues "
+                "this run (its run command again, with the same --out), a lower --max-new-tokens or --max-length "
+                "makes a new run, in another --out")
+    changed = replace(config, **refused.change)
+    if set(refused.change) <= set(RunConfig.fields_with_role(LAUNCH)):
+        return f"{refused}. This command continues the run with that: `{changed.as_command(root)}`"
+    return (f"{refused}. That changes what is computed, so it is a new run, in another --out: "
+            f"`{changed.as_command(free_out(root))}`")
 
 
 class StopFlag:
@@ -158,12 +174,8 @@ class ShardRun:
             engine = engines.load(manifest["engine"], model["path"], device, dtype,
                                   logprobs=config.task in ("score", "variants"), info=info, config=config,
                                   run_limit=manifest["max_tokens"], fingerprint=model.get("fingerprint", ""))
-        except CachesTooLarge as e:   # (a rerun stops the same way: the run's budget must change)
-            if e.fitting_budget is None:
-                raise
-            smaller = replace(config, max_tokens_per_batch=e.fitting_budget)
-            raise UserError(f"{e}. This command continues the run with that budget: "
-                            f"`{smaller.as_command(self.run_dir.root)}`") from None
+        except CachesTooLarge as e:   # (a rerun stops the same way: a setting must change)
+            raise SettingsRefused(caches_advice(e, config, self.run_dir.root)) from None
         except Exception as e:
             problem = load_failure(e, model["path"])
             if problem is None:
