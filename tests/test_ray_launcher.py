@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .run_helpers import assert_same, env_with, log_text, read, skip_or_fail, start, undocumented_files, wait_for
+from .run_helpers import (assert_same, env_with, log_text, read, skip_or_fail, start, suggested_commands,
+                          undocumented_files, wait_for)
 from .tiny_models import run_cli
 
 # A Ray head with declared resources: 2 CPUs, no GPU, whatever this machine has; it lives until its stdin
@@ -181,6 +182,24 @@ def test_sigterm_to_the_driver_cancels_the_tasks_and_names_rerun(ray_head, ray_a
     res = run_cli("rerun", str(out), env=ray_auth)
     assert res.returncode == 0, res.stderr
     assert_same(read(out / "result.h5"), local_four)
+
+
+@pytest.mark.slow
+def test_a_ray_task_refusing_the_runs_settings_names_no_rerun(ray_head, ray_auth, models, tmp_path):
+    """A Ray run whose shard's worker refused caches past the RAM (a setting a rerun cannot change) ended with
+    "Continue with: run_shards rerun OUT", which stops the same way; the worker's command (a new run with fewer
+    new tokens, in another --out) is now the only one named, as for a local run and a SLURM task."""
+    fasta, out = tmp_path / "three.fasta", tmp_path / "out"
+    fasta.write_text(">a\nMKTAYIAKQRQISFVKSHFSRQ\n>b\nMSEQNNTEMTFQIQRIYTKDIS\n")
+    res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--task", "generate",
+                  "--max-new-tokens", "1000000000", "--max-length", "1000", "--launcher", "ray", "--shards", "1",
+                  "--ray-address", ray_head, "--no-progress", env={**ray_auth, "RUN_SHARDS_FAULT_FREE_RAM": "16000000"})
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "caches need" in res.stderr and "Continue with" not in res.stderr, res.stderr
+    assert "run_shards rerun" not in res.stderr, res.stderr
+    (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
+    assert others == [] and command[:3] == ("run", str(fasta), "--out") and command[3] != str(out), command
+    assert command[command.index("--launcher") + 1] == "ray" and "--max-new-tokens" in command
 
 
 @pytest.mark.slow

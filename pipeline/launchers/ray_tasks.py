@@ -272,7 +272,7 @@ def _stop(ray, job: ShardJob, pending: dict) -> None:
 def _failure_report(job: ShardJob, failed: list[Outcome]) -> str:
     """Each shard that did not finish, why (its failure record, written by `work` or else here), its log, and
     the command that continues the run."""
-    run, lines = job.run, []
+    run, lines, advised = job.run, [], []
     for o in failed:
         record = run.failure(o.rank)
         if not record or record.interrupted:   # `work` could not say why (or was only stopped)
@@ -280,6 +280,7 @@ def _failure_report(job: ShardJob, failed: list[Outcome]) -> str:
                                      explanation=o.explanation)
             record.log_tail = record.log_tail or o.output
             run.record_failure(o.rank, record)
+        advised.append(record.rerun_repeats)   # (it refused the run's settings: a rerun stops the same way)
         when = f" after {MAX_RETRIES} Ray retries" if o.retried else ""
         lines.append(f"shard {o.rank} failed{when}: {record.summary()}")
         tail = run.log_tail(o.rank, 8)
@@ -291,7 +292,7 @@ def _failure_report(job: ShardJob, failed: list[Outcome]) -> str:
         else:
             lines.append("  last lines `run_shards work` printed (it wrote no worker log):")
             lines += [f"    {t}" for t in o.output[-8:]]
-    return "\n".join(lines + shards_summary(job))
+    return "\n".join(lines + shards_summary(job, advised=bool(advised) and all(advised)))
 
 
 def _interrupted_report(job: ShardJob, name: str) -> str:
