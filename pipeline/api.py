@@ -14,7 +14,7 @@ from pathlib import Path
 
 from index import FastaError, SequenceIndex, records_changed
 
-from .advice import command, previewing
+from .advice import command, files_shown, previewing
 from . import __version__, launchers
 from .config import RunConfig, misplaced, overlap_setting
 from .errors import RunFailed, RunInterrupted, UserError
@@ -82,7 +82,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     # (a command refused by the lock undoes nothing: what is there belongs to the command planning there now)
     with command_session(run_dir, "run"):
         try:
-            log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
+            log.info("run_shards %s: %s", __version__, files_shown(config.fasta))
             started = time.monotonic()
             # Workers import and set up their devices while this plans; none where the run's result is already
             # there (the same command again computes nothing, and a changed one is refused).
