@@ -118,6 +118,26 @@ def test_the_summary_line_gives_the_share_done_and_the_time_left():
     board.close()
 
 
+def test_a_long_sequence_in_windows_shows_its_windows_and_tokens_before_its_row():
+    """One record of 200,000 residues under --on-long window is thousands of windows in one batch: the bar (which
+    counts sequences) and the summary lines said "0 tok/s ... (0 of 1 sequences, 0%)" for minutes while it ran.
+    Now they count the windows' tokens as they go and say how many windows are done; the row's own count replaces
+    them when it comes."""
+    board = ProgressBoard(1, "1 CPU worker(s)", 30.0, show_bar=False)
+    board.add_worker(0, "CPU")
+    board.message("start", 0, {"sequences": 1, "residues": 200000, "durable": 0})
+    board.start -= 100.0
+    board.message("batch", 0, {"tokens": 260000, "budget": 8192})
+    board.message("windows", 0, {"done": 64, "of": 2105, "tokens": 8192})
+    board.message("windows", 0, {"done": 128, "of": 2105, "tokens": 8192})
+    line = board.summary_line()
+    assert "164 tok/s" in line and line.endswith("(0 of 1 sequences, 0%; shard 0: 128 of 2,105 windows)"), line
+    board.message("progress", 0, {"sequences": 1, "tokens": 200002})
+    assert board.workers[0].tokens == 200002
+    assert board.summary_line().endswith("(1 of 1 sequences, 100%)"), board.summary_line()
+    board.close()
+
+
 def test_a_worker_that_dies_takes_what_it_lost_off_the_bar_and_its_row():
     """The bar and the per-shard table counted the sequences a killed worker computed after its last checkpoint,
     which died with it: they said more was done than its shard holds (status said the truth)."""
