@@ -172,3 +172,23 @@ def test_quiet_hides_the_decompression_bar_of_a_gzip_input(small_fasta, args, tm
                                            "RUN_SHARDS_REPORT": "0"})
         assert code == 0, shown
         assert ("decompressing in.fasta.gz" in shown) == (flag is None), (flag, shown)
+
+
+def test_the_per_shard_table_of_many_shards_shows_the_slowest_and_a_line_for_all():
+    """300 shards on 2 workers printed a 300-row per-shard summary to the terminal and run.log."""
+    def board_of(shards: int) -> ProgressBoard:
+        board = ProgressBoard(10 * shards, "2 CPU worker(s)", 30.0, show_bar=False)
+        for r in range(shards):
+            board.add_worker(r, "CPU")
+            w = board.workers[r]
+            w.sequences, w.tokens = 10, 1000 + r   # shard 0 the slowest: 1,000 tokens in 10 s
+            w.finished = w.started + 10.0
+        return board
+
+    small = board_of(20).table().splitlines()
+    assert len(small) == 21 and [line.split()[0] for line in small[1:]] == [str(r) for r in range(20)]
+    lines = board_of(300).table().splitlines()
+    assert len(lines) == 12 and lines[0].endswith("(the 10 slowest of 300 shards)"), lines
+    assert [line.split()[0] for line in lines[1:11]] == [str(r) for r in range(10)], lines
+    assert lines[-1] == ("all 300 shards: 3,000 sequences, 344,850 tokens; seconds 10.0..10.0 (median 10.0), "
+                         "tok/s 100..130 (median 115)"), lines[-1]

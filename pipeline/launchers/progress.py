@@ -160,14 +160,25 @@ class ProgressBoard:
     def close(self) -> None:
         self.bar.close()
 
-    def table(self) -> str:
+    def table(self, most: int = 20) -> str:
+        """A row per shard; above `most` shards (300 shards on 2 workers printed 300 rows), the `most` // 2
+        slowest by tok/s, then a line for them all."""
+        rate = {r: w.tokens / max(w.seconds, 1e-9) for r, w in self.workers.items()}
+        shown = sorted(self.workers) if len(self.workers) <= most else sorted(sorted(rate, key=rate.get)[:most // 2])
         rows = [("shard", "device", "sequences", "tokens", "seconds", "tok/s")]
-        for r in sorted(self.workers):
+        for r in shown:
             w = self.workers[r]
-            rows.append((str(r), w.device, f"{w.sequences:,}", f"{w.tokens:,}", f"{w.seconds:.1f}",
-                         human(w.tokens / max(w.seconds, 1e-9))))
+            rows.append((str(r), w.device, f"{w.sequences:,}", f"{w.tokens:,}", f"{w.seconds:.1f}", human(rate[r])))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.rjust(wd) for c, wd in zip(row, widths)) for row in rows)
+        lines = ["  ".join(c.rjust(wd) for c, wd in zip(row, widths)) for row in rows]
+        if len(shown) < len(self.workers):
+            rates, seconds = sorted(rate.values()), sorted(w.seconds for w in self.workers.values())
+            lines[0] += f"   (the {len(shown)} slowest of {len(self.workers):,} shards)"
+            lines.append(f"all {len(self.workers):,} shards: {sum(w.sequences for w in self.workers.values()):,} "
+                         f"sequences, {sum(w.tokens for w in self.workers.values()):,} tokens; seconds "
+                         f"{seconds[0]:.1f}..{seconds[-1]:.1f} (median {seconds[len(seconds) // 2]:.1f}), tok/s "
+                         f"{human(rates[0])}..{human(rates[-1])} (median {human(rates[len(rates) // 2])})")
+        return "\n".join(lines)
 
     def compute_window(self) -> tuple[float, float] | None:
         """From the first worker ready to compute to the last batch of any worker."""
