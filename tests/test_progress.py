@@ -133,7 +133,7 @@ def test_a_long_sequence_in_windows_shows_its_windows_and_tokens_before_its_row(
     line = board.summary_line()
     assert "164 tok/s" in line and line.endswith("(0 of 1 sequences, 0%; shard 0: 128 of 2,105 windows)"), line
     board.message("progress", 0, {"sequences": 1, "tokens": 200002})
-    assert board.workers[0].tokens == 200002
+    assert board.workers[0].tokens == 200002 and board.summary_line().startswith("Total: 0.01 seq/s, 2.0k tok/s")
     assert board.summary_line().endswith("(1 of 1 sequences, 100%)"), board.summary_line()
     board.close()
 

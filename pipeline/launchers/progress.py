@@ -15,7 +15,7 @@ def human(x: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
+    return f"{x:.2g}" if abs(x) < 10 else f"{x:.0f}"   # (one 200,000-residue record a minute: 0.017 seq/s, not 0)
 
 
 def duration(seconds: float) -> str:
