@@ -17,7 +17,7 @@ from typing import Sequence
 from .build import check_regular, refuse_repeated
 from .compressed import kind as compression, readable_paths
 from .errors import FastaError
-from .sequence_index import FORMAT_VERSION, IndexCorrupt, InputFile, SequenceIndex
+from .sequence_index import FORMAT_VERSION, IndexCorrupt, InputFile, SequenceIndex, some
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def records_changed(index: SequenceIndex) -> str | None:
     try:
         fresh, _ = load_or_build([f.path for f in index.inputs], progress=False)
     except (OSError, FastaError) as e:
-        return f"{'; '.join(changes)}; it cannot be read now: {e}"
+        return f"{some(changes)}; it cannot be read now: {e}"
     try:
         return index.records_changed_in(fresh, changes)
     finally:

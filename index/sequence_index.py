@@ -530,15 +530,22 @@ class SequenceIndex:
         edited = self.edited_inputs(fresh) if same else []
         if not same or edited:
             detail = (f"{len(self):,} records when the run started, {len(fresh):,} now" if not same else
-                      f"same records and lengths, but the contents of {', '.join(edited)} differ")
-            return f"{'; '.join(changes)}; {detail}"
+                      f"same records and lengths, but the contents of {some(edited, ', ')} differ")
+            return f"{some(changes)}; {detail}"
         if self.checksums is None and any(f.content_crc32 is None for f in self.inputs):
             log.warning("input files were touched (%s); their records have the same layout, but this run's "
                         "index predates content checksums, so edits that keep every length cannot be ruled out",
-                        "; ".join(changes))
+                        some(changes))
         else:
-            log.info("input files were touched (%s) but their contents are unchanged", "; ".join(changes))
+            log.info("input files were touched (%s) but their contents are unchanged", some(changes))
         return None
+
+
+def some(items: list[str], sep: str = "; ", shown: int = 5) -> str:
+    """`items` joined, or the first few and how many more: 3,000 input files moved made a 200 KB message."""
+    if len(items) <= shown + 1:
+        return sep.join(items)
+    return f"{sep.join(items[:shown])}{sep}and {len(items) - shown:,} more"
 
 
 def _line_end(data: bytes) -> int:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 from index import FastaError, SequenceIndex, records_changed
 
-from .advice import command, previewing
+from .advice import command, files_shown, previewing
 from . import __version__, launchers
 from .config import RunConfig, misplaced, overlap_setting
 from .errors import RunFailed, RunInterrupted, UserError
 from .launchers.job import ShardJob, Submitted
+from .launchers.sbatch_scripts import array_ranges
 from .output import copy_plan, result as result_merge, shard_state, variants as variants_output
 from .output.copy_plan import CopyPlan
 from .output.h5io import CorruptFile, Reader
@@ -82,7 +83,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     # (a command refused by the lock undoes nothing: what is there belongs to the command planning there now)
     with command_session(run_dir, "run"):
         try:
-            log.info("run_shards %s: %s", __version__, " ".join(config.fasta))
+            log.info("run_shards %s: %s", __version__, files_shown(config.fasta))
             started = time.monotonic()
             # Workers import and set up their devices while this plans; none where the run's result is already
             # there (the same command again computes nothing, and a changed one is refused).
@@ -115,7 +116,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
     with command_session(run_dir, "rerun"), previewing(dry_run):
         # (run.log holds every command's lines: this one marks where the rerun's begin)
         log.info("run_shards %s: rerun %s%s", __version__, run_dir.root,
-                 f" --shards {','.join(map(str, shards))}" if shards else "")
+                 f" --shards {array_ranges(shards)}" if shards else "")
         manifest = run_dir.read_manifest()
         config = RunConfig.from_manifest(manifest)
         launch = {k: v for k, v in (("worker_timeout", worker_timeout), ("ray_address", ray_address),
@@ -128,7 +129,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             overlap_setting()
         bad = [s for s in shards or [] if not 0 <= s < manifest["world"]]
         if bad:
-            raise UserError(f"--shards {','.join(map(str, bad))}: this run has shards 0..{manifest['world'] - 1}")
+            raise UserError(f"--shards {array_ranges(bad)}: this run has shards 0..{manifest['world'] - 1}")
         changed = with_launch_settings(manifest, launch, "this command's")
         if changed is not manifest:
             run_dir.write_manifest(changed)

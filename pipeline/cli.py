@@ -263,6 +263,21 @@ def _int_list(value: str | None, option: str) -> list[int]:
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}", param_hint=option) from None
 
 
+def _shard_list(value: str | None) -> list[int]:
+    """`3,17,20-22` -> 3, 17, 20, 21, 22: what a failed run's `Continue with: run_shards rerun OUT --shards ...`
+    names (120 failed shards of 300 in a row were 120 numbers)."""
+    found = []
+    for part in (value or "").replace(" ", "").split(","):
+        first, dash, last = part.partition("-")
+        if not part:
+            continue
+        if not (first.isdigit() and (last.isdigit() if dash else True)) or (dash and int(last) < int(first)):
+            raise click.BadParameter(f"expected comma-separated shard numbers or ranges (3,17,20-22), got {value!r}",
+                                     param_hint="--shards")
+        found += range(int(first), int(last or first) + 1)
+    return found
+
+
 @click.group(cls=DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="run_shards")
 def main():
@@ -365,7 +380,8 @@ def status_command(out, verify, every_shard):
 
 @main.command("rerun")
 @click.argument("out", type=Path(file_okay=False))
-@click.option("--shards", default=None, help="Comma-separated shard numbers (default: every unfinished shard).")
+@click.option("--shards", default=None,
+              help="Comma-separated shard numbers or ranges, e.g. 3,17,20-22 (default: every unfinished shard).")
 @field_option("worker_timeout", default=None, show_default=False,
               help="Replace the run's --worker-timeout (kept for later commands).")
 @field_option("ray_address", default=None, help="ray runs: another address for the Ray cluster than the run's "
@@ -387,7 +403,7 @@ def rerun_command(out, shards, worker_timeout, ray_address, sbatch, merge_sbatch
     """
     from .api import rerun
     _setup_logging(quiet)
-    _finish(_run_step(rerun, out, _int_list(shards, "--shards") or None,
+    _finish(_run_step(rerun, out, _shard_list(shards) or None,
                       show_progress=not (no_progress or quiet),
                       dry_run=dry_run, wait=wait, worker_timeout=worker_timeout, ray_address=ray_address,
                       sbatch=sbatch, merge_sbatch=merge_sbatch), quiet)

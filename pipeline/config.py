@@ -11,7 +11,7 @@ import numbers
 import typing
 from dataclasses import dataclass, field
 
-from .advice import command
+from .advice import command, files_words
 from .errors import UserError
 
 TASKS = ("embed", "score", "generate", "variants")
@@ -291,7 +291,7 @@ class RunConfig:
         meaningless with it, are omitted: the command line refuses those), into `out` when given: what
         messages tell a user to run to start a run over."""
         ignored = self.ignored()
-        words = ["run", *self.fasta, "--out", out or self.out]
+        words = ["run", *files_words(self.fasta), "--out", out or self.out]
         if self.devices:
             words += ["--gpus", str(len(self.devices)) if self.launcher == "local" else "1"]
         else:

@@ -118,6 +118,26 @@ def test_the_summary_line_gives_the_share_done_and_the_time_left():
     board.close()
 
 
+def test_a_long_sequence_in_windows_shows_its_windows_and_tokens_before_its_row():
+    """One record of 200,000 residues under --on-long window is thousands of windows in one batch: the bar (which
+    counts sequences) and the summary lines said "0 tok/s ... (0 of 1 sequences, 0%)" for minutes while it ran.
+    Now they count the windows' tokens as they go and say how many windows are done; the row's own count replaces
+    them when it comes."""
+    board = ProgressBoard(1, "1 CPU worker(s)", 30.0, show_bar=False)
+    board.add_worker(0, "CPU")
+    board.message("start", 0, {"sequences": 1, "residues": 200000, "durable": 0})
+    board.start -= 100.0
+    board.message("batch", 0, {"tokens": 260000, "budget": 8192})
+    board.message("windows", 0, {"done": 64, "of": 2105, "tokens": 8192})
+    board.message("windows", 0, {"done": 128, "of": 2105, "tokens": 8192})
+    line = board.summary_line()
+    assert "164 tok/s" in line and line.endswith("(0 of 1 sequences, 0%; shard 0: 128 of 2,105 windows)"), line
+    board.message("progress", 0, {"sequences": 1, "tokens": 200002})
+    assert board.workers[0].tokens == 200002 and board.summary_line().startswith("Total: 0.01 seq/s, 2.0k tok/s")
+    assert board.summary_line().endswith("(1 of 1 sequences, 100%)"), board.summary_line()
+    board.close()
+
+
 def test_a_worker_that_dies_takes_what_it_lost_off_the_bar_and_its_row():
     """The bar and the per-shard table counted the sequences a killed worker computed after its last checkpoint,
     which died with it: they said more was done than its shard holds (status said the truth)."""
@@ -152,3 +172,23 @@ def test_quiet_hides_the_decompression_bar_of_a_gzip_input(small_fasta, args, tm
                                            "RUN_SHARDS_REPORT": "0"})
         assert code == 0, shown
         assert ("decompressing in.fasta.gz" in shown) == (flag is None), (flag, shown)
+
+
+def test_the_per_shard_table_of_many_shards_shows_the_slowest_and_a_line_for_all():
+    """300 shards on 2 workers printed a 300-row per-shard summary to the terminal and run.log."""
+    def board_of(shards: int) -> ProgressBoard:
+        board = ProgressBoard(10 * shards, "2 CPU worker(s)", 30.0, show_bar=False)
+        for r in range(shards):
+            board.add_worker(r, "CPU")
+            w = board.workers[r]
+            w.sequences, w.tokens = 10, 1000 + r   # shard 0 the slowest: 1,000 tokens in 10 s
+            w.finished = w.started + 10.0
+        return board
+
+    small = board_of(20).table().splitlines()
+    assert len(small) == 21 and [line.split()[0] for line in small[1:]] == [str(r) for r in range(20)]
+    lines = board_of(300).table().splitlines()
+    assert len(lines) == 12 and lines[0].endswith("(the 10 slowest of 300 shards)"), lines
+    assert [line.split()[0] for line in lines[1:11]] == [str(r) for r in range(10)], lines
+    assert lines[-1] == ("all 300 shards: 3,000 sequences, 344,850 tokens; seconds 10.0..10.0 (median 10.0), "
+                         "tok/s 100..130 (median 115)"), lines[-1]

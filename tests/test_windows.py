@@ -269,11 +269,18 @@ def test_a_sequence_of_many_windows_runs_in_calls_within_the_token_budget(models
     cut = Windows(WINDOW, OVERLAP, 1, 1) if name == "esm" else Windows(WINDOW - 1, OVERLAP, 1, 0)   # llama: <bos>
     outputs = {}
     for budget in (None, 4 * WINDOW, 100):
-        engine.calls = []
-        outputs[budget] = WindowedEngine(engine, cut, budget).forward(batch, [0, final], logprobs)
+        engine.calls, told = [], []
+        outputs[budget] = WindowedEngine(engine, cut, budget, on_call=lambda *a: told.append(a)).forward(
+            batch, [0, final], logprobs)
         windows = sum(cut.count(len(b)) if len(b) > cut.limit else 1 for b in batch)
         assert windows > 20 and len(engine.calls) == (1 if budget is None else -(-windows // (budget // cut.limit)))
         assert max(engine.calls) <= (budget or windows * cut.limit)
+        # each call of several is told (the worker's progress before the batch's rows): windows done, of, tokens
+        if budget is not None:
+            assert [t[1] for t in told] == [windows] * len(engine.calls) and told[-1][0] == windows
+            assert [t[0] for t in told] == sorted({t[0] for t in told}) and [t[2] for t in told] == engine.calls
+        else:
+            assert told == []
     one = outputs[None]
     assert one.cu_seqlens.diff().tolist() == [len(b) for b in batch]
     for budget in (4 * WINDOW, 100):

@@ -98,10 +98,12 @@ class WindowedEngine:
     """An engine whose forward runs sequences over the limit as windows and returns stitched outputs, with
     the wrapped engine's cu_seqlens layout (one row per token of each sequence as given)."""
 
-    def __init__(self, engine, windows: Windows, budget: int | None = None):
+    def __init__(self, engine, windows: Windows, budget: int | None = None, on_call=None):
         """`budget`: the most tokens (padded: windows x the longest) one call of the wrapped engine gets; the
-        windows of a batch run in calls of at most that (at least one window each)."""
-        self.engine, self.windows, self.budget = engine, windows, budget
+        windows of a batch run in calls of at most that (at least one window each). `on_call(done, of, tokens)`,
+        after each call of a batch run in several: its windows done so far, of how many, and the call's tokens
+        (a sequence of 200,000 residues is thousands of windows in one batch: minutes without another sign)."""
+        self.engine, self.windows, self.budget, self.on_call = engine, windows, budget, on_call
         self.info, self.device = engine.info, engine.device
 
     def __getattr__(self, name):   # everything else (stats, tokenizer) is the wrapped engine's
@@ -149,7 +151,11 @@ class WindowedEngine:
             start = end
         if len(calls) == 1:
             return self.engine.forward(pieces, layers, logprobs)
-        outs = [self.engine.forward(pieces[a:b], layers, logprobs) for a, b in calls]
+        outs = []
+        for a, b in calls:
+            outs.append(self.engine.forward(pieces[a:b], layers, logprobs))
+            if self.on_call is not None:
+                self.on_call(b, len(pieces), sum(len(p) for p in pieces[a:b]))
         lengths = torch.tensor([0] + [len(p) for p in pieces], dtype=outs[0].cu_seqlens.dtype)
         return ForwardOutput(cu_seqlens=torch.cumsum(lengths, 0).to(outs[0].cu_seqlens.device),
                              hidden={k: torch.cat([o.hidden[k] for o in outs]) for k in outs[0].hidden},

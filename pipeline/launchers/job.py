@@ -17,6 +17,7 @@ from ..planning.run_index import start_over_advice
 from ..rundir.layout import RunDir
 from ..rundir.locks import describe_holder
 from .progress import ProgressBoard
+from .sbatch_scripts import array_ranges
 
 
 @dataclass
@@ -86,7 +87,7 @@ def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] |
     elif job.continue_with:
         lines.append(job.continue_with)
     else:
-        only = ["--shards", ",".join(map(str, failed))] if failed and not interrupted else []
+        only = ["--shards", array_ranges(failed)] if failed and not interrupted else []
         lines.append(f"Continue with:  {command('rerun', run.root, *only)}")
     return lines
 

@@ -15,7 +15,7 @@ def human(x: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
+    return f"{x:.2g}" if abs(x) < 10 else f"{x:.0f}"   # (one 200,000-residue record a minute: 0.017 seq/s, not 0)
 
 
 def duration(seconds: float) -> str:
@@ -45,6 +45,8 @@ class WorkerStats:
     batch_budget: int = 1        # the run's tokens per batch, which a long sequence's batch exceeds
     durable_start: int | None = None   # the shard's durable rows when this attempt started (its `start`)
     durable: int = 0             # ... and at its latest checkpoint
+    windows: tuple[int, int] | None = None   # windows done, of how many, in the batch it computes now
+    window_tokens: int = 0       # tokens of those windows, counted in `tokens` until the batch's own count comes
 
     @property
     def seconds(self) -> float:
@@ -80,13 +82,19 @@ class ProgressBoard:
             self.bar.refresh()
         elif kind == "batch":   # a batch begins: the hang detector allows it time for its tokens
             w.batch_tokens, w.batch_budget = data["tokens"], max(1, data["budget"])
+        elif kind == "windows":   # a long sequence's windows, in calls of a batch: tokens before its rows
+            w.windows = data["done"], data["of"]
+            w.tokens += data["tokens"]
+            w.window_tokens += data["tokens"]
+            self.bar.set_postfix_str(self._postfix())
         elif kind == "progress":
             w.batch_tokens = 0
             w.last_batch_at = w.last_event
             w.sequences += data["sequences"]
-            w.tokens += data["tokens"]
+            w.tokens += data["tokens"] - w.window_tokens   # (the batch's count replaces its windows')
+            w.windows, w.window_tokens = None, 0
             self.bar.update(data["sequences"])
-            self.bar.set_postfix_str(f"{human(self.tokens_per_second())} tok/s", refresh=False)
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
         elif kind == "checkpoint":
             w.durable = data["durable"]
         elif kind == "loaded":
@@ -101,6 +109,8 @@ class ProgressBoard:
         checkpoint (lost with it; a rerun computes them again) off its count and the bar, which then say what its
         shard holds. Returns how many."""
         w = self.workers.get(rank)
+        if w is not None:
+            w.windows = None   # (no longer computing them)
         if w is None or w.durable_start is None:
             return 0
         lost = max(0, w.sequences - (w.durable - w.durable_start))
@@ -109,6 +119,15 @@ class ProgressBoard:
             self.bar.update(-lost)
             self.bar.refresh()
         return lost
+
+    def _postfix(self) -> str:
+        return ", ".join([f"{human(self.tokens_per_second())} tok/s", *self._in_windows()])
+
+    def _in_windows(self) -> list[str]:
+        """`shard 0: 1,234 of 9,280 windows` for each worker in a batch of windows (the bar counts sequences:
+        one long sequence is minutes without a move)."""
+        return [f"shard {r}: {w.windows[0]:,} of {w.windows[1]:,} windows" for r, w in sorted(self.workers.items())
+                if w.windows is not None and w.finished is None]
 
     def tokens_per_second(self) -> float:
         elapsed = max(time.monotonic() - self.start, 1e-9)
@@ -130,8 +149,9 @@ class ProgressBoard:
         done = f", {100.0 * seqs / total:.0f}%" if total else ""
         left = total - seqs
         eta = f", about {duration(left * elapsed / seqs)} left at this rate" if seqs and left > 0 else ""
+        windows = "".join(f"; {text}" for text in self._in_windows())
         return (f"Total: {human(seqs / elapsed)} seq/s, {human(toks / elapsed)} tok/s across {self.where} "
-                f"({seqs:,} of {total:,} sequences{done}{eta})")
+                f"({seqs:,} of {total:,} sequences{done}{eta}{windows})")
 
     def note(self, text: str, level: int = logging.INFO) -> None:
         """A line for the run's log (the CLI shows run_shards log lines above the bar)."""
@@ -140,14 +160,25 @@ class ProgressBoard:
     def close(self) -> None:
         self.bar.close()
 
-    def table(self) -> str:
+    def table(self, most: int = 20) -> str:
+        """A row per shard; above `most` shards (300 shards on 2 workers printed 300 rows), the `most` // 2
+        slowest by tok/s, then a line for them all."""
+        rate = {r: w.tokens / max(w.seconds, 1e-9) for r, w in self.workers.items()}
+        shown = sorted(self.workers) if len(self.workers) <= most else sorted(sorted(rate, key=rate.get)[:most // 2])
         rows = [("shard", "device", "sequences", "tokens", "seconds", "tok/s")]
-        for r in sorted(self.workers):
+        for r in shown:
             w = self.workers[r]
-            rows.append((str(r), w.device, f"{w.sequences:,}", f"{w.tokens:,}", f"{w.seconds:.1f}",
-                         human(w.tokens / max(w.seconds, 1e-9))))
+            rows.append((str(r), w.device, f"{w.sequences:,}", f"{w.tokens:,}", f"{w.seconds:.1f}", human(rate[r])))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.rjust(wd) for c, wd in zip(row, widths)) for row in rows)
+        lines = ["  ".join(c.rjust(wd) for c, wd in zip(row, widths)) for row in rows]
+        if len(shown) < len(self.workers):
+            rates, seconds = sorted(rate.values()), sorted(w.seconds for w in self.workers.values())
+            lines[0] += f"   (the {len(shown)} slowest of {len(self.workers):,} shards)"
+            lines.append(f"all {len(self.workers):,} shards: {sum(w.sequences for w in self.workers.values()):,} "
+                         f"sequences, {sum(w.tokens for w in self.workers.values()):,} tokens; seconds "
+                         f"{seconds[0]:.1f}..{seconds[-1]:.1f} (median {seconds[len(seconds) // 2]:.1f}), tok/s "
+                         f"{human(rates[0])}..{human(rates[-1])} (median {human(rates[len(rates) // 2])})")
+        return "\n".join(lines)
 
     def compute_window(self) -> tuple[float, float] | None:
         """From the first worker ready to compute to the last batch of any worker."""

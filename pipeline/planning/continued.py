@@ -19,7 +19,7 @@ import numpy as np
 from index import SequenceIndex
 from index.sequence_index import RECORD_ARRAYS
 
-from ..advice import command
+from ..advice import MANY_FILES, command, files_shown
 from ..config import RunConfig, option_name
 from ..errors import RunDirError
 from ..rundir.layout import RunDir, free_out
@@ -165,4 +165,6 @@ def _launch_value(config: RunConfig, name: str) -> str:
 
 
 def _shown(value) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    if isinstance(value, list):
+        return ",".join(map(str, value)) if len(value) <= MANY_FILES else files_shown(value)
+    return str(value)

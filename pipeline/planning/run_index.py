@@ -8,7 +8,7 @@ from pathlib import Path
 
 from index import IndexCorrupt, SequenceIndex, load_or_build, records_changed
 
-from ..advice import command
+from ..advice import MANY_FILES, command, files_shown
 from ..config import RunConfig
 from ..errors import RunDirError, UserError
 from ..rundir.layout import RunDir, free_out
@@ -24,7 +24,8 @@ def start_over_advice(run: RunDir, manifest: dict) -> str:
     config = RunConfig.from_manifest(manifest)
     gone = [f for f in config.fasta if not Path(f).exists()]
     if gone:
-        return (f"Put {', '.join(gone)} back where {'it was' if len(gone) == 1 else 'they were'} (moved or renamed, "
+        named = ", ".join(gone) if len(gone) <= MANY_FILES else files_shown(gone)   # (3,000 paths: a 100 KB line)
+        return (f"Put {named} back where {'it was' if len(gone) == 1 else 'they were'} (moved or renamed, "
                 f"the run no longer finds {'it' if len(gone) == 1 else 'them'}) and run `{command('rerun', run.root)}` "
                 "again, or start a new run on the file where it is now, with another --out.")
     return (f"Restore the original file and run `{command('rerun', run.root)}` again, or start a new run on the "

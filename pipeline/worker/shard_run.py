@@ -230,7 +230,7 @@ class ShardRun:
         if config.on_long == "window":
             from ..engine.windowed import Windows, WindowedEngine
             cut = Windows(config.window, config.overlap, tokenizer.head, tokenizer.tail)
-            engine = WindowedEngine(engine, cut, config.tokens_per_batch)
+            engine = WindowedEngine(engine, cut, config.tokens_per_batch, on_call=self._windows_done)
 
         def cost(tokens: np.ndarray, start: int, end: int) -> np.ndarray:
             if cut is not None:
@@ -241,6 +241,10 @@ class ShardRun:
         plan = LazyPlan(counter, cost, config.tokens_per_batch, config.max_seqs, padded=engine.info.name == "hf",
                         generate=generate, alive=self._counting)
         return engine, computer, plan, counter
+
+    def _windows_done(self, done: int, of: int, tokens: int) -> None:
+        """A batch of windows goes on: the parent's bar, summary lines and hang detector see it move."""
+        self.reporter.send("windows", done=done, of=of, tokens=tokens)
 
     def _counting(self, counted: int) -> bool:
         """While the batches wait for token counts: a message for the hang detector; whether to go on (not told
