@@ -57,9 +57,10 @@ def run_config(fasta: Paths, out: str | os.PathLike = "run_shards_out", gpus: in
         if value is not None:   # as --workers and --threads take them: workers=0 ran the default, "2" a TypeError
             check_value(name, value)
     if settings.get("launcher", default_of("launcher")) == "local":
+        budget = settings.get("max_tokens_per_batch")   # (checked by RunConfig below: "512" is refused there)
         gpu_ids, workers, threads = devices.resolve(
             str(gpus), workers, threads, devices.input_size([os.fspath(p) for p in _paths(fasta)]),
-            settings.get("max_tokens_per_batch") or DEFAULT_TOKENS_CPU)
+            budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else DEFAULT_TOKENS_CPU)
     else:
         gpu_ids, workers = (["0"] if devices.tasks_get_gpu(str(gpus), settings.get("sbatch", "")) else []), 1
         threads = threads or 1

@@ -107,8 +107,9 @@ def test_a_run_in_a_cgroup_with_a_one_cpu_quota_starts_one_single_threaded_worke
     fasta = tmp_path / "in.fasta"
     fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQR' * (3 + i)}\n" for i in range(6)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # (batches of 32 tokens: 330 residues are enough input for a worker per core by default)
     command = [sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--model", "demo", "--gpus", "0",
-               "--no-progress"]
+               "--max-tokens-per-batch", "32", "--no-progress"]
     limited = bench.run_in(folder, [*command, "--out", str(tmp_path / "limited")], env, timeout=300)
     assert limited.returncode == 0, limited.stderr
     assert "shards: 1," in limited.stderr, limited.stderr

@@ -149,7 +149,9 @@ def test_e2e_stops_a_run_at_the_steps_limit_and_leaves_out_one_that_cannot_fit(t
     """The e2e step's runs had no limit of their own: a slow first run let `timeout` kill the step, losing its
     table and headline. A run still going 5 s before the step's end is stopped and is its row's result; a
     next run that cannot fit in what is left is left out, saying so."""
-    env = {**os.environ, "GPU_PROFILE_DEADLINE": str(int(time.time()) + 12), "RUN_SHARDS_REPORT": "0"}
+    # (each batch held 5 s: the first run is still going at the step's end however fast this machine runs it)
+    env = {**os.environ, "GPU_PROFILE_DEADLINE": str(int(time.time()) + 12), "RUN_SHARDS_REPORT": "0",
+           "RUN_SHARDS_FAULT_BATCH_SLEEP": "5"}
     res = subprocess.run([sys.executable, "-m", "bench.gpu_profile", "e2e", "--smoke", "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
