@@ -52,7 +52,7 @@ def main() -> None:
             inputs[n] = Path(tmp) / f"records{n}.fa"
             subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", str(n), "--seed", "1",
                             str(inputs[n])], check=True, capture_output=True)
-            one_run(inputs[n], Path(tmp) / "warm", [])   # the index cache and the demo model, once
+            one_run(inputs[n], Path(tmp) / f"warm{n}", [])   # the index cache and the demo model, once
         times: dict[tuple[int, str], list[tuple[float, float]]] = {}
         for r in range(args.rounds):
             for n, fasta in inputs.items():
