@@ -88,18 +88,20 @@ def test_a_run_over_many_files_logs_a_short_first_line_and_suggests_a_start_over
     assert "and 35 more" in res.stderr and paths[20] not in res.stderr and len(res.stderr) < 2000, res.stderr
 
 
-def test_failed_shards_among_many_are_named_as_ranges_that_rerun_takes(fasta, common, tmp_path):
+def test_failed_shards_among_many_are_named_as_ranges_that_rerun_takes(models, tmp_path):
     """A failed run of many shards named every failed one (`--shards 0,1,2,...,119`); now as ranges, which
     `rerun --shards` takes."""
-    out = tmp_path / "out"
-    res = run_cli(fasta, "--out", str(out), *common, "--shards", "3",
+    out, fasta = tmp_path / "out", tmp_path / "six.fasta"
+    fasta.write_text("".join(f">s{i}\n{'MKTAYIAKQR' * (2 + i)}\n" for i in range(6)))
+    res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "1",
+                  "--shards", "2", "--checkpoint-every", "1", "--no-progress",
                   env={"RUN_SHARDS_FAULT_DIE_AT": "part-written"})
     assert res.returncode == 1, res.stderr
     (rerun,) = re.findall(r"Continue with:\s+(run_shards .+)", res.stderr)
-    assert rerun == f"run_shards rerun {out} --shards 0-2", rerun
+    assert rerun == f"run_shards rerun {out} --shards 0-1", rerun
     bad = run_cli("rerun", str(out), "--shards", "5-2")
     assert bad.returncode == 2 and "shard numbers or ranges (3,17,20-22), got '5-2'" in bad.stderr, bad.stderr
     res = run_cli(*rerun.split()[1:])
     assert res.returncode == 0, res.stderr
-    assert f"rerun {out} --shards 0-2" in (out / "logs" / "run.log").read_text()
-    assert len(read(out / "result.h5")["ids"]) == 240
+    assert f"rerun {out} --shards 0-1" in (out / "logs" / "run.log").read_text()
+    assert len(read(out / "result.h5")["ids"]) == 6
