@@ -38,3 +38,21 @@ def test_a_command_taking_the_run_lock_leaves_an_export_writing_in_out_alone(fas
             fh.write(b"second half")
     assert (out / "result.parquet").read_bytes() == b"first half, second half"
     assert not stale_merge.exists() and not dead_export.exists()
+
+
+def test_get_and_export_while_a_command_works_in_out_name_it_not_a_merge_it_would_refuse(reference_run, tmp_path):
+    """`get` and `export` on a run whose command is computing it suggested `run_shards merge OUT`, which is then
+    refused as 'in use by another run_shards command' (at 770fa95): they name the command working there."""
+    from pipeline.rundir.layout import RunDir
+    from pipeline.rundir.locks import RunLock
+    out = tmp_path / "out"
+    shutil.copytree(reference_run, out)
+    (out / "result.h5").unlink()   # its shards are done; the command holding the run has not merged yet
+    with RunLock(RunDir(out), "run"):
+        for args in (("get", str(out), "x"), ("export", str(out), "--format", "parquet")):
+            res = run_cli(*args)
+            assert res.returncode == 2, res.stderr
+            assert f"a run_shards command is working there now (pid {os.getpid()} on " in res.stderr, res.stderr
+            assert "`run`" in res.stderr and "run_shards merge" not in res.stderr, res.stderr
+    res = run_cli("get", str(out), "x")   # none holds it now: merging is the way on
+    assert res.returncode == 2 and f"run_shards merge {out}" in res.stderr, res.stderr
