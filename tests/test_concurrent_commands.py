@@ -56,3 +56,21 @@ def test_get_and_export_while_a_command_works_in_out_name_it_not_a_merge_it_woul
             assert "`run`" in res.stderr and "run_shards merge" not in res.stderr, res.stderr
     res = run_cli("get", str(out), "x")   # none holds it now: merging is the way on
     assert res.returncode == 2 and f"run_shards merge {out}" in res.stderr, res.stderr
+
+
+def test_rerun_and_merge_refused_by_the_run_lock_are_not_sent_to_another_out(fasta, common, reference_run, tmp_path):
+    """`rerun OUT` and `merge OUT` refused while another command holds the run were told to 'use another --out
+    directory' (at 770fa95), which neither has: another directory is another run. They are told to wait and
+    what shows the holder; `run`, which has --out, keeps that way out."""
+    from pipeline.rundir.layout import RunDir
+    from pipeline.rundir.locks import RunLock
+    out = tmp_path / "out"
+    shutil.copytree(reference_run, out)
+    with RunLock(RunDir(out), "run"):
+        for args in (("rerun", str(out)), ("merge", str(out)), (fasta, "--out", str(out), *common)):
+            res = run_cli(*args)
+            assert res.returncode == 2 and "is in use by another run_shards command" in res.stderr, res.stderr
+            assert f"`run_shards status {out}` shows what it does" in res.stderr, res.stderr
+            assert ("another --out" in res.stderr) == (args[0] == fasta), res.stderr
+        res = run_cli("status", str(out))   # the command named: it shows the holder
+        assert res.returncode == 0 and f"ACTIVE: `run` (pid {os.getpid()} on" in res.stdout, res.stdout
