@@ -1,6 +1,7 @@
 """Commands run at the same time on one run directory, as users of a shared machine or cluster do: one
 command's clean-up must never take another's file, and what each says must hold while the other works."""
 import os
+import re
 import shutil
 import time
 
@@ -74,3 +75,37 @@ def test_rerun_and_merge_refused_by_the_run_lock_are_not_sent_to_another_out(fas
             assert ("another --out" in res.stderr) == (args[0] == fasta), res.stderr
         res = run_cli("status", str(out))   # the command named: it shows the holder
         assert res.returncode == 0 and f"ACTIVE: `run` (pid {os.getpid()} on" in res.stdout, res.stdout
+
+
+def test_status_while_a_worker_finishes_its_shard_says_complete_not_corrupt(fasta, common, reference_run, tmp_path,
+                                                                           monkeypatch):
+    """`status` takes no lock: a worker finishing its shard writes shard_N.h5 and removes its checkpoints while
+    status reads them. A checkpoint removed between status listing and opening it was called 'corrupt ...
+    will be recomputed' and the shard pending or partial (at 770fa95); its size was read after it was gone (a
+    FileNotFoundError traceback, in a narrower window). The race is made to happen at that point: the worker's steps, on real files."""
+    import run_shards
+    from pipeline.output import shard_state
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common,
+                  env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "0",
+                       "RUN_SHARDS_FAULT_DIE_AFTER": "2"})
+    assert res.returncode == 1, res.stderr
+    parts = out / "shards" / "shard_0.parts"
+    (out / "shards" / "shard_0.failed.json").unlink()   # as a rerun's worker computing it now
+    listed = shard_state.part_files(parts)
+    assert len(listed) >= 2
+    real, calls = shard_state.part_files, []
+
+    def finished_meanwhile(folder):
+        found = real(folder)
+        calls.append(folder)
+        # the worker's finalize, right after status listed them to read them (its first listing sums sizes)
+        if folder == parts and calls.count(parts) == 2:
+            shutil.copyfile(reference_run / "shards" / "shard_0.h5", out / "shards" / "shard_0.h5")
+            shutil.rmtree(parts)
+        return found
+    monkeypatch.setattr(shard_state, "part_files", finished_meanwhile)
+    text = run_shards.status(str(out))
+    assert "corrupt" not in text, text
+    assert re.search(r"^0 +complete ", text, re.M), text
+    assert calls.count(parts) == 2   # (the listing read checkpoints that were gone)
