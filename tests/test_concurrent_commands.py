@@ -109,3 +109,30 @@ def test_status_while_a_worker_finishes_its_shard_says_complete_not_corrupt(fast
     assert "corrupt" not in text, text
     assert re.search(r"^0 +complete ", text, re.M), text
     assert calls.count(parts) == 2   # (the listing read checkpoints that were gone)
+
+
+def test_a_decompressed_copy_left_by_a_killed_command_is_removed_and_one_being_written_is_kept(tmp_path):
+    """A command killed (kill -9) while decompressing a .gz into the shared cache left its half-written copy,
+    as large as the FASTA, hidden there for good (at 770fa95: `.NAME.tmp<pid>`, which nothing removed). The
+    next copy of that file removes it; a copy another command is writing now (its lock held) stays."""
+    import fcntl
+    import gzip
+    from index.compressed import copy_path
+    cache = tmp_path / "cache"
+    gz = tmp_path / "in.fasta.gz"
+    gz.write_bytes(gzip.compress(b">a\nMKV\n>b\nMKVL\n"))
+    target = copy_path(gz, cache)
+    target.parent.mkdir(parents=True)
+    killed, writing = (target.with_name(f".{target.name}.tmp{pid}") for pid in (999999, os.getpid()))
+    for path in (killed, writing):
+        path.write_bytes(b">a\nMK")
+        os.utime(path, (time.time() - 120, time.time() - 120))
+    held = os.open(writing, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)   # as its writer holds it while decompressing
+    try:
+        res = run_cli("index", str(gz), env={"RUN_SHARDS_CACHE": str(cache)})
+        assert res.returncode == 0, res.stderr
+        assert not killed.exists() and writing.exists()
+        assert target.read_bytes() == b">a\nMKV\n>b\nMKVL\n"
+    finally:
+        os.close(held)
