@@ -136,3 +136,18 @@ def test_a_decompressed_copy_left_by_a_killed_command_is_removed_and_one_being_w
         assert target.read_bytes() == b">a\nMKV\n>b\nMKVL\n"
     finally:
         os.close(held)
+
+
+def test_status_while_a_run_is_planned_names_a_status_command_that_pastes(tmp_path):
+    """The refusal while a run is planned named `run_shards status OUT` with OUT as it is (at 770fa95): an
+    --out with a space in it pasted as two words. It is shell-quoted, as every suggested command is."""
+    from pipeline.rundir.layout import RunDir
+    from pipeline.rundir.locks import RunLock
+    from .run_helpers import suggested_commands
+    out = tmp_path / "my runs" / "out"
+    planning = RunDir(out)
+    planning.create()
+    with RunLock(planning, "run"):
+        res = run_cli("status", str(out))
+        assert res.returncode == 2 and "a run is being planned there now" in res.stderr, res.stderr
+        assert suggested_commands(res.stderr) == [["status", str(out)]], res.stderr

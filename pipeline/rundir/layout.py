@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import __version__
+from ..advice import command
 from ..errors import RunDirError
 from ..processes import process_alive
 from .failure import FailureRecord
@@ -224,8 +225,8 @@ class RunDir:
             planner = self.active_command()
             if planner:   # a run that has not written its manifest yet: indexing, checking the input and model
                 raise RunDirError(f"{self.root}: a run is being planned there now ({describe_holder(planner)}); it "
-                                  f"has no manifest.json until its plan is made. Once it has, `run_shards status "
-                                  f"{self.root}` shows its shards")
+                                  f"has no manifest.json until its plan is made. Once it has, "
+                                  f"`{command('status', self.root)}` shows its shards")
             if any(True for _ in self.root.iterdir()) and all(self._early_entry(p.name) for p in self.root.iterdir()):
                 raise RunDirError(f"{self.root}: a run stopped there while it was planned (killed before its "
                                   "manifest.json was written): the `run_shards run` command that made it starts it "
