@@ -16,10 +16,12 @@ storage every node sees (it is under the home directory by default).
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import time
 import zlib
 from pathlib import Path
 from typing import Sequence
@@ -156,6 +158,37 @@ def _unwritable(path: str | os.PathLike, folder: Path, e: OSError) -> FastaError
                            "as a BGZF file, which is read in place: `bgzip`, from htslib): gzip -dc FILE > FILE.fasta")
 
 
+# A copy being written is locked by its writer (flock: released when it dies, even by kill -9). One found
+# unlocked and untouched this long was left by a killed command (as large as the FASTA): the next copy removes it.
+ABANDONED_AFTER_S = 60.0
+
+
+def _hold(fd: int) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:   # a file system without locks: such a copy is never taken for abandoned
+        log.debug("could not lock the decompressed copy being written: %s", e)
+
+
+def _remove_abandoned_copies(target: Path) -> None:
+    """Remove the half-written copies of `target` whose writers died (unlocked, untouched for a minute): a
+    command killed while decompressing left one, which nothing else would ever remove."""
+    for path in target.parent.glob(f".{target.name}.tmp*"):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue   # (removed meanwhile)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free: its writer is gone (or has just started)
+            if time.time() - os.fstat(fd).st_mtime > ABANDONED_AFTER_S:
+                path.unlink(missing_ok=True)
+                log.info("removed %s, a decompressed copy left half-written by a killed command", path)
+        except OSError:
+            pass   # being written now, or no locks on this file system: left alone
+        finally:
+            os.close(fd)
+
+
 def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
     """The decompressed copy of gzip file `path`, made now unless a current one exists."""
     target = copy_path(path, cache)
@@ -167,6 +200,7 @@ def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
     except OSError as e:
         raise _unwritable(path, target.parent, e) from None
     key = _stat_key(path)
+    _remove_abandoned_copies(target)
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     size = key["size"]
     bar = None
@@ -177,6 +211,7 @@ def copy_of(path: str | os.PathLike, cache: Path, progress: bool = True) -> str:
     written = 0
     try:
         with open(path, "rb") as src, open(tmp, "wb") as dst:
+            _hold(dst.fileno())
             d, open_member = zlib.decompressobj(zlib.MAX_WBITS | 16), False
             while chunk := src.read(CHUNK):
                 if bar:

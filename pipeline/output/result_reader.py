@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from ..advice import command
 from ..errors import UserError
+from ..rundir.layout import RunDir, describe_holder
 from .id_index import GROUP, VERIFY_ABOVE, IdIndex, hashes_of
 from .schema import STR, Column, Schema
 
@@ -48,6 +50,13 @@ def result_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         if not (path / "result.h5").exists():
+            holder = RunDir(path).active_command()
+            # (`merge` would be refused, naming the command that holds the run; one of another node, whose
+            # process cannot be checked from here, may be a killed command's record: then merging is the way)
+            if holder and holder.get("host") == socket.gethostname():
+                raise UserError(f"{path} holds no result.h5 yet: a run_shards command is working there now "
+                                f"({describe_holder(holder)}); `{command('status', path)}` shows its progress, "
+                                "and the result can be read once it is merged")
             raise UserError(f"{path} holds no result.h5 yet: `{command('status', path)}` says what is left, and "
                             f"`{command('merge', path)}` merges finished shards")
         return path / "result.h5"

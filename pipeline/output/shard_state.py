@@ -79,6 +79,8 @@ def durable_positions(parts_dir: Path, verify: bool, set_aside_corrupt: bool = F
                     r.verify()   # a checkpoint counts only if every byte reads back as written
                 found.append(r.index_column())
         except CorruptFile as e:
+            if not part.exists():   # removed since it was listed: its writer finished the shard (or set it aside)
+                continue
             bad.append(part.name)
             if set_aside_corrupt:
                 log.warning("checkpoint %s is corrupt (%s); its rows will be computed again", part.name, e)
@@ -141,8 +143,11 @@ def stored_bytes(run: RunDir, world: int) -> int:
     """Bytes of every finished shard and checkpoint: what verifying them all reads."""
     total = 0
     for r in range(world):
-        files = [run.shard_path(r)] + part_files(run.parts_dir(r))
-        total += sum(f.stat().st_size for f in files if f.exists())
+        for f in [run.shard_path(r)] + part_files(run.parts_dir(r)):
+            try:
+                total += f.stat().st_size
+            except FileNotFoundError:   # not there, or a checkpoint its worker removed once the shard was written
+                pass
     return total
 
 
@@ -177,6 +182,8 @@ def inspect(run: RunDir, expected: np.ndarray | Callable[[], np.ndarray], rank: 
                           "computes it again", verified=verify_shard is not False)
     verify = verify_parts
     done, bad = durable_positions(run.parts_dir(rank), verify)
+    if path.exists():   # its worker wrote the shard file (and removed its checkpoints) while they were read
+        return inspect(run, expected, rank, verify_shard, verify_parts, count)
     durable = int(np.isin(done, wanted()).sum()) if len(done) else 0
     failure = run.failure(rank)
     details = []

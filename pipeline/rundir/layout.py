@@ -19,12 +19,14 @@ import logging
 import os
 import shutil
 import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from .. import __version__
+from ..advice import command
 from ..errors import RunDirError
 from ..processes import process_alive
 from .failure import FailureRecord
@@ -223,8 +225,8 @@ class RunDir:
             planner = self.active_command()
             if planner:   # a run that has not written its manifest yet: indexing, checking the input and model
                 raise RunDirError(f"{self.root}: a run is being planned there now ({describe_holder(planner)}); it "
-                                  f"has no manifest.json until its plan is made. Once it has, `run_shards status "
-                                  f"{self.root}` shows its shards")
+                                  f"has no manifest.json until its plan is made. Once it has, "
+                                  f"`{command('status', self.root)}` shows its shards")
             if any(True for _ in self.root.iterdir()) and all(self._early_entry(p.name) for p in self.root.iterdir()):
                 raise RunDirError(f"{self.root}: a run stopped there while it was planned (killed before its "
                                   "manifest.json was written): the `run_shards run` command that made it starts it "
@@ -260,8 +262,12 @@ class RunDir:
         """Remove what an interrupted command of the parent left half-written (`.result.h5.tmp`,
         `.manifest.json.tmpN`, `index.rsidx.tmpN`, `copies.rsidx.tmpN`, `.shard_N.failed.json.tmpN`) and the
         spill folders of its planning or merge (`.rs-stride-*`, `.rs-merge-*`, ...). Call only while holding
-        the run lock: no other command writes these then. Shard temporaries belong to the shard's worker."""
-        stale = [p for p in self.root.glob(".*.tmp*") if p.is_file()]
+        the run lock: no other command writes these then. Shard temporaries belong to the shard's worker.
+
+        Commands that take no lock write in OUT too (`export`'s and `get --output`'s files, `report`'s page):
+        their temporaries (`.NAME.tmp<pid>`) are removed only when left by a dead process, untouched for an
+        hour (an `export` of another user, or of another node, writing now keeps its file)."""
+        stale = [p for p in self.root.glob(".*.tmp*") if p.is_file() and self._stale_temporary(p)]
         stale += [p for p in self.root.glob("index.rsidx.tmp*") if p.is_file()]
         stale += [p for p in self.root.glob("copies.rsidx.tmp*") if p.is_file()]
         stale += [p for p in self.shards_dir.glob(".shard_*.failed.json.tmp*") if p.is_file()]
@@ -271,6 +277,21 @@ class RunDir:
         for p in folders:
             shutil.rmtree(p, ignore_errors=True)
         return [p.name for p in stale + folders]
+
+    # The temporaries in OUT that only a command holding the run lock writes (the merge's result, planning's
+    # manifest and variants list, a refused merge's problems): whatever is there when the lock is taken is stale.
+    LOCKED_TEMPORARIES = (".result.h5.tmp", ".manifest.json.tmp", ".variants.npz.tmp", ".merge_problems.tsv.tmp")
+    UNLOCKED_TEMPORARY_AGE = 3600.0
+
+    def _stale_temporary(self, path: Path) -> bool:
+        if path.name.startswith(self.LOCKED_TEMPORARIES):
+            return True
+        pid = path.name.rpartition(".tmp")[2]
+        try:
+            idle = time.time() - path.stat().st_mtime
+        except OSError:
+            return False
+        return (not pid.isdigit() or not process_alive(int(pid))) and idle > self.UNLOCKED_TEMPORARY_AGE
 
     def remove_shard_temporaries(self, rank: int) -> list[str]:
         """Files a killed writer of shard `rank` left half-written (`.shard_N.h5.tmp`, `.part_*.h5.tmp`). Only

@@ -111,8 +111,12 @@ class RunLock:
             holder, self.waited = _holder_record(fd), True
             if time.monotonic() >= end:
                 waited = f", still after waiting {self.wait_seconds:.0f} s" if self.wait_seconds else ""
+                # (`rerun` and `merge` name OUT itself: another directory is no way on for them)
+                other = ", or use another --out directory" if self.purpose == "run" else \
+                    ", then run this command again"
                 raise RunDirError(f"{self.root} is in use by another run_shards command ({describe_holder(holder)})"
-                                  f"{waited}. Wait for it to finish, or use another --out directory.")
+                                  f"{waited}. Wait for it to finish (`{command('status', self.root)}` shows what "
+                                  f"it does){other}.")
             if time.monotonic() - said >= 60:
                 log.info("%s is in use by another run_shards command (%s); waiting for it (up to %.0f s more)",
                          self.root, describe_holder(holder), end - time.monotonic())
