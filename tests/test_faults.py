@@ -123,6 +123,41 @@ def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common
     assert "took over a stale lock left by pid 999999" in (stale / "logs" / "run.log").read_text()
 
 
+def test_a_lock_left_by_a_dead_run_whose_pid_lives_on_in_another_process_is_not_active(fasta, common, reference,
+                                                                                        tmp_path):
+    """A machine rebooted (or pids wrapped around): OUT/.lock names a pid that a process started since then has,
+    or a zombie no parent reaps. `status` must not call the run active (it then leaves out the command that
+    finishes it, and the user waits for nothing), nor a stopped planning a run being planned."""
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common,
+                  env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "0"})
+    assert res.returncode == 1
+    newer = subprocess.Popen(["sleep", "600"])            # a process started after the record's time
+    zombie = subprocess.Popen(["true"])                   # exits; never waited for while the check runs
+    wait_for(lambda: b") Z" in open(f"/proc/{zombie.pid}/stat", "rb").read())
+    before = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 3600))
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        for pid, since in ((newer.pid, before), (zombie.pid, now)):
+            (out / ".lock").write_text(json.dumps({"pid": pid, "host": os.uname().nodename, "purpose": "run",
+                                                   "since": since}))
+            text = run_cli("status", str(out)).stdout
+            assert "ACTIVE" not in text and f"`run_shards rerun {out}` computes the unfinished shards" in text, text
+        planned = tmp_path / "planned"                    # stopped while planned: no manifest yet
+        planned.mkdir()
+        (planned / ".lock").write_bytes((out / ".lock").read_bytes())
+        res = run_cli("status", str(planned))
+        assert "being planned there now" not in res.stderr and "stopped there while it was planned" in res.stderr
+        (out / ".lock").write_text(json.dumps({"pid": newer.pid, "host": os.uname().nodename, "purpose": "run",
+                                               "since": now}))   # that process may hold it: it is named
+        assert f"ACTIVE: `run` (pid {newer.pid} on" in run_cli("status", str(out)).stdout
+    finally:
+        newer.kill()
+        newer.wait()
+        zombie.wait()
+    rerun_matches(out, reference)
+
+
 def test_corrupt_checkpoint_is_recomputed(fasta, common, reference, tmp_path):
     out = tmp_path / "out"
     res = run_cli(fasta, "--out", str(out), *common,
