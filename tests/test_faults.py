@@ -158,6 +158,23 @@ def test_a_lock_left_by_a_dead_run_whose_pid_lives_on_in_another_process_is_not_
     rerun_matches(out, reference)
 
 
+def test_a_run_directory_copied_while_its_run_goes_on_is_not_held_by_that_run(fasta, common, reference, tmp_path):
+    """`cp -a OUT COPY` while the run computes: the copy's OUT/.lock names the original's live command, yet
+    nothing holds the copy. Its status must say so and advise the rerun that finishes it there."""
+    out, copy = tmp_path / "out", tmp_path / "copy"
+    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.5"))
+    try:
+        wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
+        subprocess.run(["cp", "-a", str(out), str(copy)], check=True)
+        assert f"ACTIVE: `run` (pid {proc.pid} on" in run_cli("status", str(out)).stdout
+        text = run_cli("status", str(copy)).stdout
+        assert "ACTIVE" not in text and f"`run_shards rerun {copy}` computes the unfinished shards" in text, text
+        rerun_matches(copy, reference)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+
+
 def test_corrupt_checkpoint_is_recomputed(fasta, common, reference, tmp_path):
     out = tmp_path / "out"
     res = run_cli(fasta, "--out", str(out), *common,

@@ -253,12 +253,17 @@ class RunDir:
 
     def active_command(self) -> dict | None:
         """Who holds the run's lock (OUT/.lock, locks.py) now, read without locking (so `status` never gets in a
-        run's way): the holder record, if its process is alive on this host or it runs on another host; else None."""
+        run's way): the holder record, if its process is alive on this host or it runs on another host; else None.
+        A record copied with the run directory (cp -a, rsync of a running or killed run) names the original's
+        holder: its lock file is another file (inode) than the one the record was written into."""
         try:
-            holder = json.loads((self.root / ".lock").read_bytes() or b"{}")
+            with open(self.root / ".lock", "rb") as fh:
+                holder, inode = json.loads(fh.read() or b"{}"), os.fstat(fh.fileno()).st_ino
         except (OSError, ValueError):
             return None
-        if not holder.get("pid"):
+        if not isinstance(holder, dict) or not holder.get("pid"):
+            return None
+        if holder.get("inode", inode) != inode:
             return None
         if holder.get("host") != socket.gethostname():
             return holder
