@@ -9,6 +9,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pipeline.errors import UserError
 from pipeline.output.result_reader import open_result
 from pipeline.planning.storage import check_storage
 
-from .run_helpers import env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
+from .run_helpers import assert_same, env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
 from .tiny_models import REPO, run_cli
 
 
@@ -170,9 +171,24 @@ def test_a_run_directory_copied_while_its_run_goes_on_is_not_held_by_that_run(fa
         text = run_cli("status", str(copy)).stdout
         assert "ACTIVE" not in text and f"`run_shards rerun {copy}` computes the unfinished shards" in text, text
         rerun_matches(copy, reference)
+        with h5py.File(copy / "result.h5") as f:   # its settings name where it is (they named the original)
+            assert json.loads(f.attrs["config"])["out"] == str(copy)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
+
+
+def test_a_run_directory_moved_elsewhere_is_merged_as_the_run_in_its_new_place(reference_run, reference, tmp_path):
+    """`mv OUT NEW` (here a copy) then `merge NEW`: the result's settings name NEW, not the place it was planned."""
+    moved = tmp_path / "moved"
+    shutil.copytree(reference_run, moved, symlinks=True)
+    (moved / "result.h5").unlink()
+    res = run_cli("merge", str(moved))
+    assert res.returncode == 0, res.stderr
+    assert_same(read(moved / "result.h5"), reference)
+    with h5py.File(moved / "result.h5") as f:
+        assert json.loads(f.attrs["config"])["out"] == str(moved)
+    assert json.loads((moved / "manifest.json").read_text())["config"]["out"] == str(moved)
 
 
 def test_corrupt_checkpoint_is_recomputed(fasta, common, reference, tmp_path):
