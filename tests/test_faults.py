@@ -191,6 +191,25 @@ def test_a_run_directory_moved_elsewhere_is_merged_as_the_run_in_its_new_place(r
     assert json.loads((moved / "manifest.json").read_text())["config"]["out"] == str(moved)
 
 
+def test_a_run_directory_moved_while_its_run_computes(fasta, common, reference, tmp_path):
+    """`mv OUT NEW` mid-run: the workers made OUT/shards/shard_N.parts anew at the old place (mkdir -p), wrote
+    checkpoints there, then a shard of only those rows failed an assertion ('checkpoints do not add up'), and
+    the failure report said `Continue with: run_shards rerun OUT`, a directory that is gone. Now the workers
+    stop with a message saying what happened, nothing is made at the old place, and rerun continues at NEW."""
+    out, moved = tmp_path / "out", tmp_path / "moved"
+    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"))
+    wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
+    os.rename(out, moved)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in stderr and "do not add up" not in stderr, stderr
+    assert f"the run directory {out} is gone (moved or removed while this run computed)" in stderr, stderr
+    assert "`run_shards rerun DIR` continues it" in stderr and f"run_shards rerun {out}" not in stderr, stderr
+    assert "before it wrote its log" not in stderr, stderr
+    assert not (out / "shards").exists()
+    assert all(r["durable"] >= 20 for r in status_rows(moved).values())   # the checkpoints made before the move
+    rerun_matches(moved, reference)
+
+
 def test_corrupt_checkpoint_is_recomputed(fasta, common, reference, tmp_path):
     out = tmp_path / "out"
     res = run_cli(fasta, "--out", str(out), *common,

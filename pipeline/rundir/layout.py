@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import __version__
+from ..advice import command
 from ..errors import RunDirError
 from ..processes import process_alive
 from .failure import FailureRecord
@@ -194,6 +195,16 @@ class RunDir:
             except OSError as e:
                 raise RunDirError(f"cannot create the output directory {d}: {e.strerror}; "
                                   "choose another --out") from None
+
+    def gone(self) -> str | None:
+        """Why this run is no longer where its command found it (the directory moved, copied and removed, or
+        deleted while the run computed), or None while it is there. Nothing may be written at the old place:
+        its folders made anew would hold rows no run reads."""
+        if self.manifest_path.exists():
+            return None
+        return (f"the run directory {self.root} is gone (moved or removed while this run computed), so nothing "
+                f"more is written there. Where it is now, `{command('rerun', 'DIR')}` continues it from its "
+                "checkpoints")
 
     def restore_folders(self) -> None:
         """Make shards/ and logs/ again where they were removed (shards/ may be deleted once result.h5 is
