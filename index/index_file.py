@@ -96,7 +96,9 @@ def write(path: str | os.PathLike, version: int, count: int, parts: list[Part], 
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:   # a full disk or an interruption leaves no partial file behind
+    except BaseException as e:   # a full disk or an interruption leaves no partial file behind
+        if isinstance(e, OSError) and e.filename is None:   # (a write's or close's error names no file: the
+            e.filename = path                                # message says which could not be written)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

@@ -40,8 +40,12 @@ class _Buckets:
 
     def flush(self, k: int) -> None:
         if self.buffers[k]:
-            with open(self.paths[k], "ab") as fh:
-                fh.write(b"".join(self.buffers[k]))
+            try:
+                with open(self.paths[k], "ab") as fh:
+                    fh.write(b"".join(self.buffers[k]))
+            except OSError as e:   # (a write's or close's error names no file: a full disk's message says which)
+                e.filename = e.filename or self.paths[k]
+                raise
             self.buffers[k], self.sizes[k] = [], 0
 
     def read(self, k: int, dtype) -> np.ndarray:

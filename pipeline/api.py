@@ -130,6 +130,7 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
         bad = [s for s in shards or [] if not 0 <= s < manifest["world"]]
         if bad:
             raise UserError(f"--shards {array_ranges(bad)}: this run has shards 0..{manifest['world'] - 1}")
+        manifest = _in_its_place(run_dir, manifest)
         changed = with_launch_settings(manifest, launch, "this command's")
         if changed is not manifest:
             run_dir.write_manifest(changed)
@@ -152,9 +153,24 @@ def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path
             log.info("%s was merged meanwhile by the command this one waited for", run_dir.result_path)
             return run_dir.result_path
         wait_for_running_shards(run_dir, manifest["world"], lock_wait)
+        manifest = _in_its_place(run_dir, manifest)
         with load_run_index(run_dir, manifest) as index:
             return _reported(run_dir, lambda: result_merge.merge_result(run_dir, manifest, index, allow_partial),
                              "merge")
+
+
+def _in_its_place(run: RunDir, manifest: dict) -> dict:
+    """The manifest of a run directory moved or copied since its plan (mv, cp -a, rsync) with --out where it
+    is now: result.h5's `config` attribute and the commands its messages suggest named the old place."""
+    if manifest["config"].get("out") == str(run.root):
+        return manifest
+    placed = with_launch_settings(manifest, {"out": str(run.root)}, "the run directory's new place:")
+    try:   # (kept for later commands; on a full disk this one goes on with it in memory: it must not stop one)
+        run.write_manifest(placed)
+        return run.read_manifest()
+    except OSError as e:
+        log.info("could not record the run directory's new place in %s (%s)", run.manifest_path, e.strerror or e)
+        return placed
 
 
 def _finished_rows(run: RunDir) -> int | None:

@@ -5,6 +5,7 @@ Each run must end with a clear message and the command that continues (no traceb
 durable, leave nothing in the run directory but what the layout documents, and after the suggested command
 give the same result as a clean run. A write that fits must never be refused by an estimate.
 """
+import os
 import shutil
 import subprocess
 import sys
@@ -126,3 +127,22 @@ def test_a_cache_that_cannot_be_written_is_named_with_the_setting_that_moves_it(
     res = run_cli(fasta, "--out", str(out), *args,
                   env={"RUN_SHARDS_CACHE": str(tmp_path / "cache"), "XDG_CACHE_HOME": "", "HOME": str(home)})
     assert res.returncode == 0, res.stderr
+
+
+def test_a_disk_that_fills_while_a_run_is_planned_is_named(fasta, common, reference, tmpfs):
+    """Planning's own files (the duplicates' plan, its spill buckets) fill the disk: the message names the file
+    that could not be written, so the user knows which disk to free (it said 'cannot write a file'), nothing
+    is left in --out, and the same command then gives a clean run's result."""
+    disk = tmpfs.mount("1m")
+    out = disk / "out"
+    for room in (4096, 24576):      # full while the spill buckets are flushed; while the plan is written
+        filler = tmpfs.fill(disk)
+        os.truncate(filler, filler.stat().st_size - room)
+        res = run_cli(fasta, "--out", str(out), *common)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"error: cannot write {out}/" in res.stderr and "no space left on the device" in res.stderr, res.stderr
+        assert "run the same command again" in res.stderr and not out.exists()
+        filler.unlink()
+    res = run_cli(fasta, "--out", str(out), *common)
+    assert res.returncode == 0, res.stderr
+    assert_same(read(out / "result.h5"), reference)

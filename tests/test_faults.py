@@ -9,6 +9,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pipeline.errors import UserError
 from pipeline.output.result_reader import open_result
 from pipeline.planning.storage import check_storage
 
-from .run_helpers import env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
+from .run_helpers import assert_same, env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
 from .tiny_models import REPO, run_cli
 
 
@@ -121,6 +122,92 @@ def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common
     res = run_cli(fasta, "--out", str(stale), *common)
     assert res.returncode == 0, res.stderr
     assert "took over a stale lock left by pid 999999" in (stale / "logs" / "run.log").read_text()
+
+
+def test_a_lock_left_by_a_dead_run_whose_pid_lives_on_in_another_process_is_not_active(fasta, common, reference,
+                                                                                        tmp_path):
+    """A machine rebooted (or pids wrapped around): OUT/.lock names a pid that a process started since then has,
+    or a zombie no parent reaps. `status` must not call the run active (it then leaves out the command that
+    finishes it, and the user waits for nothing), nor a stopped planning a run being planned."""
+    out = tmp_path / "out"
+    res = run_cli(fasta, "--out", str(out), *common,
+                  env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "0"})
+    assert res.returncode == 1
+    newer = subprocess.Popen(["sleep", "600"])            # a process started after the record's time
+    zombie = subprocess.Popen(["true"])                   # exits; never waited for while the check runs
+    wait_for(lambda: b") Z" in open(f"/proc/{zombie.pid}/stat", "rb").read())
+    before = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 3600))
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        for pid, since in ((newer.pid, before), (zombie.pid, now)):
+            (out / ".lock").write_text(json.dumps({"pid": pid, "host": os.uname().nodename, "purpose": "run",
+                                                   "since": since}))
+            text = run_cli("status", str(out)).stdout
+            assert "ACTIVE" not in text and f"`run_shards rerun {out}` computes the unfinished shards" in text, text
+        planned = tmp_path / "planned"                    # stopped while planned: no manifest yet
+        planned.mkdir()
+        (planned / ".lock").write_bytes((out / ".lock").read_bytes())
+        res = run_cli("status", str(planned))
+        assert "being planned there now" not in res.stderr and "stopped there while it was planned" in res.stderr
+        (out / ".lock").write_text(json.dumps({"pid": newer.pid, "host": os.uname().nodename, "purpose": "run",
+                                               "since": now}))   # that process may hold it: it is named
+        assert f"ACTIVE: `run` (pid {newer.pid} on" in run_cli("status", str(out)).stdout
+    finally:
+        newer.kill()
+        newer.wait()
+        zombie.wait()
+    rerun_matches(out, reference)
+
+
+def test_a_run_directory_copied_while_its_run_goes_on_is_not_held_by_that_run(fasta, common, reference, tmp_path):
+    """`cp -a OUT COPY` while the run computes: the copy's OUT/.lock names the original's live command, yet
+    nothing holds the copy. Its status must say so and advise the rerun that finishes it there."""
+    out, copy = tmp_path / "out", tmp_path / "copy"
+    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.5"))
+    try:
+        wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
+        subprocess.run(["cp", "-a", str(out), str(copy)], check=True)
+        assert f"ACTIVE: `run` (pid {proc.pid} on" in run_cli("status", str(out)).stdout
+        text = run_cli("status", str(copy)).stdout
+        assert "ACTIVE" not in text and f"`run_shards rerun {copy}` computes the unfinished shards" in text, text
+        rerun_matches(copy, reference)
+        with h5py.File(copy / "result.h5") as f:   # its settings name where it is (they named the original)
+            assert json.loads(f.attrs["config"])["out"] == str(copy)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+
+
+def test_a_run_directory_moved_elsewhere_is_merged_as_the_run_in_its_new_place(reference_run, reference, tmp_path):
+    """`mv OUT NEW` (here a copy) then `merge NEW`: the result's settings name NEW, not the place it was planned."""
+    moved = tmp_path / "moved"
+    shutil.copytree(reference_run, moved, symlinks=True)
+    (moved / "result.h5").unlink()
+    res = run_cli("merge", str(moved))
+    assert res.returncode == 0, res.stderr
+    assert_same(read(moved / "result.h5"), reference)
+    with h5py.File(moved / "result.h5") as f:
+        assert json.loads(f.attrs["config"])["out"] == str(moved)
+    assert json.loads((moved / "manifest.json").read_text())["config"]["out"] == str(moved)
+
+
+def test_a_run_directory_moved_while_its_run_computes(fasta, common, reference, tmp_path):
+    """`mv OUT NEW` mid-run: the workers made OUT/shards/shard_N.parts anew at the old place (mkdir -p), wrote
+    checkpoints there, then a shard of only those rows failed an assertion ('checkpoints do not add up'), and
+    the failure report said `Continue with: run_shards rerun OUT`, a directory that is gone. Now the workers
+    stop with a message saying what happened, nothing is made at the old place, and rerun continues at NEW."""
+    out, moved = tmp_path / "out", tmp_path / "moved"
+    proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"))
+    wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
+    os.rename(out, moved)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in stderr and "do not add up" not in stderr, stderr
+    assert f"the run directory {out} is gone (moved or removed while this run computed)" in stderr, stderr
+    assert "`run_shards rerun DIR` continues it" in stderr and f"run_shards rerun {out}" not in stderr, stderr
+    assert "before it wrote its log" not in stderr, stderr
+    assert not (out / "shards").exists()
+    assert all(r["durable"] >= 20 for r in status_rows(moved).values())   # the checkpoints made before the move
+    rerun_matches(moved, reference)
 
 
 def test_corrupt_checkpoint_is_recomputed(fasta, common, reference, tmp_path):

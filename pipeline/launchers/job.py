@@ -79,7 +79,11 @@ def shards_summary(job: ShardJob, interrupted: bool = False, failed: list[int] |
     lines = [f"{done:,} of {world:,} shards complete. No merged file was written; all finished and checkpointed "
              "rows are kept."]
     changed = records_changed(job.index)
-    if changed:
+    gone = run.gone()
+    if gone:   # (a rerun here would find no run: the command goes where the directory is now)
+        lines[0] = f"{done:,} of {world:,} shards complete. No merged file was written."
+        lines.append(gone[0].upper() + gone[1:] + ".")
+    elif changed:
         lines.append(f"The input FASTA changed since this run started ({changed}). "
                      f"{start_over_advice(run, job.manifest)}")
     elif advised:   # (before a task's own "Continue with": `rerun` or the task again stops the same way)

@@ -90,7 +90,9 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardPro
         verb = "stopped" if supervisor.interrupted else "failed"
         lines.append(f"shard {p.rank} {verb}: {p.summary}")
         tail = run.log_tail(p.rank, 8)
-        if (p.exitcode == EXIT_USER_ERROR and p.reason) or supervisor.interrupted:   # the message says it all
+        if run.gone():   # (its log went with the run directory, wherever that is now)
+            pass
+        elif (p.exitcode == EXIT_USER_ERROR and p.reason) or supervisor.interrupted:   # the message says it all
             lines.append(f"  log: {run.worker_log(p.rank)}")
         elif tail:
             lines.append(f"  last lines of {run.worker_log(p.rank)}:")

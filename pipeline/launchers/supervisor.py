@@ -257,7 +257,8 @@ class Supervisor:
                 # A C library that exits the process while the worker starts (libgomp, when `ulimit -u` leaves
                 # it no thread) leaves no log, or (a rerun) only the earlier attempts' lines: the parent adds
                 # how the worker ended.
-                p.unlogged = code > 0 and _size(self.run.worker_log(p.rank)) == p.log_size
+                p.unlogged = (code > 0 and _size(self.run.worker_log(p.rank)) == p.log_size
+                              and not self.run.gone())   # (its log moved away with the run directory)
                 self.board.note(f"shard {p.rank} stopped: {p.summary}"
                                 + (f"; the {lost:,} sequences it computed after its last checkpoint were lost "
                                    "with it (a rerun computes them again)" if lost else ""), logging.ERROR)

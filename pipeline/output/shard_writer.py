@@ -20,7 +20,7 @@ import numpy as np
 from ..advice import command
 from .. import faults
 from . import shard_state
-from ..errors import DiskFull, disk_full_reason, ensure_space
+from ..errors import DiskFull, RunDirError, disk_full_reason, ensure_space
 from .h5io import Reader, Writer
 from .sorted_merge import merge_sorted_runs
 from .schema import RowBlock, Schema
@@ -94,8 +94,9 @@ class ShardWriter:
         self.last_checkpoint = time.monotonic()
         if not self.buffered_rows:
             return
+        self._ensure_in_place()
         block = RowBlock.concat(self.schema, self.buffer).sorted_by_index()
-        self.parts.mkdir(parents=True, exist_ok=True)
+        self.parts.mkdir(exist_ok=True)
         existing = shard_state.part_files(self.parts)
         number = int(existing[-1].stem.split("_")[1]) + 1 if existing else 0
         final = self.parts / f"part_{number:06d}.h5"
@@ -113,9 +114,18 @@ class ShardWriter:
         log.info("checkpoint %s: %d rows, %d tokens (%d of %d durable)", final.name, len(block),
                  int(block.columns["num_tokens"].sum(dtype=np.int64)), len(self.done), len(self.expected))
 
+    def _ensure_in_place(self) -> None:
+        """Refuse to write once the run directory has gone from under the worker (moved, removed): the parts
+        folder made anew at the old place (as mkdir -p did) held rows no run would read, and the shard
+        written from it lacked the rows that moved away."""
+        gone = self.run.gone()
+        if gone:
+            raise RunDirError(gone)
+
     def finalize(self, row_bytes: np.ndarray) -> Path:
         """Merge the parts into shard_N.h5 (all expected rows must be durable)."""
         self.checkpoint()
+        self._ensure_in_place()
         missing = np.setdiff1d(self.expected, self.done)
         assert len(missing) == 0, f"finalize with {len(missing)} rows not computed"
         path = self.run.shard_path(self.rank)

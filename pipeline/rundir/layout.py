@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -57,6 +58,14 @@ def unwritable_reason(path: Path) -> str | None:
     except OSError as e:
         return e.strerror or str(e)
     return "a read-only file system here" if read_only else "permission denied"
+
+
+def _record_time(holder: dict) -> float | None:
+    """The epoch seconds of a lock holder's `since` (local time, as locks.py writes it), or None."""
+    try:
+        return datetime.datetime.fromisoformat(str(holder.get("since"))).timestamp()
+    except ValueError:
+        return None
 
 
 @contextmanager
@@ -188,6 +197,16 @@ class RunDir:
                 raise RunDirError(f"cannot create the output directory {d}: {e.strerror}; "
                                   "choose another --out") from None
 
+    def gone(self) -> str | None:
+        """Why this run is no longer where its command found it (the directory moved, copied and removed, or
+        deleted while the run computed), or None while it is there. Nothing may be written at the old place:
+        its folders made anew would hold rows no run reads."""
+        if self.manifest_path.exists():
+            return None
+        return (f"the run directory {self.root} is gone (moved or removed while this run computed), so nothing "
+                f"more is written there. Where it is now, `{command('rerun', 'DIR')}` continues it from its "
+                "checkpoints")
+
     def restore_folders(self) -> None:
         """Make shards/ and logs/ again where they were removed (shards/ may be deleted once result.h5 is
         written): a command that computes shards puts their locks, checkpoints and logs there."""
@@ -246,16 +265,21 @@ class RunDir:
 
     def active_command(self) -> dict | None:
         """Who holds the run's lock (OUT/.lock, locks.py) now, read without locking (so `status` never gets in a
-        run's way): the holder record, if its process is alive on this host or it runs on another host; else None."""
+        run's way): the holder record, if its process is alive on this host or it runs on another host; else None.
+        A record copied with the run directory (cp -a, rsync of a running or killed run) names the original's
+        holder: its lock file is another file (inode) than the one the record was written into."""
         try:
-            holder = json.loads((self.root / ".lock").read_bytes() or b"{}")
+            with open(self.root / ".lock", "rb") as fh:
+                holder, inode = json.loads(fh.read() or b"{}"), os.fstat(fh.fileno()).st_ino
         except (OSError, ValueError):
             return None
-        if not holder.get("pid"):
+        if not isinstance(holder, dict) or not holder.get("pid"):
+            return None
+        if holder.get("inode", inode) != inode:
             return None
         if holder.get("host") != socket.gethostname():
             return holder
-        return holder if process_alive(int(holder["pid"])) else None
+        return holder if process_alive(int(holder["pid"]), since=_record_time(holder)) else None
 
     # ------------------------------------------------------------------ temporaries
     def remove_stale_temporaries(self) -> list[str]:

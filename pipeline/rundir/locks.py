@@ -100,7 +100,7 @@ class RunLock:
             raise
         self.took_over = _holder_record(fd) or None
         _write_record(fd, {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
-                           "since": _now()})
+                           "since": _now(), "inode": os.fstat(fd).st_ino})   # (a copy's record is not its own)
         self.fd = fd
         return self
 
