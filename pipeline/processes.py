@@ -4,38 +4,40 @@ from __future__ import annotations
 
 import os
 
-# A holder's record gives its time in whole seconds, and the boot time that a process's start is counted
-# from is rounded to one: a process that started this much after the record is not the one that wrote it.
-START_SLACK_SECONDS = 3.0
 
-
-def process_alive(pid: int, since: float | None = None) -> bool:
+def process_alive(pid: int, start: str | None = None) -> bool:
     """True while a process with this pid exists on this host (one we may not signal counts as alive).
 
     A zombie (killed, not yet reaped by a parent that never will: a container's init, a script that does not
-    wait) is gone. With `since` (epoch seconds at which the owner was known to run, as a lock record says), a
-    process that started later only reuses the pid of one that died: after a reboot, or pids wrapped around."""
+    wait) is gone. With `start` (the owner's process_start(), as a lock record keeps it), a process whose own
+    start differs only reuses the pid of one that died: after a reboot, or pids wrapped around. (The start is
+    the boot's id and the clock ticks since boot, not a time of day: a clock set forward, or a VM resumed, does
+    not make a live owner look newer than its record.)"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    started, zombie = _start_and_zombie(pid)
-    if zombie:
+    state, started = _state_and_start(pid)
+    if state in ("Z", "X"):
         return False
-    return since is None or started is None or started <= since + START_SLACK_SECONDS
+    return start is None or started is None or started == start
 
 
-def _start_and_zombie(pid: int) -> tuple[float | None, bool]:
-    """When the process started (epoch seconds) and whether it is a zombie, from Linux's /proc; (None, False)
-    where that cannot be read (another system: the pid alone decides there)."""
+def process_start(pid: int | None = None) -> str | None:
+    """`BOOT_ID:TICKS`, what tells this process (or `pid`) from a later one with the same pid, on Linux (/proc);
+    None elsewhere."""
+    return _state_and_start(os.getpid() if pid is None else pid)[1]
+
+
+def _state_and_start(pid: int) -> tuple[str | None, str | None]:
+    """The process's state letter and process_start, from /proc; (None, None) where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        state, ticks = fields[0], int(fields[19])
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK"), state in (b"Z", b"X")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None, False
+            fields = f.read().rsplit(b")", 1)[1].split()   # (the name, in parentheses, may hold spaces)
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return fields[0].decode(), f"{boot}:{int(fields[19])}"
+    except (OSError, ValueError, IndexError):
+        return None, None

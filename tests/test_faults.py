@@ -124,6 +124,25 @@ def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common
     assert "took over a stale lock left by pid 999999" in (stale / "logs" / "run.log").read_text()
 
 
+def test_a_lock_holder_is_told_by_its_start_not_by_a_time_of_day():
+    """A lock record's owner is its pid and its start (the boot's id and clock ticks since boot): a process with
+    the pid and another start is not the owner. A check against the record's time of day called a live owner dead
+    once the clock was set forward (a VM resumed, NTP stepping it), since a process's start in wall-clock terms is
+    the boot time, which moves with the clock."""
+    from pipeline.processes import process_alive, process_start
+    mine = process_start()
+    boot, ticks = mine.rsplit(":", 1)
+    assert process_alive(os.getpid(), mine) and process_alive(os.getpid())
+    assert not process_alive(os.getpid(), f"{boot}:{int(ticks) + 1}")          # the pid reused later
+    assert not process_alive(os.getpid(), f"another-boot:{ticks}")            # or after a reboot
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert process_start(child.pid) != mine and process_alive(child.pid, process_start(child.pid))
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_lock_left_by_a_dead_run_whose_pid_lives_on_in_another_process_is_not_active(fasta, common, reference,
                                                                                         tmp_path):
     """A machine rebooted (or pids wrapped around): OUT/.lock names a pid that a process started since then has,
@@ -133,15 +152,17 @@ def test_a_lock_left_by_a_dead_run_whose_pid_lives_on_in_another_process_is_not_
     res = run_cli(fasta, "--out", str(out), *common,
                   env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "0"})
     assert res.returncode == 1
-    newer = subprocess.Popen(["sleep", "600"])            # a process started after the record's time
+    from pipeline.processes import process_start
+    newer = subprocess.Popen(["sleep", "600"])            # a process started after the record's owner
     zombie = subprocess.Popen(["true"])                   # exits; never waited for while the check runs
     wait_for(lambda: b") Z" in open(f"/proc/{zombie.pid}/stat", "rb").read())
-    before = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 3600))
     now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    owner = process_start()   # (this test's process: the record's owner, whose pid `newer` now has)
+    assert owner is not None and owner != process_start(newer.pid)
     try:
-        for pid, since in ((newer.pid, before), (zombie.pid, now)):
+        for pid, start in ((newer.pid, owner), (zombie.pid, None)):
             (out / ".lock").write_text(json.dumps({"pid": pid, "host": os.uname().nodename, "purpose": "run",
-                                                   "since": since}))
+                                                   "since": now, "start": start}))
             text = run_cli("status", str(out)).stdout
             assert "ACTIVE" not in text and f"`run_shards rerun {out}` computes the unfinished shards" in text, text
         planned = tmp_path / "planned"                    # stopped while planned: no manifest yet
@@ -150,7 +171,10 @@ def test_a_lock_left_by_a_dead_run_whose_pid_lives_on_in_another_process_is_not_
         res = run_cli("status", str(planned))
         assert "being planned there now" not in res.stderr and "stopped there while it was planned" in res.stderr
         (out / ".lock").write_text(json.dumps({"pid": newer.pid, "host": os.uname().nodename, "purpose": "run",
-                                               "since": now}))   # that process may hold it: it is named
+                                               "since": now, "start": process_start(newer.pid)}))   # it holds it
+        assert f"ACTIVE: `run` (pid {newer.pid} on" in run_cli("status", str(out)).stdout
+        (out / ".lock").write_text(json.dumps({"pid": newer.pid, "host": os.uname().nodename, "purpose": "run",
+                                               "since": now}))   # a record of an older version: the pid decides
         assert f"ACTIVE: `run` (pid {newer.pid} on" in run_cli("status", str(out)).stdout
     finally:
         newer.kill()

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -58,14 +57,6 @@ def unwritable_reason(path: Path) -> str | None:
     except OSError as e:
         return e.strerror or str(e)
     return "a read-only file system here" if read_only else "permission denied"
-
-
-def _record_time(holder: dict) -> float | None:
-    """The epoch seconds of a lock holder's `since` (local time, as locks.py writes it), or None."""
-    try:
-        return datetime.datetime.fromisoformat(str(holder.get("since"))).timestamp()
-    except ValueError:
-        return None
 
 
 @contextmanager
@@ -279,7 +270,7 @@ class RunDir:
             return None
         if holder.get("host") != socket.gethostname():
             return holder
-        return holder if process_alive(int(holder["pid"]), since=_record_time(holder)) else None
+        return holder if process_alive(int(holder["pid"]), start=holder.get("start")) else None
 
     # ------------------------------------------------------------------ temporaries
     def remove_stale_temporaries(self) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Callable
 
 from ..advice import command
 from ..errors import RunDirError
+from ..processes import process_start
 from .layout import RunDir, describe_holder, unwritable_reason
 
 log = logging.getLogger("run_shards")
@@ -100,7 +101,8 @@ class RunLock:
             raise
         self.took_over = _holder_record(fd) or None
         _write_record(fd, {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
-                           "since": _now(), "inode": os.fstat(fd).st_ino})   # (a copy's record is not its own)
+                           "since": _now(), "start": process_start(),   # (a later process with its pid is not it)
+                           "inode": os.fstat(fd).st_ino})   # (a copy's record is not its own)
         self.fd = fd
         return self
 
