@@ -72,7 +72,10 @@ class CachesTooLarge(SettingsRefused):
     def __init__(self, message: str, change: dict[str, int] | None):
         super().__init__(message)
         self.change = change
-        self.fitting_budget = change["max_tokens_per_batch"] if change and list(change) == ["max_tokens_per_batch"] \
+
+    @property
+    def fitting_budget(self) -> int | None:
+        return self.change["max_tokens_per_batch"] if self.change and list(self.change) == ["max_tokens_per_batch"] \
             else None
 
 

@@ -7,7 +7,8 @@ import logging
 import os
 import stat
 
-from index.compressed import GZIP_MAGIC
+from index import FastaError
+from index.compressed import kind as compression
 from index.id_hash import affinity_cpus
 
 from ..cgroups import usable_cpus
@@ -158,13 +159,15 @@ def input_size(paths: list[str]) -> int | None:
     for path in paths:
         try:
             st = os.stat(path)
-            if not stat.S_ISREG(st.st_mode):   # (opening a pipe would wait for its writer)
-                return None
-            with open(path, "rb") as f:
-                head = f.read(2)
         except OSError:
             return None
-        total += st.st_size * (GZIP_RATIO if head == GZIP_MAGIC else 1)
+        if not stat.S_ISREG(st.st_mode):   # (opening a pipe would wait for its writer)
+            return None
+        try:
+            packed = compression(path) is not None
+        except FastaError:   # a compression run_shards does not read: the index refuses it, naming the command
+            return None
+        total += st.st_size * (GZIP_RATIO if packed else 1)
     return total
 
 
