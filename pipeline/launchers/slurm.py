@@ -29,7 +29,7 @@ from .progress import ProgressBoard
 from .sbatch_scripts import (array_ranges, asks_for_gpus, expand_ranges, merge_options, merge_script, option_groups,
                              shard_script, signal_seconds, split_arrays)
 from .slurm_limits import check_job_count, max_array_size, time_limit, warn_if_short
-from .slurm_queue import (SETTINGS_REFUSED, Queue, append_submission, settings_refused, slurm_dir, stopped_lines,
+from .slurm_queue import (SETTINGS_REFUSED, Queue, append_submission, slurm_dir, stopped_lines,
                           unrecorded_jobs, unrecorded_lines)
 
 log = logging.getLogger("run_shards")
@@ -332,7 +332,7 @@ def _check_queue(job: ShardJob, states: dict, queue: Queue, merge_id: str) -> No
             stopped[r] = task
     merge = (queue.tasks or {}).get(merge_id)
     if stopped:
-        then = (SETTINGS_REFUSED[0].upper() + SETTINGS_REFUSED[1:] + "." if settings_refused(run, stopped) else
+        then = (SETTINGS_REFUSED[0].upper() + SETTINGS_REFUSED[1:] + "." if run.settings_refused(stopped) else
                 f"Continue with:  {command('rerun', run.root)}")
         raise RunFailed("\n".join(stopped_lines(run, {r: states[r].state for r in stopped}, stopped) + [
             f"The merge job {merge_id} cannot run now (a shard task failed or was cancelled); SLURM cancels it. "

@@ -205,13 +205,6 @@ class Queue:
         return "waiting" if merge is not None and merge.live else "gone"
 
 
-def settings_refused(run: RunDir, ranks) -> bool:
-    """Whether every one of these shards last failed refusing the run's settings (errors.SettingsRefused): a
-    rerun, or their tasks again, stops the same way; their failure's message names the command to run."""
-    ranks = list(ranks)
-    return bool(ranks) and all(getattr(run.failure(r), "rerun_repeats", False) for r in ranks)
-
-
 SETTINGS_REFUSED = ("a rerun stops the same way: the shard(s) refused the run's settings, and the message above "
                     "names what to run instead")
 

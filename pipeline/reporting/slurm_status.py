@@ -9,7 +9,7 @@ from ..config import RunConfig
 from ..launchers.sbatch_scripts import array_ranges, split_arrays
 from ..launchers.slurm import array_commands, by_hand
 from ..launchers.slurm_limits import max_array_size
-from ..launchers.slurm_queue import (SETTINGS_REFUSED, Queue, settings_refused, slurm_dir, stopped_lines,
+from ..launchers.slurm_queue import (SETTINGS_REFUSED, Queue, slurm_dir, stopped_lines,
                                      unrecorded_jobs, unrecorded_lines)
 from ..output.shard_state import ShardState
 from ..rundir import events
@@ -99,7 +99,7 @@ def _next(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -
     unfinished = [s.rank for s in states if s.state != "complete"]
     tasks = {r: t for r in stopped if (t := queue.task_of(r)) is not None}
     if stopped and ("failed" in stopped.values() or "corrupt" in stopped.values() or merge == "gone"):
-        if settings_refused(run, stopped):
+        if run.settings_refused(stopped):
             return stopped_lines(run, stopped, tasks) + [
                 f"so merge job {merge_id} cannot run" + (" (SLURM cancels it)" if merge == "waiting" else "")
                 + f"; {SETTINGS_REFUSED}"]

@@ -161,7 +161,7 @@ def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, v
     if holder or any(s.state == "running" for s in states):
         return "result: not merged yet"
     unfinished = [s.rank for s in states if s.state != "complete"]
-    if unfinished and all(getattr(run.failure(r), "rerun_repeats", False) for r in unfinished):
+    if run.settings_refused(unfinished):
         return (f"result: not merged yet; a rerun stops the same way: shard(s) {', '.join(map(str, unfinished))} "
                 "refused the run's settings, and their message above says which to change")
     if unfinished:

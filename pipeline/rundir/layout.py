@@ -333,6 +333,12 @@ class RunDir:
                         e.strerror or e)
             return False
 
+    def settings_refused(self, ranks) -> bool:
+        """Whether every one of these shards last failed refusing the run's settings (errors.SettingsRefused): a
+        rerun, or their tasks again, stops the same way; their failure's message names the command to run."""
+        ranks = list(ranks)
+        return bool(ranks) and all(getattr(self.failure(r), "rerun_repeats", False) for r in ranks)
+
     def new_failure(self, rank: int, code: int | None, reason: str = "", killed_for: str = "",
                     interrupted: bool | None = None, explanation: str = "", rerun_repeats: bool = False
                     ) -> FailureRecord:
