@@ -74,7 +74,8 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     the output directory is left as it was found: removed if this command created it, nothing half-made
     kept in it. `config` is not changed.
     """
-    from .launchers.early_workers import EarlyWorkers, start_early
+    from .launchers.early_workers import start_early
+    from .launchers.waiting_workers import WaitingWorkers
     if config.launcher == "local":   # (a cluster's tasks read their nodes' environment)
         overlap_setting()
     run_dir = RunDir(config.out)
@@ -87,7 +88,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
             started = time.monotonic()
             # Workers import and set up their devices while this plans; none where the run's result is already
             # there (the same command again computes nothing, and a changed one is refused).
-            early = start_early(config, run_dir) if _finished_rows(run_dir) is None else EarlyWorkers()
+            early = start_early(config, run_dir) if _finished_rows(run_dir) is None else WaitingWorkers()
             try:
                 with previewing(dry_run):   # (a refusal's suggested commands preview too)
                     planned = plan(config, on_model=early.load_ahead, progress=show_progress)

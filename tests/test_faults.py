@@ -430,7 +430,7 @@ def test_a_machine_asleep_or_a_clock_set_forward_is_not_a_hang(tmp_path, monkeyp
         board = ProgressBoard(10, "1 CPU worker(s)", 30.0, show_bar=False)
         board.add_worker(0, "CPU")
         supervisor = Supervisor(RunDir(str(tmp_path / "out")), [0], ["cpu0"], False, 1, board, 1800.0)
-        process = ShardProcess(0, "cpu0", None, None, pid=worker.pid)
+        process = ShardProcess(0, "cpu0", None, None, None, pid=worker.pid)
         supervisor.active.append(process)
         wall = time.time()
         monkeypatch.setattr(time, "time", lambda: wall + 3600.0)   # an hour later by the wall clock only

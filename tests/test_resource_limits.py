@@ -21,20 +21,26 @@ def _open_files_limit(soft: int, hard: int | None = None):
     return apply
 
 
-def _run_limited(args, soft: int, hard: int | None = None) -> subprocess.CompletedProcess:
+def _run_limited(args, soft: int, hard: int | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), *args], capture_output=True, text=True,
-                          env=env_with(RUN_SHARDS_REPORT="0"), cwd=REPO, preexec_fn=_open_files_limit(soft, hard),
-                          timeout=600)
+                          env=env_with(RUN_SHARDS_REPORT="0", **(env or {})), cwd=REPO,
+                          preexec_fn=_open_files_limit(soft, hard), timeout=600)
 
 
 def test_many_shards_under_a_low_open_files_limit(fasta, common, reference, tmp_path):
-    """10 shards through 2 worker slots under `ulimit -n 32`. Each finished worker's spawn pipes were kept open,
+    """10 shards through 2 worker slots under `ulimit -n 32`. Each ended worker's spawn pipes were kept open,
     two descriptors a shard, so the parent died with "Too many open files" (a traceback) after a few shards
     here; and the merge, which holds every shard open, called each shard it could not open "corrupt" and
-    sent the user to `rerun`. Now the run completes (the merge raises the soft limit to the hard one); under a
-    hard limit too low for the merge, it says so and names the command that merges once it is raised."""
+    sent the user to `rerun`. Every worker is killed here as it finishes its shard (a worker that finishes one
+    computes the next in the same process, and one that fails leaves its slot to a new process: ten processes);
+    the run names the ten shards, and the rerun completes (the merge raises the soft limit to the hard one);
+    under a hard limit too low for the merge, it says so and names the command that merges once it is raised."""
     out = tmp_path / "out"
-    res = _run_limited([fasta, "--out", str(out), *common, "--shards", "10"], soft=32)
+    res = _run_limited([fasta, "--out", str(out), *common, "--shards", "10"], soft=32,
+                       env={"RUN_SHARDS_FAULT_DIE_AT": "shard-written"})
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "Too many open files" not in res.stderr and res.stderr.count(" failed: ") == 10, res.stderr[-3000:]
+    res = _run_limited(["rerun", str(out)], soft=32)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert_same(read(out / "result.h5"), reference)
 

@@ -82,13 +82,14 @@ class HFEngine:
         self.real_tokens = self.computed_tokens = 0   # packing efficiency = real / computed (padded) tokens
 
     def adopt(self, info: EngineInfo | None, tokens_per_batch: int | None = None) -> bool:
-        """For an engine loaded before its run was planned to the end (models/preload.py): take the run's
-        description and budget; False (nothing changed) where the run's description is not the one this engine
-        found itself, which chose its model class."""
+        """For an engine loaded before its run was planned to the end, or kept from this process's shard before
+        (models/preload.py): take the run's description and budget; False (nothing changed) where the run's
+        description is not the one this engine found itself, which chose its model class."""
         if info is not None and replace(info, name="hf") != self.info:
             return False
         if tokens_per_batch is not None:
             self.tokens_per_batch = tokens_per_batch
+        self.real_tokens = self.computed_tokens = 0   # (one kept from a shard before counts this shard's alone)
         return True
 
     def _build(self, class_name: str, path: str, config, dtype, kwargs: dict, trust_remote_code: bool):

@@ -97,6 +97,16 @@ def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, l
     raise UserError(f"engine {name!r} is not available in this build")
 
 
+def keep(engine, name: str, model_path: str, fingerprint: str, device: torch.device, dtype: torch.dtype,
+         logprobs: bool, trust_remote_code: bool, shard: int) -> None:
+    """Keep what `engine` (engine `name`, loaded by `load` with these arguments for shard `shard`) holds of
+    its checkpoint, for this process's next shard to `load` (models/preload.py): the native model, or the hf
+    engine whole."""
+    from ..models import preload
+    wanted = preload.Wanted.of(name, model_path, fingerprint, device, dtype, logprobs, trust_remote_code)
+    preload.keep(wanted, engine.model if name == "native" else engine, shard)
+
+
 def load_ahead(name: str, model_path: str, fingerprint: str, device: torch.device, dtype: torch.dtype,
                logprobs: bool, trust_remote_code: bool) -> bool:
     """Load engine `name`'s model for a run not yet planned to the end, for `load` to take (models/preload.py):

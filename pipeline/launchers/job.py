@@ -32,7 +32,7 @@ class ShardJob:
     dry_run: bool = False          # slurm: write the scripts and print the sbatch commands only
     wait: bool = False             # slurm: follow the submitted jobs until the result is merged
     continue_with: str = ""        # the "Continue with" line of a failure report (default: rerun the run)
-    early: object = None           # local: early_workers.EarlyWorkers, started while the run was planned
+    early: object = None           # local: waiting_workers.WaitingWorkers, started while the run was planned
 
     @property
     def world(self) -> int:

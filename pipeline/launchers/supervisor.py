@@ -1,8 +1,11 @@
 """Start shard workers with torch.multiprocessing.spawn and watch them until each has exited.
 
-Each shard gets its own process and its own pipe. Workers are symmetric and independent: one that dies,
-hangs or finishes early never blocks the others. At most one worker runs per slot (a GPU, or a CPU worker
-slot); shards beyond the slots wait for one to free. The parent never touches CUDA.
+Each worker process has its own pipes (its messages, and its orders: which shard to compute). Workers are
+symmetric and independent: one that dies, hangs or finishes early never blocks the others. At most one worker
+runs per slot (a GPU, or a CPU worker slot); shards beyond the slots wait for one to free, and a worker that has
+finished its shard is given the next one waiting (it keeps its process, its device and its model: only the
+shard's files and log are new), while one that failed or was stopped leaves its slot to a fresh process. The
+parent never touches CUDA.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from ..rundir.layout import RunDir
 from ..rundir.locks import ShardLock
 from ..worker.entry import STOP_SIGNALS, worker_entry
 from .progress import ProgressBoard
+from .waiting_workers import Spawned, WaitingWorkers, stop
 
 log = logging.getLogger("run_shards")
 
@@ -33,12 +37,15 @@ KILL_GRACE_SECONDS = 10.0
 
 @dataclass
 class ShardProcess:
+    """A shard's attempt in a worker process (one process may compute several shards, one after another)."""
     rank: int
     slot: str
     context: object
     conn: multiprocessing.connection.Connection
+    orders: multiprocessing.connection.Connection
     pid: int = 0
     exitcode: int | None = None
+    ended: int | None = None     # the worker said the shard ended (exit code 0), and it waits for another
     reason: str = ""            # the worker's own error message, or why run_shards stopped it
     rerun_repeats: bool = False  # its message was a SettingsRefused: running it again stops the same way
     killed_for: str = ""        # why run_shards signalled it, if it did
@@ -94,21 +101,13 @@ def main_module_hidden():
         sys.modules["__main__"] = main
 
 
-@dataclass
-class Spawned:
-    """A worker process as spawned: its torch ProcessContext, the read end of its messages, and, for one
-    started before its shard was known (early_workers.py), the write end of its orders."""
-    context: object
-    conn: multiprocessing.connection.Connection
-    orders: multiprocessing.connection.Connection | None = None
-
-
 def spawn_worker(run: RunDir, rank: int | None, slot: str, gpu: bool, threads: int) -> Spawned:
     """Start a worker process for shard `rank` on `slot` (a GPU id, or a CPU worker slot); with `rank` None, one
-    that prepares itself and waits for its shard on its orders pipe."""
+    that prepares itself and waits for its shard on its orders pipe. Either waits there for another shard once
+    it has finished one."""
     context = multiprocessing.get_context("spawn")
     recv, send = context.Pipe(duplex=False)
-    orders_recv, orders = context.Pipe(duplex=False) if rank is None else (None, None)
+    orders_recv, orders = context.Pipe(duplex=False)
     # The worker starts with the stop signals blocked, until it installs its own handlers, so a Ctrl-C
     # while it imports torch cannot print a traceback on the terminal; here, one that arrives while it
     # spawns reaches the parent's handler (after, or at once through another thread), never lost.
@@ -117,8 +116,7 @@ def spawn_worker(run: RunDir, rank: int | None, slot: str, gpu: bool, threads: i
             worker_entry, args=(str(run.root), rank, send, slot if gpu else None, threads, os.getpid(), orders_recv),
             nprocs=1, join=False, daemon=False, start_method="spawn")
     send.close()   # the child holds the only write end: EOF here means it is gone
-    if orders_recv is not None:
-        orders_recv.close()
+    orders_recv.close()
     return Spawned(process, recv, orders)
 
 
@@ -127,7 +125,8 @@ class Supervisor:
                  board: ProgressBoard, worker_timeout: float, early=None):
         self.run, self.pending, self.slots = run, list(ranks), list(slots)
         self.gpu, self.threads, self.board, self.worker_timeout = gpu, threads, board, worker_timeout
-        self.early = early   # early_workers.EarlyWorkers: processes started while the parent planned, by slot
+        self.early = early   # WaitingWorkers started while the parent planned (early_workers.py), by slot
+        self.idle = WaitingWorkers()   # processes that finished a shard, by slot, while shards wait to start
         self.started_at = time.monotonic()
         self.active: list[ShardProcess] = []
         self.finished: list[ShardProcess] = []
@@ -136,17 +135,19 @@ class Supervisor:
 
     def _start(self, rank: int, slot: str) -> None:
         log_size = _size(self.run.worker_log(rank))
-        spawned = self.early.take(slot, rank) if self.early is not None else None
-        early = spawned is not None
-        spawned = spawned or spawn_worker(self.run, rank, slot, self.gpu, self.threads)
-        pid = spawned.context.processes[0].pid
-        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn, pid, log_size=log_size))
+        spawned, how = self.idle.take(slot, rank), ", the worker that finished the slot's last shard"
+        if spawned is None and self.early is not None:
+            spawned, how = self.early.take(slot, rank), ", a worker started while planning"
+        if spawned is None:
+            spawned, how = spawn_worker(self.run, rank, slot, self.gpu, self.threads), ""
+        pid = spawned.process.pid
+        self.active.append(ShardProcess(rank, slot, spawned.context, spawned.conn, spawned.orders, pid,
+                                        log_size=log_size))
         if self.interrupted:   # a stop signal came while it spawned: it stops too
             self.active[-1].killed_for = f"run_shards received {self.interrupted} and asked it to stop"
             _kill(pid, signal.SIGTERM)
         self.board.add_worker(rank, f"GPU {slot}" if self.gpu else "CPU")
-        log.info("started shard %d on %s (pid %d%s)", rank, f"GPU {slot}" if self.gpu else "CPU", pid,
-                 ", a worker started while planning" if early else "")
+        log.info("started shard %d on %s (pid %d%s)", rank, f"GPU {slot}" if self.gpu else "CPU", pid, how)
 
     def _fill_slots(self) -> None:
         busy = {p.slot for p in self.active}
@@ -155,12 +156,14 @@ class Supervisor:
                 break
             if slot not in busy:
                 self._start(self.pending.pop(0), slot)
+        if not self.pending or self.interrupted:   # no shard for the processes waiting: their memory back now
+            self.idle.close()
 
     def _interrupt(self, signum, frame) -> None:
         name = signal_name(signum)
         if self.interrupted and signum == signal.SIGINT:   # a person pressing Ctrl-C again
             self.board.note(f"{name} again: killing the workers now, without their final checkpoint")
-            for p in self.active:
+            for p in self._computing():
                 p.killed_for = f"a second stop signal ({name}): killed at once, without a final checkpoint"
                 self.killed_at_once.append(p.rank)
                 _kill(p.pid, signal.SIGKILL)
@@ -172,12 +175,16 @@ class Supervisor:
         again = " (press Ctrl-C again to kill them at once)" if sys.stdin is not None and sys.stdin.isatty() else ""
         self.board.note(f"{name} received: workers are writing a final checkpoint and stopping{again}",
                         logging.WARNING)
-        for p in self.active:
+        for p in self._computing():
             p.killed_for = f"run_shards received {name} and asked it to stop"
             events.append(self.run.events_path(p.rank), "stop", signal=name, by="parent")
             self._append_to_worker_log(p, "WARNING", f"run_shards received {name}: asking this worker (SIGTERM) "
                                                      "to write a final checkpoint and stop")
             _kill(p.pid, signal.SIGTERM)
+
+    def _computing(self) -> list[ShardProcess]:
+        """The shards being computed (not those whose worker has said it ended them, not yet reaped)."""
+        return [p for p in self.active if p.ended is None]
 
     def wait(self) -> list[ShardProcess]:
         """Run every shard; returns them with exit codes (0 = finished)."""
@@ -195,6 +202,7 @@ class Supervisor:
                 self._fill_slots()
                 self.board.maybe_summary()
         finally:
+            self.idle.close()
             for s, h in previous.items():
                 signal.signal(s, h)
         return sorted(self.finished, key=lambda p: p.rank)
@@ -225,6 +233,9 @@ class Supervisor:
             if kind == "busy":
                 p.holder = data.get("holder") or {}
                 continue
+            if kind == "ended":   # its last message for this shard: the process now waits for another
+                p.ended = data["code"]
+                return
             self.board.message(kind, rank, data)
             if kind == "error":
                 p.reason = data.get("message", "")
@@ -232,16 +243,19 @@ class Supervisor:
 
     def _reap(self) -> None:
         for p in list(self.active):
-            code = p.process.exitcode
-            if code is None:
+            if p.ended is None and p.process.exitcode is not None:
+                p.process.join()
+                self._drain(p)   # its last messages say why it ended (or that it ended its shard first)
+            if p.ended is not None:   # the shard ended, the process waits for another on its slot
+                code = p.exitcode = p.ended
+                self.idle.put(p.slot, Spawned(p.context, p.conn, p.orders))
+            elif p.process.exitcode is not None:
+                code = p.exitcode = p.process.exitcode
+                # Its two spawn pipes stay open until the process object is closed: kept open, a run of many
+                # shards ran out of file descriptors after about (limit - 20) / 2 of them (`ulimit -n`).
+                stop(Spawned(p.context, p.conn, p.orders))
+            else:
                 continue
-            p.process.join()
-            self._drain(p)   # its last messages say why it ended
-            p.exitcode = code
-            p.conn.close()
-            # Its two spawn pipes stay open until the process object is closed: kept open, a run of many
-            # shards ran out of file descriptors after about (limit - 20) / 2 of them (`ulimit -n`).
-            p.process.close()
             self.active.remove(p)
             self.finished.append(p)
             if code == 0:

@@ -36,7 +36,7 @@ class Wanted:
                    logprobs and engine == "hf", trust_remote_code)
 
 
-_held: dict[Wanted, tuple[object, float]] = {}   # what was loaded, and the seconds its load took
+_held: dict[Wanted, tuple[object, str]] = {}   # what was loaded, and how (for the log line of `take`)
 
 
 def load(wanted: Wanted, build: Callable[[], object]) -> bool:
@@ -52,10 +52,19 @@ def load(wanted: Wanted, build: Callable[[], object]) -> bool:
         log.info("the model loaded ahead is not kept: %s changed while it loaded", wanted.path)
         return False
     seconds = time.monotonic() - began
-    _held[wanted] = (built, seconds)
+    _held[wanted] = (built, f"the model loaded ahead ({seconds:.1f} s of loading done while the run was planned)")
     log.info("model loaded ahead on %s (%s, engine %s) in %.1f s, while the run was planned", wanted.device,
              wanted.dtype, wanted.engine, seconds)
     return True
+
+
+def keep(wanted: Wanted, built, shard: int) -> None:
+    """Keep the model this process loaded for shard `shard`, for its next shard of the same run to `take`
+    (worker/entry.py: a worker that finished its shard is given the next one waiting). Its checkpoint was
+    fingerprinted before and after that load; the next shard checks the checkpoint against the run's record
+    again before it asks for the model."""
+    _held.clear()
+    _held[wanted] = (built, f"the model loaded for shard {shard} in this process")
 
 
 def holding() -> bool:
@@ -64,11 +73,11 @@ def holding() -> bool:
 
 
 def take(wanted: Wanted):
-    """What was loaded ahead for exactly `wanted` (given up: a second call gets None), or None. Anything else
-    held is dropped: this process computes one shard of one run."""
+    """What was loaded ahead (or kept) for exactly `wanted` (given up: a second call gets None), or None.
+    Anything else held is dropped: this process computes shards of one run, one at a time."""
     found = _held.pop(wanted, None)
     _held.clear()
     if found is None:
         return None
-    log.info("using the model loaded ahead (%.1f s of loading done while the run was planned)", found[1])
+    log.info("using %s", found[1])
     return found[0]

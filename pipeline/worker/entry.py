@@ -1,4 +1,4 @@
-"""A worker process: one shard on one device, from the run directory alone.
+"""A worker process: shards of a run on one device, one at a time, from the run directory alone.
 
 Started by `torch.multiprocessing.spawn`; it pins itself to its GPU with CUDA_VISIBLE_DEVICES before
 anything touches CUDA (CPU workers hide every GPU), logs to its own `worker_N.log`, reports progress to
@@ -6,8 +6,9 @@ the parent over its own pipe, and stops cleanly (final checkpoint, exit code 75)
 SIGHUP / SIGUSR1 or when the parent goes away. It takes the shard's lock before it writes anything, so a
 second process for the same shard steps aside (exit code 3) without touching its log, record or events.
 A local run starts its workers while it plans (launchers/early_workers.py): such a worker prepares what
-every worker needs, then waits for the number of its shard. The shard itself is computed by
-shard_run.ShardRun.
+every worker needs, then waits for the number of its shard. A worker that has finished its shard waits in
+the same way for the next (launchers/supervisor.py), its model kept; one that did not finish it exits with the
+shard's code. The shard itself is computed by shard_run.ShardRun.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..rundir import events
 from ..rundir.layout import RunDir
 from ..rundir.locks import ShardLock
 from .parent_death import on_parent_death
-from .process_setup import set_up
+from .process_setup import say_again, set_up
 from .shard_run import PARENT_GONE, Reporter, ShardRun, StopFlag
 
 # The signals that ask a worker to stop at its next batch with a final checkpoint (SIGUSR1: the SLURM batch
@@ -41,7 +42,9 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     """Entry point for torch.multiprocessing.spawn (one process, `_process` 0): compute shard `rank` of the
     run in `root` on GPU `device` (None: CPU); `parent` is the pid of the process that started it, which
     the worker watches. With `rank` None the worker was started while the parent plans: it prepares what
-    every worker needs, then computes the shard `orders` names (or exits, unused, at the pipe's end)."""
+    every worker needs, then computes the shard `orders` names (or exits, unused, at the pipe's end). Having
+    finished a shard, it says so ("ended") and waits on `orders` for the next, with its model kept
+    (launchers/supervisor.py); a shard that did not finish ends the process, with the shard's exit code."""
     os.environ["CUDA_VISIBLE_DEVICES"] = device if device is not None else ""   # before anything touches CUDA
     run = RunDir(root)
     stop = StopFlag()
@@ -57,16 +60,47 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     if rank is None:
         held = _hold_logs()   # nothing is written for a shard before its lock is held
         began = time.monotonic()
-        rank = _wait_for_shard(orders, parent, device is not None,
-                               lambda order: _load_ahead(order, run, device is not None, threads))
+        try:
+            prepare_worker(device is not None)
+        except Exception as e:   # noqa: BLE001 - the shard's own load meets it again and reports it in the shard's log
+            log.warning("preparing before the shard was known failed (%s: %s)", type(e).__name__, e)
+        rank = _wait_for_shard(orders, parent, lambda order: _load_ahead(order, run, device is not None, threads))
         if rank is None:   # the parent needs no worker here, or is gone
             os._exit(EXIT_OK)
         waited = f"; started {time.monotonic() - began:.1f} s before its shard was known, while the run was planned"
+    computed = False
+    while True:
+        code = _compute_shard(run, rank, conn, device, threads, parent, stop, held, waited,
+                              first=not computed, last=orders is None)
+        computed = True
+        if code != EXIT_OK or stop or orders is None:
+            break
+        Reporter(conn, rank, stop).send("ended", code=code)
+        held = _hold_logs()   # (what is logged while it waits goes to its next shard's log)
+        following = _wait_for_shard(orders, parent)
+        if following is None:   # no shard left for it, or the parent is gone
+            break
+        waited = f"; the process that computed shard {rank}, its model kept"
+        rank = following
+    # Leave without interpreter teardown: everything is durable or reported by now, and after a failed
+    # write HDF5's exit-time cleanup can crash, which would turn a clear exit code into a segfault.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _compute_shard(run: RunDir, rank: int, conn, device: str | None, threads: int, parent: int, stop: StopFlag,
+                   held: logging.handlers.MemoryHandler | None, waited: str, first: bool, last: bool) -> int:
+    """Shard `rank`, from its lock to its outcome recorded and its lock released; its exit code. `held`: the
+    log records kept while the process waited for it; `waited`: how it came to this process (the log's first
+    line); `first`: the process's first shard; `last`: no other shard can follow in this process."""
     reporter = Reporter(conn, rank, stop)
     lock = _lock_or_leave(run, rank, reporter, stop)
     _setup_logging(run.worker_log(rank), held)   # only the lock's holder writes the shard's log
     where = f"GPU {device}" if device is not None else "CPU"
     log.info("worker for shard %d started (pid %d, %s, %d threads%s)", rank, os.getpid(), where, threads, waited)
+    if not first:
+        say_again()
     run.clear_failure(rank)   # this attempt's outcome replaces the last one's (the events keep them all)
     shard = ShardRun(run, rank, reporter, stop, threads, parent, lock, where)
     code, message, refused = EXIT_ERROR, "", False
@@ -82,15 +116,15 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
         code, message = EXIT_ERROR, f"{type(e).__name__}: {e}"
         reporter.send("error", message=message)
     finally:
-        log.info("worker for shard %d exits with code %d", rank, code)
+        if code == EXIT_OK and not last and not stop:
+            shard.keep_model()
+            log.info("worker for shard %d ends with code 0; its process may be given another shard of the run", rank)
+        else:
+            log.info("worker for shard %d exits with code %d", rank, code)
         _record_outcome(run, rank, code, message or (stop.reason or ""), shard.stats, refused)
         logging.shutdown()
         lock.release()
-    # Leave without interpreter teardown: everything is durable or reported by now, and after a failed
-    # write HDF5's exit-time cleanup can crash, which would turn a clear exit code into a segfault.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return code
 
 
 def _lock_or_leave(run: RunDir, rank: int, reporter: Reporter, stop: StopFlag) -> ShardLock:
@@ -121,21 +155,17 @@ def _record_outcome(run: RunDir, rank: int, code: int, reason: str, stats: dict,
         run.record_failure(rank, run.new_failure(rank, code, reason, rerun_repeats=rerun_repeats))
 
 
-def _wait_for_shard(orders, parent: int, gpu: bool, load_ahead) -> int | None:
-    """For a worker started before its shard was known: import what every worker's load imports and, on a
-    GPU, create the CUDA context, then wait for the shard's number; None when the orders pipe ends without
-    one (the parent needs no worker here) or the parent is gone. A ("load", order) meanwhile (the run's model,
-    as soon as the parent has chosen it) is handed to `load_ahead`. Stop signals meanwhile are only recorded:
-    the parent that sent them stops this process itself if it gives it no shard."""
-    try:
-        prepare_worker(gpu)
-    except Exception as e:   # noqa: BLE001 - the shard's own load meets it again and reports it in the shard's log
-        log.warning("preparing before the shard was known failed (%s: %s)", type(e).__name__, e)
+def _wait_for_shard(orders, parent: int, load_ahead=None) -> int | None:
+    """The number of the shard `orders` gives this process; None when the pipe ends without one (the parent
+    needs no worker here) or the parent is gone. A ("load", order) meanwhile (the run's model, as soon as the
+    parent has chosen it: only to a worker started while the run is planned) is handed to `load_ahead`. Stop
+    signals meanwhile are only recorded: the parent that sent them stops this process itself if it gives it
+    no shard."""
     while True:
         try:
             if orders.poll(0.5):
                 kind, what = orders.recv()
-                if kind == "load":
+                if kind == "load" and load_ahead is not None:
                     load_ahead(what)
                     continue
                 assert kind == "shard", kind

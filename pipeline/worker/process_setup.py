@@ -14,6 +14,7 @@ from .cpu_setup import check_strict_matmuls, keep_freed_memory, set_cpu_threads,
 log = logging.getLogger("run_shards.worker")
 
 _done: tuple | None = None   # the arguments this process was set up with
+_said: list[str] = []        # what it logged of its setup (`say_again`)
 
 
 def set_up(on_gpu: bool, batch_invariant: bool, run_root, threads: int) -> None:
@@ -31,17 +32,26 @@ def set_up(on_gpu: bool, batch_invariant: bool, run_root, threads: int) -> None:
     flushing = set_cpu_threads(threads)
     if batch_invariant and not on_gpu:   # MKL's reported mode, checked by computing (once its threads flush)
         matmuls = check_strict_matmuls(str(run_root))
-    log.info("%d CPU thread(s); float denormals %s", threads,
-             "flushed to zero" if flushing else
-             "NOT flushed on every thread (unsupported, or torch's thread pool started first); CPU math on "
-             "tiny values may run slower, results are unaffected")
+    said = [f"{threads} CPU thread(s); float denormals " + (
+        "flushed to zero" if flushing else
+        "NOT flushed on every thread (unsupported, or torch's thread pool started first); CPU math on tiny values "
+        "may run slower, results are unaffected")]
     if not on_gpu:
-        log.info("malloc %s", "keeps freed memory for reuse" if keep_freed_memory() else
-                 "left at its defaults (not glibc); CPU runs may spend more time in page faults")
-        log.info("matmuls: %s", matmuls.text)
+        said.append("malloc " + ("keeps freed memory for reuse" if keep_freed_memory() else
+                                 "left at its defaults (not glibc); CPU runs may spend more time in page faults"))
+        said.append(f"matmuls: {matmuls.text}")
     else:
         use_kernel_cache()
-    _done = wanted   # (only once it all held: a refusal above is met again, and reported, by the shard's load)
+    for line in said:
+        log.info("%s", line)
+    _done, _said[:] = wanted, said   # (only once it all held: a refusal above is met again, and reported, by the shard's load)
+
+
+def say_again() -> None:
+    """Log again how this process was set up, for the log of a shard after its first (worker/entry.py), so each
+    shard's log says its threads and matmul mode."""
+    for line in _said:
+        log.info("%s (as set up for this process's first shard)", line)
 
 
 def use_kernel_cache() -> None:

@@ -106,6 +106,7 @@ class ShardRun:
         self.parent_pid, self.lock, self.device = parent, lock, device
         self.stats: dict = {}     # what `done` reports: sequences, tokens, seconds, compute_seconds
         self.unsaved_tokens = 0   # tokens the engine ran for the buffered rows (a pll's masked copies too)
+        self.loaded: tuple | None = None   # the engine and the arguments of its load (for `keep_model`)
 
     def run(self) -> int:
         shard = self._open()
@@ -170,10 +171,11 @@ class ShardRun:
         model = manifest["model"]
         info = EngineInfo.from_json(manifest["info"]) if "info" in manifest else None   # runs planned before it: described here
         self._check_model(config, model)   # (a SLURM or Ray task may start long after the run was planned)
+        logprobs = config.task in ("score", "variants")
         try:
-            engine = engines.load(manifest["engine"], model["path"], device, dtype,
-                                  logprobs=config.task in ("score", "variants"), info=info, config=config,
-                                  run_limit=manifest["max_tokens"], fingerprint=model.get("fingerprint", ""))
+            engine = engines.load(manifest["engine"], model["path"], device, dtype, logprobs=logprobs, info=info,
+                                  config=config, run_limit=manifest["max_tokens"],
+                                  fingerprint=model.get("fingerprint", ""))
         except CachesTooLarge as e:   # (a rerun stops the same way: a setting must change)
             raise SettingsRefused(caches_advice(e, config, self.run_dir.root)) from None
         except Exception as e:
@@ -184,6 +186,8 @@ class ShardRun:
             raise UserError(f"cannot load the model from {model['path']}: {problem}; replace the damaged files with "
                             f"an intact copy, then run `{command('rerun', self.run_dir.root)}`") from None
         self._check_model(config, model)   # (nor while it loaded)
+        self.loaded = (engine, manifest["engine"], model["path"], model.get("fingerprint", ""), device, dtype,
+                       logprobs, config.trust_remote_code)
         task = make_task(config, engine.info, self.run_dir.root)
         digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
         if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
@@ -208,6 +212,14 @@ class ShardRun:
             p = torch.cuda.get_device_properties(device)
             log.info("%s", describe_gpu(p.name, (p.major, p.minor), p.multi_processor_count))
         return engine, task, tokenizer
+
+    def keep_model(self) -> None:
+        """Keep the model this shard loaded for the process's next shard of the run (worker/entry.py), which
+        then takes it instead of reading the checkpoint again (models/preload.py). Nothing without a recorded
+        fingerprint (a run planned before them: the next shard loads as usual)."""
+        if self.loaded is not None and self.loaded[3]:
+            engine, *wanted = self.loaded
+            engines.keep(engine, *wanted, shard=self.rank)
 
     def _check_model(self, config: RunConfig, model: dict) -> None:
         """The checkpoint is the one the run was planned with (config.json, weights, tokenizer files), or this
