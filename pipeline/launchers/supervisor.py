@@ -248,7 +248,10 @@ class Supervisor:
                 self._drain(p)   # its last messages say why it ended (or that it ended its shard first)
             if p.ended is not None:   # the shard ended, the process waits for another on its slot
                 code = p.exitcode = p.ended
-                self.idle.put(p.slot, Spawned(p.context, p.conn, p.orders))
+                if p.killed_for:   # (signalled as it finished: it would stop its next shard at once)
+                    stop(Spawned(p.context, p.conn, p.orders))
+                else:
+                    self.idle.put(p.slot, Spawned(p.context, p.conn, p.orders))
             elif p.process.exitcode is not None:
                 code = p.exitcode = p.process.exitcode
                 # Its two spawn pipes stay open until the process object is closed: kept open, a run of many

@@ -31,3 +31,16 @@ def set_malloc(mmap_threshold: int, trim_threshold: int) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+
+
+def trim() -> bool:
+    """Hand the heap's free blocks back to the system now (glibc's malloc_trim); True if it could be asked, False
+    off glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        malloc_trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    malloc_trim(0)
+    return True

@@ -12,6 +12,7 @@ shard's code. The shard itself is computed by shard_run.ShardRun.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import logging.handlers
 import os
@@ -23,6 +24,7 @@ from index import FastaError
 
 from ..errors import RunDirError, SettingsRefused, UserError
 from ..exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_SHARD_BUSY, EXIT_USER_ERROR, explain_exit
+from ..output import heap
 from ..rundir import events
 from ..rundir.layout import RunDir
 from ..rundir.locks import ShardLock
@@ -75,6 +77,7 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
         computed = True
         if code != EXIT_OK or stop or orders is None:
             break
+        _give_back_memory(device is not None)
         Reporter(conn, rank, stop).send("ended", code=code)
         held = _hold_logs()   # (what is logged while it waits goes to its next shard's log)
         following = _wait_for_shard(orders, parent)
@@ -125,6 +128,19 @@ def _compute_shard(run: RunDir, rank: int, conn, device: str | None, threads: in
         logging.shutdown()
         lock.release()
     return code
+
+
+def _give_back_memory(gpu: bool) -> None:
+    """What the finished shard held (its engine's caches, its buffers), given back before the next shard sizes
+    its caches against the free memory: its objects collected, and the memory they held handed back, on a CPU
+    the heap's free blocks (malloc keeps them: cpu_setup.keep_freed_memory), on a GPU torch's cached blocks
+    (free memory as CUDA reports it counts them as used)."""
+    gc.collect()
+    if gpu:
+        import torch
+        torch.cuda.empty_cache()
+    else:
+        heap.trim()
 
 
 def _lock_or_leave(run: RunDir, rank: int, reporter: Reporter, stop: StopFlag) -> ShardLock:
