@@ -107,8 +107,10 @@ def models(tmp_path_factory):
     }
 
 
-# The fault tests' shared input: 240 synthetic sequences, 2 CPU workers on the demo model, checkpoints every
-# 20 sequences, and the result of one clean run of it, which every faulty run must reproduce after `rerun`.
+# The fault tests' shared input: 240 synthetic sequences, 2 shards on the demo model computed by one CPU worker (one
+# process: a worker that finishes a shard computes the next; tests of workers running at once ask for 2 with
+# run_helpers.option_set), checkpoints every 20 sequences, and the result of one clean run of it, which every
+# faulty run must reproduce after `rerun`.
 @pytest.fixture(scope="session")
 def fasta(tmp_path_factory):
     import subprocess
@@ -123,8 +125,8 @@ def fasta(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def common(models):
-    return ["--model", models["demo"], "--gpus", "0", "--workers", "2", "--max-tokens-per-batch", "2000",
-            "--checkpoint-every", "20", "--no-progress"]
+    return ["--model", models["demo"], "--gpus", "0", "--workers", "1", "--shards", "2", "--max-tokens-per-batch",
+            "2000", "--checkpoint-every", "20", "--no-progress"]
 
 
 @pytest.fixture(scope="session")

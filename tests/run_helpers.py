@@ -79,6 +79,12 @@ def env_with(**extra) -> dict:
     return env
 
 
+def option_set(args: list[str], option: str, value: str | None = None) -> list[str]:
+    """`args` with `option`'s value replaced by `value`, or the option left out (`value` None)."""
+    i = args.index(option)
+    return args[:i] + ([option, value] if value is not None else []) + args[i + 2:]
+
+
 def file_size_limit(limit: int):
     """A preexec_fn for a child whose writes past `limit` bytes fail with EFBIG, as on a full disk."""
     def apply():

@@ -23,7 +23,8 @@ from pipeline.errors import UserError
 from pipeline.output.result_reader import open_result
 from pipeline.planning.storage import check_storage
 
-from .run_helpers import assert_same, env_with, log_text, read, rerun_matches, start, status_rows, wait_for, worker_pid
+from .run_helpers import (assert_same, env_with, log_text, option_set, read, rerun_matches, start, status_rows,
+                          wait_for, worker_pid)
 from .tiny_models import REPO, run_cli
 
 
@@ -52,6 +53,7 @@ def test_kill_while_writing_output(fasta, common, reference, tmp_path, point):
 
 
 def test_parent_killed_workers_stop_then_rerun(fasta, common, reference, tmp_path):
+    common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"
     proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"))
     wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
@@ -74,6 +76,7 @@ def test_sigterm_to_parent_checkpoints_and_exits_nonzero(fasta, common, referenc
     """SIGTERM, twice, as schedulers send it (SLURM to the batch script and to every process of the job; a
     dying Ray worker): every worker still writes its final checkpoint (only a second Ctrl-C kills at once),
     and nothing offers a Ctrl-C to a process without a terminal."""
+    common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"
     proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"),
                  stdin=subprocess.DEVNULL)
@@ -99,6 +102,7 @@ def test_sigterm_to_parent_checkpoints_and_exits_nonzero(fasta, common, referenc
 
 
 def test_second_run_refused_while_active_and_stale_lock_taken_over(fasta, common, tmp_path):
+    common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"
     proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="1.0"))   # still running when SIGTERM ends it
     try:
@@ -340,7 +344,7 @@ def test_more_workers_than_records_and_shards_of_empty_records(common, tmp_path)
     to tokenize."""
     fasta = tmp_path / "in.fasta"
     fasta.write_bytes(b">ok\nMKVL\n>empty\n\n>two\nMKVLA\n")
-    args = [a if a != "2" or common[i - 1] != "--workers" else "4" for i, a in enumerate(common)]
+    args = option_set(option_set(common, "--shards"), "--workers", "4")   # (as many shards as workers: 4, then 3)
     res = run_cli(str(fasta), "--out", str(tmp_path / "o"), *args, "--skip-empty")
     assert res.returncode == 0, res.stderr
     got = read(tmp_path / "o" / "result.h5")

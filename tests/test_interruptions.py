@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from .run_helpers import log_text, rerun_matches, start, status_rows, suggested_commands, wait_for
+from .run_helpers import log_text, option_set, rerun_matches, start, status_rows, suggested_commands, wait_for
 
 
 def _workers_of(pid: int) -> list[int]:
@@ -28,6 +28,7 @@ def _checkpointed(out):
 
 
 def test_sighup_to_the_parent_is_an_interruption_not_a_failure(fasta, common, reference, tmp_path):
+    common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"
     proc = start(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3"})
     wait_for(lambda: _checkpointed(out), what="first checkpoints")
@@ -47,6 +48,7 @@ def test_sighup_to_the_parent_is_an_interruption_not_a_failure(fasta, common, re
 
 
 def test_second_ctrl_c_kills_and_says_so(fasta, common, reference, tmp_path):
+    common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"
     proc = start(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.5"})
     wait_for(lambda: _checkpointed(out), what="first checkpoints")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .run_helpers import assert_same, env_with, read, skip_or_fail, suggested_commands
+from .run_helpers import assert_same, env_with, option_set, read, skip_or_fail, suggested_commands
 from .tiny_models import REPO, run_cli
 
 
@@ -325,6 +325,7 @@ def test_cpu_workers_whose_model_copies_do_not_fit_are_refused_before_any_loads(
     every worker was started and the kernel's OOM killer ended some mid-load. The run is refused while planning,
     before any worker is told to load the model, with the command that runs it on as many workers as fit; that
     command (on this machine's real memory) gives the reference rows."""
+    common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"
     res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_FREE_RAM": "1200000"})
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
@@ -349,6 +350,7 @@ def test_a_rerun_whose_model_copies_do_not_fit_names_the_run_that_continues_on_f
     """`rerun` starts the run's workers as they were planned (here 2): where their copies of the model cannot fit in
     the memory free now, it stops before any worker loads it and names the `run` command that continues the run on
     as many workers as fit (a 16-bit dtype is not offered: the run's dtype is fixed); that command finishes it."""
+    common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"
     res = run_cli(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_DIE_AT": "part-written"})
     assert res.returncode == 1, res.stderr

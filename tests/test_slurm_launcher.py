@@ -21,7 +21,8 @@ import pytest
 from pipeline.rundir.layout import RunDir
 from pipeline.rundir.locks import RunLock, ShardLock
 
-from .run_helpers import IMPORT_TIMES, imported, read, start, status_rows, suggested_commands, wait_for
+from .run_helpers import (IMPORT_TIMES, imported, option_set, read, start, status_rows, suggested_commands,
+                          wait_for)
 from .slurm_cluster import LocalSlurm, require_slurm
 from .slurm_helpers import (SLEEPY, assert_identical, checkpoints, html_cells, job_ids, jobs_json, no_traceback, queue,
                             shard_events, show_job, slurm_states,
@@ -341,6 +342,7 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
 
 
 def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tmp_path):
+    common = option_set(common, "--shards")   # (each case gives its own, or none)
     def refused(*args, env=None, out=tmp_path / "out"):
         res = run_cli(small_fasta, "--out", str(out), *common, *args, env=env)
         assert res.returncode == 2, res.stderr
