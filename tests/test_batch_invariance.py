@@ -6,8 +6,8 @@ Three levels: the CPU matmul property the design leans on, under MKL's strict CN
 (tests/conftest.py sets it the same way for this process; checked on the machine that runs the tests),
 and what is reported where it cannot be set; the engine's hidden states, log-probabilities and generated
 tokens for every native model type under budgets 4,096 / 1,024 / 256, 1 / 2 / 3 threads and other
-neighbours, and one ESM-2 650M-sized layer; and the real CLI on the demo model with 1, 2 and 3 workers,
-every task, the result files' datasets compared as raw bytes, with what the workers' logs say.
+neighbours, and one ESM-2 650M-sized layer; and the real CLI on the demo model in 1, 2 and 3 shards (on 1, 1
+and 2 workers), every task, the result files' datasets compared as raw bytes, with what the workers' logs say.
 """
 from __future__ import annotations
 
@@ -291,16 +291,19 @@ OTHER_TYPES = {
 @needs_strict_matmuls
 @pytest.mark.parametrize("model,task", [("demo", task) for task in TASKS] + [(m, m) for m in OTHER_TYPES])
 def test_result_files_are_byte_identical_across_workers_and_budgets(models, demo_subset, tmp_path, model, task):
-    """1 worker (both cores) with a 4,096-token budget, 2 workers with 1,024, 3 with 256 (chunked prefill)."""
+    """1 shard on 1 worker (both cores' threads) with a 4,096-token budget; 2 shards on 1 worker of 1 thread with
+    1,024 (one process computes both, in turn); 3 shards on 2 workers with 256 (chunked prefill): the batches,
+    budgets, threads and processes all differ."""
     results = []
-    for workers, budget in ((1, 4096), (2, 1024), (3, 256)):
-        out = tmp_path / f"w{workers}"
+    for shards, workers, threads, budget in ((1, 1, 2, 4096), (2, 1, 1, 1024), (3, 2, 1, 256)):
+        out = tmp_path / f"s{shards}"
         res = run_cli(str(demo_subset), "--out", str(out), "--model", models[model], "--gpus", "0",
-                      "--workers", str(workers), "--max-tokens-per-batch", str(budget), "--no-progress", "-q",
+                      "--shards", str(shards), "--workers", str(workers), "--threads", str(threads),
+                      "--max-tokens-per-batch", str(budget), "--no-progress", "-q",
                       *(TASKS[task] if model == "demo" else OTHER_TYPES[model]))
         assert res.returncode == 0, res.stderr
         results.append(_datasets(out / "result.h5"))
-        for rank in range(workers):   # each worker states the mode it runs MKL in: this process's (conftest.py)
+        for rank in range(shards):   # each shard's log states the mode its worker runs MKL in: this process's
             assert f"matmuls: {mkl_cnr.current().text}" in (out / "logs" / f"worker_{rank}.log").read_text()
     (reference, attrs), others = results[0], results[1:]
     assert attrs["batch_invariant"] and attrs["engine"] == "native"
