@@ -194,7 +194,7 @@ def _wait_for_shard(orders, parent: int, load_ahead=None) -> int | None:
 
 def _load_ahead(order: dict, run: RunDir, gpu: bool, threads: int) -> None:
     """Set this process up for the run and load its model before the shard is known (models/preload.py), as
-    the parent's `order` says (early_workers.EarlyWorkers.load_ahead). A failure is only logged: the shard's
+    the parent's `order` says (waiting_workers.WaitingWorkers.load_ahead). A failure is only logged: the shard's
     own load meets it again and reports it in the shard's log."""
     import torch
 
