@@ -2,11 +2,14 @@
 more shards than workers start one process per slot and load the model once there, the rows being the bits
 one process per shard computes; a shard that fails in such a process ends it, and the next shard gets a new one."""
 import json
+import resource
+import subprocess
+import sys
 
 import pytest
 
-from .run_helpers import log_text, raw_datasets
-from .tiny_models import run_cli
+from .run_helpers import env_with, log_text, raw_datasets
+from .tiny_models import REPO, run_cli
 
 FASTA = ">a\nMKVLAAGLLW\n>b\nMKKLLAAGG\n>c\nMQ\n>d\nMSTNPKPQRKTKRNTNRRPQDVKFPGG\n>e\nMAAAAAAAA\n"
 
@@ -67,3 +70,21 @@ def test_a_shard_failing_in_a_worker_that_computed_another_leaves_the_next_to_a_
     assert [len(start_pids(out, r)) for r in range(3)] == [1, 2, 1]   # only shard 1 again
     assert run_cli(*common, "--out", str(clean)).returncode == 0
     assert raw_datasets(out / "result.h5") == raw_datasets(clean / "result.h5")
+
+
+def test_a_worker_computing_many_shards_leaves_no_file_open_after_each(models, tmp_path):
+    """Each shard opened the run's index and its FASTA (raw descriptors) and never closed them: harmless while a
+    process computed one shard, but a worker computing many kept two more descriptors open per shard, so under
+    `ulimit -n 32` its 8th or so shard failed with "Too many open files". One worker computes 16 shards here."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text("".join(f">s{i}\nMKV{'LAG' * (i % 5)}{'W' * (1 + i // 5)}\n" for i in range(32)))   # (all distinct)
+    out = tmp_path / "out"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    res = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--model", models["demo"],
+                          "--gpus", "0", "--workers", "1", "--threads", "1", "--shards", "16", "--no-progress",
+                          "--out", str(out)], capture_output=True, text=True, env=env_with(RUN_SHARDS_REPORT="0"),
+                         cwd=REPO, preexec_fn=limit, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len({p for r in range(16) for p in start_pids(out, r)}) == 1   # (one process computed them all)

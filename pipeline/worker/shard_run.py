@@ -110,6 +110,12 @@ class ShardRun:
 
     def run(self) -> int:
         shard = self._open()
+        try:
+            return self._run(shard)
+        finally:
+            shard.index.close()   # (its files: the process may compute another shard next, worker/entry.py)
+
+    def _run(self, shard: Opened) -> int:
         if shard.writer.complete:
             log.info("shard %d is already complete", self.rank)
             self.reporter.send("done", sequences=0, tokens=0, seconds=0.0, compute_seconds=0.0)
