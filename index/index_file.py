@@ -171,8 +171,11 @@ class Mapped:
         return np.frombuffer(data, dtype).copy()
 
     def close(self) -> None:
+        if self.fd < 0:   # (closed already: the number may belong to another file by now)
+            return
         with contextlib.suppress(OSError):
             os.close(self.fd)
+        self.fd = -1
 
     def release(self) -> None:
         """Drop this process's copies of the pages read so far (the page cache keeps them)."""

@@ -82,3 +82,9 @@ class StrideIndex(SequenceIndex):
 
     def stride_shard(self, rank: int, world: int) -> np.ndarray:
         return np.array(self.positions, np.int64)
+
+    def close(self) -> None:
+        """Close the input files read so far and the index file itself: a worker computes several shards in one
+        process (each opens its own view), and a file left open per shard ran it out of descriptors."""
+        super().close()
+        self._mapped.close()

@@ -113,3 +113,36 @@ def test_sigterm_after_the_result_line_keeps_exit_code_0(fasta, common, tmp_path
     proc.communicate(timeout=120)
     assert proc.returncode == 0
     assert (out / "result.h5").exists()
+
+
+def test_a_stop_signal_that_comes_while_a_worker_starts_is_told_in_its_log_not_on_the_terminal(fasta, common,
+                                                                                            tmp_path):
+    """A worker spawned with its shard (those started while the run was planned hold their log lines already)
+    that got its stop signal after installing its handlers and before it held its shard's lock logged "stopping
+    after the current batch" where no log was set up yet: on the user's terminal, bare, among the parent's lines.
+    Here a sitecustomize makes that moment last 3 s (it sleeps as the worker unblocks its stop signals, and says
+    so in a file), and Ctrl-C comes then: the line is in the shard's log."""
+    site, marker = tmp_path / "site", tmp_path / "unblocked"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--multiprocessing-fork' in sys.argv:   # a spawned worker\n"
+        "    import signal, time\n"
+        "    real = signal.pthread_sigmask\n"
+        "    def slowly(how, mask):\n"
+        "        old = real(how, mask)\n"
+        "        if how == signal.SIG_UNBLOCK:\n"
+        f"            open({str(marker)!r}, 'w').close()\n"
+        "            time.sleep(3)\n"
+        "        return old\n"
+        "    signal.pthread_sigmask = slowly\n")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "RUN_SHARDS_REPORT": "0", "RUN_SHARDS_EARLY_WORKERS": "0"}
+    out = tmp_path / "out"
+    proc = start(fasta, "--out", str(out), *option_set(common, "--shards", "1"), env=env)
+    wait_for(marker.exists, what="the worker's stop signals unblocked")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "stopping after the current batch" not in stderr, stderr
+    assert "stopping after the current batch: received SIGTERM" in log_text(out, 0)

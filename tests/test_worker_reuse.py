@@ -2,11 +2,14 @@
 more shards than workers start one process per slot and load the model once there, the rows being the bits
 one process per shard computes; a shard that fails in such a process ends it, and the next shard gets a new one."""
 import json
+import resource
+import subprocess
+import sys
 
 import pytest
 
-from .run_helpers import log_text, raw_datasets
-from .tiny_models import run_cli
+from .run_helpers import env_with, log_text, raw_datasets, start, wait_for
+from .tiny_models import REPO, run_cli
 
 FASTA = ">a\nMKVLAAGLLW\n>b\nMKKLLAAGG\n>c\nMQ\n>d\nMSTNPKPQRKTKRNTNRRPQDVKFPGG\n>e\nMAAAAAAAA\n"
 
@@ -67,3 +70,42 @@ def test_a_shard_failing_in_a_worker_that_computed_another_leaves_the_next_to_a_
     assert [len(start_pids(out, r)) for r in range(3)] == [1, 2, 1]   # only shard 1 again
     assert run_cli(*common, "--out", str(clean)).returncode == 0
     assert raw_datasets(out / "result.h5") == raw_datasets(clean / "result.h5")
+
+
+def test_a_worker_computing_many_shards_leaves_no_file_open_after_each(models, tmp_path):
+    """Each shard opened the run's index and its FASTA (raw descriptors) and never closed them: harmless while a
+    process computed one shard, but a worker computing many kept two more descriptors open per shard, so under
+    `ulimit -n 32` its 8th or so shard failed with "Too many open files". One worker computes 16 shards here."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text("".join(f">s{i}\nMKV{'LAG' * (i % 5)}{'W' * (1 + i // 5)}\n" for i in range(32)))   # (all distinct)
+    out = tmp_path / "out"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    res = subprocess.run([sys.executable, str(REPO / "bin" / "run_shards"), str(fasta), "--model", models["demo"],
+                          "--gpus", "0", "--workers", "1", "--threads", "1", "--shards", "16", "--no-progress",
+                          "--out", str(out)], capture_output=True, text=True, env=env_with(RUN_SHARDS_REPORT="0"),
+                         cwd=REPO, preexec_fn=limit, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len({p for r in range(16) for p in start_pids(out, r)}) == 1   # (one process computed them all)
+
+
+def test_a_shard_finished_beside_the_run_is_not_counted_as_left_to_do(models, tmp_path):
+    """`run_shards work OUT --shard 2` finishes shard 2 while the run's one worker computes shard 1 (slowly); the
+    worker then finds shard 2 complete. The run's last summary still counted its sequences as to do: "10 of 15
+    sequences, 67%, about 5 s left at this rate" of a run that had merged every row."""
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text("".join(f">s{i}\nMKV{'LAG' * (i % 5)}{'W' * (1 + i // 5)}\n" for i in range(15)))
+    out = tmp_path / "out"
+    proc = start(str(fasta), "--model", models["demo"], "--gpus", "0", "--workers", "1", "--threads", "1", "--shards",
+                 "3", "--max-seqs", "1", "--no-progress", "--out", str(out),
+                 env={"RUN_SHARDS_REPORT": "0", "RUN_SHARDS_FAULT_BATCH_SLEEP": "2"})
+    run_log = out / "logs" / "run.log"
+    wait_for(lambda: run_log.exists() and "started shard 1" in run_log.read_text(), what="shard 1's start")
+    work = run_cli("work", str(out), "--shard", "2")
+    assert work.returncode == 0 and "shard(s) 2 complete" in work.stdout + work.stderr, work.stderr
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert "shard 2 is already complete" in log_text(out, 2)   # (the case this is about: else the timing missed)
+    (*_, last) = (line for line in stderr.splitlines() if "Total: " in line)   # (the run's last summary)
+    assert "(10 of 10 sequences, 100%)" in last and "left at this rate" not in last, stderr

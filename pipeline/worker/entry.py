@@ -49,6 +49,9 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     (launchers/supervisor.py); a shard that did not finish ends the process, with the shard's exit code."""
     os.environ["CUDA_VISIBLE_DEVICES"] = device if device is not None else ""   # before anything touches CUDA
     run = RunDir(root)
+    # Nothing is written for a shard before its lock is held; what is logged until then (a stop signal that came
+    # while it spawned, held back until here) goes to the shard's log then, never to the user's terminal.
+    held, waited = _hold_logs(), ""
     stop = StopFlag()
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda s, f: stop.set(f"received {signal.Signals(s).name}"))
@@ -58,9 +61,7 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     signal.signal(signal.SIGUSR2, lambda s, f: stop.set(PARENT_GONE))
     if not on_parent_death(parent, signal.SIGUSR2):
         stop.set(PARENT_GONE)
-    held, waited = None, ""
     if rank is None:
-        held = _hold_logs()   # nothing is written for a shard before its lock is held
         began = time.monotonic()
         try:
             prepare_worker(device is not None)

@@ -110,8 +110,16 @@ class ShardRun:
 
     def run(self) -> int:
         shard = self._open()
+        try:
+            return self._run(shard)
+        finally:
+            shard.index.close()   # (its files: the process may compute another shard next, worker/entry.py)
+
+    def _run(self, shard: Opened) -> int:
         if shard.writer.complete:
             log.info("shard %d is already complete", self.rank)
+            # (another process finished it since the parent counted it: nothing left to wait for on the board)
+            self.reporter.send("start", sequences=0, residues=0, durable=0)
             self.reporter.send("done", sequences=0, tokens=0, seconds=0.0, compute_seconds=0.0)
             return EXIT_OK
         t0 = time.monotonic()
