@@ -91,9 +91,9 @@ def test_a_worker_computing_many_shards_leaves_no_file_open_after_each(models, t
 
 
 def test_a_shard_finished_beside_the_run_is_not_counted_as_left_to_do(models, tmp_path):
-    """`run_shards work OUT --shard 2` finishes shard 2 while the run's one worker computes shard 1 (slowly); the
-    worker then finds shard 2 complete. The run's last summary still counted its sequences as to do: "10 of 15
-    sequences, 67%, about 5 s left at this rate" of a run that had merged every row."""
+    """`run_shards work OUT --shard 2` finishes shard 2 while the run's one worker computes shards 0 and 1
+    (slowly); the worker then finds shard 2 complete. The run's last summary still counted its sequences as to
+    do: "10 of 15 sequences, 67%, about 5 s left at this rate" of a run that had merged every row."""
     fasta = tmp_path / "in.fasta"
     fasta.write_text("".join(f">s{i}\nMKV{'LAG' * (i % 5)}{'W' * (1 + i // 5)}\n" for i in range(15)))
     out = tmp_path / "out"
@@ -101,7 +101,8 @@ def test_a_shard_finished_beside_the_run_is_not_counted_as_left_to_do(models, tm
                  "3", "--max-seqs", "1", "--no-progress", "--out", str(out),
                  env={"RUN_SHARDS_REPORT": "0", "RUN_SHARDS_FAULT_BATCH_SLEEP": "2"})
     run_log = out / "logs" / "run.log"
-    wait_for(lambda: run_log.exists() and "started shard 1" in run_log.read_text(), what="shard 1's start")
+    # (from shard 0's start, two shards of 2-s batches, about 20 s, for `work` to finish shard 2 first)
+    wait_for(lambda: run_log.exists() and "started shard 0" in run_log.read_text(), what="shard 0's start")
     work = run_cli("work", str(out), "--shard", "2")
     assert work.returncode == 0 and "shard(s) 2 complete" in work.stdout + work.stderr, work.stderr
     _, stderr = proc.communicate(timeout=300)
