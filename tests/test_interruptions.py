@@ -2,6 +2,7 @@
 terminal, in run.log and in the worker's own log, and `rerun` then gives the clean run's result.
 """
 import os
+import shutil
 import signal
 import time
 
@@ -146,3 +147,32 @@ def test_a_stop_signal_that_comes_while_a_worker_starts_is_told_in_its_log_not_o
     assert proc.returncode == 130, stderr
     assert "stopping after the current batch" not in stderr, stderr
     assert "stopping after the current batch: received SIGTERM" in log_text(out, 0)
+
+
+def test_a_stop_signal_while_no_shard_computes_is_told_as_such(reference_run, tmp_path):
+    """A stop signal that comes between two shards of one worker, or as the last shard finishes, stops no worker:
+    the report said "interrupted by SIGINT: every running worker wrote a final checkpoint" (after the CLI's own
+    "interrupted: ") of workers that were not running. It says when the signal came, and what is left."""
+    from pipeline.launchers.job import Launched, ShardJob
+    from pipeline.launchers.local import failure_report
+    from pipeline.launchers.progress import ProgressBoard
+    from pipeline.launchers.supervisor import Supervisor
+    from pipeline.planning.run_index import load_run_index
+    from pipeline.rundir.layout import RunDir
+
+    out = tmp_path / "out"
+    shutil.copytree(reference_run, out)
+    run = RunDir(out)
+    manifest = run.read_manifest()
+    board = ProgressBoard(0, "1 CPU worker(s)", 30.0, show_bar=False)
+    with load_run_index(run, manifest, progress=False) as index:
+        job = ShardJob(run, manifest, index, [0, 1], {0: 0, 1: 0}, show_progress=False)
+        for pending, said in (([1], "the shards not started are left to do."),
+                              ([], "every shard had finished, and the result was not merged.")):
+            supervisor = Supervisor(run, pending, ["0"], False, 1, board, 1800.0)
+            supervisor.interrupted = "SIGINT"
+            report = failure_report(job, supervisor, [], Launched())
+            assert f"SIGINT came while no shard was being computed: {said}" in report, report
+            assert "every running worker" not in report and "interrupted by" not in report, report
+            assert f"Continue with:  run_shards rerun {out}" in report, report
+    board.close()

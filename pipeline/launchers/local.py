@@ -100,7 +100,11 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardPro
     lines += launched.busy_lines(job.run)[:-1]
     if supervisor.pending:
         lines.append(f"shard(s) {', '.join(map(str, supervisor.pending))} were not started")
-    if supervisor.interrupted:
+    if supervisor.interrupted and not stopped:   # (it came between shards, or as the last one finished)
+        lines.append(f"{supervisor.interrupted} came while no shard was being computed: "
+                     + ("the shards not started are left to do." if supervisor.pending else
+                        "every shard had finished, and the result was not merged."))
+    elif supervisor.interrupted:
         killed = [p.rank for p in stopped if p.rank in supervisor.killed_at_once and p.exitcode != EXIT_INTERRUPTED]
         lines.append(f"interrupted by {supervisor.interrupted}: " + (
             f"shard(s) {', '.join(map(str, killed))} were killed at once by the second signal, losing the rows "
