@@ -29,13 +29,15 @@ def fasta(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def result(fasta):
-    """A run made with run_shards.run, and the same run made by the command line."""
+    """A run made with run_shards.run, and the same run made by the command line (2 shards, one worker computing
+    both in turn)."""
     py = fasta.parent / "py_out"
-    got = run_shards.run(fasta, out=py, gpus=0, workers=2, pool="mean,cls", per_residue=True,
+    got = run_shards.run(fasta, out=py, gpus=0, workers=1, shards=2, pool="mean,cls", per_residue=True,
                          per_residue_dtype="float32", max_tokens_per_batch=128, checkpoint_every=1,
                          show_progress=False)
     cli = fasta.parent / "cli_out"
-    res = run_cli(str(fasta), "--out", str(cli), "--gpus", "0", "--workers", "2", "--pool", "mean,cls", "--per-residue",
+    res = run_cli(str(fasta), "--out", str(cli), "--gpus", "0", "--workers", "1", "--shards", "2", "--pool",
+                  "mean,cls", "--per-residue",
                   "--per-residue-dtype", "float32", "--max-tokens-per-batch", "128", "--checkpoint-every", "1",
                   "--no-progress")
     assert res.returncode == 0, res.stderr[-3000:]
