@@ -71,11 +71,12 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
         if rank is None:   # the parent needs no worker here, or is gone
             os._exit(EXIT_OK)
         waited = f"; started {time.monotonic() - began:.1f} s before its shard was known, while the run was planned"
-    computed = False
+    previous = None   # the shard this process computed before (its setup and model are that shard's)
     while True:
+        if previous is not None:
+            waited = f"; the process that computed shard {previous}, its model kept"
         code = _compute_shard(run, rank, conn, device, threads, parent, stop, held, waited,
-                              first=not computed, last=orders is None)
-        computed = True
+                              first=previous is None, last=orders is None)
         if code != EXIT_OK or stop or orders is None:
             break
         _give_back_memory(device is not None)
@@ -84,8 +85,7 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
         following = _wait_for_shard(orders, parent)
         if following is None:   # no shard left for it, or the parent is gone
             break
-        waited = f"; the process that computed shard {rank}, its model kept"
-        rank = following
+        previous, rank = rank, following
     # Leave without interpreter teardown: everything is durable or reported by now, and after a failed
     # write HDF5's exit-time cleanup can crash, which would turn a clear exit code into a segfault.
     sys.stdout.flush()
