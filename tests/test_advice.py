@@ -3,6 +3,7 @@
 The FASTA changing under a run once sent users in circles (the worker said "run again", the parent
 "rerun", `rerun` refused, `run` pointed back to `rerun`); here each suggested command is run.
 """
+import json
 import re
 import shutil
 from pathlib import Path
@@ -439,18 +440,46 @@ def test_generate_caches_too_large_for_any_launch_setting_lead_to_a_new_run_with
     assert len(read(Path(command[3]) / "result.h5")["generate/finish_reason"]) == 3
 
 
-def test_caches_too_large_with_no_setting_found_suggest_no_rerun(models, tmp_path):
-    """Where no lower --max-tokens-per-batch, --max-seqs or --max-new-tokens makes the caches fit (the model's
-    whole length limit alone is too much: only --max-length helps), the worker says which settings continue
-    the run and which make another, and the run's advice no longer says "Continue with: run_shards rerun",
-    which stops the same way."""
+def test_caches_are_sized_for_the_runs_longest_record_not_the_models_limit(models, tmp_path):
+    """The KV cache held one sequence of the model's whole limit (the demo model's 65,536 tokens; Qwen3.5's
+    262,144) whatever the input: three records of ~24 tokens were refused in 3 MB of RAM ("only --max-length
+    helps", and no command). It now holds the run's longest record, recorded by the plan, and they run."""
     fasta, out = _three_records(tmp_path), tmp_path / "out"
     res = run_cli(fasta, "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "1",
-                  "--no-progress", env={"RUN_SHARDS_FAULT_FREE_RAM": str(8_000_000)})
+                  "--no-progress", env={"RUN_SHARDS_FAULT_FREE_RAM": str(3_000_000)})
+    assert res.returncode == 0, res.stderr
+    from transformers import AutoTokenizer
+    longest = len(AutoTokenizer.from_pretrained(models["demo"])("MKTAYIAKQRQISFVKSHFSRQ")["input_ids"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["max_tokens"] == 65536 and manifest["longest_prompt"] == longest == 24, manifest
+    pages = int(re.search(r"KV cache (\d+) pages x 16 tokens", log_text(out, 0)).group(1))
+    assert pages == 2 + 4096 // 16 + 256    # the longest record's pages, then one step's and a page of slack each
+
+
+def test_caches_too_large_for_the_longest_record_lead_to_a_new_run_with_a_max_length_that_fits(models, tmp_path):
+    """Where no lower --max-tokens-per-batch, --max-seqs or --max-new-tokens makes the caches fit (the run's
+    longest record alone is too much), the worker's refusal named no command ("only --max-length helps"). It
+    now names a new run, in another --out, with the largest --max-length that fits and the records over it run
+    as windows (--on-long error would refuse them); the run's advice names no `rerun`, and that run finishes
+    with every record, the long one in windows."""
+    fasta, out = tmp_path / "long.fasta", tmp_path / "out"
+    residues = "ACDEFGHIKLMNPQRSTVWY" * 1000   # 20,000 residues: the demo model's cache for them is ~5 MB
+    fasta.write_text(f">long\n{residues}\n>a\nMKTAYIAKQRQISFVKSHFSRQ\n>b\nMSEQNNTEMTFQIQRIYTKDIS\n")
+    small = {"RUN_SHARDS_FAULT_FREE_RAM": str(3_000_000)}
+    res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "1",
+                  "--no-progress", env=small)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    assert "lower --max-length, --max-tokens-per-batch or --max-seqs. A rerun stops the same way" in res.stderr
     assert "Continue with" not in res.stderr and "run_shards rerun" not in res.stderr, res.stderr
-    assert suggested_commands(res.stderr) == []
+    (command, *others) = {tuple(c) for c in suggested_commands(res.stderr)}
+    assert others == [] and command[:3] == ("run", str(fasta), "--out") and command[3] != str(out), command
+    length = int(command[command.index("--max-length") + 1])
+    assert 64 <= length < 20_000 and f"lower --max-length to {length} (or less)" in res.stderr
+    assert command[command.index("--on-long") + 1] == "window" and "--window" not in command, command
+    assert f"records over {length} tokens run as overlapping windows" in res.stderr
+    res = run_cli(*command, "--no-progress", env=small)
+    assert res.returncode == 0, res.stderr
+    rows = read(Path(command[3]) / "result.h5")
+    assert [i.decode() for i in rows["ids"]] == ["long", "a", "b"] and rows["windows"][0] > 1, rows["windows"]
 
 
 def test_a_slurm_task_refusing_its_caches_names_no_rerun_nor_the_task_again(models, tmp_path):

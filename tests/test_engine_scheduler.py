@@ -182,8 +182,8 @@ def test_caches_past_the_ram_are_refused_on_cpu():
     except (OSError, StopIteration):
         pytest.skip("the kernel says nothing of its available memory here")
     huge = EngineConfig(max_tokens_per_step=99_999_999_999, max_seqs=8, max_model_len=1000)
-    with pytest.raises(UserError, match=r"the engine's caches need [\d.]+ GiB but only [\d.]+ GiB of memory \(RAM\) "
-                                        r"is free .*lower --max-tokens-per-batch to \d+ \(or less\), or --max-seqs"):
+    with pytest.raises(UserError, match=r"the engine's caches need [\d.]+ [KMGT]B but only [\d.]+ [KMGT]B of memory "
+                                        r"\(RAM\) is free .*lower --max-tokens-per-batch to \d+ \(or less\), or --max-seqs"):
         huge.resolve(SPEC, cpu, f32)
     fits = EngineConfig(max_tokens_per_step=64, max_seqs=8, max_model_len=1000).resolve(SPEC, cpu, f32)
     assert fits.cache_bytes(SPEC, f32, cpu) < free
@@ -200,7 +200,7 @@ def test_a_refused_cache_names_the_largest_budget_that_fits(monkeypatch):
     monkeypatch.setenv("RUN_SHARDS_FAULT_FREE_RAM", str(64 * 2**20))
     allowed = 0.9 * 64 * 2**20
     config = lambda budget, **k: EngineConfig(max_tokens_per_step=budget, max_seqs=8, max_model_len=1000, **k)  # noqa: E731
-    with pytest.raises(CachesTooLarge, match=r"only 0\.06 GiB of memory \(RAM\)") as refused:
+    with pytest.raises(CachesTooLarge, match=r"only 67\.1 MB of memory \(RAM\)") as refused:
         config(10_000_000).resolve(SPEC, cpu, f32)
     budget = refused.value.fitting_budget
     assert budget is not None and budget % INVARIANT_SPLIT == 0
@@ -215,9 +215,27 @@ def test_a_refused_cache_names_the_largest_budget_that_fits(monkeypatch):
     assert half < budget and config(half).resolve(SPEC, cpu, f32).cache_bytes(SPEC, f32, cpu) <= allowed / 2
     config(half, memory_shared_by=2).resolve(SPEC, cpu, f32)
 
-    with pytest.raises(CachesTooLarge, match="lower --max-length, --max-tokens-per-batch or --max-seqs") as refused:
+    # the longest prompt alone too much: the largest --max-length with which the caches fit (another run), with
+    # the smallest budget where the run's budget leaves room for none
+    with pytest.raises(CachesTooLarge, match=r"lower --max-length to \d+ \(or less\)\.?$") as refused:
         EngineConfig(max_tokens_per_step=4096, max_seqs=8, max_model_len=50_000_000).resolve(SPEC, cpu, f32)
-    assert refused.value.fitting_budget is None
+    assert refused.value.fitting_budget is None and list(refused.value.change) == ["max_length"]
+    length = refused.value.change["max_length"]
+    EngineConfig(max_tokens_per_step=4096, max_seqs=8, max_model_len=length).resolve(SPEC, cpu, f32)
+    with pytest.raises(CachesTooLarge):
+        EngineConfig(max_tokens_per_step=4096, max_seqs=8, max_model_len=length + 1).resolve(SPEC, cpu, f32)
+    step_too = dict(max_tokens_per_step=int(allowed / SPEC.kv_bytes_per_token(f32, False)), max_seqs=8)
+    with pytest.raises(CachesTooLarge, match=r"lower --max-tokens-per-batch to 64 and --max-length to \d+ ") as refused:
+        EngineConfig(max_model_len=50_000_000, **step_too).resolve(SPEC, cpu, f32)
+    assert list(refused.value.change) == ["max_tokens_per_batch", "max_length"]
+    EngineConfig(max_tokens_per_step=64, max_seqs=8, max_model_len=refused.value.change["max_length"]).resolve(
+        SPEC, cpu, f32)
+    # where not even SHORTEST_NAMED_LENGTH tokens would fit, no setting is named
+    monkeypatch.setenv("RUN_SHARDS_FAULT_FREE_RAM", "1000")
+    with pytest.raises(CachesTooLarge, match="lower --max-length, --max-tokens-per-batch or --max-seqs$") as refused:
+        EngineConfig(max_tokens_per_step=4096, max_seqs=8, max_model_len=1000).resolve(SPEC, cpu, f32)
+    assert refused.value.change is None
+    monkeypatch.setenv("RUN_SHARDS_FAULT_FREE_RAM", str(64 * 2**20))
     # generating, each running sequence's cache holds its --max-new-tokens: where no budget or --max-seqs
     # brings it within the memory, the refusal names the largest --max-new-tokens that does
     with pytest.raises(CachesTooLarge, match=r"lower --max-new-tokens to \d+ \(or less\), or --max-length$") as refused:

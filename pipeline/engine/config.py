@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..errors import SettingsRefused, UserError
+from ..errors import SettingsRefused, UserError, human_bytes
 from ..host_memory import available_ram
 from ..models.base import ModelSpec
 from .mkl_cnr import strict_matmuls
@@ -23,6 +23,9 @@ PAGE_SIZE = 16
 # attention on CPU runs in blocks ending there (a multiple of every delta-rule chunk size: 16 on CPU, 64
 # with the kernels). Budgets below it cannot keep the property.
 INVARIANT_SPLIT = 64
+# A refusal names no --max-length below this many tokens: a run of windows this short would not be the run asked
+# for, and no real model's memory comes to that.
+SHORTEST_NAMED_LENGTH = 64
 
 
 def batch_invariance_holds(budget: int, on_cpu: bool, dtype: torch.dtype) -> bool:
@@ -65,9 +68,10 @@ class CachesTooLarge(SettingsRefused):
     values) that make them fit, the first of: the largest --max-tokens-per-batch (a multiple of INVARIANT_SPLIT
     below the run's), the largest --max-seqs below the run's, both (the smallest budget that keeps the run
     batch-invariant, INVARIANT_SPLIT, and the largest --max-seqs with it) (these continue the run), or,
-    generating, the largest --max-new-tokens below the run's (another run); None where none does (the longest
-    sequence alone is too much: then only a lower --max-length helps, which makes another run; or the cache's
-    size was given). `fitting_budget`: the budget where the change is that budget alone, else None."""
+    generating, the largest --max-new-tokens below the run's (another run), else the largest --max-length below
+    the run's longest prompt (the longest sequence alone is too much; another run), with the smallest budget
+    if need be; None where none does (a limit under SHORTEST_NAMED_LENGTH tokens would be needed, or the
+    cache's size was given). `fitting_budget`: the budget where the change is that budget alone, else None."""
 
     def __init__(self, message: str, change: dict[str, int] | None):
         super().__init__(message)
@@ -178,11 +182,11 @@ class EngineConfig:
             change = self._fitting_change(spec, dtype, device, allowed) if derived_pages else None
             among = f", shared by the run's {shared} workers" if shared > 1 else ""
             flags = {"max_tokens_per_batch": "--max-tokens-per-batch", "max_seqs": "--max-seqs",
-                     "max_new_tokens": "--max-new-tokens"}
+                     "max_new_tokens": "--max-new-tokens", "max_length": "--max-length"}
             others = {"max_tokens_per_batch": ", or --max-seqs", "max_new_tokens": ", or --max-length",
-                      "max_seqs": ", or --max-new-tokens" if self.max_new_tokens else ""}
+                      "max_seqs": ", or --max-new-tokens" if self.max_new_tokens else "", "max_length": ""}
             raise CachesTooLarge(
-                f"the engine's caches need {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB of {where} is "
+                f"the engine's caches need {human_bytes(need)} but only {human_bytes(free)} of {where} is "
                 f"free (using at most {self.memory_fraction:.0%}{among}); lower "
                 + (" and ".join(f"{flags[k]} to {v}" for k, v in change.items()) + " (or less)"
                    + others[list(change)[-1]] if change else
@@ -209,6 +213,14 @@ class EngineConfig:
             new_tokens = _largest(lambda n: fits(max_new_tokens=n), self.max_new_tokens - 1)
             if new_tokens is not None:
                 return {"max_new_tokens": new_tokens}
+        # the run's longest prompt alone is too much: a lower --max-length (records over it run as windows,
+        # truncated or skipped: worker/shard_run.py's caches_advice chooses), with the smallest budget if need be
+        for step in ({}, {"max_tokens_per_step": INVARIANT_SPLIT}):
+            if step and self.max_tokens_per_step <= INVARIANT_SPLIT:
+                break
+            length = _largest(lambda n: fits(max_model_len=n, **step), self.max_model_len - 1)
+            if length is not None and length >= SHORTEST_NAMED_LENGTH:
+                return {**({"max_tokens_per_batch": INVARIANT_SPLIT} if step else {}), "max_length": length}
         return None
 
     def _fits(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float, **change) -> bool:

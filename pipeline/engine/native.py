@@ -72,11 +72,12 @@ class StepStats:
             log.info("%s", self.line())
 
 
-def _budgets(run_config, run_limit: int | None, spec, text_config) -> dict:
+def _budgets(run_config, longest_prompt: int | None, spec, text_config) -> dict:
     """EngineConfig fields from the run's options: the step budgets, and the longest prompt to hold (the
-    run's token limit: the model's own or --max-length's, else its position table, else one step)."""
+    run's longest, else its token limit: the model's own or --max-length's, else the model's position table,
+    else one step)."""
     budget = run_config.tokens_per_batch if run_config is not None else 4096
-    limit = run_limit or spec.max_tokens or getattr(text_config, "max_position_embeddings", None) or budget
+    limit = longest_prompt or spec.max_tokens or getattr(text_config, "max_position_embeddings", None) or budget
     generate = run_config is not None and run_config.task == "generate"
     # CPU workers of a local run share one machine's RAM (a cluster's tasks each have their own node)
     neighbours = run_config is not None and not run_config.on_gpu and run_config.launcher == "local"
@@ -97,10 +98,10 @@ class NativeEngine:
 
     @classmethod
     def load(cls, model_path: str, device: torch.device, dtype: torch.dtype, fingerprint: str = "", run_config=None,
-             info: EngineInfo | None = None, run_limit: int | None = None, **overrides) -> "NativeEngine":
+             info: EngineInfo | None = None, longest_prompt: int | None = None, **overrides) -> "NativeEngine":
         """The engine for a checkpoint directory, its budgets from the run's options (RunConfig). `info`: the
-        run's EngineInfo (None: described here); `run_limit`: the run's token limit per sequence (None: the
-        model's own, from `info`). With the checkpoint's `fingerprint`, a model this process loaded ahead of
+        run's EngineInfo (None: described here); `longest_prompt`: the most tokens a prompt of the run has, which
+        the KV cache must hold (None: the model's limit, from `info`). With the checkpoint's `fingerprint`, a model this process loaded ahead of
         its shard for the same checkpoint, device and dtype is used (models/preload.py)."""
         from dataclasses import replace
 
@@ -120,8 +121,8 @@ class NativeEngine:
         spec = model.spec
         if (info.hidden_size, info.num_layers, info.is_causal) != (spec.hidden_size, spec.num_layers, spec.is_causal):
             raise RuntimeError(f"the native model ({spec}) does not match the checkpoint's description ({info})")
-        limit = run_limit if run_limit is not None else info.max_tokens
-        config = EngineConfig(**dict(_budgets(run_config, limit, spec, text_config(config)), **overrides))
+        longest = longest_prompt if longest_prompt is not None else info.max_tokens
+        config = EngineConfig(**dict(_budgets(run_config, longest, spec, text_config(config)), **overrides))
         return cls(model, tokenizer, info, config, device, dtype)
 
     def stats_line(self) -> str:

@@ -73,9 +73,10 @@ def check_dtype(engine: str, dtype: str, on_gpu: bool) -> None:
 
 
 def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, logprobs: bool, info=None,
-         config=None, run_limit: int | None = None, fingerprint: str = ""):
+         config=None, longest_prompt: int | None = None, fingerprint: str = ""):
     """The engine. `info`: the run's EngineInfo (models/checkpoint.describe, made once by the parent; None:
-    described here); `run_limit`: the run's per-sequence token limit (the model's, or --max-length's below it);
+    described here); `longest_prompt`: the most tokens a prompt of the run has (its longest record's, at most the
+    run's limit: --max-length, else the model's), for which the native engine sizes its caches;
     `fingerprint`: the checkpoint's, as the run recorded it (the native engine then uses a model loaded ahead
     for it: models/preload.py)."""
     trust = bool(config is not None and getattr(config, "trust_remote_code", False))
@@ -93,7 +94,7 @@ def load(name: str, model_path: str, device: torch.device, dtype: torch.dtype, l
     if name == "native":
         from .native import NativeEngine
         return NativeEngine.load(model_path, device, dtype, fingerprint, run_config=config, info=info,
-                                 run_limit=run_limit)
+                                 longest_prompt=longest_prompt)
     raise UserError(f"engine {name!r} is not available in this build")
 
 

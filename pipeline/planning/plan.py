@@ -30,7 +30,7 @@ from . import run_identity, run_index
 from .continued import reconcile, shard_count
 from .copies import Copies, plan_copies
 from .input_policies import apply_input_policies
-from .length_limit import check_long, token_limit, warn_beyond_training, warn_generation_beyond
+from .length_limit import check_long, longest_prompt, token_limit, warn_beyond_training, warn_generation_beyond
 from .model_copies import check_model_copies
 from .storage import check_storage
 from .variants_file import check_variants_out, read_variants
@@ -148,7 +148,8 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     from ..tasks import make_task, schema_for
     from ..tasks.tokenization import SequenceTokenizer
     task = make_task(planned, model.info)
-    task.prepare(SequenceTokenizer(model.hf_tokenizer, model.convention))
+    tokenizer = SequenceTokenizer(model.hf_tokenizer, model.convention)
+    task.prepare(tokenizer)
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
     resolved = run_identity.of_plan(planned, model, limit, task.attrs())
@@ -158,6 +159,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
         check_storage(schema, index, planned.shards, run.root)
         _log_shards(index, planned.shards, copies.computed)
         manifest = _manifest(planned, model, schema, limit, index)
+        manifest["longest_prompt"] = longest_prompt(index, tokenizer, limit)
         manifest["attrs"].update(task.attrs())
         manifest["attrs"]["resolved"] = resolved   # (what a continued run and --reuse of its result compare)
         if variants is not None:

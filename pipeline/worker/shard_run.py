@@ -25,6 +25,7 @@ from ..models.checkpoint import EngineInfo, check_unchanged, load_failure, read_
 from ..models.conventions import PLAIN, Convention
 from ..errors import SettingsRefused, UserError
 from ..exits import EXIT_INTERRUPTED, EXIT_OK
+from ..output import status_codes
 from ..output.schema import Schema
 from ..output.shard_writer import ShardWriter
 from ..rundir import events
@@ -43,11 +44,18 @@ log = logging.getLogger("run_shards.worker")
 PARENT_GONE = "the parent process is gone (killed, or its terminal closed)"
 
 
+def longest_prompt(manifest: dict) -> int | None:
+    """The most tokens a prompt of the run has, which the engine's caches must hold: recorded by the plan
+    (planning/length_limit.py); a run planned before it was (2026-12-06) holds the run's limit."""
+    recorded = manifest.get("longest_prompt")
+    return recorded if recorded is not None else manifest["max_tokens"]
+
+
 def caches_advice(refused: CachesTooLarge, config: RunConfig, root) -> str:
     """The refusal of caches too large for the memory, with the `run` command that gets past it: the same run
     continued with a lower --max-tokens-per-batch or --max-seqs (how the shards run), or a new run in another
-    --out with a lower --max-new-tokens (what is computed); where none was found, which settings continue the
-    run and which make another."""
+    --out with a lower --max-new-tokens or --max-length (what is computed); where none was found, which
+    settings continue the run and which make another."""
     if refused.change is None:
         return (f"{refused}. A rerun stops the same way: a lower --max-tokens-per-batch or --max-seqs continues "
                 "this run (its run command again, with the same --out), a lower --max-new-tokens or --max-length "
@@ -55,8 +63,29 @@ def caches_advice(refused: CachesTooLarge, config: RunConfig, root) -> str:
     changed = replace(config, **refused.change)
     if set(refused.change) <= set(RunConfig.fields_with_role(LAUNCH)):
         return f"{refused}. This command continues the run with that: `{changed.as_command(root)}`"
-    return (f"{refused}. That changes what is computed, so it is a new run, in another --out: "
+    said = ""
+    if "max_length" in refused.change:
+        changed, said = _within_length(changed, config)
+    return (f"{refused}. That changes what is computed, so it is a new run, in another --out{said}: "
             f"`{changed.as_command(free_out(root))}`")
+
+
+def _within_length(changed: RunConfig, config: RunConfig) -> tuple[RunConfig, str]:
+    """The run with a lower --max-length (`changed`) and a policy for the records over it, where the run had
+    none (--on-long error would refuse them): as windows for embed and score (every residue kept), truncated
+    when generating, skipped for variants (the two options those tasks allow); a window planned for the
+    old limit gives way to the new one. Returns it and the words that say so."""
+    on_long = config.on_long
+    if on_long == "error":
+        on_long = {"generate": "truncate", "variants": "skip"}.get(config.task, "window")
+    if on_long == "window" and config.window and config.window > changed.max_length:
+        changed = replace(changed, window=None, overlap=None)
+    changed = replace(changed, on_long=on_long)
+    if on_long == config.on_long:
+        return changed, ""
+    how = {"window": "run as overlapping windows stitched into one row", "truncate": "cut to it",
+           "skip": f"kept as rows with status {status_codes.SKIPPED_TOO_LONG}, no values"}[on_long]
+    return changed, f" (records over {changed.max_length} tokens {how}: --on-long {on_long})"
 
 
 class StopFlag:
@@ -182,7 +211,7 @@ class ShardRun:
         logprobs = config.task in ("score", "variants")
         try:
             engine = engines.load(manifest["engine"], model["path"], device, dtype, logprobs=logprobs, info=info,
-                                  config=config, run_limit=manifest["max_tokens"],
+                                  config=config, longest_prompt=longest_prompt(manifest),
                                   fingerprint=model.get("fingerprint", ""))
         except CachesTooLarge as e:   # (a rerun stops the same way: a setting must change)
             raise SettingsRefused(caches_advice(e, config, self.run_dir.root)) from None
