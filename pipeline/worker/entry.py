@@ -40,7 +40,7 @@ log = logging.getLogger("run_shards.worker")
 
 
 def worker_entry(_process: int, root: str, rank: int | None, conn, device: str | None, threads: int, parent: int,
-                 orders=None) -> None:
+                 orders) -> None:
     """Entry point for torch.multiprocessing.spawn (one process, `_process` 0): compute shard `rank` of the
     run in `root` on GPU `device` (None: CPU); `parent` is the pid of the process that started it, which
     the worker watches. With `rank` None the worker was started while the parent plans: it prepares what
@@ -75,9 +75,8 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     while True:
         if previous is not None:
             waited = f"; the process that computed shard {previous}, its model kept"
-        code = _compute_shard(run, rank, conn, device, threads, parent, stop, held, waited,
-                              first=previous is None, last=orders is None)
-        if code != EXIT_OK or stop or orders is None:
+        code = _compute_shard(run, rank, conn, device, threads, parent, stop, held, waited, first=previous is None)
+        if code != EXIT_OK or stop:
             break
         _give_back_memory(device is not None)
         Reporter(conn, rank, stop).send("ended", code=code)
@@ -94,10 +93,10 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
 
 
 def _compute_shard(run: RunDir, rank: int, conn, device: str | None, threads: int, parent: int, stop: StopFlag,
-                   held: logging.handlers.MemoryHandler | None, waited: str, first: bool, last: bool) -> int:
+                   held: logging.handlers.MemoryHandler | None, waited: str, first: bool) -> int:
     """Shard `rank`, from its lock to its outcome recorded and its lock released; its exit code. `held`: the
     log records kept while the process waited for it; `waited`: how it came to this process (the log's first
-    line); `first`: the process's first shard; `last`: no other shard can follow in this process."""
+    line); `first`: the process's first shard."""
     reporter = Reporter(conn, rank, stop)
     lock = _lock_or_leave(run, rank, reporter, stop)
     _setup_logging(run.worker_log(rank), held)   # only the lock's holder writes the shard's log
@@ -120,7 +119,7 @@ def _compute_shard(run: RunDir, rank: int, conn, device: str | None, threads: in
         code, message = EXIT_ERROR, f"{type(e).__name__}: {e}"
         reporter.send("error", message=message)
     finally:
-        if code == EXIT_OK and not last and not stop:
+        if code == EXIT_OK and not stop:
             shard.keep_model()
             log.info("worker for shard %d ends with code 0; its process may be given another shard of the run", rank)
         else:
