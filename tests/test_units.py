@@ -569,3 +569,27 @@ def test_a_run_planned_before_its_longest_prompt_was_recorded_holds_its_limit_in
     assert longest_prompt({"max_tokens": 1026, "longest_prompt": 300}) == 300
     assert longest_prompt({"max_tokens": 1026}) == 1026
     assert longest_prompt({"max_tokens": None, "longest_prompt": 5002}) == 5002
+
+
+@pytest.mark.parametrize("task, extra, policy", [("embed", {}, "window"), ("score", {}, "window"),
+                                                 ("generate", {}, "truncate"), ("variants", {"variants": "v.csv"}, "skip"),
+                                                 ("embed", {"on_long": "window", "window": 5000, "overlap": 100}, "window"),
+                                                 ("embed", {"on_long": "truncate"}, "truncate")])
+def test_a_lower_max_length_in_a_caches_refusal_comes_with_a_policy_the_task_allows(tmp_path, task, extra, policy):
+    """The new run a caches refusal names with a lower --max-length keeps every record the task can: the records
+    over it as windows for embed and score, truncated when generating, skipped for variants (the policies each
+    task allows), where the run had --on-long error; a policy the run chose stays; a window planned for the old
+    limit gives way to the new one. The command it names is one the CLI accepts (RunConfig.validate)."""
+    from pipeline.engine.config import CachesTooLarge
+    from pipeline.worker.shard_run import _within_length, caches_advice
+    config = RunConfig(fasta=["in.fa"], out=str(tmp_path / "out"), task=task, **extra)
+    config.validate()
+    advice = caches_advice(CachesTooLarge("the engine's caches need more", {"max_length": 2080}), config, tmp_path / "out")
+    command = advice.split("`")[1].split()
+    assert command[command.index("--max-length") + 1] == "2080" and command[command.index("--on-long") + 1] == policy
+    assert command[command.index("--out") + 1] != str(tmp_path / "out")   # another run, in another --out
+    assert "--window" not in command and "--overlap" not in command
+    assert (f"--on-long {policy})" in advice) == ("on_long" not in extra)
+    changed, _ = _within_length(dataclasses.replace(config, max_length=2080), config)
+    changed.validate()   # what the CLI refuses (a policy the task does not allow, a window over the limit)
+    assert changed.as_command(command[command.index("--out") + 1]).split() == command
