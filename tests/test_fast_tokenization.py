@@ -178,3 +178,21 @@ def test_a_special_unknown_token_leaves_unknown_characters_to_the_tokenizer():
 def test_line_breaks_mean_no_lookup():
     """ProtGPT2's 60-residue lines put a token between residues: never looked up."""
     assert residue_lookup.build(demo.build_tokenizer(), PROTGPT2_FASTA, lambda s: [], True) is None
+
+
+@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen3", "ankh_base", "nucleotide_transformer_v1",
+                                  "prot_t5_xl_half_enc", "esm2_t6_8m", "saprot", "prostt5", "protgpt2"])
+def test_tokens_for_residues_bounds_every_input_format(name, family_checkpoint):
+    """The plan's bound on a record's tokens (the native engine's KV cache is sized for the longest record's,
+    and --on-long finds the records over a limit by it) is never below the tokens the record has, with the
+    family's convention and each --input-format: residues spaced through a subword vocabulary take two tokens
+    each (" K" is "▁", "K"), which a bound of one per residue put under (a 300-residue record's 599 tokens
+    stopped a run mid-shard: "exceeds the engine's KV cache of 400 tokens")."""
+    hf, card = _tokenizer(family_checkpoint, name, None)
+    ascii_inputs = [s for s in INPUTS if s.isascii() and s and not any(c.isspace() for c in s)]
+    for convention in {card, PLAIN, SPACED} - {None}:
+        tok = SequenceTokenizer(hf, convention)
+        texts = ascii_inputs if convention.keeps_case else [s.upper() for s in ascii_inputs]   # as the index reads
+        bounds = tok.tokens_for_residues(np.array([len(s) for s in texts]))
+        for s, bound, encoded in zip(texts, bounds, tok.encode(texts)):
+            assert len(encoded.ids) <= bound, (name, convention.name, s[:40], len(encoded.ids), int(bound))

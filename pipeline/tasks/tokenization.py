@@ -70,18 +70,25 @@ class SequenceTokenizer:
         # are known from residue counts before tokenizing anything.
         self.char_level = content == len(PROBE)
         one = self._encode(convention.example("A"))
-        # Tokens a sequence may have beyond one per residue (a word marker, the prefix's line break).
-        self.overhead = 0 if self.char_level else max(content - len(PROBE), len(one.ids) - self.num_special - 1, 0) + 1
+        # Tokens per residue at most. A token stands for at least one character of the (ASCII) text: a byte-level
+        # BPE's byte, a SentencePiece piece or its byte fallback, a WordPiece piece or its unknown token; so a
+        # tokenizer that is not one token per residue makes at most one per character of each residue's text,
+        # the separator and suffix included (spaced residues through a subword vocabulary: "▁", "K" or " ", "K").
+        self.per_residue = 1 if self.char_level else 1 + len(convention.separator) + len(convention.unit_suffix)
+        # Tokens a sequence may have beyond those (a word marker, the prefix's line break).
+        self.overhead = 0 if self.char_level else max(content - self.per_residue * len(PROBE),
+                                                      len(one.ids) - self.num_special - 1, 0) + 1
         self._lookup = (residue_lookup.build(tokenizer, convention, self._reference, self._by_unit)
                         if self.char_level and lookup else None)
 
     def tokens_for_residues(self, residues: np.ndarray) -> np.ndarray:
         """Tokens per sequence of `residues` characters (the index's lengths): exact for one token per residue
-        (`exact_counts`), an upper bound otherwise (residues of two characters: SaProt's residue + 3Di pairs)."""
+        (`exact_counts`), an upper bound otherwise (residues of two characters: SaProt's residue + 3Di pairs; a
+        subword or k-mer tokenizer: one token per character of the text at most)."""
         residues = np.asarray(residues, np.int64)
         width = self.convention.line_width
         breaks = residues // width if width else 0
-        return residues + breaks + self.num_special + self.overhead
+        return residues * self.per_residue + breaks + self.num_special + self.overhead
 
     @property
     def exact_counts(self) -> bool:
