@@ -263,6 +263,35 @@ def test_a_refused_cache_names_the_largest_budget_that_fits(monkeypatch):
     assert refused.value.fitting_budget is None
 
 
+def test_a_max_length_is_named_where_only_fewer_sequences_per_step_leave_room_for_one(monkeypatch):
+    """Each --max-seqs holds a page of slack in the KV cache: the default 256 took 4,096 tokens, and a memory with
+    room for a 64-token step and a few thousand tokens of the longest record but not for that slack had its
+    refusal name no command ("lower --max-length, --max-tokens-per-batch or --max-seqs"), though a run with as
+    many sequences per step as the step has tokens (no step runs more) fits a --max-length of some 1,400 tokens.
+    The refusal names that run: the budget, --max-seqs and the largest --max-length with them."""
+    import torch
+
+    from pipeline.engine.config import INVARIANT_SPLIT, CachesTooLarge
+    cpu, f32 = torch.device("cpu"), torch.float32
+    pages = 160   # the cache the memory holds: 160 pages of 16 tokens (260 for the slack of 256 sequences alone)
+    monkeypatch.setenv("RUN_SHARDS_FAULT_FREE_RAM", str(int(pages * 16 * SPEC.kv_bytes_per_token(f32, False) / 0.9) + 1))
+    with pytest.raises(CachesTooLarge, match=r"lower --max-tokens-per-batch to 64, --max-seqs to 64 and --max-length "
+                                             r"to \d+ \(or less\)$") as refused:
+        EngineConfig(max_tokens_per_step=4096, max_seqs=256, max_model_len=50_000).resolve(SPEC, cpu, f32)
+    change = refused.value.change
+    assert list(change) == ["max_tokens_per_batch", "max_seqs", "max_length"], change
+    assert change["max_tokens_per_batch"] == change["max_seqs"] == INVARIANT_SPLIT
+    length = change["max_length"]
+    assert 1000 < length < (pages - 64 // 16 - 64) * 16   # (what the step and its slack leave, less the rest)
+    EngineConfig(max_tokens_per_step=64, max_seqs=64, max_model_len=length).resolve(SPEC, cpu, f32)
+    with pytest.raises(CachesTooLarge):
+        EngineConfig(max_tokens_per_step=64, max_seqs=64, max_model_len=length + 1).resolve(SPEC, cpu, f32)
+    # a budget already that small: --max-seqs and --max-length alone
+    with pytest.raises(CachesTooLarge) as refused:
+        EngineConfig(max_tokens_per_step=64, max_seqs=256, max_model_len=50_000).resolve(SPEC, cpu, f32)
+    assert refused.value.change == {"max_seqs": 64, "max_length": length}
+
+
 def test_block_tables_stay_equal_to_a_rebuild_after_random_admits_and_finishes():
     """blocks.tables is written once per admission and cleared at finish (rows reused, the table grown in
     rows and width as needed); after every admit or finish, each admitted sequence's gathered block

@@ -26,6 +26,8 @@ INVARIANT_SPLIT = 64
 # A refusal names no --max-length below this many tokens: a run of windows this short would not be the run asked
 # for, and no real model's memory comes to that.
 SHORTEST_NAMED_LENGTH = 64
+# RunConfig fields a refusal names, and the EngineConfig fields they set
+_FIELD = {"max_tokens_per_batch": "max_tokens_per_step", "max_seqs": "max_seqs"}
 
 
 def batch_invariance_holds(budget: int, on_cpu: bool, dtype: torch.dtype) -> bool:
@@ -70,7 +72,7 @@ class CachesTooLarge(SettingsRefused):
     batch-invariant, INVARIANT_SPLIT, and the largest --max-seqs with it) (these continue the run), or,
     generating, the largest --max-new-tokens below the run's (another run), else the largest --max-length below
     the run's longest prompt (the longest sequence alone is too much; another run), with the smallest budget
-    if need be; None where none does (a limit under SHORTEST_NAMED_LENGTH tokens would be needed, or the
+    if need be, and then a --max-seqs of that budget if need be; None where none does (a limit under SHORTEST_NAMED_LENGTH tokens would be needed, or the
     cache's size was given). `fitting_budget`: the budget where the change is that budget alone, else None."""
 
     def __init__(self, message: str, change: dict[str, int] | None):
@@ -188,7 +190,8 @@ class EngineConfig:
             raise CachesTooLarge(
                 f"the engine's caches need {human_bytes(need)} but only {human_bytes(free)} of {where} is "
                 f"free (using at most {self.memory_fraction:.0%}{among}); lower "
-                + (" and ".join(f"{flags[k]} to {v}" for k, v in change.items()) + " (or less)"
+                + (" and ".join(", ".join(f"{flags[k]} to {v}" for k, v in change.items()).rsplit(", ", 1))
+                   + " (or less)"
                    + others[list(change)[-1]] if change else
                    # (generating, each running sequence's cache holds its --max-new-tokens)
                    f"{'--max-new-tokens, ' if self.max_new_tokens else ''}--max-length, --max-tokens-per-batch or "
@@ -214,13 +217,22 @@ class EngineConfig:
             if new_tokens is not None:
                 return {"max_new_tokens": new_tokens}
         # the run's longest prompt alone is too much: a lower --max-length (records over it run as windows,
-        # truncated or skipped: worker/shard_run.py's caches_advice chooses), with the smallest budget if need be
-        for step in ({}, {"max_tokens_per_step": INVARIANT_SPLIT}):
-            if step and self.max_tokens_per_step <= INVARIANT_SPLIT:
-                break
+        # truncated or skipped: worker/shard_run.py's caches_advice chooses), with the smallest budget if need be,
+        # and then no more sequences than it has tokens (a step runs at most one sequence per token, and each
+        # --max-seqs holds a page of slack: the default 256 took 4,096 tokens of cache, more than some memories
+        # leave, and no --max-length was named where one fitted)
+        small = min(self.max_tokens_per_step, INVARIANT_SPLIT)
+        steps = [{}]
+        if self.max_tokens_per_step > INVARIANT_SPLIT:
+            steps.append({"max_tokens_per_step": small})
+        if self.max_seqs > small:
+            steps.append({"max_tokens_per_step": small, "max_seqs": small})
+        for step in steps:
             length = _largest(lambda n: fits(max_model_len=n, **step), self.max_model_len - 1)
             if length is not None and length >= SHORTEST_NAMED_LENGTH:
-                return {**({"max_tokens_per_batch": INVARIANT_SPLIT} if step else {}), "max_length": length}
+                named = {"max_tokens_per_batch": step.get("max_tokens_per_step"), "max_seqs": step.get("max_seqs")}
+                changed = {k: v for k, v in named.items() if v is not None and v != getattr(self, _FIELD[k])}
+                return {**changed, "max_length": length}
         return None
 
     def _fits(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float, **change) -> bool:
