@@ -290,6 +290,20 @@ def test_a_max_length_is_named_where_only_fewer_sequences_per_step_leave_room_fo
     with pytest.raises(CachesTooLarge) as refused:
         EngineConfig(max_tokens_per_step=64, max_seqs=256, max_model_len=50_000).resolve(SPEC, cpu, f32)
     assert refused.value.change == {"max_seqs": 64, "max_length": length}
+    # generating, each running sequence holds its new tokens too: --max-seqs halved until a --max-length fits
+    generating = dict(max_seqs=256, max_model_len=50_000, max_new_tokens=40)
+    with pytest.raises(CachesTooLarge) as refused:
+        EngineConfig(max_tokens_per_step=4096, **generating).resolve(SPEC, cpu, f32)
+    change = refused.value.change
+    assert list(change) == ["max_tokens_per_batch", "max_seqs", "max_length"] and change["max_seqs"] < 64, change
+    with pytest.raises(CachesTooLarge):   # (twice the sequences: not even the shortest length named)
+        EngineConfig(max_tokens_per_step=64, **dict(generating, max_seqs=2 * change["max_seqs"], max_model_len=64)
+                     ).resolve(SPEC, cpu, f32)
+    fitting = dict(generating, max_seqs=change["max_seqs"], max_model_len=change["max_length"])
+    EngineConfig(max_tokens_per_step=64, **fitting).resolve(SPEC, cpu, f32)
+    with pytest.raises(CachesTooLarge):
+        EngineConfig(max_tokens_per_step=64, **dict(fitting, max_model_len=change["max_length"] + 1)).resolve(
+            SPEC, cpu, f32)
 
 
 def test_block_tables_stay_equal_to_a_rebuild_after_random_admits_and_finishes():

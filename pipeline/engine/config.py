@@ -72,7 +72,7 @@ class CachesTooLarge(SettingsRefused):
     batch-invariant, INVARIANT_SPLIT, and the largest --max-seqs with it) (these continue the run), or,
     generating, the largest --max-new-tokens below the run's (another run), else the largest --max-length below
     the run's longest prompt (the longest sequence alone is too much; another run), with the smallest budget
-    if need be, and then a --max-seqs of that budget if need be; None where none does (a limit under SHORTEST_NAMED_LENGTH tokens would be needed, or the
+    if need be, and then a --max-seqs of that budget, or half that, ... if need be; None where none does (a limit under SHORTEST_NAMED_LENGTH tokens would be needed, or the
     cache's size was given). `fitting_budget`: the budget where the change is that budget alone, else None."""
 
     def __init__(self, message: str, change: dict[str, int] | None):
@@ -221,12 +221,16 @@ class EngineConfig:
         # and then no more sequences than it has tokens (a step runs at most one sequence per token, and each
         # --max-seqs holds a page of slack: the default 256 took 4,096 tokens of cache, more than some memories
         # leave, and no --max-length was named where one fitted)
+        # (generating, each running sequence holds its new tokens and a state slot: halved until one fits)
         small = min(self.max_tokens_per_step, INVARIANT_SPLIT)
         steps = [{}]
         if self.max_tokens_per_step > INVARIANT_SPLIT:
             steps.append({"max_tokens_per_step": small})
-        if self.max_seqs > small:
-            steps.append({"max_tokens_per_step": small, "max_seqs": small})
+        seqs = small
+        while seqs >= 1:
+            if seqs < self.max_seqs:
+                steps.append({"max_tokens_per_step": small, "max_seqs": seqs})
+            seqs //= 2
         for step in steps:
             length = _largest(lambda n: fits(max_model_len=n, **step), self.max_model_len - 1)
             if length is not None and length >= SHORTEST_NAMED_LENGTH:
