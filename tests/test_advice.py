@@ -482,6 +482,20 @@ def test_caches_too_large_for_the_longest_record_lead_to_a_new_run_with_a_max_le
     assert [i.decode() for i in rows["ids"]] == ["long", "a", "b"] and rows["windows"][0] > 1, rows["windows"]
 
 
+def test_a_variants_run_sizes_its_caches_for_the_records_with_variants(models, tmp_path):
+    """--task variants runs only the records with variants, but the cache was sized for the FASTA's longest
+    record: a 20,000-residue record without variants had a run of two short records refused in 3 MB of RAM (and
+    a new run with a lower --max-length named, which skipped nothing the run computes). It runs."""
+    fasta, out, variants = tmp_path / "long.fasta", tmp_path / "out", tmp_path / "v.csv"
+    fasta.write_text(f">long\n{'ACDEFGHIKLMNPQRSTVWY' * 1000}\n>a\nMKTAYIAKQRQISFVKSHFSRQ\n>b\nMSEQNNTEMTFQIQRIYTKDIS\n")
+    variants.write_text("id,mutant\na,K2A\nb,S2A\n")
+    res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "1",
+                  "--no-progress", "--task", "variants", "--variants", str(variants),
+                  env={"RUN_SHARDS_FAULT_FREE_RAM": str(3_000_000)})
+    assert res.returncode == 0, res.stderr
+    assert json.loads((out / "manifest.json").read_text())["longest_prompt"] == 24
+
+
 def test_a_slurm_task_refusing_its_caches_names_no_rerun_nor_the_task_again(models, tmp_path):
     """A SLURM task (`run_shards work`) whose worker refused caches past the RAM ended with "Continue with:
     run_shards rerun OUT  (or this task again)", both of which stop the same way; the worker's command (a new

@@ -29,13 +29,16 @@ def token_limit(model_limit: int | None, max_length: int | None) -> int | None:
     return max_length
 
 
-def longest_prompt(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None) -> int:
+def longest_prompt(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None,
+                   runs: np.ndarray | None = None) -> int:
     """The most tokens (special tokens included) any prompt of the run can have: its longest record's count
     (exact for one token per residue, an upper bound otherwise), at most the run's limit (longer records are
     refused, truncated, skipped, or run as windows within it). The native engine sizes its KV cache for it
     rather than for the limit: protein records are a few hundred tokens, and a long-context model's limit
-    (Qwen3.5's 262,144, the demo model's 65,536) reserved gigabytes of it for a sequence no run had."""
-    longest = int(tokenizer.tokens_for_residues(np.array([index.max_length]))[0])
+    (Qwen3.5's 262,144, the demo model's 65,536) reserved gigabytes of it for a sequence no run had. `runs`:
+    the FASTA positions of the records the model runs, where not all (--task variants: those with variants)."""
+    residues = index.max_length if runs is None else int(index.lengths[np.asarray(runs)].max(initial=0))
+    longest = int(tokenizer.tokens_for_residues(np.array([residues]))[0])
     return min(longest, limit) if limit else longest
 
 

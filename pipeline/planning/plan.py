@@ -159,7 +159,8 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
         check_storage(schema, index, planned.shards, run.root)
         _log_shards(index, planned.shards, copies.computed)
         manifest = _manifest(planned, model, schema, limit, index)
-        manifest["longest_prompt"] = longest_prompt(index, tokenizer, limit)
+        runs = None if variants is None else variants.record   # (--task variants runs the records with variants)
+        manifest["longest_prompt"] = longest_prompt(index, tokenizer, limit, runs)
         manifest["attrs"].update(task.attrs())
         manifest["attrs"]["resolved"] = resolved   # (what a continued run and --reuse of its result compare)
         if variants is not None:
