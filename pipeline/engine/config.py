@@ -72,8 +72,9 @@ class CachesTooLarge(SettingsRefused):
     batch-invariant, INVARIANT_SPLIT, and the largest --max-seqs with it) (these continue the run), or,
     generating, the largest --max-new-tokens below the run's (another run), else the largest --max-length below
     the run's longest prompt (the longest sequence alone is too much; another run), with the smallest budget
-    if need be, and then a --max-seqs of that budget, or half that, ... if need be; None where none does (a limit under SHORTEST_NAMED_LENGTH tokens would be needed, or the
-    cache's size was given). `fitting_budget`: the budget where the change is that budget alone, else None."""
+    if need be, and then a --max-seqs of that budget, or half that, ... if need be; None where none does (a
+    limit under SHORTEST_NAMED_LENGTH tokens would be needed, or the cache's size was given).
+    `fitting_budget`: the budget where the change is that budget alone, else None."""
 
     def __init__(self, message: str, change: dict[str, int] | None):
         super().__init__(message)
