@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeline.engine.native import NativeEngine, SamplingParams
+from tests.families.fixtures import family_checkpoint  # noqa: F401
 from tests.tiny_checkpoints import random_sequences, write_tiny
 
 CPU = torch.device("cpu")
@@ -184,3 +185,31 @@ def test_a_run_that_may_generate_past_the_models_positions_says_so(tmp_path):
     assert "--max-new-tokens 8 keeps the longest within them" in err
     with h5py.File(out / "result.h5") as f:
         assert f["status"][:].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("name", ["protgpt2", "qwen3"])
+def test_generated_text_with_a_nul_is_stored(family_checkpoint, tmp_path, name):
+    """A byte-level BPE decodes its byte-0 token as a NUL character, which an HDF5 string cannot hold: a model
+    that generated it (random weights did) stopped its shard at the next checkpoint ("VLEN strings do not support
+    embedded NULLs") and lost the rows since the last. The text has U+FFFD there; the token ids keep the byte-0
+    token, and the rest of the text is transformers' decode."""
+    import h5py
+    import numpy as np
+
+    from pipeline.config import RunConfig
+    from pipeline.models import checkpoint
+    from pipeline.models.checkpoint import EngineInfo
+    from pipeline.tasks.generate import GenerateTask
+    source = checkpoint.local_source(str(family_checkpoint(name)))
+    tok = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
+    ids = tok("MK\0V", add_special_tokens=False)["input_ids"]
+    assert "\0" in tok.decode(ids)   # transformers' own decode gives the NUL back
+    info = EngineInfo(name="native", hidden_size=8, num_layers=1, is_causal=True, max_tokens=None)
+    text = GenerateTask(RunConfig(fasta=["x.fa"], out="o", task="generate"), info)._decode(tok, ids)
+    assert text == tok.decode(ids).replace("\0", "\ufffd") and "\0" not in text
+    with h5py.File(tmp_path / "t.h5", "w") as f:   # as the shard writer stores a text column
+        f.create_dataset("text", data=np.array([text], dtype=object), dtype=h5py.string_dtype("utf-8"))
+        with pytest.raises(ValueError, match="NUL"):
+            f.create_dataset("raw", data=np.array([tok.decode(ids)], dtype=object), dtype=h5py.string_dtype("utf-8"))
+    with h5py.File(tmp_path / "t.h5") as f:
+        assert f["text"][0].decode() == text

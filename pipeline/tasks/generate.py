@@ -4,7 +4,9 @@ The prompt is the tokenized sequence without its trailing special tokens (EOS / 
 BOS / CLS stays. Output per row: `generate/token_ids` (the new tokens, CSR with `generate/offsets`; an
 EOS that stopped generation is included, as transformers' `generate` returns it), `generate/text` (the
 new tokens decoded, special tokens dropped; residues joined without spaces for character-level
-tokenizers) and `generate/finish_reason` ("stop" at EOS, "length" at --max-new-tokens).
+tokenizers; a NUL character, which a byte-level tokenizer decodes from its byte-0 token, as U+FFFD: HDF5
+strings end at NUL, and the token ids keep it) and `generate/finish_reason` ("stop" at EOS, "length" at
+--max-new-tokens).
 
 Sampling is reproducible per sequence: its random stream is keyed by the run seed and the sequence's
 FASTA position (see pipeline/engine/sampler.py), so results do not depend on worker count or batching.
@@ -59,11 +61,13 @@ class GenerateTask(Task):
                           {"generate/token_ids": values}, {"generate": lengths})
 
     def _decode(self, tokenizer, ids: list[int]) -> str:
+        """The new tokens' text, with no NUL: an HDF5 string cannot hold one (h5py refused the checkpoint holding
+        it, and the shard stopped with its rows since the last checkpoint), so it reads as U+FFFD."""
         if self._char_level is None:
             self._char_level = SequenceTokenizer(tokenizer).char_level
         if not self._char_level:
-            return tokenizer.decode(ids, skip_special_tokens=True)
+            return tokenizer.decode(ids, skip_special_tokens=True).replace("\0", "\ufffd")
         special = set(tokenizer.all_special_ids)
         tokens = tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])
         # An id with no token (a padded vocabulary row, which greedy search can pick) reads as the unknown token.
-        return "".join(t if t is not None else (tokenizer.unk_token or "?") for t in tokens)
+        return "".join(t if t is not None else (tokenizer.unk_token or "?") for t in tokens).replace("\0", "\ufffd")
