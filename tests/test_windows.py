@@ -8,6 +8,8 @@ Lengths: exactly the window (one window), one token more (two), three windows' w
 """
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -121,6 +123,8 @@ def test_scores_of_windowed_sequences_equal_transformers_on_the_windows(models, 
     res = run_cli(fasta, "--out", str(out), "--model", models["llama"], "--task", "score", "--gpus", "0",
                   "--workers", "1", "--on-long", "window", "--window", str(WINDOW), "--no-progress")
     assert res.returncode == 0, res.stderr
+    # no prompt is longer than a window: the KV cache is sized for one, not for the longest record
+    assert json.loads((out / "manifest.json").read_text())["longest_prompt"] == WINDOW
     tokenizer = AutoTokenizer.from_pretrained(models["llama"])
     exact = Float64Transformers(models["llama"], logprobs=True)
     theirs = HFEngine(models["llama"], torch.device("cpu"), torch.float32, True)
