@@ -101,8 +101,9 @@ class NativeEngine:
              info: EngineInfo | None = None, longest_prompt: int | None = None, **overrides) -> "NativeEngine":
         """The engine for a checkpoint directory, its budgets from the run's options (RunConfig). `info`: the
         run's EngineInfo (None: described here); `longest_prompt`: the most tokens a prompt of the run has, which
-        the KV cache must hold (None: the model's limit, from `info`). With the checkpoint's `fingerprint`, a model this process loaded ahead of
-        its shard for the same checkpoint, device and dtype is used (models/preload.py)."""
+        the KV cache must hold (None: the model's limit, from `info`). With the checkpoint's `fingerprint`, a
+        model this process loaded ahead of its shard for the same checkpoint, device and dtype is used
+        (models/preload.py)."""
         from dataclasses import replace
 
         from ..models import checkpoint, preload
