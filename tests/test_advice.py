@@ -130,6 +130,13 @@ def test_long_sequence_refusal_says_how_many_it_does_not_list(common, tmp_path):
     assert res.returncode == 2
     assert "17 sequence(s) exceed the --max-length limit of 20 tokens" in res.stderr
     assert res.stderr.count("residues)") == 10 and "(and 7 more)" in res.stderr
+    # the options, and a command with the one that keeps every residue: the same run as windows
+    (command,) = suggested_commands(res.stderr)
+    assert command[command.index("--on-long") + 1] == "window" and command[command.index("--max-length") + 1] == "20"
+    res = run_cli(*command, "--no-progress")
+    assert res.returncode == 0, res.stderr
+    windows = read(tmp_path / "out" / "result.h5")["windows"].tolist()
+    assert min(windows[:17]) >= 2 and windows[17] == 1, windows
 
 
 def test_failure_report_is_in_run_log(fasta, common, reference, tmp_path):

@@ -85,6 +85,9 @@ def test_repeats_are_scored_once_and_a_long_record_without_variants_does_not_sto
     assert res.returncode == 2, res.stderr[-3000:]
     assert "1 sequence(s) with variants exceed the --max-length limit of 40 tokens" in res.stderr
     assert "'LONG' (60 residues)" in res.stderr and not refused.exists()
+    # the one policy --task variants takes (truncate and window were offered, and refused when given)
+    assert "Choose --on-long skip (kept as rows with status 1): e.g. `run_shards run " in res.stderr, res.stderr
+    assert "truncate" not in res.stderr and "--on-long window" not in res.stderr
 
 
 @pytest.mark.slow

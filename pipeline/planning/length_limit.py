@@ -3,6 +3,7 @@ sequences over it, decided before any model runs: refused with their ids, or tru
 windows (--on-long), with warnings for lengths the model was not trained on."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -71,13 +72,19 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
     if config.on_long == "error":
         longest = int(long[np.argmax(index.lengths[long])])
         shown = listing([f"'{index.id(int(i))}' ({index.lengths[i]} residues)" for i in long[:MAX_LISTED]], len(long))
-        window = "" if config.task == "generate" else (
-            ", or --on-long window (run as overlapping windows stitched into one row)")
+        skip = f"--on-long skip (kept as rows with status {status_codes.SKIPPED_TOO_LONG})"
+        if config.task == "variants":   # (it scores whole sequences: skip is the one policy it takes)
+            choices, fix = f"Choose {skip}", "skip"
+        else:
+            window = "" if config.task == "generate" else (
+                ", or --on-long window (run as overlapping windows stitched into one row)")
+            choices = (f"Choose --on-long truncate (cut to the limit; recorded in `truncated` and `num_tokens`), "
+                       f"{skip}{window}")
+            fix = "truncate" if config.task == "generate" else "window"
         raise UserError(
             f"{len(long)} {which} exceed {what} of {limit} tokens ({tokenizer.num_special} of them "
             f"special), the longest '{index.id(longest)}' with {index.lengths[longest]} residues: {shown}. "
-            "Choose --on-long truncate (cut to the limit; recorded in `truncated` and `num_tokens`), "
-            f"--on-long skip (kept as rows with status {status_codes.SKIPPED_TOO_LONG}){window}.")
+            f"{choices}: e.g. `{dataclasses.replace(config, on_long=fix).as_command()}`")
     if config.on_long == "window":
         log.info("%d sequence(s) are over %d tokens and run as overlapping windows of %d tokens (%d shared by "
                  "neighbours), stitched into one row each (the `windows` column counts them)", len(long), limit,
