@@ -213,6 +213,13 @@ class RunConfig:
         return bool(self.devices)
 
     @property
+    def keeping_on_long(self) -> str:
+        """The --on-long policy this task takes that keeps the most of a record over the limit: window for embed
+        and score (every residue), truncate when generating (window is for embed and score), skip for variants
+        (which scores whole sequences)."""
+        return {"generate": "truncate", "variants": "skip"}.get(self.task, "window")
+
+    @property
     def tokens_per_batch(self) -> int:
         if self.max_tokens_per_batch:
             return self.max_tokens_per_batch

@@ -565,10 +565,10 @@ def test_weight_values_counts_what_a_load_holds_from_the_headers_alone(models):
 def test_a_run_planned_before_its_longest_prompt_was_recorded_holds_its_limit_in_the_cache():
     """Workers size the KV cache for the longest prompt the plan recorded; a run planned before the plan
     recorded it (and continued by this version) sizes it for the run's limit, as it was planned."""
-    from pipeline.worker.shard_run import longest_prompt
-    assert longest_prompt({"max_tokens": 1026, "longest_prompt": 300}) == 300
-    assert longest_prompt({"max_tokens": 1026}) == 1026
-    assert longest_prompt({"max_tokens": None, "longest_prompt": 5002}) == 5002
+    from pipeline.worker.shard_run import longest_prompt_of
+    assert longest_prompt_of({"max_tokens": 1026, "longest_prompt": 300}) == 300
+    assert longest_prompt_of({"max_tokens": 1026}) == 1026
+    assert longest_prompt_of({"max_tokens": None, "longest_prompt": 5002}) == 5002
 
 
 @pytest.mark.parametrize("task, extra, policy", [("embed", {}, "window"), ("score", {}, "window"),

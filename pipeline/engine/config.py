@@ -26,8 +26,6 @@ INVARIANT_SPLIT = 64
 # A refusal names no --max-length below this many tokens: a run of windows this short would not be the run asked
 # for, and no real model's memory comes to that.
 SHORTEST_NAMED_LENGTH = 64
-# RunConfig fields a refusal names, and the EngineConfig fields they set
-_FIELD = {"max_tokens_per_batch": "max_tokens_per_step", "max_seqs": "max_seqs"}
 
 
 def batch_invariance_holds(budget: int, on_cpu: bool, dtype: torch.dtype) -> bool:
@@ -223,21 +221,19 @@ class EngineConfig:
         # --max-seqs holds a page of slack: the default 256 took 4,096 tokens of cache, more than some memories
         # leave, and no --max-length was named where one fitted)
         # (generating, each running sequence holds its new tokens and a state slot: halved until one fits)
-        small = min(self.max_tokens_per_step, INVARIANT_SPLIT)
-        steps = [{}]
-        if self.max_tokens_per_step > INVARIANT_SPLIT:
-            steps.append({"max_tokens_per_step": small})
-        seqs = small
+        small = {"max_tokens_per_batch": INVARIANT_SPLIT} if self.max_tokens_per_step > INVARIANT_SPLIT else {}
+        changes = [{}, small] if small else [{}]   # (RunConfig fields)
+        seqs = min(self.max_tokens_per_step, INVARIANT_SPLIT)
         while seqs >= 1:
             if seqs < self.max_seqs:
-                steps.append({"max_tokens_per_step": small, "max_seqs": seqs})
+                changes.append({**small, "max_seqs": seqs})
             seqs //= 2
-        for step in steps:
+        for change in changes:
+            step = dict(max_tokens_per_step=change.get("max_tokens_per_batch", self.max_tokens_per_step),
+                        max_seqs=change.get("max_seqs", self.max_seqs))
             length = _largest(lambda n: fits(max_model_len=n, **step), self.max_model_len - 1)
             if length is not None and length >= SHORTEST_NAMED_LENGTH:
-                named = {"max_tokens_per_batch": step.get("max_tokens_per_step"), "max_seqs": step.get("max_seqs")}
-                changed = {k: v for k, v in named.items() if v is not None and v != getattr(self, _FIELD[k])}
-                return {**changed, "max_length": length}
+                return {**change, "max_length": length}
         return None
 
     def _fits(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float, **change) -> bool:

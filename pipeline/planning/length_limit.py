@@ -30,17 +30,24 @@ def token_limit(model_limit: int | None, max_length: int | None) -> int | None:
     return max_length
 
 
-def longest_prompt(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None,
+def _held_to(limit: int | None, config: RunConfig) -> int | None:
+    """The most tokens a prompt runs as: the run's limit, or under --on-long window its window (a record over
+    the window runs as windows; `config` as planned, its window fixed)."""
+    return config.window if config.on_long == "window" else limit
+
+
+def longest_prompt(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None, config: RunConfig,
                    runs: np.ndarray | None = None) -> int:
     """The most tokens (special tokens included) any prompt of the run can have: its longest record's count
-    (exact for one token per residue, an upper bound otherwise), at most the run's limit (longer records are
-    refused, truncated, skipped, or run as windows within it). The native engine sizes its KV cache for it
-    rather than for the limit: protein records are a few hundred tokens, and a long-context model's limit
+    (exact for one token per residue, an upper bound otherwise), at most the run's limit, or the window (longer
+    records are refused, truncated, skipped, or run as windows within it). The native engine sizes its KV cache
+    for it rather than for the limit: protein records are a few hundred tokens, and a long-context model's limit
     (Qwen3.5's 262,144, the demo model's 65,536) reserved gigabytes of it for a sequence no run had. `runs`:
     the FASTA positions of the records the model runs, where not all (--task variants: those with variants)."""
     residues = index.max_length if runs is None else int(index.lengths[np.asarray(runs)].max(initial=0))
     longest = int(tokenizer.tokens_for_residues(np.array([residues]))[0])
-    return min(longest, limit) if limit else longest
+    held = _held_to(limit, config)
+    return min(longest, held) if held else longest
 
 
 def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | None, config: RunConfig,
@@ -48,8 +55,7 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
     """Refuse, before any work, sequences over the limit unless --on-long says what to do with them
     (`config` as planned: with --on-long window, its window is fixed). `runs`: the FASTA positions of the
     records the model runs, where not all (--task variants: those with variants); the others may be any length."""
-    if config.on_long == "window":
-        limit = config.window
+    limit = _held_to(limit, config)
     if not limit:
         return
     if limit <= tokenizer.num_special:
@@ -74,17 +80,16 @@ def check_long(index: SequenceIndex, tokenizer: SequenceTokenizer, limit: int | 
         shown = listing([f"'{index.id(int(i))}' ({index.lengths[i]} residues)" for i in long[:MAX_LISTED]], len(long))
         skip = f"--on-long skip (kept as rows with status {status_codes.SKIPPED_TOO_LONG})"
         if config.task == "variants":   # (it scores whole sequences: skip is the one policy it takes)
-            choices, fix = f"Choose {skip}", "skip"
+            choices = f"Choose {skip}"
         else:
             window = "" if config.task == "generate" else (
                 ", or --on-long window (run as overlapping windows stitched into one row)")
             choices = (f"Choose --on-long truncate (cut to the limit; recorded in `truncated` and `num_tokens`), "
                        f"{skip}{window}")
-            fix = "truncate" if config.task == "generate" else "window"
         raise UserError(
             f"{len(long)} {which} exceed {what} of {limit} tokens ({tokenizer.num_special} of them "
             f"special), the longest '{index.id(longest)}' with {index.lengths[longest]} residues: {shown}. "
-            f"{choices}: e.g. `{dataclasses.replace(config, on_long=fix).as_command()}`")
+            f"{choices}: e.g. `{dataclasses.replace(config, on_long=config.keeping_on_long).as_command()}`")
     if config.on_long == "window":
         log.info("%d sequence(s) are over %d tokens and run as overlapping windows of %d tokens (%d shared by "
                  "neighbours), stitched into one row each (the `windows` column counts them)", len(long), limit,

@@ -160,9 +160,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
         _log_shards(index, planned.shards, copies.computed)
         manifest = _manifest(planned, model, schema, limit, index)
         runs = None if variants is None else variants.record   # (--task variants runs the records with variants)
-        # (--on-long window runs every record over the window as windows: no prompt is longer than it)
-        held = planned.window if planned.on_long == "window" and planned.window else limit
-        manifest["longest_prompt"] = longest_prompt(index, tokenizer, held, runs)
+        manifest["longest_prompt"] = longest_prompt(index, tokenizer, limit, planned, runs)
         manifest["attrs"].update(task.attrs())
         manifest["attrs"]["resolved"] = resolved   # (what a continued run and --reuse of its result compare)
         if variants is not None:

@@ -44,7 +44,7 @@ log = logging.getLogger("run_shards.worker")
 PARENT_GONE = "the parent process is gone (killed, or its terminal closed)"
 
 
-def longest_prompt(manifest: dict) -> int | None:
+def longest_prompt_of(manifest: dict) -> int | None:
     """The most tokens a prompt of the run has, which the engine's caches must hold: recorded by the plan
     (planning/length_limit.py); a run planned before it was (2026-12-06) holds the run's limit."""
     recorded = manifest.get("longest_prompt")
@@ -75,9 +75,7 @@ def _within_length(changed: RunConfig, config: RunConfig) -> tuple[RunConfig, st
     none (--on-long error would refuse them): as windows for embed and score (every residue kept), truncated
     when generating, skipped for variants (the two options those tasks allow); a window planned for the
     old limit gives way to the new one. Returns it and the words that say so."""
-    on_long = config.on_long
-    if on_long == "error":
-        on_long = {"generate": "truncate", "variants": "skip"}.get(config.task, "window")
+    on_long = config.keeping_on_long if config.on_long == "error" else config.on_long
     if on_long == "window" and config.window and config.window > changed.max_length:
         changed = replace(changed, window=None, overlap=None)
     changed = replace(changed, on_long=on_long)
@@ -211,7 +209,7 @@ class ShardRun:
         logprobs = config.task in ("score", "variants")
         try:
             engine = engines.load(manifest["engine"], model["path"], device, dtype, logprobs=logprobs, info=info,
-                                  config=config, longest_prompt=longest_prompt(manifest),
+                                  config=config, longest_prompt=longest_prompt_of(manifest),
                                   fingerprint=model.get("fingerprint", ""))
         except CachesTooLarge as e:   # (a rerun stops the same way: a setting must change)
             raise SettingsRefused(caches_advice(e, config, self.run_dir.root)) from None
