@@ -275,3 +275,15 @@ def test_the_split_delta_rule_design_is_counted_by_its_kernels_bytes_models():
     assert all(row["exact"] for row in delta.values())
     assert split["families"]["delta rule"]["bytes"] > fused["families"]["delta rule"]["bytes"]
     assert split["predicted_step_ms"] > fused["predicted_step_ms"]   # bytes only: occupancy is not in the model
+
+
+def test_kv_cache_size_prints_what_benchmarks_records_for_qwen35():
+    """bench/kv_cache_size.py, the script behind docs/BENCHMARKS.md's Qwen3.5-0.8B cache sizes: its table has the
+    figures recorded there, and the cache sized for a 1,026-token record is the smaller on both devices."""
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "kv_cache_size.py"), "qwen35-0.8b", "--limit", "262144",
+                          "--longest", "1026"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    recorded = (REPO / "docs" / "BENCHMARKS.md").read_text()
+    for pages, size in (("16,896", "6.64 GB"), ("577", "0.23 GB"), ("18,688", "3.67 GB"), ("2,369", "0.47 GB")):
+        assert f"| {pages} | {size} |" in res.stdout, res.stdout
+        assert f"{pages} pages" in recorded and size in recorded
