@@ -117,10 +117,13 @@ def test_env_goes_on_when_nvidia_smi_does_not_answer(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 60\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(temporary)}
     res = subprocess.run([sys.executable, "-m", "bench.gpu_profile", "env", "--smoke", "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert list(temporary.iterdir()) == []      # a step run by hand, without --scratch, removes its scratch folder
     assert "nvidia-smi -q -d CLOCK,POWER: no answer (TimeoutExpired" in res.stdout
     assert "| software / device | version |" in res.stdout and "| ceiling | size | ms | rate |" in res.stdout
 

@@ -50,11 +50,14 @@ def main(argv=None) -> int:
     from pipeline.models.hf_config import quiet_transformers
     from .setting import Setting
     quiet_transformers()
-    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="gpu_profile_"))
-    setting = Setting.make(args.smoke, scratch)
     title = STEPS[args.step] + (" (SMOKE RUN on CPU at toy sizes: the numbers mean nothing)" if args.smoke else "")
     report = Report(args.out, args.step, title)
-    importlib.import_module(f".{args.step}", __package__).run(setting, report)
+    step = importlib.import_module(f".{args.step}", __package__)
+    if args.scratch is not None:           # gpu_profile.sh's folder, which the script removes at its end
+        step.run(Setting.make(args.smoke, args.scratch), report)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="gpu_profile_") as scratch:     # a step run by hand leaves nothing
+        step.run(Setting.make(args.smoke, Path(scratch)), report)
     return 0
 
 
