@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))   # (bench_gated_delta_rule's fla helpers, when imported from elsewhere)
 
+from bench.scratch import scratch_folder  # noqa: E402
 from pipeline.models import demo as demo_model  # noqa: E402
 from pipeline.worker.batching import plan_batches  # noqa: E402
 
@@ -111,10 +113,11 @@ def write_checkpoint(name: str, path: Path, dtype: torch.dtype, device: torch.de
 
 
 def sequences(n: int, tokenizer, max_len: int) -> list[list[int]]:
-    fasta = Path(tempfile.mkdtemp()) / "bench.fasta"
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", str(n), "--seed", "1",
-                    str(fasta)], check=True, capture_output=True)
-    records = fasta.read_text().split(">")[1:]
+    with tempfile.TemporaryDirectory(prefix="bench_engine_fasta_") as folder:
+        fasta = Path(folder) / "bench.fasta"
+        subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", str(n), "--seed", "1",
+                        str(fasta)], check=True, capture_output=True)
+        records = fasta.read_text().split(">")[1:]
     texts = ["".join(r.split("\n")[1:]) for r in records]
     ids = tokenizer(texts, add_special_tokens=True)["input_ids"]
     ids = [x[:max_len] for x in ids]
@@ -316,7 +319,7 @@ def main(argv=None) -> None:
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for name in models:
         start = time.perf_counter()
-        path = write_checkpoint(name, Path(tempfile.mkdtemp()) / name, dtype, device)
+        path = write_checkpoint(name, scratch_folder(f"bench_engine_{name}_") / name, dtype, device)
         say(f"{name}: checkpoint built on {device.type} and saved in {time.perf_counter() - start:.1f} s")
         start = time.perf_counter()
         from transformers import AutoTokenizer
@@ -349,6 +352,7 @@ def main(argv=None) -> None:
                 "of native's time (native vs native-variant)")
         del engines
         gc.collect()
+        shutil.rmtree(path.parent, ignore_errors=True)   # the next model's checkpoint beside it would not fit some disks
         if gpu:
             torch.cuda.empty_cache()
     if args.out:

@@ -46,6 +46,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.scratch import scratch_folder  # noqa: E402
 from pipeline.config import RunConfig  # noqa: E402
 from pipeline.worker.batching import plan_batches  # noqa: E402
 
@@ -70,10 +71,11 @@ def write_checkpoint(name: str, path: Path) -> Path:
 
 
 def sequences(n: int, max_len: int) -> list[str]:
-    fasta = Path(tempfile.mkdtemp()) / "bench.fasta"
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", str(n), "--seed", "1", str(fasta)],
-                   check=True, capture_output=True)
-    texts = ["".join(r.split("\n")[1:])[:max_len] for r in fasta.read_text().split(">")[1:]]
+    with tempfile.TemporaryDirectory(prefix="bench_pll_fasta_") as folder:
+        fasta = Path(folder) / "bench.fasta"
+        subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", str(n), "--seed", "1",
+                        str(fasta)], check=True, capture_output=True)
+        texts = ["".join(r.split("\n")[1:])[:max_len] for r in fasta.read_text().split(">")[1:]]
     return sorted(texts, key=len, reverse=True)
 
 
@@ -191,7 +193,7 @@ def main() -> None:
     if not gpu:
         keep_freed_memory()
     quiet_transformers()
-    path = write_checkpoint(name, Path(tempfile.mkdtemp()) / name)
+    path = write_checkpoint(name, scratch_folder(f"bench_pll_{name}_") / name)
     texts = sequences(n, max_len)
     engines = {"transformers": Transformers(path, device, dtype, budget), "native": Native(path, device, dtype, budget)}
     for engine in engines.values():   # warm-up, not timed

@@ -28,13 +28,14 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import REPO, embed, mkl_default_mode, sequences  # noqa: E402
+
+from bench.scratch import scratch_folder  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from pipeline.models import demo as demo_model  # noqa: E402
@@ -116,7 +117,7 @@ def main() -> None:
     n, layers = args.n or (20000 if gpu else 200), args.layers or (24 if gpu else 2)
     budget = args.max_tokens_per_batch or (32768 if gpu else 4096)
 
-    path = write_checkpoint(Path(tempfile.mkdtemp()) / "prott5", layers, dtype, device)
+    path = write_checkpoint(scratch_folder("bench_t5_") / "prott5", layers, dtype, device)
     from pipeline.engine.native import NativeEngine
     from transformers import AutoTokenizer
     ids = sequences(n, AutoTokenizer.from_pretrained(path), args.max_len)

@@ -27,7 +27,6 @@ import argparse
 import collections
 import resource
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import bench_engine  # noqa: E402
+from bench.scratch import scratch_folder  # noqa: E402
 import pipeline.models.layers.gated_deltanet as gdn  # noqa: E402
 
 
@@ -103,7 +103,8 @@ def main() -> None:
     from pipeline.models.hf_config import quiet_transformers
     from transformers import AutoTokenizer
     quiet_transformers()
-    path = bench_engine.write_checkpoint(args.model, Path(tempfile.mkdtemp()) / args.model, dtype, torch.device("cpu"))
+    path = bench_engine.write_checkpoint(args.model, scratch_folder("profile_cpu_layers_") / args.model, dtype,
+                                         torch.device("cpu"))
     tokenizer = AutoTokenizer.from_pretrained(path)
     ids = bench_engine.sequences(args.n, tokenizer, tokenizer.model_max_length)
     batch = ids[:4] if args.batch == "longest" else ids[len(ids) // 3: len(ids) // 3 + 12]

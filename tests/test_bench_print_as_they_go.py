@@ -144,6 +144,8 @@ def test_engine_bench_prints_each_phase_slice_and_row_when_done(monkeypatch, tmp
     assert ("measure", "hf") in timed and ("measure", "native") in timed   # the slice's runs come after the warm-ups
     assert "one long sequence: 600 tokens in" in text and "first call, with compiles" in text
     assert (tmp_path / "engine.md").read_text().strip() == text.strip()
+    left = [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")]   # torch's own cache
+    assert left == ["engine.md"]          # the benchmark's checkpoint and FASTA are gone (GBs on a GPU)
 
 
 @pytest.mark.usefixtures("bench_modules")
