@@ -5,6 +5,7 @@ module defining kernels is imported (triton decides compiled vs interpreted when
 so it is set here, first. With a GPU it is left alone so kernel tests run compiled. Code under test that
 must not run interpreted kernels (the engine's CPU path, the CLI's workers) does not depend on it.
 """
+import collections
 import os
 
 import torch
@@ -52,22 +53,41 @@ from .slurm_helpers import small_fasta, small_local_four  # noqa: E402,F401  (on
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
 
 # `make test` runs the suite on two pytest-xdist workers (--dist loadgroup; most tests wait on worker processes,
-# schedulers and timeouts, so one process keeps 2 cores about 60% busy). Tests that share one external service
-# per session go to one worker together: a single SLURM cluster, a single Ray head.
-XDIST_GROUPS = {"slurm_session": "slurm", "ray_head": "ray"}
+# schedulers and timeouts, so one process keeps 2 cores about 60% busy). How the tests are dealt to them:
+# - The tests that share one external service per session (a single SLURM cluster, a single Ray head) go to one
+#   worker together, first: one long unit of mostly waiting, started while the other worker computes. (As two
+#   groups they ran at once, one on each worker, and both cores waited for a minute and more.)
+# - A module's tests that use a module-scoped fixture of that module (a finished run, checkpoints) go to one worker
+#   together, so the fixture is built once, not once on each worker; these groups next, the largest first.
+# - Every other test is dealt singly, last, so that the workers finish together.
+SERVICE_FIXTURES = ("slurm_session", "ray_head")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False   # xdist's own order (groups by size) would put services anywhere
+
+
+def _xdist_group(item) -> str | None:
+    if any(fixture in item.fixturenames for fixture in SERVICE_FIXTURES):
+        return "services"
+    module = item.nodeid.split("::")[0]
+    for definitions in item._fixtureinfo.name2fixturedefs.values():
+        if any(d.scope == "module" and d.baseid == module for d in definitions):
+            return module
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
-    grouped = set()
-    for item in items:
-        for fixture, group in XDIST_GROUPS.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(group))
-                grouped.add(item)
-                break
-    if os.environ.get("PYTEST_XDIST_WORKER") is not None or config.getoption("numprocesses", None):
-        # The groups first: each is one long unit of mostly waiting, best started while the other worker computes.
-        items.sort(key=lambda item: item not in grouped)
+    if os.environ.get("PYTEST_XDIST_WORKER") is None and not config.getoption("numprocesses", None):
+        return
+    groups = {item: _xdist_group(item) for item in items}
+    sizes = collections.Counter(groups.values())
+    for item, group in groups.items():
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: (groups[item] is None, groups[item] != "services", -sizes[groups[item]],
+                                 groups[item] or ""))
 
 
 if os.environ.get("PYTEST_XDIST_WORKER") is not None:
