@@ -55,8 +55,8 @@ SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
 # `make test` runs the suite on two pytest-xdist workers (--dist loadgroup; most tests wait on worker processes,
 # schedulers and timeouts, so one process keeps 2 cores about 60% busy). How the tests are dealt to them:
 # - The tests that share one external service per session (a single SLURM cluster, a single Ray head) go to one
-#   worker together, first: one long unit of mostly waiting, started while the other worker computes. (As two
-#   groups they ran at once, one on each worker, and both cores waited for a minute and more.)
+#   worker together, first: one long unit of mostly waiting, started while the other worker computes (as two
+#   groups, xdist started them at once, one on each worker).
 # - A module's tests that use a module-scoped fixture of that module (a finished run, checkpoints) go to one worker
 #   together, so the fixture is built once, not once on each worker; these groups next, the largest first.
 # - Every other test is dealt singly, last, so that the workers finish together.

@@ -164,8 +164,10 @@ def test_sigterm_to_the_driver_cancels_the_tasks_and_names_rerun(ray_head, ray_a
     used to replace the command's SIGTERM handler with Ray's crash handler: a C++ stack, no advice.)"""
     out = tmp_path / "out"
     args = ["--ray-address", ray_head]
-    proc = start(fasta, "--out", str(out), *common, "--shards", "4", "--launcher", "ray", *args,
-                 env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3", **ray_auth})
+    # Shard 1's first checkpoint after 5 of its 60 records: the SIGTERM's way through Ray's cancellation to the
+    # shard took seconds on a busy machine, and after a checkpoint at 20 records the shard had once finished first.
+    proc = start(fasta, "--out", str(out), *common, "--shards", "4", "--checkpoint-every", "5", "--launcher", "ray",
+                 *args, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.5", **ray_auth})
     try:
         wait_for(lambda: "checkpoint part_" in log_text(out, 1), timeout=150, what="shard 1's first checkpoint")
         proc.send_signal(signal.SIGTERM)
