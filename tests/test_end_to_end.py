@@ -19,6 +19,7 @@ from index import SequenceIndex
 
 from .conftest import SHARED_DATA
 from .float64_reference import assert_as_accurate, float64_everywhere
+from .run_helpers import suggested_commands
 from .tiny_models import REPO, run_cli, save_esm, save_gpt2
 
 FASTA = [str(SHARED_DATA / "protein_lib.fa"), str(SHARED_DATA / "ncbi_standard_aa.fasta")]
@@ -222,10 +223,11 @@ def test_duplicate_ids_refused_then_renamed(tmp_path, models):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "duplicate sequence id" in res.stderr and "'alpha'" in res.stderr and "dups.fasta:1" in res.stderr \
         and "dups.fasta:10" in res.stderr
-    res = run_cli(dups, "--out", str(tmp_path / "b"), "--model", models["demo"], "--gpus", "0",
-                  "--on-duplicate-id", "rename", "--no-progress")
+    (suggested,) = suggested_commands(res.stderr)               # the same run with --on-duplicate-id rename
+    assert suggested[suggested.index("--on-duplicate-id") + 1] == "rename", suggested
+    res = run_cli(*suggested)
     assert res.returncode == 0, res.stderr
-    data, _ = read(tmp_path / "b" / "result.h5")
+    data, _ = read(tmp_path / "a" / "result.h5")
     assert [i.decode() for i in data["ids"]] == ["alpha", "beta", "gamma", "alpha.dup2", "delta"]
     assert data["original_ids/index"].tolist() == [3] and data["original_ids/ids"].tolist() == [b"alpha"]
 

@@ -4,6 +4,7 @@ output's int32 `lengths` column. Each refusal names the file, line or id, how ma
 option that handles them."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -45,8 +46,9 @@ def apply_input_policies(index: SequenceIndex, config: RunConfig) -> SequenceInd
     empty = index.empty_records()
     if len(empty) and not config.skip_empty:
         shown = listing([where_in_input(index, int(i)) for i in empty[:MAX_LISTED]], len(empty))
-        raise UserError(f"{len(empty)} record(s) have no residues: {shown}. Remove them, or pass --skip-empty "
-                        f"to keep them as rows with status {status_codes.EMPTY} (empty) and no values.")
+        keep = dataclasses.replace(config, skip_empty=True).as_command()
+        raise UserError(f"{len(empty)} record(s) have no residues: {shown}. Remove them, or keep them as rows with "
+                        f"status {status_codes.EMPTY} (empty) and no values (--skip-empty): `{keep}`")
     return index
 
 
@@ -59,9 +61,11 @@ def _duplicate_ids(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
         shown = "; ".join(f"'{index.id(g[0])}' at " + ", ".join(index.where(i) for i in g)
                           for g in groups[:MAX_LISTED])
         more = f" (and {len(groups) - MAX_LISTED:,} more ids)" if len(groups) > MAX_LISTED else ""
+        rename = dataclasses.replace(config, on_duplicate_id="rename").as_command()
         raise UserError(f"{total} duplicate sequence id(s) in the input: {shown}{more}. Output rows are "
-                        "keyed by id, so ids must be unique: fix the FASTA, or pass --on-duplicate-id rename "
-                        "to suffix repeats ('id.dup2') and keep the original ids in the output.")
+                        "keyed by id, so ids must be unique: fix the FASTA, or suffix the repeats ('id.dup2'; "
+                        f"the original ids kept in the output's `original_ids`) with --on-duplicate-id rename: "
+                        f"`{rename}`")
     index, originals = index.with_renamed_duplicates(groups)
     log.warning("%d duplicate id(s) renamed (e.g. %s); originals kept in `original_ids`", len(originals),
                 ", ".join(f"{v} -> {index.id(k)}" for k, v in list(originals.items())[:3]))
