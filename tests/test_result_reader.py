@@ -330,6 +330,57 @@ def test_export_per_id_h5_as_uniprot_per_protein(result, tmp_path):
     assert wrong.returncode == 2 and "a model output column, not lengths" in wrong.stderr
 
 
+def test_export_reads_per_residue_values_within_its_budget_where_long_records_cluster(models, tmp_path,
+                                                                                     monkeypatch):
+    """A FASTA sorted by length: 400 peptides of 8 residues, then 12 records of 3,000. export cut the rows by the
+    file's mean bytes per row, so the last range held all 12 long records, 23 times its budget (at UniProt's
+    scale, a few thousand titin-like records after a million peptides, tens of GB read at once). Every range
+    export reads now stays within ROW_GROUP_BYTES (a single row larger than that alone), and the values
+    written are the file's."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    from pipeline.output import export as exports
+    from pipeline.output.result_reader import ResultFile
+    rng = np.random.default_rng(0)
+    letters = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
+    fasta = tmp_path / "sorted.fasta"
+    fasta.write_text("".join(f">s{i}\n{''.join(rng.choice(letters, 8))}\n" for i in range(400))
+                     + "".join(f">L{i}\n{''.join(rng.choice(letters, 3000))}\n" for i in range(12)))
+    out = tmp_path / "out"
+    res = run_cli(str(fasta), "--out", str(out), "--model", models["demo"], "--gpus", "0", "--workers", "1",
+                  "--per-residue", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    data = read(out / "result.h5")
+    width = data["per_residue/values"].shape[1]
+    budget = 200_000   # bytes: 1,000 residues of 64 float16 values, a third of one long record
+    monkeypatch.setattr(exports, "ROW_GROUP_BYTES", budget)
+    reads = []
+    slice_of = ResultFile._slice
+
+    def counted(self, c, a, b):
+        values = slice_of(self, c, a, b)
+        if c.ragged:
+            reads.append((b - a, sum(v.nbytes for v in values)))
+        return values
+    monkeypatch.setattr(ResultFile, "_slice", counted)
+    exports.export(out, "per-id-h5", tmp_path / "per-residue.h5", "per_residue/values")
+    assert reads and all(size <= budget or rows == 1 for rows, size in reads), reads
+    assert sum(rows for rows, _ in reads) == 412
+    with h5py.File(tmp_path / "per-residue.h5") as f:
+        off = data["per_residue/offsets"]
+        for k, seq_id in enumerate(data["ids"]):
+            assert np.array_equal(f[seq_id.decode()][:], data["per_residue/values"][off[k]:off[k + 1]])
+    target = exports.export(out, "parquet", tmp_path / "r.parquet")
+    meta = pq.ParquetFile(target).metadata
+    rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    starts = np.concatenate([[0], np.cumsum(rows)])
+    off = data["per_residue/offsets"]
+    sizes = [(off[b] - off[a]) * width * 2 for a, b in zip(starts[:-1], starts[1:])]
+    assert all(size <= budget or n == 1 for n, size in zip(rows, sizes)), list(zip(rows, sizes))
+    values = pq.read_table(target).column("per_residue/values").to_pylist()
+    assert all(np.array_equal(np.array(values[k], np.float16).reshape(-1, width),
+                              data["per_residue/values"][off[k]:off[k + 1]]) for k in (0, 399, 400, 411))
+
+
 def test_get_on_a_result_merged_by_slurm(slurm_cluster, models, tmp_path):
     fasta = tmp_path / "in.fasta"
     subprocess.run([sys.executable, str(REPO / "tools" / "make_fasta.py"), "--n", "12", "--seed", "3",

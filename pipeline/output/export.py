@@ -51,11 +51,27 @@ def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None
     return target
 
 
-def _rows_per_chunk(res: ResultFile) -> int:
-    per_row = sum(c.value_bytes() for c in res.schema.row_columns)
-    for c in res.schema.ragged_columns:   # the mean values per row of each ragged column
-        per_row += c.value_bytes() * len(res.file[c.path]) // max(1, res.n)
-    return max(1, ROW_GROUP_BYTES // max(1, per_row))
+def _row_ranges(res: ResultFile):
+    """Consecutive row ranges [a, b) of at most ROW_GROUP_BYTES each (one row alone where it is larger),
+    each row counted with its own ragged values, read from its group's offsets: a mean over the file let a
+    stretch of long records (a FASTA sorted by length, a few titins among short peptides) fill one range
+    with tens of times the bytes, tens of GB of per-residue values in memory at once."""
+    fixed = sum(c.value_bytes() for c in res.schema.row_columns)
+    per_value: dict[str, int] = {}
+    for c in res.schema.ragged_columns:
+        per_value[c.group] = per_value.get(c.group, 0) + c.value_bytes()
+    # a range holds at most this many rows (each takes `fixed` bytes at least), so the offsets read for one
+    # range are a bounded fraction of the values it reads
+    most = max(1, ROW_GROUP_BYTES // max(1, fixed))
+    a = 0
+    while a < res.n:
+        end = min(res.n, a + most)
+        sizes = np.full(end - a, fixed, np.int64)
+        for group, size in per_value.items():
+            sizes += np.diff(res.file[f"{group}/offsets"][a:end + 1].astype(np.int64)) * size
+        b = a + max(1, int(np.searchsorted(np.cumsum(sizes), ROW_GROUP_BYTES, side="right")))
+        yield a, b
+        a = b
 
 
 # ------------------------------------------------------------------------------------------- parquet
@@ -69,14 +85,10 @@ def _parquet(res: ResultFile, tmp: Path, widen_float16: bool = False) -> None:
     wide = {c.path: np.float32 for c in res.schema.columns if widen_float16 and c.dtype == "float16"}
     fields = [pa.field(c.path, _arrow_type(pa, c, wide.get(c.path))) for c in res.schema.columns]
     schema = pa.schema(fields, metadata={"run_shards": json.dumps(res.attrs, default=str)})
-    step = _rows_per_chunk(res)
     with pq.ParquetWriter(tmp, schema) as writer:
-        for a in range(0, max(res.n, 1), step):
-            b = min(res.n, a + step)
+        for a, b in _row_ranges(res) if res.n else [(0, 0)]:   # (an empty result: one empty table)
             arrays = [_arrow_column(pa, res, c, a, b, wide.get(c.path)) for c in res.schema.columns]
             writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=max(1, b - a))
-            if b >= res.n:
-                break
 
 
 def _arrow_type(pa, c: Column, as_dtype=None):
@@ -136,7 +148,9 @@ def _per_id(res: ResultFile, tmp: Path, column: Column) -> None:
         out.attrs["source"] = str(res.path)
         out.attrs["column"] = column.path
         out.attrs["run_shards"] = json.dumps(res.attrs, default=str)
-        for chunk in res.chunks(_rows_per_chunk(res), ["ids", "status", column.path]):
+        chosen = [res._column(p) for p in ("ids", "status", column.path)]
+        for a, b in _row_ranges(res):
+            chunk = {c.path: res._slice(c, a, b) for c in chosen}
             for seq_id, status, value in zip(chunk["ids"], chunk["status"], chunk[column.path]):
                 if int(status) not in status_codes.HAS_VALUES:
                     continue
