@@ -113,6 +113,7 @@ def test_esm_pools_layers_and_per_residue(models, tmp_path):
                   "--pool", "mean,cls,last", "--layers", "-1,1", "--per-residue", "--per-residue-dtype", "float32",
                   "--no-progress")
     assert res.returncode == 0, res.stderr
+    assert "--pool cls on a causal LM" not in res.stderr   # an encoder's first token sees the whole sequence
     index = SequenceIndex.build(FASTA)
     data, _ = read(out / "result.h5")
     ref, ref32 = exact_and_float32(models["esm"], [index.sequence(i) for i in range(len(index))], layers=(-1, 1),
@@ -126,6 +127,28 @@ def test_esm_pools_layers_and_per_residue(models, tmp_path):
     assert offsets[0] == 0 and np.array_equal(np.diff(offsets), index.lengths)
     assert_as_accurate(data["per_residue/values"], np.concatenate([r["per_residue"] for r in ref32]),
                        np.concatenate([r["per_residue"] for r in ref]), "per_residue")
+
+
+@pytest.mark.parametrize("name", ["demo", "qwen3"])
+def test_cls_of_a_causal_lm_is_told_to_be_its_first_token_alone(models, tmp_path, name):
+    """A causal LM's first token attends to itself only: `cls` is the same vector for every sequence where the
+    tokenizer puts <bos> first (the demo model, as README's first example ran it) and for every sequence beginning
+    with the same residue where it puts none (Qwen3). It was stored without a word; planning now warns, once."""
+    out = tmp_path / "out"
+    res = run_cli(FASTA[0], "--out", str(out), "--model", models[name], "--gpus", "0", "--workers", "1",
+                  "--pool", "mean,cls,last", "--layers", "0,-1", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("--pool cls on a causal LM") == 1, res.stderr
+    assert "`last` (the final token's state, computed from the whole sequence) or `mean`" in res.stderr
+    data, _ = read(out / "result.h5")
+    index = SequenceIndex.build(FASTA[:1])
+    first = np.array([index.sequence(i)[0] for i in range(len(index))])
+    for column in ("embeddings/cls", "embeddings/cls_layer0"):
+        cls = data[column]
+        # the same vector wherever the first token is: every row, or (Qwen3) the rows beginning with M
+        same = first == "M" if name == "qwen3" else np.ones(len(first), bool)
+        assert 1 < same.sum() < len(first) + (name == "demo") and (cls[same] == cls[same][0]).all(), column
+    assert len(np.unique(data["embeddings/last"], axis=0)) == len(first)
 
 
 @pytest.mark.parametrize("name", ["demo", "llama"])
