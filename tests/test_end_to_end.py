@@ -113,7 +113,7 @@ def test_esm_pools_layers_and_per_residue(models, tmp_path):
                   "--pool", "mean,cls,last", "--layers", "-1,1", "--per-residue", "--per-residue-dtype", "float32",
                   "--no-progress")
     assert res.returncode == 0, res.stderr
-    assert "--pool cls on a causal LM" not in res.stderr   # an encoder's first token sees the whole sequence
+    assert "--pool cls with" not in res.stderr   # an encoder's first token, <cls>, sees the whole sequence
     index = SequenceIndex.build(FASTA)
     data, _ = read(out / "result.h5")
     ref, ref32 = exact_and_float32(models["esm"], [index.sequence(i) for i in range(len(index))], layers=(-1, 1),
@@ -138,7 +138,7 @@ def test_cls_of_a_causal_lm_is_told_to_be_its_first_token_alone(models, tmp_path
     res = run_cli(FASTA[0], "--out", str(out), "--model", models[name], "--gpus", "0", "--workers", "1",
                   "--pool", "mean,cls,last", "--layers", "0,-1", "--no-progress")
     assert res.returncode == 0, res.stderr
-    assert res.stderr.count("--pool cls on a causal LM") == 1, res.stderr
+    assert res.stderr.count("--pool cls with") == 1 and "a causal LM computes the first token" in res.stderr, res.stderr
     assert "`last` (the final token's state, computed from the whole sequence) or `mean`" in res.stderr
     data, _ = read(out / "result.h5")
     index = SequenceIndex.build(FASTA[:1])

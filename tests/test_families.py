@@ -55,9 +55,13 @@ def test_embeddings_equal_the_model_card(name, family_checkpoint, tmp_path):
     path = family_checkpoint(name)
     records = _records(name)
     report = name == "esm2_t6_8m"   # report.html's row statuses, once
-    res, out = run(tmp_path, path, records, "--per-residue", "--per-residue-dtype", "float32",
+    res, out = run(tmp_path, path, records, "--per-residue", "--per-residue-dtype", "float32", "--pool", "mean,cls",
                    env={"RUN_SHARDS_REPORT": "1"} if report else None)
     assert res.returncode == 0, res.stderr
+    # `cls` is the first token's state: a summary where the card puts a token before the residues (<cls>, [CLS],
+    # ProstT5's prefix), the first residue's state where it puts none (ProtT5, Ankh), which planning says
+    residue_first = card_usage.tokens_before_residues(path) == 0
+    assert ("embeddings/cls is the first residue's state" in res.stderr) is residue_first, res.stderr
     data = result(out)
     sequences = list(records.values())
     exact = card_usage.embed(path, sequences, torch.float64)

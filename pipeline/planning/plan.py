@@ -146,19 +146,15 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     limit = token_limit(model.info.max_tokens, planned.max_length)
     planned = _fit_lengths(planned, index, model, limit, None if variants is None else variants.record)
     from ..tasks import make_task, schema_for
+    from ..tasks.embed import cls_caveat
     from ..tasks.tokenization import SequenceTokenizer
     task = make_task(planned, model.info)
     tokenizer = SequenceTokenizer(model.hf_tokenizer, model.convention)
     task.prepare(tokenizer)
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
-    if planned.task == "embed" and "cls" in planned.pools and model.info.is_causal:
-        # A causal LM's first token attends to itself alone: its state is that token's, whatever follows.
-        log.warning("--pool cls on a causal LM (%s): the first token's state, which such a model computes from "
-                    "that token alone, so embeddings/cls is the same vector for every sequence that begins with "
-                    "the same token (every sequence, where the tokenizer puts a beginning-of-sequence token "
-                    "first); `last` (the final token's state, computed from the whole sequence) or `mean` "
-                    "describe the sequence", model.source.model_type)
+    if planned.task == "embed" and "cls" in planned.pools and (caveat := cls_caveat(model.info, tokenizer)):
+        log.warning("--pool cls with %s: %s", model.source.model_type, caveat)
     resolved = run_identity.of_plan(planned, model, limit, task.attrs())
     copies = plan_copies(planned, model, schema, index, run, old, resolved, task.attrs())   # duplicates, --reuse
     try:

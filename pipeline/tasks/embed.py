@@ -25,6 +25,21 @@ from .tokenization import SequenceTokenizer, Tokenized
 log = logging.getLogger("run_shards")
 
 
+def cls_caveat(info: EngineInfo, tokenizer: SequenceTokenizer) -> str | None:
+    """Why `--pool cls` does not describe the sequence with this model and tokenizer, where it does not (a
+    warning at planning): the first token's state is a summary only where a bidirectional model reads a special
+    token there (ESM's <cls>, BERT's [CLS])."""
+    if info.is_causal:   # its first token attends to itself alone: that token's state, whatever follows
+        return ("a causal LM computes the first token's state from that token alone, so embeddings/cls is the "
+                "same vector for every sequence that begins with the same token (every sequence, where the "
+                "tokenizer puts a beginning-of-sequence token first); `last` (the final token's state, computed "
+                "from the whole sequence) or `mean` describe the sequence")
+    if tokenizer.head == 0:
+        return ("the tokenizer puts no special token before the residues (no <cls>), so embeddings/cls is the "
+                "first residue's state, not a summary of the sequence; `mean` describes the sequence")
+    return None
+
+
 class EmbedTask(ForwardTask):
     name = "embed"
 

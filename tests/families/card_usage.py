@@ -189,6 +189,16 @@ _EMBED: dict[str, Callable[[Path, Sequence[str], torch.dtype], list[Embedding]]]
     "causal_lm": _causal_lm("causal_lm")}
 
 
+# Tokens before a sequence's residues in each encoder card's usage above (the `start` of its rows): a special
+# token (<cls>, [CLS]) or a prefix the card leaves out of the rows (ProstT5's <AA2fold>).
+_BEFORE_RESIDUES = {"esm": 1, "prott5": 0, "prostt5": 1, "ankh": 0, "protbert": 1, "saprot": 1,
+                    "nucleotide_transformer": 1}
+
+
+def tokens_before_residues(ckpt_dir: str | Path) -> int:
+    return _BEFORE_RESIDUES[recognise(Path(ckpt_dir))]
+
+
 def embed(ckpt_dir: str | Path, sequences: Sequence[str], dtype: torch.dtype = torch.float32) -> list[Embedding]:
     """Per sequence (per_residue [L, D], mean [D]) as the checkpoint's family card computes them."""
     ckpt = Path(ckpt_dir)
