@@ -241,6 +241,9 @@ class RunConfig:
         if self.on_long == "window" and self.task == "generate":
             raise UserError("--on-long window is for embed and score; generation continues a whole sequence: "
                             "use --on-long truncate, skip or error with --task generate")
+        if self.temperature == float("inf"):
+            raise UserError("--temperature must be finite (got inf): the logits are divided by it, so an infinite "
+                            "one leaves no distribution to sample; a large one (e.g. 100) samples nearly uniformly")
         if not self.pools or not self.layers:
             raise UserError("--pool needs at least one of mean, cls, last, and --layers at least one layer")
         if self.task == "variants" and not self.variants:

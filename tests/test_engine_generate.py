@@ -213,3 +213,27 @@ def test_generated_text_with_a_nul_is_stored(family_checkpoint, tmp_path, name):
             f.create_dataset("raw", data=np.array([tok.decode(ids)], dtype=object), dtype=h5py.string_dtype("utf-8"))
     with h5py.File(tmp_path / "t.h5") as f:
         assert f["text"][0].decode() == text
+
+
+def test_extreme_temperatures_sample_tokens_not_nan(tmp_path):
+    """The tempered distribution is softmax(logits / T) in float32: T = 1e-40 overflowed the logits to inf
+    (inf - inf = NaN), 1e-300 was 0 and 1e300 inf as float32 (a masked padded row's -inf / inf = NaN), and a
+    NaN row drew its last id, one of the demo model's 3 padded rows that are no token, at every step. Now a
+    tiny temperature draws what greedy search picks (the limit), a huge one nearly uniformly among the
+    tokens; and --temperature inf is refused before any work."""
+    from pipeline.config import RunConfig
+    from pipeline.errors import UserError
+    from pipeline.models import demo as demo_model
+    path = demo_model.write(tmp_path / "demo")
+    engine = NativeEngine.load(str(path), CPU, torch.float32, "", max_new_tokens=8)
+    prompts = random_sequences([5, 9, 3, 7, 12, 4], seed=14, eos=None)
+    greedy = [g.token_ids for g in engine.generate(prompts, range(6), SamplingParams(max_new_tokens=8))]
+    assert max(t for g in greedy for t in g) < len(engine.tokenizer)
+    for tiny in (1e-40, 1e-300):
+        got = engine.generate(prompts, range(6), SamplingParams(max_new_tokens=8, temperature=tiny, top_p=0.9, seed=3))
+        assert [g.token_ids for g in got] == greedy, tiny
+    got = engine.generate(prompts, range(6), SamplingParams(max_new_tokens=8, temperature=1e300, seed=3))
+    drawn = [t for g in got for t in g.token_ids]
+    assert max(drawn) < len(engine.tokenizer) and len(set(drawn)) > 10
+    with pytest.raises(UserError, match="--temperature must be finite"):
+        RunConfig(fasta=["x.fa"], out="o", task="generate", temperature=float("inf")).validate()

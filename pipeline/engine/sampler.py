@@ -57,7 +57,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, u: np.ndarray) -> list[int]:
         if self.temperature == 0:
             return logits.argmax(dim=-1).tolist()
-        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        probs = tempered(logits, self.temperature)
         u_dev = to_device([u], probs.device)[0]   # pinned: a pageable copy would wait for the step
         V = probs.shape[1]
         if self.top_p >= 1.0 or self.candidates >= V:
@@ -76,6 +76,19 @@ class Sampler:
             for i, token in zip(misfits, redone.tolist()):
                 tokens[i] = token
         return tokens
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / temperature) per row, without NaN for any temperature above 0: each row's largest
+    logit is taken off first (the same distribution, but logits / 1e-38 overflowed float32 to inf - inf),
+    and the temperature, which the division takes as a float32, is held within float32's normal range
+    (1e-300 was 0, 1e300 inf, and -inf / inf of a masked padded row NaN). A NaN row's draw was its last id,
+    a padded vocabulary row that is no token, at every step. A tiny temperature now gives the most likely
+    token (ties shared), as the limit does; a huge one the uniform draw among the tokens."""
+    f32 = torch.finfo(torch.float32)
+    logits = logits.float()
+    return torch.softmax((logits - logits.amax(dim=-1, keepdim=True)) / min(max(temperature, f32.tiny), f32.max),
+                         dim=-1)
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, u: np.ndarray) -> list[int]:
