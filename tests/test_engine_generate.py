@@ -237,3 +237,25 @@ def test_extreme_temperatures_sample_tokens_not_nan(tmp_path):
     assert max(drawn) < len(engine.tokenizer) and len(set(drawn)) > 10
     with pytest.raises(UserError, match="--temperature must be finite"):
         RunConfig(fasta=["x.fa"], out="o", task="generate", temperature=float("inf")).validate()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_text_of_ids_without_a_token_from_a_subword_tokenizer(family_checkpoint, name):
+    """Greedy search picks a padded vocabulary row where its logit is the largest (the tiny Qwen3 generated id 490
+    of 512 rows, its tokenizer has 461 tokens): the byte-level BPE's decode dropped it without a trace, so the
+    text read as if nothing had been generated there. It reads as the unknown token, `?` for these tokenizers,
+    which have none, as it does for a character-level tokenizer; the rest is transformers' decode."""
+    from pipeline.config import RunConfig
+    from pipeline.models import checkpoint
+    from pipeline.models.checkpoint import EngineInfo
+    from pipeline.tasks.generate import GenerateTask
+    source = checkpoint.local_source(str(family_checkpoint(name)))
+    tok = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
+    assert tok.unk_token is None
+    info = EngineInfo(name="native", hidden_size=8, num_layers=1, is_causal=True, max_tokens=None)
+    task = GenerateTask(RunConfig(fasta=["x.fa"], out="o", task="generate"), info)
+    mk, v = (tok(s, add_special_tokens=False)["input_ids"] for s in ("MKTAY", "VLS"))
+    past = len(tok) + 3
+    assert task._decode(tok, mk + [past] + v) == tok.decode(mk) + "?" + tok.decode(v)
+    assert task._decode(tok, [past, past] + v + [past]) == "??" + tok.decode(v) + "?"
+    assert task._decode(tok, mk + v) == tok.decode(mk + v)

@@ -65,9 +65,18 @@ class GenerateTask(Task):
         it, and the shard stopped with its rows since the last checkpoint), so it reads as U+FFFD."""
         if self._char_level is None:
             self._char_level = SequenceTokenizer(tokenizer).char_level
+        # An id with no token (a padded vocabulary row, which greedy search can pick) reads as the unknown token
+        # (`?` for a tokenizer without one, as Llama 3's and Qwen's).
+        unknown = tokenizer.unk_token or "?"
         if not self._char_level:
-            return tokenizer.decode(ids, skip_special_tokens=True).replace("\0", "\ufffd")
+            # (decode itself dropped such an id without a trace: the text read as if it had not been generated)
+            runs, n = [[]], len(tokenizer)
+            for i in ids:
+                if i < n:
+                    runs[-1].append(i)
+                else:
+                    runs.append([])
+            return unknown.join(tokenizer.decode(run, skip_special_tokens=True) for run in runs).replace("\0", "\ufffd")
         special = set(tokenizer.all_special_ids)
         tokens = tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])
-        # An id with no token (a padded vocabulary row, which greedy search can pick) reads as the unknown token.
-        return "".join(t if t is not None else (tokenizer.unk_token or "?") for t in tokens).replace("\0", "\ufffd")
+        return "".join(t if t is not None else unknown for t in tokens).replace("\0", "\ufffd")
