@@ -259,3 +259,45 @@ def test_text_of_ids_without_a_token_from_a_subword_tokenizer(family_checkpoint,
     assert task._decode(tok, mk + [past] + v) == tok.decode(mk) + "?" + tok.decode(v)
     assert task._decode(tok, [past, past] + v + [past]) == "??" + tok.decode(v) + "?"
     assert task._decode(tok, mk + v) == tok.decode(mk + v)
+
+
+def test_a_checkpoint_whose_generation_config_samples_is_told_so(family_checkpoint, tmp_path):
+    """Qwen3's and Llama 3's generation_config.json set do_sample (temperature, top_p, top_k), which transformers'
+    `generate` applies by default: a plain `model.generate(input_ids)` samples where this run decodes greedily
+    (and a repetition penalty changes even greedy tokens). The run said nothing of it; it warns, naming the
+    settings and the options that sample as they do, and stays silent for a checkpoint without such settings."""
+    import json
+    import shutil
+
+    from pipeline.config import RunConfig
+    from pipeline.tasks.generate import generation_config_note
+    from tests.tiny_models import run_cli
+    model = tmp_path / "qwen3"
+    shutil.copytree(family_checkpoint("qwen3"), model)
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">a\nMKTAYIAKQR\n")
+
+    def run(name, *options):
+        res = run_cli(str(fasta), "--out", str(tmp_path / name), "--model", str(model), "--task", "generate",
+                      "--max-new-tokens", "2", "--gpus", "0", "--workers", "1", "--no-progress", *options)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return res.stderr
+
+    assert "generation_config.json" not in run("plain")
+    (model / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 456, "eos_token_id": [458, 456], "do_sample": True, "temperature": 0.6, "top_k": 20,
+         "top_p": 0.95}))
+    err = run("sampling")
+    assert ("the checkpoint's generation_config.json sets do_sample true, temperature 0.6, top_p 0.95, top_k 20: "
+            "transformers' generate samples by default; this run decodes greedily (--temperature 0), as "
+            "transformers' generate with do_sample=False does; --temperature 0.6 --top-p 0.95 samples as those "
+            "settings do, but without top_k (run_shards has no top-k)") in err, err
+    sampled = RunConfig(fasta=["x.fa"], out="o", task="generate", temperature=0.6, top_p=0.95)
+    assert "top_k 20 (run_shards has no top-k" in generation_config_note(str(model), sampled)
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": 458, "repetition_penalty": 1.2}))
+    greedy = RunConfig(fasta=["x.fa"], out="o", task="generate")
+    assert generation_config_note(str(model), greedy) == (
+        "the checkpoint's generation_config.json sets repetition_penalty 1.2, which transformers' generate applies "
+        "by default and this run does not")
+    assert generation_config_note(str(model), sampled).startswith("the checkpoint's generation_config.json sets "
+                                                                  "repetition_penalty 1.2,")

@@ -268,6 +268,10 @@ def _fit_lengths(config: RunConfig, index: SequenceIndex, model: Model, limit: i
     if config.task == "generate":
         warn_generation_beyond(index, tokenizer, limit, config.on_long, model.info.max_tokens,
                                model.info.extra.get("trained_context"), config.max_new_tokens)
+        from ..tasks.generate import generation_config_note
+        note = generation_config_note(model.source.path, config)
+        if note:
+            log.warning("%s", note)
     return config
 
 

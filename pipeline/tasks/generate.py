@@ -23,6 +23,40 @@ from .task import Task, TaskOutput
 from .tokenization import SequenceTokenizer, Tokenized
 
 
+def generation_config_note(checkpoint_dir: str, config: RunConfig) -> str | None:
+    """What the checkpoint's generation_config.json asks of transformers' `generate`, which applies it by default,
+    that this run does not do (None if nothing): run_shards decodes as its own options say (greedy unless
+    --temperature), so a model whose card samples (Qwen3's and Llama 3's files: do_sample, temperature, top_p,
+    top_k) or penalises repeats gets other tokens than a plain `model.generate(input_ids)`."""
+    import json
+    from pathlib import Path
+
+    path = Path(checkpoint_dir) / "generation_config.json"
+    try:
+        gen = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    sampling = gen.get("do_sample") is True
+    top_k = gen.get("top_k") if isinstance(gen.get("top_k"), int) and gen["top_k"] > 0 else None
+    unused = [f"{key} {gen[key]}" for key, neutral in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0),
+                                                      ("min_new_tokens", 0)) if gen.get(key) not in (None, neutral)]
+    if sampling and config.temperature == 0:
+        settings = ["do_sample true"] + [f"{k} {gen[k]}" for k in ("temperature", "top_p") if k in gen]
+        settings += [f"top_k {top_k}"] * bool(top_k) + unused
+        options = " ".join(f"--{k.replace('_', '-')} {gen[k]}" for k in ("temperature", "top_p") if k in gen)
+        return (f"the checkpoint's generation_config.json sets {', '.join(settings)}: transformers' generate samples "
+                f"by default; this run decodes greedily (--temperature 0), as transformers' generate with "
+                f"do_sample=False{' and ' + ', '.join(unused) + ' left out' if unused else ''} does"
+                + (f"; {options} samples as those settings do" if "--temperature" in options else "")
+                + (f", but without top_k (run_shards has no top-k)" if top_k else ""))
+    if top_k and (sampling or config.temperature > 0):
+        unused.append(f"top_k {top_k} (run_shards has no top-k: the nucleus of --top-p is drawn from all tokens)")
+    if not unused:
+        return None
+    return (f"the checkpoint's generation_config.json sets {', '.join(unused)}, which transformers' generate applies "
+            f"by default and this run does not")
+
+
 def prompt_ids(tok: Tokenized) -> list[int]:
     """Token ids without trailing special tokens."""
     n = len(tok.ids)
