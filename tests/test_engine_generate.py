@@ -104,6 +104,10 @@ def test_text_of_ids_without_a_token(tmp_path):
     tok = engine.tokenizer
     task = GenerateTask(RunConfig(fasta=["x.fa"], out="o", task="generate"), engine.info)
     assert task._decode(tok, tok.convert_tokens_to_ids(["M", "K"]) + [len(tok) + 1, 2]) == "MK" + tok.unk_token
+    # The unknown token itself, generated (the demo model did, 10 times for a prompt ending in one): decode
+    # dropped it as a special token, and the text of 10 new tokens was empty.
+    assert task._decode(tok, [tok.unk_token_id] + tok.convert_tokens_to_ids(["M"]) + [tok.unk_token_id, 2]) == \
+        tok.unk_token + "M" + tok.unk_token
 
 
 def _full_sort_sample(logits, temperature, top_p, u):
@@ -301,3 +305,20 @@ def test_a_checkpoint_whose_generation_config_samples_is_told_so(family_checkpoi
         "by default and this run does not")
     assert generation_config_note(str(model), sampled).startswith("the checkpoint's generation_config.json sets "
                                                                   "repetition_penalty 1.2,")
+
+
+def test_a_generated_unknown_token_reads_as_itself_unless_it_is_a_named_special_token(family_checkpoint):
+    """Llama 2's <unk> (a residue the tokenizer does not know) reads as itself, not as nothing (decode skipping
+    special tokens dropped it); ProtGPT2's unknown token is its <|endoftext|>, BOS and EOS at once, and is left
+    out of the text as the other special tokens are."""
+    from pipeline.config import RunConfig
+    from pipeline.models import checkpoint
+    from pipeline.models.checkpoint import EngineInfo
+    from pipeline.tasks.generate import GenerateTask
+    info = EngineInfo(name="native", hidden_size=8, num_layers=1, is_causal=True, max_tokens=None)
+    for name, between in (("llama2", "<unk>"), ("protgpt2", "")):
+        source = checkpoint.local_source(str(family_checkpoint(name)))
+        tok = checkpoint.read_tokenizer(source, checkpoint.read_config(source, False), False)
+        task = GenerateTask(RunConfig(fasta=["x.fa"], out="o", task="generate"), info)
+        mk = tok("MKTAY", add_special_tokens=False)["input_ids"]
+        assert task._decode(tok, mk + [tok.unk_token_id] + mk) == "MKTAY" + between + "MKTAY", name

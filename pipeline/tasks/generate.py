@@ -20,7 +20,7 @@ from ..models.checkpoint import EngineInfo
 from ..errors import UserError
 from ..output.schema import STR, Column
 from .task import Task, TaskOutput
-from .tokenization import SequenceTokenizer, Tokenized
+from .tokenization import SequenceTokenizer, Tokenized, special_ids
 
 
 def generation_config_note(checkpoint_dir: str, config: RunConfig) -> str | None:
@@ -99,18 +99,18 @@ class GenerateTask(Task):
         it, and the shard stopped with its rows since the last checkpoint), so it reads as U+FFFD."""
         if self._char_level is None:
             self._char_level = SequenceTokenizer(tokenizer).char_level
-        # An id with no token (a padded vocabulary row, which greedy search can pick) reads as the unknown token
-        # (`?` for a tokenizer without one, as Llama 3's and Qwen's).
+            self._special = special_ids(tokenizer)   # (the unknown token left out: it stands for residues)
+        # The unknown token, and an id with no token (a padded vocabulary row, which greedy search can pick),
+        # read as the unknown token (`?` for a tokenizer without one, as Llama 3's and Qwen's): decode, skipping
+        # special tokens, dropped both without a trace, as if nothing had been generated there.
         unknown = tokenizer.unk_token or "?"
         if not self._char_level:
-            # (decode itself dropped such an id without a trace: the text read as if it had not been generated)
             runs, n = [[]], len(tokenizer)
             for i in ids:
-                if i < n:
+                if i < n and (i != tokenizer.unk_token_id or i in self._special):
                     runs[-1].append(i)
                 else:
                     runs.append([])
             return unknown.join(tokenizer.decode(run, skip_special_tokens=True) for run in runs).replace("\0", "\ufffd")
-        special = set(tokenizer.all_special_ids)
-        tokens = tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])
+        tokens = tokenizer.convert_ids_to_tokens([i for i in ids if i not in self._special])
         return "".join(t if t is not None else unknown for t in tokens).replace("\0", "\ufffd")

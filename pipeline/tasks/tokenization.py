@@ -39,7 +39,7 @@ class Tokenized:
         return self.num_unknown > 0
 
 
-def _special_ids(tokenizer) -> set[int]:
+def special_ids(tokenizer) -> set[int]:
     """Ids of the tokenizer's special tokens, the unknown token left out (it stands for residues) unless it is
     also one of the named ones (ProtGPT2's <|endoftext|> is its unknown, BOS and EOS token at once)."""
     ids = set(tokenizer.all_special_ids)
@@ -56,7 +56,7 @@ class SequenceTokenizer:
         bench/bench_tokenize.py compare the table lookup with)."""
         self.tokenizer, self.convention, self.max_tokens = tokenizer, convention, max_tokens
         self.unk_id = tokenizer.unk_token_id
-        self._special_ids = np.array(sorted(_special_ids(tokenizer)), np.int64)
+        self._special_ids = np.array(sorted(special_ids(tokenizer)), np.int64)
         self._prefix_tokens = (len(tokenizer(convention.prefix, add_special_tokens=False)["input_ids"])
                                if convention.prefix_excluded else 0)
         self.char_level = False
