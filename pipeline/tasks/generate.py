@@ -36,19 +36,27 @@ def generation_config_note(checkpoint_dir: str, config: RunConfig) -> str | None
         gen = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(gen, dict):
+        return None
+
+    def number(key: str):   # (a positive number, else None: a null or a 0 sets nothing)
+        value = gen.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
     sampling = gen.get("do_sample") is True
-    top_k = gen.get("top_k") if isinstance(gen.get("top_k"), int) and gen["top_k"] > 0 else None
+    top_k = number("top_k")
     unused = [f"{key} {gen[key]}" for key, neutral in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0),
                                                       ("min_new_tokens", 0)) if gen.get(key) not in (None, neutral)]
     if sampling and config.temperature == 0:
-        settings = ["do_sample true"] + [f"{k} {gen[k]}" for k in ("temperature", "top_p") if k in gen]
+        settings = ["do_sample true"] + [f"{k} {gen[k]}" for k in ("temperature", "top_p") if number(k)]
         settings += [f"top_k {top_k}"] * bool(top_k) + unused
-        options = " ".join(f"--{k.replace('_', '-')} {gen[k]}" for k in ("temperature", "top_p") if k in gen)
+        options = " ".join(f"--{k.replace('_', '-')} {gen[k]}" for k in ("temperature", "top_p")
+                           if number(k) and (k != "top_p" or gen[k] <= 1))
         return (f"the checkpoint's generation_config.json sets {', '.join(settings)}: transformers' generate samples "
                 f"by default; this run decodes greedily (--temperature 0), as transformers' generate with "
                 f"do_sample=False{' and ' + ', '.join(unused) + ' left out' if unused else ''} does"
                 + (f"; {options} samples as those settings do" if "--temperature" in options else "")
-                + (f", but without top_k (run_shards has no top-k)" if top_k else ""))
+                + (", but without top_k (run_shards has no top-k)" if top_k else ""))
     if top_k and (sampling or config.temperature > 0):
         unused.append(f"top_k {top_k} (run_shards has no top-k: the nucleus of --top-p is drawn from all tokens)")
     if not unused:
