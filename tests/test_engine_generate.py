@@ -243,6 +243,17 @@ def test_extreme_temperatures_sample_tokens_not_nan(tmp_path):
         RunConfig(fasta=["x.fa"], out="o", task="generate", temperature=float("inf")).validate()
 
 
+def test_temperatures_in_use_keep_the_plain_divisions_bits():
+    """Within PLAIN_TEMPERATURES the tempered distribution is softmax(logits / T) to the bit, as earlier versions
+    computed it: a run continued from one samples the same tokens (taking the row's maximum off first, which the
+    extreme temperatures need, rounds otherwise)."""
+    from pipeline.engine.sampler import tempered
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(5)) * 12
+    logits[:, -3:] = float("-inf")   # masked padded rows
+    for temperature in (1e-4, 0.1, 0.3, 0.7, 1.0, 1.3, 2.0, 10.0, 1e4):
+        assert torch.equal(tempered(logits, temperature), torch.softmax(logits / temperature, dim=-1)), temperature
+
+
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
 def test_text_of_ids_without_a_token_from_a_subword_tokenizer(family_checkpoint, name):
     """Greedy search picks a padded vocabulary row where its logit is the largest (the tiny Qwen3 generated id 490
@@ -288,6 +299,15 @@ def test_a_checkpoint_whose_generation_config_samples_is_told_so(family_checkpoi
         return res.stderr
 
     assert "generation_config.json" not in run("plain")
+    # generate/text's convention for unknown tokens is recorded (a Qwen tokenizer has no unknown token: `?`), and
+    # a run planned before it was (whose text left them out) is told apart, not continued into one result
+    from pipeline.tasks.earlier_rows import earlier_rows
+    attrs = json.loads((tmp_path / "plain" / "manifest.json").read_text())["attrs"]
+    assert attrs["generate_unknown_text"] == "?"
+    assert earlier_rows("generate", attrs, attrs) is None
+    earlier = {k: v for k, v in attrs.items() if k != "generate_unknown_text"}
+    assert "left out of generate/text, while this version writes each as '?'" in earlier_rows("generate", earlier,
+                                                                                            attrs)
     (model / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 456, "eos_token_id": [458, 456], "do_sample": True, "temperature": 0.6, "top_k": 20,
          "top_p": 0.95}))

@@ -78,15 +78,22 @@ class Sampler:
         return tokens
 
 
+# Temperatures whose plain division keeps float32 logits finite (|logit| < 3e34): every temperature in use.
+PLAIN_TEMPERATURES = (1e-4, 1e4)
+
+
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(logits / temperature) per row, without NaN for any temperature above 0: each row's largest
-    logit is taken off first (the same distribution, but logits / 1e-38 overflowed float32 to inf - inf),
-    and the temperature, which the division takes as a float32, is held within float32's normal range
-    (1e-300 was 0, 1e300 inf, and -inf / inf of a masked padded row NaN). A NaN row's draw was its last id,
-    a padded vocabulary row that is no token, at every step. A tiny temperature now gives the most likely
-    token (ties shared), as the limit does; a huge one the uniform draw among the tokens."""
-    f32 = torch.finfo(torch.float32)
+    """softmax(logits / temperature) per row, without NaN for any temperature above 0. Within
+    PLAIN_TEMPERATURES the division as it always was (the same bits, so a run continued from an earlier version
+    samples the same tokens). Beyond, each row's largest logit is taken off first (the same distribution, but
+    logits / 1e-38 overflowed float32 to inf - inf) and the temperature, which the division takes as a float32,
+    is held within float32's normal range (1e-300 was 0, 1e300 inf, and -inf / inf of a masked padded row
+    NaN): a NaN row's draw was its last id, a padded vocabulary row that is no token, at every step. A tiny
+    temperature gives the most likely token (ties shared), as the limit does; a huge one the uniform draw."""
     logits = logits.float()
+    if PLAIN_TEMPERATURES[0] <= temperature <= PLAIN_TEMPERATURES[1]:
+        return torch.softmax(logits / temperature, dim=-1)
+    f32 = torch.finfo(torch.float32)
     return torch.softmax((logits - logits.amax(dim=-1, keepdim=True)) / min(max(temperature, f32.tiny), f32.max),
                          dim=-1)
 

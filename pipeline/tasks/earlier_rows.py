@@ -9,6 +9,8 @@ cannot make one result.
   tokens group residues or are line breaks.
 - Before a causal LM's variant `llr` counted each sequence's end term (the attribute `llr_end_term`), it left
   it out: the same values where the tokenizer adds no end-of-sequence token.
+- Before generate/text wrote a generated unknown token and an id past the vocabulary as the unknown token (the
+  attribute `generate_unknown_text`), it left both out: the same text where neither was generated.
 """
 from __future__ import annotations
 
@@ -25,4 +27,7 @@ def earlier_rows(task: str, old_attrs: dict, new_attrs: dict) -> str | None:
     if new_attrs.get("llr_end_term") and "llr_end_term" not in old_attrs:
         return ("with each variant's llr leaving out the sequences' end-of-sequence term, while this version's llr "
                 "includes it")
+    if task == "generate" and "generate_unknown_text" in new_attrs and "generate_unknown_text" not in old_attrs:
+        return ("with generated unknown tokens and ids past the vocabulary left out of generate/text, while this "
+                f"version writes each as {new_attrs['generate_unknown_text']!r}")
     return None

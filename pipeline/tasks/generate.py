@@ -83,6 +83,15 @@ class GenerateTask(Task):
             raise UserError(f"--task generate needs a causal language model; {info.architecture} is not one")
         self.config = config
         self._char_level: bool | None = None
+        self._unknown = "?"   # (the tokenizer's unknown token, from prepare)
+
+    def prepare(self, tokenizer: SequenceTokenizer) -> None:
+        self._unknown = tokenizer.tokenizer.unk_token or "?"
+
+    def attrs(self) -> dict:
+        # what generate/text writes for a generated unknown token or an id past the vocabulary (earlier versions
+        # left both out: tasks/earlier_rows.py)
+        return {"generate_unknown_text": self._unknown}
 
     def columns(self) -> list[Column]:
         return [Column("generate/token_ids", "int32", ragged=True), Column("generate/text", STR),
