@@ -299,6 +299,14 @@ def test_a_checkpoint_whose_generation_config_samples_is_told_so(family_checkpoi
         return res.stderr
 
     assert "generation_config.json" not in run("plain")
+    # the worker's throughput counts the tokens it ran: the prompt's, then the new ones
+    import h5py
+    from transformers import AutoTokenizer
+    log = (tmp_path / "plain" / "logs" / "worker_0.log").read_text()
+    prompt = len(AutoTokenizer.from_pretrained(model)("MKTAYIAKQR")["input_ids"])
+    with h5py.File(tmp_path / "plain" / "result.h5") as f:
+        new = len(f["generate/token_ids"])
+    assert new > 0 and f"(1 sequences, {prompt + new} tokens, " in log, log
     # generate/text's convention for unknown tokens is recorded (a Qwen tokenizer has no unknown token: `?`), and
     # a run planned before it was (whose text left them out) is told apart, not continued into one result
     from pipeline.tasks.earlier_rows import earlier_rows

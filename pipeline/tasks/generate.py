@@ -102,14 +102,18 @@ class GenerateTask(Task):
 
         c = self.config
         params = SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, seed=c.seed)
-        results = engine.generate([prompt_ids(t) for t in toks], [int(p) for p in positions], params)
+        prompts = [prompt_ids(t) for t in toks]
+        results = engine.generate(prompts, [int(p) for p in positions], params)
         ids = [r.token_ids for r in results]
         text = np.array([self._decode(engine.tokenizer, x) for x in ids], dtype=object)
         reasons = np.array([r.finish_reason for r in results], dtype=object)
         lengths = np.array([len(x) for x in ids], np.int64)
         values = np.concatenate([np.asarray(x, np.int32) for x in ids]) if ids else np.zeros(0, np.int32)
+        # the tokens the engine ran: each prompt, then the new tokens (the throughput lines' `tokens` counted the
+        # rows' own tokens, the prompts alone, and a run's decoding looked as fast as its prefill was)
+        ran = sum(map(len, prompts)) + int(lengths.sum())
         return TaskOutput({"generate/text": text, "generate/finish_reason": reasons},
-                          {"generate/token_ids": values}, {"generate": lengths})
+                          {"generate/token_ids": values}, {"generate": lengths}, computed_tokens=ran)
 
     def _decode(self, tokenizer, ids: list[int]) -> str:
         """The new tokens' text, with no NUL: an HDF5 string cannot hold one (h5py refused the checkpoint holding

@@ -32,7 +32,7 @@ class TaskOutput:
     columns: dict[str, np.ndarray]          # per-row arrays for the computed sequences
     values: dict[str, np.ndarray]           # ragged values
     lengths: dict[str, np.ndarray]          # per-row lengths of each ragged group
-    computed_tokens: int | None = None      # tokens the engine ran, where not the rows' own (masked copies)
+    computed_tokens: int | None = None      # tokens the engine ran, where not the rows' own (masked copies, generated)
 
 
 class PendingOutput:
