@@ -4,6 +4,7 @@ RUN_SHARDS_FAULT_OOM_TOKENS=N   a batch costing more than N tokens raises torch.
                                 exception a real CUDA out-of-memory raises, so the split-and-retry path
                                 runs for real on CPU
 RUN_SHARDS_FAULT_BATCH_SLEEP=S  sleep S seconds before every batch (lets a test kill a worker mid-run)
+RUN_SHARDS_FAULT_BATCH_SLEEP_SHARD=R  ...only the worker of shard R (default: every one)
 RUN_SHARDS_FAULT_HANG_SHARD=R   worker of shard R stops making progress after its first batch
 RUN_SHARDS_FAULT_DIE_AT=POINT   the worker kills itself with SIGKILL at POINT of writing its output:
                                 part-written (checkpoint data written, file not finished),
@@ -36,7 +37,8 @@ def maybe_out_of_memory(batch: list[list[int]], padded: bool) -> None:
 
 def before_batch(rank: int, batches_done: int) -> None:
     pause = float(os.environ.get("RUN_SHARDS_FAULT_BATCH_SLEEP", "0") or 0)
-    if pause:
+    only = os.environ.get("RUN_SHARDS_FAULT_BATCH_SLEEP_SHARD", "")
+    if pause and (only == "" or int(only) == rank):
         time.sleep(pause)
     hang = os.environ.get("RUN_SHARDS_FAULT_HANG_SHARD")
     if hang is not None and hang != "" and int(hang) == rank and batches_done >= 1:

@@ -55,8 +55,9 @@ SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"
 # `make test` runs the suite on two pytest-xdist workers (--dist loadgroup; most tests wait on worker processes,
 # schedulers and timeouts, so one process keeps 2 cores about 60% busy). How the tests are dealt to them:
 # - The tests that share one external service per session (a single SLURM cluster, a single Ray head) go to one
-#   worker together, first: one long unit of mostly waiting, started while the other worker computes (as two
-#   groups, xdist started them at once, one on each worker).
+#   worker together, first: one long unit of mostly waiting, started while the other worker computes. (Until
+#   2026-12-06 the groups were marked after xdist's hook had read them and none held: both workers started a
+#   SLURM cluster and a Ray head of their own.)
 # - A module's tests that use a module-scoped fixture of that module (a finished run, checkpoints) go to one worker
 #   together, so the fixture is built once, not once on each worker; these groups next, the largest first.
 # - Every other test is dealt singly, last, so that the workers finish together.
@@ -66,6 +67,22 @@ SERVICE_FIXTURES = ("slurm_session", "ray_head")
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False   # xdist's own order (groups by size) would put services anywhere
+    if getattr(config.option, "dist", None) == "loadgroup" and _loadgroup_loses_groups():
+        import xdist
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} does not keep --dist loadgroup's "
+            "groups (pytest-xdist issue 1386): each worker would start its own SLURM cluster and Ray head. `make "
+            "test` installs the pytest setup.cfg names; or run `pip install 'pytest<9.2'`")
+
+
+def _loadgroup_loses_groups() -> bool:
+    """pytest 9.2 keeps node ids as structures, and pytest-xdist up to 3.8 marks a grouped test by rewriting its
+    id (`...@services`), which is all the scheduler goes by: the groups were silently dealt test by test."""
+    import xdist
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+    return version(pytest.__version__) >= (9, 2) and version(xdist.__version__) <= (3, 8)
 
 
 def _xdist_group(item) -> str | None:
@@ -78,6 +95,7 @@ def _xdist_group(item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own, which marks each grouped test's id with its group
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER") is None and not config.getoption("numprocesses", None):
         return

@@ -164,10 +164,11 @@ def test_sigterm_to_the_driver_cancels_the_tasks_and_names_rerun(ray_head, ray_a
     used to replace the command's SIGTERM handler with Ray's crash handler: a C++ stack, no advice.)"""
     out = tmp_path / "out"
     args = ["--ray-address", ray_head]
-    # Shard 1's first checkpoint after 5 of its 60 records: the SIGTERM's way through Ray's cancellation to the
-    # shard took seconds on a busy machine, and after a checkpoint at 20 records the shard had once finished first.
+    # Shard 1 slowed (2 s a batch, ~10 batches) and signalled after its first checkpoint (5 records): ray.cancel's
+    # way to a running task took 4.5 s on a busy machine, and a shard with 0.3 s batches had finished first.
     proc = start(fasta, "--out", str(out), *common, "--shards", "4", "--checkpoint-every", "5", "--launcher", "ray",
-                 *args, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.5", **ray_auth})
+                 *args, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "2", "RUN_SHARDS_FAULT_BATCH_SLEEP_SHARD": "1",
+                             **ray_auth})
     try:
         wait_for(lambda: "checkpoint part_" in log_text(out, 1), timeout=150, what="shard 1's first checkpoint")
         proc.send_signal(signal.SIGTERM)
