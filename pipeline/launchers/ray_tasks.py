@@ -34,6 +34,7 @@ log = logging.getLogger("run_shards")
 MAX_RETRIES = 3            # Ray retries of a shard's task: its worker or node died, or the shard failed
 POLL_SECONDS = 2.0         # how often the progress bar reads the run directory
 STOP_SECONDS = 120.0       # after Ctrl-C: how long to wait for the shards' final checkpoints
+FORCE_SECONDS = 5.0        # after Ctrl-C: how long a cancelled task has to stop before its Ray worker is killed
 # What a shard's computation reads from the environment, passed to its task as sbatch --export=ALL would;
 # never CUDA_VISIBLE_DEVICES or PATH, which belong to the node Ray picked.
 FORWARDED_ENV = ("RUN_SHARDS_", "HF_", "TRANSFORMERS_", "HDF5_")
@@ -254,19 +255,29 @@ def _stop(ray, job: ShardJob, pending: dict) -> None:
     log.warning("interrupted: cancelling %d Ray task(s); their shards write a final checkpoint", len(ranks))
     deadline = time.monotonic() + STOP_SECONDS
     try:
-        for ref in pending:
-            try:
-                ray.cancel(ref)
-            except Exception as e:   # Ray itself may be going down with the same Ctrl-C
-                log.info("could not cancel a Ray task: %s", _first_line(e))
+        _cancel(ray, list(pending), force=False)
         try:
-            ray.wait(list(pending), num_returns=len(pending), timeout=STOP_SECONDS)
+            _, left = ray.wait(list(pending), num_returns=len(pending), timeout=FORCE_SECONDS)
+            # A running task may never get the KeyboardInterrupt of a plain cancel (Ray issue 32954: a task in a
+            # timed wait; in this project's suite its shard then computed to its end, 17 s): its Ray worker is
+            # killed, and the kernel gives the shard's `work` its SIGTERM (RUN_SHARDS_DIE_WITH), a final checkpoint.
+            if left:
+                _cancel(ray, left, force=True)
+                ray.wait(left, num_returns=len(left), timeout=STOP_SECONDS)
         except Exception as e:
             log.info("Ray stopped before its tasks: %s", _first_line(e))
         while time.monotonic() < deadline and any(ShardLock(job.run, r).held_elsewhere() for r in ranks):
             time.sleep(0.2)
     except KeyboardInterrupt:
         log.warning("stopped waiting for the shards' final checkpoints")
+
+
+def _cancel(ray, refs: list, force: bool) -> None:
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=force)
+        except Exception as e:   # Ray itself may be going down with the same Ctrl-C
+            log.info("could not cancel a Ray task: %s", _first_line(e))
 
 
 def _failure_report(job: ShardJob, failed: list[Outcome]) -> str:
