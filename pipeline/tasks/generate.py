@@ -65,6 +65,12 @@ def generation_config_note(checkpoint_dir: str, config: RunConfig) -> str | None
             f"by default and this run does not")
 
 
+def unknown_text(tokenizer) -> str:
+    """What generate/text writes for a generated unknown token or an id past the vocabulary (`generate_unknown_text`):
+    the tokenizer's unknown token, `?` where it has none (Llama 3's and Qwen's byte-level BPEs)."""
+    return tokenizer.unk_token or "?"
+
+
 def prompt_ids(tok: Tokenized) -> list[int]:
     """Token ids without trailing special tokens."""
     n = len(tok.ids)
@@ -86,7 +92,7 @@ class GenerateTask(Task):
         self._unknown = "?"   # (the tokenizer's unknown token, from prepare)
 
     def prepare(self, tokenizer: SequenceTokenizer) -> None:
-        self._unknown = tokenizer.tokenizer.unk_token or "?"
+        self._unknown = unknown_text(tokenizer.tokenizer)
 
     def attrs(self) -> dict:
         # what generate/text writes for a generated unknown token or an id past the vocabulary (earlier versions
@@ -124,7 +130,7 @@ class GenerateTask(Task):
         # The unknown token, and an id with no token (a padded vocabulary row, which greedy search can pick),
         # read as the unknown token (`?` for a tokenizer without one, as Llama 3's and Qwen's): decode, skipping
         # special tokens, dropped both without a trace, as if nothing had been generated there.
-        unknown = tokenizer.unk_token or "?"
+        unknown = unknown_text(tokenizer)
         if not self._char_level:
             runs, n = [[]], len(tokenizer)
             for i in ids:
