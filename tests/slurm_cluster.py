@@ -7,6 +7,7 @@ would on shared storage. The `slurm_cluster` fixture below hands one cluster to 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -94,6 +95,23 @@ class LocalSlurm:
         self._daemons: dict[str, subprocess.Popen] = {}
 
     @property
+    def epilog_path(self) -> Path:
+        return self.root / "epilog.sh"
+
+    @property
+    def epilog_seconds_path(self) -> Path:
+        return self.root / "epilog_seconds"
+
+    @contextlib.contextmanager
+    def slow_epilog(self, seconds: float):
+        """Every job that ends meanwhile stays COMPLETING for `seconds` (its node's epilog sleeps)."""
+        self.epilog_seconds_path.write_text(f"{seconds}\n")
+        try:
+            yield
+        finally:
+            self.epilog_seconds_path.unlink(missing_ok=True)
+
+    @property
     def env(self) -> dict[str, str]:
         """This process's environment as it is now, pointed at this cluster: for subprocesses that run
         SLURM commands. Variables of an enclosing SLURM job are left out so they cannot leak in."""
@@ -152,10 +170,16 @@ class LocalSlurm:
             f"SlurmdPidFile={root}/slurmd.%n.pid",
             f"SlurmctldLogFile={root}/log/slurmctld.log",
             f"SlurmdLogFile={root}/log/slurmd.%n.log",
+            f"Epilog={self.epilog_path}",
             *node_lines,
             f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf_path.write_text("\n".join(lines) + "\n")
+        # A job is COMPLETING while the epilog runs (a task being requeued too, before it is PENDING again):
+        # slow_epilog() holds it there for a test.
+        self.epilog_path.write_text(f"#!/bin/sh\n[ -f {self.epilog_seconds_path} ] && "
+                                    f"sleep \"$(cat {self.epilog_seconds_path})\"\nexit 0\n")
+        self.epilog_path.chmod(0o755)
         (self.root / "gres.conf").write_text(f"NodeName={','.join(self.nodes)} Name=gpu File=/dev/null\n")
 
     # Lifecycle

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from pipeline.launchers.slurm import QUEUE_POLL_SECONDS
 from pipeline.rundir.layout import RunDir
 from pipeline.rundir.locks import RunLock, ShardLock
 
@@ -216,9 +217,23 @@ def test_usr1_and_term_to_the_batch_scripts_checkpoint_requeue_and_the_report_sa
                  150, "both shards' first checkpoints")
         assert {r: row["state"] for r, row in status_rows(out).items()} == {0: "running", 1: "running"}
         array = jobs_json(out)[0]["arrays"][0]["job_id"]
-        slurm_cluster.run("scancel", "--batch", "--signal=USR1", f"{array}_0")
-        slurm_cluster.run("scancel", "--batch", "--signal=TERM", f"{array}_1")
-        wait_for(lambda: "requeued" in slurm_states(slurm_cluster, out).values(), 60, "a task requeued")
+        tasks = [f"{array}_0", f"{array}_1"]
+        # Each task stays COMPLETING, its restart count raised, for longer than --wait's squeue interval:
+        # SLURM requeues it only after that, so neither --wait nor rerun may take it for ended.
+        with slurm_cluster.slow_epilog(QUEUE_POLL_SECONDS + 3):
+            slurm_cluster.run("scancel", "--batch", "--signal=USR1", tasks[0])
+            slurm_cluster.run("scancel", "--batch", "--signal=TERM", tasks[1])
+            wait_for(lambda: [slurm_cluster.job_states(t).get(t) for t in tasks] == ["COMPLETING"] * 2, 60,
+                     "both tasks COMPLETING")
+            ending = run_cli("rerun", str(out), env=slurm_cluster.env)
+            assert ending.returncode == 0, ending.stderr
+            assert ending.stdout.startswith("nothing submitted: shard(s) 0-1 ending in SLURM already"), ending.stdout
+            assert "if they end unfinished" in ending.stdout and ["rerun", str(out)] in suggested_commands(ending.stdout)
+            assert len(jobs_json(out)) == 1
+            said = run_cli("status", str(out), env=slurm_cluster.env)
+            if "COMPLETING" in said.stdout:   # (not requeued yet: the epilog's sleep leaves seconds for rerun)
+                assert "shard(s) 0-1: SLURM is ending their task(s) (COMPLETING), then requeues them" in said.stdout
+            wait_for(lambda: "requeued" in slurm_states(slurm_cluster, out).values(), 60, "a task requeued")
         stdout, stderr = run.communicate(timeout=240)
     finally:
         if run.poll() is None:

@@ -95,7 +95,7 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
     live = queue.live_shards(job.ranks)
     elsewhere = [r for r in job.ranks if r not in live and ShardLock(run, r).held_elsewhere()]
     todo = [r for r in job.ranks if r not in live and r not in elsewhere]
-    notes = _left_out_lines(live, elsewhere)
+    notes = _left_out_lines(run, live, elsewhere)
     for line in notes:
         log.info("%s", line)
     merge = queue.merge
@@ -132,15 +132,20 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
                      follow=(lambda: follow(job, merge_id)) if job.wait else None)
 
 
-def _left_out_lines(live: dict, elsewhere: list[int]) -> list[str]:
+def _left_out_lines(run: RunDir, live: dict, elsewhere: list[int]) -> list[str]:
     lines = []
     if live:
         states: dict[str, list[int]] = {}
         for r, t in live.items():
-            states.setdefault("running" if t.running else "requeued" if t.requeued else "pending", []).append(r)
+            states.setdefault("running" if t.running else "ending" if t.ending else "requeued" if t.requeued
+                              else "pending", []).append(r)
         lines.append("shard(s) " + "; ".join(f"{array_ranges(rs)} {s}" for s, rs in states.items())
                      + " in SLURM already (tasks " + ", ".join(sorted({t.job_id.split("_")[0] for t in live.values()}))
                      + "); not submitted again")
+        if "ending" in states:   # COMPLETING: requeued (a preemption, the time limit) or ended, in seconds
+            lines.append(f"shard(s) {array_ranges(states['ending'])} ending: SLURM finishes their task(s), then "
+                         f"requeues them or ends them; if they end unfinished, `{command('rerun', run.root)}` "
+                         "submits them then")
     if elsewhere:
         lines.append(f"shard(s) {array_ranges(elsewhere)} are being computed now by a process outside these jobs "
                      "(their lock is held); not submitted again")
@@ -150,13 +155,13 @@ def _left_out_lines(live: dict, elsewhere: list[int]) -> list[str]:
 def _dependency(new_arrays: list[str], queue: Queue) -> str:
     """afterok on the new arrays; and on each earlier array whose tasks SLURM still runs, afterok when every
     one of its tasks is queued, running or succeeded, else afterany (a task of it failed or was cancelled,
-    and is resubmitted now: afterok could never be met). The merge job checks every shard anyway, and waits
-    for those still being computed."""
+    and is resubmitted now: afterok could never be met; or it is ending, and may end failed). The merge job
+    checks every shard anyway, and waits for those still being computed."""
     parts = [f"afterok:{a}" for a in new_arrays]
     for array in (a for sub in queue.subs for a in sub["arrays"]):
         tasks = [(queue.tasks or {}).get(f"{array['job_id']}_{i}") for i in expand_ranges(array["array"])]
         if any(t is not None and t.live for t in tasks):
-            fine = all(t is not None and (t.live or t.state == "COMPLETED") for t in tasks)
+            fine = all(t is not None and (t.live and not t.ending or t.state == "COMPLETED") for t in tasks)
             parts.append(f"{'afterok' if fine else 'afterany'}:{array['job_id']}")
     return ",".join(dict.fromkeys(parts))
 

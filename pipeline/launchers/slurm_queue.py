@@ -18,10 +18,14 @@ from .sbatch_scripts import expand_ranges
 
 log = logging.getLogger("run_shards")
 
-# Job states in which SLURM will still run (or is running) the job; anything else (COMPLETING, COMPLETED,
-# CANCELLED, FAILED, TIMEOUT, NODE_FAIL, ...) means it ended.
+# Job states in which SLURM will still run (or is running) the job, or has not yet said whether it will:
+# COMPLETING is the time of the node's epilog after the batch script ended, and a task being requeued (the
+# batch script's trap ran `scontrol requeue`) shows it too, with its restart count already raised, before it is
+# PENDING again; squeue shows no flag that tells the two apart. Anything else (COMPLETED, CANCELLED, FAILED,
+# TIMEOUT, NODE_FAIL, ...) means it ended.
+ENDING_STATE = "COMPLETING"
 LIVE_JOB_STATES = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-                   "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+                   "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT", ENDING_STATE}
 RUNNING_STATES = {"RUNNING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
 FIELDS = ("JobArrayID", "State", "Reason", "NodeList", "RestartCnt", "SubmitTime", "StartTime", "EndTime")
 
@@ -40,8 +44,14 @@ class Task:
 
     @property
     def live(self) -> bool:
-        """SLURM will still run it: pending (waiting for a node or a dependency) or running."""
+        """SLURM will still run it (pending: waiting for a node or a dependency; running), or may (ending: it
+        is requeued, or it ends, once it leaves COMPLETING)."""
         return self.state in LIVE_JOB_STATES and self.reason != "DependencyNeverSatisfied"
+
+    @property
+    def ending(self) -> bool:
+        """Its batch script ended; SLURM finishes the task, and then requeues it or says how it ended."""
+        return self.state == ENDING_STATE
 
     @property
     def running(self) -> bool:

@@ -20,7 +20,8 @@ UNFINISHED = ("failed", "corrupt", "interrupted")
 
 def amend(states: list[ShardState], queue: Queue) -> None:
     """Shard states as the scheduler knows them: `running`, `pending` or `requeued` while SLURM runs or holds
-    the shard's task (the run directory alone cannot tell), and SLURM's word on a task that ended."""
+    the shard's task (the run directory alone cannot tell), and SLURM's word on a task that is ending or
+    ended."""
     for s in states:
         task = queue.task_of(s.rank)
         if task is None or s.state in ("complete", "corrupt"):
@@ -28,6 +29,8 @@ def amend(states: list[ShardState], queue: Queue) -> None:
         said = f"SLURM task {task.job_id}: {task.words()}"
         if task.running or s.state == "running":
             s.state, s.detail = "running", said
+        elif task.ending:   # requeued or ended in seconds: the run directory's word (interrupted, failed) holds
+            s.detail = "; ".join(d for d in (s.detail, said) if d)
         elif task.live:
             s.state = "requeued" if task.requeued else "pending"
             s.detail = "; ".join(d for d in (said, s.detail) if d)
@@ -110,9 +113,13 @@ def _next(run: RunDir, states: list[ShardState], queue: Queue, writable: bool) -
             f"or reached its time limit is requeued and continues from its checkpoints (merge job {merge_id} "
             f"waits for it); one that was cancelled is not: then continue with:  {command('rerun', run.root)}"]
     if stopped:
+        ending = [r for r, t in tasks.items() if t.ending]
         return [f"shard(s) {array_ranges(list(stopped))} were interrupted (preempted, or near their time limit); "
                 f"SLURM requeues their tasks, which continue from their checkpoints, and merge job {merge_id} "
-                "waits for them"]
+                "waits for them"] + ([
+                    f"shard(s) {array_ranges(ending)}: SLURM is ending their task(s) (COMPLETING), then requeues "
+                    f"them; where they were cancelled instead, continue with:  {command('rerun', run.root)}"]
+                    if ending else [])
     if unfinished and merge == "gone":
         return [f"merge job {merge_id} is no longer queued, and shard(s) {array_ranges(unfinished)} are not "
                 "complete: their tasks were cancelled, or ended without a trace here"] + _rerun_lines(
