@@ -70,7 +70,10 @@ def test_the_bar_shows_in_a_terminal_and_quiet_leaves_only_the_result(small_fast
     code, shown = run_in_terminal(small_fasta, "--out", str(tmp_path / "b"), *args, "-q")
     assert code == 0, shown
     assert not BAR.search(shown) and "seq/s" not in shown, shown
-    assert [line for line in shown.splitlines() if line.strip()] == [f"result: {tmp_path / 'b' / 'result.h5'}"]
+    lines = [line for line in shown.splitlines() if line.strip()]
+    assert lines[-1] == f"result: {tmp_path / 'b' / 'result.h5'}", shown
+    # warnings stay: a CPU where this run is not batch-invariant says so (AMD EPYC: MKL's CNR mode does not apply)
+    assert all(line.startswith("W ") for line in lines[:-1]), shown
 
 
 def test_a_continued_run_says_what_it_starts_from_as_status_counts_it(small_fasta, args, tmp_path):
