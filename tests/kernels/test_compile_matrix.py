@@ -2,8 +2,8 @@
 
 The matrix itself is tests/kernels/compile_matrix.py; it runs in a subprocess because this one has
 TRITON_INTERPRET=1 (set by conftest.py), under which triton.jit builds interpreted functions that cannot
-be compiled. Through Triton's cache a second run takes seconds; a cold one compiles about 100 kernels
-(see docs/BENCHMARKS.md, "Kernel compile matrix").
+be compiled. Through Triton's cache a second run takes seconds; a cold one compiles 320 kernels (13 CPU
+minutes on a slow 2-core VM: docs/BENCHMARKS.md, "Kernel compile matrix").
 """
 import dataclasses
 import json
