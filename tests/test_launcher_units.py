@@ -20,6 +20,7 @@ from pipeline.launchers.sbatch_scripts import (SIGNAL_SECONDS, array_ranges, exp
                                                merge_script, option_groups, option_value, parse_time, shard_script,
                                                signal_seconds, split_arrays)
 from pipeline.launchers.slurm import warn_if_node_local
+from pipeline.launchers.slurm_queue import Task
 from pipeline.launchers.work import _task_shards, shards_of_task, task_number
 
 COMMAND = ["/opt/py env/bin/python", "/opt/run_shards/bin/run_shards"]
@@ -352,3 +353,22 @@ def test_a_task_cpus_variable_that_is_no_count_is_named(monkeypatch, value):
         assert _node_devices(config, 4) == {"devices": [], "workers": 1, "threads_per_worker": 1}
         monkeypatch.setenv(name, "")
         assert _node_devices(config, 1)["threads_per_worker"] == cpu_count()
+
+
+# squeue's job states (its manual, "JOB STATE CODES"): those in which SLURM holds the task (queued, running,
+# stopped or suspended, being requeued, or ending: COMPLETING, which a requeued task passes through) and those in
+# which it ended. A live one is never submitted again and --wait waits for it.
+LIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "REQUEUED", "REQUEUE_HOLD",
+        "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT")
+ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+         "REVOKED", "TIMEOUT")
+
+
+@pytest.mark.parametrize("state", LIVE + ENDED)
+def test_every_squeue_state_is_live_or_ended(state):
+    task = Task("12_3", state, restarts=1)
+    assert task.live == (state in LIVE)
+    assert task.ending == (state == "COMPLETING")
+    assert Task("12_3", state, reason="DependencyNeverSatisfied").live is False   # the merge job that cannot run
+    if state == "COMPLETING":   # a requeue shows as this before PENDING: not called requeued, nor running
+        assert not task.requeued and not task.running and task.words() == "COMPLETING, requeued 1 time(s)"

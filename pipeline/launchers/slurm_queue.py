@@ -21,11 +21,12 @@ log = logging.getLogger("run_shards")
 # Job states in which SLURM will still run (or is running) the job, or has not yet said whether it will:
 # COMPLETING is the time of the node's epilog after the batch script ended, and a task being requeued (the
 # batch script's trap ran `scontrol requeue`) shows it too, with its restart count already raised, before it is
-# PENDING again; squeue shows no flag that tells the two apart. Anything else (COMPLETED, CANCELLED, FAILED,
-# TIMEOUT, NODE_FAIL, ...) means it ended.
+# PENDING again; squeue shows no flag that tells the two apart. STOPPED (SIGSTOP from `scancel --signal=STOP`)
+# keeps its allocation, and SUSPENDED its place. The others of squeue's states (BOOT_FAIL, CANCELLED, COMPLETED,
+# DEADLINE, FAILED, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, REVOKED, TIMEOUT) mean it ended.
 ENDING_STATE = "COMPLETING"
-LIVE_JOB_STATES = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-                   "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT", ENDING_STATE}
+LIVE_JOB_STATES = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED", "REQUEUED", "REQUEUE_HOLD",
+                   "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT", ENDING_STATE}
 RUNNING_STATES = {"RUNNING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
 FIELDS = ("JobArrayID", "State", "Reason", "NodeList", "RestartCnt", "SubmitTime", "StartTime", "EndTime")
 
