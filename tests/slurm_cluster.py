@@ -104,12 +104,15 @@ class LocalSlurm:
 
     @contextlib.contextmanager
     def slow_epilog(self, seconds: float):
-        """Every job that ends meanwhile stays COMPLETING for `seconds` (its node's epilog sleeps)."""
+        """Every job that ends meanwhile stays COMPLETING for `seconds` (its node's epilog sleeps). On the way
+        out it waits for those epilogs, so that a test failing inside leaves the next one free nodes."""
         self.epilog_seconds_path.write_text(f"{seconds}\n")
         try:
             yield
         finally:
             self.epilog_seconds_path.unlink(missing_ok=True)
+            poll_until(lambda: "COMPLETING" not in self.run("squeue", "--noheader", "--format=%T"), seconds + 15,
+                       "the slow epilogs done")
 
     @property
     def env(self) -> dict[str, str]:
