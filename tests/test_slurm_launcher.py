@@ -225,14 +225,15 @@ def test_usr1_and_term_to_the_batch_scripts_checkpoint_requeue_and_the_report_sa
             slurm_cluster.run("scancel", "--batch", "--signal=TERM", tasks[1])
             wait_for(lambda: [slurm_cluster.job_states(t).get(t) for t in tasks] == ["COMPLETING"] * 2, 60,
                      "both tasks COMPLETING")
+            # (the epilogs' sleep leaves seconds for status and rerun, which each take about one)
+            said = run_cli("status", str(out), env=slurm_cluster.env)
+            assert "shard(s) 0-1: SLURM is ending their task(s) (COMPLETING), then requeues them" in said.stdout, \
+                said.stdout
             ending = run_cli("rerun", str(out), env=slurm_cluster.env)
             assert ending.returncode == 0, ending.stderr
             assert ending.stdout.startswith("nothing submitted: shard(s) 0-1 ending in SLURM already"), ending.stdout
             assert "if they end unfinished" in ending.stdout and ["rerun", str(out)] in suggested_commands(ending.stdout)
             assert len(jobs_json(out)) == 1
-            said = run_cli("status", str(out), env=slurm_cluster.env)
-            if "COMPLETING" in said.stdout:   # (not requeued yet: the epilog's sleep leaves seconds for rerun)
-                assert "shard(s) 0-1: SLURM is ending their task(s) (COMPLETING), then requeues them" in said.stdout
             wait_for(lambda: "requeued" in slurm_states(slurm_cluster, out).values(), 60, "a task requeued")
         stdout, stderr = run.communicate(timeout=240)
     finally:
