@@ -370,5 +370,11 @@ def test_every_squeue_state_is_live_or_ended(state):
     assert task.live == (state in LIVE)
     assert task.ending == (state == "COMPLETING")
     assert Task("12_3", state, reason="DependencyNeverSatisfied").live is False   # the merge job that cannot run
+    words = {"RUNNING": "running", "CONFIGURING": "running", "SIGNALING": "running", "STAGE_OUT": "running",
+             "COMPLETING": "ending", "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued", "REQUEUE_FED": "requeued",
+             "PENDING": "requeued", "SUSPENDED": "suspended", "STOPPED": "stopped"}   # (PENDING after a restart)
+    if state in LIVE:   # what rerun calls it when it leaves the shard out
+        assert task.phase == words.get(state, "pending"), state
+    assert Task("12_3", "PENDING").phase == "pending"
     if state == "COMPLETING":   # a requeue shows as this before PENDING: not called requeued, nor running
         assert not task.requeued and not task.running and task.words() == "COMPLETING, requeued 1 time(s)"

@@ -137,8 +137,7 @@ def _left_out_lines(run: RunDir, live: dict, elsewhere: list[int]) -> list[str]:
     if live:
         states: dict[str, list[int]] = {}
         for r, t in live.items():
-            states.setdefault("running" if t.running else "ending" if t.ending else "requeued" if t.requeued
-                              else t.state.lower() if t.state in ("SUSPENDED", "STOPPED") else "pending", []).append(r)
+            states.setdefault(t.phase, []).append(r)
         lines.append("shard(s) " + "; ".join(f"{array_ranges(rs)} {s}" for s, rs in states.items())
                      + " in SLURM already (tasks " + ", ".join(sorted({t.job_id.split("_")[0] for t in live.values()}))
                      + "); not submitted again")

@@ -59,6 +59,17 @@ class Task:
         return self.state in RUNNING_STATES
 
     @property
+    def phase(self) -> str:
+        """A live task's state in one word: running, ending, requeued, suspended, stopped or pending."""
+        if self.running:
+            return "running"
+        if self.ending:
+            return "ending"
+        if self.requeued:
+            return "requeued"
+        return self.state.lower() if self.state in ("SUSPENDED", "STOPPED") else "pending"
+
+    @property
     def requeued(self) -> bool:
         return self.state.startswith("REQUEUE") or (self.state == "PENDING" and self.restarts > 0)
 
