@@ -35,6 +35,8 @@ LISTED_SHARDS = 40
 # GPU batches are large enough to fill the device.
 DEFAULT_TOKENS_CPU = 4096
 DEFAULT_TOKENS_GPU = 32768
+# --seed's range: the sampler's random streams are keyed by 64 bits (engine/sampler.py).
+SEED_MAX = 2**64 - 1
 
 # What a later command on the same run may do with a setting (every field has one role; tests hold it):
 RESULT = "result"   # it shapes what is computed: a later command must give the same, or is refused
@@ -51,7 +53,7 @@ class Option:
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     above_minimum: bool = False     # the value must be above `minimum`, not equal to it
-    maximum: float | None = None
+    maximum: float | int | None = None
     off_flag: str = ""              # a flag on by default: the option that turns it off
     only_with: tuple[str, ...] | None = None   # ("task", "embed", "score"): meaningful only with those values
     needs: str = ""                 # a field it means something only with, on or above 0 (--per-residue-dtype:
@@ -168,9 +170,10 @@ class RunConfig:
     top_p: float = setting(RESULT, "--top-p", default=1.0, minimum=0, above_minimum=True, maximum=1,
                            only_with=_GENERATE, needs="temperature",
                            help="generate: nucleus sampling mass (with --temperature above 0).")
-    seed: int = setting(RESULT, "--seed", default=0, only_with=_GENERATE, needs="temperature",
-                        help="generate: run seed (with --temperature above 0); with the sequence's FASTA position it "
-                             "fixes what each sequence samples.")
+    seed: int = setting(RESULT, "--seed", default=0, minimum=0, maximum=SEED_MAX, only_with=_GENERATE,
+                        needs="temperature",
+                        help="generate: run seed, 0 to 2**64-1 (with --temperature above 0); with the sequence's FASTA "
+                             "position it fixes what each sequence samples.")
     reuse: list[str] = setting(PLAN, "--reuse", default=[], repeat=True,
                                help="An earlier result (its run directory or result.h5) whose rows are copied for "
                                     "the records of the same sequence, when its model and every output-affecting "
@@ -273,6 +276,8 @@ class RunConfig:
         for name, unset in _OLD_UNSET.items():
             if values.get(name) == unset:
                 values[name] = None
+        if isinstance(values.get("seed"), int) and not 0 <= values["seed"] <= SEED_MAX:
+            values["seed"] &= SEED_MAX   # earlier versions took any seed and sampled with it modulo 2**64
         return cls(**values)
 
     @classmethod
@@ -375,10 +380,15 @@ def _check_bounds(opt: Option, value, name: str) -> None:
             raise UserError(f"{name} must be a number, not NaN (got {v!r})")
         if opt.minimum is not None and (v < opt.minimum or (opt.above_minimum and v == opt.minimum)):
             bound = "positive" if opt.above_minimum and opt.minimum == 0 else \
-                f"{'above' if opt.above_minimum else 'at least'} {opt.minimum:g}"
+                f"{'above' if opt.above_minimum else 'at least'} {_number(opt.minimum)}"
             raise UserError(f"{name} must be {bound} (got {v!r})")
         if opt.maximum is not None and v > opt.maximum:
-            raise UserError(f"{name} must be at most {opt.maximum:g} (got {v!r})")
+            raise UserError(f"{name} must be at most {_number(opt.maximum)} (got {v!r})")
+
+
+def _number(x) -> str:
+    """A bound in words: 1e+06 for a float, every digit of a whole number (18446744073709551615, not 1.84467e+19)."""
+    return str(x) if isinstance(x, numbers.Integral) else f"{x:g}"
 
 
 def option_of(name: str) -> Option:

@@ -1,5 +1,6 @@
 """Fast unit tests: options, device choice, batching, tokenization, pooling, the demo model."""
 import dataclasses
+import json
 import os
 import sys
 import types
@@ -31,6 +32,8 @@ from pipeline.tasks.tokenization import SequenceTokenizer
     ({"checkpoint_seconds": 0}, "--checkpoint-seconds must be positive"),
     ({"worker_timeout": float("nan")}, "--worker-timeout must be a number, not NaN"),   # (never timed out)
     ({"top_p": float("nan"), "task": "generate", "temperature": 1.0}, "--top-p must be a number, not NaN"),
+    ({"seed": -1, "task": "generate", "temperature": 1.0}, "--seed must be at least 0"),
+    ({"seed": 2**64, "task": "generate", "temperature": 1.0}, "--seed must be at most 18446744073709551615"),
 ])
 def test_config_rejects_bad_options(kwargs, message):
     with pytest.raises(UserError, match=message):
@@ -43,6 +46,16 @@ def test_config_roundtrip_and_defaults():
     assert c.world == 2 and c.on_gpu and c.torch_dtype_name == "bfloat16" and c.tokens_per_batch == 32768
     cpu = RunConfig(fasta=["a.fa"], out="o", workers=3)
     assert cpu.world == 3 and cpu.torch_dtype_name == "float32" and cpu.tokens_per_batch == 4096
+
+
+def test_a_seed_stored_outside_64_bits_reads_as_the_seed_it_sampled_with():
+    """Earlier versions took any --seed and sampled with it modulo 2**64; their runs continue with that seed."""
+    from pipeline.engine.sampler import uniforms
+    stored = json.loads(RunConfig(fasta=["a.fa"], out="o", task="generate", temperature=1.0).to_json())
+    keys, steps = np.arange(5, dtype=np.uint64), np.arange(5, dtype=np.uint64)
+    for old, now in ((-1, 2**64 - 1), (2**64 + 5, 5), (-(2**64) + 3, 3)):
+        assert RunConfig.from_dict({**stored, "seed": old}).seed == now
+        assert np.array_equal(uniforms(old, keys, steps), uniforms(now, keys, steps))
 
 
 def test_devices_honour_cuda_visible_devices(monkeypatch):
@@ -273,6 +286,7 @@ def test_demo_model_weights_are_fixed():
     (["--worker-timeout", "0"], "'--worker-timeout': 0.0 is not in the range x>0"),
     (["--max-length", "-3"], "'--max-length': -3 is not in the range x>=1"),
     (["--top-p", "0"], "'--top-p': 0.0 is not in the range 0<x<=1"),
+    (["--seed", "-1"], "'--seed': -1 is not in the range 0<=x<=18446744073709551615"),   # (-1 is not "random")
     (["--worker-timeout", "nan"], "'--worker-timeout': 'nan' is not a number"),   # NaN passes every bound
     (["--checkpoint-seconds", "-NaN"], "'--checkpoint-seconds': '-NaN' is not a number"),
     (["--temperature", "0.7"], "--temperature applies only to --task generate (this run's task is embed)"),
