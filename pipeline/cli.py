@@ -459,7 +459,8 @@ def work_command(out, shard, shards_per_task):
 @main.command("get")
 @click.argument("out", type=Path())
 @click.argument("ids", nargs=-1)
-@click.option("--ids-from", default=None, help="Also the ids in this file, one per line ('-': standard input).")
+@click.option("--ids-from", default=None, help="Also the ids in this file, one per line ('-': standard input); a FASTA header line "
+                                          "('>id description') gives its id.")
 @click.option("--format", "fmt", type=click.Choice(["tsv", "json", "npy"]), default="tsv", show_default=True,
               help="tsv: a line per id; json: a JSON object per line and id; npy: a numpy .npz archive (needs -o).")
 @click.option("--output", "-o", default=None, type=Path(dir_okay=False), help="Write here instead of printing.")

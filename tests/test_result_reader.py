@@ -602,18 +602,19 @@ def test_get_json_is_standard_json_with_nan_and_infinities():
                             "per_residue": [["inf", 0.25], [None, -2.0]]}
 
 
-ODD_IDS = ["back\\slash", "a\\tb", "a\u00a0b", "c\u3000d", "e\u0085f", "prot\u00e9ine_\u03b1", "=SUM(A1)"]
+# (">lead" is the id of the FASTA header ">>lead")
+ODD_IDS = ["back\\slash", "a\\tb", "a\u00a0b", "c\u3000d", "e\u0085f", "prot\u00e9ine_\u03b1", "=SUM(A1)", ">lead"]
 
 
-def _odd_ids_result(path) -> None:
+def _odd_ids_result(path, ids: list[str] = ODD_IDS) -> None:
     """A result whose ids a FASTA can hold (every byte above 0x20, DEL and UTF-8 past ASCII included), written by
     the merge's own writer."""
     from pipeline.output.h5io import Writer
     from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
     schema = Schema(BASE_COLUMNS + (Column("embeddings/mean", "float32", 2),))
-    rows = len(ODD_IDS)
+    rows = len(ids)
     w = Writer(path, schema, {"task": "embed"})
-    w.append(RowBlock(schema, {"ids": np.array([i.encode() for i in ODD_IDS], dtype=object),
+    w.append(RowBlock(schema, {"ids": np.array([i.encode() for i in ids], dtype=object),
                                "index": np.arange(rows), "lengths": np.ones(rows, np.int32),
                                "num_tokens": np.ones(rows, np.int32), "truncated": np.zeros(rows, bool),
                                "status": np.zeros(rows, np.int8), "sequence_digest": np.zeros((rows, 16), np.uint8),
@@ -638,6 +639,29 @@ def test_get_tsv_ids_come_back_exactly_through_cut_and_ids_from(tmp_path):
     rows = [json.loads(line) for line in again.stdout.splitlines()]
     assert [r["ids"] for r in rows] == ODD_IDS[::-1] + ODD_IDS[:1]
     assert [r["index"] for r in rows] == list(range(len(ODD_IDS)))[::-1] + [0]
+
+
+def test_ids_from_reads_a_line_starting_with_gt_as_the_id_the_result_holds(tmp_path):
+    """At 9185f6a every --ids-from line lost one leading '>' (a FASTA header's mark), so `cut -f1` of the TSV gave
+    back '>P1', the id of the header '>>P1', and get returned the row of 'P1' (exit 0), or refused 'P1' as missing.
+    Now such a line is the header's id or the id as written, whichever the result holds; both: refused, saying how
+    to name the one meant."""
+    from pipeline.output.get import get, read_ids
+    _odd_ids_result(tmp_path / "result.h5", [">P1", "P1", ">>Q2", "R3"])
+    asked = read_ids([], "-", io.StringIO(">>Q2\n>R3 desc\n>>>Q2\n"))
+    assert [json.loads(r)["index"] for r in get(tmp_path, asked, "json").splitlines()] == [2, 3, 2]
+    for line in (">P1", ">P1 a description", ">>P1"):
+        if line == ">>P1":   # ('>P1' as written is held; its header reading, '>P1' too: '>>P1' is the header of '>P1')
+            assert json.loads(get(tmp_path, read_ids([], "-", io.StringIO(line)), "json"))["index"] == 0
+            continue
+        with pytest.raises(UserError, match=r"--ids-from standard input, line 1: '>P1' may be the FASTA header of "
+                                            r"'P1' or the id '>P1', and .*result.h5 holds both: name the one you mean "
+                                            r"after OUT, .*`run_shards get .*result.h5 '>P1'`"):
+            get(tmp_path, read_ids([], "-", io.StringIO(line)), "json")
+    named = run_cli("get", str(tmp_path / "result.h5"), ">P1", "P1", "--format", "json")   # (as written after OUT)
+    assert [json.loads(r)["index"] for r in named.stdout.splitlines()] == [0, 1], named.stderr
+    with pytest.raises(MissingIds, match="1 id\\(s\\) not in .*: 'Z9'"):
+        get(tmp_path, read_ids([], "-", io.StringIO(">Z9\n")), "json")
 
 
 def test_per_id_h5_names_are_marked_utf8(tmp_path):

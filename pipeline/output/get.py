@@ -43,9 +43,18 @@ def _stdin_bytes(stream: TextIO) -> bytes | str:
     return buffer.read() if buffer is not None else stream.read()
 
 
+class HeaderLine(str):
+    """An id of an --ids-from line that starts with '>': the id of a FASTA header line (one '>' dropped, as the
+    FASTA's reading drops it), unless the result holds the line's first word as written, an id that itself
+    starts with '>' (`cut -f1` of get's TSV gives such an id back as it is): `settle` decides."""
+    written: str   # the line's first word as written, '>' included
+    where: str     # "ids.txt, line 3"
+
+
 def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = None) -> list[str]:
     """The ids of the command line, then those of `ids_from` (a file, or '-' for standard input), one per
-    line (blank lines and the '>' of a FASTA-style line ignored)."""
+    line (blank lines ignored; a line starting with '>' is a HeaderLine: a FASTA header's id, or an id that
+    starts with '>')."""
     ids = list(given)
     if ids_from:
         source = "standard input" if ids_from == "-" else ids_from
@@ -62,7 +71,8 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
         # (str.splitlines and str.split would also split at Unicode's spaces and separators, U+00A0, U+0085,
         # U+3000 ..., which belong to an id in the FASTA)
         for number, line in enumerate(_LINES.split(text), 1):
-            word = _ID.search(line.lstrip(_SPACE).removeprefix(">"))   # (one '>' is a header's mark: '>>x' is '>x')
+            line = line.lstrip(_SPACE)
+            word = _ID.search(line.removeprefix(">"))   # (one '>' is a header's mark: '>>x' is '>x')
             if not word:
                 continue
             try:
@@ -71,7 +81,12 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
                 raise UserError(f"--ids-from {source}, line {number}: the id is not UTF-8 text "
                                 f"(its bytes: {word[0].encode('utf-8', 'surrogateescape')!r}); ids are UTF-8, as "
                                 "in the FASTA: save the file as UTF-8") from None
-            ids.append(word[0])
+            if line.startswith(">"):
+                header = HeaderLine(word[0])
+                header.written, header.where = _ID.search(line)[0], f"{source}, line {number}"
+                ids.append(header)
+            else:
+                ids.append(word[0])
     if not ids:
         raise UserError("no ids given: pass them after OUT, or one per line with --ids-from FILE (- for stdin)")
     return ids
@@ -85,6 +100,7 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
     if target:
         check_output_file("-o", target, run_inputs.of_result(result_path(out)))
     with ResultFile(out) as res:
+        ids = settle(res, ids)
         try:
             rows = res.rows(ids)
         except MissingIds as e:
@@ -103,6 +119,32 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
     with atomic_path(target) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.writelines(lines)
     return f"wrote {len(records)} row(s) to {target}"
+
+
+def settle(res: ResultFile, ids: list[str]) -> list[str]:
+    """`ids` with each HeaderLine read as the id the result holds: the header's id, or the line's word as
+    written where only that is in the result ('>P1' from `cut -f1`, the id of the FASTA header '>>P1'); where
+    the result holds both, a UserError asks for the one meant."""
+    lines = [i for i in ids if isinstance(i, HeaderLine)]
+    if not lines:
+        return ids
+    asked = [i.written for i in lines] + [str(i) for i in lines]
+    try:
+        res.rows(asked)
+        held = set(asked)
+    except MissingIds as e:
+        held = set(asked) - set(e.missing)
+    settled = []
+    for i in ids:
+        if isinstance(i, HeaderLine) and i.written in held:
+            if str(i) in held:
+                raise UserError(f"--ids-from {i.where}: {i.written!r} may be the FASTA header of {str(i)!r} or the "
+                                f"id {i.written!r}, and {res.path} holds both: name the one you mean after OUT, "
+                                f"where ids are taken as written, e.g. `{command('get', res.path, i.written)}`")
+            settled.append(i.written)
+        else:
+            settled.append(str(i))
+    return settled
 
 
 def _refuse_missing(res: ResultFile, error: MissingIds) -> None:
