@@ -3,6 +3,7 @@ was planned (a SLURM or Ray task starts later), a Hugging Face cache folder, a `
 tokenizer files. Each works, or is refused before any compute naming the file and what to do."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,55 @@ def test_a_worker_refuses_a_checkpoint_changed_since_planning(small_fasta, model
     assert run_cli("merge", str(out)).returncode == 0
     with h5py.File(out / "result.h5") as f:
         assert len(f["ids"]) == 12
+
+
+def test_a_checkpoint_saved_over_with_the_same_size_is_seen_changed(small_fasta, tmp_path, monkeypatch):
+    """At 9185f6a a checkpoint's fingerprint took each weight file's size and first MiB: top layers fine-tuned
+    and saved over the checkpoint (the same size, nothing changed in the first MiB) went unseen, so `rerun` merged
+    rows of both models and `--reuse` copied the old model's rows. The weights are now digested whole, the digest
+    kept between commands under a key of the file's size, inode and times (a write changes its ctime, which
+    restoring the modification time does not undo); a run planned the earlier way is checked the earlier way."""
+    from transformers import EsmConfig, EsmForMaskedLM, EsmTokenizer
+
+    from pipeline.models import file_digest
+
+    from .tiny_models import ESM_VOCAB
+    monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "esm"
+    (tmp_path / "vocab.txt").write_text("\n".join(ESM_VOCAB) + "\n")
+    EsmTokenizer(str(tmp_path / "vocab.txt")).save_pretrained(model)
+    config = EsmConfig(vocab_size=len(ESM_VOCAB), hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
+                       intermediate_size=256, max_position_embeddings=1026, position_embedding_type="rotary",
+                       pad_token_id=1, mask_token_id=32, token_dropout=True, emb_layer_norm_before=False)
+    EsmForMaskedLM(config).eval().save_pretrained(model)
+    weights = model / "model.safetensors"
+    planned = checkpoint.resolve(str(model), tmp_path / "cache").identity()
+    earlier = checkpoint.fingerprint(model, like="0123456789abcdef")   # (as a run of before 2026-12-07 kept it)
+    reads = []
+    real_read = file_digest._read
+    monkeypatch.setattr(file_digest, "_read", lambda *a: reads.append(a) or real_read(*a))
+    checkpoint.check_unchanged(planned)
+    checkpoint.check_unchanged({**planned, "fingerprint": earlier})
+    assert reads == []   # (each weight file read once, when the run was planned)
+
+    before, stat = weights.read_bytes(), weights.stat()
+    tensors = load_file(weights)
+    save_file({n: t + 0.01 if ".layer.5." in n else t for n, t in tensors.items()}, weights, metadata={"format": "pt"})
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = weights.read_bytes()
+    assert len(after) == len(before) > 2 << 20 and after[:1 << 20] == before[:1 << 20] and after != before
+    assert checkpoint.fingerprint(model, like=earlier) == earlier   # what the earlier way could not see
+    with pytest.raises(UserError, match="changed since the run started \\(config.json or the weight files differ\\)"):
+        checkpoint.check_unchanged(planned)
+    assert len(reads) == 1
+
+    old = tmp_path / "old"
+    done = run_cli(small_fasta, "--out", str(old), *cli_args(model))   # (rows of the fine-tuned model)
+    assert done.returncode == 0, done.stderr
+    save_file(tensors, weights, metadata={"format": "pt"})   # the checkpoint saved over again, as it was planned
+    res = run_cli(small_fasta, "--out", str(tmp_path / "new"), *cli_args(model), "--reuse", str(old))
+    assert res.returncode == 2 and "with another model" in res.stderr and "weight files differ" in res.stderr, \
+        res.stderr
 
 
 def hub_cache(source, root, commit: str = "a" * 40):

@@ -14,7 +14,10 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from index.cache import cache_dir
+
 from . import demo as demo_model
+from . import file_digest
 from ..errors import UserError
 from .checkpoint_facts import TOKENIZER_FILES, CheckpointFacts, read_facts, read_json, safetensors_header, weight_files
 from .hf_config import is_causal_lm, is_masked_lm
@@ -265,7 +268,8 @@ def check_unchanged(identity: dict, start_over: str = "start a new run with anot
     if "files" not in identity:
         log.info("this run was planned before run_shards recorded a checkpoint's tokenizer files: only its "
                  "config.json and weights are compared")
-    changes = identity_changes(identity, {"fingerprint": fingerprint(path), "files": file_digests(path)})
+    changes = identity_changes(identity, {"fingerprint": fingerprint(path, like=identity.get("fingerprint")),
+                                          "files": file_digests(path)})
     if changes:
         raise UserError(f"the model checkpoint of this run, {path}, changed since the run started "
                         f"({'; '.join(changes)}), so new rows would not match the ones computed. Restore it as it "
@@ -275,9 +279,17 @@ def check_unchanged(identity: dict, start_over: str = "start a new run with anot
 def identity_changes(old: dict, new: dict) -> list[str]:
     """How the checkpoint `new` differs from `old` (identities as `ModelSource.identity` writes them, or the
     same keys from a result's attributes), each file named: [] when it is the same model. Where `old`
-    recorded no files (an older run_shards), only config.json and the weights are compared."""
+    recorded no files (an older run_shards), only config.json and the weights are compared; where it recorded a
+    fingerprint taken the earlier way (each weight file's size and first MiB), `new`'s is taken so from its
+    `path` to compare."""
     changes = []
-    if old.get("fingerprint") != new.get("fingerprint"):
+    now = new.get("fingerprint")
+    if now is not None and old.get("fingerprint") is not None and "path" in new \
+            and not old["fingerprint"].startswith(WHOLE_FILES):
+        log.info("this run was planned before run_shards digested whole weight files: the checkpoint's weights are "
+                 "compared by their size and first MiB")
+        now = fingerprint(Path(new["path"]), like=old["fingerprint"])
+    if old.get("fingerprint") != now:
         changes.append("config.json or the weight files differ")
     if "files" in old and "files" in new:
         was, now = old["files"], new["files"]
@@ -331,16 +343,28 @@ def read_ahead(path: str | Path) -> threading.Thread:
     return thread
 
 
-def fingerprint(path: Path) -> str:
-    """sha256 over config.json and, per weight file, its name, size and first MiB (fast on huge files)."""
+# The mark of a fingerprint over whole weight files; runs planned before 2026-12-07 kept 16 hex digits over each
+# weight file's size and first MiB, and are checked that way (`fingerprint`'s `like`).
+WHOLE_FILES = "w1-"
+
+
+def fingerprint(path: Path, like: str | None = None) -> str:
+    """sha256 over config.json and, per weight file, its name and the digest of its whole content (kept between
+    commands: file_digest.py). `like`: a fingerprint a run recorded, which an earlier run_shards took over each
+    weight file's size and first MiB: the checkpoint's is then taken that way, to compare with it."""
     h = hashlib.sha256((path / "config.json").read_bytes())
+    whole = like is None or like.startswith(WHOLE_FILES)
+    cache = cache_dir() / "digests" if whole else None
     for f in sorted(path.iterdir()):
         if f.suffix in WEIGHT_SUFFIXES:
             h.update(f.name.encode())
+            if whole:
+                h.update(file_digest.digest(f, cache).encode())
+                continue
             h.update(str(f.stat().st_size).encode())
             with open(f, "rb") as fh:
                 h.update(fh.read(1 << 20))
-    return h.hexdigest()[:16]
+    return (WHOLE_FILES if whole else "") + h.hexdigest()[:16]
 
 
 def file_digests(path: Path) -> dict[str, str]:

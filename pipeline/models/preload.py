@@ -44,11 +44,11 @@ def load(wanted: Wanted, build: Callable[[], object]) -> bool:
     checkpoint is not the one the parent fingerprinted (changed before or during the load)."""
     from .checkpoint import fingerprint
     began = time.monotonic()
-    if fingerprint(Path(wanted.path)) != wanted.fingerprint:
+    if fingerprint(Path(wanted.path), like=wanted.fingerprint) != wanted.fingerprint:
         log.info("not loading the model ahead: %s changed since the run was planned", wanted.path)
         return False
     built = build()
-    if fingerprint(Path(wanted.path)) != wanted.fingerprint:
+    if fingerprint(Path(wanted.path), like=wanted.fingerprint) != wanted.fingerprint:
         log.info("the model loaded ahead is not kept: %s changed while it loaded", wanted.path)
         return False
     seconds = time.monotonic() - began

@@ -96,7 +96,8 @@ def _differences(reader: Reader, config: RunConfig, model, schema: Schema, resol
     else:
         log.warning("--reuse %s: written before results recorded the model's tokenizer files: only its config.json "
                     "and weights are compared%s", reader.path, "" if recorded else ", and --max-length as given")
-    changes = identity_changes(made_with, {"fingerprint": model.source.fingerprint, "files": model.source.files})
+    changes = identity_changes(made_with, {"fingerprint": model.source.fingerprint, "files": model.source.files,
+                                          "path": model.source.path})
     if changes:
         found.append(f"with another model ({attrs.get('model')!r}; this run's {config.model!r}: "
                      f"{'; '.join(changes)})")
