@@ -17,12 +17,13 @@ import numpy as np
 
 from . import index_file, input_file
 from .errors import FastaError
+from . import record_checksum
 from .fasta_scan import FileScan, ScanStream
 from .input_file import InputFile
 from .spill import WINDOW, HashBuckets, Scatter
 from .spill_owner import owned_folder, release
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 _CHUNK = 4 << 20   # records per chunk when a spilled column is read back
 
 
@@ -181,7 +182,7 @@ def build_file(paths: Sequence[str | os.PathLike], target: str | os.PathLike, th
             index_file.in_memory("length_counts", hist.counts[::-1].copy()),
         ]
         index_file.write(target, FORMAT_VERSION, n, parts, {
-            **input_file.to_header(inputs), "meta": {"duplicate_groups": groups}})
+            **input_file.to_header(inputs), "meta": {"duplicate_groups": groups, "checksum_kind": record_checksum.KIND}})
     finally:
         try:
             for c in locals().get("cols", {}).values():

@@ -88,7 +88,8 @@ def _block(index, rec: _Fields, a: int, i: int, j: int, out: np.ndarray, keep_ca
     if got != stop - grid:
         index.read_record(a + i + int(np.searchsorted(rec.ends[i:j], got + grid, "right")))  # raises InputChanged
     if rec.checksums is not None:
-        found = block_checksums(words.copy(), grid // 8, rel + start - grid, rel + start - grid + rec.nbytes[i:j])
+        found = block_checksums(words.copy(), grid // 8, rel + start - grid, rel + start - grid + rec.nbytes[i:j],
+                                kind=index.checksum_kind)
         bad = np.flatnonzero(found != rec.checksums[i:j])
         if len(bad):
             index._verify(a + i + int(bad[0]), int(found[bad[0]]))   # raises InputChanged, naming the record

@@ -33,6 +33,7 @@ from .fasta_scan import legacy_content_crc32, sequence_text
 from .id_hash import _repeated_values, id_hashes
 from .index_file import IndexCorrupt
 from .input_file import InputFile
+from . import record_checksum
 from .record_checksum import add, checksum
 from .source import line_number, open_text
 
@@ -42,10 +43,12 @@ log = logging.getLogger(__name__)
 # 3: a checksum per record (instead of one per file); BGZF inputs read in place, with their block tables.
 # 4: built and read with bounded memory (build.py, index_file.py): memory-mapped, a histogram of the lengths,
 #    and in a run's copy the stride table of its shards (stride.py).
+# 5: the records' checksums of record_checksum.KIND 2 (with each word's high half), said in meta's
+#    `checksum_kind`; an index of version 3 or 4 holds KIND 1 checksums and is checked with them.
 # Versions 1 and 2 hold the same required arrays, so a run directory's index of any version loads (its
 # sequences are then read unchecked); caches of older versions are rebuilt (their file names differ).
 FORMAT_VERSION = index_build.FORMAT_VERSION
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 _READ_BYTES = 16 << 20   # sequence(): a record is read and cleaned piece by piece
 HELD_TEXTS = 256         # input files kept open between reads (more: opened per read, see _reading)
 _ONE_READ = 1 << 30      # read_record(): larger reads go into a bytearray, a pread at a time
@@ -221,12 +224,12 @@ class SequenceIndex:
         n = int(self.nbytes[i])
         if n <= _READ_BYTES:
             data = self.read_record(i)
-            self._verify(i, checksum(data, int(self.offsets[i])))
+            self._verify(i, checksum(data, int(self.offsets[i]), self.checksum_kind))
             return sequence_text(data, keep_case)
         text, in_header, total = bytearray(), True, 0
         for at in range(0, n, _READ_BYTES):
             piece = self.read_record(i, at, at + _READ_BYTES)
-            total = add(total, checksum(piece, int(self.offsets[i]) + at))
+            total = add(total, checksum(piece, int(self.offsets[i]) + at, self.checksum_kind))
             if in_header:   # a header line may be longer than one piece
                 end = _line_end(piece)
                 if end < 0:
@@ -238,6 +241,11 @@ class SequenceIndex:
         if text.endswith(b"*"):
             del text[-1]
         return text.decode("ascii")
+
+    @property
+    def checksum_kind(self) -> int:
+        """The kind of its records' checksums (record_checksum.KINDS): an index keeps the kind it was built with."""
+        return int(self.meta.get("checksum_kind", record_checksum.KIND))
 
     def _verify(self, i: int, found: int) -> None:
         if self.checksums is None or int(self.checksums[i]) == found:
@@ -490,7 +498,10 @@ class SequenceIndex:
                 mapped.verify(stride_names, mapped.header["stride"]["crc32"], "checksum mismatch in the stride table")
         arrays = {n: mapped.array(n) for n in names}
         inputs = input_file.from_header(mapped.header)
-        index = cls(inputs, meta=mapped.header.get("meta", {}), **arrays)
+        meta = mapped.header.get("meta", {})
+        if mapped.version < 5:
+            meta = {**meta, "checksum_kind": 1}
+        index = cls(inputs, meta=meta, **arrays)
         index._mapped, index._crc, index._loaded = mapped, int(mapped.header["crc32"]), dict(arrays)
         if "stride" in mapped.header:
             index.stride = stride_table.table(mapped)
@@ -500,11 +511,24 @@ class SequenceIndex:
         """Inputs whose records hold other bytes in `fresh` (the same files indexed again, with the same
         record layout) than in this index: by the records' checksums, or for an index of format 2, by its
         whole-file checksums."""
+        if self.checksums is not None and fresh.checksums is not None and self.checksum_kind != fresh.checksum_kind:
+            return self._edited_by_reading()
         if self.checksums is not None:
             return [f.path for k, f in enumerate(self.inputs)
                     if not np.array_equal(self.checksums[self.file_no == k], fresh.checksums[fresh.file_no == k])]
         return [f.path for f in self.inputs
                 if f.content_crc32 is not None and f.content_crc32 != legacy_content_crc32(f.path)]
+
+    def _edited_by_reading(self) -> list[str]:
+        """The input whose text no longer matches this index's checksums, read block by block with their kind
+        (an index built by an earlier run_shards, whose checksums a fresh index's cannot be compared with)."""
+        from .residue_digest import record_digests
+        try:
+            for _ in record_digests(self):
+                pass
+        except InputChanged as e:
+            return [e.path]
+        return []
 
     def stat_changes(self) -> list[str]:
         """Inputs whose size, modification time, change time or inode moved since indexing, each with what moved

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from pipeline.config import LAUNCH, PLAN, RESULT, RunConfig, option_of
@@ -214,6 +215,39 @@ def test_a_cache_path_that_is_a_file_is_refused_and_out_is_left_as_it_was(small_
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert f"RUN_SHARDS_CACHE {cache} is a file, not a directory" in res.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_run_whose_index_holds_the_earlier_record_checksums_is_checked_with_them(small_fasta, args, clean,
+                                                                                   stopped, tmp_path, monkeypatch):
+    """A run planned before 2026-12-07 holds an index of format 4, whose record checksums are of kind 1
+    (index/record_checksum.py). Its workers check what they read with that kind; the same `run` command says
+    the index is fingerprinted another way (not that the FASTA changed) and names `rerun`, which finishes the
+    run with the clean run's bytes (an edited record read with the earlier kind: tests/test_index.py)."""
+    from index import sequence_index
+    from index.record_checksum import checksum
+    out = _copy(stopped, tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    index = sequence_index.SequenceIndex.load(out / "index.rsidx")
+    text = open(small_fasta, "rb").read()
+    index.checksums = np.array([checksum(text[o:o + n], o, kind=1) for o, n in zip(index.offsets.tolist(),
+                                                                                  index.nbytes.tolist())], np.uint64)
+    index.meta = {**index.meta, "checksum_kind": 1}
+    monkeypatch.setattr(sequence_index, "FORMAT_VERSION", 4)
+    index.save(out / "index.rsidx.new", world=manifest["world"])
+    monkeypatch.undo()
+    index.close()
+    (out / "index.rsidx.new").replace(out / "index.rsidx")
+    earlier = sequence_index.SequenceIndex.load(out / "index.rsidx")
+    assert earlier.checksum_kind == 1 and earlier.stride is not None
+    manifest["index"]["fingerprint"] = manifest["attrs"]["index_fingerprint"] = earlier.fingerprint()
+    earlier.close()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    res = run_cli(small_fasta, "--out", str(out), *args, "--workers", "2")
+    assert res.returncode == 2 and "planned by an earlier run_shards" in res.stderr, res.stderr
+    assert "FASTA content" not in res.stderr and ["rerun", str(out)] in suggested_commands(res.stderr)
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert raw_datasets(out / "result.h5") == clean
 
 
 def test_a_run_planned_by_an_earlier_version_is_continued_by_rerun_not_called_changed(small_fasta, args, clean,

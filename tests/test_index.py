@@ -129,10 +129,11 @@ def test_block_boundaries_do_not_matter(tmp_path, monkeypatch, block, mix):
     check_against_reference(path, data)
 
 
-def _reference_checksum(record: bytes, offset: int) -> int:
+def _reference_checksum(record: bytes, offset: int, kind: int = 2) -> int:
     """record_checksum.py's definition in plain Python integers: sum over the 64-bit words k that hold the
-    record's bytes (little-endian, other bytes zero) of word * W(k) mod 2**64, W(k) = (SplitMix64(k mod 2**19)
-    | 1) * (SplitMix64(k >> 19) | 1, or 1 for the first 2**19 words)."""
+    record's bytes (little-endian, other bytes zero) of word * W(k) + (word >> 32) * H(k) (kind 1: without the
+    second term) mod 2**64, W(k) = (SplitMix64(k mod 2**19) | 1) * S(k), H(k) = (SplitMix64(2**19 + k mod 2**19)
+    | 1) * S(k), S(k) = SplitMix64(k >> 19) | 1, or 1 for the first 2**19 words."""
     def mix(k):
         m = 2**64 - 1
         z = (k * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & m
@@ -144,8 +145,11 @@ def _reference_checksum(record: bytes, offset: int) -> int:
     total = 0
     for j in range(0, len(padded), 8):
         k = offset // 8 + j // 8
-        weight = (mix(k % 2**19) | 1) * ((mix(k >> 19) | 1) if k >> 19 else 1)
-        total += int.from_bytes(padded[j:j + 8], "little") * weight
+        segment = (mix(k >> 19) | 1) if k >> 19 else 1
+        word = int.from_bytes(padded[j:j + 8], "little")
+        total += word * (mix(k % 2**19) | 1) * segment
+        if kind == 2:
+            total += (word >> 32) * (mix(2**19 + k % 2**19) | 1) * segment
     return total % 2**64
 
 
@@ -194,6 +198,53 @@ def test_checksum_catches_every_single_byte_change():
                 edited = bytearray(record)
                 edited[pos] = (edited[pos] + delta) % 256
                 assert checksum(bytes(edited), offset) != want, (offset, pos, delta)
+
+
+def test_two_edits_in_the_top_bytes_of_words_change_the_checksum():
+    """Found by a red team at 9185f6a: with word * W(k) alone (kind 1), a change confined to byte 7 of a word
+    counts 2**56 times, so two residues edited at byte 7 of their words cancel whenever c * W(a) + d * W(b) = 0
+    mod 256, one pair of letters in 256: a continued run took the edited record for the indexed one and merged
+    its old row. With each word's high half (kind 2) every such pair is seen."""
+    letters = b"ACDEFGHIKLMNPQRSTVWY"
+    rng = random.Random(7)
+    text = b">r\n" + bytes(rng.choice(letters) for _ in range(400)) + b"\n"
+    seen = 0
+    for a, b in ((7 + 8 * 5, 7 + 8 * 9), (7 + 8 * 20, 7 + 8 * 21), (7 + 8 * 30, 7 + 8 * 44)):
+        for new_a in letters:
+            for new_b in letters:
+                edited = bytearray(text)
+                edited[a], edited[b] = new_a, new_b
+                if edited == text or checksum(bytes(edited), 0, kind=1) != checksum(text, 0, kind=1):
+                    continue
+                seen += 1   # kind 1 misses it; kind 2 (the default) must not
+                assert checksum(bytes(edited), 0) != checksum(text, 0), (a, b, chr(new_a), chr(new_b))
+                assert checksum(bytes(edited), 0) == _reference_checksum(bytes(edited), 0)
+    assert seen >= 3   # (the pairs kind 1 misses exist at each place tried)
+
+
+def test_an_index_of_format_4_checks_reads_and_edits_with_its_own_checksums(tmp_path, monkeypatch):
+    """A run planned before kind 2 keeps its index (format 4, kind 1 checksums): its reads are checked with kind
+    1, and a continuation, which indexes the files anew (kind 2), compares by reading them with the old index."""
+    path = tmp_path / "a.fa"
+    path.write_bytes(b">a\nMKVL\n>b\nACDEFG\n")
+    new = SequenceIndex.build([path])
+    assert new.checksum_kind == 2 and int(new.checksums[1]) == _reference_checksum(b">b\nACDEFG\n", 8)
+    kind_1 = np.array([_reference_checksum(b">a\nMKVL\n", 0, kind=1),
+                       _reference_checksum(b">b\nACDEFG\n", 8, kind=1)], np.uint64)
+    old = SequenceIndex(new.inputs, new.offsets, new.nbytes, new.lengths, new.file_no, new.id_offsets, new.id_blob,
+                        checksums=kind_1, meta={"duplicate_groups": []})
+    monkeypatch.setattr(sequence_index, "FORMAT_VERSION", 4)
+    old.save(tmp_path / "v4.rsidx")
+    monkeypatch.undo()
+    loaded = SequenceIndex.load(tmp_path / "v4.rsidx")
+    assert loaded.checksum_kind == 1 and loaded.sequence(1) == "ACDEFG"
+    assert loaded.edited_inputs(SequenceIndex.build([path])) == []
+    loaded.save(tmp_path / "again.rsidx")   # (a run's copy saved again keeps the kind it holds)
+    assert SequenceIndex.load(tmp_path / "again.rsidx").checksum_kind == 1
+    path.write_bytes(b">a\nMKVL\n>b\nACDEFW\n")
+    assert loaded.edited_inputs(SequenceIndex.build([path])) == [str(path)]
+    with pytest.raises(InputChanged, match="no longer holds the text"):
+        loaded.sequence(1)
 
 
 def test_index_of_format_2_still_loads_and_compares(tmp_path, monkeypatch):

@@ -108,7 +108,8 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig, index: Seque
 def _same_records(run: RunDir, index: SequenceIndex | None) -> bool:
     """Whether the run's own index (OUT/index.rsidx, as an earlier run_shards wrote it) holds the very records of
     `index` (this command's, of the same FASTA files unchanged since, on every stat field it recorded, and with the
-    same record checksums where it kept them), so that only how an index is fingerprinted differs."""
+    same record checksums where it kept them of the kind this version takes), so that only how an index is
+    fingerprinted differs."""
     if index is None or not run.index_path.is_file():
         return False
     try:
@@ -116,7 +117,8 @@ def _same_records(run: RunDir, index: SequenceIndex | None) -> bool:
     except Exception:   # (unreadable or damaged: the fingerprints' difference is said as it is)
         return False
     try:
-        checksums = ("checksums",) if getattr(theirs, "checksums", None) is not None else ()
+        checksums = ("checksums",) if getattr(theirs, "checksums", None) is not None \
+            and theirs.checksum_kind == index.checksum_kind else ()
         return len(theirs.inputs) == len(index.inputs) and len(theirs) == len(index) \
             and all(was.unchanged(now) for was, now in zip(theirs.inputs, index.inputs)) \
             and all(np.array_equal(getattr(theirs, name), getattr(index, name)) for name in RECORD_ARRAYS + checksums)
