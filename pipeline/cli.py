@@ -85,6 +85,14 @@ class Interrupted(KeyboardInterrupt):
     supervisor (which handles them while workers run), raised like Ctrl-C."""
 
 
+def _interrupted_before_work(signum, frame):
+    """Ctrl-C while the command parses its options and imports what it runs, before its first step (_run_step):
+    click would say "Aborted!" and exit 1; nothing was done yet, so the interrupted code, and no traceback."""
+    from .exits import EXIT_CLI_INTERRUPTED
+    sys.stderr.write("\ninterrupted: by SIGINT, before the command began; nothing was done: run it again\n")
+    raise SystemExit(EXIT_CLI_INTERRUPTED)
+
+
 def _raise_interrupted(signum, frame):
     import signal
     raise Interrupted(signal.Signals(signum).name)
@@ -101,6 +109,8 @@ def _run_step(fn, *args, **kwargs):
     from .exits import EXIT_CLI_INTERRUPTED, EXIT_COMMAND_FAILED
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, _raise_interrupted)
+    if signal.getsignal(signal.SIGINT) is _interrupted_before_work:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         result = fn(*args, **kwargs)
     except RunFailed as e:
@@ -489,7 +499,11 @@ def export_command(out, fmt, output, column, widen_float16):
 def entry() -> None:
     """The `run_shards` command (bin/run_shards, the installed script): `main`, then, once it has ended with
     an exit code, leave without the interpreter's teardown (exits.leave_without_teardown)."""
+    import signal
+
     from .exits import leave_without_teardown
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # (not where it is ignored: `cmd &` in a script)
+        signal.signal(signal.SIGINT, _interrupted_before_work)
     try:
         main()
     except SystemExit as end:

@@ -176,3 +176,27 @@ def test_a_stop_signal_while_no_shard_computes_is_told_as_such(reference_run, tm
             assert "every running worker" not in report and "interrupted by" not in report, report
             assert f"Continue with:  run_shards rerun {out}" in report, report
     board.close()
+
+
+def test_ctrl_c_before_the_command_began_exits_130_not_click_aborted(fasta, tmp_path):
+    """Ctrl-C in the first second, while the command imports what it runs (before its first step installs the
+    run's handling), printed click's "Aborted!" and exited 1, not the documented 130 (a red team's finding). The
+    SIGINT is sent from an audit hook as the run command imports pipeline.api, a step every run takes."""
+    import subprocess
+    import sys
+
+    from .tiny_models import REPO
+    out = tmp_path / "out"
+    code = ("import os, signal, sys\n"
+            "def hook(event, args):\n"
+            "    if event == 'import' and args[0] == 'pipeline.api':\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "sys.addaudithook(hook)\n"
+            f"sys.argv = ['run_shards', {str(fasta)!r}, '--out', {str(out)!r}]\n"
+            "from pipeline.cli import entry\n"
+            "entry()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, done.stderr
+    assert "interrupted: by SIGINT, before the command began; nothing was done: run it again" in done.stderr
+    assert "Aborted!" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not out.exists()
