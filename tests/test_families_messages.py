@@ -7,6 +7,7 @@ docs/models.md holding the registry's table.
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import os
 import re
@@ -215,6 +216,21 @@ def test_config_and_tokenizer_transformers_cannot_read(tmp_path, family_checkpoi
     (bad / "config.json").write_text((bad / "config.json").read_text().replace('"esm"', '"no_such_model"'))
     with pytest.raises(UserError, match="transformers cannot read its config.json .*is its model_type one"):
         checkpoint.read_config(checkpoint.local_source(str(bad)))
+    # a field of another type (huggingface_hub's StrictDataclassFieldValidationError), and JSON that is not an
+    # object: at 17c2823 both ended in a traceback (a red team's finding)
+    typed = tmp_path / "typed"
+    shutil.copytree(family_checkpoint("esm2_t6_8m"), typed)
+    settings = json.loads((typed / "config.json").read_text())
+    (typed / "config.json").write_text(json.dumps({**settings, "num_hidden_layers": "two"}))
+    with pytest.raises(UserError, match="transformers cannot read its config.json .*StrictDataclassFieldValidation"):
+        checkpoint.read_config(checkpoint.local_source(str(typed)))
+    for text, said in (("[1, 2]", "it holds a JSON list, not an object of settings"),
+                       (json.dumps({**settings, "architectures": "EsmForMaskedLM"}),
+                        "its architectures is 'EsmForMaskedLM', not a list of class names")):
+        (typed / "config.json").write_text(text)
+        with pytest.raises(UserError, match=f"cannot read {typed}/config.json \\({said}\\); replace it with an "
+                                            "intact copy"):
+            checkpoint.resolve(str(typed), tmp_path / "cache")
     broken = tmp_path / "broken"
     shutil.copytree(family_checkpoint("llama3"), broken)
     (broken / "tokenizer.json").write_text("{not json")

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -193,10 +194,16 @@ def test_get_names_missing_ids_and_other_mistakes_in_one_line(result, tmp_path):
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert re.match(r"error: 2 id\(s\) not in .*result\.h5: 'nope', 'dupe\.dup9'\. ", missing.stderr), missing.stderr
     assert missing.stdout == ""
+    planned = tmp_path / "planned"   # (a run directory whose result is not merged yet)
+    planned.mkdir()
+    shutil.copy(out / "manifest.json", planned)
     for args, message in (((str(out),), "no ids given"),
                           ((str(out), ids[0], "--format", "npy"), "--format npy writes a file"),
                           ((str(tmp_path / "none"), ids[0]), "no such result file or run directory"),
-                          ((str(tmp_path), ids[0]), "holds no result.h5 yet: `run_shards status")):
+                          ((str(tmp_path), ids[0]), "is not a run_shards run directory (it holds neither "
+                                                    "result.h5 nor manifest.json): give the --out folder of a run"),
+                          ((str(out.parent), ids[0]), "is not a run_shards run directory"),
+                          ((str(planned), ids[0]), "holds no result.h5 yet: `run_shards status")):
         res = run_cli("get", *args)
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert read_ids(["a"], "-", io.StringIO(">b desc\n\nc\n")) == ["a", "b", "c"]

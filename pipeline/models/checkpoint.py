@@ -419,7 +419,8 @@ def read_config(source: ModelSource, trust_remote_code: bool = False):
     from .hf_config import load_config
     try:
         return load_config(source.facts, trust_remote_code)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except Exception as e:   # noqa: BLE001 - whatever transformers raises (huggingface_hub's validation of a field's
+        # type, a ValueError, a KeyError of an unknown model_type ...) is the checkpoint's config it cannot read
         if trust_remote_code:   # (transformers: "... does not appear to have a file named X. Checkout '...'")
             _refuse_missing_code(source)
         raise UserError(f"--model {source.name}: transformers cannot read its config.json ({type(e).__name__}: "

@@ -55,13 +55,22 @@ def read_facts(path: str | Path) -> CheckpointFacts:
     """The facts of the checkpoint directory at `path` (its config.json must exist)."""
     path = Path(path)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    architectures = tuple(config.get("architectures") or ())
-    model_type = config.get("model_type") or _model_type_of(architectures)
+    if not isinstance(config, dict):
+        raise ValueError(f"it holds a JSON {type(config).__name__}, not an object of settings")
+    architectures = config.get("architectures") or ()
+    if not isinstance(architectures, (list, tuple)) or not all(isinstance(a, str) for a in architectures):
+        raise ValueError(f"its architectures is {architectures!r}, not a list of class names")
+    architectures = tuple(architectures)
+    model_type = config.get("model_type") or _model_type_of(architectures) or ""
+    if not isinstance(model_type, str):
+        raise ValueError(f"its model_type is {model_type!r}, not a name")
     files = tuple(f for f in TOKENIZER_FILES if (path / f).exists())
     tokenizer_config = read_json(path / "tokenizer_config.json")
-    remote = [f"config.json auto_map: {k} -> {v}" for k, v in (config.get("auto_map") or {}).items()]
+    auto_map = config.get("auto_map") or {}
+    remote = [f"config.json auto_map: {k} -> {v}" for k, v in auto_map.items()] if isinstance(auto_map, dict) else \
+        [f"config.json auto_map: {v}" for v in _flat(auto_map)]
     remote += [f"tokenizer_config.json auto_map: {v}" for v in _flat(tokenizer_config.get("auto_map"))]
-    return CheckpointFacts(str(path), config, model_type or "", architectures, vocabulary(path), files,
+    return CheckpointFacts(str(path), config, model_type, architectures, vocabulary(path), files,
                            tuple(remote))
 
 

@@ -50,13 +50,17 @@ def result_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         if not (path / "result.h5").exists():
-            holder = RunDir(path).active_command()
+            run = RunDir(path)
+            holder = run.active_command()
             # (`merge` would be refused, naming the command that holds the run; one of another node, whose
             # process cannot be checked from here, may be a killed command's record: then merging is the way)
             if holder and holder.get("host") == socket.gethostname():
                 raise UserError(f"{path} holds no result.h5 yet: a run_shards command is working there now "
                                 f"({describe_holder(holder)}); `{command('status', path)}` shows its progress, "
                                 "and the result can be read once it is merged")
+            if not run.manifest_path.exists():   # (status and merge would refuse it too: name no command here)
+                raise UserError(f"{path} is not a run_shards run directory (it holds neither result.h5 nor "
+                                "manifest.json): give the --out folder of a run, or a result.h5 file")
             raise UserError(f"{path} holds no result.h5 yet: `{command('status', path)}` says what is left, and "
                             f"`{command('merge', path)}` merges finished shards")
         return path / "result.h5"
