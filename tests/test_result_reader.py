@@ -316,6 +316,9 @@ def test_export_parquet_widens_float16_for_older_readers_only_when_asked(result,
     with pytest.raises(UserError, match="applies only to --format parquet"):
         run_shards.export(out, "per-id-h5", tmp_path / "x.h5", widen_float16=True)
     assert not (tmp_path / "x.h5").exists()
+    with pytest.raises(UserError, match="--column applies only to --format per-id-h5"):   # (at 17c2823: ignored)
+        run_shards.export(out, "parquet", tmp_path / "x.parquet", "embeddings/mean")
+    assert not (tmp_path / "x.parquet").exists()
 
 
 def test_export_per_id_h5_as_uniprot_per_protein(result, tmp_path):

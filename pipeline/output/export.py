@@ -39,6 +39,9 @@ def export(source: str | os.PathLike, fmt: str, target: str | os.PathLike | None
     if widen_float16 and fmt != "parquet":
         raise UserError("--widen-float16 applies only to --format parquet (per-id-h5 keeps each column's type): "
                         "drop it, or use --format parquet")
+    if column is not None and fmt != "per-id-h5":   # (it was ignored: every column was written)
+        raise UserError("--column applies only to --format per-id-h5 (parquet writes every column, and readers "
+                        "take the columns they need): drop it, or use --format per-id-h5")
     path = result_path(source)
     option = "-o" if target else "the default output (-o FILE writes elsewhere)"
     target = Path(target) if target else path.parent / FORMATS[fmt]
