@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 PIECE = 16 << 20
 THREADS = 8
+ANNOUNCED = 1 << 30   # a file larger than this is announced before it is read (seconds, on a slow disk minutes)
 _HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -43,12 +44,14 @@ def digest(path: str | os.PathLike, cache: Path | None) -> str:
                 return found
         except OSError:
             pass
+    if before.st_size > ANNOUNCED:
+        log.info("reading %s (%.1f GB) whole for its digest, once: later commands find it kept", path,
+                 before.st_size / 1e9)
     began = time.monotonic()
     value = _read(real, before.st_size)
     seconds = time.monotonic() - began
     if seconds > 1:
-        log.info("read %s whole for its digest: %.2f GB in %.1f s (kept for later commands)", path,
-                 before.st_size / 1e9, seconds)
+        log.info("read %s whole for its digest: %.2f GB in %.1f s", path, before.st_size / 1e9, seconds)
     if kept is not None and _key(real, os.stat(real)) == kept.name:   # (not kept for a file written meanwhile)
         _keep(kept, value)
     return value
