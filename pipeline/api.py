@@ -24,6 +24,7 @@ from .output import copy_plan, result as result_merge, shard_state, variants as 
 from .output.copy_plan import CopyPlan
 from .output.h5io import CorruptFile, Reader
 from .planning.continued import with_launch_settings
+from .planning.copies import check_plan
 from .planning.model_copies import check_model_copies
 from .planning.plan import plan
 from .planning.run_index import load_run_index, start_over_advice
@@ -156,6 +157,7 @@ def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path
         wait_for_running_shards(run_dir, manifest["world"], lock_wait)
         manifest = _in_its_place(run_dir, manifest)
         with load_run_index(run_dir, manifest) as index:
+            check_plan(run_dir, manifest)   # (`rerun` builds it again)
             return _reported(run_dir, lambda: result_merge.merge_result(run_dir, manifest, index, allow_partial),
                              "merge")
 

@@ -309,19 +309,24 @@ def test_an_index_deleted_by_hand_is_built_again_by_the_same_run_command(fasta, 
 
 def test_an_index_deleted_with_the_copy_plan_it_needs_is_refused_with_both_ways_out(tmp_path):
     """A run that copies some records (duplicates) cannot rebuild its index without copies.rsidx, which says
-    which: the message names both files and a new run (the manifest check alone, no model needed)."""
+    which (nor with a damaged one): the message names both files and a new run (the manifest check alone, no
+    model needed)."""
     import dataclasses
 
     from pipeline.config import RunConfig
+    from pipeline.output import copy_plan
     from pipeline.planning.run_index import missing_index
     from pipeline.rundir.layout import RunDir
     run = RunDir(tmp_path / "out")
+    counts = {"records": 10, "computed": 7}
     manifest = {"config": dataclasses.asdict(RunConfig(fasta=["in.fasta"], out=str(run.root))), "world": 2,
-                "copies": {"counts": {"records": 10, "computed": 7}}}
+                "copies": {"counts": counts, "sources": []}}
     said = missing_index(run, manifest)
     assert "copies.rsidx" in said and "restore both" in said and "--out" in said, said
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "copies.rsidx").write_bytes(b"")
+    run.copies_path.write_bytes(b"")
+    assert "restore both" in missing_index(run, manifest)
+    copy_plan.write(run.copies_path, 10, [], [], counts)   # (a plan that reads; its arrays do not matter here)
     assert "builds it again" in missing_index(run, manifest)
 
 

@@ -1,16 +1,19 @@
-"""Damaged files on disk: finished shards, checkpoints, the demo model cache, a user's checkpoint.
+"""Damaged files on disk: finished shards, checkpoints, the run's index and copy plan, the demo model cache, a
+user's checkpoint.
 
 What `status` reports it has verified (or it says it has not); counts never exceed totals and agree with
-what the worker finds; one `rerun` recomputes every damaged shard; a damaged model is found before any
-worker loads it, and named.
+what the worker finds; one `rerun` recomputes every damaged shard, and builds a damaged index or copy plan
+again; a damaged model is found before any worker loads it, and named.
 """
 import os
 import re
 import shutil
+from pathlib import Path
 
 import h5py
 
-from .run_helpers import assert_same, log_text, read, rerun_matches, status_rows, undocumented_files
+from .run_helpers import (assert_same, log_text, raw_datasets, read, rerun_matches, status_rows, suggested_commands,
+                          undocumented_files)
 from .tiny_models import run_cli
 
 
@@ -72,6 +75,42 @@ def test_damaged_checkpoint_counts_for_nobody(fasta, common, reference, tmp_path
     done, total = (int(x.replace(",", "")) for x in summary[-1])
     assert done == total == before["of"] - intact    # shard 1 was complete: the rerun computed only these
     assert (out / "shards" / "shard_0.h5").exists() and undocumented_files(out) == []
+
+
+def test_a_damaged_index_or_copy_plan_is_built_again_by_the_rerun_status_suggests(fasta, common, tmp_path):
+    """index.rsidx or copies.rsidx truncated (a full disk, a bad copy) in an unfinished run: status showed a
+    traceback for the index, merge and rerun either a traceback or "start a new run", which loses every row
+    computed. Now status and merge name the damaged file and `rerun`, which builds it again as it was planned
+    and continues from the rows durable, to the very result of a run never damaged."""
+    dups = tmp_path / "dups.fasta"   # records of the same sequence: the run copies rows, as its copy plan says
+    text = Path(fasta).read_text()
+    dups.write_text(text + "".join(">dup_" + record for record in text.split(">")[1:21]))
+    clean, out = tmp_path / "clean", tmp_path / "out"
+    assert run_cli(str(dups), "--out", str(clean), *common).returncode == 0
+    die = {"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_SHARD": "1"}
+    res = run_cli(str(dups), "--out", str(out), *common, env=dict(die, RUN_SHARDS_FAULT_DIE_AFTER="2"))
+    assert res.returncode == 1, res.stderr
+    planned = {name: (out / name).read_bytes() for name in ("index.rsidx", "copies.rsidx")}
+
+    # the index damaged, then the copy plan; the first rerun stops again at shard 1's next checkpoint
+    for name, stop in (("index.rsidx", {**die, "RUN_SHARDS_FAULT_DIE_AFTER": "3"}), ("copies.rsidx", {})):
+        durable = status_rows(out)[1]["durable"]   # shard 1's rows before the damage
+        os.truncate(out / name, 100)
+        status = run_cli("status", str(out))
+        assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+        assert f"{out / name} is damaged (unreadable header)" in status.stdout, status.stdout
+        assert ["rerun", str(out)] in suggested_commands(status.stdout), status.stdout
+        merge = run_cli("merge", str(out), "--allow-partial")
+        assert merge.returncode == 2 and f"{out / name} is damaged" in merge.stderr, merge.stderr
+        assert suggested_commands(merge.stderr) == [["rerun", str(out)]], merge.stderr
+        res = run_cli("rerun", str(out), "--no-progress", env=stop)
+        assert res.returncode == (1 if stop else 0) and "Traceback" not in res.stderr, res.stderr
+        assert f"{out / name} was damaged (unreadable header): built again" in res.stderr, res.stderr
+        assert (out / name).read_bytes() == planned[name]
+        resumed = log_text(out, 1).split("worker for shard 1 started")[-1]
+        assert durable > 0 and f"resuming: {durable} of" in resumed, resumed   # (not computed again)
+    assert raw_datasets(out / "result.h5") == raw_datasets(clean / "result.h5")
+    assert undocumented_files(out) == []
 
 
 def test_damaged_demo_model_cache_is_rebuilt(fasta, common, reference, tmp_path):

@@ -18,17 +18,20 @@ from pathlib import Path
 
 import numpy as np
 
+from index import IndexCorrupt
 from index.build import Column
 from index.residue_digest import record_digests
 from index.spill import HashBuckets, KeyedPairs, Scatter
 from index.stride import Only
 
+from ..advice import command
 from ..config import RunConfig
-from ..errors import UserError
+from ..errors import RunDirError, UserError
+from ..models.conventions import PLAIN, Convention
 from ..output import copy_plan
 from ..output.copy_plan import COMPUTED, DUPLICATE, CopyPlan, SourceFile
 from ..output.h5io import Reader
-from ..rundir.layout import RunDir
+from ..rundir.layout import RunDir, free_out
 from .reuse import not_by_sequence, reuse_sources, usable_rows
 
 log = logging.getLogger("run_shards")
@@ -95,7 +98,8 @@ def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict 
             raise UserError(f"--reuse: {run.root} holds a run planned with "
                             f"{' '.join('--reuse ' + r for r in planned) or 'no --reuse'}; which rows it copies was "
                             "fixed then. Leave out --reuse to continue it, or start a run in another directory.")
-        if not run.copies_path.exists():
+        check_plan(run, old)
+        if not run.copies_path.exists():   # (planned before runs copied rows)
             return Copies()
         plan = CopyPlan(run.copies_path)
         try:
@@ -108,6 +112,68 @@ def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict 
     counts, pending = _match(run, index, sources, model.convention.keeps_case)
     log.info("copies: %s", copy_plan.summary(counts, [s.given for s in sources], planned=True))
     return Copies(counts, sources, pending)
+
+
+def plan_problem(run: RunDir, manifest: dict) -> str | None:
+    """What is wrong with the run's copy plan where its manifest says it has one ("missing", "damaged (why)"),
+    or None where it opens."""
+    if not manifest.get("copies"):
+        return None
+    try:
+        CopyPlan(run.copies_path).close()
+    except FileNotFoundError:
+        return "missing"
+    except IndexCorrupt as e:
+        return f"damaged ({str(e).removeprefix(f'{run.copies_path}: ')})"
+    return None
+
+
+def check_plan(run: RunDir, manifest: dict) -> None:
+    """Refuse (RunDirError, saying what to do) where the run's copy plan is missing or damaged."""
+    problem = plan_problem(run, manifest)
+    if problem:
+        raise RunDirError(plan_advice(run, manifest, problem))
+
+
+def plan_advice(run: RunDir, manifest: dict, problem: str) -> str:
+    """What to do when the run's copy plan is missing or damaged (`problem`): `rerun` builds it again (the rows
+    computed so far are kept), except for a run that reuses earlier results, whose files only the plan records."""
+    said = f"the run's copy plan {run.copies_path} is {problem}"
+    if not manifest["copies"]["sources"]:
+        return f"{said}; `{command('rerun', run.root)}` builds it again and continues the run (its shards are kept)"
+    return (f"{said}, and only it records the results this run reuses rows of (--reuse) as they were planned: "
+            f"{_restore_or_start_over(run, manifest)}")
+
+
+def _restore_or_start_over(run: RunDir, manifest: dict) -> str:
+    return (f"restore {run.copies_path.name} from where it went (or a copy), then run "
+            f"`{command('rerun', run.root)}`; or start a new run: "
+            f"`{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
+
+
+def rebuild_plan(run: RunDir, manifest: dict, index, problem: str) -> None:
+    """Write the run's missing or damaged (`problem`) copy plan again from `index`, the run's own (checked
+    against the FASTA), matched as planning did, kept only where it copies exactly the records its shards leave
+    out (their stride table) and counts as the manifest does; it replaces a damaged one atomically."""
+    if manifest["copies"]["sources"]:
+        raise RunDirError(plan_advice(run, manifest, problem))
+    convention = Convention.from_json(manifest["input_format"]) if "input_format" in manifest else PLAIN
+    counts, pending = _match(run, index, [], convention.keeps_case)
+    copies = Copies(counts, pending=pending)
+    plan = CopyPlan(pending)
+    try:
+        computed = np.flatnonzero(np.asarray(plan.source) == COMPUTED)
+    finally:
+        plan.close()
+    world = manifest["world"]
+    sharded = np.sort(np.concatenate([index.stride_shard(r, world) for r in range(world)]))
+    if counts != manifest["copies"]["counts"] or not np.array_equal(computed, sharded):
+        copies.discard()
+        raise RunDirError(f"the run's copy plan {run.copies_path} is {problem}, and the plan built again from its "
+                          f"index differs from the one the run was planned with: "
+                          f"{_restore_or_start_over(run, manifest)}")
+    copies.place(run)
+    log.warning("the run's copy plan %s was %s: built again from its index", run.copies_path, problem)
 
 
 def _match(run: RunDir, index, sources: list[SourceFile], keep_case: bool) -> tuple[dict, Path]:

@@ -67,8 +67,8 @@ class Plan:
             if self.variants is not None:
                 self.variants.save(run.variants_path)
             faults.maybe_crash_planning()
-        elif not run.index_path.exists():   # deleted by hand: this command's index is the run's (`reconcile`)
-            run_index.save_again(run, self.manifest, self.index)
+        elif problem := run_index.index_problem(run):   # deleted or damaged: this command's index is the run's
+            run_index.save_again(run, self.manifest, self.index, problem)   # (`reconcile` checked)
         if not run.exists() or run.read_manifest() != self.manifest:
             run.write_manifest(self.manifest)
         return run.read_manifest()

@@ -1,6 +1,6 @@
 """The run's own index, as later commands reopen it: checked against the FASTA files as they are now, with
 both ways out when they changed (restore them and `rerun`, or start a new run on them as they are), and built
-again from them when it was deleted by hand."""
+again from them when it was deleted by hand or damaged (as its copy plan, copies.py, is from it)."""
 from __future__ import annotations
 
 import logging
@@ -12,7 +12,7 @@ from ..advice import MANY_FILES, command, files_shown
 from ..config import RunConfig
 from ..errors import RunDirError, UserError
 from ..rundir.layout import RunDir, free_out
-from .copies import Copies
+from .copies import Copies, plan_problem, rebuild_plan
 from .input_policies import apply_input_policies
 
 log = logging.getLogger("run_shards")
@@ -37,18 +37,17 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
     """The run's index (memory-mapped), after checking that the FASTA files still match it (refusing with
     what changed). `refresh_copies` (only where no worker of the run can be reading them, under the run's
     lock): decompress again the .gz inputs that changed, so a restored .gz lets the run continue, and build
-    the index again where it was deleted. `verify`: read the whole file for its checksum first (`status` and
-    array tasks, which read a few pages of it, do not). `progress`: a bar while a .gz is decompressed again."""
-    if refresh_copies and not run.index_path.exists() and _rebuildable(run, manifest):
-        _rebuild(run, manifest, progress)
+    the index and the copy plan again where they were deleted or damaged. `verify`: read the whole file for its
+    checksum first (`status` and array tasks, which read a few pages of it, do not). `progress`: a bar while a
+    .gz is decompressed again."""
     try:
         index = SequenceIndex.load(run.index_path, verify=verify)
-    except FileNotFoundError:
-        raise RunDirError(missing_index(run, manifest)) from None
-    except IndexCorrupt as e:
-        config = RunConfig.from_manifest(manifest)
-        raise RunDirError(f"the run's index is damaged ({e}); start a new run: "
-                          f"`{config.as_command(free_out(run.root))}`") from None
+    except (FileNotFoundError, IndexCorrupt) as e:
+        problem = _problem(run, e)
+        if not (refresh_copies and _rebuildable(run, manifest)):
+            raise RunDirError(missing_index(run, manifest, problem)) from None
+        _rebuild(run, manifest, progress, problem)   # (the very index planned, or a refusal saying why)
+        index = SequenceIndex.load(run.index_path, verify=verify)
     except OSError as e:
         raise RunDirError(f"cannot read the run's index {run.index_path} ({e.strerror or e}); check the file "
                           "system, then run the same command again") from None
@@ -62,12 +61,19 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
     if changed:
         index.close()
         raise UserError(f"the input FASTA no longer matches this run ({changed}). {start_over_advice(run, manifest)}")
+    if refresh_copies and (problem := plan_problem(run, manifest)):
+        try:
+            rebuild_plan(run, manifest, index, problem)
+        except BaseException:
+            index.close()
+            raise
     return index
 
 
-def missing_index(run: RunDir, manifest: dict) -> str:
-    """What to do when the run's index file is gone (deleted or moved by hand)."""
-    gone = _gone(run)
+def missing_index(run: RunDir, manifest: dict, problem: str = "missing") -> str:
+    """What to do when the run's index file is gone (deleted or moved by hand), or `problem` (damaged: a full
+    disk, a bad copy)."""
+    gone = _gone(run, problem)
     if _rebuildable(run, manifest):
         return (f"{gone}; `{command('rerun', run.root)}` builds it again from the FASTA and continues the run "
                 "(its shards are kept)" + (f", unless {_EARLIER_INDEX}: then restore {run.index_path.name} from where "
@@ -86,53 +92,70 @@ def _planned_before_identity(manifest: dict) -> bool:
     return "resolved" not in (manifest.get("attrs") or {})
 
 
-def _gone(run: RunDir) -> str:
-    return f"the run's index {run.index_path} is missing (deleted or moved)"
+def _gone(run: RunDir, problem: str = "missing") -> str:
+    return f"the run's index {run.index_path} is {problem}" + (" (deleted or moved)" if problem == "missing" else "")
+
+
+def index_problem(run: RunDir) -> str | None:
+    """What is wrong with the run's index ("missing", "damaged (why)"), or None where it opens (its checksum is
+    not read: a command that reads it whole finds a damage this does not)."""
+    try:
+        SequenceIndex.load(run.index_path, verify=False).close()
+    except (FileNotFoundError, IndexCorrupt) as e:
+        return _problem(run, e)
+    return None
+
+
+def _problem(run: RunDir, error: Exception) -> str:
+    if isinstance(error, FileNotFoundError):
+        return "missing"
+    return f"damaged ({str(error).removeprefix(f'{run.index_path}: ')})"
 
 
 def _rebuildable(run: RunDir, manifest: dict) -> bool:
-    """Whether the index can be built again: every record computed, or the copy plan still there."""
+    """Whether the index can be built again: every record computed, or the copy plan still there and readable."""
     counts = (manifest.get("copies") or {}).get("counts")
-    return counts is None or counts["computed"] == counts["records"] or run.copies_path.exists()
+    return counts is None or counts["computed"] == counts["records"] or not plan_problem(run, manifest)
 
 
-def _rebuild(run: RunDir, manifest: dict, progress: bool = True) -> None:
+def _rebuild(run: RunDir, manifest: dict, progress: bool = True, problem: str = "missing") -> None:
     """The run's index built again from its FASTA files as planning built it (the same input policies and
-    stride table), kept only where it is the very index the run was planned with (its fingerprint)."""
+    stride table), kept only where it is the very index the run was planned with (its fingerprint): it replaces
+    a damaged one (`problem`) atomically."""
     config = RunConfig.from_manifest(manifest)
     index = None
     try:
         built, _ = load_or_build(config.fasta, progress=progress)
     except (OSError, UserError) as e:
-        raise RunDirError(f"{_gone(run)}, and it cannot be built again from the "
+        raise RunDirError(f"{_gone(run, problem)}, and it cannot be built again from the "
                           f"FASTA ({e}). {start_over_advice(run, manifest)}") from None
     try:
         index = apply_input_policies(built, config)
         if index.fingerprint() != manifest["index"]["fingerprint"]:
             if _planned_before_identity(manifest):
-                raise UserError(f"the run's index {run.index_path} is missing, and the index built again from the "
+                raise UserError(f"{_gone(run, problem)}, and the index built again from the "
                                 f"FASTA differs from the one the run was planned with: the FASTA changed since, or "
                                 f"{_EARLIER_INDEX}. Restore {run.index_path.name} from where it went (or "
                                 f"the FASTA as it was) and run `{command('rerun', run.root)}` again, or start a new "
                                 f"run: `{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
-            raise UserError(f"the run's index {run.index_path} is missing, and the input FASTA no longer matches "
+            raise UserError(f"{_gone(run, problem)}, and the input FASTA no longer matches "
                             f"this run (its index built again differs). {start_over_advice(run, manifest)}")
-        save_again(run, manifest, index)
+        save_again(run, manifest, index, problem)
     finally:
         built.close()
         if index is not None and index is not built:
             index.close()
 
 
-def save_again(run: RunDir, manifest: dict, index: SequenceIndex) -> None:
-    """Write a run's deleted index again from `index`, the one it was planned with (the caller checked), with the
-    stride table its workers read (of the records it computes, by its copy plan)."""
+def save_again(run: RunDir, manifest: dict, index: SequenceIndex, problem: str = "missing") -> None:
+    """Write a run's deleted or damaged (`problem`) index again from `index`, the one it was planned with (the
+    caller checked), with the stride table its workers read (of the records it computes, by its copy plan)."""
     if not _rebuildable(run, manifest):
-        raise RunDirError(missing_index(run, manifest))
+        raise RunDirError(missing_index(run, manifest, problem))
     only, plan = Copies((manifest.get("copies") or {}).get("counts")).only(run)
     try:
         index.save(run.index_path, world=manifest["world"], only=only)
     finally:
         if plan is not None:
             plan.close()
-    log.warning("the run's index %s was missing: built again from the FASTA", run.index_path)
+    log.warning("the run's index %s was %s: built again from the FASTA", run.index_path, problem)

@@ -16,12 +16,13 @@ from index import SequenceIndex
 
 from ..advice import command
 from ..config import LISTED_SHARDS
-from ..errors import UserError, human_bytes
+from ..errors import RunDirError, UserError, human_bytes
 from ..launchers.slurm_queue import Queue
 from ..output import copy_plan, shard_state
 from ..output.h5io import CorruptFile, Reader
 from ..output.schema import Schema
-from ..planning.run_index import load_run_index, missing_index
+from ..planning.copies import plan_advice, plan_problem
+from ..planning.run_index import load_run_index
 from ..rundir.layout import RunDir, unwritable_reason
 from ..rundir.locks import RunLock, ShardLock, describe_holder
 from .facts import unknown_residues_line
@@ -40,10 +41,10 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     if unwritable:
         lines.append(f"NOT WRITABLE here ({unwritable}): rerun, merge and work must run where {run.root} is "
                      "mounted read-write")
-    if not run.index_path.exists():   # (nothing below can be read without it)
-        return "\n".join(lines + [f"index: {missing_index(run, manifest)}"])
     try:
         index = load_run_index(run, manifest, verify=False)   # mapped: status reads a few pages of it
+    except RunDirError as e:   # missing or damaged (nothing below can be read without it)
+        return "\n".join(lines + [f"index: {e}"])
     except UserError as e:
         lines.append(f"inputs: CHANGED - {e}")
         index = SequenceIndex.load(run.index_path, verify=False)
@@ -107,7 +108,9 @@ def _rows_line(run: RunDir, manifest: dict, states: list) -> str | None:
     planned with what is durable so far."""
     if not manifest.get("copies"):
         return None
-    return f"rows: {copy_plan.described_now(manifest, _complete_result(run), sum(s.durable for s in states))}"
+    line = f"rows: {copy_plan.described_now(manifest, _complete_result(run), sum(s.durable for s in states))}"
+    problem = plan_problem(run, manifest)
+    return f"{line}; {plan_advice(run, manifest, problem)}" if problem else line
 
 
 def _complete_result(run: RunDir) -> bool:
