@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from . import __version__, launchers
 from .config import RunConfig, misplaced, overlap_setting
 from .errors import RunFailed, RunInterrupted, UserError
 from .launchers.job import ShardJob, Submitted
-from .launchers.sbatch_scripts import array_ranges
+from .launchers.sbatch_scripts import array_ranges, merged_ranges
 from .output import copy_plan, result as result_merge, shard_state, variants as variants_output
 from .output.copy_plan import CopyPlan
 from .output.h5io import CorruptFile, Reader
@@ -106,12 +107,12 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
             raise
 
 
-def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True, dry_run: bool = False,
+def rerun(out: str, shards: Sequence[int | range] | None = None, show_progress: bool = True, dry_run: bool = False,
           wait: bool = False, worker_timeout: float | None = None, ray_address: str | None = None,
           sbatch: str | None = None, merge_sbatch: str | None = None) -> Path | Submitted | NotMerged:
-    """Re-run failed or unfinished shards (all, or those in `shards`) from their checkpoints, locally or
-    resubmitted to the run's scheduler, then merge. `worker_timeout`, `ray_address`, `sbatch` and
-    `merge_sbatch` replace the run's settings, for this command and later ones."""
+    """Re-run failed or unfinished shards (all, or those in `shards`: numbers, or ranges of them) from their
+    checkpoints, locally or resubmitted to the run's scheduler, then merge. `worker_timeout`, `ray_address`,
+    `sbatch` and `merge_sbatch` replace the run's settings, for this command and later ones."""
     run_dir = RunDir(out)
     run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
     # (as run's: a --dry-run's refusals, a FASTA or checkpoint changed since, suggest commands that preview too)
@@ -129,9 +130,12 @@ def rerun(out: str, shards: list[int] | None = None, show_progress: bool = True,
             raise UserError(wrong)
         if config.launcher == "local":
             overlap_setting()
-        bad = [s for s in shards or [] if not 0 <= s < manifest["world"]]
-        if bad:
-            raise UserError(f"--shards {array_ranges(bad)}: this run has shards 0..{manifest['world'] - 1}")
+        world, asked = manifest["world"], merged_ranges(shards or [])
+        bad = merged_ranges(part for r in asked for part in (range(r.start, min(r.stop, 0)),
+                                                             range(max(r.start, world), r.stop)))
+        if bad:   # (before the ranges are counted out: `--shards 0-20000000` of a 1-shard run)
+            raise UserError(f"--shards {array_ranges(bad)}: this run has shards 0..{world - 1}")
+        shards = [k for r in asked for k in r] or None
         manifest = _in_its_place(run_dir, manifest)
         changed = with_launch_settings(manifest, launch, "this command's")
         if changed is not manifest:

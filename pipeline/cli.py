@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import sys
 
 import click
 
 from . import __version__
-from .config import LISTED_SHARDS, RunConfig, default_of, field_type, misplaced, option_of
+from .config import LISTED_SHARDS, SHARDS_MAX, RunConfig, default_of, field_type, misplaced, option_of
 
 
 class DefaultRunGroup(click.Group):
@@ -273,18 +274,23 @@ def _int_list(value: str | None, option: str) -> list[int]:
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}", param_hint=option) from None
 
 
-def _shard_list(value: str | None) -> list[int]:
-    """`3,17,20-22` -> 3, 17, 20, 21, 22: what a failed run's `Continue with: run_shards rerun OUT --shards ...`
-    names (120 failed shards of 300 in a row were 120 numbers)."""
+def _shard_list(value: str | None) -> list[range]:
+    """`3,17,20-22` -> range(3, 4), range(17, 18), range(20, 23): what a failed run's `Continue with: run_shards
+    rerun OUT --shards ...` names (120 failed shards of 300 in a row were 120 numbers). Ranges, not numbers: the
+    run's shard count bounds them before they are counted out (`0-20000000` built 20 million numbers first)."""
     found = []
     for part in (value or "").replace(" ", "").split(","):
-        first, dash, last = part.partition("-")
         if not part:
             continue
-        if not (first.isdigit() and (last.isdigit() if dash else True)) or (dash and int(last) < int(first)):
+        numbers = re.fullmatch(r"(\d+)(?:-(\d+))?", part, re.ASCII)
+        try:
+            first, last = (int(numbers[1]), int(numbers[2] or numbers[1])) if numbers else (1, 0)
+        except ValueError:   # (more digits than int() reads: 4,300)
+            first, last = 1, 0
+        if last < first:
             raise click.BadParameter(f"expected comma-separated shard numbers or ranges (3,17,20-22), got {value!r}",
                                      param_hint="--shards")
-        found += range(int(first), int(last or first) + 1)
+        found.append(range(first, last + 1))
     return found
 
 
@@ -312,10 +318,10 @@ def main():
               help="GPUs to use, one worker each; 'auto' = all visible, else CPU workers; 0 = CPU. With --launcher "
                    "slurm or ray: whether each shard gets a GPU (slurm auto: when --sbatch asks for GPUs; ray auto: "
                    "CPU).")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
+@click.option("--workers", type=_click_type("workers"), default=None,
               help="CPU workers when running on CPU (default: one per core, at most 4, and at most one per 4 "
                    "batches of input; each loads the model).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
+@click.option("--threads", type=_click_type("threads_per_worker"), default=None,
               help="torch threads per worker (default: the CPU cores divided between the workers; a container's "
                    "CPU quota counts).")
 @config_options
@@ -362,8 +368,8 @@ def _finish(outcome, quiet: bool = False) -> None:
 
 @main.command("index")
 @click.argument("fasta", nargs=-1, required=True, type=Path(dir_okay=False))
-@click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Worker count for the imbalance figures.")
+@click.option("--workers", type=_click_type("shards"), default=4, show_default=True,
+              help="Worker count for the imbalance figures (the shards W they are split into).")
 @click.option("--rebuild", is_flag=True,
               help="Index the files anew, whatever the cache holds: after an edit that kept a file's size and "
                    "modification time, which the cache takes for no change.")
@@ -451,9 +457,9 @@ def merge_command(out, allow_partial, lock_wait):
 
 @main.command("work")
 @click.argument("out", type=Path(file_okay=False))
-@click.option("--shard", type=click.IntRange(min=0), default=None,
+@click.option("--shard", type=click.IntRange(min=0, max=SHARDS_MAX - 1), default=None,
               help="The shard to compute (default: from the array task's index, e.g. SLURM_ARRAY_TASK_ID).")
-@click.option("--shards-per-task", type=click.IntRange(min=1), default=None,
+@click.option("--shards-per-task", type=_click_type("shards_per_task"), default=None,
               help="Shards per array task (default: the run's).")
 def work_command(out, shard, shards_per_task):
     """Compute shard(s) of the planned run in OUT with this node's devices; never merges. This is what SLURM

@@ -80,6 +80,7 @@ def index(fasta: Paths, workers: int = 4) -> str:
     """`run_shards index FASTA...`: build (or reuse) the index of `fasta` and describe it (records, residues,
     lengths, the stride split over `workers`), as the command prints it."""
     from .planning.index_stats import index_report
+    check_value("shards", workers, "--workers")   # (the shards W whose split it describes: as `index --workers`)
     return index_report([os.fspath(p) for p in _paths(fasta)], workers)
 
 

@@ -37,6 +37,15 @@ DEFAULT_TOKENS_CPU = 4096
 DEFAULT_TOKENS_GPU = 32768
 # --seed's range: the sampler's random streams are keyed by 64 bits (engine/sampler.py).
 SEED_MAX = 2**64 - 1
+# Counts that a command allocates something for, one per unit: bounded so that a mistyped number is refused
+# before any work, not found by a parent building a slot per worker (--workers 10**21 filled memory), torch
+# (--threads above 2**31-1 failed every worker) or a shard table (`index --workers 10**8` ended in MemoryError).
+CORES_MAX = 4096        # --workers, --threads: processes, or threads each, on one machine: more than any has cores
+SHARDS_MAX = 1_000_000  # --shards (and --shards-per-task, --array-throttle: shards and tasks): each shard is files in
+                        # OUT/shards and OUT/logs (docs/cluster.md: 12,000 entries a directory at 4,000 shards)
+# --max-new-tokens and --max-tokens-per-batch: the native engine counts a sequence's cached tokens and a step's
+# tokens in 32 bits (engine/model_runner.py: kv_lens, cu_seqlens).
+TOKENS_MAX = 2**31 - 1
 
 # What a later command on the same run may do with a setting (every field has one role; tests hold it):
 RESULT = "result"   # it shapes what is computed: a later command must give the same, or is refused
@@ -93,12 +102,12 @@ class RunConfig:
                           help="native: our engine (Qwen3.5, ESM-2, Llama, Qwen3); hf: transformers models (any "
                                "architecture); auto: native where supported.")
     devices: list[str] = setting(LAUNCH, "--gpus", default=[], apart=True)   # GPU ids, one worker each; [] = CPU
-    workers: int = setting(LAUNCH, "--workers", default=1, minimum=1, apart=True)
-    threads_per_worker: int = setting(LAUNCH, "--threads", default=1, minimum=1, apart=True)
+    workers: int = setting(LAUNCH, "--workers", default=1, minimum=1, maximum=CORES_MAX, apart=True)
+    threads_per_worker: int = setting(LAUNCH, "--threads", default=1, minimum=1, maximum=CORES_MAX, apart=True)
     max_tokens_per_batch: int | None = setting(
-        LAUNCH, "--max-tokens-per-batch", default=None, minimum=1,
-        help=f"Token budget per batch (padded tokens for hf). Default {DEFAULT_TOKENS_CPU} on CPU, "
-             f"{DEFAULT_TOKENS_GPU} on GPU.")
+        LAUNCH, "--max-tokens-per-batch", default=None, minimum=1, maximum=TOKENS_MAX,
+        help=f"Token budget per batch (padded tokens for hf), at most 2**31-1. Default {DEFAULT_TOKENS_CPU} on "
+             f"CPU, {DEFAULT_TOKENS_GPU} on GPU.")
     max_seqs: int = setting(LAUNCH, "--max-seqs", default=256, minimum=1, help="Most sequences per batch.")
     dtype: str = setting(RESULT, "--dtype", default="auto", choices=DTYPES,
                          help="Model dtype; auto = float32 on CPU, bfloat16 on GPU.")
@@ -163,8 +172,10 @@ class RunConfig:
                                          "machine running (SIGTERM, then SIGKILL 10 s later).")
     summary_seconds: float = setting(LAUNCH, "--summary-seconds", default=30.0, minimum=0, above_minimum=True,
                                      help="Summary line interval.")
-    max_new_tokens: int = setting(RESULT, "--max-new-tokens", default=64, minimum=1, only_with=_GENERATE,
-                                  help="generate: new tokens per sequence.")
+    max_new_tokens: int = setting(RESULT, "--max-new-tokens", default=64, minimum=1, maximum=TOKENS_MAX,
+                                  only_with=_GENERATE,
+                                  help="generate: new tokens per sequence, 1 to 2**31-1 (the engine counts a "
+                                       "sequence's tokens in 32 bits).")
     temperature: float = setting(RESULT, "--temperature", default=0.0, minimum=0, only_with=_GENERATE,
                                  help="generate: 0 = greedy.")
     top_p: float = setting(RESULT, "--top-p", default=1.0, minimum=0, above_minimum=True, maximum=1,
@@ -182,11 +193,12 @@ class RunConfig:
     launcher: str = setting(LAUNCH, "--launcher", default="local", choices=LAUNCHERS,
                             help="local: workers on this machine; slurm: a job array plus a merge job; ray: one "
                                  "task per shard on a Ray cluster.")
-    shards: int | None = setting(PLAN, "--shards", default=None, minimum=1,
+    shards: int | None = setting(PLAN, "--shards", default=None, minimum=1, maximum=SHARDS_MAX,
                                  help="Number of shards W, fixed when the run is planned (default: one per GPU or "
                                       "CPU worker; required with slurm and ray). A later command runs the same W "
                                       "shards with however many workers it has.")
-    shards_per_task: int = setting(LAUNCH, "--shards-per-task", default=1, minimum=1, only_with=_SLURM,
+    shards_per_task: int = setting(LAUNCH, "--shards-per-task", default=1, minimum=1, maximum=SHARDS_MAX,
+                                   only_with=_SLURM,
                                    help="slurm: shards per array task, one worker per GPU of the task (for "
                                         "whole-node allocations).")
     sbatch: str = setting(LAUNCH, "--sbatch", default="", only_with=_SLURM,
@@ -196,7 +208,8 @@ class RunConfig:
                                 help="slurm: the merge job's sbatch options (it keeps only --sbatch's account and "
                                      "QOS), e.g. \"--partition=cpu --mem=8G\"; its time limit, unless given, "
                                      "follows the data's size.")
-    array_throttle: int = setting(LAUNCH, "--array-throttle", default=0, minimum=0, only_with=_SLURM,
+    array_throttle: int = setting(LAUNCH, "--array-throttle", default=0, minimum=0, maximum=SHARDS_MAX,
+                                  only_with=_SLURM,
                                   help="slurm: at most N array tasks at once (sbatch --array=...%N).")
     ray_address: str = setting(LAUNCH, "--ray-address", default="", only_with=_RAY,
                                help="ray: the cluster's address (e.g. auto, or HOST:PORT); default: RAY_ADDRESS, a "
@@ -340,13 +353,14 @@ _KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: 
 _LIST_KINDS = {int: "whole numbers", float: "numbers", str: "texts"}
 
 
-def check_value(name: str, value) -> None:
-    """UserError unless `value` suits field `name` as the command line's option would take it (type, bounds)."""
-    _check_type(name, value)
-    _check_bounds(option_of(name), value, option_name(name))
+def check_value(name: str, value, option: str = "") -> None:
+    """UserError unless `value` suits field `name` as the command line's option would take it (type, bounds);
+    `option`: the option named in the refusal, where another command's option takes the field's values."""
+    _check_type(name, value, option)
+    _check_bounds(option_of(name), value, option or option_name(name))
 
 
-def _check_type(name: str, value) -> None:
+def _check_type(name: str, value, option: str = "") -> None:
     """A value of the field's type, as the command line's option types ensure: from Python, per_residue="no" was
     taken as true (and trust_remote_code="false" too), max_tokens_per_batch="512" failed with a TypeError."""
     hint = _HINTS[name]
@@ -363,7 +377,7 @@ def _check_type(name: str, value) -> None:
                 float: isinstance(v, numbers.Real) and not truth, str: isinstance(v, str)}.get(kind, True)
         if not fits:
             what = f"a list of {_LIST_KINDS.get(kind, kind.__name__)}" if is_list else _KINDS.get(kind, kind.__name__)
-            raise UserError(f"{option_name(name)} must be {what} (got {value!r})")
+            raise UserError(f"{option or option_name(name)} must be {what} (got {value!r})")
 
 
 _NOT_A_LIST = object()

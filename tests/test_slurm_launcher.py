@@ -366,7 +366,8 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
         return res.stderr
 
     assert "Invalid value for '--launcher'" in refused("--launcher", "pbs", "--shards", "2")
-    assert "Invalid value for '--shards': 0 is not in the range x>=1" in refused("--launcher", "slurm", "--shards", "0")
+    assert "Invalid value for '--shards': 0 is not in the range 1<=x<=1000000" in refused("--launcher", "slurm",
+                                                                                          "--shards", "0")
     assert "--launcher slurm needs --shards W" in refused("--launcher", "slurm")
     assert not (tmp_path / "out").exists()
 

@@ -34,6 +34,15 @@ from pipeline.tasks.tokenization import SequenceTokenizer
     ({"top_p": float("nan"), "task": "generate", "temperature": 1.0}, "--top-p must be a number, not NaN"),
     ({"seed": -1, "task": "generate", "temperature": 1.0}, "--seed must be at least 0"),
     ({"seed": 2**64, "task": "generate", "temperature": 1.0}, "--seed must be at most 18446744073709551615"),
+    # Counts something is allocated for, one per unit, or that overflowed: a slot list per worker filled memory,
+    # torch refused the threads in every worker, int64 sums wrapped.
+    ({"workers": 1180591620717411303424}, "--workers must be at most 4096"),
+    ({"threads_per_worker": 2**63}, "--threads must be at most 4096"),
+    ({"shards": 10**6 + 1}, "--shards must be at most 1000000"),
+    ({"max_new_tokens": 2**63, "task": "generate"}, "--max-new-tokens must be at most 2147483647"),
+    ({"max_tokens_per_batch": 2**31}, "--max-tokens-per-batch must be at most 2147483647"),
+    ({"launcher": "slurm", "shards": 2, "shards_per_task": 2**64}, "--shards-per-task must be at most 1000000"),
+    ({"launcher": "slurm", "shards": 2, "array_throttle": 2**64}, "--array-throttle must be at most 1000000"),
 ])
 def test_config_rejects_bad_options(kwargs, message):
     with pytest.raises(UserError, match=message):
@@ -56,6 +65,25 @@ def test_a_seed_stored_outside_64_bits_reads_as_the_seed_it_sampled_with():
     for old, now in ((-1, 2**64 - 1), (2**64 + 5, 5), (-(2**64) + 3, 3)):
         assert RunConfig.from_dict({**stored, "seed": old}).seed == now
         assert np.array_equal(uniforms(old, keys, steps), uniforms(now, keys, steps))
+
+
+@pytest.mark.parametrize("new_tokens", [8, 12, 2**31 - 1, 2**63 - 1, 2**64])
+def test_generation_past_the_models_positions_is_counted_exactly(caplog, new_tokens):
+    """Prompts of 17 and 6 tokens on 24 positions: 8 new tokens keep within them, more reach past for the
+    longest. The reach was summed in int64: 2**63-1 wrapped (no warning) and 2**64 raised an OverflowError."""
+    from pipeline.planning.length_limit import warn_generation_beyond
+    index = types.SimpleNamespace(length_values=np.array([4, 15]), length_counts=np.array([1, 1]))
+    tokenizer = types.SimpleNamespace(tokens_for_residues=lambda lengths: lengths + 2)
+    with caplog.at_level("WARNING", logger="run_shards"):
+        warn_generation_beyond(index, tokenizer, None, "error", None, 24, new_tokens)
+    if new_tokens == 8:
+        assert not caplog.records
+        return
+    [record] = caplog.records
+    assert record.getMessage().startswith(f"{1 + (new_tokens > 19)} sequence(s) may be continued past the model's 24 "
+                                          f"positions (max_position_embeddings): their tokens and --max-new-tokens "
+                                          f"{new_tokens} reach up to {17 + new_tokens - 1}; "), record.getMessage()
+    assert "--max-new-tokens 8 keeps the longest within them" in record.getMessage()
 
 
 def test_devices_honour_cuda_visible_devices(monkeypatch):
@@ -280,13 +308,20 @@ def test_demo_model_weights_are_fixed():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--workers", "0"], "'--workers': 0 is not in the range x>=1"),
-    (["--max-tokens-per-batch", "0"], "'--max-tokens-per-batch': 0 is not in the range x>=1"),
+    (["--workers", "0"], "'--workers': 0 is not in the range 1<=x<=4096"),
+    (["--max-tokens-per-batch", "0"], "'--max-tokens-per-batch': 0 is not in the range 1<=x<=2147483647"),
     (["--max-seqs", "0"], "'--max-seqs': 0 is not in the range x>=1"),
     (["--worker-timeout", "0"], "'--worker-timeout': 0.0 is not in the range x>0"),
     (["--max-length", "-3"], "'--max-length': -3 is not in the range x>=1"),
     (["--top-p", "0"], "'--top-p': 0.0 is not in the range 0<x<=1"),
     (["--seed", "-1"], "'--seed': -1 is not in the range 0<=x<=18446744073709551615"),   # (-1 is not "random")
+    (["--workers", "1180591620717411303424"], "'--workers': 1180591620717411303424 is not in the range 1<=x<=4096"),
+    (["--threads", "9223372036854775808"], "'--threads': 9223372036854775808 is not in the range 1<=x<=4096"),
+    (["--shards", "1000001"], "'--shards': 1000001 is not in the range 1<=x<=1000000"),
+    (["--task", "generate", "--max-new-tokens", "9223372036854775808"],
+     "'--max-new-tokens': 9223372036854775808 is not in the range 1<=x<=2147483647"),
+    (["--max-tokens-per-batch", "2147483648"],
+     "'--max-tokens-per-batch': 2147483648 is not in the range 1<=x<=2147483647"),
     (["--worker-timeout", "nan"], "'--worker-timeout': 'nan' is not a number"),   # NaN passes every bound
     (["--checkpoint-seconds", "-NaN"], "'--checkpoint-seconds': '-NaN' is not a number"),
     (["--temperature", "0.7"], "--temperature applies only to --task generate (this run's task is embed)"),
@@ -366,6 +401,67 @@ def test_merge_refuses_a_lock_wait_of_nan(tmp_path):
     from pipeline import cli
     result = CliRunner().invoke(cli.main, ["merge", str(tmp_path / "o"), "--lock-wait", "nan"])
     assert result.exit_code == 2 and "'--lock-wait': 'nan' is not a number" in result.output, result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["index", "x.fasta", "--workers", "9223372036854775808"],   # (a shard table of that many: MemoryError)
+     "'--workers': 9223372036854775808 is not in the range 1<=x<=1000000"),
+    (["work", "o", "--shard", "1000000"], "'--shard': 1000000 is not in the range 0<=x<=999999"),
+    (["work", "o", "--shards-per-task", "2000000"],
+     "'--shards-per-task': 2000000 is not in the range 1<=x<=1000000"),
+    (["rerun", "o", "--shards", "1-2,\u00b2"], "expected comma-separated shard numbers or ranges"),   # (a digit)
+    (["rerun", "o", "--shards", "5-3"], "expected comma-separated shard numbers or ranges"),
+    (["rerun", "o", "--shards", "1-" + "9" * 5000], "expected comma-separated shard numbers or ranges"),
+])
+def test_commands_refuse_counts_past_their_bounds(tmp_path, monkeypatch, args, message):
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_rerun_refuses_shard_ranges_past_the_run_before_counting_them_out(tmp_path):
+    """`rerun --shards 0-9223372036854775808` failed with an OverflowError, and `0-20000000` of a 1-shard run
+    built 20 million numbers (27 s, 1.8 GB) before saying the run has one shard: ranges are checked whole."""
+    from click.testing import CliRunner
+
+    from pipeline import cli
+    from pipeline.rundir.layout import RunDir
+    run = RunDir(tmp_path / "o")
+    run.create()
+    run.write_manifest({"config": json.loads(RunConfig(fasta=["x.fa"], out=str(run.root)).to_json()), "world": 2})
+    for shards, bad in [("0-9223372036854775808", "2-9223372036854775808"),
+                        (f"5,1-{10**18},7-9,3", f"2-{10**18}"), ("0,4", "4")]:
+        result = CliRunner().invoke(cli.main, ["rerun", str(run.root), "--shards", shards])
+        assert result.exit_code == 2 and f"error: --shards {bad}: this run has shards 0..1" in result.output, \
+            result.output
+
+
+def test_shard_lists_and_array_ranges_keep_ranges_whole():
+    from pipeline.cli import _shard_list
+    from pipeline.launchers.sbatch_scripts import array_ranges, merged_ranges
+    assert _shard_list("3, 17,20-22,") == [range(3, 4), range(17, 18), range(20, 23)]
+    assert _shard_list(f"0-{2**64}") == [range(0, 2**64 + 1)]
+    assert merged_ranges([range(20, 23), 3, 17, range(21, 25), 2, range(4, 4)]) == \
+        [range(2, 4), range(17, 18), range(20, 25)]
+    assert array_ranges([range(1, 2**63 + 1), 0, 5]) == "0-9223372036854775808"
+
+
+def test_index_workers_are_bounded_as_shards_and_summarised(tmp_path):
+    """`index --workers` is the shard count W it describes the split of: bounded as --shards (10**8 ran 157 s
+    and ended in MemoryError), and above LISTED_SHARDS summarised in one line, as a run's log does."""
+    from pipeline import commands
+    fasta = tmp_path / "a.fasta"
+    fasta.write_text(">a\nMKV\n>b\nMK\n")
+    with pytest.raises(UserError, match="--workers must be at most 1000000"):
+        commands.index(fasta, 10**6 + 1)
+    text = commands.index(fasta, 1000)
+    assert "stride split over 1000 worker(s): max/mean tokens" in text and "sequences per worker 0..1" in text
+    assert "worker 0:" not in text
+    assert "  worker 1: 1 sequences, 2 residues" in commands.index(fasta, 2)
 
 
 @pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()])

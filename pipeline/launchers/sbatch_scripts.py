@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 
 # SLURM sends USR1 to the batch shell this many seconds before the time limit (enough to finish a batch and
@@ -57,17 +58,24 @@ def option_value(args: list[str], names: tuple[str, ...]) -> str | None:
     return found
 
 
-def array_ranges(tasks: list[int]) -> str:
-    """`0-63`, `3,17,20-22`: the --array list of task indices."""
-    tasks = sorted(set(tasks))
-    parts, start = [], None
-    for i, t in enumerate(tasks):
-        if start is None:
-            start = t
-        if i + 1 == len(tasks) or tasks[i + 1] != t + 1:
-            parts.append(str(start) if start == t else f"{start}-{t}")
-            start = None
-    return ",".join(parts)
+def array_ranges(tasks: Iterable[int | range]) -> str:
+    """`0-63`, `3,17,20-22`: the --array list of task indices (numbers, or ranges of them)."""
+    return ",".join(str(r.start) if r.stop - r.start == 1 else f"{r.start}-{r.stop - 1}" for r in merged_ranges(tasks))
+
+
+def merged_ranges(tasks: Iterable[int | range]) -> list[range]:
+    """The fewest ascending ranges that hold `tasks`, numbers or ranges of step 1, each range taken whole
+    (`rerun --shards 0-20000000` is bounded by the run's shards before it is counted out)."""
+    spans = sorted((t.start, t.stop) if isinstance(t, range) else (t, t + 1) for t in tasks)
+    merged: list[list[int]] = []
+    for start, stop in spans:
+        if start >= stop:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([start, stop])
+    return [range(start, stop) for start, stop in merged]
 
 
 def expand_ranges(ranges: str) -> list[int]:

@@ -60,7 +60,7 @@ def task_variable(environ=os.environ) -> tuple[str, int, int] | None:
 
 
 def shards_of_task(task: int, per_task: int, world: int) -> list[int]:
-    return [k for k in range(task * per_task, (task + 1) * per_task) if k < world]
+    return list(range(task * per_task, min((task + 1) * per_task, world)))   # (not per_task numbers, then cut)
 
 
 def work(out: str, shard: int | None = None, shards_per_task: int | None = None, show_progress: bool = False) -> str:

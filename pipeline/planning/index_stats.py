@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from index import load_or_build
 
+from ..config import LISTED_SHARDS
 from .input_policies import where_in_input
 
 
@@ -18,9 +19,11 @@ def index_report(fasta: list[str], workers: int, rebuild: bool = False) -> str:
         f"records: {len(index):,}",
         f"residues: {index.total_residues:,}",
         "length: " + ", ".join(f"{'min' if q == 0 else 'max' if q == 100 else f'p{q}'} {v:,}" for q, v in pct.items()),
-        f"stride split over {workers} worker(s): max/mean tokens {stats.imbalance:.4f}",
+        f"stride split over {workers} worker(s): max/mean tokens {stats.imbalance:.4f}"
+        + (f", sequences per worker {stats.sequences.min():,}..{stats.sequences.max():,}"
+           if workers > LISTED_SHARDS else ""),
     ]
-    for r in range(workers):
+    for r in range(workers) if workers <= LISTED_SHARDS else ():   # else the line above says it
         lines.append(f"  worker {r}: {stats.sequences[r]:,} sequences, {stats.tokens[r]:,} residues")
     dups = index.duplicate_ids()
     if dups:

@@ -127,7 +127,8 @@ def warn_generation_beyond(index: SequenceIndex, tokenizer: SequenceTokenizer, l
         prompts = np.minimum(prompts, limit)
     if not len(prompts):
         return
-    over = int(counts[prompts + max_new_tokens - 1 > context].sum())
+    # Reaching past `context` in Python's integers: `prompts + max_new_tokens` in int64 wrapped (no warning).
+    over = int(counts[prompts > max(context + 1 - max_new_tokens, -1)].sum())
     if over:
         room = context + 1 - int(prompts.max())
         log.warning("%d sequence(s) may be continued past the model's %d positions (%s): their tokens and "
