@@ -68,6 +68,28 @@ def test_sampling_is_reproducible_per_sequence_whatever_the_batching(checkpoints
     assert [x.token_ids for x in a] != [x.token_ids for x in greedy]
 
 
+def test_alive_is_asked_before_each_step_and_false_gives_the_call_up(checkpoints):
+    """`alive(tokens)` is asked before every step with the tokens computed so far (a worker's heartbeat and its stop:
+    a generate call's steps have no bound); False raises Stopped before the step, and the engine's next call
+    computes what it would have without the stopped one."""
+    from pipeline.engine.interface import Stopped
+    prompts, keys = random_sequences([12, 5, 30], seed=13, eos=None), [40, 41, 42]
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=2)
+    engine = NativeEngine.load(str(checkpoints["qwen3_5"]), CPU, torch.float32, "", max_tokens_per_step=16, max_seqs=2,
+                               max_new_tokens=10)
+    asked, steps, tokens = [], engine.stats.steps, engine.stats.tokens
+    want = engine.generate(prompts, keys, params, alive=lambda computed: asked.append(computed) or True)
+    assert len(asked) == engine.stats.steps - steps >= 10
+    assert asked[0] == 0 and all(a < b for a, b in zip(asked, asked[1:])) and asked[-1] < engine.stats.tokens - tokens
+
+    asked, steps = [], engine.stats.steps
+    with pytest.raises(Stopped):
+        engine.generate(prompts, keys, params, alive=lambda computed: asked.append(computed) or len(asked) <= 3)
+    assert len(asked) == 4 and engine.stats.steps - steps == 3   # the fourth step did not run
+    again = engine.generate(prompts, keys, params)
+    assert [(g.token_ids, g.finish_reason) for g in again] == [(g.token_ids, g.finish_reason) for g in want]
+
+
 def test_top_p_keeps_the_nucleus_only():
     from pipeline.engine.sampler import sample, uniforms
     import numpy as np

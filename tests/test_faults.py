@@ -423,6 +423,20 @@ def test_a_long_batch_is_not_taken_for_a_hang(common, tmp_path):
     assert "killed as hung" not in res.stderr and (out / "result.h5").exists()
 
 
+def test_a_long_generate_batch_is_not_taken_for_a_hang(common, tmp_path):
+    """A generate batch ran all its steps (thousands with a large --max-new-tokens: minutes) without a word to its
+    parent, and the hang detector killed it as hung, as often as `rerun` met it. Between its steps the worker now
+    tells the parent it goes on (every second): here 10 steps of over 1.5 s each, past --worker-timeout 10."""
+    fasta = tmp_path / "one.fasta"
+    fasta.write_text(">one\nACDEFGHIKLMNPQRSTVWY\n")
+    out = tmp_path / "out"
+    res = run_cli(str(fasta), "--out", str(out), *option_set(common, "--shards", "1"), "--task", "generate",
+                  "--max-new-tokens", "10", "--worker-timeout", "10", env={"RUN_SHARDS_FAULT_STEP_SLEEP": "1.5"})
+    assert res.returncode == 0, res.stderr
+    assert "killed as hung" not in res.stderr and (out / "result.h5").exists()
+    assert len(read(out / "result.h5")["generate/token_ids"]) == 10
+
+
 def test_a_machine_asleep_or_a_clock_set_forward_is_not_a_hang(tmp_path, monkeypatch):
     """The hang detector measured a worker's silence on the wall clock, which counts a laptop's sleep and jumps
     when the clock is set (a VM resumed, NTP stepping it): after an hour asleep every working worker was killed as

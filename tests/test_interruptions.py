@@ -6,7 +6,9 @@ import shutil
 import signal
 import time
 
-from .run_helpers import log_text, option_set, rerun_matches, start, status_rows, suggested_commands, wait_for
+from .run_helpers import (log_text, option_set, raw_datasets, read, rerun_matches, start, status_rows,
+                          suggested_commands, wait_for)
+from .tiny_models import run_cli
 
 
 def _workers_of(pid: int) -> list[int]:
@@ -200,3 +202,41 @@ def test_ctrl_c_before_the_command_began_exits_130_not_click_aborted(fasta, tmp_
     assert "interrupted: by SIGINT, before the command began; nothing was done: run it again" in done.stderr
     assert "Aborted!" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not out.exists()
+
+
+
+def _generate_args(models, tmp_path) -> list[str]:
+    """A generate run of 8 sequences in batches of 4 (4 x --max-seqs 1), each checkpointed."""
+    fasta = tmp_path / "in.fasta"
+    residues = "ACDEFGHIKLMNPQRSTVWY"
+    fasta.write_text("".join(f">s{i}\n{(residues[i:] + residues[:i]) * (1 + i % 3)}\n" for i in range(8)))
+    return [str(fasta), "--model", models["demo"], "--gpus", "0", "--workers", "1", "--no-progress", "--task",
+            "generate", "--max-new-tokens", "4", "--max-seqs", "1", "--checkpoint-every", "4"]
+
+
+def test_sigterm_stops_a_generate_batch_between_its_steps(models, tmp_path):
+    """A generate batch runs as many steps as its sequences' new tokens (thousands with a large --max-new-tokens:
+    minutes), and a SIGTERM waited for all of them (a red team's finding: a run still going 150 s after it, where
+    SLURM kills at 120 s). The batch in flight is given up between two steps, the batches before it stay durable,
+    the command exits 130, and `rerun` computes the given-up sequences again: the same bits as an uninterrupted
+    run (a sequence's tokens depend on the seed and its FASTA position only). Each step of the stopped run takes
+    0.25 s more, so that its second batch is 4 s long, and the signal comes half a second into it."""
+    args = _generate_args(models, tmp_path)
+    clean = tmp_path / "clean"
+    res = run_cli(*args, "--out", str(clean))
+    assert res.returncode == 0, res.stderr
+
+    out = tmp_path / "out"
+    proc = start(*args, "--out", str(out), env={"RUN_SHARDS_FAULT_STEP_SLEEP": "0.25"})
+    wait_for(lambda: "checkpoint part_000000" in log_text(out, 0), what="the first batch's checkpoint")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert f"Continue with:  run_shards rerun {out}" in stderr, stderr
+    text = log_text(out, 0)
+    assert "the 4 sequences being generated were given up unfinished; a rerun computes them" in text, text
+    assert "interrupted (received SIGTERM): 4 of 8 sequences durable" in text, text
+    assert [(s["state"], s["durable"]) for s in status_rows(out).values()] == [("interrupted", 4)]
+    rerun_matches(out, read(clean / "result.h5"))
+    assert raw_datasets(out / "result.h5") == raw_datasets(clean / "result.h5")

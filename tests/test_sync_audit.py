@@ -194,8 +194,8 @@ def test_a_generate_step_reads_back_its_tokens_only(checkpoints, path, sampling)
     params = SamplingParams(max_new_tokens=4, **sampling)
     want = engine.generate(prompts, keys, params)
     steps = engine.stats.steps
-    with SyncAudit(device, torch_kernels=kernels is None) as audit:
-        got = engine.generate(prompts, keys, params)
+    with SyncAudit(device, torch_kernels=kernels is None) as audit:   # (a worker's heartbeat and stop between steps)
+        got = engine.generate(prompts, keys, params, alive=lambda computed: True)
     steps = engine.stats.steps - steps
     assert steps >= 4
     assert [(e.kind, e.where.split(":")[0]) for e in audit.syncs] == [("tolist", "pipeline/engine/sampler.py")] * steps, \

@@ -58,6 +58,11 @@ class OutOfMemory(RuntimeError):
     """A batch did not fit in device memory (raised by engines for torch.OutOfMemoryError)."""
 
 
+class Stopped(Exception):
+    """A call given up between two engine steps because its caller's `alive` said so (a generate batch, whose
+    steps are unbounded): it returns nothing, and what it computed is dropped."""
+
+
 def resolve_layers(layers: Sequence[int], num_layers: int) -> list[int]:
     """Map user layer numbers (negative counts from the end; -1 = final norm output) to 0..num_layers."""
     out = []

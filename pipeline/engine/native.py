@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence as Seq
+from typing import Callable, Sequence as Seq
 
 import numpy as np
 import torch
 
 from ..models.checkpoint import EngineInfo
 from ..models.transfers import to_device
-from .interface import ForwardOutput, OutOfMemory, logits_rows, target_logprobs
+from .interface import ForwardOutput, OutOfMemory, Stopped, logits_rows, target_logprobs
 from .block_manager import BlockManager
 from .config import INVARIANT_SPLIT, EngineConfig
 from .model_runner import ModelRunner
@@ -144,14 +144,16 @@ class NativeEngine:
                 raise UserError(f"a sequence of {seq.num_prompt} tokens (+{max(0, seq.max_new_tokens - 1)} to "
                                 f"generate) exceeds the engine's KV cache of {capacity} tokens; set --max-length")
 
-    def _run(self, seqs: list[Sequence], capture: frozenset[int], on_step, select=None) -> None:
+    def _run(self, seqs: list[Sequence], capture: frozenset[int], on_step, select=None,
+             alive: Callable[[int], bool] | None = None) -> None:
         """Run `seqs` to completion, one engine step at a time.
 
         Once a step has run, its tokens count as computed (a finished encoder-style sequence gives its
         pages back) and on_step(scheduler, step, ctx, final hidden, captured layers) reads the outputs,
         appending or finishing generated tokens. Running out of device memory anywhere in a step releases
         every sequence and raises OutOfMemory. With `select(step)` (rows of the step, grouped by sequence: a
-        host array) the final hidden on_step gets holds those rows only.
+        host array) the final hidden on_step gets holds those rows only. With `alive(tokens)` (the tokens its
+        steps have computed so far), asked before each step: False releases every sequence and raises Stopped.
 
         Nothing here reads the device back (tests/test_sync_audit.py): a step's host arrays go over in pinned
         copies, so the host runs ahead and queues the next step, or the next batch, while this one computes.
@@ -161,7 +163,11 @@ class NativeEngine:
         for seq in seqs:
             scheduler.add(seq)
         try:
+            first = self.stats.tokens
             while scheduler.has_work():
+                if alive is not None and not alive(self.stats.tokens - first):
+                    scheduler.abort_all()
+                    raise Stopped(f"given up after {self.stats.tokens - first} tokens")
                 step = scheduler.schedule()
                 ctx = self.runner.prepare(step, scheduler.blocks)
                 rows = select(step) if select is not None else None
@@ -246,8 +252,12 @@ class NativeEngine:
 
     # ---- generate ---------------------------------------------------------------------------------
 
-    def generate(self, prompts: Seq[Seq[int]], keys: Seq[int], params: SamplingParams) -> list[Generation]:
-        """New tokens for each prompt; `keys` (the FASTA positions) select each sequence's random stream."""
+    def generate(self, prompts: Seq[Seq[int]], keys: Seq[int], params: SamplingParams,
+                 alive: Callable[[int], bool] | None = None) -> list[Generation]:
+        """New tokens for each prompt; `keys` (the FASTA positions) select each sequence's random stream.
+        `alive(tokens)`, asked before each step with the tokens computed so far: False gives the call up there
+        (Stopped, no result): its steps have no bound (a call of thousands of new tokens per sequence runs for
+        minutes), so its caller hears of it and may stop it between them."""
         if not 0 < params.max_new_tokens <= self.config.max_new_tokens:
             raise ValueError(f"this engine was sized for 1..{self.config.max_new_tokens} new tokens per sequence, "
                              f"asked for {params.max_new_tokens}")
@@ -277,7 +287,7 @@ class NativeEngine:
                 elif seq.num_generated >= seq.max_new_tokens:
                     scheduler.finish(seq, "length")
 
-        self._run(seqs, frozenset(), on_step)
+        self._run(seqs, frozenset(), on_step, alive=alive)
         return [Generation(s.generated, s.finish_reason) for s in seqs]
 
 

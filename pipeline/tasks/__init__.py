@@ -15,6 +15,7 @@ residue_tokens.py the tokens a masked-LM score reads.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..config import RunConfig
 from ..errors import UserError
@@ -22,10 +23,12 @@ from ..models.checkpoint import EngineInfo
 from ..output.schema import BASE_COLUMNS, Schema
 
 
-def make_task(config: RunConfig, info: EngineInfo, run_root: Path | None = None):
+def make_task(config: RunConfig, info: EngineInfo, run_root: Path | None = None,
+              alive: Callable[[int], bool] | None = None):
     """The task of a run. Its module is imported here, not at the top: they import torch, and the parent
     imports this package for the tokenizer and the schema. `run_root`: the run directory, where a worker's
-    variants task reads the run's variants (planning, which only needs the columns, passes none)."""
+    variants task reads the run's variants (planning, which only needs the columns, passes none); `alive`: a
+    worker's, which a generate task's engine asks between its steps whether to go on (tasks/generate.py)."""
     if config.task == "embed":
         from .embed import EmbedTask
         return EmbedTask(config, info)
@@ -37,7 +40,7 @@ def make_task(config: RunConfig, info: EngineInfo, run_root: Path | None = None)
         return VariantsTask(config, info, run_root)
     if config.task == "generate":
         from .generate import GenerateTask
-        return GenerateTask(config, info)
+        return GenerateTask(config, info, alive)
     raise UserError(f"unknown task {config.task!r}")
 
 

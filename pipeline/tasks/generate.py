@@ -13,6 +13,8 @@ FASTA position (see pipeline/engine/sampler.py), so results do not depend on wor
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..config import RunConfig
@@ -84,10 +86,13 @@ class GenerateTask(Task):
     layers: list[int] = []
     logprobs = False
 
-    def __init__(self, config: RunConfig, info: EngineInfo):
+    def __init__(self, config: RunConfig, info: EngineInfo, alive: Callable[[int], bool] | None = None):
+        """`alive(tokens)`: the engine asks it between its steps (engine/native.py `generate`); False gives the batch
+        up (engine.interface.Stopped), a worker's stop, which a batch of thousands of new tokens per sequence would
+        otherwise hear of only minutes later."""
         if not info.is_causal:
             raise UserError(f"--task generate needs a causal language model; {info.architecture} is not one")
-        self.config = config
+        self.config, self.alive = config, alive
         self._char_level: bool | None = None
         self._unknown = "?"   # (the tokenizer's unknown token, from prepare)
 
@@ -109,7 +114,7 @@ class GenerateTask(Task):
         c = self.config
         params = SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p, seed=c.seed)
         prompts = [prompt_ids(t) for t in toks]
-        results = engine.generate(prompts, [int(p) for p in positions], params)
+        results = engine.generate(prompts, [int(p) for p in positions], params, alive=self.alive)
         ids = [r.token_ids for r in results]
         text = np.array([self._decode(engine.tokenizer, x) for x in ids], dtype=object)
         reasons = np.array([r.finish_reason for r in results], dtype=object)

@@ -20,6 +20,7 @@ from .. import faults
 from ..config import LAUNCH, RunConfig, overlap_setting
 from ..engine import selection as engines
 from ..engine.config import CachesTooLarge
+from ..engine.interface import Stopped
 from ..models import preload
 from ..models.checkpoint import EngineInfo, check_unchanged, load_failure, read_ahead
 from ..models.conventions import PLAIN, Convention
@@ -37,7 +38,7 @@ from ..tasks.tokenization import SequenceTokenizer
 from .batch_rows import BatchComputer, LaunchedBatch
 from .batching import LazyPlan
 from .process_setup import set_up
-from .token_counts import Encoded, TokenCounter
+from .token_counts import HEARTBEAT_SECONDS, Encoded, TokenCounter
 
 log = logging.getLogger("run_shards.worker")
 
@@ -134,6 +135,7 @@ class ShardRun:
         self.stats: dict = {}     # what `done` reports: sequences, tokens, seconds, compute_seconds
         self.unsaved_tokens = 0   # tokens the engine ran for the buffered rows (a pll's masked copies too)
         self.loaded: tuple | None = None   # the engine and the arguments of its load (for `keep_model`)
+        self.last_heartbeat = 0.0           # when `_generating` last told the parent
 
     def run(self) -> int:
         shard = self._open()
@@ -223,7 +225,7 @@ class ShardRun:
         self._check_model(config, model)   # (nor while it loaded)
         self.loaded = (engine, manifest["engine"], model["path"], model.get("fingerprint", ""), device, dtype,
                        logprobs, config.trust_remote_code)
-        task = make_task(config, engine.info, self.run_dir.root)
+        task = make_task(config, engine.info, self.run_dir.root, alive=self._generating)
         digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
         if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
@@ -293,6 +295,16 @@ class ShardRun:
         """A batch of windows goes on: the parent's bar, summary lines and hang detector see it move."""
         self.reporter.send("windows", done=done, of=of, tokens=tokens)
 
+    def _generating(self, tokens: int) -> bool:
+        """Between the steps of a generate batch (minutes of them with many new tokens per sequence): a message for
+        the hang detector every HEARTBEAT_SECONDS; whether to go on (not told to stop: the batch is given up)."""
+        faults.before_generate_step()
+        now = time.monotonic()
+        if now - self.last_heartbeat >= HEARTBEAT_SECONDS:
+            self.last_heartbeat = now
+            self.reporter.send("generating", tokens=tokens)
+        return not self.stop
+
     def _counting(self, counted: int) -> bool:
         """While the batches wait for token counts: a message for the hang detector; whether to go on (not told
         to stop)."""
@@ -338,6 +350,10 @@ class ShardRun:
                 if isinstance(batch, _ReadFailed):
                     raise batch.error
                 launched = _InFlight(computer.launch(batch), len(todo), batch_tokens)
+            except Stopped:   # told to stop while it generated (a rerun computes the same rows: tasks/generate.py)
+                log.warning("the %d sequences being generated were given up unfinished; a rerun computes them",
+                            len(todo))
+                break
             except InputChanged as e:   # a record read differs from its checksum: nothing of it is kept
                 self._settle(shard, computer, inflight, stats)
                 raise UserError(f"shard {self.rank} stopped: {e}. Its rows up to its last checkpoint, each checked "
