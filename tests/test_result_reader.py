@@ -269,7 +269,7 @@ def test_export_interrupted_mid_write_leaves_the_earlier_file_and_no_temporary(r
     target.write_bytes(EARLIER)
     monkeypatch.setattr(exports, writes, _fail_after(getattr(exports, writes), 3, _interrupt))
     with pytest.raises(KeyboardInterrupt):
-        exports.export(out, fmt, target, "embeddings/mean")
+        exports.export(out, fmt, target, "embeddings/mean" if fmt == "per-id-h5" else None)
     assert target.read_bytes() == EARLIER and sorted(tmp_path.iterdir()) == [target]
 
 
