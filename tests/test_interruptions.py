@@ -197,7 +197,9 @@ def test_ctrl_c_before_the_command_began_exits_130_not_click_aborted(fasta, tmp_
             f"sys.argv = ['run_shards', {str(fasta)!r}, '--out', {str(out)!r}]\n"
             "from pipeline.cli import entry\n"
             "entry()\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    # (SIGINT as a shell leaves it to a command it starts: pytest-xdist's workers ignore it, and a child inherits that)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 130, done.stderr
     assert "interrupted: by SIGINT, before the command began; nothing was done: run it again" in done.stderr
     assert "Aborted!" not in done.stderr and "Traceback" not in done.stderr, done.stderr
