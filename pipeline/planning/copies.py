@@ -121,11 +121,16 @@ def plan_problem(run: RunDir, manifest: dict) -> str | None:
         return None
     try:
         CopyPlan(run.copies_path).close()
-    except FileNotFoundError:
-        return "missing"
-    except IndexCorrupt as e:
-        return f"damaged ({str(e).removeprefix(f'{run.copies_path}: ')})"
+    except (FileNotFoundError, IndexCorrupt) as e:
+        return file_problem(run.copies_path, e)
     return None
+
+
+def file_problem(path: Path, error: Exception) -> str:
+    """A run file that failed to open (FileNotFoundError or IndexCorrupt), in words: "missing", "damaged (why)"."""
+    if isinstance(error, FileNotFoundError):
+        return "missing"
+    return f"damaged ({str(error).removeprefix(f'{path}: ')})"
 
 
 def check_plan(run: RunDir, manifest: dict) -> None:

@@ -12,7 +12,7 @@ from ..advice import MANY_FILES, command, files_shown
 from ..config import RunConfig
 from ..errors import RunDirError, UserError
 from ..rundir.layout import RunDir, free_out
-from .copies import Copies, plan_problem, rebuild_plan
+from .copies import Copies, file_problem, plan_problem, rebuild_plan
 from .input_policies import apply_input_policies
 
 log = logging.getLogger("run_shards")
@@ -43,7 +43,7 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
     try:
         index = SequenceIndex.load(run.index_path, verify=verify)
     except (FileNotFoundError, IndexCorrupt) as e:
-        problem = _problem(run, e)
+        problem = file_problem(run.index_path, e)
         if not (refresh_copies and _rebuildable(run, manifest)):
             raise RunDirError(missing_index(run, manifest, problem)) from None
         _rebuild(run, manifest, progress, problem)   # (the very index planned, or a refusal saying why)
@@ -102,14 +102,8 @@ def index_problem(run: RunDir) -> str | None:
     try:
         SequenceIndex.load(run.index_path, verify=False).close()
     except (FileNotFoundError, IndexCorrupt) as e:
-        return _problem(run, e)
+        return file_problem(run.index_path, e)
     return None
-
-
-def _problem(run: RunDir, error: Exception) -> str:
-    if isinstance(error, FileNotFoundError):
-        return "missing"
-    return f"damaged ({str(error).removeprefix(f'{run.index_path}: ')})"
 
 
 def _rebuildable(run: RunDir, manifest: dict) -> bool:
