@@ -504,10 +504,13 @@ def export_command(out, fmt, output, column, widen_float16):
 
 def entry() -> None:
     """The `run_shards` command (bin/run_shards, the installed script): `main`, then, once it has ended with
-    an exit code, leave without the interpreter's teardown (exits.leave_without_teardown)."""
+    an exit code, leave without the interpreter's teardown (exits.leave_without_teardown). transformers, where a
+command imports it, reads its import structure from run_shards' cache (models/transformers_imports.py)."""
     import signal
 
     from .exits import leave_without_teardown
+    from .models.transformers_imports import keep_import_structure
+    keep_import_structure()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # (not where it is ignored: `cmd &` in a script)
         signal.signal(signal.SIGINT, _interrupted_before_work)
     try:

@@ -124,10 +124,30 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def _transformers_import_structure(tmp_path_factory):
+    """transformers' import structure as run_shards keeps it (pipeline/models/transformers_imports.py), computed
+    once per test session by a process that imports transformers as a run's processes do."""
+    import subprocess
+    import sys
+    kept = tmp_path_factory.mktemp("transformers_imports")
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from pipeline.models.transformers_imports import keep_import_structure; "
+                    "assert keep_import_structure(Path(sys.argv[1])); "
+                    "import transformers.models.auto.configuration_auto, transformers.models.auto.tokenization_auto",
+                    str(kept)], check=True, cwd=pathlib.Path(__file__).resolve().parents[1], timeout=300)
+    return kept
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Each test gets its own index cache so tests never see each other's (or the user's) files."""
-    monkeypatch.setenv("RUN_SHARDS_CACHE", str(tmp_path_factory.mktemp("cache")))
+def _isolated_cache(tmp_path_factory, monkeypatch, _transformers_import_structure):
+    """Each test gets its own cache so tests never see each other's (or the user's) files, but for transformers'
+    import structure: the same in every test (a function of transformers' files), which each CLI process and
+    worker would otherwise compute at its start, 1.5-3 CPU s (tests/test_transformers_imports.py checks it)."""
+    import shutil
+    cache = tmp_path_factory.mktemp("cache")
+    shutil.copytree(_transformers_import_structure, cache / "transformers")
+    monkeypatch.setenv("RUN_SHARDS_CACHE", str(cache))
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ import time
 from index import FastaError
 
 from ..errors import RunDirError, SettingsRefused, UserError
+from ..models.transformers_imports import keep_import_structure
 from ..exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_SHARD_BUSY, EXIT_USER_ERROR, explain_exit
 from ..output import heap
 from ..rundir import events
@@ -48,6 +49,7 @@ def worker_entry(_process: int, root: str, rank: int | None, conn, device: str |
     finished a shard, it says so ("ended") and waits on `orders` for the next, with its model kept
     (launchers/supervisor.py); a shard that did not finish ends the process, with the shard's exit code."""
     os.environ["CUDA_VISIBLE_DEVICES"] = device if device is not None else ""   # before anything touches CUDA
+    keep_import_structure()   # before transformers is imported: 1.5-3 CPU s less at each worker's start
     run = RunDir(root)
     # Nothing is written for a shard before its lock is held; what is logged until then (a stop signal that came
     # while it spawned, held back until here) goes to the shard's log then, never to the user's terminal.
