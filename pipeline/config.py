@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import numbers
 import typing
 from dataclasses import dataclass, field
 
 from .advice import command, files_words
 from .errors import UserError
+
+log = logging.getLogger(__name__)
+_SAID_ABOVE_BOUND: set = set()   # (field, stored value): said once a process, however often the run's config is read
 
 TASKS = ("embed", "score", "generate", "variants")
 # --score-method: auto = pll for a masked LM; a causal LM has one score, its log-likelihood.
@@ -43,6 +47,9 @@ SEED_MAX = 2**64 - 1
 CORES_MAX = 4096        # --workers, --threads: processes, or threads each, on one machine: more than any has cores
 SHARDS_MAX = 1_000_000  # --shards (and --shards-per-task, --array-throttle: shards and tasks): each shard is files in
                         # OUT/shards and OUT/logs (docs/cluster.md: 12,000 entries a directory at 4,000 shards)
+# A run planned before these bounds (2026-12-07) may hold a larger value: a continued run reads a count of tokens,
+# shards or tasks above its bound as the bound, which computes the same (no sequence, batch or array reaches it),
+# and --workers or --threads above theirs (every worker had failed with them) as their defaults (from_dict).
 # --max-new-tokens and --max-tokens-per-batch: the native engine counts a sequence's cached tokens and a step's
 # tokens in 32 bits (engine/model_runner.py: kv_lens, cu_seqlens).
 TOKENS_MAX = 2**31 - 1
@@ -291,6 +298,16 @@ class RunConfig:
                 values[name] = None
         if isinstance(values.get("seed"), int) and not 0 <= values["seed"] <= SEED_MAX:
             values["seed"] &= SEED_MAX   # earlier versions took any seed and sampled with it modulo 2**64
+        for f in dataclasses.fields(cls):
+            value, bound = values.get(f.name), f.metadata["option"].maximum
+            if f.name != "seed" and type(value) is int and bound is not None and value > bound:
+                values[f.name] = _default(f) if bound == CORES_MAX else bound
+                if (f.name, value) in _SAID_ABOVE_BOUND:
+                    continue
+                _SAID_ABOVE_BOUND.add((f.name, value))
+                log.warning("this run was planned with %s %d, above what run_shards takes since 2026-12-07 (%d): "
+                            "it continues with %s %s", option_name(f.name), value, bound, option_name(f.name),
+                            values[f.name])
         return cls(**values)
 
     @classmethod

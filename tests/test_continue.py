@@ -270,3 +270,21 @@ def test_a_run_planned_by_an_earlier_version_is_continued_by_rerun_not_called_ch
     res = run_cli("rerun", str(out), "--no-progress")
     assert res.returncode == 0, res.stderr
     assert raw_datasets(out / "result.h5") == clean
+
+
+def test_a_run_planned_with_counts_above_todays_bounds_is_continued_by_rerun(small_fasta, args, clean, stopped,
+                                                                             tmp_path):
+    """Runs planned before the bounds of 2026-12-07 could hold --threads 2**63 (every worker failed with it) or
+    --max-new-tokens 10**12 (a user's "no limit"): rerun refused them, naming options rerun lacks. They continue
+    with --threads at its default and the count at its bound (no sequence reaches it), said once in a warning, to
+    the clean run's bytes."""
+    out = _copy(stopped, tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["config"].update(threads_per_worker=2**63, max_new_tokens=10**12)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "planned with --threads 9223372036854775808, above what run_shards takes since 2026-12-07 (4096): it " \
+           "continues with --threads 1" in res.stderr, res.stderr
+    assert res.stderr.count("planned with --max-new-tokens 1000000000000") == 1, res.stderr
+    assert raw_datasets(out / "result.h5") == clean

@@ -67,6 +67,21 @@ def test_a_seed_stored_outside_64_bits_reads_as_the_seed_it_sampled_with():
         assert np.array_equal(uniforms(old, keys, steps), uniforms(now, keys, steps))
 
 
+def test_counts_stored_above_todays_bounds_read_as_what_they_computed():
+    """A run planned before the bounds (2026-12-07) continues: token, shard and task counts above theirs read as the
+    bound (no sequence, batch or array reaches it), --workers and --threads above theirs as their defaults."""
+    stored = json.loads(RunConfig(fasta=["a.fa"], out="o", task="generate", launcher="slurm", shards=4).to_json())
+    old = {**stored, "max_new_tokens": 10**12, "max_tokens_per_batch": 2**40, "shards_per_task": 10**7,
+           "array_throttle": 2**63, "threads_per_worker": 2**63, "workers": 10**6}
+    config = RunConfig.from_dict(old)
+    assert (config.max_new_tokens, config.max_tokens_per_batch) == (2**31 - 1, 2**31 - 1)
+    assert (config.shards_per_task, config.array_throttle) == (1_000_000, 1_000_000)
+    assert (config.threads_per_worker, config.workers) == (1, 1)
+    within = {**stored, "max_new_tokens": 2**31 - 1, "threads_per_worker": 4096}
+    assert (RunConfig.from_dict(within).max_new_tokens, RunConfig.from_dict(within).threads_per_worker) == \
+        (2**31 - 1, 4096)
+
+
 @pytest.mark.parametrize("new_tokens", [8, 12, 2**31 - 1, 2**63 - 1, 2**64])
 def test_generation_past_the_models_positions_is_counted_exactly(caplog, new_tokens):
     """Prompts of 17 and 6 tokens on 24 positions: 8 new tokens keep within them, more reach past for the
