@@ -185,9 +185,36 @@ def test_sigterm_to_the_driver_cancels_the_tasks_and_names_rerun(ray_head, ray_a
     # kernel's when Ray killed the task's worker ("the parent process is gone")
     assert re.search(r"interrupted \((received SIGTERM|the parent process is gone.*)\): \d+ of 60 sequences durable",
                      log_text(out, 1)), log_text(out, 1)
+    cancelled = [e for e in events(out / "logs" / "events.jsonl") if e["event"] == "cancelled"]
+    assert len(cancelled) == 1 and 1 in cancelled[0]["shards"] and cancelled[0]["submission"], cancelled
     res = run_cli("rerun", str(out), env=ray_auth)
     assert res.returncode == 0, res.stderr
     assert_same(read(out / "result.h5"), local_four)
+
+
+def events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_task_attempt_that_starts_after_its_command_cancelled_it_computes_nothing(small_fasta, models, tmp_path):
+    """Ray may start an attempt of a task after the driver cancelled it (a retry racing the cancel: under load,
+    one started after the driver had left, computed its shard for a minute and held the lock the suggested
+    `rerun` met). Its `work` finds the driver's `cancelled` event for its submission and stops before it takes
+    the shard: exit 130, the rerun named; an attempt of another submission (the rerun's) computes."""
+    out = tmp_path / "out"
+    res = run_cli(small_fasta, "--out", str(out), "--model", models["demo"], "--gpus", "0", "--launcher", "slurm",
+                  "--shards", "2", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    with open(out / "logs" / "events.jsonl", "a") as f:
+        f.write(json.dumps({"t": time.time(), "event": "cancelled", "submission": "h:1:2", "shards": [0, 1]}) + "\n")
+    res = run_cli("work", str(out), "--shard", "0", env={"RUN_SHARDS_RAY_SUBMISSION": "h:1:2"})
+    assert res.returncode == 130, res.stderr
+    assert "the command that submitted this Ray task cancelled it" in res.stderr, res.stderr
+    assert ["rerun", str(out)] in suggested_commands(res.stderr)
+    assert not (out / "logs" / "events_0.jsonl").exists() and not (out / "shards" / "shard_0.h5").exists()
+    res = run_cli("work", str(out), "--shard", "0", env={"RUN_SHARDS_RAY_SUBMISSION": "h:1:3"})
+    assert res.returncode == 0, res.stderr
+    assert (out / "shards" / "shard_0.h5").exists()
 
 
 @pytest.mark.slow

@@ -38,6 +38,10 @@ FORCE_SECONDS = 5.0        # after Ctrl-C: how long a cancelled task has to stop
 # What a shard's computation reads from the environment, passed to its task as sbatch --export=ALL would;
 # never CUDA_VISIBLE_DEVICES or PATH, which belong to the node Ray picked.
 FORWARDED_ENV = ("RUN_SHARDS_", "HF_", "TRANSFORMERS_", "HDF5_")
+# Names the command that submitted a task, for its `work`: a task attempt Ray starts after that command cancelled
+# its tasks (a retry racing the cancel; under load one started after the driver had left and computed its shard
+# for a minute, holding the lock `rerun` then met) finds the command's `cancelled` event and computes nothing.
+SUBMISSION_VARIABLE = "RUN_SHARDS_RAY_SUBMISSION"
 
 
 def launch(job: ShardJob) -> Launched:
@@ -55,7 +59,8 @@ def launch(job: ShardJob) -> Launched:
         config = RunConfig.from_manifest(job.manifest)
         connected_here = _connect(ray, config.ray_address)
         try:
-            outcomes = _follow(ray, job, config, _submit(ray, job, config))
+            refs, submission = _submit(ray, job, config)
+            outcomes = _follow(ray, job, config, refs, submission)
         finally:
             if connected_here:   # stops a local Ray started here; a cluster's driver only disconnects
                 ray.shutdown()
@@ -154,14 +159,15 @@ def _quiet_ray_messages(ray) -> None:
         worker._worker_logs_enabled = False
 
 
-def _submit(ray, job: ShardJob, config: RunConfig) -> dict:
-    """One task per shard; returns {object ref: shard}."""
+def _submit(ray, job: ShardJob, config: RunConfig) -> tuple[dict, str]:
+    """One task per shard; returns {object ref: shard} and the name its tasks know this submission by."""
     # The task runs stdlib code only, shipped by value: a cluster's workers need not import run_shards.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     task = ray.remote(run_shard)
     gpus, cpus = (1 if config.on_gpu else 0), max(1, config.threads_per_worker)
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
     env["RUN_SHARDS_TASK_CPUS"] = str(cpus)
+    submission = env[SUBMISSION_VARIABLE] = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
     command = self_command()
     for kind, need in (("GPU", gpus), ("CPU", cpus)):
         most = max((n["Resources"].get(kind, 0) for n in ray.nodes() if n.get("Alive")), default=0)
@@ -177,7 +183,7 @@ def _submit(ray, job: ShardJob, config: RunConfig) -> dict:
     log.info("submitted shard(s) %s as %d Ray task(s) (%s each) to the cluster at %s; Ray retries each up to "
              "%d times", _ranges(job.ranks), len(refs), f"{gpus} GPU" if gpus else f"{cpus} CPU(s)",
              ray.get_runtime_context().gcs_address, MAX_RETRIES)
-    return refs
+    return refs, submission
 
 
 @dataclass
@@ -189,7 +195,7 @@ class Outcome:
     retried: bool = False     # Ray tried it 1 + MAX_RETRIES times
 
 
-def _follow(ray, job: ShardJob, config: RunConfig, refs: dict) -> list[Outcome]:
+def _follow(ray, job: ShardJob, config: RunConfig, refs: dict, submission: str) -> list[Outcome]:
     """Wait for every task, with a progress bar from the run directory and a line for every retry (with the
     count it resumes from); Ctrl-C cancels them (RunFailed, interrupted)."""
     board = ProgressBoard(sum(job.remaining[r] for r in job.ranks), f"Ray ({len(refs)} task(s))",
@@ -217,7 +223,7 @@ def _follow(ray, job: ShardJob, config: RunConfig, refs: dict) -> list[Outcome]:
                 break
     except KeyboardInterrupt as e:
         board.close()
-        _stop(ray, job, {ref: refs[ref] for ref in pending})
+        _stop(ray, job, {ref: refs[ref] for ref in pending}, submission)
         name = str(e) or (_received[-1] if _received else "SIGINT")
         raise RunInterrupted(_interrupted_report(job, name)) from None
     finally:
@@ -225,6 +231,18 @@ def _follow(ray, job: ShardJob, config: RunConfig, refs: dict) -> list[Outcome]:
     done = sum(1 for o in outcomes if o.exit_code == EXIT_OK)
     board.note(f"{done} of {len(outcomes)} Ray task(s) finished their shard in {time.monotonic() - board.start:.1f} s")
     return sorted(outcomes, key=lambda o: o.rank)
+
+
+def cancelled_submission(run_events_path: Path, environ=os.environ) -> str | None:
+    """For `work` in a Ray task: the submission that started this task (SUBMISSION_VARIABLE), where the command
+    that made it has since cancelled it; else None."""
+    submission = environ.get(SUBMISSION_VARIABLE)
+    if not submission:
+        return None
+    for e in events.read(run_events_path):
+        if e["event"] == "cancelled" and e.get("submission") == submission:
+            return submission
+    return None
 
 
 def _starts(job: ShardJob, rank: int) -> list[dict]:
@@ -246,12 +264,14 @@ def _outcome(ray, ref, rank: int) -> Outcome:
         return Outcome(rank, None, f"its Ray task failed ({type(e).__name__}: {_first_line(e)})", [], retried=True)
 
 
-def _stop(ray, job: ShardJob, pending: dict) -> None:
+def _stop(ray, job: ShardJob, pending: dict, submission: str) -> None:
     """Cancel the unfinished tasks (their `work` gets SIGTERM and checkpoints), then wait until no shard's lock
-    is held, so that `rerun` can start at once. A second Ctrl-C stops waiting."""
+    is held, so that `rerun` can start at once. A second Ctrl-C stops waiting. The `cancelled` event comes
+    first: an attempt of these tasks that starts later (Ray's cancel missed it) computes nothing."""
     ranks = sorted(pending.values())
     if not ranks:
         return
+    events.append(job.run.run_events_path, "cancelled", submission=submission, shards=ranks)
     log.warning("interrupted: cancelling %d Ray task(s); their shards write a final checkpoint", len(ranks))
     deadline = time.monotonic() + STOP_SECONDS
     try:

@@ -6,7 +6,8 @@ with `--shards-per-task G` task t computes shards tG .. tG+G-1, one worker per v
 The worker is the same as a local run's: same checkpoints, shard lock, log and failure record. A complete
 shard is skipped; SIGTERM (preemption, or the batch script before a time limit) makes every worker write
 a final checkpoint and the command exit with 130. A shard another process computes (it holds the shard's
-lock: a duplicate task) is left to it, and said so, with exit code 0. It never merges: the merge job (or
+lock: a duplicate task) is left to it, and said so, with exit code 0. A Ray task's attempt that starts after
+the command that submitted it cancelled it computes nothing (exit 130). It never merges: the merge job (or
 driver) does.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import signal
 
 from ..advice import command
 from ..config import RunConfig
-from ..errors import RunDirError, RunFailed, UserError
+from ..errors import RunDirError, RunFailed, RunInterrupted, UserError
 from ..exits import EXIT_USER_ERROR
 from ..planning.run_index import load_run_index
 from ..rundir.failure import FailureRecord
@@ -74,6 +75,10 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
         raise RunDirError(f"cannot compute shards in {run.root}: {why}. A task must be able to write its run "
                           "directory: run it on a node that mounts it read-write")
     run.restore_folders()
+    from .ray_tasks import cancelled_submission
+    if cancelled_submission(run.run_events_path):
+        raise RunInterrupted(f"the command that submitted this Ray task cancelled it (it was interrupted) before "
+                             f"Ray started it: nothing computed. Continue with:  {command('rerun', run.root)}")
     index = load_run_index(run, manifest, verify=False)   # mapped: this task reads its shards' rows only
     ranks = _task_shards(manifest, shard, shards_per_task)
     todo, remaining = [], {}

@@ -4,7 +4,8 @@
                               and `end` {code, explanation, reason} (by the worker, or by the parent that saw
                               it die); written only by the holder of the shard's lock, or after it died
     OUT/logs/events.jsonl     the commands: `timings` (a local run's time split), `submitted`, `dry_run` and
-                              `refused` (SLURM), `ended` {command, error, seconds}
+                              `refused` (SLURM), `cancelled` {submission, shards} (Ray: read by `work`),
+                              `ended` {command, error, seconds}
 
 report.html, `status` and the Ray launcher read these; the logs are for people and free to change wording.
 Each event is one write() with O_APPEND, so writers on one host never interleave within a line.
