@@ -70,7 +70,12 @@ class _ScannerFinder(importlib.abc.MetaPathFinder):
 
 
 def _version(module) -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    """transformers' version: its package sets it first thing, before it imports the scanner."""
+    package = sys.modules.get("transformers")
+    found = getattr(package, "__version__", None)
+    if isinstance(found, str) and found:
+        return found
+    from importlib.metadata import PackageNotFoundError, version   # (0.07 s: only where the package said none)
     try:
         return version("transformers")
     except PackageNotFoundError:
@@ -79,7 +84,9 @@ def _version(module) -> str:
 
 def kept_scan(scan, cache: Path, version: str):
     """`scan` (transformers' define_import_structure), answered from `cache` where it scanned the same files."""
-    def define_import_structure(module_path, prefix=None):
+    def define_import_structure(module_path, prefix=None, *args, **kwargs):
+        if args or kwargs:   # (a later transformers' arguments: its own scan, as it is)
+            return scan(module_path, prefix, *args, **kwargs)
         try:
             folder = os.path.realpath(os.fspath(module_path))
             if os.path.isfile(folder):   # (transformers scans the folder of a file it is given)
