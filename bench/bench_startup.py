@@ -85,6 +85,8 @@ def _child_parent(argv: list[str]) -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     clock = _Clock()
     sys.path.insert(0, str(REPO))
+    from pipeline.models.transformers_imports import keep_import_structure
+    keep_import_structure()   # as cli.entry does, before anything imports transformers
     from pipeline import api, cli, launchers
     from pipeline.models import checkpoint
     from pipeline.planning import devices, plan as plan_mod
@@ -136,6 +138,7 @@ def _child_worker(root: str, device: str | None, threads: int, first_batch: bool
     clock = _Clock()
     sys.path.insert(0, str(REPO))
     from pipeline.worker import entry   # what the spawned process imports to find worker_entry
+    entry.keep_import_structure()   # as worker_entry does first
     clock.span("imports (torch, transformers' first parts, run_shards)", wall, cpu)
     from pipeline.engine import native
     from pipeline.models import checkpoint, registry
