@@ -135,8 +135,9 @@ def _transformers_import_structure(tmp_path_factory):
                     "from pipeline.models.transformers_imports import keep_import_structure; "
                     "assert keep_import_structure(Path(sys.argv[1])); "
                     "import transformers.models.auto.configuration_auto, transformers.models.auto.tokenization_auto",
-                    str(kept)], check=True, cwd=pathlib.Path(__file__).resolve().parents[1], timeout=300)
-    return kept
+                    str(kept)], cwd=pathlib.Path(__file__).resolve().parents[1], timeout=300)
+    return kept   # (where that failed, empty: each test's processes scan as users' first ones do, and
+                  # tests/test_transformers_imports.py says why)
 
 
 @pytest.fixture(autouse=True)
