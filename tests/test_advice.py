@@ -307,10 +307,10 @@ def test_an_index_deleted_by_hand_is_built_again_by_the_same_run_command(fasta, 
     assert (out / "index.rsidx").read_bytes() == planned
 
 
-def test_an_index_deleted_with_the_copy_plan_it_needs_is_refused_with_both_ways_out(tmp_path):
-    """A run that copies some records (duplicates) cannot rebuild its index without copies.rsidx, which says
-    which (nor with a damaged one): the message names both files and a new run (the manifest check alone, no
-    model needed)."""
+def test_an_index_deleted_with_the_copy_plan_of_a_reuse_run_is_refused_with_both_ways_out(tmp_path):
+    """A run that copies rows from results --reuse named cannot rebuild its index without copies.rsidx, which
+    alone records which (nor with a damaged one): the message names both files and a new run (the manifest check
+    alone, no model needed). A run whose copies are its own duplicates rebuilds both (tests/test_damaged_files.py)."""
     import dataclasses
 
     from pipeline.config import RunConfig
@@ -319,15 +319,17 @@ def test_an_index_deleted_with_the_copy_plan_it_needs_is_refused_with_both_ways_
     from pipeline.rundir.layout import RunDir
     run = RunDir(tmp_path / "out")
     counts = {"records": 10, "computed": 7}
-    manifest = {"config": dataclasses.asdict(RunConfig(fasta=["in.fasta"], out=str(run.root))), "world": 2,
-                "copies": {"counts": counts, "sources": []}}
-    said = missing_index(run, manifest)
+    config = dataclasses.asdict(RunConfig(fasta=["in.fasta"], out=str(run.root)))
+    reused = {"config": config, "world": 2, "copies": {"counts": counts, "sources": [{"path": "earlier/result.h5"}]}}
+    own = {"config": config, "world": 2, "copies": {"counts": counts, "sources": []}}
+    said = missing_index(run, reused)
     assert "copies.rsidx" in said and "restore both" in said and "--out" in said, said
+    assert "builds it again" in missing_index(run, own)
     (tmp_path / "out").mkdir()
     run.copies_path.write_bytes(b"")
-    assert "restore both" in missing_index(run, manifest)
+    assert "restore both" in missing_index(run, reused)
     copy_plan.write(run.copies_path, 10, [], [], counts)   # (a plan that reads; its arrays do not matter here)
-    assert "builds it again" in missing_index(run, manifest)
+    assert "builds it again" in missing_index(run, reused)
 
 
 def test_an_index_deleted_from_a_run_an_earlier_version_planned_is_not_promised_back(tmp_path):

@@ -78,10 +78,11 @@ def test_damaged_checkpoint_counts_for_nobody(fasta, common, reference, tmp_path
 
 
 def test_a_damaged_index_or_copy_plan_is_built_again_by_the_rerun_status_suggests(fasta, common, tmp_path):
-    """index.rsidx or copies.rsidx truncated (a full disk, a bad copy) in an unfinished run: status showed a
-    traceback for the index, merge and rerun either a traceback or "start a new run", which loses every row
-    computed. Now status and merge name the damaged file and `rerun`, which builds it again as it was planned
-    and continues from the rows durable, to the very result of a run never damaged."""
+    """index.rsidx or copies.rsidx truncated (a full disk, a bad copy) in an unfinished run, or both: status
+    showed a traceback for the index, merge and rerun either a traceback or "start a new run", which loses every
+    row computed. Now status and merge name the damaged file and `rerun`, which builds it (or both: the plan from
+    the FASTA's index, then the index's stride table from the plan) again as it was planned and continues from the
+    rows durable, to the very result of a run never damaged."""
     dups = tmp_path / "dups.fasta"   # records of the same sequence: the run copies rows, as its copy plan says
     text = Path(fasta).read_text()
     dups.write_text(text + "".join(">dup_" + record for record in text.split(">")[1:21]))
@@ -92,21 +93,26 @@ def test_a_damaged_index_or_copy_plan_is_built_again_by_the_rerun_status_suggest
     assert res.returncode == 1, res.stderr
     planned = {name: (out / name).read_bytes() for name in ("index.rsidx", "copies.rsidx")}
 
-    # the index damaged, then the copy plan; the first rerun stops again at shard 1's next checkpoint
-    for name, stop in (("index.rsidx", {**die, "RUN_SHARDS_FAULT_DIE_AFTER": "3"}), ("copies.rsidx", {})):
+    # the index damaged, then both (it was "restore both or start a new run"), then the copy plan; the first
+    # reruns stop again at shard 1's next checkpoint
+    for names, stop in ((["index.rsidx"], {**die, "RUN_SHARDS_FAULT_DIE_AFTER": "3"}),
+                        (["index.rsidx", "copies.rsidx"], {**die, "RUN_SHARDS_FAULT_DIE_AFTER": "4"}),
+                        (["copies.rsidx"], {})):
         durable = status_rows(out)[1]["durable"]   # shard 1's rows before the damage
-        os.truncate(out / name, 100)
+        for name in names:
+            os.truncate(out / name, 100)
         status = run_cli("status", str(out))
         assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
-        assert f"{out / name} is damaged (unreadable header)" in status.stdout, status.stdout
+        assert f"{out / names[0]} is damaged (unreadable header)" in status.stdout, status.stdout
         assert ["rerun", str(out)] in suggested_commands(status.stdout), status.stdout
         merge = run_cli("merge", str(out), "--allow-partial")
-        assert merge.returncode == 2 and f"{out / name} is damaged" in merge.stderr, merge.stderr
+        assert merge.returncode == 2 and f"{out / names[0]} is damaged" in merge.stderr, merge.stderr
         assert suggested_commands(merge.stderr) == [["rerun", str(out)]], merge.stderr
         res = run_cli("rerun", str(out), "--no-progress", env=stop)
         assert res.returncode == (1 if stop else 0) and "Traceback" not in res.stderr, res.stderr
-        assert f"{out / name} was damaged (unreadable header): built again" in res.stderr, res.stderr
-        assert (out / name).read_bytes() == planned[name]
+        for name in names:
+            assert f"{out / name} was damaged (unreadable header): built again" in res.stderr, res.stderr
+            assert (out / name).read_bytes() == planned[name]
         resumed = log_text(out, 1).split("worker for shard 1 started")[-1]
         assert durable > 0 and f"resuming: {durable} of" in resumed, resumed   # (not computed again)
     assert raw_datasets(out / "result.h5") == raw_datasets(clean / "result.h5")

@@ -156,10 +156,12 @@ def _restore_or_start_over(run: RunDir, manifest: dict) -> str:
             f"`{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
 
 
-def rebuild_plan(run: RunDir, manifest: dict, index, problem: str) -> None:
+def rebuild_plan(run: RunDir, manifest: dict, index, problem: str, stride_table_lost: bool = False) -> None:
     """Write the run's missing or damaged (`problem`) copy plan again from `index`, the run's own (checked
     against the FASTA), matched as planning did, kept only where it copies exactly the records its shards leave
-    out (their stride table) and counts as the manifest does; it replaces a damaged one atomically."""
+    out (their stride table) and counts as the manifest does; it replaces a damaged one atomically.
+    `stride_table_lost`: the run's index is being built again too (`index` is the FASTA's, its fingerprint the
+    planned one), so its stride table comes from this plan: the counts are the check."""
     if manifest["copies"]["sources"]:
         raise RunDirError(plan_advice(run, manifest, problem))
     convention = Convention.from_json(manifest["input_format"]) if "input_format" in manifest else PLAIN
@@ -170,9 +172,11 @@ def rebuild_plan(run: RunDir, manifest: dict, index, problem: str) -> None:
         computed = np.flatnonzero(np.asarray(plan.source) == COMPUTED)
     finally:
         plan.close()
-    world = manifest["world"]
-    sharded = np.sort(np.concatenate([index.stride_shard(r, world) for r in range(world)]))
-    if counts != manifest["copies"]["counts"] or not np.array_equal(computed, sharded):
+    same = counts == manifest["copies"]["counts"]
+    if same and not stride_table_lost:
+        world = manifest["world"]
+        same = np.array_equal(computed, np.sort(np.concatenate([index.stride_shard(r, world) for r in range(world)])))
+    if not same:
         copies.discard()
         raise RunDirError(f"the run's copy plan {run.copies_path} is {problem}, and the plan built again from its "
                           f"index differs from the one the run was planned with: "

@@ -107,9 +107,12 @@ def index_problem(run: RunDir) -> str | None:
 
 
 def _rebuildable(run: RunDir, manifest: dict) -> bool:
-    """Whether the index can be built again: every record computed, or the copy plan still there and readable."""
-    counts = (manifest.get("copies") or {}).get("counts")
-    return counts is None or counts["computed"] == counts["records"] or not plan_problem(run, manifest)
+    """Whether the index can be built again: every record computed, or the copy plan still there and readable,
+    or the plan itself can be built again from the index (it reuses no earlier result: copies.rebuild_plan)."""
+    copies = manifest.get("copies") or {}
+    counts = copies.get("counts")
+    return (counts is None or counts["computed"] == counts["records"] or not plan_problem(run, manifest)
+            or copies.get("sources") == [])
 
 
 def _rebuild(run: RunDir, manifest: dict, progress: bool = True, problem: str = "missing") -> None:
@@ -134,6 +137,8 @@ def _rebuild(run: RunDir, manifest: dict, progress: bool = True, problem: str = 
                                 f"run: `{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
             raise UserError(f"{_gone(run, problem)}, and the input FASTA no longer matches "
                             f"this run (its index built again differs). {start_over_advice(run, manifest)}")
+        if plan_damage := plan_problem(run, manifest):   # (both lost: the plan first, for the stride table)
+            rebuild_plan(run, manifest, index, plan_damage, stride_table_lost=True)
         save_again(run, manifest, index, problem)
     finally:
         built.close()
