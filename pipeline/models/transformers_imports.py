@@ -13,10 +13,9 @@ unreadable or unwritable cache, a transformers without this function) falls back
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.abc
+# (hashlib and json are imported where the structure is read or kept: a command that never imports transformers,
+# `run_shards --help`, pays only for this module's import hook)
 import importlib.machinery
-import json
 import logging
 import os
 import sys
@@ -37,18 +36,16 @@ def keep_import_structure(cache: Path | None = None) -> bool:
         return False
     if any(isinstance(f, _ScannerFinder) for f in sys.meta_path):
         return False
-    if cache is None:
-        from index.cache import cache_dir
-        cache = cache_dir() / "transformers"
-    sys.meta_path.insert(0, _ScannerFinder(cache))
-    return True
+    sys.meta_path.insert(0, _ScannerFinder(cache))   # (the cache folder found when transformers is imported:
+    return True                                      # commands that never import it pay nothing, not even numpy)
 
 
-class _ScannerFinder(importlib.abc.MetaPathFinder):
-    """Finds transformers' scanner module as the path finder would, and wraps `define_import_structure` in it
-    once the module has run (transformers' own `__init__` then imports the wrapped function from it)."""
+class _ScannerFinder:
+    """A meta path finder (find_spec is all the import system asks of one; importlib.abc's base class costs a
+    --help 8 ms): finds transformers' scanner module as the path finder would, and wraps `define_import_structure`
+    in it once the module has run (transformers' own `__init__` then imports the wrapped function from it)."""
 
-    def __init__(self, cache: Path):
+    def __init__(self, cache: Path | None):
         self.cache = cache
 
     def find_spec(self, name, path, target=None):
@@ -59,6 +56,9 @@ class _ScannerFinder(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         run_module, cache = spec.loader.exec_module, self.cache
+        if cache is None:
+            from index.cache import cache_dir
+            cache = cache_dir() / "transformers"
 
         def exec_module(module):
             run_module(module)
@@ -84,6 +84,7 @@ def _version(module) -> str:
 
 def kept_scan(scan, cache: Path, version: str):
     """`scan` (transformers' define_import_structure), answered from `cache` where it scanned the same files."""
+    import hashlib
     def define_import_structure(module_path, prefix=None, *args, **kwargs):
         if args or kwargs:   # (a later transformers' arguments: its own scan, as it is)
             return scan(module_path, prefix, *args, **kwargs)
@@ -110,6 +111,7 @@ def kept_scan(scan, cache: Path, version: str):
 def fingerprint(folder: str) -> str:
     """sha256 over what transformers' scan reads below `folder`: every folder's name and every file's name, size,
     modification and change times (any write sets the change time), in a fixed order."""
+    import hashlib
     h = hashlib.sha256()
     pending = [folder]
     while pending:
@@ -130,6 +132,7 @@ def fingerprint(folder: str) -> str:
 
 
 def _read(place: Path, stamp: str):
+    import json
     try:
         kept = json.loads(place.read_text(encoding="utf-8"))
         if kept.get("fingerprint") != stamp:
@@ -141,6 +144,7 @@ def _read(place: Path, stamp: str):
 
 
 def _keep(place: Path, stamp: str, structure) -> None:
+    import json
     try:
         text = json.dumps({"fingerprint": stamp,
                            "structure": [[sorted(backends), {m: sorted(n) for m, n in modules.items()}]
