@@ -95,7 +95,9 @@ def kept_scan(scan, cache: Path, version: str):
             place = cache / (hashlib.sha256(f"{KEPT_FORMAT}\0{version}\0{folder}\0{os.fspath(module_path)}\0"
                                              f"{prefix}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
                              + ".json")
-            stamp = _fingerprints.get(folder) or _fingerprints.setdefault(folder, fingerprint(folder))
+            if folder not in _fingerprints:
+                _fingerprints[folder] = fingerprint(folder)
+            stamp = _fingerprints[folder]
         except (OSError, TypeError, ValueError):
             return scan(module_path, prefix)
         kept = _read(place, stamp)
@@ -145,20 +147,16 @@ def _read(place: Path, stamp: str):
 
 def _keep(place: Path, stamp: str, structure) -> None:
     import json
+
+    from ..rundir.layout import write_atomic
     try:
         text = json.dumps({"fingerprint": stamp,
                            "structure": [[sorted(backends), {m: sorted(n) for m, n in modules.items()}]
                                          for backends, modules in structure.items()]})
     except (TypeError, ValueError, AttributeError):   # (a structure of another shape: not kept)
         return
-    temporary = place.with_name(f".{place.name}.{os.getpid()}")
     try:
         place.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, place)   # (whole or not at all, for processes reading it at the same time)
+        write_atomic(place, text)   # (whole or not at all, for processes reading it at the same time)
     except OSError as e:
         log.debug("transformers' import structure not kept in %s: %s", place.parent, e)
-        try:
-            temporary.unlink()
-        except OSError:
-            pass
