@@ -77,12 +77,24 @@ def test_damaged_checkpoint_counts_for_nobody(fasta, common, reference, tmp_path
     assert (out / "shards" / "shard_0.h5").exists() and undocumented_files(out) == []
 
 
+def flip_a_run_file_byte(path):
+    """Change one byte of the first array of an index file (index.rsidx, copies.rsidx): its header still reads,
+    only its checksum can tell."""
+    data = bytearray(path.read_bytes())
+    header = 16 + int.from_bytes(data[12:16], "little")
+    at = header + (-header % 64) + 5
+    data[at] ^= 0xFF
+    path.write_bytes(data)
+
+
 def test_a_damaged_index_or_copy_plan_is_built_again_by_the_rerun_status_suggests(fasta, common, tmp_path):
-    """index.rsidx or copies.rsidx truncated (a full disk, a bad copy) in an unfinished run, or both: status
+    """index.rsidx or copies.rsidx damaged (a full disk, a bad copy) in an unfinished run, or both: status
     showed a traceback for the index, merge and rerun either a traceback or "start a new run", which loses every
     row computed. Now status and merge name the damaged file and `rerun`, which builds it (or both: the plan from
     the FASTA's index, then the index's stride table from the plan) again as it was planned and continues from the
-    rows durable, to the very result of a run never damaged."""
+    rows durable, to the very result of a run never damaged. A byte changed inside the copy plan (its header
+    intact) was found only by the merge, after the rerun had computed, as rows "whose sequence differs from the
+    FASTA record's", with no way forward: status, merge and rerun now read the plan's checksum."""
     dups = tmp_path / "dups.fasta"   # records of the same sequence: the run copies rows, as its copy plan says
     text = Path(fasta).read_text()
     dups.write_text(text + "".join(">dup_" + record for record in text.split(">")[1:21]))
@@ -93,17 +105,20 @@ def test_a_damaged_index_or_copy_plan_is_built_again_by_the_rerun_status_suggest
     assert res.returncode == 1, res.stderr
     planned = {name: (out / name).read_bytes() for name in ("index.rsidx", "copies.rsidx")}
 
-    # the index damaged, then both (it was "restore both or start a new run"), then the copy plan; the first
-    # reruns stop again at shard 1's next checkpoint
-    for names, stop in ((["index.rsidx"], {**die, "RUN_SHARDS_FAULT_DIE_AFTER": "3"}),
-                        (["index.rsidx", "copies.rsidx"], {**die, "RUN_SHARDS_FAULT_DIE_AFTER": "4"}),
-                        (["copies.rsidx"], {})):
+    # a byte of the index changed, then both truncated (it was "restore both or start a new run"), then a byte
+    # of the copy plan changed; the first reruns stop again at shard 1's next checkpoint
+    truncated = "unreadable header", lambda path: os.truncate(path, 100)
+    flipped = "checksum mismatch", flip_a_run_file_byte
+    for names, (why, damage), stop in ((["index.rsidx"], flipped, {**die, "RUN_SHARDS_FAULT_DIE_AFTER": "3"}),
+                                       (["index.rsidx", "copies.rsidx"], truncated,
+                                        {**die, "RUN_SHARDS_FAULT_DIE_AFTER": "4"}),
+                                       (["copies.rsidx"], flipped, {})):
         durable = status_rows(out)[1]["durable"]   # shard 1's rows before the damage
         for name in names:
-            os.truncate(out / name, 100)
+            damage(out / name)
         status = run_cli("status", str(out))
         assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
-        assert f"{out / names[0]} is damaged (unreadable header)" in status.stdout, status.stdout
+        assert f"{out / names[0]} is damaged ({why})" in status.stdout, status.stdout
         assert ["rerun", str(out)] in suggested_commands(status.stdout), status.stdout
         merge = run_cli("merge", str(out), "--allow-partial")
         assert merge.returncode == 2 and f"{out / names[0]} is damaged" in merge.stderr, merge.stderr
@@ -111,7 +126,7 @@ def test_a_damaged_index_or_copy_plan_is_built_again_by_the_rerun_status_suggest
         res = run_cli("rerun", str(out), "--no-progress", env=stop)
         assert res.returncode == (1 if stop else 0) and "Traceback" not in res.stderr, res.stderr
         for name in names:
-            assert f"{out / name} was damaged (unreadable header): built again" in res.stderr, res.stderr
+            assert f"{out / name} was damaged ({why}): built again" in res.stderr, res.stderr
             assert (out / name).read_bytes() == planned[name]
         resumed = log_text(out, 1).split("worker for shard 1 started")[-1]
         assert durable > 0 and f"resuming: {durable} of" in resumed, resumed   # (not computed again)

@@ -70,11 +70,19 @@ class SourceFile:
 
 
 class CopyPlan:
-    """A run's copies.rsidx, memory-mapped (see the module's docstring)."""
+    """A run's copies.rsidx, memory-mapped (see the module's docstring). `verify`: read the whole file for its
+    checksum first (IndexCorrupt where a byte changed: a digest altered would make the merge refuse rows that
+    are right, a source or ref altered copy the wrong row)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, verify: bool = False):
         self.mapped = index_file.Mapped(path, (VERSION,))
         header = self.mapped.header
+        if verify:
+            try:
+                self.mapped.verify(list(header["arrays"]), header["crc32"])
+            except BaseException:
+                self.mapped.close()
+                raise
         self.n = int(header["count"])
         self.sources = [SourceFile(**s) for s in header["sources"]]
         self.counts = header["counts"]

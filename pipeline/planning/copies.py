@@ -114,13 +114,14 @@ def plan_copies(config: RunConfig, model, schema, index, run: RunDir, old: dict 
     return Copies(counts, sources, pending)
 
 
-def plan_problem(run: RunDir, manifest: dict) -> str | None:
+def plan_problem(run: RunDir, manifest: dict, verify: bool = True) -> str | None:
     """What is wrong with the run's copy plan where its manifest says it has one ("missing", "damaged (why)"),
-    or None where it opens."""
+    or None where it opens and, with `verify`, every byte reads back as written (its checksum: 26 bytes a
+    record, a fraction of what the index holds)."""
     if not manifest.get("copies"):
         return None
     try:
-        CopyPlan(run.copies_path).close()
+        CopyPlan(run.copies_path, verify=verify).close()
     except (FileNotFoundError, IndexCorrupt) as e:
         return file_problem(run.copies_path, e)
     return None
@@ -134,7 +135,8 @@ def file_problem(path: Path, error: Exception) -> str:
 
 
 def check_plan(run: RunDir, manifest: dict) -> None:
-    """Refuse (RunDirError, saying what to do) where the run's copy plan is missing or damaged."""
+    """Refuse (RunDirError, saying what to do) where the run's copy plan is missing or damaged (its checksum
+    read)."""
     problem = plan_problem(run, manifest)
     if problem:
         raise RunDirError(plan_advice(run, manifest, problem))

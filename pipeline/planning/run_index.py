@@ -37,8 +37,9 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
     """The run's index (memory-mapped), after checking that the FASTA files still match it (refusing with
     what changed). `refresh_copies` (only where no worker of the run can be reading them, under the run's
     lock): decompress again the .gz inputs that changed, so a restored .gz lets the run continue, and build
-    the index and the copy plan again where they were deleted or damaged. `verify`: read the whole file for its
-    checksum first (`status` and array tasks, which read a few pages of it, do not). `progress`: a bar while a
+    the index and the copy plan again where they were deleted or damaged. `verify`: read the whole file (and the
+    copy plan) for its checksum first (array tasks, which read a few pages of it, do not; nor `status` of a run
+    too large to read back quickly). `progress`: a bar while a
     .gz is decompressed again."""
     try:
         index = SequenceIndex.load(run.index_path, verify=verify)
@@ -61,7 +62,7 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
     if changed:
         index.close()
         raise UserError(f"the input FASTA no longer matches this run ({changed}). {start_over_advice(run, manifest)}")
-    if refresh_copies and (problem := plan_problem(run, manifest)):
+    if refresh_copies and (problem := plan_problem(run, manifest, verify=verify)):
         try:
             rebuild_plan(run, manifest, index, problem)
         except BaseException:

@@ -2,8 +2,9 @@
 command is working there now, the disk's free space, and the result.
 
 It reads without locking, so it never gets in a running command's way. It says what it verified: finished
-shards and checkpoints are read back against their checksums when they are small enough to read quickly
-(or with `--verify`); otherwise their states rest on their headers, and the report says so.
+shards and checkpoints, the run's index and its copy plan are read back against their checksums when they are
+small enough to read quickly (or with `--verify`); otherwise their states rest on their headers, and the
+report says so.
 """
 from __future__ import annotations
 
@@ -41,8 +42,13 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     if unwritable:
         lines.append(f"NOT WRITABLE here ({unwritable}): rerun, merge and work must run where {run.root} is "
                      "mounted read-write")
-    try:
-        index = load_run_index(run, manifest, verify=False)   # mapped: status reads a few pages of it
+    stored = shard_state.stored_bytes(run, world) + sum(_size(p) for p in (run.result_path, run.index_path,
+                                                                           run.copies_path))
+    auto = verify is None   # shards recorded as verified when they finished are not read again
+    if verify is None:
+        verify = stored <= shard_state.VERIFY_AUTO_BYTES
+    try:   # mapped: status reads a few pages of it, after its checksum where it reads files back
+        index = load_run_index(run, manifest, verify=verify)
     except RunDirError as e:   # missing or damaged (nothing below can be read without it)
         return "\n".join(lines + [f"index: {e}"])
     except UserError as e:
@@ -56,17 +62,13 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         doing = ACTIVITY.get(holder.get("purpose"), "")
         lines.append(f"ACTIVE: `{holder.get('purpose')}` (pid {holder.get('pid')} on {holder.get('host')}, {alive}, "
                      f"since {holder.get('since')}) holds this run{doing}")
-    stored = shard_state.stored_bytes(run, world) + (run.result_path.stat().st_size if run.result_path.exists() else 0)
-    auto = verify is None   # shards recorded as verified when they finished are not read again
-    if verify is None:
-        verify = stored <= shard_state.VERIFY_AUTO_BYTES
     states = _states(run, index, world, verify, auto)
     queue = None
     if config.get("launcher") == "slurm":
         from . import slurm_status
         queue = Queue.read(run, world)
         slurm_status.amend(states, queue)
-    rows = _rows_line(run, manifest, states)
+    rows = _rows_line(run, manifest, states, verify)
     if rows:
         lines.insert(rows_at, rows)
     lines += _table(run, states, every_shard or world <= LISTED_SHARDS)
@@ -103,13 +105,20 @@ def _states(run: RunDir, index: SequenceIndex, world: int, verify: bool,
     return states
 
 
-def _rows_line(run: RunDir, manifest: dict, states: list) -> str | None:
+def _size(path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _rows_line(run: RunDir, manifest: dict, states: list, verify: bool) -> str | None:
     """Rows copied instead of computed (duplicates, --reuse), as done once the result is merged, else as
-    planned with what is durable so far."""
+    planned with what is durable so far; and what is wrong with the copy plan (`verify`: its checksum read)."""
     if not manifest.get("copies"):
         return None
     line = f"rows: {copy_plan.described_now(manifest, _complete_result(run), sum(s.durable for s in states))}"
-    problem = plan_problem(run, manifest)
+    problem = plan_problem(run, manifest, verify=verify)
     return f"{line}; {plan_advice(run, manifest, problem)}" if problem else line
 
 
