@@ -141,6 +141,29 @@ def test_a_long_sequence_in_windows_shows_its_windows_and_tokens_before_its_row(
     board.close()
 
 
+def test_a_generate_batch_shows_its_tokens_as_it_runs_before_its_rows():
+    """A generate batch of thousands of new tokens per sequence is minutes of steps: its worker told the parent
+    (for the hang detector) how many tokens it had run, but the bar and summary lines said "0 tok/s ... (0 of 64
+    sequences, 0%)" until the batch's rows came. Now they count those tokens as they go and say the batch is
+    generating; the rows' own count replaces them, and the next batch starts from nothing."""
+    board = ProgressBoard(64, "1 CPU worker(s)", 30.0, show_bar=False)
+    board.add_worker(0, "CPU")
+    board.message("start", 0, {"sequences": 64, "residues": 6400, "durable": 0})
+    board.start -= 100.0
+    board.message("batch", 0, {"tokens": 6400, "budget": 8192})
+    board.message("generating", 0, {"tokens": 9000})
+    board.message("generating", 0, {"tokens": 20000})   # (the batch's tokens so far, not an increment)
+    line = board.summary_line()
+    assert "200 tok/s" in line and line.endswith("(0 of 64 sequences, 0%; shard 0: generating, 20,000 tokens run in "
+                                                 "this batch)"), line
+    board.message("progress", 0, {"sequences": 32, "tokens": 22000})
+    assert board.workers[0].tokens == 22000 and board.summary_line().endswith("(32 of 64 sequences, 50%, about "
+                                                                              "1 min 40 s left at this rate)")
+    board.message("generating", 0, {"tokens": 500})
+    assert board.workers[0].tokens == 22500 and "shard 0: generating, 500 tokens" in board.summary_line()
+    board.close()
+
+
 def test_a_worker_that_dies_takes_what_it_lost_off_the_bar_and_its_row():
     """The bar and the per-shard table counted the sequences a killed worker computed after its last checkpoint,
     which died with it: they said more was done than its shard holds (status said the truth)."""

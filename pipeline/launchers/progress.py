@@ -46,7 +46,9 @@ class WorkerStats:
     durable_start: int | None = None   # the shard's durable rows when this attempt started (its `start`)
     durable: int = 0             # ... and at its latest checkpoint
     windows: tuple[int, int] | None = None   # windows done, of how many, in the batch it computes now
-    window_tokens: int = 0       # tokens of those windows, counted in `tokens` until the batch's own count comes
+    window_tokens: int = 0       # tokens of those windows (or of a generate batch so far), counted in `tokens`
+                                 # until the batch's own count comes
+    generating: bool = False     # a generate batch runs its steps (its tokens so far: window_tokens)
 
     @property
     def seconds(self) -> float:
@@ -87,12 +89,16 @@ class ProgressBoard:
             w.tokens += data["tokens"]
             w.window_tokens += data["tokens"]
             self.bar.set_postfix_str(self._postfix())
+        elif kind == "generating":   # a generate batch between its steps: the tokens it ran so far, before its rows
+            w.tokens += data["tokens"] - w.window_tokens
+            w.window_tokens, w.generating = data["tokens"], True
+            self.bar.set_postfix_str(self._postfix())
         elif kind == "progress":
             w.batch_tokens = 0
             w.last_batch_at = w.last_event
             w.sequences += data["sequences"]
             w.tokens += data["tokens"] - w.window_tokens   # (the batch's count replaces its windows')
-            w.windows, w.window_tokens = None, 0
+            w.windows, w.window_tokens, w.generating = None, 0, False
             self.bar.update(data["sequences"])
             self.bar.set_postfix_str(self._postfix(), refresh=False)
         elif kind == "checkpoint":
@@ -110,7 +116,7 @@ class ProgressBoard:
         shard holds. Returns how many."""
         w = self.workers.get(rank)
         if w is not None:
-            w.windows = None   # (no longer computing them)
+            w.windows, w.generating = None, False   # (no longer computing them)
         if w is None or w.durable_start is None:
             return 0
         lost = max(0, w.sequences - (w.durable - w.durable_start))
@@ -124,10 +130,18 @@ class ProgressBoard:
         return ", ".join([f"{human(self.tokens_per_second())} tok/s", *self._in_windows()])
 
     def _in_windows(self) -> list[str]:
-        """`shard 0: 1,234 of 9,280 windows` for each worker in a batch of windows (the bar counts sequences:
-        one long sequence is minutes without a move)."""
-        return [f"shard {r}: {w.windows[0]:,} of {w.windows[1]:,} windows" for r, w in sorted(self.workers.items())
-                if w.windows is not None and w.finished is None]
+        """`shard 0: 1,234 of 9,280 windows` for each worker in a batch of windows, `shard 1: generating, 52,100
+        tokens run in this batch` for each in a generate batch (the bar counts sequences: one long sequence, or
+        a batch of thousands of new tokens each, is minutes without a move)."""
+        said = []
+        for r, w in sorted(self.workers.items()):
+            if w.finished is not None:
+                continue
+            if w.windows is not None:
+                said.append(f"shard {r}: {w.windows[0]:,} of {w.windows[1]:,} windows")
+            elif w.generating:
+                said.append(f"shard {r}: generating, {w.window_tokens:,} tokens run in this batch")
+        return said
 
     def tokens_per_second(self) -> float:
         elapsed = max(time.monotonic() - self.start, 1e-9)
