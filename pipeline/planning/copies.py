@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -65,8 +65,12 @@ class Copies:
         return None if self.counts is None else self.counts["computed"]
 
     def record(self) -> dict | None:
-        """What the manifest keeps of it (`copy_plan.described` reads it back)."""
-        return None if self.counts is None else {"counts": self.counts, "sources": [s.given for s in self.sources]}
+        """What the manifest keeps of it (`copy_plan.described` reads it back), with each reused result as it
+        was planned (`files`), from which a lost plan is built again (`rebuild_plan`)."""
+        if self.counts is None:
+            return None
+        return {"counts": self.counts, "sources": [s.given for s in self.sources],
+                "files": [asdict(s) for s in self.sources]}
 
     def shards(self, wanted: int) -> int:
         """At most one shard per computed record (at least one)."""
@@ -144,12 +148,20 @@ def check_plan(run: RunDir, manifest: dict) -> None:
 
 def plan_advice(run: RunDir, manifest: dict, problem: str) -> str:
     """What to do when the run's copy plan is missing or damaged (`problem`): `rerun` builds it again (the rows
-    computed so far are kept), except for a run that reuses earlier results, whose files only the plan records."""
+    computed so far are kept), except for a run that reuses earlier results planned by a run_shards that kept
+    their files in the plan alone (before 2026-12-07)."""
     said = f"the run's copy plan {run.copies_path} is {problem}"
-    if not manifest["copies"]["sources"]:
+    if rebuildable(manifest):
         return f"{said}; `{command('rerun', run.root)}` builds it again and continues the run (its shards are kept)"
     return (f"{said}, and only it records the results this run reuses rows of (--reuse) as they were planned: "
             f"{_restore_or_start_over(run, manifest)}")
+
+
+def rebuildable(manifest: dict) -> bool:
+    """Whether a lost copy plan can be built again: it reuses no earlier result, or the manifest records the
+    results it reuses as they were planned."""
+    copies = manifest.get("copies") or {}
+    return not copies.get("sources") or "files" in copies
 
 
 def _restore_or_start_over(run: RunDir, manifest: dict) -> str:
@@ -163,11 +175,19 @@ def rebuild_plan(run: RunDir, manifest: dict, index, problem: str, stride_table_
     against the FASTA), matched as planning did, kept only where it copies exactly the records its shards leave
     out (their stride table) and counts as the manifest does; it replaces a damaged one atomically.
     `stride_table_lost`: the run's index is being built again too (`index` is the FASTA's, its fingerprint the
-    planned one), so its stride table comes from this plan: the counts are the check."""
-    if manifest["copies"]["sources"]:
+    planned one), so its stride table comes from this plan: the counts are the check. A run that reuses
+    earlier results matches them as the manifest records them, each checked to be the result planned."""
+    if not rebuildable(manifest):
         raise RunDirError(plan_advice(run, manifest, problem))
+    sources = [SourceFile(**f) for f in manifest["copies"].get("files", [])]
+    changed = [f"--reuse {s.given}: {why}" for s in sources if (why := s.problem())]
+    if changed:
+        raise RunDirError(f"the run's copy plan {run.copies_path} is {problem}, and it cannot be built again: "
+                          f"{'; '.join(changed)}. Put the file back as it was when the run was planned and run "
+                          f"`{command('rerun', run.root)}`, or restore {run.copies_path.name}; or start a new run: "
+                          f"`{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
     convention = Convention.from_json(manifest["input_format"]) if "input_format" in manifest else PLAIN
-    counts, pending = _match(run, index, [], convention.keeps_case)
+    counts, pending = _match(run, index, sources, convention.keeps_case)
     copies = Copies(counts, pending=pending)
     plan = CopyPlan(pending)
     try:

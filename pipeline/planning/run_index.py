@@ -13,6 +13,7 @@ from ..config import RunConfig
 from ..errors import RunDirError, UserError
 from ..rundir.layout import RunDir, free_out
 from .copies import Copies, file_problem, plan_problem, rebuild_plan
+from .copies import rebuildable as plan_rebuildable
 from .input_policies import apply_input_policies
 
 log = logging.getLogger("run_shards")
@@ -109,11 +110,10 @@ def index_problem(run: RunDir) -> str | None:
 
 def _rebuildable(run: RunDir, manifest: dict) -> bool:
     """Whether the index can be built again: every record computed, or the copy plan still there and readable,
-    or the plan itself can be built again from the index (it reuses no earlier result: copies.rebuild_plan)."""
-    copies = manifest.get("copies") or {}
-    counts = copies.get("counts")
+    or the plan itself can be built again from the index (copies.rebuild_plan)."""
+    counts = (manifest.get("copies") or {}).get("counts")
     return (counts is None or counts["computed"] == counts["records"] or not plan_problem(run, manifest)
-            or copies.get("sources") == [])
+            or plan_rebuildable(manifest))
 
 
 def _rebuild(run: RunDir, manifest: dict, progress: bool = True, problem: str = "missing") -> None:
