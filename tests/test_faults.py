@@ -43,6 +43,16 @@ def test_kill_while_writing_output(fasta, common, reference, tmp_path, point):
     assert "part_000000.h5" in durable                      # the first checkpoint survived
     if point == "part-written":
         assert "part_000001.h5" not in durable              # the one being written never counts
+    if point == "shard-written":   # every row durable: merged as they are, status said "failed" beside "finished"
+        merged = tmp_path / "merged"
+        shutil.copytree(out, merged)
+        assert run_cli("merge", str(merged), "--allow-partial").returncode == 0
+        rows = status_rows(merged)
+        assert [r["state"] for r in rows.values()] == ["complete", "complete"], rows
+        assert rows[1]["detail"].startswith("merged from its checkpoints; last run: killed by SIGKILL"), rows
+        assert run_cli("report", str(merged)).returncode == 0   # (the same states)
+        report = (merged / "report.html").read_text()
+        assert report.count("<td class='complete'>complete</td>") == 2 and "class='failed'" not in report
     rerun_matches(out, reference)
     resumed = log_text(out, 1).split("worker for shard 1 started")[-1]
     durable = int(resumed.split("resuming: ")[1].split(" of ")[0])

@@ -151,6 +151,13 @@ def stored_bytes(run: RunDir, world: int) -> int:
     return total
 
 
+def merged_from_checkpoints(state: str, durable: int, expected: int) -> bool:
+    """Whether a shard its files call unfinished is complete by the run's complete merged result: its worker
+    stopped after its checkpoints held every row and before it wrote the shard file, and `merge --allow-partial`
+    merged them (status listed it as failed beside "the run is finished")."""
+    return state in ("failed", "interrupted", "partial") and expected > 0 and durable == expected
+
+
 def inspect(run: RunDir, expected: np.ndarray | Callable[[], np.ndarray], rank: int, verify_shard: bool | None,
             verify_parts: bool = False, count: int | None = None) -> ShardState:
     """The state of shard `rank`, whose rows are the FASTA positions `expected` (or a function returning

@@ -63,6 +63,8 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         lines.append(f"ACTIVE: `{holder.get('purpose')}` (pid {holder.get('pid')} on {holder.get('host')}, {alive}, "
                      f"since {holder.get('since')}) holds this run{doing}")
     states = _states(run, index, world, verify, auto)
+    if _complete_result(run):
+        _merged_from_checkpoints(states)
     queue = None
     if config.get("launcher") == "slurm":
         from . import slurm_status
@@ -103,6 +105,14 @@ def _states(run: RunDir, index: SequenceIndex, world: int, verify: bool,
             s.state, s.detail = "running", f"being computed by {describe_holder(lock.holder())}"
         states.append(s)
     return states
+
+
+def _merged_from_checkpoints(states: list) -> None:
+    """The run's merged result is complete: shards whose rows it took from their checkpoints are complete."""
+    for s in states:
+        if shard_state.merged_from_checkpoints(s.state, s.durable, s.expected):
+            s.detail = "merged from its checkpoints" + (f"; {s.detail}" if s.detail else "")
+            s.state = "complete"
 
 
 def _size(path) -> int:
