@@ -237,6 +237,7 @@ def test_sigterm_stops_a_generate_batch_between_its_steps(models, tmp_path):
     assert proc.returncode == 130, stderr
     assert f"Continue with:  run_shards rerun {out}" in stderr, stderr
     text = log_text(out, 0)
+    assert "stopping after the current step of the generate batch: received SIGTERM" in text, text
     assert "the 4 sequences being generated were given up unfinished; a rerun computes them" in text, text
     assert "interrupted (received SIGTERM): 4 of 8 sequences durable" in text, text
     assert [(s["state"], s["durable"]) for s in status_rows(out).values()] == [("interrupted", 4)]

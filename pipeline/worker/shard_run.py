@@ -90,11 +90,12 @@ def _within_length(changed: RunConfig, config: RunConfig) -> tuple[RunConfig, st
 class StopFlag:
     def __init__(self):
         self.reason: str | None = None
+        self.at = "the current batch"   # where the work stops: a generate batch's next step gives it up
 
     def set(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-            log.warning("stopping after the current batch: %s", reason)
+            log.warning("stopping after %s: %s", self.at, reason)
 
     def __bool__(self) -> bool:
         return self.reason is not None
@@ -226,6 +227,8 @@ class ShardRun:
         self.loaded = (engine, manifest["engine"], model["path"], model.get("fingerprint", ""), device, dtype,
                        logprobs, config.trust_remote_code)
         task = make_task(config, engine.info, self.run_dir.root, alive=self._generating)
+        if config.task == "generate":   # (its batch is given up between two steps: `_generating`)
+            self.stop.at = "the current step of the generate batch"
         digest = ["sequence_digest", "uint8", 16, False]   # (a run planned before the column has none)
         if [c for c in schema_for(task).to_json() if c != digest] != [c for c in shard.schema.to_json() if c != digest]:
             raise RuntimeError("the model loaded in the worker does not match the run's schema")
