@@ -168,22 +168,23 @@ def test_a_reused_result_merged_again_keeps_the_run_that_reuses_it_going(runs, t
     """`run_shards merge A` once more (the same shards: the same rows and checksums, a new file) while a run
     that reuses A is unmerged: its merge takes A's rows as planned (at 9014c4f it refused for good, A's
     modification time having changed, advising to restore A "as it was"); a result with other rows is
-    refused. B's copy plan deleted too: `rerun` builds it again from A as B's manifest records it (it was
-    "restore the plan or start a new run", which computes every row again), and refuses where A holds other
-    rows, naming it."""
+    refused. B's copy plan and index deleted too: `rerun` builds both again, the plan from A as B's manifest
+    records it (it was "restore both or start a new run", which computes every row again); where A holds other
+    rows, status and rerun name it."""
     import shutil
     fastas, outs, _ = runs
     b2 = tmp_path / "b2"
     shutil.copytree(outs["b"], b2)
-    (b2 / "result.h5").unlink()
-    (b2 / "copies.rsidx").unlink()
+    for name in ("result.h5", "copies.rsidx", "index.rsidx"):
+        (b2 / name).unlink()
     status = run_cli("status", str(b2)).stdout
-    assert f"{b2 / 'copies.rsidx'} is missing; `run_shards rerun {b2}` builds it again" in status, status
+    assert f"{b2 / 'index.rsidx'} is missing (deleted or moved); `run_shards rerun {b2}` builds it again" in status
     assert run_cli("merge", str(outs["a"])).returncode == 0
     res = run_cli("rerun", str(b2))
     assert res.returncode == 0, res.stderr
-    assert f"{b2 / 'copies.rsidx'} was missing: built again" in res.stderr, res.stderr
-    assert (b2 / "copies.rsidx").read_bytes() == (outs["b"] / "copies.rsidx").read_bytes()
+    for name in ("copies.rsidx", "index.rsidx"):
+        assert f"{b2 / name} was missing: built again" in res.stderr, res.stderr
+        assert (b2 / name).read_bytes() == (outs["b"] / name).read_bytes()
     assert raw_datasets(b2 / "result.h5") == raw_datasets(outs["b"] / "result.h5")
     a = outs["a"] / "result.h5"
     kept = tmp_path / "a_result.h5"
@@ -194,10 +195,11 @@ def test_a_reused_result_merged_again_keeps_the_run_that_reuses_it_going(runs, t
         res = run_cli("rerun", str(b2))
         assert res.returncode == 2 and "is not the result this run was planned with" in res.stderr, res.stderr
         (b2 / "copies.rsidx").unlink()
+        said = f"cannot be built again: --reuse {outs['a']}: {a} is not the result this run was planned with"
+        status = run_cli("status", str(b2)).stdout
+        assert f"{b2 / 'copies.rsidx'} is missing, and it {said}" in status, status
         res = run_cli("rerun", str(b2))
-        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-        assert f"cannot be built again: --reuse {outs['a']}: {a} is not the result this run was planned with" \
-            in res.stderr, res.stderr
+        assert res.returncode == 2 and "Traceback" not in res.stderr and said in res.stderr, res.stderr
         restore, start_over = suggested_commands(res.stderr)
         assert restore == ["rerun", str(b2)] and start_over[:3] == ["run", str(fastas["b"]), "--out"], res.stderr
     finally:

@@ -148,13 +148,18 @@ def check_plan(run: RunDir, manifest: dict) -> None:
 
 def plan_advice(run: RunDir, manifest: dict, problem: str) -> str:
     """What to do when the run's copy plan is missing or damaged (`problem`): `rerun` builds it again (the rows
-    computed so far are kept), except for a run that reuses earlier results planned by a run_shards that kept
-    their files in the plan alone (before 2026-12-07)."""
+    computed so far are kept), except where a result it reuses rows of changed since (that file named), or the
+    run was planned by a run_shards that kept those results' files in the plan alone (before 2026-12-07)."""
     said = f"the run's copy plan {run.copies_path} is {problem}"
-    if rebuildable(manifest):
-        return f"{said}; `{command('rerun', run.root)}` builds it again and continues the run (its shards are kept)"
-    return (f"{said}, and only it records the results this run reuses rows of (--reuse) as they were planned: "
-            f"{_restore_or_start_over(run, manifest)}")
+    if not rebuildable(manifest):
+        return (f"{said}, and only it records the results this run reuses rows of (--reuse) as they were planned: "
+                f"{_restore_or_start_over(run, manifest)}")
+    changed = [f"--reuse {s.given}: {why}" for s in _reused(manifest) if (why := s.problem())]
+    if changed:
+        return (f"{said}, and it cannot be built again: {'; '.join(changed)}. Put the file back as it was when the "
+                f"run was planned and run `{command('rerun', run.root)}`, or restore {run.copies_path.name}; or "
+                f"start a new run: `{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
+    return f"{said}; `{command('rerun', run.root)}` builds it again and continues the run (its shards are kept)"
 
 
 def rebuildable(manifest: dict) -> bool:
@@ -162,6 +167,11 @@ def rebuildable(manifest: dict) -> bool:
     results it reuses as they were planned."""
     copies = manifest.get("copies") or {}
     return not copies.get("sources") or "files" in copies
+
+
+def _reused(manifest: dict) -> list[SourceFile]:
+    """The results a run reuses rows of, as its manifest records them when they were planned."""
+    return [SourceFile(**f) for f in (manifest.get("copies") or {}).get("files", [])]
 
 
 def _restore_or_start_over(run: RunDir, manifest: dict) -> str:
@@ -177,15 +187,9 @@ def rebuild_plan(run: RunDir, manifest: dict, index, problem: str, stride_table_
     `stride_table_lost`: the run's index is being built again too (`index` is the FASTA's, its fingerprint the
     planned one), so its stride table comes from this plan: the counts are the check. A run that reuses
     earlier results matches them as the manifest records them, each checked to be the result planned."""
-    if not rebuildable(manifest):
+    sources = _reused(manifest)
+    if not rebuildable(manifest) or any(s.problem() for s in sources):
         raise RunDirError(plan_advice(run, manifest, problem))
-    sources = [SourceFile(**f) for f in manifest["copies"].get("files", [])]
-    changed = [f"--reuse {s.given}: {why}" for s in sources if (why := s.problem())]
-    if changed:
-        raise RunDirError(f"the run's copy plan {run.copies_path} is {problem}, and it cannot be built again: "
-                          f"{'; '.join(changed)}. Put the file back as it was when the run was planned and run "
-                          f"`{command('rerun', run.root)}`, or restore {run.copies_path.name}; or start a new run: "
-                          f"`{RunConfig.from_manifest(manifest).as_command(free_out(run.root))}`")
     convention = Convention.from_json(manifest["input_format"]) if "input_format" in manifest else PLAIN
     counts, pending = _match(run, index, sources, convention.keeps_case)
     copies = Copies(counts, pending=pending)
