@@ -40,8 +40,7 @@ def load_run_index(run: RunDir, manifest: dict, refresh_copies: bool = False, ve
     lock): decompress again the .gz inputs that changed, so a restored .gz lets the run continue, and build
     the index and the copy plan again where they were deleted or damaged. `verify`: read the whole file (and the
     copy plan) for its checksum first (array tasks, which read a few pages of it, do not; nor `status` of a run
-    too large to read back quickly). `progress`: a bar while a
-    .gz is decompressed again."""
+    too large to read back quickly). `progress`: a bar while a .gz is decompressed again."""
     try:
         index = SequenceIndex.load(run.index_path, verify=verify)
     except (FileNotFoundError, IndexCorrupt) as e:
