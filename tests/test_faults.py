@@ -44,6 +44,9 @@ def test_kill_while_writing_output(fasta, common, reference, tmp_path, point):
     if point == "part-written":
         assert "part_000001.h5" not in durable              # the one being written never counts
     if point == "shard-written":   # every row durable: merged as they are, status said "failed" beside "finished"
+        detail = status_rows(out)[1]["detail"]
+        assert detail.endswith(f"every row is durable: `run_shards rerun {out}` writes its shard file without "
+                               "computing"), detail
         merged = tmp_path / "merged"
         shutil.copytree(out, merged)
         assert run_cli("merge", str(merged), "--allow-partial").returncode == 0

@@ -151,10 +151,11 @@ def stored_bytes(run: RunDir, world: int) -> int:
     return total
 
 
-def merged_from_checkpoints(state: str, durable: int, expected: int) -> bool:
-    """Whether a shard its files call unfinished is complete by the run's complete merged result: its worker
-    stopped after its checkpoints held every row and before it wrote the shard file, and `merge --allow-partial`
-    merged them (status listed it as failed beside "the run is finished")."""
+def every_row_durable(state: str, durable: int, expected: int) -> bool:
+    """Whether a shard its files call unfinished has every row in its checkpoints: its worker stopped after the
+    last and before it wrote the shard file. A rerun computes nothing for it; a complete merged result (`merge
+    --allow-partial`) took its rows from them, and then it is complete (status listed it as failed beside "the
+    run is finished")."""
     return state in ("failed", "interrupted", "partial") and expected > 0 and durable == expected
 
 

@@ -121,7 +121,7 @@ def gather(run: RunDir, error: str | None = None, example_ids: int = 3) -> RunFa
             attempts=history, failure=run.failure(r)))
     result, statuses, nrows = _result_statuses(run, example_ids)
     for shard in shards if result == "complete" else []:   # (as status says)
-        if shard_state.merged_from_checkpoints(shard.state, shard.durable, shard.expected):
+        if shard_state.every_row_durable(shard.state, shard.durable, shard.expected):
             shard.state = "complete"
     if not result:   # no result yet: the rows the shards hold so far
         index_col = np.concatenate([x["index"] for x in rows_by_shard])

@@ -63,8 +63,7 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         lines.append(f"ACTIVE: `{holder.get('purpose')}` (pid {holder.get('pid')} on {holder.get('host')}, {alive}, "
                      f"since {holder.get('since')}) holds this run{doing}")
     states = _states(run, index, world, verify, auto)
-    if _complete_result(run):
-        _merged_from_checkpoints(states)
+    _all_durable(run, states, _complete_result(run))
     queue = None
     if config.get("launcher") == "slurm":
         from . import slurm_status
@@ -107,12 +106,18 @@ def _states(run: RunDir, index: SequenceIndex, world: int, verify: bool,
     return states
 
 
-def _merged_from_checkpoints(states: list) -> None:
-    """The run's merged result is complete: shards whose rows it took from their checkpoints are complete."""
+def _all_durable(run: RunDir, states: list, merged: bool) -> None:
+    """Shards whose checkpoints hold every row, their worker stopped before it wrote the shard file: complete
+    where the `merged` result (complete) took them from there, else said to need no compute."""
     for s in states:
-        if shard_state.merged_from_checkpoints(s.state, s.durable, s.expected):
+        if not shard_state.every_row_durable(s.state, s.durable, s.expected):
+            continue
+        if merged:
             s.detail = "merged from its checkpoints" + (f"; {s.detail}" if s.detail else "")
             s.state = "complete"
+        else:
+            s.detail = ((f"{s.detail}; " if s.detail else "") + "every row is durable: "
+                        f"`{command('rerun', run.root)}` writes its shard file without computing")
 
 
 def _size(path) -> int:
