@@ -206,6 +206,32 @@ def test_a_reused_result_merged_again_keeps_the_run_that_reuses_it_going(runs, t
         shutil.copy2(kept, a)
 
 
+def test_a_lost_plan_is_built_again_only_from_reused_results_the_manifest_records_as_planned(runs, tmp_path):
+    """What a lost copy plan's advice says for B (--reuse A), from B's own manifest: `rerun` builds it again; the
+    same manifest without the reused results' records (as a run_shards before 2026-12-07 wrote it) and one whose
+    result moved away say why it cannot be, each with the commands that work."""
+    from pipeline.planning.copies import plan_advice, rebuildable
+    from pipeline.rundir.layout import RunDir
+
+    _, outs, _ = runs
+    manifest = json.loads((outs["b"] / "manifest.json").read_text())
+    run = RunDir(outs["b"])
+    files = manifest["copies"]["files"]
+    assert [f["given"] for f in files] == manifest["copies"]["sources"] == [str(outs["a"])]
+    assert rebuildable(manifest) and plan_advice(run, manifest, "missing").endswith(
+        f"`run_shards rerun {outs['b']}` builds it again and continues the run (its shards are kept)")
+    earlier = json.loads(json.dumps(manifest))
+    del earlier["copies"]["files"]
+    said = plan_advice(run, earlier, "missing")
+    assert not rebuildable(earlier) and "only it records the results this run reuses rows of" in said, said
+    assert [c[:2] for c in suggested_commands(said)] == [["rerun", str(outs["b"])],
+                                                         ["run", manifest["config"]["fasta"][0]]], said
+    moved = json.loads(json.dumps(manifest))
+    moved["copies"]["files"][0]["path"] = str(tmp_path / "gone.h5")
+    said = plan_advice(run, moved, "damaged (checksum mismatch)")
+    assert f"cannot be built again: --reuse {outs['a']}: {tmp_path / 'gone.h5'}: No such file" in said, said
+
+
 def test_a_reused_result_gone_before_the_run_finishes_is_named_before_any_compute(runs, models, tmp_path):
     """A's result.h5 moved away after B (--reuse A) was planned and had computed part of its shards: at
     0aad780 `rerun B` computed every shard, then the merge refused ("cannot merge: ... No such file"), after
