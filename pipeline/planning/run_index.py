@@ -111,8 +111,8 @@ def _rebuildable(run: RunDir, manifest: dict) -> bool:
     """Whether the index can be built again: every record computed, or the copy plan still there and readable,
     or the plan itself can be built again from the index (copies.rebuild_plan)."""
     counts = (manifest.get("copies") or {}).get("counts")
-    return (counts is None or counts["computed"] == counts["records"] or not plan_problem(run, manifest)
-            or plan_rebuildable(manifest))
+    return (counts is None or counts["computed"] == counts["records"] or plan_rebuildable(manifest)
+            or not plan_problem(run, manifest))   # (the manifest first: a plan's checksum reads it whole)
 
 
 def _rebuild(run: RunDir, manifest: dict, progress: bool = True, problem: str = "missing") -> None:

@@ -63,20 +63,21 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
         lines.append(f"ACTIVE: `{holder.get('purpose')}` (pid {holder.get('pid')} on {holder.get('host')}, {alive}, "
                      f"since {holder.get('since')}) holds this run{doing}")
     states = _states(run, index, world, verify, auto)
-    _all_durable(run, states, _complete_result(run))
+    merged = _complete_result(run)
+    _all_durable(run, states, merged)
     queue = None
     if config.get("launcher") == "slurm":
         from . import slurm_status
         queue = Queue.read(run, world)
         slurm_status.amend(states, queue)
-    rows = _rows_line(run, manifest, states, verify)
+    rows = _rows_line(run, manifest, states, merged, verify)
     if rows:
         lines.insert(rows_at, rows)
     lines += _table(run, states, every_shard or world <= LISTED_SHARDS)
     lines.append(f"checksums: every finished file read back ({human_bytes(stored)})" if verify else
                  f"checksums: NOT verified ({human_bytes(stored)} stored; states rest on file headers); "
                  f"`{command('status', run.root, '--verify')}` reads every byte")
-    lines.append(_disk_line(run, manifest, index, states))
+    lines.append(_disk_line(run, manifest, index, states, merged))
     if queue is not None:
         lines += slurm_status.lines(run, states, queue, writable=not unwritable)
     lines.append(_result_line(run, config, states, holder, verify, unwritable))
@@ -127,12 +128,12 @@ def _size(path) -> int:
         return 0
 
 
-def _rows_line(run: RunDir, manifest: dict, states: list, verify: bool) -> str | None:
+def _rows_line(run: RunDir, manifest: dict, states: list, merged: bool, verify: bool) -> str | None:
     """Rows copied instead of computed (duplicates, --reuse), as done once the result is merged, else as
     planned with what is durable so far; and what is wrong with the copy plan (`verify`: its checksum read)."""
     if not manifest.get("copies"):
         return None
-    line = f"rows: {copy_plan.described_now(manifest, _complete_result(run), sum(s.durable for s in states))}"
+    line = f"rows: {copy_plan.described_now(manifest, merged, sum(s.durable for s in states))}"
     problem = plan_problem(run, manifest, verify=verify)
     return f"{line}; {plan_advice(run, manifest, problem)}" if problem else line
 
@@ -218,10 +219,10 @@ def _state_counts(states: list, listed: int, run: RunDir) -> str:
             + f"every shard: `{command('status', run.root, '--all')}`")
 
 
-def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list) -> str:
+def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list, merged: bool) -> str:
     """Free space beside what the unfinished shards and the merge still need (a full disk stops a run even
     where it could not record why)."""
-    if _complete_result(run):   # (its shards may be deleted: they are pending then, but nothing is left to do)
+    if merged:   # (its shards may be deleted: they are pending then, but nothing is left to do)
         return f"disk: {human_bytes(shutil.disk_usage(run.root).free)} free in {run.root}; the run is finished"
     schema = Schema.from_json(manifest["schema"])
     left = 0
