@@ -29,6 +29,7 @@ from .planning.copies import check_plan
 from .planning.model_copies import check_model_copies
 from .planning.plan import plan
 from .planning.run_index import load_run_index, start_over_advice
+from .processes import command_began
 from .reporting.facts import unknown_residues_line
 from .rundir import events, run_log
 from .rundir.layout import RunDir, free_out
@@ -87,7 +88,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     with command_session(run_dir, "run"):
         try:
             log.info("run_shards %s: %s", __version__, files_shown(config.fasta))
-            started = time.monotonic()
+            started = command_began()   # (the process's start for the CLI: its imports are the command's time too)
             # Workers import and set up their devices while this plans; none where the run's result is already
             # there (the same command again computes nothing, and a changed one is refused).
             early = start_early(config, run_dir) if _finished_rows(run_dir) is None else WaitingWorkers()
@@ -113,6 +114,7 @@ def rerun(out: str, shards: Sequence[int | range] | None = None, show_progress: 
     """Re-run failed or unfinished shards (all, or those in `shards`: numbers, or ranges of them) from their
     checkpoints, locally or resubmitted to the run's scheduler, then merge. `worker_timeout`, `ray_address`,
     `sbatch` and `merge_sbatch` replace the run's settings, for this command and later ones."""
+    began = command_began()   # (its time split counts the index's load too: seconds for a run of millions)
     run_dir = RunDir(out)
     run_dir.read_manifest()   # a clear error for a wrong directory before creating a lock file there
     # (as run's: a --dry-run's refusals, a FASTA or checkpoint changed since, suggest commands that preview too)
@@ -143,8 +145,8 @@ def rerun(out: str, shards: Sequence[int | range] | None = None, show_progress: 
             manifest = run_dir.read_manifest()
         with load_run_index(run_dir, manifest, refresh_copies=True, progress=show_progress) as index:
             return _reported(run_dir, lambda: _run_shards(run_dir, manifest, index, shards, show_progress,
-                                                          time.monotonic(), dict(dry_run=dry_run, wait=wait,
-                                                                                 copies_unchecked=True)), "rerun")
+                                                          began, dict(dry_run=dry_run, wait=wait,
+                                                                      copies_unchecked=True)), "rerun")
 
 
 def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path:

@@ -510,6 +510,8 @@ command imports it, reads its import structure from run_shards' cache (models/tr
 
     from .exits import leave_without_teardown
     from .models.transformers_imports import keep_import_structure
+    from .processes import mark_command_start
+    mark_command_start()
     keep_import_structure()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # (not where it is ignored: `cmd &` in a script)
         signal.signal(signal.SIGINT, _interrupted_before_work)

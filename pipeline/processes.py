@@ -1,8 +1,12 @@
 """Whether a process on this host still runs: the one check behind every leftover that names its owner's pid
-(the run lock's holder record, the demo model's half-written builds)."""
+(the run lock's holder record, the demo model's half-written builds); and when this command began, which a run's
+time split counts from."""
 from __future__ import annotations
 
 import os
+import time
+
+_command_began: float | None = None   # (time.monotonic() of a `run_shards` process's start: mark_command_start)
 
 
 def process_alive(pid: int, start: str | None = None) -> bool:
@@ -29,6 +33,37 @@ def process_start(pid: int | None = None) -> str | None:
     """`BOOT_ID:TICKS`, what tells this process (or `pid`) from a later one with the same pid, on Linux (/proc);
     None elsewhere."""
     return _state_and_start(os.getpid() if pid is None else pid)[1]
+
+
+def mark_command_start() -> None:
+    """Count this command from its process's start (the `run_shards` script's entry, once): Python's start and
+    the imports before the first log line (torch's among them, seconds on a GPU machine) belong to the command's
+    time. Where /proc cannot tell the start, from now."""
+    global _command_began
+    age = process_age()
+    _command_began = time.monotonic() - (age or 0.0)
+
+
+def command_began() -> float:
+    """When this command began, in time.monotonic(): its process's start, as marked by the script (once: a
+    second command in the same process counts from its own call), else now (a Python API call)."""
+    global _command_began
+    began, _command_began = _command_began, None
+    return time.monotonic() if began is None else min(began, time.monotonic())
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (an exec keeps its start: bin/run_shards' switch to the checkout's
+    .venv is counted), from /proc's clock ticks since boot; None where they cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return age if 0.0 <= age < 86400.0 else None   # (a clock read oddly: not trusted)
 
 
 def _state_and_start(pid: int) -> tuple[str | None, str | None]:

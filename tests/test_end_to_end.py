@@ -5,7 +5,9 @@ and in float32. The CLI's float32 columns must be as accurate as transformers' f
 FACTOR times their error against float64 plus FLOOR (tests/float64_reference.py). Comparing two float32
 results directly would measure both roundings, which depend on the CPU's kernels.
 """
+import datetime
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,9 +91,16 @@ def check_base_columns(data, index: SequenceIndex, num_tokens):
 @pytest.mark.parametrize("name", ["demo", "llama", "qwen3"])
 def test_embed_two_workers_matches_transformers(models, tmp_path, name):
     out = tmp_path / "out"
+    began = time.time()
     res = run_cli(*FASTA, "--out", str(out), "--model", models[name], "--gpus", "0", "--workers", "2",
                   "--max-tokens-per-batch", "1500", "--no-progress")
     assert res.returncode == 0, res.stderr
+    # The time split counts from the command's start: Python's and torch's imports before run.log's first line
+    # (seconds on a GPU machine) are the command's too, so its total is what the user waited until that line.
+    line = [x for x in (out / "logs" / "run.log").read_text().splitlines() if " INFO timings: " in x][-1]
+    logged = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    total = float(re.search(r"; total ([\d.]+) s,", line)[1])
+    assert logged - began - 0.5 <= total <= logged - began + 0.1, line
     assert f"result: {out / 'result.h5'}" in res.stdout
     index = SequenceIndex.build(FASTA)
     data, attrs = read(out / "result.h5")
