@@ -82,12 +82,15 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
     """Submit what no task is queued for or computing, and one merge job; or nothing, saying why."""
     run = job.run
     queue = Queue.read(run, job.world)
-    if queue.subs and not queue.answered:
-        raise UserError("squeue gave no answer here, so whether this run's earlier jobs are still queued is "
-                        f"unknown; nothing was submitted (never a shard twice). Run the command again where "
-                        f"SLURM's commands work (`{command('status', run.root)}` shows the shards)")
-    hand = unrecorded_jobs(run, queue.subs)
-    if hand:   # (the scripts a --dry-run wrote, submitted by hand: run_shards holds no record of their tasks)
+    # (the scripts a --dry-run wrote, submitted by hand: run_shards holds no record of their tasks; None where
+    # squeue cannot answer)
+    hand = unrecorded_jobs(run, queue.subs) if queue.answered else None
+    if hand is None:
+        jobs = "this run's earlier jobs" if queue.subs else "jobs of this run's scripts (submitted by hand)"
+        raise UserError(f"squeue gave no answer here, so whether {jobs} are still queued is unknown; nothing was "
+                        f"submitted (never a shard twice). Run the command again where SLURM's commands work "
+                        f"(`{command('status', run.root)}` shows the shards)")
+    if hand:
         said = unrecorded_lines(run, hand)
         log.info("%s", said[0])
         return Submitted("\n".join([f"nothing submitted (never a shard twice): {said[0]}", said[1],
