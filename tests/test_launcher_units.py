@@ -378,3 +378,23 @@ def test_every_squeue_state_is_live_or_ended(state):
     assert Task("12_3", "PENDING").phase == "pending"
     if state == "COMPLETING":   # a requeue shows as this before PENDING: not called requeued, nor running
         assert not task.requeued and not task.running and task.words() == "COMPLETING, requeued 1 time(s)"
+
+
+def test_an_sbatch_that_cannot_reach_the_controller_is_not_told_to_fix_its_options(tmp_path, monkeypatch):
+    """SLURM's own sbatch, with no configuration to find its controller by: the refusal says where to run the
+    command, not that the cluster wants a partition or an account (it said so, with no options given)."""
+    import shutil
+
+    from pipeline.launchers.slurm import SbatchRefused, _sbatch
+    if shutil.which("sbatch") is None:
+        from .slurm_cluster import require_slurm
+        require_slurm()
+        pytest.skip("SLURM's sbatch is not on PATH")
+    monkeypatch.delenv("SLURM_CONF", raising=False)   # (the test cluster's configuration is only in its own env)
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\ntrue\n")
+    with pytest.raises(SbatchRefused) as refused:
+        _sbatch(["sbatch", "--parsable", str(script)], "", False)
+    said = str(refused.value)
+    assert "sbatch could not reach SLURM's controller from here" in said and "login node" in said, said
+    assert "only run_shards' own options" not in said and "partition" not in said, said

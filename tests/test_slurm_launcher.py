@@ -320,8 +320,8 @@ def test_dry_run_scripts_are_accepted_by_sbatch_and_arrays_split_over_max_array_
         # Where squeue cannot reach the controller, those jobs cannot be seen: nothing is submitted (sbatch was
         # called before, and with a controller it would have queued every shard a second time).
         blind = run_cli("rerun", str(out))
-        assert blind.returncode != 0 and "squeue gave no answer here, so whether jobs of this run's scripts " \
-            "(submitted by hand) are still queued is unknown; nothing was submitted" in blind.stderr, blind
+        assert blind.returncode != 0 and "squeue gave no answer here, so whether jobs of this run are queued " \
+            "already (a --dry-run's commands submitted by hand) is unknown; nothing was submitted" in blind.stderr, blind
         assert "sbatch" not in blind.stderr and ["status", str(out)] in suggested_commands(blind.stderr)
         assert cluster.run("squeue", "--noheader", "--array", "--format=%i").split() == queued
         assert run_cli("report", str(out), env=cluster.env).returncode == 0

@@ -86,8 +86,9 @@ def _submit(job: ShardJob, config: RunConfig, shards_sbatch: Path, merge_sbatch:
     # squeue cannot answer)
     hand = unrecorded_jobs(run, queue.subs) if queue.answered else None
     if hand is None:
-        jobs = "this run's earlier jobs" if queue.subs else "jobs of this run's scripts (submitted by hand)"
-        raise UserError(f"squeue gave no answer here, so whether {jobs} are still queued is unknown; nothing was "
+        jobs = ("this run's earlier jobs are still queued" if queue.subs else
+                "jobs of this run are queued already (a --dry-run's commands submitted by hand)")
+        raise UserError(f"squeue gave no answer here, so whether {jobs} is unknown; nothing was "
                         f"submitted (never a shard twice). Run the command again where SLURM's commands work "
                         f"(`{command('status', run.root)}` shows the shards)")
     if hand:
@@ -223,6 +224,11 @@ class SbatchRefused(UserError):
 def _refusal_hint(said: str, user_options: str, added_gres: bool, option: str) -> str:
     """What to change after sbatch refused: the queue's limits, the user's own options, or the GPU request
     run_shards added for --gpus (a user who gave no options has none to fix)."""
+    if any(words in said for words in ("Could not establish a configuration source", "Unable to process "
+                                        "configuration file", "Unable to contact slurm controller",
+                                        "Socket timed out", "Zero Bytes were transmitted")):
+        return ("sbatch could not reach SLURM's controller from here (no configuration, or no answer): run the "
+                "command on a login node of the cluster, where `sinfo` answers.")
     if "temporarily unable to accept job" in said or "Resource temporarily unavailable" in said:
         return ("The controller is full or busy: it holds at most MaxJobCount jobs, every array task counting as "
                 "one, and keeps ended jobs for MinJobAge. Wait for the queue to drain, or put more shards in each "
