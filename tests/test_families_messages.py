@@ -159,6 +159,20 @@ def test_remote_code_files_come_with_a_download_and_their_absence_is_named(famil
                                         f"{re.escape(', '.join(code))}. Put the checkpoint's Python files"):
         checkpoint.read_config(source, trust_remote_code=True)
 
+    # A config class of transformers' own, the model's code in auto_map: the config reads, and without this
+    # check the run was planned, then each worker's load failed on the missing file, told as "damaged files"
+    # with a `rerun` that failed the same way.
+    own_config = tmp_path / "own_config"
+    shutil.copytree(family_checkpoint("esm2_t6_8m"), own_config)
+    config = json.loads((own_config / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "my_model.MyModel"}
+    (own_config / "config.json").write_text(json.dumps(config))
+    source = checkpoint.resolve(str(own_config), tmp_path / "cache")
+    checkpoint.read_config(source)   # (without --trust-remote-code its code is never run: nothing is missing)
+    with pytest.raises(UserError, match=f"--model {own_config}: the code its auto_map names is not in {own_config}: "
+                                        "my_model.py. Put the checkpoint's Python files"):
+        checkpoint.read_config(source, trust_remote_code=True)
+
 
 def test_engine_and_task_refusals_name_the_reason(family_checkpoint, caplog):
     def source(name):

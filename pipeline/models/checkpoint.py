@@ -418,13 +418,16 @@ def read_config(source: ModelSource, trust_remote_code: bool = False):
     """The checkpoint's transformers config; a config transformers cannot read is a clear error."""
     from .hf_config import load_config
     try:
-        return load_config(source.facts, trust_remote_code)
+        config = load_config(source.facts, trust_remote_code)
     except Exception as e:   # noqa: BLE001 - whatever transformers raises (huggingface_hub's validation of a field's
         # type, a ValueError, a KeyError of an unknown model_type ...) is the checkpoint's config it cannot read
         if trust_remote_code:   # (transformers: "... does not appear to have a file named X. Checkout '...'")
             _refuse_missing_code(source)
         raise UserError(f"--model {source.name}: transformers cannot read its config.json ({type(e).__name__}: "
                         f"{_first_line(e)}); is its model_type one this transformers version knows?") from None
+    if trust_remote_code:   # (a config class of transformers' own, the model's code named in auto_map: a worker's
+        _refuse_missing_code(source)   # load would fail on the missing file, and no rerun could mend it)
+    return config
 
 
 def missing_code(path: Path, config: dict) -> list[str]:
