@@ -211,6 +211,8 @@ def test_a_run_that_may_generate_past_the_models_positions_says_so(tmp_path):
     assert "--max-new-tokens 8 keeps the longest within them" in err
     with h5py.File(out / "result.h5") as f:
         assert f["status"][:].tolist() == [0, 0]
+        # num_tokens: the tokenized sequence, its EOS included though the prompt leaves it out (README)
+        assert f["num_tokens"][:].tolist() == [17, 6]
 
 
 @pytest.mark.parametrize("name", ["protgpt2", "qwen3"])
