@@ -88,6 +88,19 @@ def test_merge_on_a_full_disk_keeps_the_shards(reference_run, reference, tmpfs):
     assert res.returncode == 0, res.stderr
     assert_same(read(out / "result.h5"), reference)
 
+    # A partial merge on the full disk names the partial merge again (it named a plain `merge`, which refuses a
+    # run with a shard unfinished).
+    (out / "result.h5").unlink()
+    (out / "shards" / "shard_1.h5").unlink()
+    filler = tmpfs.fill(disk)
+    res = run_cli("merge", str(out), "--allow-partial")
+    assert res.returncode == 2 and "no space left on the device" in res.stderr, res.stderr
+    filler.unlink()
+    (command,) = [c for c in suggested_commands(res.stderr) if c[0] == "merge"]
+    assert command == ["merge", str(out), "--allow-partial"]
+    res = run_cli(*command)
+    assert res.returncode == 0 and "partial result" in res.stderr, res.stderr
+
 
 def test_demo_model_cache_on_a_full_disk(fasta, common, tmpfs, tmp_path):
     """The demo model cannot be materialised: one clear line, no half-built model left in the cache, and

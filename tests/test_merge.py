@@ -5,6 +5,7 @@ stale file or a disk could, and runs the real `run_shards merge`.
 """
 import json
 import shutil
+import subprocess
 
 import h5py
 import numpy as np
@@ -181,3 +182,43 @@ def test_window_size_does_not_change_the_merge(tmp_path):
         assert index.tolist() == list(range(n))
         assert np.array_equal(np.diff(offsets), lengths)
         assert np.array_equal(values[:, 0], np.repeat(np.arange(n), lengths).astype(np.float32))
+
+
+def test_a_complete_result_is_never_replaced_by_fewer_rows(finished_run, tmp_path):
+    """Once a run is merged its shards may be deleted (README). A `merge` then refused ("shard 0 is not
+    finished ... or `run_shards merge OUT --allow-partial` for the rows that exist"), and the partial merge it
+    suggested wrote a result of 0 rows over the complete one; with a shard file damaged instead, one of half
+    the rows. A complete result that reads back intact is kept (nothing to merge); one that fails its checksums
+    is named, with the commands that build it again."""
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    whole = (out / "result.h5").read_bytes()
+    shard = out / "shards" / "shard_1.h5"   # a damaged shard beside the complete result: cut short
+    shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
+    for extra in ((), ("--allow-partial",)):
+        res = run_cli("merge", str(out), *extra)
+        assert res.returncode == 0, res.stderr
+        assert (f"{out} is complete: result.h5 holds all 12 rows, checksums verified; nothing was merged again "
+                "(its shards could give only fewer: shard 1 is corrupt") in res.stderr, res.stderr
+    shutil.rmtree(out / "shards")   # (what the README says may be deleted once merged)
+    for extra in ((), ("--allow-partial",)):
+        res = run_cli("merge", str(out), *extra)
+        assert res.returncode == 0 and "shard 0 is not finished; shard 1 is not finished)" in res.stderr, res.stderr
+    assert (out / "result.h5").read_bytes() == whole
+
+    with h5py.File(out / "result.h5", "r+") as f:   # the complete result damaged: named, not replaced
+        f["embeddings/mean"][3] = f["embeddings/mean"][3] + 1.0
+    damaged = (out / "result.h5").read_bytes()
+    res = run_cli("merge", str(out), "--allow-partial")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert (f"{out}/result.h5 holds all 12 rows of the run but fails its checksums" in res.stderr
+            and "checksum mismatch in embeddings/mean" in res.stderr), res.stderr
+    assert (out / "result.h5").read_bytes() == damaged
+    move = f"mv {out}/result.h5 {out}/result.h5.corrupt"
+    assert f"(`{move}`) and run `run_shards rerun {out}`" in res.stderr
+    subprocess.run(move.split(), check=True)
+    res = run_cli("rerun", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    with h5py.File(out / "result.h5") as f, h5py.File(finished_run / "result.h5") as g:
+        assert f.attrs["complete"] and f["ids"][:].tolist() == g["ids"][:].tolist()
+        assert np.array_equal(f["embeddings/mean"][:], g["embeddings/mean"][:])

@@ -68,6 +68,8 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
                         readers.append(_check_shard(Reader(part, cache_bytes=0), manifest, r, run))
                     except CorruptFile as e:
                         log.warning("skipping corrupt checkpoint %s: %s", part, e)
+        if not_ready and _kept_whole(run, not_ready):   # (never replaced by fewer rows, whatever was asked)
+            return run.result_path
         if not_ready and not allow_partial:
             not_ready += _damaged_among(readers)
             raise MergeError("cannot merge: " + "; ".join(not_ready) +
@@ -77,6 +79,29 @@ def merge_result(run: RunDir, manifest: dict, index: SequenceIndex, allow_partia
     finally:
         for r in readers:
             r.close()
+
+
+def _kept_whole(run: RunDir, not_ready: list[str]) -> bool:
+    """Whether OUT/result.h5 is a complete result already, which shards that are gone or unfinished (`not_ready`)
+    could only replace with fewer rows: True (nothing to merge) where it reads back intact; a MergeError naming
+    both where it fails its checksums; False where there is no complete result."""
+    try:
+        with Reader(run.result_path) as whole:
+            if not whole.attrs.get("complete"):
+                return False
+            rows = whole.rows
+            try:
+                whole.verify()
+            except CorruptFile as e:
+                raise MergeError(f"{run.result_path} holds all {rows:,} rows of the run but fails its checksums ({e}), "
+                                 f"and its shards cannot give it again: {'; '.join(not_ready)}. Set it aside "
+                                 f"(`mv {run.result_path} {run.result_path}.corrupt`) and run "
+                                 f"`{command('rerun', run.root)}`, which computes the shards and merges") from None
+    except (OSError, CorruptFile):
+        return False
+    log.info("%s is complete: %s holds all %s rows, checksums verified; nothing was merged again (its shards could "
+             "give only fewer: %s)", run.root, run.result_path.name, f"{rows:,}", "; ".join(not_ready))
+    return True
 
 
 def _damaged_among(readers: list[Reader]) -> list[str]:
@@ -95,7 +120,8 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
            allow_partial: bool) -> Path:
     attrs = dict(manifest["attrs"])
     tmp = run.result_path.with_name(f".{run.result_path.name}.tmp")
-    remedy = f"The shards are intact; free space and run `{command('merge', run.root)}`"
+    remedy = (f"The shards are intact; free space and run "
+              f"`{command('merge', run.root, *(['--allow-partial'] if allow_partial else []))}`")
     plan = CopyPlan(run.copies_path) if run.copies_path.exists() else None
     if plan is not None:
         attrs.update(reused_from=[s.given for s in plan.sources], copies=plan.counts)
