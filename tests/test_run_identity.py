@@ -276,6 +276,21 @@ def test_output_options_never_name_a_file_the_run_reads(models, tmp_path):
                 res.stderr
     assert all(open(p, "rb").read() == data for p, data in kept.items())
 
+    # --out among the run directory's own entries: a run at OUT/.rs-trial was accepted, and the next command
+    # in OUT removed it with OUT's spill folders, result and all, without a word.
+    for inside, entry in ((out / ".rs-trial", ".rs-trial"), (out / "shards" / "mine", "shards")):
+        res = run_cli(str(fasta), "--out", str(inside), "--model", models["esm"], *COMMON)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert (f"--out {inside} lies in the run directory {out}, under its own {entry!r}, which that run's "
+                "commands remove or replace; choose an --out outside it") in res.stderr, res.stderr
+        assert not inside.exists()
+    from pipeline.rundir.layout import RunDir
+    nested, spill = out / ".rs-stride-older", out / ".rs-merge-x1y2z3"   # (one put there before the refusal)
+    for folder in (nested, spill):
+        folder.mkdir()
+    (nested / "manifest.json").write_text("{}")
+    assert RunDir(out).remove_stale_temporaries() == [spill.name] and nested.is_dir() and not spill.exists()
+
 
 # ----------------------------------------------------------------------------------------- 8. the index cache
 def test_a_stale_index_cache_is_indexed_anew_and_the_way_out_is_named(fasta, models, tmp_path):

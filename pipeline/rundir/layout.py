@@ -31,6 +31,10 @@ from ..errors import RunDirError
 from ..processes import process_alive
 from .failure import FailureRecord
 
+# The spill folders commands make in OUT (`.rs-NAME-XXXXXXXX`, tempfile.mkdtemp): index/stride.py, planning/copies.py,
+# output/result.py; removed when left by a killed command.
+SPILL_FOLDERS = ("stride", "merge", "copies")
+
 log = logging.getLogger("run_shards")
 
 MANIFEST_FORMAT = 1
@@ -172,6 +176,7 @@ class RunDir:
 
     def create(self) -> None:
         """Create the run directory, or check that an existing one is a run's (never overwrite other files)."""
+        self._refuse_inside_another_run()
         if self.root.exists() and not self.root.is_dir():
             raise RunDirError(f"--out {self.root} is a file, not a directory; choose another --out")
         if self.root.is_dir() and not self.exists():
@@ -227,6 +232,19 @@ class RunDir:
     # ------------------------------------------------------------------ manifest
     def exists(self) -> bool:
         return self.manifest_path.exists()
+
+    def _refuse_inside_another_run(self) -> None:
+        """An --out among another run directory's own entries (its shards/ or logs/, or a name its commands
+        use, such as the `.rs-*` spill folders they remove) would be removed or replaced by that run's
+        commands: refused, naming both."""
+        target = Path(os.path.realpath(self.root))
+        for folder in target.parents:
+            other = RunDir(folder)
+            if other.exists() and other.owns(target):
+                entry = target.relative_to(folder).parts[0]
+                raise RunDirError(f"--out {self.root} lies in the run directory {folder}, under its own {entry!r}, "
+                                  "which that run's commands remove or replace; choose an --out outside it, e.g. "
+                                  f"{folder.parent / (folder.name + '-' + target.name.lstrip('.'))}")
 
     def read_manifest(self) -> dict:
         if not self.root.is_dir():
@@ -288,7 +306,9 @@ class RunDir:
         stale += [p for p in self.shards_dir.glob(".shard_*.failed.json.tmp*") if p.is_file()]
         for p in stale:
             p.unlink(missing_ok=True)
-        folders = [p for p in self.root.glob(".rs-*") if p.is_dir()]   # spill folders of planning and the merge
+        folders = [p for p in self.root.glob(".rs-*-*") if p.is_dir() and p.name.split("-")[1] in SPILL_FOLDERS
+                   and not (p / "manifest.json").exists()]   # spill folders of planning and the merge (never a run
+        # directory someone put there: `--out` there is refused, since 2026-12-07)
         for p in folders:
             shutil.rmtree(p, ignore_errors=True)
         return [p.name for p in stale + folders]
