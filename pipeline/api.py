@@ -160,7 +160,7 @@ def merge(out: str, allow_partial: bool = False, lock_wait: float = 0.0) -> Path
         if lock.waited and _finished_rows(run_dir) is not None:
             log.info("%s was merged meanwhile by the command this one waited for", run_dir.result_path)
             return run_dir.result_path
-        wait_for_running_shards(run_dir, manifest["world"], lock_wait)
+        wait_for_running_shards(run_dir, manifest["world"], lock_wait, *(["--allow-partial"] if allow_partial else []))
         manifest = _in_its_place(run_dir, manifest)
         with load_run_index(run_dir, manifest) as index:
             check_plan(run_dir, manifest)   # (`rerun` builds it again)

@@ -342,8 +342,16 @@ def test_killed_worker_others_finish_and_rerun_equals_uninterrupted(fasta, commo
     assert (out / "shards" / "shard_0.h5").exists() and not (out / "result.h5").exists()
     status = run_cli("status", str(out)).stdout
     assert "failed" in status and "complete" in status
+    # Reading it before it is merged names the commands that merge it; each works (a plain `merge` was named,
+    # which refuses while a shard is unfinished).
+    got = run_cli("get", str(out), "anything")
+    assert got.returncode == 2 and f"{out} holds no result.h5 yet" in got.stderr, got.stderr
+    suggested = suggested_commands(got.stderr)
+    assert suggested == [["status", str(out)], ["rerun", str(out)], ["merge", str(out), "--allow-partial"]]
+    partial = run_cli(*suggested[2])
+    assert partial.returncode == 0 and "partial result" in partial.stderr, partial.stderr
 
-    res = run_cli("rerun", str(out), "--no-progress")
+    res = run_cli(*suggested[1], "--no-progress")
     assert res.returncode == 0, res.stderr
     assert "resuming:" in log1.read_text()
     assert_same(read_all(out / "result.h5"), reference)    # the other shard and the resumed one: as uninterrupted

@@ -123,6 +123,11 @@ def test_work_takes_its_shard_from_each_scheduler_and_the_merge_job_waits_for_a_
         assert res.returncode == 2 and "cannot merge yet: 1 shard(s) are being computed now (shard 0 by pid" \
             in res.stderr and "rerun" not in res.stderr, res.stderr
         assert suggested_commands(res.stderr) == [["status", str(out)]] and f"run_shards merge {out}" in res.stderr
+        # with --allow-partial, the merge to run once it has finished is the partial one again (other shards may
+        # still be unfinished then: a plain merge was named, which refuses them)
+        res = run_cli("merge", str(out), "--allow-partial")
+        assert res.returncode == 2 and res.stderr.rstrip().endswith(f"run_shards merge {out} --allow-partial"), \
+            res.stderr
     finally:
         busy.release()
     res = run_cli("work", str(out), "--shards-per-task", "2", env={"SLURM_ARRAY_TASK_ID": "0"})

@@ -61,8 +61,9 @@ def result_path(path: str | os.PathLike) -> Path:
             if not run.manifest_path.exists():   # (status and merge would refuse it too: name no command here)
                 raise UserError(f"{path} is not a run_shards run directory (it holds neither result.h5 nor "
                                 "manifest.json): give the --out folder of a run, or a result.h5 file")
-            raise UserError(f"{path} holds no result.h5 yet: `{command('status', path)}` says what is left, and "
-                            f"`{command('merge', path)}` merges finished shards")
+            raise UserError(f"{path} holds no result.h5 yet: `{command('status', path)}` says what is left, "
+                            f"`{command('rerun', path)}` computes it and merges, and "
+                            f"`{command('merge', path, '--allow-partial')}` merges the rows there are now")
         return path / "result.h5"
     if not path.exists():
         raise UserError(f"{path}: no such result file or run directory")

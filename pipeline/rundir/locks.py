@@ -227,9 +227,10 @@ class ShardLock:
             os.close(fd)
 
 
-def wait_for_running_shards(run: RunDir, world: int, seconds: float) -> None:
+def wait_for_running_shards(run: RunDir, world: int, seconds: float, *merge_options: str) -> None:
     """Unfinished shards whose lock a worker holds are being computed: wait up to `seconds` for them, then
-    refuse to merge, naming them (a rerun would only step aside for them)."""
+    refuse to merge, naming them (a rerun would only step aside for them) and the merge to run then, with
+    `merge_options` (--allow-partial: once they finish, other shards may still be unfinished)."""
     end, said = time.monotonic() + seconds, float("-inf")
     while True:
         running = {r: ShardLock(run, r) for r in range(world) if not run.shard_path(r).exists()}
@@ -240,7 +241,7 @@ def wait_for_running_shards(run: RunDir, world: int, seconds: float) -> None:
             who = "; ".join(f"shard {r} by {describe_holder(h)}" for r, h in sorted(running.items()))
             raise RunDirError(f"cannot merge yet: {len(running)} shard(s) are being computed now ({who}). Merge once "
                             f"they have finished (`{command('status', run.root)}` shows them):  "
-                            f"{command('merge', run.root)}")
+                            f"{command('merge', run.root, *merge_options)}")
         if time.monotonic() - said >= 60:
             log.info("waiting for shard(s) %s, being computed now, before merging (up to %.0f s more)",
                      ", ".join(map(str, sorted(running))), end - time.monotonic())
