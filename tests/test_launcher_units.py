@@ -10,6 +10,7 @@ import random
 import re
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -333,6 +334,31 @@ def test_a_stop_signal_during_a_worker_spawn_is_not_lost():
         assert got == [signal.SIGUSR1]
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_the_first_worker_of_a_process_is_spawned_with_the_stop_signals_held_back(tmp_path):
+    """In a fresh parent (as each run_shards command is), the first spawn also starts Python's resource
+    tracker, which unblocked SIGINT and SIGTERM in the spawning thread: the run's first worker started with
+    them open, and a Ctrl-C while it imported torch killed it by SIGTERM ('killed by SIGTERM from run_shards')
+    instead of its final checkpoint, while the others stopped as asked. Each spawned worker, the first too,
+    starts with every stop signal blocked (until its handlers are in place: worker/entry.py)."""
+    script = """
+import os, signal, sys
+from pipeline.launchers.supervisor import spawn_worker
+from pipeline.rundir.layout import RunDir
+from pipeline.worker.entry import STOP_SIGNALS
+masks = []
+for _ in range(2):
+    spawned = spawn_worker(RunDir(sys.argv[1]), None, "0", False, 1)
+    with open(f"/proc/{spawned.process.pid}/status") as f:   # (at once: the child is still starting Python)
+        masks.append(int(f.read().split("SigBlk:")[1].split()[0], 16))
+    os.kill(spawned.process.pid, signal.SIGKILL)
+    spawned.process.join()
+print(all(mask >> (sig - 1) & 1 for mask in masks for sig in STOP_SIGNALS), [hex(m) for m in masks])
+"""
+    res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0 and res.stdout.startswith("True"), res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "4(x2)", "٣"])

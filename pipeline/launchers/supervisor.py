@@ -19,6 +19,7 @@ import time
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 
 import torch.multiprocessing
 
@@ -106,6 +107,10 @@ def spawn_worker(run: RunDir, rank: int | None, slot: str, gpu: bool, threads: i
     that prepares itself and waits for its shard on its orders pipe. Either waits there for another shard once
     it has finished one."""
     context = multiprocessing.get_context("spawn")
+    # Python's resource tracker, which a spawn starts on first use, unblocks SIGINT and SIGTERM in the spawning
+    # thread once it is started: inside the block below, the first worker of a run was spawned with them open,
+    # and a Ctrl-C while it imported torch killed it with SIGTERM, before it could checkpoint. Started here.
+    resource_tracker.ensure_running()
     recv, send = context.Pipe(duplex=False)
     orders_recv, orders = context.Pipe(duplex=False)
     # The worker starts with the stop signals blocked, until it installs its own handlers, so a Ctrl-C
