@@ -50,6 +50,24 @@ def test_sighup_to_the_parent_is_an_interruption_not_a_failure(fasta, common, re
     rerun_matches(out, reference)
 
 
+def test_a_worker_that_ended_otherwise_is_not_said_to_have_checkpointed(fasta, common, tmp_path):
+    """Shard 1's worker killed from outside as the run is interrupted: the summary said "every running worker
+    wrote a final checkpoint" beside "shard 1 stopped: killed by SIGKILL"."""
+    common = option_set(common, "--workers", "2")   # (both shards computing at once)
+    out = tmp_path / "out"
+    proc = start(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.3"})
+    wait_for(lambda: _checkpointed(out), what="first checkpoints")
+    os.kill(int(log_text(out, 1).rsplit("started (pid ", 1)[1].split(",")[0]), signal.SIGKILL)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "killed by SIGKILL (not by run_shards" in stderr and "shard 0 stopped at its final checkpoint" in stderr, \
+        stderr
+    assert ("interrupted by SIGINT: shard(s) 1 ended without a final checkpoint (above), losing the rows since "
+            "their last one; everything checkpointed is kept.") in stderr, stderr
+    assert "every running worker" not in stderr
+
+
 def test_second_ctrl_c_kills_and_says_so(fasta, common, reference, tmp_path):
     common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"

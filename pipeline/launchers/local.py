@@ -57,7 +57,7 @@ def launch(job: ShardJob) -> Launched:
     stopped = [p for p in results if p.exitcode not in (EXIT_OK, EXIT_SHARD_BUSY)]
     for p in stopped:
         run.record_failure(p.rank, run.new_failure(
-            p.rank, p.exitcode, p.reason, p.killed_for if (p.exitcode or 0) < 0 else "",
+            p.rank, p.exitcode, p.reason, p.signalled_for,
             interrupted=p.exitcode == EXIT_INTERRUPTED or bool(supervisor.interrupted),
             explanation=p.explanation if p.unlogged else "", rerun_repeats=p.rerun_repeats))
     if stopped or supervisor.interrupted:
@@ -106,9 +106,13 @@ def failure_report(job: ShardJob, supervisor: Supervisor, stopped: list[ShardPro
                         "every shard had finished, and the result was not merged."))
     elif supervisor.interrupted:
         killed = [p.rank for p in stopped if p.rank in supervisor.killed_at_once and p.exitcode != EXIT_INTERRUPTED]
+        # (and those that ended otherwise: a crash while stopping, a kill from outside, named above)
+        other = [p.rank for p in stopped if p.rank not in killed and p.exitcode != EXIT_INTERRUPTED]
         lines.append(f"interrupted by {supervisor.interrupted}: " + (
             f"shard(s) {', '.join(map(str, killed))} were killed at once by the second signal, losing the rows "
             "since their last checkpoint; everything checkpointed is kept." if killed else
+            f"shard(s) {', '.join(map(str, other))} ended without a final checkpoint (above), losing the rows since "
+            "their last one; everything checkpointed is kept." if other else
             "every running worker wrote a final checkpoint."))
     return "\n".join(lines + shards_summary(job, bool(supervisor.interrupted), failed,
                                              advised=bool(advised) and all(advised)))

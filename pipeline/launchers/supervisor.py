@@ -50,6 +50,7 @@ class ShardProcess:
     reason: str = ""            # the worker's own error message, or why run_shards stopped it
     rerun_repeats: bool = False  # its message was a SettingsRefused: running it again stops the same way
     killed_for: str = ""        # why run_shards signalled it, if it did
+    sent: set = field(default_factory=set)   # the signals run_shards sent it
     kill_at: float | None = None
     holder: dict = field(default_factory=dict)   # EXIT_SHARD_BUSY: who holds the shard's lock
     unlogged: bool = False      # it ended before writing its log (while starting)
@@ -64,7 +65,17 @@ class ShardProcess:
         if self.unlogged and (self.exitcode or 0) > 0:   # ("see its log" would send the user to no file)
             return (f"exit code {self.exitcode} while starting, before it wrote its log: what it printed is in "
                     "run_shards' standard error (the terminal, or the job's output file)")
-        return explain_exit(self.exitcode, self.killed_for if (self.exitcode or 0) < 0 else "")
+        return explain_exit(self.exitcode, self.signalled_for)
+
+    @property
+    def signalled_for(self) -> str:
+        """Why run_shards sent the signal that ended the worker; "" where another signal ended it (a kill from
+        outside, the kernel's out-of-memory killer) or none did."""
+        return self.killed_for if (self.exitcode or 0) < 0 and -self.exitcode in self.sent else ""
+
+    def signal(self, sig: int) -> None:
+        self.sent.add(sig)
+        _kill(self.pid, sig)
 
     @property
     def summary(self) -> str:
@@ -150,7 +161,7 @@ class Supervisor:
                                         log_size=log_size))
         if self.interrupted:   # a stop signal came while it spawned: it stops too
             self.active[-1].killed_for = f"run_shards received {self.interrupted} and asked it to stop"
-            _kill(pid, signal.SIGTERM)
+            self.active[-1].signal(signal.SIGTERM)
         self.board.add_worker(rank, f"GPU {slot}" if self.gpu else "CPU")
         log.info("started shard %d on %s (pid %d%s)", rank, f"GPU {slot}" if self.gpu else "CPU", pid, how)
 
@@ -171,7 +182,7 @@ class Supervisor:
             for p in self._computing():
                 p.killed_for = f"a second stop signal ({name}): killed at once, without a final checkpoint"
                 self.killed_at_once.append(p.rank)
-                _kill(p.pid, signal.SIGKILL)
+                p.signal(signal.SIGKILL)
             return
         if self.interrupted:   # schedulers repeat SIGTERM (to the batch script and to every process of the job)
             log.info("%s again: the workers are already writing their final checkpoints", name)
@@ -185,7 +196,7 @@ class Supervisor:
             events.append(self.run.events_path(p.rank), "stop", signal=name, by="parent")
             self._append_to_worker_log(p, "WARNING", f"run_shards received {name}: asking this worker (SIGTERM) "
                                                      "to write a final checkpoint and stop")
-            _kill(p.pid, signal.SIGTERM)
+            p.signal(signal.SIGTERM)
 
     def _computing(self) -> list[ShardProcess]:
         """The shards being computed (not those whose worker has said it ended them, not yet reaped)."""
@@ -321,10 +332,10 @@ class Supervisor:
                     else "); killed as hung"
                 p.killed_for = p.reason
                 self.board.note(f"shard {p.rank}: {p.reason}", logging.ERROR)
-                _kill(p.pid, signal.SIGTERM)
+                p.signal(signal.SIGTERM)
                 p.kill_at = now + KILL_GRACE_SECONDS
             elif p.kill_at is not None and now > p.kill_at:
-                _kill(p.pid, signal.SIGKILL)
+                p.signal(signal.SIGKILL)
                 p.kill_at = float("inf")
 
 
