@@ -4,6 +4,7 @@ tokenizer files. Each works, or is refused before any compute naming the file an
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -212,6 +213,13 @@ def test_a_home_path_and_a_file_of_the_checkpoint(small_fasta, models, tmp_path,
     assert checkpoint.resolve("~/ck", tmp_path / "cache").path == str(tmp_path / "ck")
     with pytest.raises(UserError, match=f"--model ~/ck/config.json: is a file; pass --model {tmp_path / 'ck'}$"):
         checkpoint.resolve("~/ck/config.json", tmp_path / "cache")
+    # a path that does not exist, which no hub id can be either: named as a missing folder (it was the hub's
+    # "HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name'")
+    for given, folder, missing in (("~/ck2", tmp_path, "ck2"), (str(tmp_path / "ck" / "sub" / "deeper"), tmp_path / "ck",
+                                                                "sub")):
+        with pytest.raises(UserError, match=re.escape(f"--model {given}: no such directory ({folder} holds no "
+                                                      f"{missing!r}), and not a Hugging Face hub id (ORG/NAME)")):
+            checkpoint.resolve(given, tmp_path / "cache")
     out = tmp_path / "out"   # the run records the checkpoint's absolute path, as for any other local one
     res = run_cli(small_fasta, "--out", str(out), "--model=~/ck", *cli_args("x")[2:], env={"HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr

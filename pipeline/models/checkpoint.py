@@ -309,6 +309,13 @@ def _download(repo_id: str) -> Path:
             path = Path(snapshot_download(repo_id, allow_patterns=["pytorch_model*.bin"]))
         return path
     except Exception as e:  # offline, unknown repo, gated: one clear message either way
+        if type(e).__name__ == "HFValidationError":   # (no hub id: '/abs/dir', './dir', 'a/b/c')
+            where = Path(os.path.abspath(Path(repo_id).expanduser()))
+            missing = next((p for p in [where, *where.parents] if p.exists()), None)
+            raise UserError(f"--model {repo_id}: no such directory"
+                            f"{f' ({missing} holds no {where.relative_to(missing).parts[0]!r})' if missing else ''}, "
+                            "and not a Hugging Face hub id (ORG/NAME). Pass the checkpoint's directory, or a hub "
+                            "id.") from None
         raise UserError(f"--model {repo_id}: not a local directory, and the Hugging Face hub could not "
                         f"provide it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
                         "Pass a local checkpoint directory, or check the id and your network.") from None
