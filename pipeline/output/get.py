@@ -96,7 +96,7 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
     """The rows of `ids` as text (tsv, json) to print, or, with `target` (required for npy), written
     there; then the return value says where."""
     if fmt == "npy" and not target:
-        raise UserError("--format npy writes a file: give it with -o, e.g. -o rows.npz")
+        raise UserError("--format npy writes a file: give it with -o, e.g. -o rows.npz (from Python: output=)")
     if target:
         check_output_file("-o", target, run_inputs.of_result(result_path(out)))
     with ResultFile(out) as res:
