@@ -382,6 +382,8 @@ def test_status_reads_a_copied_run_on_a_read_only_mount(finished, tmp_path):
         res = run_cli("status", str(out))
         assert res.returncode == 0, res.stderr
         assert "NOT WRITABLE here" in res.stdout and status_rows(out)[0]["state"] == "complete", res.stdout
+        # the page's command is named for where the directory is writable (it read as if it worked here)
+        assert f"`run_shards report {out}` writes, where {out} is writable," in res.stdout, res.stdout
         res = run_cli("export", str(out), "--format", "parquet")   # without -o: its default place is named as such
         assert res.returncode == 2 and f"the default output (-o FILE writes elsewhere) {out}/result.parquet: the " \
             f"directory {out} is not writable" in res.stderr, res.stderr

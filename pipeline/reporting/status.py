@@ -81,7 +81,7 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     if queue is not None:
         lines += slurm_status.lines(run, states, queue, writable=not unwritable)
     lines.append(_result_line(run, config, states, holder, verify, unwritable))
-    lines.append(_report_line(run))
+    lines.append(_report_line(run, writable=not unwritable))
     return "\n".join(lines)
 
 
@@ -198,14 +198,17 @@ def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, v
     return f"result: not merged yet; `{command('merge', run.root)}`{where} merges"
 
 
-def _report_line(run: RunDir) -> str:
-    """Where the run's page is (runs write it at their end; a SLURM run's failed tasks leave none)."""
+def _report_line(run: RunDir, writable: bool = True) -> str:
+    """Where the run's page is (runs write it at their end; a SLURM run's failed tasks leave none), and the
+    command that writes it where the run directory can be written here."""
     import datetime
     path = run.root / "report.html"
+    where = (f"`{command('report', run.root)}` writes" if writable else
+             f"`{command('report', run.root)}` writes, where {run.root} is writable,")
     if not path.exists():
-        return f"report: none yet; `{command('report', run.root)}` writes {path}"
+        return f"report: none yet; {where} {path}"
     written = datetime.datetime.fromtimestamp(path.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
-    return f"report: {path} (written {written}; `{command('report', run.root)}` writes it again)"
+    return f"report: {path} (written {written}; {where} it again)"
 
 
 def _state_counts(states: list, listed: int, run: RunDir) -> str:
