@@ -316,3 +316,35 @@ def test_reuse_through_the_local_slurm(runs, slurm_cluster, models, tmp_path):
     assert sorted(got) == sorted(want)
     assert all(same_values(got[k], want[k]) and got[k]["reused_from"] == want[k]["reused_from"] for k in got)
     assert shard_rows(out) == 3
+
+
+def test_a_partial_reused_result_completed_since_is_told_with_a_way_to_take_its_rows_now(runs, models, tmp_path):
+    """B reuses a partial A (`merge --allow-partial`), then A is completed by its own rerun, which writes A's
+    result again: B's planned rows are no longer where it planned them. Planning B warns of it; B's rerun
+    refuses (as before) saying what changed, and names, besides putting the file back (which A's rerun made
+    impossible) and a run without A, a new run reusing A as it is now, which works."""
+    fastas, outs, _ = runs
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(outs["a"], a)
+    (a / "result.h5").unlink()
+    (a / "shards" / "shard_1.h5").rename(tmp_path / "shard_1.h5")
+    assert run_cli("merge", str(a), "--allow-partial").returncode == 0
+    command = (str(fastas["b"]), "--out", str(b), "--model", models["demo"], "--gpus", "0", "--workers", "1",
+               "--shards", "2", "--per-residue", "--no-progress", "--reuse", str(a))
+    res = run_cli(*command, env={"RUN_SHARDS_FAULT_DIE_AT": "part-written", "RUN_SHARDS_FAULT_DIE_AFTER": "0"})
+    assert res.returncode == 1, res.stderr
+    assert (f"--reuse {a}: {a / 'result.h5'} is a partial result (`merge --allow-partial`): this run copies the rows "
+            f"it holds now. Completing it later (`run_shards rerun {a}`) writes it again") in res.stderr, res.stderr
+    (tmp_path / "shard_1.h5").rename(a / "shards" / "shard_1.h5")
+    assert run_cli("rerun", str(a)).returncode == 0   # A complete now, written again
+    res = run_cli("rerun", str(b))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"{a / 'result.h5'} is not the result this run was planned with (other rows or checksums: 60 rows now" \
+        in res.stderr, res.stderr
+    restore, without, as_now = suggested_commands(res.stderr.split("error: ", 1)[1])
+    assert restore == ["rerun", str(b)] and "--reuse" not in without
+    assert as_now[as_now.index("--reuse") + 1] == str(a) and as_now[as_now.index("--out") + 1] != str(b)
+    res = run_cli(*as_now)
+    assert res.returncode == 0, res.stderr
+    got, want = rows_by_id(Path(as_now[as_now.index("--out") + 1])), rows_by_id(outs["b"])
+    assert sorted(got) == sorted(want) and all(same_values(got[i], want[i]) for i in want)

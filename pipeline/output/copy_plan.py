@@ -63,10 +63,11 @@ class SourceFile:
             return None
         try:
             with Reader(self.path, cache_bytes=0) as reader:
-                same = (reader.rows, str(reader.attrs.get("crc32"))) == (self.rows, self.checksums)
+                rows, same = reader.rows, (reader.rows, str(reader.attrs.get("crc32"))) == (self.rows, self.checksums)
         except CorruptFile as e:
             return f"{self.path} is damaged ({e})"
-        return None if same else f"{self.path} is not the result this run was planned with (other rows or checksums)"
+        return None if same else (f"{self.path} is not the result this run was planned with (other rows or checksums: "
+                                  f"{rows:,} rows now, {self.rows:,} then)")
 
 
 class CopyPlan:
@@ -120,11 +121,16 @@ def check_sources(run: RunDir, manifest: dict, plan: CopyPlan) -> None:
     without = dataclasses.replace(config, reuse=[r for r in config.reuse if r not in given])
     which, files = ("that --reuse", "the file back as it was") if len(bad) == 1 else \
         ("those --reuse", "the files back as they were")
+    # A result merged again since (a partial one completed by its own rerun, say) cannot be put back, but a new
+    # run can take the rows it holds now, with this run's --reuse as it is.
+    now = "" if any("is not the result this run was planned with" not in why for _, why in bad) else (
+        f"; or start it again in another directory reusing {'it' if len(bad) == 1 else 'them'} as "
+        f"{'it is' if len(bad) == 1 else 'they are'} now: `{config.as_command(free_out(run.root))}`")
     raise UserError(
         f"this run copies rows of {'; '.join(f'--reuse {s.given}, and {why}' for s, why in bad)}. Nothing was "
         f"merged, and the shards computed so far are kept: put {files} when the run was planned "
         f"and run `{command('rerun', run.root)}`, which computes what is left and merges; or start the run again "
-        f"without {which}, in another directory: `{without.as_command(free_out(run.root))}`")
+        f"without {which}, in another directory: `{without.as_command(free_out(run.root))}`{now}")
 
 
 def summary(counts: dict, sources: list[str], planned: bool = False) -> str:

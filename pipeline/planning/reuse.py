@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from ..advice import command
 from ..config import RunConfig
 from ..errors import UserError
 from ..output import status_codes
@@ -55,11 +56,18 @@ def reuse_sources(config: RunConfig, model, schema: Schema, resolved: dict, task
         try:
             with Reader(path) as reader:
                 problems = _differences(reader, config, model, schema, resolved, task_attrs)
+                complete = bool(reader.attrs.get("complete"))
                 source = SourceFile(path=str(path.resolve()), given=given, rows=reader.rows,
                                     checksums=str(reader.attrs.get("crc32")), size=path.stat().st_size,
                                     mtime_ns=path.stat().st_mtime_ns)
         except CorruptFile as e:
             raise UserError(f"--reuse {given}: {path} is not a finished, readable result ({e})") from None
+        if not problems and not complete:
+            completing = f"`{command('rerun', path.parent)}`" if RunDir(path.parent).exists() else "its run's rerun"
+            log.warning("--reuse %s: %s is a partial result (`merge --allow-partial`): this run copies the rows it "
+                        "holds now. Completing it later (%s) writes it again, and this run could then no longer "
+                        "take them from it: finish this run first, or reuse it once it is complete", given, path,
+                        completing)
         if problems:
             refused.append(f"--reuse {given} ({path}) is refused: its rows were computed {'; '.join(problems)}")
             refused_given.append(given)
