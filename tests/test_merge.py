@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.output.h5io import Reader, Writer
+from pipeline.output.h5io import CorruptFile, Reader, Writer
 from pipeline.output.sorted_merge import merge_sorted_runs
 from pipeline.output.schema import BASE_COLUMNS, Column, RowBlock, Schema
 
@@ -182,6 +182,49 @@ def test_window_size_does_not_change_the_merge(tmp_path):
         assert index.tolist() == list(range(n))
         assert np.array_equal(np.diff(offsets), lengths)
         assert np.array_equal(values[:, 0], np.repeat(np.arange(n), lengths).astype(np.float32))
+
+
+def test_a_changed_offset_or_id_index_entry_fails_the_checksums(tmp_path, finished_run):
+    """A ragged group's offsets and a result's id index were in no checksum: an offset changed inside a shard
+    moved values from one row to the next and the merge wrote them so (the values' own checksum holds), and an
+    id index entry changed gave `get` another record's row. Both are checked now (`crc32_other`): the merge,
+    `status` and every verification name the dataset."""
+    schema = Schema(BASE_COLUMNS + (Column("v/values", "float32", 3, ragged=True),))
+    lengths = np.array([2, 3, 1, 4], np.int64)
+    rows = np.arange(4)
+    block = RowBlock(schema, {
+        "ids": np.array([f"s{i}".encode() for i in rows], dtype=object), "index": rows.astype(np.int64),
+        "lengths": lengths.astype(np.int32), "num_tokens": lengths.astype(np.int32),
+        "truncated": np.zeros(4, bool), "status": np.zeros(4, np.int8),
+        "sequence_digest": np.zeros((4, 16), np.uint8)},
+        {"v/values": np.concatenate([np.full((lengths[i], 3), i, np.float32) for i in rows])}, {"v": lengths})
+    path = tmp_path / "shard.h5"
+    w = Writer(path, schema, {})
+    w.append(block)
+    w.finish()
+    with Reader(path) as r:
+        r.verify()
+    with h5py.File(path, "r+") as f:   # row 1 now starts one value early: rows 0 and 1 trade a value
+        f["v/offsets"][1] = f["v/offsets"][1] - 1
+    with Reader(path) as r, pytest.raises(CorruptFile, match="checksum mismatch in v/offsets"):
+        r.verify()
+    with Reader(path) as r:            # read in order, as the merge reads a shard
+        r.read(0, 2)
+        r.read(2, 4)
+        with pytest.raises(CorruptFile, match="checksum mismatch in v/offsets"):
+            r.verify_checksums()
+
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    with h5py.File(out / "result.h5", "r+") as f:   # two records' rows swapped in the id index
+        table = f["id_index/table"][:]
+        table["row"][[0, 1]] = table["row"][[1, 0]]
+        f["id_index/table"][...] = table
+    status = run_cli("status", str(out))
+    assert f"result: CORRUPT ({out}/result.h5: checksum mismatch in id_index/table); run `run_shards merge {out}`" \
+        in status.stdout, status.stdout
+    assert run_cli("merge", str(out)).returncode == 0   # (its shards are there: merged again, intact)
+    assert "checksums verified" in run_cli("status", str(out)).stdout
 
 
 def test_a_complete_result_is_never_replaced_by_fewer_rows(finished_run, tmp_path):

@@ -57,6 +57,27 @@ def _crc(arr: np.ndarray, dtype: str, crc: int) -> int:
     return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"), crc)
 
 
+def _dataset_crc(ds: h5py.Dataset) -> int:
+    """The checksum of a whole dataset other than the columns (a result's id index, missing ids, ...), read in
+    pieces of about 64 MiB: strings as the columns' are, anything else by its bytes."""
+    text = h5py.check_string_dtype(ds.dtype) is not None
+    step = max(1, (64 << 20) // max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))))
+    crc = 0
+    for a in range(0, ds.shape[0] if ds.shape else 1, step):
+        part = ds[a:a + step] if ds.shape else ds[()]
+        crc = _crc(np.asarray(part), STR, crc) if text else zlib.crc32(np.ascontiguousarray(part).tobytes(), crc)
+    return crc
+
+
+def _other_datasets(file: h5py.File, schema: Schema) -> list[str]:
+    """The paths of every dataset of `file` that is not one of the schema's columns."""
+    columns = {c.path for c in schema.columns}
+    found: list[str] = []
+    file.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and name not in columns
+                    else None)
+    return sorted(found)
+
+
 class Writer:
     def __init__(self, path: str | os.PathLike, schema: Schema, attrs: dict, rows_hint: int | None = None,
                  values_hint: dict[str, int] | None = None):
@@ -66,6 +87,7 @@ class Writer:
         self.rows = 0
         self.nvalues = {g: 0 for g in schema.ragged_groups}
         self.crc = {c.path: 0 for c in schema.columns}
+        self.offsets_crc = {f"{g}/offsets": _crc(np.zeros(1, np.int64), "int64", 0) for g in schema.ragged_groups}
         for c in schema.columns:
             shape = (0, c.width) if c.width else (0,)
             hint = (values_hint or {}).get(c.group) if c.ragged else rows_hint
@@ -96,7 +118,9 @@ class Writer:
             total = int(lens.sum())
             offsets = self.file[f"{g}/offsets"]
             offsets.resize(self.rows + n + 1, axis=0)
-            offsets[self.rows + 1:] = self.nvalues[g] + np.cumsum(lens)
+            ends = (self.nvalues[g] + np.cumsum(lens)).astype(np.int64)
+            offsets[self.rows + 1:] = ends
+            self.offsets_crc[f"{g}/offsets"] = _crc(ends, "int64", self.offsets_crc[f"{g}/offsets"])
             for c in self.schema.ragged_columns:
                 if c.group == g and total:
                     ds = self.file[c.path]
@@ -117,6 +141,13 @@ class Writer:
             self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
         self.file.attrs["num_sequences"] = self.rows
         self.file.attrs["crc32"] = json.dumps(self.crc)
+        # every other dataset's too (the ragged columns' offsets, a result's id index, missing and original ids,
+        # variants table): a changed offset moves a row's values silently, a changed id index row gives another
+        # record's row by id. Apart from crc32, which run_shards versions before 2026-12-07 check key by key.
+        others = dict(self.offsets_crc, **{path: _dataset_crc(self.file[path])
+                                           for path in _other_datasets(self.file, self.schema)
+                                           if path not in self.offsets_crc})
+        self.file.attrs["crc32_other"] = json.dumps(others)
         self.file.attrs["finished"] = True
         self.file.close()
         fsync_path(self.path)
@@ -145,6 +176,7 @@ class Reader:
             self.schema = Schema.from_json(json.loads(attrs["schema"]))
             self.rows = int(attrs["num_sequences"])
             self.expected_crc = json.loads(attrs["crc32"])
+            self.expected_other = json.loads(attrs["crc32_other"]) if "crc32_other" in attrs else {}   # (earlier: none)
             if len(self.file["index"]) != self.rows:
                 raise CorruptFile(f"{self.path}: {len(self.file['index'])} rows, header says {self.rows}", [self.path])
         except CorruptFile:
@@ -159,6 +191,7 @@ class Reader:
             self.close()
             raise CorruptFile(f"{self.path}: unreadable ({type(e).__name__}: {e})", [self.path]) from None
         self.crc = {c.path: 0 for c in self.schema.columns}
+        self.offsets_crc: dict[str, int] = {}   # of the offsets read in order, as `read` goes
 
     @property
     def attrs(self) -> dict:
@@ -189,15 +222,21 @@ class Reader:
             raise CorruptFile(f"{self.path}: unreadable rows {r0}..{r1} ({type(e).__name__}: {e})", [self.path]) from None
 
     def offsets(self, group: str) -> np.ndarray:
-        return self.file[f"{group}/offsets"][:]
+        """The group's whole offsets, checked against their checksum (where the file records one)."""
+        path = f"{group}/offsets"
+        off = self.file[path][:]
+        if path in self.expected_other and _crc(np.asarray(off, np.int64), "int64", 0) != self.expected_other[path]:
+            raise CorruptFile(f"{self.path}: checksum mismatch in {path}", [self.path])
+        return off
 
     def read(self, r0: int, r1: int, offsets: dict[str, np.ndarray] | None = None, check: bool = True) -> RowBlock:
         """Rows [r0, r1). With `check`, reads must be in order so checksums can be verified at the end."""
         try:
             columns = {c.path: self.file[c.path][r0:r1] for c in self.schema.row_columns}
-            values, lengths = {}, {}
+            values, lengths, read_offsets = {}, {}, {}
             for g in self.schema.ragged_groups:
                 off = offsets[g][r0:r1 + 1] if offsets else self.file[f"{g}/offsets"][r0:r1 + 1]
+                read_offsets[g] = off
                 lengths[g] = np.diff(off).astype(np.int64)
                 for c in self.schema.ragged_columns:
                     if c.group == g:
@@ -209,24 +248,35 @@ class Reader:
                 self.crc[c.path] = _crc(columns[c.path], c.dtype, self.crc[c.path])
             for c in self.schema.ragged_columns:
                 self.crc[c.path] = _crc(values[c.path], c.dtype, self.crc[c.path])
+            for g, off in read_offsets.items():   # (in order: the first row's start, then each row's end)
+                path = f"{g}/offsets"
+                self.offsets_crc[path] = _crc(np.asarray(off[0 if r0 == 0 else 1:], np.int64), "int64",
+                                              self.offsets_crc.get(path, 0))
         return RowBlock(self.schema, columns, values, lengths)
 
     def read_all(self) -> RowBlock:
         return self.read(0, self.rows)
 
     def verify_checksums(self) -> None:
-        """After reading every row in order: CorruptFile if any dataset differs from what was written."""
+        """After reading every row in order: CorruptFile if any column (or a ragged group's offsets, where the
+        file records their checksum) differs from what was written."""
         bad = [k for k, v in self.expected_crc.items() if self.crc.get(k) != v]
+        bad += [k for k, v in self.offsets_crc.items() if k in self.expected_other and self.expected_other[k] != v
+                and self.rows]
         if bad:
             raise CorruptFile(f"{self.path}: checksum mismatch in {', '.join(bad)}", [self.path])
 
     def verify(self) -> None:
-        """Read the whole file in row windows and check its checksums."""
+        """Read the whole file in row windows and check its checksums, every other dataset's too."""
         step = max(1, (64 << 20) // max(1, sum(c.value_bytes() for c in self.schema.columns)))
         offsets = {g: self.offsets(g) for g in self.schema.ragged_groups}
         for r0 in range(0, self.rows, step):
             self.read(r0, min(self.rows, r0 + step), offsets)
         self.verify_checksums()
+        bad = [path for path, v in self.expected_other.items() if not path.endswith("/offsets")
+               and (path not in self.file or _dataset_crc(self.file[path]) != v)]
+        if bad:
+            raise CorruptFile(f"{self.path}: checksum mismatch in {', '.join(bad)}", [self.path])
 
     def close(self) -> None:
         f = getattr(self, "file", None)
