@@ -186,7 +186,7 @@ def test_switching_between_cpu_and_gpu_is_refused_naming_the_option(tmp_path):
         stored = json.loads(config.to_json())
         return {"config": stored, "world": 2, "model": {"fingerprint": "m"}, "index": {"fingerprint": "i"},
                 "attrs": {"config": stored, "batch_invariant": True}}
-    with pytest.raises(RunDirError, match="--gpus: .* holds a run computed on CPU workers"):
+    with pytest.raises(RunDirError, match="--gpus: .* holds a run planned for CPU workers"):
         reconcile(RunDir(tmp_path), manifest(cpu), manifest(gpu), gpu)
     kept = reconcile(RunDir(tmp_path), manifest(cpu), manifest(cpu), dataclasses.replace(cpu, workers=1))
     assert kept["config"]["workers"] == 1 and kept["attrs"]["config"]["workers"] == 1

@@ -408,7 +408,7 @@ def test_user_mistakes_get_one_clear_line(slurm_cluster, small_fasta, common, tm
     assert "Fix the --sbatch options" not in res.stderr and "run_shards asked for a GPU per shard" in res.stderr
     res = run_cli(*gpus, "--gpus", "0", env=slurm_cluster.env)
     assert res.returncode == 2, res.stderr
-    assert f"--gpus: {tmp_path / 'gpu'} holds a run computed on GPUs" in res.stderr
+    assert f"--gpus: {tmp_path / 'gpu'} holds a run planned for GPUs" in res.stderr
 
     bare = tmp_path / "no_slurm"     # a PATH without SLURM's commands (this machine has them in /usr/bin)
     bare.mkdir()

@@ -84,7 +84,7 @@ def reconcile(run: RunDir, old: dict, new: dict, config: RunConfig, index: Seque
             f"its inputs as they were and run `{command('rerun', run.root)}`.")
     if old_config.on_gpu != config.on_gpu:   # (first: `auto` settings, the dtype, resolve otherwise on each)
         was = "GPUs" if old_config.on_gpu else "CPU workers"
-        raise RunDirError(f"--gpus: {run.root} holds a run computed on {was}, and all of a run's rows come from "
+        raise RunDirError(f"--gpus: {run.root} holds a run planned for {was}, and all of a run's rows come from "
                           f"one kind of device (its dtype and kernels depend on it). Continue it with "
                           f"{'--gpus N' if old_config.on_gpu else '--gpus 0'}, or use another --out: {retry}.")
     if changed:
