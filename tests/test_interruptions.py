@@ -68,6 +68,20 @@ def test_a_worker_that_ended_otherwise_is_not_said_to_have_checkpointed(fasta, c
     assert "every running worker" not in stderr
 
 
+def test_a_run_started_with_sigint_ignored_ignores_it_to_the_end(fasta, common, tmp_path):
+    """A script's background job (`run_shards ... &`) starts with SIGINT ignored: the command ignored it while
+    planning, then the supervisor's handler took it, and a Ctrl-C meant for the script's foreground stopped the
+    run. Ignored to the end now, as a shell means it."""
+    out = tmp_path / "out"
+    proc = start(fasta, "--out", str(out), *common, env={"RUN_SHARDS_FAULT_BATCH_SLEEP": "0.2"},
+                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    wait_for(lambda: "checkpoint part_000000" in log_text(out, 0), what="shard 0's first checkpoint")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "SIGINT" not in stderr, stderr
+    assert (out / "result.h5").exists()
+
+
 def test_second_ctrl_c_kills_and_says_so(fasta, common, reference, tmp_path):
     common = option_set(common, "--workers", "2")   # (both shards computing at once)
     out = tmp_path / "out"

@@ -204,7 +204,10 @@ class Supervisor:
 
     def wait(self) -> list[ShardProcess]:
         """Run every shard; returns them with exit codes (0 = finished)."""
-        previous = {s: signal.signal(s, self._interrupt) for s in STOP_SIGNALS}
+        # (a signal the command was started with ignored stays ignored: SIGINT of a job a script runs in the
+        # background, `run_shards ... &`, which the command ignored while planning too)
+        previous = {s: signal.signal(s, self._interrupt) for s in STOP_SIGNALS
+                    if signal.getsignal(s) is not signal.SIG_IGN}
         self.started_at = time.monotonic()
         try:
             self.slots = self.slots[:max(1, len(self.slots))]
