@@ -73,7 +73,8 @@ class ShardProcess:
         outside, the kernel's out-of-memory killer) or none did."""
         return self.killed_for if (self.exitcode or 0) < 0 and -self.exitcode in self.sent else ""
 
-    def signal(self, sig: int) -> None:
+    def send(self, sig: int) -> None:
+        """Send the worker `sig`, recorded as run_shards' own."""
         self.sent.add(sig)
         _kill(self.pid, sig)
 
@@ -161,7 +162,7 @@ class Supervisor:
                                         log_size=log_size))
         if self.interrupted:   # a stop signal came while it spawned: it stops too
             self.active[-1].killed_for = f"run_shards received {self.interrupted} and asked it to stop"
-            self.active[-1].signal(signal.SIGTERM)
+            self.active[-1].send(signal.SIGTERM)
         self.board.add_worker(rank, f"GPU {slot}" if self.gpu else "CPU")
         log.info("started shard %d on %s (pid %d%s)", rank, f"GPU {slot}" if self.gpu else "CPU", pid, how)
 
@@ -182,7 +183,7 @@ class Supervisor:
             for p in self._computing():
                 p.killed_for = f"a second stop signal ({name}): killed at once, without a final checkpoint"
                 self.killed_at_once.append(p.rank)
-                p.signal(signal.SIGKILL)
+                p.send(signal.SIGKILL)
             return
         if self.interrupted:   # schedulers repeat SIGTERM (to the batch script and to every process of the job)
             log.info("%s again: the workers are already writing their final checkpoints", name)
@@ -196,7 +197,7 @@ class Supervisor:
             events.append(self.run.events_path(p.rank), "stop", signal=name, by="parent")
             self._append_to_worker_log(p, "WARNING", f"run_shards received {name}: asking this worker (SIGTERM) "
                                                      "to write a final checkpoint and stop")
-            p.signal(signal.SIGTERM)
+            p.send(signal.SIGTERM)
 
     def _computing(self) -> list[ShardProcess]:
         """The shards being computed (not those whose worker has said it ended them, not yet reaped)."""
@@ -335,10 +336,10 @@ class Supervisor:
                     else "); killed as hung"
                 p.killed_for = p.reason
                 self.board.note(f"shard {p.rank}: {p.reason}", logging.ERROR)
-                p.signal(signal.SIGTERM)
+                p.send(signal.SIGTERM)
                 p.kill_at = now + KILL_GRACE_SECONDS
             elif p.kill_at is not None and now > p.kill_at:
-                p.signal(signal.SIGKILL)
+                p.send(signal.SIGKILL)
                 p.kill_at = float("inf")
 
 

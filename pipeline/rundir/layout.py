@@ -31,7 +31,7 @@ from ..errors import RunDirError
 from ..processes import process_alive
 from .failure import FailureRecord
 
-# The spill folders commands make in OUT (`.rs-NAME-XXXXXXXX`, tempfile.mkdtemp): index/stride.py, planning/copies.py,
+# The spill folders commands make in OUT (`.rs-NAME-` and tempfile.mkdtemp's random suffix): index/stride.py, planning/copies.py,
 # output/result.py; removed when left by a killed command.
 SPILL_FOLDERS = ("stride", "merge", "copies")
 
