@@ -30,7 +30,7 @@ from .planning.model_copies import check_model_copies
 from .planning.plan import plan
 from .planning.run_index import load_run_index, start_over_advice
 from .processes import command_began
-from .reporting.facts import unknown_residues_line
+from .reporting.facts import row_status_lines
 from .rundir import events, run_log
 from .rundir.layout import RunDir, free_out
 from .rundir.locks import RunLock, ShardLock, wait_for_running_shards
@@ -244,9 +244,8 @@ def _run_shards(run: RunDir, manifest: dict, index: SequenceIndex, only: list[in
         raise UserError(f"the input FASTA changed during the run ({changed}); nothing was merged. "
                         f"{start_over_advice(run, manifest)}")
     path = result_merge.merge_result(run, manifest, index, allow_partial=False)
-    unknown = unknown_residues_line(run)
-    if unknown:
-        log.warning("%s", unknown)
+    for warn, text in row_status_lines(run):
+        log.log(logging.WARNING if warn else logging.INFO, "%s", text)
     _log_timings(run, timings, started)
     return path
 

@@ -366,6 +366,8 @@ def test_more_workers_than_records_and_shards_of_empty_records(common, tmp_path)
     assert got["ids"].tolist() == [b"ok", b"empty", b"two"] and got["status"].tolist() == [0, 3, 0]
     assert sorted(p.name for p in (tmp_path / "o" / "shards").glob("*.h5")) == [f"shard_{r}.h5" for r in range(3)]
     assert "3 record(s): using 3 shard(s), not 4" in (tmp_path / "o" / "logs" / "run.log").read_text()
+    # The end of the run says which rows have no values and why (the rows line counts every record as computed).
+    assert "I 1 row(s) without values (status 3: empty records kept under --skip-empty), e.g. 'empty'" in res.stderr
 
 
 def test_out_of_memory_batches_split_and_single_sequences_marked(fasta, common, reference, tmp_path):
@@ -383,6 +385,10 @@ def test_out_of_memory_batches_split_and_single_sequences_marked(fasta, common, 
                                rtol=1e-4, atol=1e-4)   # smaller batches: other padding, float32 rounding
     logs = log_text(out, 0) + log_text(out, 1)
     assert "splitting it in two" in logs and "out of memory on a single sequence" in logs
+    # Not only in the worker logs: the end of the run warns, and `status` says so as long as the result is there.
+    said = f"{too_big.sum()} row(s) without values (status 4: out of device memory even as a batch of one"
+    assert f"W {said}" in res.stderr
+    assert f"rows: {said}" in run_cli("status", str(out)).stdout
 
 
 def _limit_file_size(limit):

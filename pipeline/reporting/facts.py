@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import RunDirError
-from ..output import shard_state
+from ..output import shard_state, status_codes
 from ..output.h5io import CorruptFile, Reader
 from ..rundir import events
 from ..rundir.failure import FailureRecord
@@ -213,16 +213,26 @@ def _variant_statuses(run: RunDir) -> dict[int, int]:
         return {}   # as for the rows: `status` and `merge` name the damage
 
 
-def unknown_residues_line(run: RunDir, example_ids: int = 3) -> str:
-    """How many rows of the result hold characters outside the model's alphabet (status 2), with example ids;
-    "" when none (for the end of a run and `status`)."""
-    from ..output.status_codes import UNKNOWN_RESIDUES
+# Rows by their status (status_codes.py) as `status` and the end of a run name them: what they hold, and
+# whether to warn (False: an option asked for them).
+ROW_STATUSES = {
+    status_codes.UNKNOWN_RESIDUES: ("with characters outside the model's alphabet (status {code}, computed with its "
+                                    "unknown token)", True),
+    status_codes.SKIPPED_TOO_LONG: ("without values (status {code}: longer than the model's limit, skipped under "
+                                    "--on-long skip)", False),
+    status_codes.EMPTY: ("without values (status {code}: empty records kept under --skip-empty)", False),
+    status_codes.OUT_OF_MEMORY: ("without values (status {code}: out of device memory even as a batch of one; the "
+                                 "worker logs name them with their lengths)", True),
+}
+
+
+def row_status_lines(run: RunDir, example_ids: int = 3) -> list[tuple[bool, str]]:
+    """(warn, line) for each status of the result's rows other than ok, with example ids: rows with unknown
+    characters, rows kept without values. [] when every row is ok or there is no result."""
     _, statuses, _ = _result_statuses(run, example_ids)
-    count, ids = statuses.get(UNKNOWN_RESIDUES, (0, []))
-    if not count:
-        return ""
-    return (f"{count:,} row(s) with characters outside the model's alphabet (status {UNKNOWN_RESIDUES}, computed "
-            f"with its unknown token), e.g. {', '.join(repr(i) for i in ids)}")
+    return [(ROW_STATUSES[code][1], f"{count:,} row(s) {ROW_STATUSES[code][0].format(code=code)}, e.g. "
+                                    f"{', '.join(repr(i) for i in ids)}")
+            for code, (count, ids) in sorted(statuses.items()) if code in ROW_STATUSES]
 
 
 def attempts(shard_events: list[dict]) -> list[Attempt]:

@@ -26,7 +26,7 @@ from ..planning.copies import plan_advice, plan_problem
 from ..planning.run_index import load_run_index
 from ..rundir.layout import RunDir, unwritable_reason
 from ..rundir.locks import RunLock, ShardLock, describe_holder
-from .facts import unknown_residues_line
+from .facts import row_status_lines
 from .task_summary import task_words, variant_statuses
 
 
@@ -178,8 +178,7 @@ def _result_line(run: RunDir, config: dict, states: list, holder: dict | None, v
                         f"{', checksums verified' if verify else ', checksums not verified'})")
             if not complete and not (holder or any(s.state == "running" for s in states)):
                 line += f"; `{command('rerun', run.root)}` computes the missing rows and merges"
-            unknown = unknown_residues_line(run)
-            return line + (f"\nrows: {unknown}" if unknown else "")
+            return line + "".join(f"\nrows: {text}" for _, text in row_status_lines(run))
         except CorruptFile as e:   # the merge writes it anew from complete shards; else they are computed first
             again = "merge" if all(s.state == "complete" for s in states) else "rerun"
             return f"result: CORRUPT ({e}); run `{command(again, run.root)}`"
