@@ -218,13 +218,22 @@ def test_a_changed_offset_or_id_index_entry_fails_the_checksums(tmp_path, finish
     shutil.copytree(finished_run, out)
     with h5py.File(out / "result.h5", "r+") as f:   # two records' rows swapped in the id index
         table = f["id_index/table"][:]
+        asked, held = (f["ids"][int(table["row"][k])].decode() for k in (0, 1))
         table["row"][[0, 1]] = table["row"][[1, 0]]
         f["id_index/table"][...] = table
-    status = run_cli("status", str(out))
+    # `get` checks each row's id against the one asked for (it reads the row's id anyway), so it says so
+    # instead of printing the other record's values, and names the command that says what to do
+    got = run_cli("get", str(out), asked)
+    assert got.returncode != 0 and not got.stdout
+    assert (f"error: {out}/result.h5 is damaged: its id index gives row {int(table['row'][0]):,} for the id "
+            f"{asked!r}, and that row holds {held!r}. `run_shards status {out} --verify` checks every checksum and "
+            "names what writes it again") in got.stderr, got.stderr
+    status = run_cli("status", str(out), "--verify")
     assert f"result: CORRUPT ({out}/result.h5: checksum mismatch in id_index/table); run `run_shards merge {out}`" \
         in status.stdout, status.stdout
     assert run_cli("merge", str(out)).returncode == 0   # (its shards are there: merged again, intact)
     assert "checksums verified" in run_cli("status", str(out)).stdout
+    assert run_cli("get", str(out), asked, "--format", "json").stdout.startswith(f'{{"ids": "{asked}"')
 
 
 def test_a_complete_result_is_never_replaced_by_fewer_rows(finished_run, tmp_path):

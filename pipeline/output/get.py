@@ -102,10 +102,9 @@ def get(out: str | os.PathLike, ids: list[str], fmt: str = "tsv", target: str | 
     with ResultFile(out) as res:
         ids = settle(res, ids)
         try:
-            rows = res.rows(ids)
+            records = res.records(ids)
         except MissingIds as e:
             _refuse_missing(res, e)
-        records = [res.row(int(r)) for r in rows]
         columns = res.schema.columns
     # -o: written under a temporary name and renamed into place, so that a failure (or Ctrl-C) leaves no
     # half-written file where the result was asked for, and an earlier file there as it was

@@ -9,9 +9,10 @@ by id with one small read instead of reading every id.
 (index/id_hash.py). A lookup hashes the id, finds its block in the fence and reads that block of the table
 (one contiguous read of BLOCK x 24 bytes, no chunk index to walk), and takes the rows whose hash and check
 both match: 128 bits tell ids apart. (Polynomial hashes modulo 2**64 can be made to collide on purpose by
-ids of thousands of bytes; the reader checks the id itself for ids over 256 bytes.) The merge writes it
-with bounded memory: the hashes are bucketed on disk by their top bits and each bucket sorted
-(index/spill.py). Results written by an earlier version have `hashes` and `rows` (chunked) instead of
+ids of thousands of bytes; the reader checks the id itself for ids over 256 bytes, and `get` checks every
+row's id, which it reads with the row: a damaged entry is named, never answered with another record's
+row.) The merge writes it with bounded memory: the hashes are bucketed on disk by their top bits and each
+bucket sorted (index/spill.py). Results written by an earlier version have `hashes` and `rows` (chunked) instead of
 `table`; they are read as well, each match checked against the id stored at its row.
 """
 from __future__ import annotations

@@ -5,6 +5,7 @@ and Python users (numpy, pandas) read a result.h5 with.
     with open_result("OUT") as res:                 # a run directory or a result.h5
         len(res), res.columns                      # rows; every column's dataset path
         res.get("P12345")["embeddings/mean"]       # one row by id: {column: value}
+        res.records(["a", "b"])                    # their rows, each {column: value}
         res.rows(["a", "b"])                       # their rows (MissingIds names any that are absent)
         res.at_position(17)                        # the row of the FASTA's 18th record
         for chunk in res.chunks(100_000, ["ids", "embeddings/mean"]): ...   # {column: array}
@@ -151,7 +152,20 @@ class ResultFile:
 
     def get(self, seq_id: str) -> dict:
         """Every column of the row of `seq_id`."""
-        return self.row(int(self.rows([seq_id])[0]))
+        return self.records([seq_id])[0]
+
+    def records(self, ids: list[str]) -> list[dict]:
+        """Every column of the row of each id, in the order given. Each row's own id (read with the row) is
+        checked against the id asked for: the id index is trusted on its 128-bit hashes, so a damaged index is
+        named here instead of answering with another record's row."""
+        ids = [_text(i) for i in ids]
+        rows = self.rows(ids)
+        found = [self.row(int(r)) for r in rows]
+        for asked, r, record in zip(ids, rows, found):
+            if record["ids"] != asked:
+                raise UserError(f"{self.path} is damaged: its id index gives row {int(r):,} for the id {asked!r}, and "
+                                f"that row holds {record['ids']!r}. {_damage_advice(self.path)}")
+        return found
 
     def at_position(self, position: int) -> dict:
         """The row of the FASTA record at `position` (0-based, in the order of the run's input files)."""
@@ -229,6 +243,14 @@ class ResultFile:
 def open_result(path: str | os.PathLike) -> ResultFile:
     """Open a result.h5, or the result of a finished run directory."""
     return ResultFile(path)
+
+
+def _damage_advice(path: Path) -> str:
+    """What to do about a damaged result: its run's `status --verify` (which names what writes it again), or for a
+    result outside a run directory, where it came from."""
+    if path.name == "result.h5" and RunDir(path.parent).manifest_path.exists():
+        return f"`{command('status', path.parent, '--verify')}` checks every checksum and names what writes it again"
+    return "Take it again from where it came from (its run directory's `run_shards merge` writes it anew)"
 
 
 def _text(value) -> str:
