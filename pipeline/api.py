@@ -57,6 +57,7 @@ def command_session(run: RunDir, purpose: str, lock_wait: float = 0.0):
                 log.warning("took over a stale lock left by pid %s", lock.took_over.get("pid"))
             run.remove_stale_temporaries()
             run.restore_folders()
+            run.check_entry_kinds()
             yield lock
         except (UserError, FastaError) as e:
             handler.write_only_here(logging.ERROR, f"error: {e}")

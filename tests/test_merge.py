@@ -274,3 +274,36 @@ def test_a_complete_result_is_never_replaced_by_fewer_rows(finished_run, tmp_pat
     with h5py.File(out / "result.h5") as f, h5py.File(finished_run / "result.h5") as g:
         assert f.attrs["complete"] and f["ids"][:].tolist() == g["ids"][:].tolist()
         assert np.array_equal(f["embeddings/mean"][:], g["embeddings/mean"][:])
+
+
+def test_an_entry_of_the_wrong_kind_is_named_before_any_work(run_copy):
+    """result.h5 made a folder (a mkdir by hand), a worker's log a folder, a shard's checkpoint folder a file:
+    `merge` renamed its result onto the folder (a traceback, each time `status` suggested it), and a worker
+    failed on the others before it could say why, each rerun again. Every command that works in OUT names the
+    entry now, before any work, and `status` says so; with it moved away, the same command works."""
+    out = run_copy
+    (out / "result.h5").mkdir()
+    status = run_cli("status", str(out))
+    said = f"{out}/result.h5 is a folder, where run_shards keeps a file. Move it out of {out} (or remove it): " \
+           "no command computes or merges there until then"
+    assert f"IN THE WAY: {said}" in status.stdout, status.stdout
+    merged = run_cli("merge", str(out))
+    assert merged.returncode == 2 and f"error: {said}" in merged.stderr, merged.stderr
+    assert not list(out.glob(".result.h5.tmp*"))   # refused before the merge wrote anything
+    (out / "result.h5").rmdir()
+    shutil.rmtree(out / "shards" / "shard_1.parts", ignore_errors=True)
+    (out / "shards" / "shard_1.parts").write_text("not a folder")
+    (out / "logs" / "worker_0.log").unlink()
+    (out / "logs" / "worker_0.log").mkdir()
+    res = run_cli("rerun", str(out))
+    assert res.returncode == 2, res.stderr
+    assert (f"error: {out}/logs/worker_0.log is a folder, where run_shards keeps a file; "
+            f"{out}/shards/shard_1.parts is not a folder, where run_shards keeps a folder. Move them out of {out} "
+            "(or remove them)") in res.stderr, res.stderr
+    res = run_cli("work", str(out), "--shard", "1")   # (a cluster task looks at its own shards' entries only)
+    assert res.returncode == 2, res.stderr
+    assert f"error: {out}/shards/shard_1.parts is not a folder, where run_shards keeps a folder. Move it" in res.stderr
+    (out / "shards" / "shard_1.parts").unlink()
+    (out / "logs" / "worker_0.log").rmdir()
+    assert run_cli("merge", str(out)).returncode == 0
+    assert "checksums verified" in run_cli("status", str(out)).stdout

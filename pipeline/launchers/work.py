@@ -81,6 +81,7 @@ def work(out: str, shard: int | None = None, shards_per_task: int | None = None,
                              f"Ray started it: nothing computed. Continue with:  {command('rerun', run.root)}")
     index = load_run_index(run, manifest, verify=False)   # mapped: this task reads its shards' rows only
     ranks = _task_shards(manifest, shard, shards_per_task)
+    run.check_entry_kinds(ranks)
     todo, remaining = [], {}
     for k in ranks:
         state = _prepare_shard(run, index, manifest["world"], k)

@@ -42,6 +42,10 @@ def status(out: str, verify: bool | None = None, every_shard: bool = False) -> s
     if unwritable:
         lines.append(f"NOT WRITABLE here ({unwritable}): rerun, merge and work must run where {run.root} is "
                      "mounted read-write")
+    try:
+        run.check_entry_kinds()
+    except RunDirError as e:   # (rerun, merge and work refuse until it is moved: the commands below come after)
+        lines.append(f"IN THE WAY: {e}")
     stored = shard_state.stored_bytes(run, world) + sum(_size(p) for p in (run.result_path, run.index_path,
                                                                            run.copies_path))
     auto = verify is None   # shards recorded as verified when they finished are not read again

@@ -290,6 +290,33 @@ class RunDir:
             return holder
         return holder if process_alive(int(holder["pid"]), start=holder.get("start")) else None
 
+    # ------------------------------------------------------------------ entries of the wrong kind
+    # What run_shards keeps in OUT as a file or a folder, by name (glob patterns under shards/ and logs/).
+    FILE_ENTRIES = ("manifest.json", "result.h5", "report.html", "index.rsidx", "copies.rsidx", "variants.npz",
+                    "merge_problems.tsv", "shards/shard_*.h5", "shards/shard_*.failed.json", "logs/run.log",
+                    "logs/events.jsonl", "logs/worker_*.log", "logs/events_*.jsonl")
+    FOLDER_ENTRIES = ("shards", "logs", "shards/shard_*.parts")
+
+    def check_entry_kinds(self, ranks: list[int] | None = None) -> None:
+        """Refuse (RunDirError) where one of the run's own entries is a folder where run_shards keeps a file
+        (a `mkdir` by hand, a copy gone wrong), or the other way round: a command would fail on it each time,
+        after computing (a merge's result renamed onto a folder, a worker's checkpoint folder a file). `ranks`:
+        only those shards' entries (a cluster task's, which need not list a folder of thousands of shards)."""
+        def found(pattern: str) -> list[Path]:
+            if "*" not in pattern:
+                return [self.root / pattern]
+            if ranks is None:
+                return list(self.root.glob(pattern))
+            return [self.root / pattern.replace("*", str(k)) for k in ranks]
+        wrong = [(p, "a folder", "file") for pattern in self.FILE_ENTRIES for p in found(pattern) if p.is_dir()]
+        wrong += [(p, "not a folder", "folder") for pattern in self.FOLDER_ENTRIES for p in found(pattern)
+                  if p.exists() and not p.is_dir()]
+        if wrong:
+            named = "; ".join(f"{p} is {what}, where run_shards keeps a {kind}" for p, what, kind in wrong)
+            it = "it" if len(wrong) == 1 else "them"
+            raise RunDirError(f"{named}. Move {it} out of {self.root} (or remove {it}): no command computes or merges "
+                              f"there until then")
+
     # ------------------------------------------------------------------ temporaries
     def remove_stale_temporaries(self) -> list[str]:
         """Remove what an interrupted command of the parent left half-written (`.result.h5.tmp`,
