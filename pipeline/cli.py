@@ -106,7 +106,8 @@ def _run_step(fn, *args, **kwargs):
 
     from index import FastaError
 
-    from .errors import RunFailed, RunInterrupted, UserError, disk_full_reason, permission_reason, too_many_files_reason
+    from .errors import (RunFailed, RunInterrupted, UserError, disk_full_reason, make_room, permission_reason,
+                         too_many_files_reason)
     from .exits import EXIT_CLI_INTERRUPTED, EXIT_COMMAND_FAILED
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, _raise_interrupted)
@@ -127,8 +128,8 @@ def _run_step(fn, *args, **kwargs):
     except OSError as e:
         reason = disk_full_reason(e)
         if reason:
-            _fail(f"cannot write {e.filename or 'a file'}: {reason}. Nothing partial was kept; free space and run "
-                  "the same command again")
+            _fail(f"cannot write {e.filename or 'a file'}: {reason}. Nothing partial was kept; {make_room(reason)} and "
+                  "run the same command again")
         many = too_many_files_reason(e)
         if many:
             remedy = ("Raise the limit (`ulimit -n`)" if e.errno == errno.EMFILE else

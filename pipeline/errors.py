@@ -48,6 +48,12 @@ _FULL_TEXTS = {"No space left on device": 28, "File too large": 27, "Disk quota 
                "errno = 28": 28, "errno = 27": 27, "errno = 122": 122}
 
 
+def make_room(reason: str | None) -> str:
+    """What frees a write that failed for `reason` (disk_full_reason's): "free space", or for a file size
+    limit (EFBIG), which no free space lifts, raising it."""
+    return "raise the file size limit (`ulimit -f`)" if reason == _FULL_ERRNOS[27] else "free space"
+
+
 def disk_full_reason(error: BaseException) -> str | None:
     """Why a write failed, if it failed for space (h5py reports errno only inside its message)."""
     code = getattr(error, "errno", None)

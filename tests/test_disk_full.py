@@ -66,6 +66,9 @@ def test_file_size_limit_refuses_only_files_that_exceed_it(fasta, common, refere
     res = _run_limited([fasta, "--out", str(out), *common, "--checkpoint-every", "1000"], limit=40_000)
     assert res.returncode != 0
     assert "the file size limit was reached" in res.stderr and "Nothing partial was kept" in res.stderr
+    # what lifts it: no free space does
+    assert "raise the file size limit (`ulimit -f`) and run `run_shards rerun" in res.stderr, res.stderr
+    assert "free space and run" not in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
     assert undocumented_files(out) == []
     rerun_matches(out, reference)

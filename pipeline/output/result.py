@@ -20,7 +20,7 @@ import numpy as np
 from index import SequenceIndex
 
 from ..advice import command
-from ..errors import DiskFull, MergeError, disk_full_reason, ensure_open_files, ensure_space
+from ..errors import DiskFull, MergeError, disk_full_reason, ensure_open_files, ensure_space, make_room
 from . import copy_plan, heap
 from .copy_plan import CopyPlan
 from .h5io import CorruptFile, Reader, Writer
@@ -120,8 +120,8 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
            allow_partial: bool) -> Path:
     attrs = dict(manifest["attrs"])
     tmp = run.result_path.with_name(f".{run.result_path.name}.tmp")
-    remedy = (f"The shards are intact; free space and run "
-              f"`{command('merge', run.root, *(['--allow-partial'] if allow_partial else []))}`")
+    again = command('merge', run.root, *(['--allow-partial'] if allow_partial else []))
+    remedy = f"The shards are intact; free space and run `{again}`"
     plan = CopyPlan(run.copies_path) if run.copies_path.exists() else None
     if plan is not None:
         attrs.update(reused_from=[s.given for s in plan.sources], copies=plan.counts)
@@ -162,8 +162,8 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
             writer.abort()
         reason = disk_full_reason(e) if isinstance(e, Exception) else None
         if reason:
-            raise DiskFull(f"cannot write {run.result_path}: {reason}. No result file was left behind. "
-                           f"{remedy}") from None
+            raise DiskFull(f"cannot write {run.result_path}: {reason}. No result file was left behind. The shards "
+                           f"are intact; {make_room(reason)} and run `{again}`") from None
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)

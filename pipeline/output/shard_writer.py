@@ -20,7 +20,7 @@ import numpy as np
 from ..advice import command
 from .. import faults
 from . import shard_state
-from ..errors import DiskFull, RunDirError, disk_full_reason, ensure_space
+from ..errors import DiskFull, RunDirError, disk_full_reason, ensure_space, make_room
 from .h5io import Reader, Writer
 from .sorted_merge import merge_sorted_runs
 from .schema import RowBlock, Schema
@@ -162,13 +162,13 @@ class ShardWriter:
             self._raise_if_full(tmp, e)
             raise
 
-    def _remedy(self) -> str:
+    def _remedy(self, reason: str | None = None) -> str:
         return (f"Nothing partial was kept ({self.durable_rows} rows of this shard are durable); "
-                f"free space and run `{command('rerun', self.run.root)}`")
+                f"{make_room(reason)} and run `{command('rerun', self.run.root)}`")
 
     def _raise_if_full(self, path: Path, error: Exception) -> None:
         reason = disk_full_reason(error)
         if reason:
             path.unlink(missing_ok=True)
             raise DiskFull(f"cannot write {path.parent}/{path.name.strip('.').removesuffix('.tmp')}: {reason}. "
-                           + self._remedy()) from None
+                           + self._remedy(reason)) from None
