@@ -292,6 +292,9 @@ def _shard_list(value: str | None) -> list[range]:
             raise click.BadParameter(f"expected comma-separated shard numbers or ranges (3,17,20-22), got {value!r}",
                                      param_hint="--shards")
         found.append(range(first, last + 1))
+    if value is not None and not found:   # (a script's `--shards "$FAILED"` with nothing in it: not every shard)
+        raise click.BadParameter("no shard numbers given; leave --shards out for every unfinished shard",
+                                 param_hint="--shards")
     return found
 
 

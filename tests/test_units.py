@@ -6,6 +6,7 @@ import sys
 import types
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 import torch
@@ -460,6 +461,10 @@ def test_shard_lists_and_array_ranges_keep_ranges_whole():
     from pipeline.launchers.sbatch_scripts import array_ranges, merged_ranges
     assert _shard_list("3, 17,20-22,") == [range(3, 4), range(17, 18), range(20, 23)]
     assert _shard_list(f"0-{2**64}") == [range(0, 2**64 + 1)]
+    assert _shard_list(None) == []   # no --shards: every unfinished shard
+    for nothing in ("", " , "):   # a script's `--shards "$FAILED"` with nothing in it: not every shard either
+        with pytest.raises(click.BadParameter, match="no shard numbers given; leave --shards out"):
+            _shard_list(nothing)
     assert merged_ranges([range(20, 23), 3, 17, range(21, 25), 2, range(4, 4)]) == \
         [range(2, 4), range(17, 18), range(20, 25)]
     assert array_ranges([range(1, 2**63 + 1), 0, 5]) == "0-9223372036854775808"
