@@ -46,11 +46,12 @@ class NotMerged:
 
 
 @contextlib.contextmanager
-def command_session(run: RunDir, purpose: str, lock_wait: float = 0.0):
+def command_session(run: RunDir, purpose: str, lock_wait: float = 0.0, again: str | None = None):
     """What `run`, `rerun` and `merge` do around their work: hold the run's lock (waiting up to `lock_wait`
-    seconds for another command's), keep the log in run.log, remove what a killed command left, and record
-    a user error in run.log (the terminal shows it: cli.py)."""
-    with RunLock(run, purpose, wait_seconds=lock_wait) as lock:
+    seconds for another command's; `again`: the command line that starts a new run again, which the lock
+    records for a run killed while it plans), keep the log in run.log, remove what a killed command left, and
+    record a user error in run.log (the terminal shows it: cli.py)."""
+    with RunLock(run, purpose, wait_seconds=lock_wait, again=again) as lock:
         handler = run_log.attach(run)
         try:
             if lock.took_over:
@@ -86,7 +87,7 @@ def run(config: RunConfig, show_progress: bool = True, dry_run: bool = False, wa
     existed = run_dir.root.exists()
     run_dir.create()
     # (a command refused by the lock undoes nothing: what is there belongs to the command planning there now)
-    with command_session(run_dir, "run"):
+    with command_session(run_dir, "run", again=None if run_dir.exists() else config.as_command(str(run_dir.root))):
         try:
             log.info("run_shards %s: %s", __version__, files_shown(config.fasta))
             started = command_began()   # (the process's start for the CLI: its imports are the command's time too)

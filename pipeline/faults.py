@@ -19,6 +19,7 @@ RUN_SHARDS_FAULT_FREE_RAM=B      B bytes of free RAM stand for what host_memory.
                                 do not fit run without filling the machine
 RUN_SHARDS_FAULT_PLAN_CRASH=1   the parent raises RuntimeError (a bug's traceback) while recording a new run's
                                 plan: its index and copy plan written into OUT, its manifest not yet
+                                (=kill: it kills itself with SIGKILL there, leaving them)
 """
 from __future__ import annotations
 
@@ -64,8 +65,11 @@ def maybe_die(point: str, rank: int, number: int) -> None:
 
 
 def maybe_crash_planning() -> None:
-    if os.environ.get("RUN_SHARDS_FAULT_PLAN_CRASH") == "1":
+    crash = os.environ.get("RUN_SHARDS_FAULT_PLAN_CRASH")
+    if crash == "1":
         raise RuntimeError("injected crash while recording the plan (RUN_SHARDS_FAULT_PLAN_CRASH=1)")
+    if crash == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def free_ram() -> int | None:

@@ -20,7 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -137,6 +140,19 @@ def test_a_crash_in_planning_leaves_out_as_it_was(fasta, models, tmp_path):
     assert res.returncode == 1 and list(empty.iterdir()) == []
     res = run_cli(str(fasta), "--out", str(empty), "--model", models["esm"], *COMMON)
     assert res.returncode == 0, res.stderr
+    # Killed there instead (SIGKILL: nothing undone): status and rerun name the command that starts it again
+    # (they said "the `run_shards run` command that made it", which a script cannot follow), and it works.
+    killed = tmp_path / "killed"
+    res = run_cli(str(fasta), "--out", str(killed), "--model", models["esm"], *COMMON,
+                  env={"RUN_SHARDS_FAULT_PLAN_CRASH": "kill"})
+    assert res.returncode == -signal.SIGKILL and (killed / "index.rsidx").exists()
+    said = [run_cli(*words, str(killed)).stderr for words in (["status"], ["rerun"])]
+    again = re.search(r"killed before its manifest.json was written\): `run_shards (run .*)` starts it again", said[0])
+    assert again and said[1] == said[0], said
+    assert f"--out {killed} " in again[1] and str(fasta) in again[1]
+    res = run_cli(*shlex.split(again[1]))
+    assert res.returncode == 0, res.stderr
+    assert (killed / "result.h5").exists()
 
 
 def test_a_run_refused_by_the_lock_leaves_the_run_planning_there_alone(fasta, tmp_path):

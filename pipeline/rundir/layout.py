@@ -256,9 +256,11 @@ class RunDir:
                                   f"has no manifest.json until its plan is made. Once it has, "
                                   f"`{command('status', self.root)}` shows its shards")
             if any(True for _ in self.root.iterdir()) and all(self._early_entry(p.name) for p in self.root.iterdir()):
+                again = self._lock_record().get("again")
                 raise RunDirError(f"{self.root}: a run stopped there while it was planned (killed before its "
-                                  "manifest.json was written): the `run_shards run` command that made it starts it "
-                                  "again")
+                                  "manifest.json was written): " + (f"`{again}` starts it again" if again else
+                                                                     "the `run_shards run` command that made it "
+                                                                     "starts it again"))
             raise RunDirError(f"{self.root}: not a run_shards output directory (no manifest.json)")
         try:
             manifest = json.loads(self.manifest_path.read_text())
@@ -271,6 +273,14 @@ class RunDir:
     def write_manifest(self, manifest: dict) -> None:
         manifest = dict(manifest, format=MANIFEST_FORMAT, software=__version__)
         write_atomic(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
+
+    def _lock_record(self) -> dict:
+        """What OUT/.lock says of the command that last held it, alive or not ({} if nothing readable)."""
+        try:
+            record = json.loads((self.root / ".lock").read_bytes() or b"{}")
+        except (OSError, ValueError):
+            return {}
+        return record if isinstance(record, dict) else {}
 
     def active_command(self) -> dict | None:
         """Who holds the run's lock (OUT/.lock, locks.py) now, read without locking (so `status` never gets in a

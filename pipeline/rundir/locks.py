@@ -85,9 +85,10 @@ class RunLock:
     a live holder is named in the refusal, or waited for (`wait_seconds`, as a SLURM merge job does).
     """
 
-    def __init__(self, run: RunDir, purpose: str, wait_seconds: float = 0.0):
+    def __init__(self, run: RunDir, purpose: str, wait_seconds: float = 0.0, again: str | None = None):
         self.root, self.path = run.root, run.root / ".lock"
         self.purpose, self.wait_seconds = purpose, wait_seconds
+        self.again = again         # the command line that does this command's work again (a new run's)
         self.fd: int | None = None
         self.took_over: dict | None = None
         self.waited = False        # another command held it when this one came
@@ -102,7 +103,8 @@ class RunLock:
         self.took_over = _holder_record(fd) or None
         _write_record(fd, {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                            "since": _now(), "start": process_start(),   # (a later process with its pid is not it)
-                           "inode": os.fstat(fd).st_ino})   # (a copy's record is not its own)
+                           "inode": os.fstat(fd).st_ino,   # (a copy's record is not its own)
+                           **({"again": self.again} if self.again else {})})
         self.fd = fd
         return self
 
