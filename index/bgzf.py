@@ -53,7 +53,8 @@ _TABLES: dict[tuple, np.ndarray] = {}
 
 def block_table(path: str) -> np.ndarray:
     """int64 [M + 1, 2]: (compressed, uncompressed) start offset of each member, then (file size, text
-    size). NotBgzf when a member is not BGZF; FastaError when the file ends inside a member."""
+    size). NotBgzf when a member is not BGZF; FastaError when the file ends inside a member, or without the
+    empty member that ends every BGZF file (htslib's EOF marker: only it tells a file cut at a member boundary)."""
     st = os.stat(path)
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     if key in _TABLES:
@@ -77,10 +78,16 @@ def block_table(path: str) -> np.ndarray:
             if at + size > len(buf):
                 raise FastaError(path, "the gzip data ends early (the file is truncated)", hint=_DAMAGED)
             rows.append((coffset, uoffset))
-            uoffset += struct.unpack_from("<I", buf, at + size - 4)[0]   # ISIZE: the member's text bytes
+            isize = struct.unpack_from("<I", buf, at + size - 4)[0]   # ISIZE: the member's text bytes
+            uoffset += isize
             coffset += size
     finally:
         os.close(fd)
+    if rows and isize:   # BGZF ends with an empty member: a file cut at a member boundary still inflates cleanly
+        raise FastaError(path, "the BGZF end-of-file marker is missing: the file was cut short at a block boundary "
+                               "(which gzip -t cannot tell), and its last record may be cut",
+                         hint="Download or copy the file again; a whole file written without the marker is read "
+                              "as its text: gzip -dc FILE > FILE.fasta")
     rows.append((coffset, uoffset))
     table = np.array(rows, np.int64).reshape(-1, 2)
     if len(_TABLES) >= 4:                      # kept between readable_paths and the scan that follows it

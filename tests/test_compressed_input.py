@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from index import SequenceIndex, load_or_build
-from index.bgzf import BgzfStream, BgzfText
+from index.bgzf import BgzfStream, BgzfText, block_table
 
 from .run_helpers import env_with, file_size_limit, read
 from .test_fasta_formats import biopython_view
@@ -120,6 +120,11 @@ def test_other_compressions_and_damaged_gzip_are_refused_by_name(plain, tmp_path
         "bad.fasta.gz": (gzip.compress(data)[:30] + b"\xff" * 200, "the gzip data is damaged", "gzip -t"),
         "cut.bgz.gz": (bgzf[:-100], "the gzip data ends early (the file is truncated)", "gzip -t"),
         "bad.bgz.gz": (bytes(flipped), "the gzip data is damaged", "gzip -t"),
+        # cut where a member starts: every member left inflates cleanly (gzip -t passes), the last record was cut
+        # silently; only the missing end-of-file member tells
+        "cutblock.bgz.gz": (bgzf[:int(block_table(str(tmp_path / "bgzf"))[-3, 0])],
+                            "the BGZF end-of-file marker is missing: the file was cut short at a block boundary",
+                            "gzip -dc"),
     }
     for name, (content, message, command) in cases.items():
         path = tmp_path / name
