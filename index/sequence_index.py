@@ -556,6 +556,13 @@ class SequenceIndex:
             detail = (f"{len(self):,} records when the run started, {len(fresh):,} now" if not same else
                       f"same records and lengths, but the contents of {some(edited, ', ')} differ")
             return f"{some(changes)}; {detail}"
+        # The same text compressed again (bgzip of another block size, a recompression): this index reads its
+        # records through the old blocks, at offsets the file no longer has.
+        moved = [f.path for k, f in enumerate(self.inputs)
+                 if not _same_table(self.block_table(k), fresh.block_table(k))]
+        if moved:
+            return (f"{some(changes)}; the same text, but {some(moved, ', ')} was compressed again: its BGZF blocks, "
+                    "through which this run reads its records, moved")
         if self.checksums is None and any(f.content_crc32 is None for f in self.inputs):
             log.warning("input files were touched (%s); their records have the same layout, but this run's "
                         "index predates content checksums, so edits that keep every length cannot be ruled out",
@@ -563,6 +570,10 @@ class SequenceIndex:
         else:
             log.info("input files were touched (%s) but their contents are unchanged", some(changes))
         return None
+
+
+def _same_table(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return (a is None) == (b is None) and (a is None or np.array_equal(a, b))
 
 
 def some(items: list[str], sep: str = "; ", shown: int = 5) -> str:
