@@ -262,6 +262,18 @@ def test_duplicate_ids_refused_then_renamed(tmp_path, models):
     data, _ = read(tmp_path / "a" / "result.h5")
     assert [i.decode() for i in data["ids"]] == ["alpha", "beta", "gamma", "alpha.dup2", "delta"]
     assert data["original_ids/index"].tolist() == [3] and data["original_ids/ids"].tolist() == [b"alpha"]
+    # Duplicates and an empty record: the command suggested for the duplicates handles both (it named only
+    # --on-duplicate-id rename, and then stopped at the empty record, suggesting a third command)
+    both = tmp_path / "both.fasta"
+    both.write_bytes(b">a\nMKV\n>b\n>a\nMKVL\n")
+    res = run_cli(str(both), "--out", str(tmp_path / "b"), "--model", models["demo"], "--gpus", "0", "--no-progress")
+    assert res.returncode == 2 and f"1 record(s) have no residues as well ({both}:3 'b')" in res.stderr, res.stderr
+    (suggested,) = suggested_commands(res.stderr)
+    assert "--skip-empty" in suggested and "rename" in suggested, suggested
+    res = run_cli(*suggested)
+    assert res.returncode == 0, res.stderr
+    data, _ = read(tmp_path / "b" / "result.h5")
+    assert [i.decode() for i in data["ids"]] == ["a", "b", "a.dup2"] and data["status"].tolist() == [0, 3, 0]
 
 
 def test_bad_fasta_is_a_clear_error(tmp_path):

@@ -61,11 +61,18 @@ def _duplicate_ids(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
         shown = "; ".join(f"'{index.id(g[0])}' at " + ", ".join(index.where(i) for i in g)
                           for g in groups[:MAX_LISTED])
         more = f" (and {len(groups) - MAX_LISTED:,} more ids)" if len(groups) > MAX_LISTED else ""
-        rename = dataclasses.replace(config, on_duplicate_id="rename").as_command()
+        # (empty records too: the command names both options, so that it does not stop at the next refusal)
+        empty = [] if config.skip_empty else index.empty_records()
+        also = ""
+        if len(empty):
+            listed = listing([where_in_input(index, int(i)) for i in empty[:MAX_LISTED]], len(empty))
+            also = (f"; {len(empty)} record(s) have no residues as well ({listed}), which --skip-empty keeps as rows "
+                    f"with status {status_codes.EMPTY} and no values")
+        rename = dataclasses.replace(config, on_duplicate_id="rename", skip_empty=config.skip_empty or bool(len(empty)))
         raise UserError(f"{total} duplicate sequence id(s) in the input: {shown}{more}. Output rows are "
                         "keyed by id, so ids must be unique: fix the FASTA, or suffix the repeats ('id.dup2'; "
-                        f"the original ids kept in the output's `original_ids`) with --on-duplicate-id rename: "
-                        f"`{rename}`")
+                        f"the original ids kept in the output's `original_ids`) with --on-duplicate-id rename{also}: "
+                        f"`{rename.as_command()}`")
     index, originals = index.with_renamed_duplicates(groups)
     log.warning("%d duplicate id(s) renamed (e.g. %s); originals kept in `original_ids`", len(originals),
                 ", ".join(f"{v} -> {index.id(k)}" for k, v in list(originals.items())[:3]))
