@@ -401,7 +401,8 @@ class _FileScanner:
                         pending = b.open_header
                 yield from (p for p in pieces if len(p.offsets))
             if not seen_header:
-                raise FastaError(self.path, "file is empty: no FASTA records",
+                raise FastaError(self.path, "no FASTA records: the file is empty" if self.size == 0 else
+                                 "no FASTA records: the file holds no '>' header",
                                  hint="A record is a '>' header line followed by sequence lines")
             if pending is not None:
                 yield self.record(pending, self.size)
@@ -551,7 +552,7 @@ def _explain(path: str, p: _Problem) -> FastaError:
                           hint="FASTA comment lines are not supported (they would be read as residues); remove "
                                "them, e.g. sed '/^;/d' TEXT > TEXT.nocomments.fasta")
     if p.kind == "empty_id":
-        return FastaError(path, "header has no id (nothing after '>')", line=line,
+        return FastaError(path, "header has no id (no word right after '>')", line=line,
                           hint="Give every record an id: '>my_id optional description'")
     if p.kind == "header_nul":
         return FastaError(path, "NUL byte (0x00) in the header", line=line, seq_id=seq_id or None,

@@ -284,8 +284,8 @@ def test_several_files_keep_order_and_file_numbers(tmp_path):
 
 
 @pytest.mark.parametrize("content,message,line", [
-    (b"", "file is empty", None),
-    (b"\n\n  \n", "file is empty", None),
+    (b"", "no FASTA records: the file is empty", None),
+    (b"\n\n  \n", "no FASTA records: the file holds no '>' header", None),
     (b"ACDE\n>a\nAC\n", "sequence data before the first header", 1),
     (b"\n\nACDE\n>a\nAC\n", "sequence data before the first header", 3),
     (b">a\nAC\x00DE\n", "binary or control byte 0x00 in the sequence data", 2),
