@@ -265,15 +265,17 @@ def test_duplicate_ids_refused_then_renamed(tmp_path, models):
     # Duplicates and an empty record: the command suggested for the duplicates handles both (it named only
     # --on-duplicate-id rename, and then stopped at the empty record, suggesting a third command)
     both = tmp_path / "both.fasta"
-    both.write_bytes(b">a\nMKV\n>b\n>a\nMKVL\n")
+    both.write_bytes(b">a\nMKV\n>b\n>a\nMKVL\n>a\nMK\n")
     res = run_cli(str(both), "--out", str(tmp_path / "b"), "--model", models["demo"], "--gpus", "0", "--no-progress")
     assert res.returncode == 2 and f"1 record(s) have no residues as well ({both}:3 'b')" in res.stderr, res.stderr
+    assert "1 duplicate sequence id(s) in the input, on 3 records: 'a' at" in res.stderr   # (ids, not repeats)
     (suggested,) = suggested_commands(res.stderr)
     assert "--skip-empty" in suggested and "rename" in suggested, suggested
     res = run_cli(*suggested)
     assert res.returncode == 0, res.stderr
     data, _ = read(tmp_path / "b" / "result.h5")
-    assert [i.decode() for i in data["ids"]] == ["a", "b", "a.dup2"] and data["status"].tolist() == [0, 3, 0]
+    assert [i.decode() for i in data["ids"]] == ["a", "b", "a.dup2", "a.dup3"]
+    assert data["status"].tolist() == [0, 3, 0, 0]
 
 
 def test_bad_fasta_is_a_clear_error(tmp_path):

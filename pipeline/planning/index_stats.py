@@ -27,7 +27,8 @@ def index_report(fasta: list[str], workers: int, rebuild: bool = False) -> str:
         lines.append(f"  worker {r}: {stats.sequences[r]:,} sequences, {stats.tokens[r]:,} residues")
     dups = index.duplicate_ids()
     if dups:
-        lines.append(f"warning: {sum(len(g) - 1 for g in dups)} duplicate id(s), e.g. '{index.id(dups[0][0])}'")
+        lines.append(f"warning: {len(dups)} duplicate id(s), on {sum(map(len, dups))} records, e.g. "
+                     f"'{index.id(dups[0][0])}'")
     empty = index.empty_records()
     if len(empty):
         lines.append(f"warning: {len(empty)} empty record(s), e.g. {where_in_input(index, int(empty[0]))}")

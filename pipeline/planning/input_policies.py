@@ -57,7 +57,7 @@ def _duplicate_ids(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
     if not groups:
         return index
     if config.on_duplicate_id == "error":
-        total = sum(len(g) - 1 for g in groups)
+        total = sum(len(g) - 1 for g in groups)   # records repeating an id
         shown = "; ".join(f"'{index.id(g[0])}' at " + ", ".join(index.where(i) for i in g)
                           for g in groups[:MAX_LISTED])
         more = f" (and {len(groups) - MAX_LISTED:,} more ids)" if len(groups) > MAX_LISTED else ""
@@ -69,7 +69,8 @@ def _duplicate_ids(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
             also = (f"; {len(empty)} record(s) have no residues as well ({listed}), which --skip-empty keeps as rows "
                     f"with status {status_codes.EMPTY} and no values")
         rename = dataclasses.replace(config, on_duplicate_id="rename", skip_empty=config.skip_empty or bool(len(empty)))
-        raise UserError(f"{total} duplicate sequence id(s) in the input: {shown}{more}. Output rows are "
+        raise UserError(f"{len(groups)} duplicate sequence id(s) in the input, on {total + len(groups)} records: "
+                        f"{shown}{more}. Output rows are "
                         "keyed by id, so ids must be unique: fix the FASTA, or suffix the repeats ('id.dup2'; "
                         f"the original ids kept in the output's `original_ids`) with --on-duplicate-id rename{also}: "
                         f"`{rename.as_command()}`")
