@@ -29,6 +29,11 @@ def process_alive(pid: int, start: str | None = None) -> bool:
     return start is None or started is None or started == start
 
 
+def process_stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, Ctrl-Z, a debugger): alive, but computing nothing until continued."""
+    return _state_and_start(pid)[0] in ("T", "t")
+
+
 def process_start(pid: int | None = None) -> str | None:
     """`BOOT_ID:TICKS`, what tells this process (or `pid`) from a later one with the same pid, on Linux (/proc);
     None elsewhere."""

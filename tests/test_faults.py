@@ -71,12 +71,22 @@ def test_parent_killed_workers_stop_then_rerun(fasta, common, reference, tmp_pat
     proc = start(fasta, "--out", str(out), *common, env=dict(RUN_SHARDS_FAULT_BATCH_SLEEP="0.3"))
     wait_for(lambda: all("checkpoint part_000000" in log_text(out, r) for r in (0, 1)))
     pids = [worker_pid(out, r) for r in (0, 1)]
+    os.kill(pids[1], signal.SIGSTOP)   # (Ctrl-Z of a worker, a debugger): it holds its shard but does nothing
     proc.kill()
     proc.wait()
 
-    def gone():
+    def gone(pids):
         return all(not os.path.exists(f"/proc/{p}") or open(f"/proc/{p}/stat").read().split()[2] == "Z" for p in pids)
-    wait_for(gone, timeout=60)   # no orphans left holding memory
+    wait_for(lambda: gone(pids[:1]), timeout=60)
+    # status and rerun say it is stopped and how to go on; rerun's way on once it has stopped is rerun (it named
+    # `merge`, which refuses a shard its process left unfinished)
+    stopped = f"STOPPED (SIGSTOP or Ctrl-Z): it does nothing until `kill -CONT {pids[1]}` continues it"
+    assert stopped in run_cli("status", str(out)).stdout
+    res = run_cli("rerun", str(out), "--shards", "1")
+    assert res.returncode != 0 and stopped in res.stderr and "left to it" in res.stderr, res.stderr
+    assert f"continue with:  run_shards rerun {out}" in res.stderr and "merge with" not in res.stderr
+    os.kill(pids[1], signal.SIGCONT)
+    wait_for(lambda: gone(pids), timeout=60)   # no orphans left holding memory
     for r in (0, 1):   # the kernel's parent-death signal, not a Ctrl-C, and said so
         text = log_text(out, r)
         assert "stopping after the current batch: the parent process is gone" in text, text

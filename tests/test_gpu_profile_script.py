@@ -125,7 +125,7 @@ def test_micro_leaves_out_its_rows_near_its_limit_instead_of_being_killed(tmp_pa
 
 
 def test_env_goes_on_when_nvidia_smi_does_not_answer(tmp_path):
-    """The env step has 15 s: an nvidia-smi that hangs (a driver busy or half there) costs it a few seconds and a
+    """The env step has 20 s: an nvidia-smi that hangs (a driver busy or half there) costs it a few seconds and a
     line, not the whole step (the versions and the measured ceilings come after it)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -29,7 +29,7 @@ def nvidia_smi(report: Report) -> None:
     if shutil.which("nvidia-smi") is None:
         report.line("nvidia-smi: not on the PATH (no NVIDIA driver here)")
         return
-    try:   # (a bound well inside the step's own 15 s: the versions and ceilings below still come out)
+    try:   # (a bound well inside the step's own 20 s: the versions and ceilings below still come out)
         text = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK,POWER"], capture_output=True, text=True,
                               timeout=SMI_TIMEOUT_S).stdout
     except (subprocess.TimeoutExpired, OSError) as e:

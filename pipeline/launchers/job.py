@@ -55,8 +55,9 @@ class Launched:
         if not self.busy:
             return []
         lines = [f"shard {r} is being computed by {describe_holder(h)}; left to it" for r, h in self.busy.items()]
-        return lines + [f"Once it has finished (`{command('status', run.root)}` shows it), merge with:  "
-                        f"{command('merge', run.root)}"]
+        # (rerun, not merge: it merges a shard that finished, and computes one whose process stopped without)
+        return lines + [f"Once it has stopped (`{command('status', run.root)}` shows it), continue with:  "
+                        f"{command('rerun', run.root)}"]
 
 
 @dataclass

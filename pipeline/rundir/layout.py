@@ -28,7 +28,7 @@ from typing import Iterator
 from .. import __version__
 from ..advice import command
 from ..errors import RunDirError
-from ..processes import process_alive
+from ..processes import process_alive, process_stopped
 from .failure import FailureRecord
 
 # The spill folders commands make in OUT (`.rs-NAME-` and tempfile.mkdtemp's random suffix): index/stride.py, planning/copies.py,
@@ -113,7 +113,11 @@ def describe_holder(holder: dict) -> str:
         return "another process"
     slurm = f", SLURM task {holder['slurm']}" if holder.get("slurm") else ""
     purpose = f", `{holder['purpose']}`" if holder.get("purpose") else ""
-    return f"pid {holder.get('pid')} on {holder.get('host')}{purpose}{slurm}, since {holder.get('since')}"
+    stopped = ""
+    if holder.get("host") == socket.gethostname() and process_stopped(int(holder["pid"])):
+        stopped = (f", STOPPED (SIGSTOP or Ctrl-Z): it does nothing until `kill -CONT {holder['pid']}` continues it "
+                   f"(or `kill {holder['pid']}` ends it)")
+    return f"pid {holder.get('pid')} on {holder.get('host')}{purpose}{slurm}, since {holder.get('since')}{stopped}"
 
 
 @dataclass
