@@ -532,8 +532,8 @@ def _open_scanner(path: str, threads: int, nucleotides: bool, hashes: bool = Fal
         return _FileScanner(path, threads, nucleotides, hashes)
     except FileNotFoundError:
         if os.path.basename(path) == "-":
-            raise FastaError(path, "file not found", hint="Standard input is not read ('-'): the index needs a "
-                             "file it can read again; save the FASTA to a file and pass its path") from None
+            raise FastaError(path, "no such file, and standard input ('-') is not read", hint="The index needs a "
+                             "file it can read again: save the FASTA to a file and pass its path") from None
         raise FastaError(path, "file not found", hint="Check the path") from None
     except PermissionError:
         raise FastaError(path, "permission denied: cannot read the file") from None

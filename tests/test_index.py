@@ -338,7 +338,7 @@ def test_missing_and_directory_inputs(tmp_path):
         SequenceIndex.build([tmp_path / "nope.fasta"])
     with pytest.raises(FastaError, match="is a directory"):
         SequenceIndex.build([tmp_path])
-    with pytest.raises(FastaError, match="Standard input is not read"):
+    with pytest.raises(FastaError, match=r"-: no such file, and standard input \('-'\) is not read\. The index needs"):
         SequenceIndex.build(["-"])
     (tmp_path / "a.fa").write_bytes(b">a\nMK\n")
     with pytest.raises(FastaError, match="the same file is given twice"):
