@@ -194,6 +194,9 @@ def test_get_names_missing_ids_and_other_mistakes_in_one_line(result, tmp_path):
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert re.match(r"error: 2 id\(s\) not in .*result\.h5: 'nope', 'dupe\.dup9'\. ", missing.stderr), missing.stderr
     assert missing.stdout == ""
+    header = run_cli("get", str(out), f">{ids[0]} its description")   # a FASTA header line pasted as the id
+    assert header.returncode == 2 and (f"'>{ids[0]} its description' is looked up as written: `--ids-from FILE` "
+                                       "reads FASTA header lines") in header.stderr, header.stderr
     planned = tmp_path / "planned"   # (a run directory whose result is not merged yet)
     planned.mkdir()
     shutil.copy(out / "manifest.json", planned)

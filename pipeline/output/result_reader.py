@@ -41,9 +41,13 @@ class MissingIds(UserError):
         self.missing = missing
         shown = ", ".join(repr(m) for m in missing[:MAX_NAMED])
         more = f" (and {len(missing) - MAX_NAMED:,} more)" if len(missing) > MAX_NAMED else ""
+        header = next((m for m in missing if m.startswith(">")), None)
+        lines = "" if header is None else (
+            f"; {header!r} is looked up as written: `--ids-from FILE` reads FASTA header lines (its id, without '>' "
+            "and the description)")
         super().__init__(f"{len(missing):,} id(s) not in {path}: {shown}{more}. Ids are matched exactly as "
                          "the FASTA header's first word (renamed duplicates as 'id.dup2'); a partial result "
-                         "lists the ids it lacks in `missing_ids`")
+                         f"lists the ids it lacks in `missing_ids`{lines}")
 
 
 def result_path(path: str | os.PathLike) -> Path:
