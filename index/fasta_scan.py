@@ -12,8 +12,8 @@ What a FASTA file is here (README "Sequence text" and "Bad input"):
 - A header may hold any byte but NUL. The id is its first run of bytes above 32: it ends at whitespace or
   at a control byte such as NCBI's Ctrl-A (0x01), which joins the deflines of merged identical sequences
   in the non-redundant databases, as NCBI's own tools read them. The whole line stays the description.
-- Sequence data: ASCII whitespace (space, tab, CR, LF, VT, FF) is removed; NUL, other control bytes and
-  bytes above 126 are refused. A trailing '*' stop symbol is dropped. Residue count = that text's length.
+- Sequence data: ASCII whitespace (space, tab, CR, LF, VT, FF) is removed; NUL, other control bytes,
+  bytes above 126 and '>' (an indented header would join two records) are refused. A trailing '*' stop symbol is dropped. Residue count = that text's length.
 - Lines starting with ';' (the old Pearson comment lines) are refused wherever they are: other tools
   either refuse them or read them as residues, and silently doing either would change the results.
 """
@@ -203,6 +203,15 @@ def _records(buf, base, ws, wv, le, hj, hs, ends, end_rank, nucleotides: bool) -
         if in_seq.any():
             k = int(np.argmax(in_seq))
             raise _Problem("byte", base + int(high[k]), base + int(hs[owner[k]]), int(buf[high[k]]))
+    # '>' is never a residue: in sequence data it is a header that does not start its line (indented), which
+    # would join two records into one, or text glued to a sequence. (A description may hold it.)
+    if np.count_nonzero(buf[first:stop] == _GT) > len(hs):   # (each header start is one; counted first: cheaper)
+        gts = np.flatnonzero(buf[first:stop] == _GT) + first
+        owner = np.searchsorted(hs, gts, side="right") - 1
+        in_seq = gts >= header_end[owner]
+        if in_seq.any():
+            k = int(np.argmax(in_seq))
+            raise _Problem("gt", base + int(gts[k]), base + int(hs[owner[k]]))
 
     # id: from after '>' to the first byte < 33; a header with leading blanks is fixed up one by one.
     id_start = hs + 1
@@ -282,6 +291,9 @@ class _RecordStream:
         if len(c) and c.max() > 126:
             k = int(np.argmax(c > 126))
             raise _Problem("byte", at + k, self.start, int(c[k]))
+        gt = np.flatnonzero(c == _GT)
+        if len(gt):
+            raise _Problem("gt", at + int(gt[0]), self.start)
         blanks = len(lowv)
         if blanks < len(c):
             self.residues += len(c) - blanks
@@ -554,6 +566,11 @@ def _explain(path: str, p: _Problem) -> FastaError:
     if p.kind == "empty_id":
         return FastaError(path, "header has no id (no word right after '>')", line=line,
                           hint="Give every record an id: '>my_id optional description'")
+    if p.kind == "gt":
+        return FastaError(path, "'>' in the sequence data: a header starts at the beginning of its line", line=line,
+                          seq_id=seq_id, hint="A '>' after spaces (an indented header) would be read as residues, "
+                                              "joining two records into one: remove what comes before it on its line, "
+                                              "or the stray '>'")
     if p.kind == "header_nul":
         return FastaError(path, "NUL byte (0x00) in the header", line=line, seq_id=seq_id or None,
                           hint="A header may hold any text but NUL; the file is corrupt or not a FASTA text file")

@@ -74,7 +74,6 @@ ODD = {
     "inner_spaces_tabs": b">a\tdesc with tab\nAC DE\tFG\n>b\nM M\n",
     "leading_blank_in_header": b">  spaced id here\nAC\n",
     "utf8_description": ">a caf\u00e9 \u03b2-lactamase\nAC\n".encode(),
-    "gt_inside_sequence": b">a\nAC>DE\n>b\nM\n",
 }
 
 
@@ -304,6 +303,9 @@ def test_several_files_keep_order_and_file_numbers(tmp_path):
     (">a desc\nMKV\n".encode("utf-16-be"), "UTF-16 (big-endian) text", None),
     (">a\nMKV\n".encode("utf-32"), "UTF-32 (little-endian) text", None),
     (b"\x1f\x8b\x08\x00rest", "gzip-compressed", None),
+    (b">a\nAC>DE\n>b\nM\n", "'>' in the sequence data: a header starts at the beginning of its line", 2),
+    (b">a\nAC\n  >b\nM\n", "'>' in the sequence data", 3),   # an indented header: it would join b to a
+    (b">a desc -> x\nAC\n\t>b\nM\n", "'>' in the sequence data", 3),   # (a '>' in a description is fine)
     (b">a\nAC\n>\nMM\n", "header has no id", 3),
     (b">a\nAC\n>   \nMM\n", "header has no id", 3),
 ])
