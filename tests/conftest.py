@@ -7,8 +7,16 @@ must not run interpreted kernels (the engine's CPU path, the CLI's workers) does
 """
 import collections
 import os
+import signal
 
 import torch
+
+# The commands the tests start meet Ctrl-C as a terminal gives it: with SIGINT's default. A test runner started
+# as a script's background job (`pytest ... &` in a non-interactive shell, `nohup`) has SIGINT ignored, which every
+# process it starts inherits, and run_shards keeps a signal it was started with ignored (as a shell means it):
+# the tests that interrupt a run with SIGINT then saw it finish instead. (A test of that case ignores it itself.)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
