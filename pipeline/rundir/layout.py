@@ -306,7 +306,8 @@ class RunDir:
 
     # ------------------------------------------------------------------ entries of the wrong kind
     # What run_shards keeps in OUT as a file or a folder, by name (glob patterns under shards/ and logs/).
-    FILE_ENTRIES = ("manifest.json", "result.h5", "report.html", "index.rsidx", "copies.rsidx", "variants.npz",
+    # (report.html is left out: a report that cannot be written is a warning, never a reason to stop)
+    FILE_ENTRIES = ("manifest.json", "result.h5", "index.rsidx", "copies.rsidx", "variants.npz",
                     "merge_problems.tsv", "shards/shard_*.h5", "shards/shard_*.failed.json", "logs/run.log",
                     "logs/events.jsonl", "logs/worker_*.log", "logs/events_*.jsonl")
     FOLDER_ENTRIES = ("shards", "logs", "shards/shard_*.parts")
