@@ -211,6 +211,9 @@ def test_get_names_missing_ids_and_other_mistakes_in_one_line(result, tmp_path):
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert read_ids(["a"], "-", io.StringIO(">b desc\n\nc\n")) == ["a", "b", "c"]
     assert read_ids([], "-", io.StringIO(">>x desc\n> y\n>\n")) == [">x", "y"]   # '>x' is the id of '>>x'
+    with pytest.raises(UserError, match=r"no ids given \(standard input has header lines without an id, a '>' and "
+                                        r"nothing after it: line\(s\) 1, 3\)"):
+        read_ids([], "-", io.StringIO(">\n\n>  \n"))
     # -o in a folder that does not exist: named before any work (at 9014c4f export ended in pyarrow's traceback
     # and get advised a read-write mount of the run directory)
     from pipeline.output.export import export

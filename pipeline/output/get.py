@@ -55,7 +55,7 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
     """The ids of the command line, then those of `ids_from` (a file, or '-' for standard input), one per
     line (blank lines ignored; a line starting with '>' is a HeaderLine: a FASTA header's id, or an id that
     starts with '>')."""
-    ids = list(given)
+    ids, idless = list(given), []   # (idless: --ids-from lines that are a '>' and nothing else)
     if ids_from:
         source = "standard input" if ids_from == "-" else ids_from
         try:   # (the bytes decoded here, a file's or standard input's, not in the locale's encoding; a BOM, as
@@ -74,6 +74,8 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
             line = line.lstrip(_SPACE)
             word = _ID.search(line.removeprefix(">"))   # (one '>' is a header's mark: '>>x' is '>x')
             if not word:
+                if line.startswith(">"):
+                    idless.append(number)
                 continue
             try:
                 word[0].encode("utf-8")
@@ -88,7 +90,10 @@ def read_ids(given: Iterable[str], ids_from: str | None, stdin: TextIO | None = 
             else:
                 ids.append(word[0])
     if not ids:
-        raise UserError("no ids given: pass them after OUT, or one per line with --ids-from FILE (- for stdin)")
+        header = (f" ({source} has header lines without an id, a '>' and nothing after it: line(s) "
+                  f"{', '.join(map(str, idless[:5]))})") if idless else ""
+        raise UserError(f"no ids given{header}: pass them after OUT, or one per line with --ids-from FILE (- for "
+                        "stdin)")
     return ids
 
 
