@@ -1,4 +1,7 @@
 """User-facing errors: the CLI prints these as one clear message, without a traceback."""
+from __future__ import annotations
+
+from collections.abc import Callable
 
 
 class UserError(Exception):
@@ -103,9 +106,10 @@ def permission_reason(error: BaseException) -> str | None:
             f"directory lets others read it), or run the command as {owner}")
 
 
-def ensure_space(directory, nbytes: int, what: str, remedy: str) -> None:
+def ensure_space(directory, nbytes: int, what: str, remedy: Callable[[str], str]) -> None:
     """Refuse, before writing, a file whose data alone (`nbytes`, a lower bound of its size: output files are
-    uncompressed) cannot fit on the disk holding `directory` or under RLIMIT_FSIZE.
+    uncompressed) cannot fit on the disk holding `directory` or under RLIMIT_FSIZE. `remedy(reason)`: what to do,
+    for the reason found (disk_full_reason's words), as the caller says it after a write that failed.
 
     Only what certainly cannot fit is refused here: any write that might fit is tried, and a real write
     failure is reported by the caller (`disk_full_reason`). Refusing early keeps HDF5 out of a write that
@@ -117,11 +121,11 @@ def ensure_space(directory, nbytes: int, what: str, remedy: str) -> None:
     free = stat.f_bavail * stat.f_frsize
     if nbytes > free:
         raise DiskFull(f"cannot write {what}: its data alone takes {human_bytes(nbytes)} and {directory} has "
-                       f"{human_bytes(free)} free (no space left on the device). {remedy}")
+                       f"{human_bytes(free)} free ({_FULL_ERRNOS[28]}). {remedy(_FULL_ERRNOS[28])}")
     soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if soft != resource.RLIM_INFINITY and nbytes > soft:
         raise DiskFull(f"cannot write {what}: its data alone takes {human_bytes(nbytes)}, over this process's file "
-                       f"size limit of {human_bytes(soft)} (the file size limit was reached; see ulimit -f). {remedy}")
+                       f"size limit of {human_bytes(soft)} ({_FULL_ERRNOS[27]}). {remedy(_FULL_ERRNOS[27])}")
 
 
 # Descriptors a step opens besides the files it holds many of (a merge: its result, spill files, the index).

@@ -723,3 +723,21 @@ def test_a_lower_max_length_in_a_caches_refusal_comes_with_a_policy_the_task_all
     changed, _ = _within_length(dataclasses.replace(config, max_length=2080), config)
     changed.validate()   # what the CLI refuses (a policy the task does not allow, a window over the limit)
     assert changed.as_command(command[command.index("--out") + 1]).split() == command
+
+
+def test_ensure_space_gives_the_remedy_its_reason(tmp_path):
+    """The check before a write says what lifts it for the reason it found: a file size limit is not lifted by
+    freeing space (its message said "see ulimit -f" and then the callers' "free space and run ...")."""
+    import resource
+    from pipeline.errors import DiskFull, ensure_space, make_room
+    remedy = lambda reason: f"{make_room(reason)} and run it again"  # noqa: E731
+    with pytest.raises(DiskFull, match=r"\(no space left on the device\)\. free space and run it again"):
+        ensure_space(tmp_path, 1 << 62, "x", remedy)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))
+    try:
+        with pytest.raises(DiskFull, match=r"\(the file size limit was reached\)\. raise the file size limit "
+                                           r"\(`ulimit -f`\) and run it again"):
+            ensure_space(tmp_path, 5000, "x", remedy)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

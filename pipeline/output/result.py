@@ -121,7 +121,9 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
     attrs = dict(manifest["attrs"])
     tmp = run.result_path.with_name(f".{run.result_path.name}.tmp")
     again = command('merge', run.root, *(['--allow-partial'] if allow_partial else []))
-    remedy = f"The shards are intact; free space and run `{again}`"
+
+    def remedy(reason: str) -> str:
+        return f"The shards are intact; {make_room(reason)} and run `{again}`"
     plan = CopyPlan(run.copies_path) if run.copies_path.exists() else None
     if plan is not None:
         attrs.update(reused_from=[s.given for s in plan.sources], copies=plan.counts)
@@ -162,8 +164,8 @@ def _write(run: RunDir, manifest: dict, index: SequenceIndex, schema: Schema, re
             writer.abort()
         reason = disk_full_reason(e) if isinstance(e, Exception) else None
         if reason:
-            raise DiskFull(f"cannot write {run.result_path}: {reason}. No result file was left behind. The shards "
-                           f"are intact; {make_room(reason)} and run `{again}`") from None
+            raise DiskFull(f"cannot write {run.result_path}: {reason}. No result file was left behind. "
+                           f"{remedy(reason)}") from None
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)

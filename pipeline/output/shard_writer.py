@@ -101,7 +101,7 @@ class ShardWriter:
         number = int(existing[-1].stem.split("_")[1]) + 1 if existing else 0
         final = self.parts / f"part_{number:06d}.h5"
         tmp = self.parts / f".part_{number:06d}.h5.tmp"
-        ensure_space(self.parts, block.nbytes(), f"checkpoint {final}", self._remedy())
+        ensure_space(self.parts, block.nbytes(), f"checkpoint {final}", self._remedy)
         with self._new_file(tmp, dict(self.attrs, part=number), rows_hint=len(block),
                             values_hint={g: int(v.sum()) for g, v in block.lengths.items()}) as writer:
             writer.append(block)
@@ -132,7 +132,7 @@ class ShardWriter:
         tmp = path.with_name(f".{path.name}.tmp")
         with ExitStack() as opened:   # a part that fails to open closes those opened before it
             readers = [opened.enter_context(Reader(p, cache_bytes=0)) for p in shard_state.part_files(self.parts)]
-            ensure_space(path.parent, sum(r.data_bytes() for r in readers), f"shard {path}", self._remedy())
+            ensure_space(path.parent, sum(r.data_bytes() for r in readers), f"shard {path}", self._remedy)
             with self._new_file(tmp, self.attrs, rows_hint=len(self.expected)) as writer:
                 problems = merge_sorted_runs(readers, writer, self.expected, row_bytes)
                 assert not problems, f"checkpoints of shard {self.rank} do not add up: {problems.counts()}"
@@ -162,7 +162,7 @@ class ShardWriter:
             self._raise_if_full(tmp, e)
             raise
 
-    def _remedy(self, reason: str | None = None) -> str:
+    def _remedy(self, reason: str) -> str:
         return (f"Nothing partial was kept ({self.durable_rows} rows of this shard are durable); "
                 f"{make_room(reason)} and run `{command('rerun', self.run.root)}`")
 
