@@ -58,6 +58,9 @@ def test_run_computes_what_the_command_line_computes(result):
         # such ids exist)
         with pytest.raises(run_shards.UserError, match=r"rows\(\) takes a list of ids, not one id as text"):
             res.rows("second")
+        with pytest.raises(run_shards.UserError, match=r"records\(\) takes a list of ids, not one id as text"):
+            res.records("second")   # (records() converted the text first, past rows()' check)
+        assert [r["ids"] for r in res.records(["second", "first"])] == ["second", "first"]
     assert run_shards.get(py, "second") == run_shards.get(py, ["second"])
 
 

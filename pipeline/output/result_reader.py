@@ -115,10 +115,7 @@ class ResultFile:
     # ---------------------------------------------------------------- by id, by position
     def rows(self, ids: Iterable[str]) -> np.ndarray:
         """The row of each id, in the order given; MissingIds naming every id the result lacks."""
-        if isinstance(ids, (str, bytes)):   # (iterated, "P12345" would be the ids 'P', '1', ...: wrong rows)
-            raise UserError(f"rows() takes a list of ids, not one id as text ({ids!r}): rows([{ids!r}]), or "
-                            f"get({ids!r}) for its values")
-        ids = [_text(i) for i in ids]   # (ids read with h5py without .asstr() are bytes: b'P12345' is 'P12345')
+        ids = _id_list(ids, "rows")
         rows = self._rows_indexed(ids) if self.ids is not None else self._rows_scanned(ids)
         missing = [i for i, r in zip(ids, rows) if r < 0]
         if missing:
@@ -162,7 +159,7 @@ class ResultFile:
         """Every column of the row of each id, in the order given. Each row's own id (read with the row) is
         checked against the id asked for: the id index is trusted on its 128-bit hashes, so a damaged index is
         named here instead of answering with another record's row."""
-        ids = [_text(i) for i in ids]
+        ids = _id_list(ids, "records")
         rows = self.rows(ids)
         found = [self.row(int(r)) for r in rows]
         for asked, r, record in zip(ids, rows, found):
@@ -255,6 +252,15 @@ def _damage_advice(path: Path) -> str:
     if path.name == "result.h5" and RunDir(path.parent).manifest_path.exists():
         return f"`{command('status', path.parent, '--verify')}` checks every checksum and names what writes it again"
     return "Take it again from where it came from (its run directory's `run_shards merge` writes it anew)"
+
+
+def _id_list(ids: Iterable[str], method: str) -> list[str]:
+    """The ids given to `method` (rows, records) as a list of text; one id given as text is refused: iterated,
+    "P12345" would be the ids 'P', '1', ... (wrong rows)."""
+    if isinstance(ids, (str, bytes)):
+        raise UserError(f"{method}() takes a list of ids, not one id as text ({ids!r}): {method}([{ids!r}]), or "
+                        f"get({ids!r}) for its values")
+    return [_text(i) for i in ids]   # (ids read with h5py without .asstr() are bytes: b'P12345' is 'P12345')
 
 
 def _text(value) -> str:
