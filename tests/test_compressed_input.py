@@ -235,7 +235,8 @@ def test_run_refusals_name_the_gz_not_its_copy(tmp_path):
     cache = {"RUN_SHARDS_CACHE": str(tmp_path / "cache")}
     run = [str(gz), "--out", str(tmp_path / "out"), "--gpus", "0", "--no-progress"]
     res = run_cli(*run, env=cache)
-    assert res.returncode == 2 and f"1 duplicate sequence id(s) in the input, on 2 records: 'a' at {gz}:1, {gz}:3." in res.stderr, \
+    assert res.returncode == 2 and \
+        f"1 duplicate sequence id(s) in the input, on 2 records: 'a' at {gz}:1, {gz}:3." in res.stderr, \
         res.stderr
     res = run_cli(*run, "--on-duplicate-id", "rename", env=cache)
     assert res.returncode == 2 and f"1 record(s) have no residues: {gz}:5 'e'." in res.stderr, res.stderr

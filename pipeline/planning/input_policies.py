@@ -42,34 +42,35 @@ def apply_input_policies(index: SequenceIndex, config: RunConfig) -> SequenceInd
         raise UserError(f"{len(huge)} record(s) have more than 2,147,483,647 residues, more than the output's "
                         f"`lengths` column (int32) holds: {shown}. Split them into pieces, e.g. "
                         "`samtools faidx FILE ID:1-1000000000 ID:1000000001-2000000000 ...`.")
-    index = _duplicate_ids(index, config)
-    empty = index.empty_records()
-    if len(empty) and not config.skip_empty:
-        shown = listing([where_in_input(index, int(i)) for i in empty[:MAX_LISTED]], len(empty))
+    empty = [] if config.skip_empty else index.empty_records()   # (refused: positions, which renaming keeps)
+    index = _duplicate_ids(index, config, empty)
+    if len(empty):
         keep = dataclasses.replace(config, skip_empty=True).as_command()
-        raise UserError(f"{len(empty)} record(s) have no residues: {shown}. Remove them, or keep them as rows with "
-                        f"status {status_codes.EMPTY} (empty) and no values (--skip-empty): `{keep}`")
+        raise UserError(f"{len(empty)} record(s) have no residues: {_where(index, empty)}. Remove them, or keep them "
+                        f"as rows with status {status_codes.EMPTY} (empty) and no values (--skip-empty): `{keep}`")
     return index
 
 
-def _duplicate_ids(index: SequenceIndex, config: RunConfig) -> SequenceIndex:
+def _where(index: SequenceIndex, positions) -> str:
+    """The first records at `positions` by file, line and id, saying how many more there are."""
+    return listing([where_in_input(index, int(i)) for i in positions[:MAX_LISTED]], len(positions))
+
+
+def _duplicate_ids(index: SequenceIndex, config: RunConfig, empty) -> SequenceIndex:
+    """Refuse duplicate ids (naming the empty records too, `empty`, which the run would refuse next, so that
+    the command suggested handles both), or rename them."""
     groups = index.duplicate_ids()
     if not groups:
         return index
     if config.on_duplicate_id == "error":
-        total = sum(len(g) - 1 for g in groups)   # records repeating an id
         shown = "; ".join(f"'{index.id(g[0])}' at " + ", ".join(index.where(i) for i in g)
                           for g in groups[:MAX_LISTED])
         more = f" (and {len(groups) - MAX_LISTED:,} more ids)" if len(groups) > MAX_LISTED else ""
-        # (empty records too: the command names both options, so that it does not stop at the next refusal)
-        empty = [] if config.skip_empty else index.empty_records()
-        also = ""
-        if len(empty):
-            listed = listing([where_in_input(index, int(i)) for i in empty[:MAX_LISTED]], len(empty))
-            also = (f"; {len(empty)} record(s) have no residues as well ({listed}), which --skip-empty keeps as rows "
-                    f"with status {status_codes.EMPTY} and no values")
+        also = "" if not len(empty) else (f"; {len(empty)} record(s) have no residues as well "
+                                          f"({_where(index, empty)}), which --skip-empty keeps as rows with status "
+                                          f"{status_codes.EMPTY} and no values")
         rename = dataclasses.replace(config, on_duplicate_id="rename", skip_empty=config.skip_empty or bool(len(empty)))
-        raise UserError(f"{len(groups)} duplicate sequence id(s) in the input, on {total + len(groups)} records: "
+        raise UserError(f"{len(groups)} duplicate sequence id(s) in the input, on {sum(map(len, groups))} records: "
                         f"{shown}{more}. Output rows are "
                         "keyed by id, so ids must be unique: fix the FASTA, or suffix the repeats ('id.dup2'; "
                         f"the original ids kept in the output's `original_ids`) with --on-duplicate-id rename{also}: "
