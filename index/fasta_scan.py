@@ -13,7 +13,8 @@ What a FASTA file is here (README "Sequence text" and "Bad input"):
   at a control byte such as NCBI's Ctrl-A (0x01), which joins the deflines of merged identical sequences
   in the non-redundant databases, as NCBI's own tools read them. The whole line stays the description.
 - Sequence data: ASCII whitespace (space, tab, CR, LF, VT, FF) is removed; NUL, other control bytes,
-  bytes above 126 and '>' (an indented header would join two records) are refused. A trailing '*' stop symbol is dropped. Residue count = that text's length.
+  bytes above 126 and '>' (an indented header would join two records) are refused. A trailing '*' stop
+  symbol is dropped. Residue count = that text's length.
 - Lines starting with ';' (the old Pearson comment lines) are refused wherever they are: other tools
   either refuse them or read them as residues, and silently doing either would change the results.
 """
@@ -205,8 +206,9 @@ def _records(buf, base, ws, wv, le, hj, hs, ends, end_rank, nucleotides: bool) -
             raise _Problem("byte", base + int(high[k]), base + int(hs[owner[k]]), int(buf[high[k]]))
     # '>' is never a residue: in sequence data it is a header that does not start its line (indented), which
     # would join two records into one, or text glued to a sequence. (A description may hold it.)
-    if np.count_nonzero(buf[first:stop] == _GT) > len(hs):   # (each header start is one; counted first: cheaper)
-        gts = np.flatnonzero(buf[first:stop] == _GT) + first
+    gt = buf[first:stop] == _GT
+    if np.count_nonzero(gt) > len(hs):   # (each header start is one; their positions only where there are more)
+        gts = np.flatnonzero(gt) + first
         owner = np.searchsorted(hs, gts, side="right") - 1
         in_seq = gts >= header_end[owner]
         if in_seq.any():
