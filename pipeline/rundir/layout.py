@@ -260,7 +260,7 @@ class RunDir:
                                   f"has no manifest.json until its plan is made. Once it has, "
                                   f"`{command('status', self.root)}` shows its shards")
             if any(True for _ in self.root.iterdir()) and all(self._early_entry(p.name) for p in self.root.iterdir()):
-                again = self._lock_record().get("again")
+                again = self._lock_record()[0].get("again")
                 raise RunDirError(f"{self.root}: a run stopped there while it was planned (killed before its "
                                   "manifest.json was written): " + (f"`{again}` starts it again" if again else
                                                                      "the `run_shards run` command that made it "
@@ -278,25 +278,23 @@ class RunDir:
         manifest = dict(manifest, format=MANIFEST_FORMAT, software=__version__)
         write_atomic(self.manifest_path, json.dumps(manifest, indent=1, sort_keys=True))
 
-    def _lock_record(self) -> dict:
-        """What OUT/.lock says of the command that last held it, alive or not ({} if nothing readable)."""
+    def _lock_record(self) -> tuple[dict, int | None]:
+        """What OUT/.lock says of the command that last held it, alive or not ({} if nothing readable), and the
+        lock file's inode."""
         try:
-            record = json.loads((self.root / ".lock").read_bytes() or b"{}")
+            with open(self.root / ".lock", "rb") as fh:
+                record, inode = json.loads(fh.read() or b"{}"), os.fstat(fh.fileno()).st_ino
         except (OSError, ValueError):
-            return {}
-        return record if isinstance(record, dict) else {}
+            return {}, None
+        return (record if isinstance(record, dict) else {}), inode
 
     def active_command(self) -> dict | None:
         """Who holds the run's lock (OUT/.lock, locks.py) now, read without locking (so `status` never gets in a
         run's way): the holder record, if its process is alive on this host or it runs on another host; else None.
         A record copied with the run directory (cp -a, rsync of a running or killed run) names the original's
         holder: its lock file is another file (inode) than the one the record was written into."""
-        try:
-            with open(self.root / ".lock", "rb") as fh:
-                holder, inode = json.loads(fh.read() or b"{}"), os.fstat(fh.fileno()).st_ino
-        except (OSError, ValueError):
-            return None
-        if not isinstance(holder, dict) or not holder.get("pid"):
+        holder, inode = self._lock_record()
+        if not holder.get("pid"):
             return None
         if holder.get("inode", inode) != inode:
             return None
