@@ -251,7 +251,7 @@ def _damage_advice(path: Path) -> str:
     result outside a run directory, where it came from."""
     if path.name == "result.h5" and RunDir(path.parent).manifest_path.exists():
         return f"`{command('status', path.parent, '--verify')}` checks every checksum and names what writes it again"
-    return "Take it again from where it came from (its run directory's `run_shards merge` writes it anew)"
+    return "Take it again from where it came from (a merge in its run directory writes it anew)"
 
 
 def _id_list(ids: Iterable[str], method: str) -> list[str]:
