@@ -7,6 +7,8 @@ RUN_SHARDS_FAULT_BATCH_SLEEP=S  sleep S seconds before every batch (lets a test 
 RUN_SHARDS_FAULT_BATCH_SLEEP_SHARD=R  ...only the worker of shard R (default: every one)
 RUN_SHARDS_FAULT_STEP_SLEEP=S   sleep S seconds before every step of a generate batch (a slow generation: lets a
                                 test stop a worker mid-batch, or see its hang detector told of a long batch)
+RUN_SHARDS_FAULT_WINDOW_SLEEP=S sleep S seconds before every call of a batch's windows after the first (a slow
+                                windowed record: lets a test stop a worker within it)
 RUN_SHARDS_FAULT_HANG_SHARD=R   worker of shard R stops making progress after its first batch
 RUN_SHARDS_FAULT_DIE_AT=POINT   the worker kills itself with SIGKILL at POINT of writing its output:
                                 part-written (checkpoint data written, file not finished),
@@ -47,6 +49,12 @@ def before_batch(rank: int, batches_done: int) -> None:
     if hang is not None and hang != "" and int(hang) == rank and batches_done >= 1:
         while True:
             time.sleep(3600)
+
+
+def before_window_call() -> None:
+    pause = float(os.environ.get("RUN_SHARDS_FAULT_WINDOW_SLEEP", "0") or 0)
+    if pause:
+        time.sleep(pause)
 
 
 def before_generate_step() -> None:

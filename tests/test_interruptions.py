@@ -2,6 +2,7 @@
 terminal, in run.log and in the worker's own log, and `rerun` then gives the clean run's result.
 """
 import os
+import re
 import shutil
 import signal
 import time
@@ -273,5 +274,38 @@ def test_sigterm_stops_a_generate_batch_between_its_steps(models, tmp_path):
     assert "the 4 sequences being generated were given up unfinished; a rerun computes them" in text, text
     assert "interrupted (received SIGTERM): 4 of 8 sequences durable" in text, text
     assert [(s["state"], s["durable"]) for s in status_rows(out).values()] == [("interrupted", 4)]
+    rerun_matches(out, read(clean / "result.h5"))
+    assert raw_datasets(out / "result.h5") == raw_datasets(clean / "result.h5")
+
+
+def test_sigterm_gives_up_a_record_run_as_windows_between_two_calls_of_its_windows(models, tmp_path):
+    """A record over the limit runs as windows in one batch, in calls of at most --max-tokens-per-batch, and a
+    stop signal waited for all its windows (for a record of a million residues on a CPU, tens of minutes). Now
+    the batch is given up between two calls, the command exits 130, and `rerun` computes the record again: the
+    same bits as an uninterrupted run. 600 residues in windows of 34 tokens, one window per call (25 calls), each
+    call after the first 0.3 s longer in the stopped run; the signal comes about a second into the record."""
+    fasta = tmp_path / "in.fasta"
+    residues = "ACDEFGHIKLMNPQRSTVWY"
+    fasta.write_text(f">long\n{residues * 30}\n>short1\n{residues}\n>short2\n{residues[::-1]}\n")
+    args = [str(fasta), "--model", models["esm"], "--gpus", "0", "--workers", "1", "--no-progress",
+            "--on-long", "window", "--window", "34", "--max-tokens-per-batch", "34"]
+    clean = tmp_path / "clean"
+    res = run_cli(*args, "--out", str(clean))
+    assert res.returncode == 0, res.stderr
+
+    out = tmp_path / "out"
+    proc = start(*args, "--out", str(out), env={"RUN_SHARDS_FAULT_WINDOW_SLEEP": "0.3"})
+    wait_for(lambda: "to do" in log_text(out, 0), what="the shard's start")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert f"Continue with:  run_shards rerun {out}" in stderr, stderr
+    text = log_text(out, 0)
+    assert "stopping after the current batch, or its current call of windows where it runs as windows: " \
+           "received SIGTERM" in text, text
+    given_up = re.search(r"the batch of 1 sequence\(s\) run as windows was given up after (\d+) of its 25 windows; "
+                         r"a rerun computes it", text)
+    assert given_up and 1 <= int(given_up[1]) < 25, text
     rerun_matches(out, read(clean / "result.h5"))
     assert raw_datasets(out / "result.h5") == raw_datasets(clean / "result.h5")

@@ -59,8 +59,9 @@ class OutOfMemory(RuntimeError):
 
 
 class Stopped(Exception):
-    """A call given up between two engine steps because its caller's `alive` said so (a generate batch, whose
-    steps are unbounded): it returns nothing, and what it computed is dropped."""
+    """A call given up because its caller's `alive` said so: a generate batch between two engine steps (its steps
+    are unbounded), a batch run as windows between two calls of its windows (engine/windowed.py). It returns
+    nothing, and what it computed is dropped."""
 
 
 def resolve_layers(layers: Sequence[int], num_layers: int) -> list[int]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .interface import ForwardOutput
+from .interface import ForwardOutput, Stopped
 
 
 def window_starts(n: int, size: int, overlap: int) -> list[int]:
@@ -98,12 +98,15 @@ class WindowedEngine:
     """An engine whose forward runs sequences over the limit as windows and returns stitched outputs, with
     the wrapped engine's cu_seqlens layout (one row per token of each sequence as given)."""
 
-    def __init__(self, engine, windows: Windows, budget: int | None = None, on_call=None):
+    def __init__(self, engine, windows: Windows, budget: int | None = None, on_call=None, alive=None):
         """`budget`: the most tokens (padded: windows x the longest) one call of the wrapped engine gets; the
         windows of a batch run in calls of at most that (at least one window each). `on_call(done, of, tokens)`,
         after each call of a batch run in several: its windows done so far, of how many, and the call's tokens
-        (a sequence of 200,000 residues is thousands of windows in one batch: minutes without another sign)."""
-        self.engine, self.windows, self.budget, self.on_call = engine, windows, budget, on_call
+        (a sequence of 200,000 residues is thousands of windows in one batch: minutes without another sign).
+        `alive(done, of)`, asked before each call after the first: False gives the batch up there (Stopped), so
+        that a stop signal waits for one call of windows, not for all of a long record's (tens of minutes on a
+        CPU for a million residues)."""
+        self.engine, self.windows, self.budget, self.on_call, self.alive = engine, windows, budget, on_call, alive
         self.info, self.device = engine.info, engine.device
 
     def __getattr__(self, name):   # everything else (stats, tokenizer) is the wrapped engine's
@@ -153,6 +156,8 @@ class WindowedEngine:
             return self.engine.forward(pieces, layers, logprobs)
         outs = []
         for a, b in calls:
+            if a and self.alive is not None and not self.alive(a, len(pieces)):
+                raise Stopped(f"given up after {a:,} of its {len(pieces):,} windows")
             outs.append(self.engine.forward(pieces[a:b], layers, logprobs))
             if self.on_call is not None:
                 self.on_call(b, len(pieces), sum(len(p) for p in pieces[a:b]))

@@ -282,7 +282,9 @@ class ShardRun:
         if config.on_long == "window":
             from ..engine.windowed import Windows, WindowedEngine
             cut = Windows(config.window, config.overlap, tokenizer.head, tokenizer.tail)
-            engine = WindowedEngine(engine, cut, config.tokens_per_batch, on_call=self._windows_done)
+            engine = WindowedEngine(engine, cut, config.tokens_per_batch, on_call=self._windows_done,
+                                    alive=self._windowing)
+            self.stop.at = "the current batch, or its current call of windows where it runs as windows"
 
         def cost(tokens: np.ndarray, start: int, end: int) -> np.ndarray:
             if cut is not None:
@@ -297,6 +299,12 @@ class ShardRun:
     def _windows_done(self, done: int, of: int, tokens: int) -> None:
         """A batch of windows goes on: the parent's bar, summary lines and hang detector see it move."""
         self.reporter.send("windows", done=done, of=of, tokens=tokens)
+
+    def _windowing(self, done: int, of: int) -> bool:
+        """Between two calls of a batch's windows: whether to go on (not told to stop: the batch is given up, and a
+        rerun computes its records again)."""
+        faults.before_window_call()
+        return not self.stop
 
     def _generating(self, tokens: int) -> bool:
         """Between the steps of a generate batch (minutes of them with many new tokens per sequence): a message for
@@ -353,9 +361,12 @@ class ShardRun:
                 if isinstance(batch, _ReadFailed):
                     raise batch.error
                 launched = _InFlight(computer.launch(batch), len(todo), batch_tokens)
-            except Stopped:   # told to stop while it generated (a rerun computes the same rows: tasks/generate.py)
-                log.warning("the %d sequences being generated were given up unfinished; a rerun computes them",
-                            len(todo))
+            except Stopped as e:   # told to stop while it generated (a rerun computes the same rows: tasks/generate.py)
+                if shard.config.task == "generate":   # or between two calls of a batch's windows
+                    log.warning("the %d sequences being generated were given up unfinished; a rerun computes them",
+                                len(todo))
+                else:
+                    log.warning("the batch of %d sequence(s) run as windows was %s; a rerun computes it", len(todo), e)
                 break
             except InputChanged as e:   # a record read differs from its checksum: nothing of it is kept
                 self._settle(shard, computer, inflight, stats)
