@@ -119,10 +119,12 @@ def test_embed_two_workers_matches_transformers(models, tmp_path, name):
 def test_esm_pools_layers_and_per_residue(models, tmp_path):
     out = tmp_path / "out"
     res = run_cli(*FASTA, "--out", str(out), "--model", models["esm"], "--gpus", "0", "--workers", "2",
-                  "--pool", "mean,cls,last", "--layers", "-1,1", "--per-residue", "--per-residue-dtype", "float32",
+                  "--pool", "mean,cls,last", "--layers", "-1,1,2", "--per-residue", "--per-residue-dtype", "float32",
                   "--no-progress")
     assert res.returncode == 0, res.stderr
     assert "--pool cls with" not in res.stderr   # an encoder's first token, <cls>, sees the whole sequence
+    # -1 and 2 of this 2-layer model are one hidden state: one column, and the user told so
+    assert "--layers -1 and 2 name the same hidden state of this 2-layer model: one column holds it" in res.stderr
     index = SequenceIndex.build(FASTA)
     data, _ = read(out / "result.h5")
     ref, ref32 = exact_and_float32(models["esm"], [index.sequence(i) for i in range(len(index))], layers=(-1, 1),

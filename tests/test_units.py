@@ -16,7 +16,7 @@ from pipeline.models import demo as demo_model
 from pipeline.planning import devices
 from pipeline.worker.batching import plan_batches
 from pipeline.config import RunConfig
-from pipeline.engine.interface import ForwardOutput, resolve_layers
+from pipeline.engine.interface import ForwardOutput, resolve_layers, same_layers
 from pipeline.models.checkpoint import EngineInfo
 from pipeline.errors import UserError
 from index.spill import ragged_arange
@@ -311,6 +311,7 @@ def test_pooling_and_scoring_definitions():
 
 def test_resolve_layers():
     assert resolve_layers([-1, 0, 2, -1], 4) == [4, 0, 2]
+    assert same_layers([-1, 0, 2, -1, 4, -5], 4) == [[-1, -1, 4], [0, -5]] and same_layers([-1, 1], 4) == []
     with pytest.raises(UserError, match="--layers 5 is out of range"):
         resolve_layers([5], 4)
 

@@ -76,3 +76,12 @@ def resolve_layers(layers: Sequence[int], num_layers: int) -> list[int]:
         if k not in out:
             out.append(k)
     return out
+
+
+def same_layers(layers: Sequence[int], num_layers: int) -> list[list[int]]:
+    """Groups of `--layers` values that name one hidden state of a model of `num_layers` layers (-1 and 2 of a
+    2-layer model), each stored once, under its number from the start (resolve_layers)."""
+    groups: dict[int, list[int]] = {}
+    for layer in layers:
+        groups.setdefault(layer + num_layers + 1 if layer < 0 else layer, []).append(layer)
+    return [g for g in groups.values() if len(g) > 1]

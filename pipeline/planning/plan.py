@@ -153,6 +153,11 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     task.prepare(tokenizer)
     schema = schema_for(task)
     log.info("columns: %s", ", ".join(c.path for c in schema.columns if c.path not in _BASE))   # e.g. _layer5 for -2
+    if planned.task == "embed":
+        from ..engine.interface import same_layers
+        for group in same_layers(planned.layers, model.info.num_layers):
+            log.warning("--layers %s name the same hidden state of this %d-layer model: one column holds it",
+                        " and ".join(map(str, group)), model.info.num_layers)
     if planned.task == "embed" and "cls" in planned.pools and (caveat := cls_caveat(model.info, tokenizer)):
         log.warning("--pool cls with %s: %s", model.source.model_type, caveat)
     resolved = run_identity.of_plan(planned, model, limit, task.attrs())
