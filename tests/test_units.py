@@ -742,3 +742,37 @@ def test_ensure_space_gives_the_remedy_its_reason(tmp_path):
             ensure_space(tmp_path, 5000, "x", remedy)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_refused_command_names_the_live_holder_that_just_took_over_a_dead_runs_lock(tmp_path):
+    """A command that takes over a dead run's OUT/.lock writes its own record right after taking the flock; a
+    second command refused in between read the dead run's record and named it as the holder (a chaos red team's
+    finding). The refusal now reads the record again while it names a process that is gone."""
+    import fcntl
+    import json
+    import socket
+    import threading
+
+    from pipeline.errors import RunDirError
+    from pipeline.processes import process_start
+    from pipeline.rundir.layout import RunDir
+    from pipeline.rundir.locks import RunLock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / ".lock"
+    lock.write_text(json.dumps({"pid": 999999, "host": socket.gethostname(), "purpose": "run", "since": "then"}))
+    taker = os.open(lock, os.O_RDWR)   # the command taking over: its flock first, its record 0.3 s later
+    fcntl.flock(taker, fcntl.LOCK_EX)
+    live = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": "rerun", "since": "now",
+            "start": process_start(), "inode": os.fstat(taker).st_ino}
+    writer = threading.Timer(0.3, lambda: (os.ftruncate(taker, 0), os.pwrite(taker, json.dumps(live).encode(), 0)))
+    writer.start()
+    try:
+        with pytest.raises(RunDirError) as refused:
+            RunLock(RunDir(out), "run").acquire()
+    finally:
+        writer.join()
+        os.close(taker)
+    assert f"pid {os.getpid()} on {socket.gethostname()}, `rerun`" in str(refused.value), refused.value
+    assert "999999" not in str(refused.value)

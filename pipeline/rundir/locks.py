@@ -18,7 +18,7 @@ from typing import Callable
 
 from ..advice import command
 from ..errors import RunDirError
-from ..processes import process_start
+from ..processes import process_alive, process_start
 from .layout import RunDir, describe_holder, unwritable_reason
 
 log = logging.getLogger("run_shards")
@@ -64,6 +64,21 @@ def _holder_record(fd: int) -> dict:
         return json.loads(os.pread(fd, 4096, 0) or b"{}")
     except (ValueError, OSError):
         return {}
+
+
+def _current_holder(fd: int, patience: float = 1.0) -> dict:
+    """The record of the command that holds OUT/.lock, called while the lock is held: read again, for up to
+    `patience` seconds, while it is empty or names a process of this host that is gone. A command that has just
+    taken over a dead run's lock writes its own record right after taking it (the record is truncated, then
+    written), and a refusal read in between named the dead run, or nobody, as the holder."""
+    deadline = time.monotonic() + patience
+    while True:
+        holder = _holder_record(fd)
+        gone = not holder.get("pid") or (holder.get("host") == socket.gethostname()
+                                         and not process_alive(int(holder["pid"]), start=holder.get("start")))
+        if not gone or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.05)
 
 
 def _write_record(fd: int, record: dict) -> None:
@@ -112,7 +127,7 @@ class RunLock:
         """Take the lock, waiting up to wait_seconds (saying so once a minute) while another command holds it."""
         end, said = time.monotonic() + self.wait_seconds, float("-inf")
         while not try_flock(fd, fcntl.LOCK_EX, self.path):
-            holder, self.waited = _holder_record(fd), True
+            holder, self.waited = _current_holder(fd), True
             if time.monotonic() >= end:
                 waited = f", still after waiting {self.wait_seconds:.0f} s" if self.wait_seconds else ""
                 # (`rerun` and `merge` name OUT itself: another directory is no way on for them)
@@ -171,6 +186,7 @@ class ShardLock:
             holder = _holder_record(fd)
             waited = time.monotonic() - start
             if stop() or (waited > BUSY_RETRY_SECONDS and not (holder.get("stopping") and waited < stopping_wait)):
+                holder = holder if stop() else _current_holder(fd)   # (not the dead holder it just took over from)
                 os.close(fd)
                 return holder
             time.sleep(0.2)
