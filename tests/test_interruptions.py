@@ -249,27 +249,32 @@ def _generate_args(models, tmp_path) -> list[str]:
             "generate", "--max-new-tokens", "4", "--max-seqs", "1", "--checkpoint-every", "4"]
 
 
+def _sigterm_mid_batch(args: list[str], tmp_path, slower: str, started: str, after: float):
+    """`args` run uninterrupted into tmp_path/clean, then into tmp_path/out with the fault variable `slower` at 0.3 s
+    (each step or call of the batch that much longer) and SIGTERM sent `after` seconds after shard 0's log says
+    `started`; that run must exit 130 naming its rerun. (clean, out, shard 0's log)."""
+    clean, out = tmp_path / "clean", tmp_path / "out"
+    res = run_cli(*args, "--out", str(clean))
+    assert res.returncode == 0, res.stderr
+    proc = start(*args, "--out", str(out), env={slower: "0.3"})
+    wait_for(lambda: started in log_text(out, 0), what=f"{started!r} in shard 0's log")
+    time.sleep(after)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert f"Continue with:  run_shards rerun {out}" in stderr, stderr
+    return clean, out, log_text(out, 0)
+
+
 def test_sigterm_stops_a_generate_batch_between_its_steps(models, tmp_path):
     """A generate batch runs as many steps as its sequences' new tokens (thousands with a large --max-new-tokens:
     minutes), and a SIGTERM waited for all of them (a red team's finding: a run still going 150 s after it, where
     SLURM kills at 120 s). The batch in flight is given up between two steps, the batches before it stay durable,
     the command exits 130, and `rerun` computes the given-up sequences again: the same bits as an uninterrupted
     run (a sequence's tokens depend on the seed and its FASTA position only). Each step of the stopped run takes
-    0.25 s more, so that its second batch is 4 s long, and the signal comes half a second into it."""
-    args = _generate_args(models, tmp_path)
-    clean = tmp_path / "clean"
-    res = run_cli(*args, "--out", str(clean))
-    assert res.returncode == 0, res.stderr
-
-    out = tmp_path / "out"
-    proc = start(*args, "--out", str(out), env={"RUN_SHARDS_FAULT_STEP_SLEEP": "0.25"})
-    wait_for(lambda: "checkpoint part_000000" in log_text(out, 0), what="the first batch's checkpoint")
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
-    assert f"Continue with:  run_shards rerun {out}" in stderr, stderr
-    text = log_text(out, 0)
+    0.3 s more, so that its second batch is about 5 s long, and the signal comes half a second into it."""
+    clean, out, text = _sigterm_mid_batch(_generate_args(models, tmp_path), tmp_path, "RUN_SHARDS_FAULT_STEP_SLEEP",
+                                          "checkpoint part_000000", after=0.5)
     assert "stopping after the current step of the generate batch: received SIGTERM" in text, text
     assert "the 4 sequences being generated were given up unfinished; a rerun computes them" in text, text
     assert "interrupted (received SIGTERM): 4 of 8 sequences durable" in text, text
@@ -289,19 +294,7 @@ def test_sigterm_gives_up_a_record_run_as_windows_between_two_calls_of_its_windo
     fasta.write_text(f">long\n{residues * 30}\n>short1\n{residues}\n>short2\n{residues[::-1]}\n")
     args = [str(fasta), "--model", models["esm"], "--gpus", "0", "--workers", "1", "--no-progress",
             "--on-long", "window", "--window", "34", "--max-tokens-per-batch", "34"]
-    clean = tmp_path / "clean"
-    res = run_cli(*args, "--out", str(clean))
-    assert res.returncode == 0, res.stderr
-
-    out = tmp_path / "out"
-    proc = start(*args, "--out", str(out), env={"RUN_SHARDS_FAULT_WINDOW_SLEEP": "0.3"})
-    wait_for(lambda: "to do" in log_text(out, 0), what="the shard's start")
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
-    assert f"Continue with:  run_shards rerun {out}" in stderr, stderr
-    text = log_text(out, 0)
+    clean, out, text = _sigterm_mid_batch(args, tmp_path, "RUN_SHARDS_FAULT_WINDOW_SLEEP", "to do", after=1.0)
     assert "stopping after the current batch, or its current call of windows where it runs as windows: " \
            "received SIGTERM" in text, text
     given_up = re.search(r"the batch of 1 sequence\(s\) run as windows was given up after (\d+) of its 25 windows; "
