@@ -509,3 +509,31 @@ def test_storage_estimate_warns_when_it_will_not_fit(caplog, tmp_path):
         assert "will NOT fit" not in caplog.text and "storage estimate: result 10.2 MB" in caplog.text
         check_storage(schema, index, 2, tmp_path, free_bytes=1000)
         assert "This will NOT fit" in caplog.text
+
+
+
+def test_a_generate_runs_storage_estimate_counts_its_new_tokens(caplog, tmp_path):
+    """A generate row's ragged values are its new tokens, up to --max-new-tokens, not its prompt's residues: the
+    estimate was the same 820 B with 20 or 4,000 new tokens per row (a red team's finding), so "will NOT fit"
+    could never be said, and `status` said "finishing needs about 1.6 KB more" of a run of 2^31 per row."""
+    from types import SimpleNamespace
+
+    from index import SequenceIndex
+    from pipeline.output.schema import BASE_COLUMNS, STR, Column, Schema
+    from pipeline.reporting.status import _disk_line
+    from pipeline.rundir.layout import RunDir
+    path = tmp_path / "x.fasta"
+    path.write_bytes(b">a\nMKV\n>b\nMKVLA\n")
+    index = SequenceIndex.build([path])
+    schema = Schema(BASE_COLUMNS + (Column("generate/token_ids", "int32", ragged=True), Column("generate/text", STR),
+                                    Column("generate/finish_reason", STR)))
+    with caplog.at_level("INFO", logger="run_shards"):
+        check_storage(schema, index, 1, tmp_path, "generate", 20, free_bytes=10**6)
+        assert "will NOT fit" not in caplog.text and "(every row to --max-new-tokens 20, the text apart)" in caplog.text
+        check_storage(schema, index, 1, tmp_path, "generate", 200_000, free_bytes=10**6)   # 2 x 800 KB of ids
+        assert "This will NOT fit: free space, choose another --out, or a lower --max-new-tokens" in caplog.text
+    run = RunDir(tmp_path / "out")
+    run.shards_dir.mkdir(parents=True)
+    manifest = {"schema": schema.to_json(), "world": 1, "config": {"task": "generate", "max_new_tokens": 2**31 - 1}}
+    line = _disk_line(run, manifest, index, [SimpleNamespace(rank=0, state="pending", durable=0, expected=2)], False)
+    assert "finishing needs about 34.4 GB more" in line, line   # 2 rows x 2^31 ids x 4 bytes, shard and result

@@ -18,6 +18,14 @@ from index.spill import ragged_arange
 STR = "str"  # dtype marker for utf-8 string columns
 
 
+def ragged_values(task: str, max_new_tokens: int, lengths) -> np.ndarray:
+    """Values each row holds in its ragged columns, at most, for records of `lengths` residues: one per residue
+    (per-residue values), or with --task generate its new tokens, --max-new-tokens (a row its EOS stops holds
+    fewer). What row_bytes takes for a run's rows."""
+    lengths = np.asarray(lengths, np.int64)
+    return np.full_like(lengths, max_new_tokens) if task == "generate" else lengths
+
+
 @dataclass(frozen=True)
 class Column:
     path: str           # HDF5 dataset path

@@ -164,7 +164,7 @@ def _plan(config: RunConfig, run: RunDir, old: dict | None, index: SequenceIndex
     copies = plan_copies(planned, model, schema, index, run, old, resolved, task.attrs())   # duplicates, --reuse
     try:
         planned = dataclasses.replace(planned, shards=copies.shards(shards))
-        check_storage(schema, index, planned.shards, run.root)
+        check_storage(schema, index, planned.shards, run.root, planned.task, planned.max_new_tokens)
         _log_shards(index, planned.shards, copies.computed)
         manifest = _manifest(planned, model, schema, limit, index)
         runs = None if variants is None else variants.record   # (--task variants runs the records with variants)

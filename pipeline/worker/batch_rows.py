@@ -14,7 +14,7 @@ from .. import faults
 from ..engine.interface import OutOfMemory
 from ..errors import UserError
 from ..output import status_codes as sc
-from ..output.schema import BASE_COLUMNS, RowBlock
+from ..output.schema import BASE_COLUMNS, RowBlock, ragged_values
 from ..output.sequence_digest import digests
 from ..tasks.task import PendingOutput
 from ..tasks.tokenization import Tokenized
@@ -56,7 +56,8 @@ class BatchComputer:
         self.encoded = encoded
 
     def row_bytes(self, positions: np.ndarray) -> np.ndarray:
-        return self.schema.row_bytes(self.index.lengths[positions])
+        return self.schema.row_bytes(ragged_values(self.config.task, self.config.max_new_tokens,
+                                                   self.index.lengths[positions]))
 
     def rows(self, todo: np.ndarray) -> tuple[RowBlock, int]:
         """The batch's RowBlock and the tokens the engine ran for it, one part after the other."""
