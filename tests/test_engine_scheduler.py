@@ -258,6 +258,21 @@ def test_a_refused_cache_names_the_largest_budget_that_fits(monkeypatch):
         EngineConfig(max_tokens_per_step=500_000, **seqs_only).resolve(SPEC, cpu, f32)
     assert refused.value.change == {"max_tokens_per_batch": 64, "max_seqs": seqs}
     assert refused.value.fitting_budget is None
+    # and where neither --max-new-tokens at the run's steps nor any --max-length fits, --max-new-tokens with the
+    # smallest steps (a red team's finding: no setting was named, and the smaller step the message suggested was
+    # refused again before the next message named a --max-new-tokens)
+    too_many = dict(max_seqs=256, max_model_len=64, max_new_tokens=10**9)
+    with pytest.raises(CachesTooLarge, match=r"lower --max-tokens-per-batch to 64 and --max-new-tokens to \d+ "
+                                             r"\(or less\), or --max-length$") as refused:
+        EngineConfig(max_tokens_per_step=500_000, **too_many).resolve(SPEC, cpu, f32)
+    change = refused.value.change
+    assert list(change) == ["max_tokens_per_batch", "max_new_tokens"]
+    with pytest.raises(CachesTooLarge):   # (at the run's own step, no --max-new-tokens fits)
+        EngineConfig(max_tokens_per_step=500_000, **dict(too_many, max_new_tokens=1)).resolve(SPEC, cpu, f32)
+    fitting = dict(max_tokens_per_step=64, max_seqs=256, max_model_len=64)
+    EngineConfig(max_new_tokens=change["max_new_tokens"], **fitting).resolve(SPEC, cpu, f32)
+    with pytest.raises(CachesTooLarge):
+        EngineConfig(max_new_tokens=change["max_new_tokens"] + 1, **fitting).resolve(SPEC, cpu, f32)
     with pytest.raises(CachesTooLarge) as refused:
         config(10_000_000, num_pages=10_000_000).resolve(SPEC, cpu, f32)
     assert refused.value.fitting_budget is None

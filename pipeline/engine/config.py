@@ -234,6 +234,14 @@ class EngineConfig:
             length = _largest(lambda n: fits(max_model_len=n, **step), self.max_model_len - 1)
             if length is not None and length >= SHORTEST_NAMED_LENGTH:
                 return {**change, "max_length": length}
+        # generating, where no --max-length does either: the largest --max-new-tokens with those smaller steps (the
+        # refusal named no setting, and its rerun with a smaller step, as it said, was refused again before naming it)
+        for change in changes[1:] if self.max_new_tokens else []:
+            step = dict(max_tokens_per_step=change.get("max_tokens_per_batch", self.max_tokens_per_step),
+                        max_seqs=change.get("max_seqs", self.max_seqs))
+            new_tokens = _largest(lambda n: fits(max_new_tokens=n, **step), self.max_new_tokens - 1)
+            if new_tokens is not None:
+                return {**change, "max_new_tokens": new_tokens}
         return None
 
     def _fits(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, allowed: float, **change) -> bool:
