@@ -21,7 +21,7 @@ from ..errors import RunDirError, UserError, human_bytes
 from ..launchers.slurm_queue import Queue
 from ..output import copy_plan, shard_state
 from ..output.h5io import CorruptFile, Reader
-from ..output.schema import Schema, ragged_values
+from ..output.schema import Schema
 from ..planning.copies import plan_advice, plan_problem
 from ..planning.run_index import load_run_index
 from ..rundir.layout import RunDir, unwritable_reason
@@ -234,9 +234,8 @@ def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list, 
     left = 0
     residues = index.shard_stats(manifest["world"]).tokens   # from the index's length histogram
     config = manifest["config"]
-    if config.get("task") == "generate":   # (its ragged values are new tokens, not residues: ragged_values)
-        residues = {s.rank: int(ragged_values("generate", config["max_new_tokens"], [0])[0]) * s.expected
-                    for s in states}
+    if config.get("task") == "generate":   # (a row's ragged values are its new tokens: output/schema.ragged_values)
+        residues = {s.rank: config["max_new_tokens"] * s.expected for s in states}
     empty, one = (int(b) for b in schema.row_bytes(np.array([0, 1])))   # a row's bytes: empty + per value
     fixed, per_value = empty, one - empty
     for s in states:
