@@ -26,6 +26,9 @@ INVARIANT_SPLIT = 64
 # A refusal names no --max-length below this many tokens: a run of windows this short would not be the run asked
 # for, and no real model's memory comes to that.
 SHORTEST_NAMED_LENGTH = 64
+# A refusal's settings fit this share of what the check allows: free memory moves between one command and the next
+# (a suggestion sized to the last byte was refused at once when 0.2 GB of 22.7 went elsewhere meanwhile).
+SUGGESTED_SHARE = 0.95
 
 
 def batch_invariance_holds(budget: int, on_cpu: bool, dtype: torch.dtype) -> bool:
@@ -180,7 +183,7 @@ class EngineConfig:
         shared = self.memory_shared_by if device.type == "cpu" else 1
         allowed = self.memory_fraction * free / shared
         if need > allowed:
-            change = self._fitting_change(spec, dtype, device, allowed) if derived_pages else None
+            change = self._fitting_change(spec, dtype, device, SUGGESTED_SHARE * allowed) if derived_pages else None
             among = f", shared by the run's {shared} workers" if shared > 1 else ""
             flags = {"max_tokens_per_batch": "--max-tokens-per-batch", "max_seqs": "--max-seqs",
                      "max_new_tokens": "--max-new-tokens", "max_length": "--max-length"}
