@@ -26,6 +26,12 @@ def ragged_values(task: str, max_new_tokens: int, lengths) -> np.ndarray:
     return np.full_like(lengths, max_new_tokens) if task == "generate" else lengths
 
 
+def ragged_total(task: str, max_new_tokens: int, rows: int, residues: int) -> int:
+    """ragged_values summed over `rows` records of `residues` residues in all (a shard's, from the index's
+    length histogram)."""
+    return rows * max_new_tokens if task == "generate" else residues
+
+
 @dataclass(frozen=True)
 class Column:
     path: str           # HDF5 dataset path

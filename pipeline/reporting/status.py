@@ -21,7 +21,7 @@ from ..errors import RunDirError, UserError, human_bytes
 from ..launchers.slurm_queue import Queue
 from ..output import copy_plan, shard_state
 from ..output.h5io import CorruptFile, Reader
-from ..output.schema import Schema
+from ..output.schema import Schema, ragged_total
 from ..planning.copies import plan_advice, plan_problem
 from ..planning.run_index import load_run_index
 from ..rundir.layout import RunDir, unwritable_reason
@@ -234,14 +234,14 @@ def _disk_line(run: RunDir, manifest: dict, index: SequenceIndex, states: list, 
     left = 0
     residues = index.shard_stats(manifest["world"]).tokens   # from the index's length histogram
     config = manifest["config"]
-    if config.get("task") == "generate":   # (a row's ragged values are its new tokens: output/schema.ragged_values)
-        residues = {s.rank: config["max_new_tokens"] * s.expected for s in states}
     empty, one = (int(b) for b in schema.row_bytes(np.array([0, 1])))   # a row's bytes: empty + per value
     fixed, per_value = empty, one - empty
     for s in states:
         if s.state != "complete":
             share = 1 - s.durable / max(1, s.expected)
-            left += int(share * (fixed * s.expected + per_value * int(residues[s.rank])))
+            values = ragged_total(config.get("task", "embed"), config.get("max_new_tokens", 0), s.expected,
+                                  int(residues[s.rank]))
+            left += int(share * (fixed * s.expected + per_value * values))
     # The shard, then the result (the merge), which copies every shard's rows; a partial result.h5 is
     # replaced only once the new one is written beside it, so it frees nothing before then.
     need = left * 2 + sum(p.stat().st_size for p in run.shards_dir.glob("shard_*.h5"))

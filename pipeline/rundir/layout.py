@@ -120,6 +120,16 @@ def describe_holder(holder: dict) -> str:
     return f"pid {holder.get('pid')} on {holder.get('host')}{purpose}{slurm}, since {holder.get('since')}{stopped}"
 
 
+def holder_lives(holder: dict) -> bool:
+    """Whether the process a lock record names lives: one of this host by its pid and the start time it recorded
+    (a later process with its pid is not it); one of another host is taken to (nothing here can tell)."""
+    if not holder.get("pid"):
+        return False
+    if holder.get("host") != socket.gethostname():
+        return True
+    return process_alive(int(holder["pid"]), start=holder.get("start"))
+
+
 @dataclass
 class RunDir:
     root: Path
@@ -294,13 +304,9 @@ class RunDir:
         A record copied with the run directory (cp -a, rsync of a running or killed run) names the original's
         holder: its lock file is another file (inode) than the one the record was written into."""
         holder, inode = self._lock_record()
-        if not holder.get("pid"):
-            return None
         if holder.get("inode", inode) != inode:
             return None
-        if holder.get("host") != socket.gethostname():
-            return holder
-        return holder if process_alive(int(holder["pid"]), start=holder.get("start")) else None
+        return holder if holder_lives(holder) else None
 
     # ------------------------------------------------------------------ entries of the wrong kind
     # What run_shards keeps in OUT as a file or a folder, by name (glob patterns under shards/ and logs/).

@@ -18,8 +18,8 @@ from typing import Callable
 
 from ..advice import command
 from ..errors import RunDirError
-from ..processes import process_alive, process_start
-from .layout import RunDir, describe_holder, unwritable_reason
+from ..processes import process_start
+from .layout import RunDir, describe_holder, holder_lives, unwritable_reason
 
 log = logging.getLogger("run_shards")
 
@@ -74,9 +74,7 @@ def _current_holder(fd: int, patience: float = 1.0) -> dict:
     deadline = time.monotonic() + patience
     while True:
         holder = _holder_record(fd)
-        gone = not holder.get("pid") or (holder.get("host") == socket.gethostname()
-                                         and not process_alive(int(holder["pid"]), start=holder.get("start")))
-        if not gone or time.monotonic() >= deadline:
+        if holder_lives(holder) or time.monotonic() >= deadline:
             return holder
         time.sleep(0.05)
 
