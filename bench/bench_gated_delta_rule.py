@@ -173,7 +173,7 @@ def our_rows(case: Case, device: str, elem: int, designs, block_vs) -> list:
 
 def walk_description(case: Case, device: str, **knobs) -> str:
     """How our walk runs this case on this GPU: V block, segments (walk_layout.plan_walk)."""
-    from triton_kernels.gated_delta_rule.chunk import chunk_knobs
+    from triton_kernels.gated_delta_rule.op import chunk_knobs
     from triton_kernels.gated_delta_rule.walk_layout import plan_walk
     row = chunk_knobs(torch.device(device), **knobs)
     plan = plan_walk(list(case.lengths), case.HV, case.V, CHUNK, block_v=row.block_v, min_block_v=row.min_block_v,

@@ -62,8 +62,7 @@ class ModelRunner:
         conv = dict(c.gdn_launch.get("causal_conv1d", {}))
         if self.triton:
             from triton_kernels.causal_conv import conv_knobs
-            from triton_kernels.gated_delta_rule.chunk import chunk_knobs
-            from triton_kernels.gated_delta_rule.fused_recurrent import decode_knobs
+            from triton_kernels.gated_delta_rule.op import chunk_knobs, decode_knobs
             chunk = dict(vars(chunk_knobs(self.device, **chunk)))
             decode = dict(vars(decode_knobs(self.device, **decode)))
             conv = dict(vars(conv_knobs(self.device, **conv)))

@@ -229,6 +229,8 @@ def prepare_worker(gpu: bool) -> None:
         import transformers.activations   # noqa: F401
         import torch
         torch.zeros(1, device="cuda")
+        import triton_kernels   # a CPU worker never imports them (nor triton): each op does when a kernel runs
+        triton_kernels.import_kernels()
 
 
 def _hold_logs() -> logging.handlers.MemoryHandler:

@@ -8,19 +8,14 @@ batch-ordered copy before the call and no scatter back after it (3x the state tr
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 import triton.language as tl
 
-from triton_kernels._device import target_of, use_triton
 from triton_kernels._launch import launch
 from triton_kernels.gated_delta_rule.chunk import _block_size, _pow2_block
-from triton_kernels.gated_delta_rule.layout import Dims, SequenceLayout, check_inputs, check_state_indices, token_rows
+from triton_kernels.gated_delta_rule.layout import Dims, token_rows
 from triton_kernels.gated_delta_rule.tiles import _load_state, _store_state
-from triton_kernels.gated_delta_rule.torch_path import recurrent_fwd_torch
-from triton_kernels.launch_config import DeltaRuleDecodeKnobs, launch_row
 
 
 @triton.jit
@@ -78,63 +73,10 @@ def _recurrent_kernel(
         _store_state(ht, S, i_s, i_hv, HV, K, V, BK, BV, i_v * BV)
 
 
-def fused_recurrent_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    state_indices: torch.Tensor | None = None,
-    block_v: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated delta rule one token at a time (decode: T == 1 per sequence). fla-compatible arguments.
-
-    Same arguments, shapes and results as `chunk_gated_delta_rule` (no chunk_size), plus in-place
-    states: with `state_indices` (int32 or int64 [N], distinct slots; the GPU path trusts their values),
-    `initial_state` is a float32 state pool [slots, HV, K, V] (contiguous), sequence n starts from
-    initial_state[state_indices[n]] and its final state is written back there; the call then returns
-    (o, None) and output_final_state must be False. Launch knobs
-    (Triton only): block_v, V columns per program (power of two >= 16, capped at V rounded up);
-    num_warps and num_stages of the kernel. A knob left as None takes the value of
-    triton_kernels/launch_config.py for the tensors' GPU.
-    """
-    dims = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, state_indices)
-    if state_indices is not None and output_final_state:
-        raise ValueError("with state_indices the final states are written into initial_state in place; "
-                         "output_final_state must be False")
-    scale = dims.head_k_dim**-0.5 if scale is None else float(scale)
-    args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                dims=dims, use_qk_l2norm=use_qk_l2norm_in_kernel, state_indices=state_indices)
-    if q.device.type == "cpu":  # reading cu_seqlens is free here: check its values (the torch path needs them)
-        layout = SequenceLayout.from_inputs(dims, cu_seqlens)
-        if state_indices is not None:
-            check_state_indices(state_indices, initial_state.shape[0])
-        if not use_triton(q):
-            return recurrent_fwd_torch(q, k, v, g, beta, **args, layout=layout)
-    # The kernel reads cu_seqlens and state_indices where they live: no host sync on the GPU decode path
-    # (values trusted).
-    knobs = decode_knobs(q.device, block_v=block_v, num_warps=num_warps, num_stages=num_stages)
-    return recurrent_fwd_triton(q, k, v, g, beta, **args, cu_seqlens=cu_seqlens, **vars(knobs))
-
-
-def decode_knobs(device: torch.device, **given: int | None) -> DeltaRuleDecodeKnobs:
-    """The decode kernel's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).decode
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
-
-
 def recurrent_fwd_triton(q, k, v, g, beta, *, scale: float, initial_state, output_final_state: bool,
                          dims: Dims, use_qk_l2norm: bool, cu_seqlens: torch.Tensor | None,
                          state_indices: torch.Tensor | None, block_v: int, num_warps: int, num_stages: int):
-    """Launch the recurrent kernel; arguments already validated."""
+    """Launch the recurrent kernel; arguments already validated by op.fused_recurrent_gated_delta_rule."""
     d = dims
     H, HV, K, V = d.num_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim
     tokens = d.batch * d.seq_len

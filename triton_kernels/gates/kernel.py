@@ -15,17 +15,13 @@ beta rounded once to b's dtype.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _cuda_math as cm
-from .._device import target_of, use_triton
 from .._launch import launch
-from ..launch_config import GateKnobs, launch_row
-from .torch_path import delta_rule_gates_torch, sigmoid_gate_torch
+from ..launch_config import GateKnobs
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -64,31 +60,12 @@ def _delta_rule_gates_kernel(
     tl.store(beta_ptr + t[:, None] * HV + h[None, :], beta.to(beta_ptr.dtype.element_ty), mask=ok)
 
 
-def gate_knobs(device: torch.device, **given: int | None) -> GateKnobs:
-    """The kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).gates
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
-
-
-def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, *, block_elements: int | None = None,
-                 num_warps: int | None = None) -> torch.Tensor:
-    """`o * sigmoid(gate)` as a new contiguous `[T, H * D]` tensor in o's dtype (the output projection's input).
-
-    o, gate `[T, H, D]` of one shape and dtype, any token and head strides, contiguous channels (gate a view of
-    the projection: Qwen3.5's gates sit between the queries). sigmoid in float32 rounded to the dtype (as
-    torch.sigmoid stores it), then the product in float32 rounded once. Tensors on CPU run sigmoid_gate_torch unless
-    TRITON_INTERPRET=1. Launch knobs (Triton only; None: the launch table's row for the tensors' GPU): rows of
-    whole heads, as many as fit in block_elements (a head padded to a power of two), in num_warps."""
-    if o.shape != gate.shape or o.dim() != 3 or o.dtype != gate.dtype or o.stride(-1) != 1 or gate.stride(-1) != 1:
-        raise ValueError(f"o and gate must be [T, H, D] of one shape and dtype with contiguous channels, got "
-                         f"{tuple(o.shape)} {o.dtype} and {tuple(gate.shape)} {gate.dtype}")
-    if not use_triton(o):
-        return sigmoid_gate_torch(o, gate)
+def sigmoid_gate_triton(o: torch.Tensor, gate: torch.Tensor, knobs: GateKnobs) -> torch.Tensor:
+    """op.sigmoid_gate's Triton launch; arguments already checked."""
     T, H, D = o.shape
     out = torch.empty(T, H * D, dtype=o.dtype, device=o.device)
     if T * H == 0:
         return out
-    knobs = gate_knobs(o.device, block_elements=block_elements, num_warps=num_warps)
     block_n = triton.next_power_of_2(D)
     block_rows = max(1, knobs.block_elements // block_n)
     launch(_sigmoid_gate_kernel, (triton.cdiv(T * H, block_rows),),
@@ -97,29 +74,14 @@ def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, *, block_elements: int | N
     return out
 
 
-def delta_rule_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, *,
-                     block_tokens: int | None = None, num_warps: int | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, beta) of the Gated DeltaNet: `g = -exp(A_log) * softplus(a + dt_bias)` in float32 and `beta =
-    sigmoid(b)` in b's dtype, each a new contiguous `[T, HV]` (what the delta-rule kernels take, after `[None]`).
-
-    a, b `[T, HV]` (any row stride, contiguous columns: views of the input projection), A_log and dt_bias `[HV]`.
-    float32 arithmetic as layers/gated_deltanet.py's ops on a GPU: a + dt_bias, exp, softplus (beta 1, threshold
-    20), their product; sigmoid rounded once. Tensors on CPU run delta_rule_gates_torch unless TRITON_INTERPRET=1.
-    Launch knobs (Triton only): block_tokens tokens per program (all heads), num_warps."""
-    if a.dim() != 2 or a.shape != b.shape or a.stride(1) != 1 or b.stride(1) != 1:
-        raise ValueError(f"a and b must be [T, HV] of one shape with contiguous columns, got {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}")
+def delta_rule_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                            knobs: GateKnobs) -> tuple[torch.Tensor, torch.Tensor]:
+    """op.delta_rule_gates' Triton launch; arguments already checked."""
     T, HV = a.shape
-    if A_log.shape != (HV,) or dt_bias.shape != (HV,):
-        raise ValueError(f"A_log and dt_bias must be [{HV}], got {tuple(A_log.shape)} and {tuple(dt_bias.shape)}")
-    if not use_triton(a):
-        return delta_rule_gates_torch(a, b, A_log, dt_bias)
     g = torch.empty(T, HV, dtype=torch.float32, device=a.device)
     beta = torch.empty(T, HV, dtype=b.dtype, device=b.device)
     if T == 0:
         return g, beta
-    knobs = gate_knobs(a.device, delta_block_tokens=block_tokens, delta_num_warps=num_warps)
     launch(_delta_rule_gates_kernel, (triton.cdiv(T, knobs.delta_block_tokens),),
            a, b, A_log, dt_bias, g, beta, T, a.stride(0), b.stride(0),
            HV=HV, BLOCK_H=triton.next_power_of_2(HV), BLOCK_T=knobs.delta_block_tokens,

@@ -8,17 +8,13 @@ unfused add stores it), two passes over registers: mean, then the centred varian
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 import triton.language as tl
 
-from .._device import target_of, use_triton
 from .._launch import launch
 from .._norm_tiles import residual_rows
-from ..launch_config import NormKnobs, launch_row
-from .torch_path import add_layer_norm_torch
+from ..launch_config import NormKnobs
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -39,31 +35,14 @@ def _add_layer_norm_kernel(
     tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def norm_knobs(device: torch.device, **given: int | None) -> NormKnobs:
-    """The kernel's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).norm
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
-
-
-def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-                   eps: float, *, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s, LayerNorm(s)) with s = x + y (or x alone when y is None), both new `[T, d]` tensors in x's dtype.
-
-    x, y `[T, d]` (any row stride, contiguous channels); weight, bias `[d]` (bias may be None). The sum is
-    rounded to x's dtype before it is normalised, as an unfused add stores it; mean and variance in float32.
-    Tensors on CPU run add_layer_norm_torch unless TRITON_INTERPRET=1. Launch knob (Triton only): num_warps
-    (None: the launch table's row for the tensors' GPU)."""
-    if x.dim() != 2 or x.stride(1) != 1 or (y is not None and (y.shape != x.shape or y.stride(1) != 1)):
-        raise ValueError(f"x and y must be [T, d] with contiguous channels, got {tuple(x.shape)} and "
-                         f"{None if y is None else tuple(y.shape)}")
-    if not use_triton(x):
-        return add_layer_norm_torch(x, y, weight, bias, eps)
+def add_layer_norm_triton(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                          eps: float, knobs: NormKnobs) -> tuple[torch.Tensor, torch.Tensor]:
+    """op.add_layer_norm's Triton launch; arguments already checked."""
     T, d = x.shape
     out = torch.empty(T, d, dtype=x.dtype, device=x.device)
     s = x if y is None else torch.empty(T, d, dtype=x.dtype, device=x.device)
     if T == 0:
         return s, out
-    knobs = norm_knobs(x.device, num_warps=num_warps)
     block_n = triton.next_power_of_2(d)
     # Rows per program: about 4,096 elements a program, so narrow models do not launch a program per row.
     block_rows = max(1, min(16, 4096 // block_n))

@@ -10,16 +10,12 @@ order depends only on K and BLOCK_K, never on the number of rows, so a row's bit
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 import triton.language as tl
 
-from .._device import target_of, use_triton
 from .._launch import launch
-from ..launch_config import GemmKnobs, launch_row
-from .torch_path import linear_gelu_torch
+from ..launch_config import GemmKnobs
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -67,37 +63,14 @@ def _linear_gelu_kernel(
              mask=ok)
 
 
-def gemm_knobs(device: torch.device, **given) -> GemmKnobs:
-    """The product's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).gemm
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
-
-
-def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                block_m: int | None = None, block_n: int | None = None, block_k: int | None = None,
-                group_m: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None) -> torch.Tensor:
-    """gelu(x @ weight.T + bias) with the exact (erf) GELU, `[M, N]` in x's dtype.
-
-    x `[M, K]` (any row stride, contiguous K), weight `[N, K]` (nn.Linear's layout, contiguous), bias `[N]` or
-    None. Products accumulate in float32 (float32 inputs as true float32 products, for tests: the engine runs
-    16-bit weights on a GPU); the bias and the GELU apply to the accumulator, rounded once at the store. Tensors on CPU run
-    linear_gelu_torch unless TRITON_INTERPRET=1. Launch knobs (Triton only): block_m, block_n, block_k
-    (powers of two, >= 16), group_m, num_warps, num_stages; None takes the launch table's row for the GPU.
-    """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or x.stride(1) != 1:
-        raise ValueError(f"x must be [M, K] with contiguous K and weight [N, K], got {tuple(x.shape)} and "
-                         f"{tuple(weight.shape)}")
-    if not use_triton(x):
-        return linear_gelu_torch(x, weight, bias)
+def linear_gelu_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kn: GemmKnobs) -> torch.Tensor:
+    """op.linear_gelu's Triton launch; arguments already checked."""
     M, K = x.shape
     N = weight.shape[0]
     weight = weight.contiguous()
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    kn = gemm_knobs(x.device, block_m=block_m, block_n=block_n, block_k=block_k, group_m=group_m,
-                    num_warps=num_warps, num_stages=num_stages)
     grid = (triton.cdiv(M, kn.block_m) * triton.cdiv(N, kn.block_n),)
     launch(_linear_gelu_kernel, grid, x, weight, weight if bias is None else bias, out, M, x.stride(0),
            weight.stride(0), out.stride(0), N=N, K=K, HAS_BIAS=bias is not None,

@@ -13,16 +13,12 @@ tensor's dtype, as `q * scale` is in the unfused layer.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 import triton.language as tl
 
-from .._device import target_of, use_triton
 from .._launch import launch
-from ..launch_config import RotaryKnobs, launch_row
-from .torch_path import rotate_qk_torch_
+from ..launch_config import RotaryKnobs
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -63,41 +59,13 @@ def _rotate_qk_kernel(
             tl.store(tail, (x.to(tl.float32) * q_scale).to(x.dtype), mask=rest_ok)
 
 
-def rotary_knobs(device: torch.device, **given: int | None) -> RotaryKnobs:
-    """The kernel's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).rotary
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
-
-
-def rotate_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
-               head_dim: int, q_scale: float = 1.0, block_rows: int | None = None,
-               num_warps: int | None = None) -> torch.Tensor:
-    """Scale the queries and rotate queries and keys of a fused projection in place; returns qkv.
-
-    qkv `[T, (num_q_heads + 2 * num_kv_heads) * head_dim]` (any row stride, contiguous channels): each token's
-    queries, then keys, then values, head after head. cos, sin `[T, rotary_dim]` or `[T, 1, rotary_dim]` (as
-    Rotary.cos_sin gives them: the frequencies twice), rotary_dim even and <= head_dim: the first rotary_dim
-    channels of each query and key head are rotated (rotate-half convention), the rest pass through. Queries are
-    multiplied by q_scale first (rounded to qkv's dtype). Rotation in float32, stored in qkv's dtype.
-
-    Tensors on CPU run rotate_qk_torch_ unless TRITON_INTERPRET=1. Launch knobs (Triton only): block_rows
-    (token, head) rows per program, num_warps; None takes the launch table's row for the tensors' GPU.
-    """
-    T = qkv.shape[0]
-    rd = cos.shape[-1]
-    if qkv.dim() != 2 or qkv.shape[1] != (num_q_heads + 2 * num_kv_heads) * head_dim or qkv.stride(1) != 1:
-        raise ValueError(f"qkv must be [T, {(num_q_heads + 2 * num_kv_heads) * head_dim}] with contiguous channels, "
-                         f"got {tuple(qkv.shape)} strides {qkv.stride()}")
-    if rd % 2 or rd > head_dim or cos.shape != sin.shape or cos.numel() != T * rd:
-        raise ValueError(f"cos and sin must be [T, rotary_dim] with an even rotary_dim <= {head_dim}, got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)} for T = {T}")
-    if not use_triton(qkv):
-        return rotate_qk_torch_(qkv, cos, sin, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                head_dim=head_dim, q_scale=q_scale)
+def rotate_qk_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
+                     head_dim: int, q_scale: float, knobs: RotaryKnobs) -> torch.Tensor:
+    """op.rotate_qk_'s Triton launch; arguments already checked."""
+    T, rd = qkv.shape[0], cos.shape[-1]
     if T == 0:
         return qkv
     cos, sin = cos.reshape(T, rd), sin.reshape(T, rd)
-    knobs = rotary_knobs(qkv.device, block_rows=block_rows, num_warps=num_warps)
     half, rest = rd // 2, head_dim - rd
     heads = num_q_heads + num_kv_heads
     rows = T * heads

@@ -20,17 +20,12 @@ elements, so the in-place update needs no barrier.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-import torch
 import triton
 import triton.language as tl
 
-from .._device import target_of, use_triton
 from .._launch import launch
 from .._norm_tiles import rms_weighted
-from ..launch_config import RotaryKnobs, launch_row
-from .torch_path import norm_rotate_torch_
+from ..launch_config import RotaryKnobs
 
 
 @triton.jit
@@ -100,82 +95,16 @@ def _norm_rotate_kernel(
     tl.store(row + HALF + cols[None, :], o2.to(x2.dtype), mask=ok)
 
 
-def norm_rotate_knobs(device: torch.device, **given: int | None) -> RotaryKnobs:
-    """The launch table's rotary row for `device`, with norm_block_elements / norm_num_warps given (not None)."""
-    row = launch_row(target_of(device)).rotary
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
-
-
-def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None, head_dim: int,
-           name: str = "x") -> None:
-    rd = cos.shape[-1]
-    if x.dim() != 3 or x.shape[-1] != head_dim or x.stride(-1) != 1:
-        raise ValueError(f"{name} must be [T, heads, {head_dim}] with contiguous channels, got {tuple(x.shape)} "
-                         f"strides {x.stride()}")
-    T = x.shape[0]
-    if rd % 2 or rd == 0 or rd > head_dim or cos.shape != sin.shape or cos.numel() != T * rd:
-        raise ValueError(f"cos and sin must be [T, rotary_dim] with an even rotary_dim <= {head_dim}, got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)} for T = {T}")
-    if weight is not None and weight.shape != (head_dim,):
-        raise ValueError(f"{name}'s weight must be [{head_dim}], got {tuple(weight.shape)}")
-
-
-def norm_rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
-                 zero_centred: bool, head_dim: int, float32_math: bool = False, block_rows: int | None = None,
-                 num_warps: int | None = None) -> torch.Tensor:
-    """RMS-normalise each head of x over head_dim, then rotate its first rotary_dim channels, in place; returns x.
-
-    x `[T, H, head_dim]`: any token and head strides, contiguous channels (a view of a projection's output).
-    weight `[head_dim]`: pipeline/models/layers/norms.py RMSNorm's (zero_centred: the scale is 1 + w, applied in
-    float32 before the one cast; else the normalised value is cast, then multiplied by w and rounded again);
-    None: no norm, the rotation only (Llama). cos, sin `[T, rotary_dim]` or `[T, 1, rotary_dim]` as Rotary.cos_sin
-    gives them, rotary_dim even and <= head_dim; channels past it are normalised and not rotated. float32_math:
-    Rotary.float32_math (rotate in float32, one rounding) or not (the dtype's ops, rounded as Rotary.apply's).
-
-    Tensors on CPU run norm_rotate_torch_ unless TRITON_INTERPRET=1. Launch knobs (Triton only): block_rows
-    (token, head) rows per program (a power of two), num_warps; None takes the launch table's row for the
-    tensor's GPU (rows: as many heads as fit in its norm_block_elements).
-    """
-    _check(x, cos, sin, weight, head_dim)
-    if not use_triton(x):
-        return norm_rotate_torch_(x, cos, sin, weight, eps, zero_centred=zero_centred, float32_math=float32_math)
-    _launch(x, weight, None, None, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows, num_warps)
-    return x
-
-
-def norm_rotate_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, *, zero_centred: bool,
-                    head_dim: int, float32_math: bool = False, block_rows: int | None = None,
-                    num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`norm_rotate_` of an attention layer's queries and keys in one launch: (q, k) updated in place and returned.
-
-    q `[T, Hq, head_dim]`, k `[T, Hk, head_dim]` (each any token and head strides, contiguous channels, one dtype;
-    views of the projection's output), their own norm weights (both None or both given; one convention, eps and
-    rotation), the token's cos and sin shared. Each gets exactly what `norm_rotate_` gives it alone: the programs
-    split between them, none holds rows of both."""
-    _check(q, cos, sin, q_weight, head_dim, "q")
-    _check(k, cos, sin, k_weight, head_dim, "k")
-    if (q_weight is None) != (k_weight is None) or q.dtype != k.dtype or q.shape[0] != k.shape[0]:
-        raise ValueError(f"q and k must share their tokens and dtype and both have a weight or neither, got "
-                         f"{tuple(q.shape)} {q.dtype} and {tuple(k.shape)} {k.dtype}, weights "
-                         f"{q_weight is not None} and {k_weight is not None}")
-    if not use_triton(q):
-        args = dict(zero_centred=zero_centred, float32_math=float32_math)
-        return (norm_rotate_torch_(q, cos, sin, q_weight, eps, **args),
-                norm_rotate_torch_(k, cos, sin, k_weight, eps, **args))
-    _launch(q, q_weight, k, k_weight, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows, num_warps)
-    return q, k
-
-
-def _launch(x, weight, x2, weight2, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows, num_warps):
-    """One launch over x's (token, head) rows, then x2's (None: none)."""
+def norm_rotate_triton(x, weight, x2, weight2, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows,
+                       knobs: RotaryKnobs) -> None:
+    """op.norm_rotate_'s and op.norm_rotate_qk_'s Triton launch over x's (token, head) rows, then x2's (None: none);
+    arguments already checked."""
     T, H, _ = x.shape
     H2 = 0 if x2 is None else x2.shape[1]
     if T * (H + H2) == 0:
         return
     rd = cos.shape[-1]
     cos, sin = cos.reshape(T, rd), sin.reshape(T, rd)
-    knobs = norm_rotate_knobs(x.device, norm_num_warps=num_warps)
     half, rest = rd // 2, head_dim - rd
     block_half, block_rest = triton.next_power_of_2(half), triton.next_power_of_2(max(rest, 1))
     if block_rows is None:
