@@ -14,10 +14,12 @@ for the kernel tests still runs whole models at torch speed rather than through 
 import contextlib
 import contextvars
 import os
+from dataclasses import replace
 
 import torch
 
 from ._launch import H100, GpuTarget, dry_run_target
+from .launch_config import launch_row
 
 _FORCE_TORCH_ON_CPU = contextvars.ContextVar("triton_kernels_force_torch_on_cpu", default=False)
 
@@ -52,3 +54,10 @@ def target_of(device: torch.device) -> GpuTarget:
         major, minor = torch.cuda.get_device_capability(device)
         return GpuTarget(major * 10 + minor, torch.cuda.get_device_properties(device).multi_processor_count)
     return dry_run_target() or H100
+
+
+def knobs_for(device: torch.device, kernel: str, **given):
+    """The launch table's `kernel` row (a field of launch_config's rows: "norm", "chunk", ...) for `device`'s GPU,
+    with the knobs given (not None) in place of the table's."""
+    row = getattr(launch_row(target_of(device)), kernel)
+    return replace(row, **{name: value for name, value in given.items() if value is not None})

@@ -2,14 +2,12 @@
 CPU-only install never imports triton) or the torch path."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from triton_kernels._device import target_of, use_triton
+from triton_kernels._device import knobs_for, use_triton
 from triton_kernels.causal_conv.layout import check_inputs, host_layout
 from triton_kernels.causal_conv.naive import naive_causal_conv1d
-from triton_kernels.launch_config import CausalConvKnobs, launch_row
+from triton_kernels.launch_config import CausalConvKnobs
 
 
 def causal_conv1d(
@@ -54,5 +52,4 @@ def causal_conv1d(
 
 def conv_knobs(device: torch.device, **given: int | None) -> CausalConvKnobs:
     """The conv kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).conv
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "conv", **given)

@@ -3,14 +3,12 @@ then the Triton kernels (chunk.py, split.py, fused_recurrent.py: imported only o
 never imports triton) or the torch paths (torch_path.py)."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from triton_kernels._device import target_of, use_triton
+from triton_kernels._device import knobs_for, use_triton
 from triton_kernels.gated_delta_rule.layout import SequenceLayout, check_inputs, check_state_indices
 from triton_kernels.gated_delta_rule.torch_path import chunk_fwd_torch, recurrent_fwd_torch
-from triton_kernels.launch_config import DeltaRuleChunkKnobs, DeltaRuleDecodeKnobs, launch_row
+from triton_kernels.launch_config import DeltaRuleChunkKnobs, DeltaRuleDecodeKnobs
 
 
 def chunk_gated_delta_rule(
@@ -95,8 +93,7 @@ def chunk_gated_delta_rule(
 
 def chunk_knobs(device: torch.device, **given: int | str | None) -> DeltaRuleChunkKnobs:
     """The chunk kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).chunk
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "chunk", **given)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -149,5 +146,4 @@ def fused_recurrent_gated_delta_rule(
 
 def decode_knobs(device: torch.device, **given: int | None) -> DeltaRuleDecodeKnobs:
     """The decode kernel's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).decode
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "decode", **given)

@@ -2,19 +2,16 @@
 only on that path, so a CPU-only install never imports triton) or the torch paths."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from .._device import target_of, use_triton
-from ..launch_config import GateKnobs, launch_row
+from .._device import knobs_for, use_triton
+from ..launch_config import GateKnobs
 from .torch_path import delta_rule_gates_torch, sigmoid_gate_torch
 
 
 def gate_knobs(device: torch.device, **given: int | None) -> GateKnobs:
     """The kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).gates
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "gates", **given)
 
 
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, *, block_elements: int | None = None,

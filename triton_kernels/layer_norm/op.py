@@ -2,19 +2,16 @@
 so a CPU-only install never imports triton) or the torch path."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from .._device import target_of, use_triton
-from ..launch_config import NormKnobs, launch_row
+from .._device import knobs_for, use_triton
+from ..launch_config import NormKnobs
 from .torch_path import add_layer_norm_torch
 
 
 def norm_knobs(device: torch.device, **given: int | None) -> NormKnobs:
     """The kernel's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).norm
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "norm", **given)
 
 
 def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,

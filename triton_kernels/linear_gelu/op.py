@@ -2,19 +2,16 @@
 so a CPU-only install never imports triton) or the torch path."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from .._device import target_of, use_triton
-from ..launch_config import GemmKnobs, launch_row
+from .._device import knobs_for, use_triton
+from ..launch_config import GemmKnobs
 from .torch_path import linear_gelu_torch
 
 
 def gemm_knobs(device: torch.device, **given) -> GemmKnobs:
     """The product's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).gemm
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "gemm", **given)
 
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

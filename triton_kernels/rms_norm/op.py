@@ -2,19 +2,16 @@
 kernels (kernel.py, imported only on that path, so a CPU-only install never imports triton) or the torch paths."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from .._device import target_of, use_triton
-from ..launch_config import RmsNormKnobs, launch_row
+from .._device import knobs_for, use_triton
+from ..launch_config import RmsNormKnobs
 from .torch_path import add_rms_norm_torch, gated_rms_norm_torch, gelu_tanh_mul_torch, silu_mul_torch
 
 
 def rms_norm_knobs(device: torch.device, **given: int | None) -> RmsNormKnobs:
     """The kernels' launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).rms
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "rms", **given)
 
 
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float, *, zero_centred: bool,

@@ -3,19 +3,16 @@
 paths."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from .._device import target_of, use_triton
-from ..launch_config import RotaryKnobs, launch_row
+from .._device import knobs_for, use_triton
+from ..launch_config import RotaryKnobs
 from .torch_path import norm_rotate_torch_, rotate_qk_torch_
 
 
 def rotary_knobs(device: torch.device, **given: int | None) -> RotaryKnobs:
     """The kernel's launch knobs for `device`: the launch table's row, with the knobs given (not None)."""
-    row = launch_row(target_of(device)).rotary
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "rotary", **given)
 
 
 def rotate_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
@@ -50,8 +47,7 @@ def rotate_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, num_q
 
 def norm_rotate_knobs(device: torch.device, **given: int | None) -> RotaryKnobs:
     """The launch table's rotary row for `device`, with norm_block_elements / norm_num_warps given (not None)."""
-    row = launch_row(target_of(device)).rotary
-    return replace(row, **{name: value for name, value in given.items() if value is not None})
+    return knobs_for(device, "rotary", **given)
 
 
 def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None, head_dim: int,
