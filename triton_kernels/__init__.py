@@ -4,8 +4,7 @@ Each package's public ops (op.py; paged_attention's attention.py, varlen.py, kv_
 the torch path on CPU tensors; they import their Triton kernels, and with them triton, only when one runs. So a CPU
 process never imports triton, and a CPU-only install, which has none (setup.cfg installs it on Linux only), runs.
 """
-import importlib
-
+from ._device import kernels
 from .causal_conv import causal_conv1d
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .paged_attention import paged_attention, write_kv_cache
@@ -20,4 +19,4 @@ def import_kernels() -> None:
     """Import triton and every kernel module now: a GPU worker does it while its parent plans, so its first step
     does not wait for the imports."""
     for name in KERNEL_MODULES:
-        importlib.import_module(f"{__name__}.{name}")
+        kernels(name)

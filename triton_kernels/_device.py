@@ -13,6 +13,8 @@ for the kernel tests still runs whole models at torch speed rather than through 
 """
 import contextlib
 import contextvars
+import functools
+import importlib
 import os
 from dataclasses import replace
 
@@ -61,3 +63,11 @@ def knobs_for(device: torch.device, kernel: str, **given):
     with the knobs given (not None) in place of the table's."""
     row = getattr(launch_row(target_of(device)), kernel)
     return replace(row, **{name: value for name, value in given.items() if value is not None})
+
+
+@functools.cache
+def kernels(module: str):
+    """The module of Triton kernels `module` ("layer_norm.kernel": under triton_kernels), imported on first use: the
+    public ops call their kernels through it, so a CPU process never imports triton (a CPU-only install has none),
+    and a GPU step pays a cached lookup (~0.05 us) where an import statement in the op costs ~1 us a call."""
+    return importlib.import_module(f"{__package__}.{module}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from triton_kernels._device import knobs_for, use_triton
+from triton_kernels._device import kernels, knobs_for, use_triton
 from triton_kernels.causal_conv.layout import check_inputs, host_layout
 from triton_kernels.causal_conv.naive import naive_causal_conv1d
 from triton_kernels.launch_config import CausalConvKnobs
@@ -44,10 +44,10 @@ def causal_conv1d(
             return naive_causal_conv1d(x, weight, cu_seqlens=cu_seqlens, conv_state=conv_state,
                                        state_indices=state_indices, has_initial_state=has_initial_state,
                                        activation=activation)
-    from triton_kernels.causal_conv.kernel import causal_conv1d_triton
     knobs = conv_knobs(x.device, block_t=block_t, block_c=block_c, num_warps=num_warps)
-    return causal_conv1d_triton(x, weight, dims, cu_seqlens, conv_state, state_indices, has_initial_state,
-                                activation is not None, **vars(knobs))
+    return kernels("causal_conv.kernel").causal_conv1d_triton(
+        x, weight, dims, cu_seqlens, conv_state, state_indices, has_initial_state, activation is not None,
+        **vars(knobs))
 
 
 def conv_knobs(device: torch.device, **given: int | None) -> CausalConvKnobs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from triton_kernels._device import knobs_for, use_triton
+from triton_kernels._device import kernels, knobs_for, use_triton
 from triton_kernels.gated_delta_rule.layout import SequenceLayout, check_inputs, check_state_indices
 from triton_kernels.gated_delta_rule.torch_path import chunk_fwd_torch, recurrent_fwd_torch
 from triton_kernels.launch_config import DeltaRuleChunkKnobs, DeltaRuleDecodeKnobs
@@ -87,8 +87,7 @@ def chunk_gated_delta_rule(
                         num_stages=num_stages, prep_num_warps=prep_num_warps, design=design,
                         solve_num_warps=solve_num_warps, output_block_v=output_block_v,
                         output_num_warps=output_num_warps)
-    from triton_kernels.gated_delta_rule.chunk import chunk_fwd_triton
-    return chunk_fwd_triton(q, k, v, g, beta, **args, **vars(knobs))
+    return kernels("gated_delta_rule.chunk").chunk_fwd_triton(q, k, v, g, beta, **args, **vars(knobs))
 
 
 def chunk_knobs(device: torch.device, **given: int | str | None) -> DeltaRuleChunkKnobs:
@@ -140,8 +139,8 @@ def fused_recurrent_gated_delta_rule(
     # The kernel reads cu_seqlens and state_indices where they live: no host sync on the GPU decode path
     # (values trusted).
     knobs = decode_knobs(q.device, block_v=block_v, num_warps=num_warps, num_stages=num_stages)
-    from triton_kernels.gated_delta_rule.fused_recurrent import recurrent_fwd_triton
-    return recurrent_fwd_triton(q, k, v, g, beta, **args, cu_seqlens=cu_seqlens, **vars(knobs))
+    return kernels("gated_delta_rule.fused_recurrent").recurrent_fwd_triton(q, k, v, g, beta, **args,
+                                                                            cu_seqlens=cu_seqlens, **vars(knobs))
 
 
 def decode_knobs(device: torch.device, **given: int | None) -> DeltaRuleDecodeKnobs:

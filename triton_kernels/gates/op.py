@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._device import knobs_for, use_triton
+from .._device import kernels, knobs_for, use_triton
 from ..launch_config import GateKnobs
 from .torch_path import delta_rule_gates_torch, sigmoid_gate_torch
 
@@ -28,8 +28,8 @@ def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, *, block_elements: int | N
                          f"{tuple(o.shape)} {o.dtype} and {tuple(gate.shape)} {gate.dtype}")
     if not use_triton(o):
         return sigmoid_gate_torch(o, gate)
-    from .kernel import sigmoid_gate_triton
-    return sigmoid_gate_triton(o, gate, gate_knobs(o.device, block_elements=block_elements, num_warps=num_warps))
+    knobs = gate_knobs(o.device, block_elements=block_elements, num_warps=num_warps)
+    return kernels("gates.kernel").sigmoid_gate_triton(o, gate, knobs)
 
 
 def delta_rule_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, *,
@@ -50,6 +50,5 @@ def delta_rule_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
         raise ValueError(f"A_log and dt_bias must be [{HV}], got {tuple(A_log.shape)} and {tuple(dt_bias.shape)}")
     if not use_triton(a):
         return delta_rule_gates_torch(a, b, A_log, dt_bias)
-    from .kernel import delta_rule_gates_triton
     knobs = gate_knobs(a.device, delta_block_tokens=block_tokens, delta_num_warps=num_warps)
-    return delta_rule_gates_triton(a, b, A_log, dt_bias, knobs)
+    return kernels("gates.kernel").delta_rule_gates_triton(a, b, A_log, dt_bias, knobs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._device import knobs_for, use_triton
+from .._device import kernels, knobs_for, use_triton
 from ..launch_config import NormKnobs
 from .torch_path import add_layer_norm_torch
 
@@ -27,5 +27,5 @@ def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor
                          f"{None if y is None else tuple(y.shape)}")
     if not use_triton(x):
         return add_layer_norm_torch(x, y, weight, bias, eps)
-    from .kernel import add_layer_norm_triton
-    return add_layer_norm_triton(x, y, weight, bias, eps, norm_knobs(x.device, num_warps=num_warps))
+    knobs = norm_knobs(x.device, num_warps=num_warps)
+    return kernels("layer_norm.kernel").add_layer_norm_triton(x, y, weight, bias, eps, knobs)

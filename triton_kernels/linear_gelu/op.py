@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._device import knobs_for, use_triton
+from .._device import kernels, knobs_for, use_triton
 from ..launch_config import GemmKnobs
 from .torch_path import linear_gelu_torch
 
@@ -31,7 +31,6 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                          f"{tuple(weight.shape)}")
     if not use_triton(x):
         return linear_gelu_torch(x, weight, bias)
-    from .kernel import linear_gelu_triton
     kn = gemm_knobs(x.device, block_m=block_m, block_n=block_n, block_k=block_k, group_m=group_m,
                     num_warps=num_warps, num_stages=num_stages)
-    return linear_gelu_triton(x, weight, bias, kn)
+    return kernels("linear_gelu.kernel").linear_gelu_triton(x, weight, bias, kn)

@@ -1,7 +1,7 @@
 """`paged_attention`: checks the inputs, resolves the launch knobs and runs Triton or the torch path."""
 import torch
 
-from .._device import target_of, use_triton
+from .._device import kernels, target_of, use_triton
 from .launch import PagedAttentionLaunch, default_launch
 from .position_bias import relative_bias_arguments
 from .sdpa import paged_attention_sdpa
@@ -113,12 +113,9 @@ def paged_attention(
         knobs = {name: getattr(rule, name) if v is None else v for name, v in knobs.items()}
     launch = PagedAttentionLaunch(**knobs)
 
-    # Imported here so CPU-only installs (setup.cfg installs triton on Linux only) never import triton.
-    from .kernel import paged_attention_triton
-
     if q.stride(-1) != 1:
         q = q.contiguous()
-    return paged_attention_triton(
+    return kernels("paged_attention.kernel").paged_attention_triton(
         q, k_cache, v_cache, block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous(),
         cu_seqlens_q.contiguous(), kv_lens.contiguous(), out, causal=causal, scale=scale, knobs=launch,
         rel_bias_table=rel_bias_table, rel_max_distance=rel_max_distance,

@@ -1,7 +1,7 @@
 """`write_kv_cache`: scatter new tokens' keys and values into their slots of the paged KV cache."""
 import torch
 
-from .._device import use_triton
+from .._device import kernels, use_triton
 
 # Elements of one token's [Hkv, D] row copied per program.
 WRITE_BLOCK = 1024
@@ -40,10 +40,7 @@ def write_kv_cache(
     if not use_triton(k):
         write_kv_cache_torch(k, v, k_cache, v_cache, slot_mapping)
         return
-    # Imported here so CPU-only installs (setup.cfg installs triton on Linux only) never import triton.
-    from .kernel import write_kv_cache_triton
-
-    write_kv_cache_triton(k, v, k_cache, v_cache, slot_mapping, block=WRITE_BLOCK)
+    kernels("paged_attention.kernel").write_kv_cache_triton(k, v, k_cache, v_cache, slot_mapping, block=WRITE_BLOCK)
 
 
 def write_kv_cache_torch(

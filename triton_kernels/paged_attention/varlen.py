@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._device import target_of, use_triton
+from .._device import kernels, target_of, use_triton
 from .launch import PagedAttentionLaunch, default_launch
 from .position_bias import bias_by_offset, relative_bias_arguments
 from .sdpa import _attend
@@ -88,10 +88,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                               max_kv_len=q.shape[0], target=target_of(q.device),
                               relative_bias=rel_bias_table is not None)
         knobs = {name: getattr(rule, name) if value is None else value for name, value in knobs.items()}
-    from .kernel import paged_attention_triton
 
     # The kernel reads the keys as a one-page cache [1, T, Hkv, D] whose slot stride is the token stride.
     k4, v4 = k.unsqueeze(0), v.unsqueeze(0)
-    return paged_attention_triton(q, k4, v4, seq_lens, cu_seqlens, seq_lens, out, causal=causal, scale=scale,
-                                  knobs=PagedAttentionLaunch(**knobs), rel_bias_table=rel_bias_table,
-                                  rel_max_distance=rel_max_distance, contiguous_kv=True)
+    return kernels("paged_attention.kernel").paged_attention_triton(
+        q, k4, v4, seq_lens, cu_seqlens, seq_lens, out, causal=causal, scale=scale, knobs=PagedAttentionLaunch(**knobs),
+        rel_bias_table=rel_bias_table, rel_max_distance=rel_max_distance, contiguous_kv=True)

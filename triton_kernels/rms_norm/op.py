@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._device import knobs_for, use_triton
+from .._device import kernels, knobs_for, use_triton
 from ..launch_config import RmsNormKnobs
 from .torch_path import add_rms_norm_torch, gated_rms_norm_torch, gelu_tanh_mul_torch, silu_mul_torch
 
@@ -31,9 +31,8 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, 
                          f"{None if y is None else tuple(y.shape)}")
     if not use_triton(x):
         return add_rms_norm_torch(x, y, weight, eps, zero_centred=zero_centred, out_dtype=out_dtype)
-    from .kernel import add_rms_norm_triton
     knobs = rms_norm_knobs(x.device, num_warps=num_warps, block_elements=block_elements)
-    return add_rms_norm_triton(x, y, weight, eps, zero_centred, out_dtype, knobs)
+    return kernels("rms_norm.kernel").add_rms_norm_triton(x, y, weight, eps, zero_centred, out_dtype, knobs)
 
 
 def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, *,
@@ -49,9 +48,8 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
                          f"{tuple(o.shape)} and {tuple(z.shape)}")
     if not use_triton(o):
         return gated_rms_norm_torch(o, z, weight, eps)
-    from .kernel import gated_rms_norm_triton
-    return gated_rms_norm_triton(o, z, weight, eps,
-                                 rms_norm_knobs(o.device, num_warps=num_warps, block_elements=block_elements))
+    knobs = rms_norm_knobs(o.device, num_warps=num_warps, block_elements=block_elements)
+    return kernels("rms_norm.kernel").gated_rms_norm_triton(o, z, weight, eps, knobs)
 
 
 def _gate_and_up(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,10 +62,9 @@ def _gate_and_up(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> t
 
 def _act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str, block_rows: int | None, block_cols: int | None,
              num_warps: int | None) -> torch.Tensor:
-    from .kernel import act_mul_triton
     knobs = rms_norm_knobs(gate.device, silu_block_rows=block_rows, silu_block_cols=block_cols,
                            silu_num_warps=num_warps)
-    return act_mul_triton(gate, up, activation, knobs)
+    return kernels("rms_norm.kernel").act_mul_triton(gate, up, activation, knobs)
 
 
 def silu_mul(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor], *, block_rows: int | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .._device import knobs_for, use_triton
+from .._device import kernels, knobs_for, use_triton
 from ..launch_config import RotaryKnobs
 from .torch_path import norm_rotate_torch_, rotate_qk_torch_
 
@@ -40,9 +40,9 @@ def rotate_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, num_q
     if not use_triton(qkv):
         return rotate_qk_torch_(qkv, cos, sin, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                                 head_dim=head_dim, q_scale=q_scale)
-    from .kernel import rotate_qk_triton
-    return rotate_qk_triton(qkv, cos, sin, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                            q_scale=q_scale, knobs=rotary_knobs(qkv.device, block_rows=block_rows, num_warps=num_warps))
+    knobs = rotary_knobs(qkv.device, block_rows=block_rows, num_warps=num_warps)
+    return kernels("rotary.kernel").rotate_qk_triton(qkv, cos, sin, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                                                     head_dim=head_dim, q_scale=q_scale, knobs=knobs)
 
 
 def norm_rotate_knobs(device: torch.device, **given: int | None) -> RotaryKnobs:
@@ -83,9 +83,9 @@ def norm_rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: 
     _check(x, cos, sin, weight, head_dim)
     if not use_triton(x):
         return norm_rotate_torch_(x, cos, sin, weight, eps, zero_centred=zero_centred, float32_math=float32_math)
-    from .norm_rotate import norm_rotate_triton
-    norm_rotate_triton(x, weight, None, None, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows,
-                       norm_rotate_knobs(x.device, norm_num_warps=num_warps))
+    kernels("rotary.norm_rotate").norm_rotate_triton(x, weight, None, None, cos, sin, eps, zero_centred, head_dim,
+                                                     float32_math, block_rows,
+                                                     norm_rotate_knobs(x.device, norm_num_warps=num_warps))
     return x
 
 
@@ -109,7 +109,7 @@ def norm_rotate_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
         args = dict(zero_centred=zero_centred, float32_math=float32_math)
         return (norm_rotate_torch_(q, cos, sin, q_weight, eps, **args),
                 norm_rotate_torch_(k, cos, sin, k_weight, eps, **args))
-    from .norm_rotate import norm_rotate_triton
-    norm_rotate_triton(q, q_weight, k, k_weight, cos, sin, eps, zero_centred, head_dim, float32_math, block_rows,
-                       norm_rotate_knobs(q.device, norm_num_warps=num_warps))
+    kernels("rotary.norm_rotate").norm_rotate_triton(q, q_weight, k, k_weight, cos, sin, eps, zero_centred, head_dim,
+                                                     float32_math, block_rows,
+                                                     norm_rotate_knobs(q.device, norm_num_warps=num_warps))
     return q, k
