@@ -635,6 +635,12 @@ def main(argv=None) -> int:
     parser.add_argument("--delta-design", choices=("fused", "split"), default="fused",
                         help="the chunked delta rule's design (docs/kernels/gated_delta_rule.md; default fused)")
     args = parser.parse_args(argv)
+    try:
+        import triton   # noqa: F401 - the ledger records the Triton launches (their grids come from triton)
+    except ImportError as e:
+        print(f"step_ledger.py records the kernels' Triton launches and needs triton ({e}): install it "
+              f"(`{sys.executable} -m pip install triton`, Linux)", file=sys.stderr)
+        return 2
     from pipeline.models.hf_config import quiet_transformers
     quiet_transformers()
     results = []

@@ -38,6 +38,26 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+TRITON_MISSING = ("triton cannot be imported (setup.cfg installs it on Linux only): this test runs or imports the "
+                  "Triton kernels, which the Triton interpreter runs on a CPU")
+
+
+def triton_missing(error: BaseException) -> bool:
+    """Whether `error` is the import of triton failing (the kernel modules import it on first use)."""
+    return isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] == "triton"
+
+
+def require_triton() -> None:
+    """At the top of a test module that imports Triton kernels: skip it where triton cannot be imported (a CPU-only
+    install on macOS or Windows runs everything else); under CI=true that is a failure."""
+    try:
+        import triton   # noqa: F401
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {TRITON_MISSING}", pytrace=False)
+        pytest.skip(TRITON_MISSING, allow_module_level=True)
+
+
 def undocumented_files(out: Path) -> list[str]:
     """Entries of the run directory that the documented layout does not name (temporaries, strays)."""
     pattern = re.compile("|".join(f"(?:{p})" for p in LAYOUT))

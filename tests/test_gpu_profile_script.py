@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from .run_helpers import require_triton
 from .tiny_models import REPO
 
 SCRIPT = REPO / "bench" / "gpu_profile.sh"
@@ -145,6 +146,7 @@ def test_env_goes_on_when_nvidia_smi_does_not_answer(tmp_path):
 def test_gdn_times_each_implementation_and_one_that_raises_is_its_row_not_the_steps_end(tmp_path):
     """The gdn step's fla-core row and our split design run on a GPU only: one that raises there (a kernel that does
     not compile, an fla version's other signature) is reported in its row while ours still gets timed."""
+    require_triton()   # ours runs the Triton kernels (here through the interpreter)
     sys.path.insert(0, str(REPO / "bench"))
     from bench.gpu_profile.gdn import timed
     from bench.gpu_profile.setting import Setting

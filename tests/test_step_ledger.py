@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from .run_helpers import require_triton
 from .tiny_models import REPO
 
 
@@ -163,6 +164,7 @@ def test_ankh_large_is_its_published_config_and_its_step_is_fused(ledgers):
 
 
 def test_the_command_prints_the_tables_and_writes_json(tmp_path):
+    require_triton()
     out = tmp_path / "ledger.json"
     res = subprocess.run([sys.executable, str(REPO / "bench" / "step_ledger.py"), "esm2-650m", "--layers", "2",
                           "--tokens", "4096", "--json", str(out)], capture_output=True, text=True, cwd=REPO)

@@ -211,7 +211,7 @@ def test_a_qwen35_step_runs_the_delta_rule_without_a_sync(tmp_path, monkeypatch,
     segments of 64 tokens (forced), so the segment chaining runs on the device: no sync from the batch's
     first copy to the device to its last copy back. On the Triton path the delta rule reads the sequences'
     bounds from the host's copy (cu_seqlens_cpu). The causal conv reads its tables back on purpose when its
-    tensors are on the CPU (its checks, which a GPU call skips: triton_kernels/causal_conv/kernel.py), so
+    tensors are on the CPU (its checks, which a GPU call skips: triton_kernels/causal_conv/op.py), so
     on a CPU device those reads are left out of the count."""
     from tests.tiny_checkpoints import write_tiny
     from triton_kernels.gated_delta_rule import chunk as chunk_module, walk_layout

@@ -12,12 +12,16 @@ import os
 import pytest
 import torch
 
-import triton_kernels
-from triton_kernels.gated_delta_rule import chunk as chunk_module, walk_layout
-from triton_kernels.paged_attention import paged_attention
+from tests.run_helpers import require_triton
 
-from tests.kernels.test_gated_delta_rule import make_inputs, random_cu_seqlens
-from tests.kernels.test_paged_attention import make_batch
+require_triton()
+
+import triton_kernels  # noqa: E402
+from triton_kernels.gated_delta_rule import chunk as chunk_module, walk_layout  # noqa: E402
+from triton_kernels.paged_attention import paged_attention  # noqa: E402
+
+from tests.kernels.test_gated_delta_rule import make_inputs, random_cu_seqlens  # noqa: E402
+from tests.kernels.test_paged_attention import make_batch  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),

@@ -17,13 +17,14 @@ import pytest
 
 from triton_kernels._launch import A100, H100
 
+from tests.run_helpers import require_triton
 from tests.kernels.sm_model import blocks_per_sm, kernel_counts, local_accesses, loop_counts, waves
 from triton_kernels.launch_config import launch_row
 from triton_kernels.paged_attention.launch import KV_SPLIT_COUNTS, default_launch
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytest.importorskip("triton")
+require_triton()
 
 
 def launched_kernels() -> set[str]:

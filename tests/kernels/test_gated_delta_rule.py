@@ -23,14 +23,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import triton_kernels
-from triton_kernels.gated_delta_rule import chunk as chunk_module
-from triton_kernels.gated_delta_rule import fused_recurrent as recurrent_module
-from triton_kernels.gated_delta_rule import walk_layout
-from triton_kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+from tests.run_helpers import require_triton
 
-from tests.float64_reference import FACTOR, FLOOR, float64_everywhere
-from tests.kernels.float_cases import skip_interpreter_bf16
+require_triton()
+
+import triton_kernels  # noqa: E402
+from triton_kernels.gated_delta_rule import chunk as chunk_module  # noqa: E402
+from triton_kernels.gated_delta_rule import fused_recurrent as recurrent_module  # noqa: E402
+from triton_kernels.gated_delta_rule import walk_layout  # noqa: E402
+from triton_kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule  # noqa: E402
+
+from tests.float64_reference import FACTOR, FLOOR, float64_everywhere  # noqa: E402
+from tests.kernels.float_cases import skip_interpreter_bf16  # noqa: E402
 
 chunk_gated_delta_rule = triton_kernels.chunk_gated_delta_rule
 fused_recurrent_gated_delta_rule = triton_kernels.fused_recurrent_gated_delta_rule

@@ -4,8 +4,13 @@ bfloat16 instructions and conversions do. Each case runs one small kernel; only 
 computes bfloat16 itself)."""
 import pytest
 import torch
-import triton
-import triton.language as tl
+
+from tests.run_helpers import require_triton
+
+require_triton()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from tests.interpreter_bfloat16 import float32_to_bfloat16_bits, installed
 
