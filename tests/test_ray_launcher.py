@@ -22,7 +22,7 @@ import pytest
 
 from .run_helpers import (assert_same, env_with, log_text, read, skip_or_fail, start, suggested_commands,
                           undocumented_files, wait_for)
-from .tiny_models import run_cli
+from .tiny_models import REPO, run_cli
 
 # A Ray head with declared resources: 2 CPUs, no GPU, whatever this machine has; it lives until its stdin
 # closes. Token authentication with a token of the test's own (Ray versions without it ignore the variables).
@@ -235,6 +235,15 @@ def test_a_ray_task_refusing_the_runs_settings_names_no_rerun(ray_head, ray_auth
     assert command[command.index("--launcher") + 1] == "ray" and "--max-new-tokens" in command
 
 
+def test_the_requirement_the_error_names_is_the_extras():
+    import configparser
+
+    from pipeline.launchers.ray_tasks import RAY_REQUIREMENT
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    assert cfg["options.extras_require"]["ray"].split() == [RAY_REQUIREMENT]
+
+
 @pytest.mark.slow
 def test_without_ray_the_error_says_how_to_install_it(fasta, common, tmp_path):
     """A `ray` that cannot be imported (a test double on PYTHONPATH, as when the package is missing): one
@@ -248,7 +257,7 @@ def test_without_ray_the_error_says_how_to_install_it(fasta, common, tmp_path):
     assert res.returncode == 2, res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --launcher ray needs Ray"), res.stderr
-    assert 'pip install "run_shards[ray]"' in last and "-m pip install -e" in last
+    assert f"`{sys.executable} -m pip install 'ray>=2.9'`" in last, last
     assert f"run_shards rerun {out}" in last
     assert "Traceback" not in res.stderr
     assert not (out / "result.h5").exists()

@@ -4,7 +4,7 @@ Each task asks Ray for one GPU (a GPU run) or none, and --threads CPUs. Ray retr
 node died, and one whose shard failed, up to MAX_RETRIES times; the shard's `work` process dies with the
 task's worker (SIGTERM: a final checkpoint, then its lock is free for the retry). The driver follows the run
 directory with a progress bar and returns once every task has ended; the runner then merges. `rerun`
-submits the unfinished shards again as tasks. Ray is an optional extra: `pip install "run_shards[ray]"`.
+submits the unfinished shards again as tasks. Ray is an optional extra (setup.cfg's `ray`: RAY_REQUIREMENT).
 """
 from __future__ import annotations
 
@@ -74,15 +74,18 @@ def launch(job: ShardJob) -> Launched:
 
 
 # ------------------------------------------------------------------------------------------ driver side
+RAY_REQUIREMENT = "ray>=2.9"   # setup.cfg's `ray` extra (tests/test_ray_launcher.py holds them equal)
+
+
 def _import_ray(root: Path):
     try:
         import ray
     except ImportError as e:
-        checkout = Path(__file__).resolve().parents[2]
-        local = (f" (from this checkout: `{shlex.quote(sys.executable)} -m pip install -e "
-                 f"{shlex.quote(str(checkout) + '[ray]')}`)" if (checkout / "setup.cfg").exists() else "")
-        raise UserError(f"--launcher ray needs Ray, which {sys.executable} cannot import ({e}): install the extra "
-                        f"with `pip install \"run_shards[ray]\"`{local}, then `{command('rerun', root)}`") from None
+        # What the extra installs, into this interpreter's environment: it works whether run_shards came from a
+        # checkout or a path (`pip install "run_shards[ray]"` would ask an index for a package it does not hold).
+        install = f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(RAY_REQUIREMENT)}"
+        raise UserError(f"--launcher ray needs Ray, which {sys.executable} cannot import ({e}): install it with "
+                        f"`{install}`, then `{command('rerun', root)}`") from None
     return ray
 
 

@@ -2,7 +2,7 @@
 
 - parquet: one Arrow column per dataset (ids as strings, a vector column as a fixed-size list, a
   per-residue column as a list per row), row groups of about ROW_GROUP_BYTES; the result's attributes in
-  the file's metadata under `run_shards`. Needs pyarrow (`pip install 'run_shards[parquet]'`).
+  the file's metadata under `run_shards`. Needs pyarrow (`pip install pyarrow`: the `parquet` extra).
 - per-id-h5: one dataset per id, named by the id, holding that row's values of one column, as UniProt's
   per-protein.h5 (and per-residue.h5 for a per-residue column) and the tools that read them expect (a
   one-value column, a score or a text, as a scalar dataset; text as UTF-8 strings). Rows
