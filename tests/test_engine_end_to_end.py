@@ -160,6 +160,20 @@ def test_gpus_older_than_the_native_kernels_are_refused_by_name_with_what_to_use
     gpu_support.check_native_device(torch.device("cpu"))   # a CPU worker: nothing to check
 
 
+def test_a_native_gpu_worker_without_triton_says_what_to_install_or_run(monkeypatch):
+    """A GPU machine without triton (setup.cfg installs it on Linux only): the native engine's load refuses, naming
+    the install and --engine hf, instead of a worker dying at its first kernel."""
+    import sys
+
+    from pipeline.engine import gpu_support
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    gpu_support.check_native_device(torch.device("cuda", 0))   # triton installed: nothing to say
+    monkeypatch.setitem(sys.modules, "triton", None)   # `import triton` raises ImportError
+    with pytest.raises(UserError, match=r"cannot import triton .*-m pip install triton`\), or run with --engine hf"):
+        gpu_support.check_native_device(torch.device("cuda", 0))
+
+
 def test_a_gpu_worker_says_which_launch_table_row_its_gpu_takes():
     """What a native GPU worker's log says of its GPU: the row at or below its compute capability."""
     from pipeline.engine.gpu_support import describe_gpu

@@ -5,6 +5,9 @@ supported range. Asked twice: by the parent of a local run before any work, with
 (a cluster's login node, a machine without NVML)."""
 from __future__ import annotations
 
+import shlex
+import sys
+
 import torch
 
 from ..errors import UserError
@@ -41,6 +44,12 @@ def check_native_device(device: torch.device) -> None:
                                    torch.cuda.get_device_capability(device))])
     if problem:
         raise UserError(problem + ", in a new run (a new --out: this one keeps its engine).")
+    try:
+        import triton   # noqa: F401 - the kernels import it when they first run; a GPU worker, ahead
+    except ImportError as e:
+        raise UserError(f"the native engine's GPU kernels are Triton kernels, and {sys.executable} cannot import "
+                        f"triton ({e}): install it (`{shlex.quote(sys.executable)} -m pip install triton`), or run "
+                        "with --engine hf in a new run (a new --out: this one keeps its engine).") from None
 
 
 def describe_gpu(name: str, capability: tuple[int, int], num_sms: int) -> str:

@@ -230,7 +230,10 @@ def prepare_worker(gpu: bool) -> None:
         import torch
         torch.zeros(1, device="cuda")
         import triton_kernels   # a CPU worker never imports them (nor triton): each op does when a kernel runs
-        triton_kernels.import_kernels()
+        try:
+            triton_kernels.import_kernels()
+        except ImportError:   # no triton: the hf engine runs; the native engine's load says what to install
+            pass
 
 
 def _hold_logs() -> logging.handlers.MemoryHandler:
