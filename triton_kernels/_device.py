@@ -10,6 +10,9 @@ not run) and `target_of` answers with that target.
 `torch_path_on_cpu()` lets a caller pin CPU tensors to the torch implementations whatever the
 environment says: the native engine runs under it on CPU, so a test suite that sets TRITON_INTERPRET=1
 for the kernel tests still runs whole models at torch speed rather than through the interpreter.
+
+On the Triton path an op finds its launch knobs with `knobs_for` (the launch table's row for the tensors' GPU) and
+its kernel module with `kernels`, which imports it (and triton) on first use only.
 """
 import contextlib
 import contextvars
