@@ -232,8 +232,9 @@ def prepare_worker(gpu: bool) -> None:
         import triton_kernels   # a CPU worker never imports them (nor triton): each op does when a kernel runs
         try:
             triton_kernels.import_kernels()
-        except ImportError:   # no triton: the hf engine runs; the native engine's load says what to install
-            pass
+        except ModuleNotFoundError as e:   # no triton: the hf engine runs; the native load says what to install
+            if (e.name or "").split(".")[0] != "triton":
+                raise
 
 
 def _hold_logs() -> logging.handlers.MemoryHandler:
